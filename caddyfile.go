@@ -1,0 +1,349 @@
+package relay
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"strconv"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"github.com/dustin/go-humanize"
+)
+
+func init() {
+	httpcaddyfile.RegisterHandlerDirective("relay", parseCaddyfile)
+	httpcaddyfile.RegisterDirectiveOrder("relay", httpcaddyfile.Before, "reverse_proxy")
+}
+
+func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	r := new(Relay)
+	err := r.UnmarshalCaddyfile(h.Dispenser)
+	return r, err
+}
+
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
+//
+//	relay [<matcher>] {
+//		max_body_size         <size>
+//		first_byte_timeout    <duration>
+//		first_content_timeout <duration>
+//		response_timeout      <duration>
+//		stream_idle_timeout   <duration>
+//		cooldown              <duration>
+//		max_cooldown          <duration>
+//		auth_cooldown         <duration>
+//
+//		key <secret|sha256:hex|{env.NAME}|{file./path}> <group> {
+//			name <name>
+//		}
+//
+//		channel <name> {
+//			provider  anthropic|mock
+//			url       <base url>
+//			api_key   <secret|{env.NAME}|{file./path}>
+//			auth      x-api-key|bearer
+//			models    <name>[=<upstream name>]...
+//			priority  <n>
+//			weight    <n>
+//			allow     service_tier|inference_geo|speed...
+//			transport http {
+//				<reverse_proxy's http transport options>
+//			}
+//			# any of the timeouts and cooldowns above, for this channel only
+//			# mock channels only:
+//			latency   <duration>
+//			tokens    <n>
+//			fail_rate <0..1>
+//		}
+//
+//		group <name> {
+//			channels <channel>...
+//			retries  <n>
+//			expose_channel
+//		}
+//	}
+//
+// A literal key secret is stored as its sha256 so that the adapted JSON
+// config never holds it.
+func (r *Relay) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // the directive name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		ok, err := parseTuning(d, &r.Tuning)
+		if err != nil {
+			return err
+		}
+		if ok {
+			continue
+		}
+		switch opt {
+		case "max_body_size":
+			var v string
+			if !d.AllArgs(&v) {
+				return d.ArgErr()
+			}
+			size, err := humanize.ParseBytes(v)
+			if err != nil {
+				return d.Errf("max_body_size: %v", err)
+			}
+			r.MaxBodySize = int64(size)
+		case "key":
+			k, err := parseKey(d)
+			if err != nil {
+				return err
+			}
+			r.Keys = append(r.Keys, k)
+		case "channel":
+			ch, err := parseChannel(d)
+			if err != nil {
+				return err
+			}
+			r.Channels = append(r.Channels, ch)
+		case "group":
+			g, err := parseGroup(d)
+			if err != nil {
+				return err
+			}
+			r.Groups = append(r.Groups, g)
+		default:
+			return d.Errf("unrecognized relay option %q", opt)
+		}
+	}
+	if err := r.validateConfig(); err != nil {
+		return d.Errf("relay: %v", err)
+	}
+	return nil
+}
+
+// parseTuning parses a timeout or cooldown option at the dispenser, if the
+// current token is one.
+func parseTuning(d *caddyfile.Dispenser, t *Tuning) (bool, error) {
+	var dst *caddy.Duration
+	switch d.Val() {
+	case "first_byte_timeout":
+		dst = &t.FirstByteTimeout
+	case "first_content_timeout":
+		dst = &t.FirstContentTimeout
+	case "response_timeout":
+		dst = &t.ResponseTimeout
+	case "stream_idle_timeout":
+		dst = &t.StreamIdleTimeout
+	case "cooldown":
+		dst = &t.Cooldown
+	case "max_cooldown":
+		dst = &t.MaxCooldown
+	case "auth_cooldown":
+		dst = &t.AuthCooldown
+	default:
+		return false, nil
+	}
+	return true, parseDuration(d, dst)
+}
+
+func parseDuration(d *caddyfile.Dispenser, dst *caddy.Duration) error {
+	name := d.Val()
+	var v string
+	if !d.AllArgs(&v) {
+		return d.ArgErr()
+	}
+	dur, err := caddy.ParseDuration(v)
+	if err != nil {
+		return d.Errf("%s: %v", name, err)
+	}
+	*dst = caddy.Duration(dur)
+	return nil
+}
+
+func parseInt(d *caddyfile.Dispenser, dst *int) error {
+	name := d.Val()
+	var v string
+	if !d.AllArgs(&v) {
+		return d.ArgErr()
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return d.Errf("%s: %q is not an integer", name, v)
+	}
+	*dst = n
+	return nil
+}
+
+func parseKey(d *caddyfile.Dispenser) (*Key, error) {
+	k := new(Key)
+	if !d.Args(&k.Secret, &k.Group) {
+		return nil, d.Errf("key takes a secret and a group: key <secret> <group>")
+	}
+	if d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	if !strings.HasPrefix(k.Secret, sha256Prefix) && !strings.Contains(k.Secret, "{") {
+		sum := sha256.Sum256([]byte(k.Secret))
+		k.Secret = sha256Prefix + hex.EncodeToString(sum[:])
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		switch d.Val() {
+		case "name":
+			if !d.AllArgs(&k.Name) {
+				return nil, d.ArgErr()
+			}
+		default:
+			return nil, d.Errf("unrecognized key option %q", d.Val())
+		}
+	}
+	return k, nil
+}
+
+func parseChannel(d *caddyfile.Dispenser) (*Channel, error) {
+	ch := new(Channel)
+	if !d.Args(&ch.Name) {
+		return nil, d.Errf("channel takes a name: channel <name> { ... }")
+	}
+	if d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	var transport caddyfile.Unmarshaler
+	var transportName string
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		ok, err := parseTuning(d, &ch.Tuning)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			continue
+		}
+		switch opt {
+		case "provider":
+			if !d.AllArgs(&ch.Provider) {
+				return nil, d.ArgErr()
+			}
+		case "url":
+			if !d.AllArgs(&ch.URL) {
+				return nil, d.ArgErr()
+			}
+		case "api_key":
+			if !d.AllArgs(&ch.APIKey) {
+				return nil, d.ArgErr()
+			}
+		case "auth":
+			if !d.AllArgs(&ch.Auth) {
+				return nil, d.ArgErr()
+			}
+		case "models":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return nil, d.ArgErr()
+			}
+			ch.Models = append(ch.Models, args...)
+		case "allow":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return nil, d.ArgErr()
+			}
+			ch.Allow = append(ch.Allow, args...)
+		case "priority":
+			if err := parseInt(d, &ch.Priority); err != nil {
+				return nil, err
+			}
+		case "weight":
+			if err := parseInt(d, &ch.Weight); err != nil {
+				return nil, err
+			}
+		case "tokens":
+			if err := parseInt(d, &ch.Tokens); err != nil {
+				return nil, err
+			}
+		case "latency":
+			if err := parseDuration(d, &ch.Latency); err != nil {
+				return nil, err
+			}
+		case "fail_rate":
+			var v string
+			if !d.AllArgs(&v) {
+				return nil, d.ArgErr()
+			}
+			f, err := strconv.ParseFloat(strings.TrimSuffix(v, "%"), 64)
+			if err != nil {
+				return nil, d.Errf("fail_rate: %q is not a number", v)
+			}
+			if strings.HasSuffix(v, "%") {
+				f /= 100
+			}
+			ch.FailRate = f
+		case "transport":
+			if !d.NextArg() {
+				return nil, d.ArgErr()
+			}
+			transportName = d.Val()
+			mod, err := caddyfile.UnmarshalModule(d, "http.reverse_proxy.transport."+transportName)
+			if err != nil {
+				return nil, err
+			}
+			transport = mod
+		default:
+			return nil, d.Errf("unrecognized channel option %q", opt)
+		}
+	}
+	if transport != nil {
+		// as reverse_proxy does: an https upstream gets a TLS transport
+		if te, ok := transport.(reverseproxy.TLSTransport); ok {
+			https := strings.HasPrefix(ch.URL, "https://") || ch.URL == "" && ch.Provider != providerMock
+			switch {
+			case https && !te.TLSEnabled():
+				if err := te.EnableTLS(new(reverseproxy.TLSConfig)); err != nil {
+					return nil, err
+				}
+			case strings.HasPrefix(ch.URL, "http://") && te.TLSEnabled():
+				return nil, d.Errf("channel %q: url is http:// but its transport is configured for TLS", ch.Name)
+			}
+		}
+		ch.TransportRaw = caddyconfig.JSONModuleObject(transport, "protocol", transportName, nil)
+	}
+	return ch, nil
+}
+
+func parseGroup(d *caddyfile.Dispenser) (*Group, error) {
+	g := new(Group)
+	if !d.Args(&g.Name) {
+		return nil, d.Errf("group takes a name: group <name> { ... }")
+	}
+	if d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		switch d.Val() {
+		case "channels":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return nil, d.ArgErr()
+			}
+			g.Channels = append(g.Channels, args...)
+		case "retries":
+			var n int
+			if err := parseInt(d, &n); err != nil {
+				return nil, err
+			}
+			g.Retries = &n
+		case "expose_channel":
+			if d.NextArg() {
+				return nil, d.ArgErr()
+			}
+			g.ExposeChannel = true
+		default:
+			return nil, d.Errf("unrecognized group option %q", d.Val())
+		}
+	}
+	return g, nil
+}
+
+// Interface guard
+var _ caddyfile.Unmarshaler = (*Relay)(nil)
+

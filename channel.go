@@ -1,0 +1,193 @@
+package relay
+
+import (
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+)
+
+// channel is a provisioned Channel: everything a request needs, resolved
+// once at load time.
+type channel struct {
+	name     string
+	provider provider
+	rt       http.RoundTripper
+	host     string // upstream host, to prefer another one after a 529
+	urls     [routeCount]string
+	apiKey   string // resolved secret; never logged, never in the config
+	bearer   bool
+	models   map[string]string // client name -> upstream name; nil serves all
+	priority int
+	weight   int
+	allow    capability
+	health   *channelHealth
+
+	firstByte    time.Duration
+	firstContent time.Duration
+	response     time.Duration
+	streamIdle   time.Duration
+	cooldown     cooldownPolicy
+}
+
+// Defaults of DESIGN.md.
+const (
+	defaultFirstByteTimeout    = 30 * time.Second
+	defaultFirstContentTimeout = 60 * time.Second
+	defaultResponseTimeout     = 10 * time.Minute
+	defaultStreamIdleTimeout   = 60 * time.Second
+	defaultCooldown            = 5 * time.Second
+	defaultMaxCooldown         = 5 * time.Minute
+	defaultAuthCooldown        = 30 * time.Minute
+	defaultAnthropicURL        = "https://api.anthropic.com"
+)
+
+// serves reports whether the channel serves model.
+func (ch *channel) serves(model string) bool {
+	if ch.models == nil {
+		return true
+	}
+	_, ok := ch.models[model]
+	return ok
+}
+
+// upstreamModel is the name the channel's upstream knows model by.
+func (ch *channel) upstreamModel(model string) string {
+	if up, ok := ch.models[model]; ok {
+		return up
+	}
+	return model
+}
+
+// provisionChannel builds the runtime channel for cfg. Its health state is
+// taken from channelStates; the caller releases it in Cleanup.
+func (r *Relay) provisionChannel(ctx caddy.Context, cfg *Channel) (*channel, error) {
+	ch := &channel{
+		name:     cfg.Name,
+		bearer:   cfg.Auth == "bearer",
+		priority: max(cfg.Priority, 1),
+		weight:   cfg.Weight,
+	}
+	if ch.weight == 0 {
+		ch.weight = 1
+	}
+	ch.models, _ = parseModels(cfg.Models) // validated already
+	for _, a := range cfg.Allow {
+		ch.allow |= capabilityByName(a)
+	}
+	t := cfg.Tuning
+	ch.firstByte = pickDuration(t.FirstByteTimeout, r.FirstByteTimeout, defaultFirstByteTimeout)
+	ch.firstContent = pickDuration(t.FirstContentTimeout, r.FirstContentTimeout, defaultFirstContentTimeout)
+	ch.response = pickDuration(t.ResponseTimeout, r.ResponseTimeout, defaultResponseTimeout)
+	ch.streamIdle = pickDuration(t.StreamIdleTimeout, r.StreamIdleTimeout, defaultStreamIdleTimeout)
+	ch.cooldown = cooldownPolicy{
+		base: pickDuration(t.Cooldown, r.Cooldown, defaultCooldown),
+		max:  pickDuration(t.MaxCooldown, r.MaxCooldown, defaultMaxCooldown),
+		auth: pickDuration(t.AuthCooldown, r.AuthCooldown, defaultAuthCooldown),
+	}
+
+	base := cfg.URL
+	switch cfg.Provider {
+	case providerMock:
+		base = "http://" + cfg.Name + ".mock.invalid"
+		ch.rt = newMockTransport(cfg)
+	default:
+		if base == "" {
+			base = defaultAnthropicURL
+		}
+		key, err := resolveSecret(cfg.APIKey)
+		if err != nil {
+			return nil, fmt.Errorf("api_key: %w", err)
+		}
+		ch.apiKey = key
+		if !isPlaceholder(cfg.APIKey) {
+			r.logger.Warn("channel api_key is written in the config; use a placeholder such as {env.NAME} to keep it out of GET /config/ and autosave.json",
+				zap.String("channel", cfg.Name))
+		}
+		rt, err := loadTransport(ctx, cfg, strings.HasPrefix(base, "https://"))
+		if err != nil {
+			return nil, err
+		}
+		ch.rt = rt
+	}
+	ch.provider = anthropicProvider{}
+	u, err := url.Parse(strings.TrimSuffix(base, "/"))
+	if err != nil {
+		return nil, fmt.Errorf("url: %v", err)
+	}
+	ch.host = u.Host
+	for rt := route(1); rt < routeCount; rt++ {
+		if p := rt.upstreamPath(); p != "" {
+			ch.urls[rt] = u.String() + p
+		}
+	}
+
+	st, _, err := channelStates.LoadOrNew(cfg.Name, func() (caddy.Destructor, error) {
+		return new(channelHealth), nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	r.acquired = append(r.acquired, cfg.Name)
+	ch.health = st.(*channelHealth)
+	return ch, nil
+}
+
+// loadTransport loads the channel's `transport` module, or Caddy's HTTP
+// transport with its defaults (TLS on for https URLs) when there is none.
+// Both are modules of the config, so Caddy cleans them up on unload.
+func loadTransport(ctx caddy.Context, cfg *Channel, https bool) (http.RoundTripper, error) {
+	var mod any
+	var err error
+	if cfg.TransportRaw != nil {
+		mod, err = ctx.LoadModule(cfg, "TransportRaw")
+	} else {
+		raw := []byte(`{}`)
+		if https {
+			raw = []byte(`{"tls":{}}`)
+		}
+		mod, err = ctx.LoadModuleByID("http.reverse_proxy.transport.http", raw)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("transport: %v", err)
+	}
+	rt, ok := mod.(http.RoundTripper)
+	if !ok {
+		return nil, fmt.Errorf("transport: module %T is not an HTTP round tripper", mod)
+	}
+	return rt, nil
+}
+
+// pickDuration returns the first of the channel's value, the relay's value
+// and the default that is set.
+func pickDuration(channel, relay caddy.Duration, def time.Duration) time.Duration {
+	switch {
+	case channel > 0:
+		return time.Duration(channel)
+	case relay > 0:
+		return time.Duration(relay)
+	}
+	return def
+}
+
+// isPlaceholder reports whether s is made of a Caddy placeholder, which
+// Provision resolves, rather than the secret itself.
+func isPlaceholder(s string) bool {
+	return strings.HasPrefix(s, "{") && strings.HasSuffix(s, "}")
+}
+
+// resolveSecret resolves the global placeholders ({env.*}, {file.*}) in s
+// with a fresh replacer, so request placeholders can never leak in. An empty
+// result is an error: a channel or key without its secret is unusable. The
+// error names the placeholder, never a value.
+func resolveSecret(s string) (string, error) {
+	v, err := caddy.NewReplacer().ReplaceOrErr(s, true, true)
+	if err != nil {
+		return "", err
+	}
+	return v, nil
+}

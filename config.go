@@ -1,0 +1,361 @@
+package relay
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// Tuning holds the timeouts and cooldowns. Set on the relay they apply to
+// every channel; set on a channel they override the relay's value for it.
+type Tuning struct {
+	// FirstByteTimeout bounds, for a streaming request, the wait from
+	// sending the request until the upstream's first event arrives. A
+	// channel that misses it counts as failed and the request fails over.
+	// Default: 30s.
+	FirstByteTimeout caddy.Duration `json:"first_byte_timeout,omitempty"`
+
+	// FirstContentTimeout bounds, for a streaming request, the wait from the
+	// upstream's response headers until its first content event
+	// (content_block_start). Until then nothing has reached the client, so
+	// the request fails over. Default: 60s.
+	FirstContentTimeout caddy.Duration `json:"first_content_timeout,omitempty"`
+
+	// ResponseTimeout bounds a non-streaming request from sending it until
+	// the whole upstream body is read. Default: 10m.
+	ResponseTimeout caddy.Duration `json:"response_timeout,omitempty"`
+
+	// StreamIdleTimeout is the longest silence allowed between two events of
+	// a stream after the commit point; past it the stream ends with an
+	// Anthropic `event: error`. Default: 60s.
+	StreamIdleTimeout caddy.Duration `json:"stream_idle_timeout,omitempty"`
+
+	// Cooldown is how long a channel rests after a transient failure (5xx,
+	// network error, timeout) or a 529. It doubles with each consecutive
+	// transient failure, up to MaxCooldown. Default: 5s.
+	Cooldown caddy.Duration `json:"cooldown,omitempty"`
+
+	// MaxCooldown caps every cooldown except AuthCooldown, including the
+	// wait a 429's retry-after asks for. Default: 5m.
+	MaxCooldown caddy.Duration `json:"max_cooldown,omitempty"`
+
+	// AuthCooldown is how long a channel rests after its credential or
+	// account was refused (401, 402, 403, credit balance too low, spend
+	// limit reached). Default: 30m.
+	AuthCooldown caddy.Duration `json:"auth_cooldown,omitempty"`
+}
+
+// Key is a relay key: the secret a client sends as x-api-key or as a bearer
+// token, and the group that serves it.
+type Key struct {
+	// Secret is the key itself, or `sha256:<64 hex digits>` of it, or a
+	// placeholder such as `{env.KEY_SUPPORT}` or `{file./run/secrets/key}`
+	// that is resolved when the config loads. A placeholder keeps the secret
+	// out of the config and out of `GET /config/`; the Caddyfile adapter
+	// turns a literal secret into its sha256 form for the same reason.
+	Secret string `json:"secret"`
+
+	// Group is the name of the group that serves this key's requests.
+	Group string `json:"group"`
+
+	// Name identifies the key in logs and metrics, never the secret.
+	// Default: `key-` followed by the first 8 hex digits of the secret's
+	// sha256.
+	Name string `json:"name,omitempty"`
+}
+
+// Channel is one upstream credential: a provider, its address and key, the
+// models it serves and how much traffic it gets.
+type Channel struct {
+	// Name identifies the channel in groups, logs, metrics and headers. It
+	// is also the key of its health state, which survives config reloads.
+	Name string `json:"name"`
+
+	// Provider is the upstream kind: `anthropic` (Anthropic's API or any
+	// Anthropic-compatible endpoint) or `mock` (answered in-process, for
+	// trying the relay without credentials). Default: anthropic.
+	Provider string `json:"provider,omitempty"`
+
+	// URL is the upstream's base URL; the request path (/v1/messages...) is
+	// appended to its path. Default for anthropic: https://api.anthropic.com.
+	URL string `json:"url,omitempty"`
+
+	// APIKey is the channel's credential, usually a placeholder such as
+	// `{env.ANTHROPIC_API_KEY}` resolved when the config loads. Required for
+	// anthropic channels.
+	APIKey string `json:"api_key,omitempty"`
+
+	// Auth is how the credential is sent: `x-api-key` (default) or `bearer`
+	// (Authorization: Bearer), for resellers that want a bearer token.
+	Auth string `json:"auth,omitempty"`
+
+	// Models lists the models the channel serves, each as the name clients
+	// send, optionally mapped to the upstream's name: `name=upstream_name`.
+	// Empty means the channel serves every model, unmapped.
+	Models []string `json:"models,omitempty"`
+
+	// Priority is the channel's tier: requests go to the best (lowest)
+	// tier that has a live channel. Default: 1.
+	Priority int `json:"priority,omitempty"`
+
+	// Weight is the channel's share of traffic within its tier, relative to
+	// the weights of the others. Default: 1.
+	Weight int `json:"weight,omitempty"`
+
+	// Allow lists the request fields this channel accepts among
+	// `service_tier`, `inference_geo` and `speed`. A request carrying one of
+	// them only goes to channels that allow it.
+	Allow []string `json:"allow,omitempty"`
+
+	// TransportRaw configures the HTTP transport exactly as reverse_proxy's
+	// `transport http { ... }` does (timeouts, keepalive, TLS, versions...).
+	// Default: Caddy's HTTP transport with its defaults, with TLS for https
+	// URLs.
+	TransportRaw json.RawMessage `json:"transport,omitempty" caddy:"namespace=http.reverse_proxy.transport inline_key=protocol"`
+
+	// Latency is, for a mock channel, how long it waits before answering.
+	Latency caddy.Duration `json:"latency,omitempty"`
+
+	// Tokens is, for a mock channel, the length of its reply in tokens.
+	// Default: 16.
+	Tokens int `json:"tokens,omitempty"`
+
+	// FailRate is, for a mock channel, the fraction of requests (0 to 1)
+	// answered with a 529 overloaded_error.
+	FailRate float64 `json:"fail_rate,omitempty"`
+
+	Tuning
+}
+
+// Group is a set of channels that serves the keys that name it.
+type Group struct {
+	// Name identifies the group; keys name it.
+	Name string `json:"name"`
+
+	// Channels lists the names of the group's channels. A channel may be in
+	// several groups; its health is shared.
+	Channels []string `json:"channels"`
+
+	// Retries is how many further attempts a request may make after its
+	// first, each on a channel it has not tried yet. Default: 2.
+	Retries *int `json:"retries,omitempty"`
+
+	// ExposeChannel adds the x-relay-channel response header naming the
+	// channel that answered.
+	ExposeChannel bool `json:"expose_channel,omitempty"`
+}
+
+// Provider names.
+const (
+	providerAnthropic = "anthropic"
+	providerMock      = "mock"
+)
+
+// validateConfig checks what can be checked without resolving secrets. The
+// Caddyfile adapter runs it too, so `caddy adapt` reports these errors.
+func (r *Relay) validateConfig() error {
+	if r.MaxBodySize < 0 {
+		return fmt.Errorf("max_body_size must not be negative")
+	}
+	if err := r.Tuning.validate(); err != nil {
+		return err
+	}
+	channels := make(map[string]*Channel, len(r.Channels))
+	for i, ch := range r.Channels {
+		if ch == nil || ch.Name == "" {
+			return fmt.Errorf("channel #%d has no name", i+1)
+		}
+		if _, dup := channels[ch.Name]; dup {
+			return fmt.Errorf("channel %q is defined twice", ch.Name)
+		}
+		channels[ch.Name] = ch
+		if err := ch.validate(); err != nil {
+			return fmt.Errorf("channel %q: %w", ch.Name, err)
+		}
+	}
+	groups := make(map[string]bool, len(r.Groups))
+	for i, g := range r.Groups {
+		if g == nil || g.Name == "" {
+			return fmt.Errorf("group #%d has no name", i+1)
+		}
+		if groups[g.Name] {
+			return fmt.Errorf("group %q is defined twice", g.Name)
+		}
+		groups[g.Name] = true
+		if len(g.Channels) == 0 {
+			return fmt.Errorf("group %q lists no channels", g.Name)
+		}
+		seen := make(map[string]bool, len(g.Channels))
+		for _, name := range g.Channels {
+			if channels[name] == nil {
+				return fmt.Errorf("group %q names unknown channel %q", g.Name, name)
+			}
+			if seen[name] {
+				return fmt.Errorf("group %q lists channel %q twice", g.Name, name)
+			}
+			seen[name] = true
+		}
+		if g.Retries != nil && *g.Retries < 0 {
+			return fmt.Errorf("group %q: retries must not be negative", g.Name)
+		}
+	}
+	if len(r.Keys) == 0 {
+		return fmt.Errorf("no key is configured: every request would be refused")
+	}
+	names := make(map[string]int, len(r.Keys))
+	for i, k := range r.Keys {
+		if k == nil || k.Secret == "" {
+			return fmt.Errorf("key #%d has no secret", i+1)
+		}
+		label := k.label(i)
+		if k.Group == "" {
+			return fmt.Errorf("%s names no group", label)
+		}
+		if !groups[k.Group] {
+			return fmt.Errorf("%s names unknown group %q", label, k.Group)
+		}
+		if strings.HasPrefix(k.Secret, sha256Prefix) {
+			if b, err := hex.DecodeString(strings.TrimPrefix(k.Secret, sha256Prefix)); err != nil || len(b) != 32 {
+				return fmt.Errorf("%s: sha256: must be followed by 64 hex digits", label)
+			}
+		}
+		if k.Name != "" {
+			if j, dup := names[k.Name]; dup {
+				return fmt.Errorf("keys #%d and #%d have the same name %q", j+1, i+1, k.Name)
+			}
+			names[k.Name] = i
+		}
+	}
+	return nil
+}
+
+// label names a key in errors without revealing its secret.
+func (k *Key) label(i int) string {
+	if k.Name != "" {
+		return fmt.Sprintf("key %q", k.Name)
+	}
+	return fmt.Sprintf("key #%d", i+1)
+}
+
+const sha256Prefix = "sha256:"
+
+func (t Tuning) validate() error {
+	for _, d := range []struct {
+		name string
+		v    caddy.Duration
+	}{
+		{"first_byte_timeout", t.FirstByteTimeout},
+		{"first_content_timeout", t.FirstContentTimeout},
+		{"response_timeout", t.ResponseTimeout},
+		{"stream_idle_timeout", t.StreamIdleTimeout},
+		{"cooldown", t.Cooldown},
+		{"max_cooldown", t.MaxCooldown},
+		{"auth_cooldown", t.AuthCooldown},
+	} {
+		if d.v < 0 {
+			return fmt.Errorf("%s must not be negative", d.name)
+		}
+	}
+	return nil
+}
+
+func (ch *Channel) validate() error {
+	switch ch.Provider {
+	case "", providerAnthropic:
+		if ch.APIKey == "" {
+			return fmt.Errorf("no api_key: an anthropic channel needs a credential")
+		}
+		if ch.Latency != 0 || ch.Tokens != 0 || ch.FailRate != 0 {
+			return fmt.Errorf("latency, tokens and fail_rate apply only to provider mock")
+		}
+	case providerMock:
+		if ch.TransportRaw != nil {
+			return fmt.Errorf("a mock channel answers in-process and takes no transport")
+		}
+		if ch.FailRate < 0 || ch.FailRate > 1 {
+			return fmt.Errorf("fail_rate must be between 0 and 1")
+		}
+		if ch.Tokens < 0 || ch.Latency < 0 {
+			return fmt.Errorf("tokens and latency must not be negative")
+		}
+	default:
+		return fmt.Errorf("unknown provider %q (known: anthropic, mock)", ch.Provider)
+	}
+	if ch.URL != "" {
+		u, err := url.Parse(ch.URL)
+		if err != nil {
+			return fmt.Errorf("url: %v", err)
+		}
+		if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
+			return fmt.Errorf("url %q must be an absolute http:// or https:// URL", ch.URL)
+		}
+		if u.RawQuery != "" || u.Fragment != "" {
+			return fmt.Errorf("url %q must not have a query or fragment", ch.URL)
+		}
+	}
+	switch ch.Auth {
+	case "", "x-api-key", "bearer":
+	default:
+		return fmt.Errorf("auth must be x-api-key or bearer, not %q", ch.Auth)
+	}
+	if _, err := parseModels(ch.Models); err != nil {
+		return err
+	}
+	if ch.Priority < 0 {
+		return fmt.Errorf("priority must not be negative")
+	}
+	if ch.Weight < 0 {
+		return fmt.Errorf("weight must not be negative")
+	}
+	for _, a := range ch.Allow {
+		if capabilityByName(a) == 0 {
+			return fmt.Errorf("allow: unknown field %q (known: service_tier, inference_geo, speed)", a)
+		}
+	}
+	return ch.Tuning.validate()
+}
+
+// parseModels reads `name` and `name=upstream_name` entries into a map from
+// the name clients send to the name the upstream wants. nil means every
+// model.
+func parseModels(entries []string) (map[string]string, error) {
+	if len(entries) == 0 {
+		return nil, nil
+	}
+	m := make(map[string]string, len(entries))
+	for _, e := range entries {
+		name, upstream, mapped := strings.Cut(e, "=")
+		if !mapped {
+			upstream = name
+		}
+		if !validModelName(name) || !validModelName(upstream) {
+			return nil, fmt.Errorf("models: malformed entry %q: want name or name=upstream_name, without spaces, quotes or a second '='", e)
+		}
+		if _, dup := m[name]; dup {
+			return nil, fmt.Errorf("models: %q is listed twice", name)
+		}
+		m[name] = upstream
+	}
+	return m, nil
+}
+
+// validModelName accepts the characters model ids use across providers
+// (letters, digits and -._:@/), so a name can be spliced into JSON as is.
+func validModelName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, c := range []byte(s) {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case c == '-' || c == '.' || c == '_' || c == ':' || c == '@' || c == '/':
+		default:
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,330 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"github.com/tidwall/gjson"
+)
+
+// relayError is an error the relay answers itself, in the Anthropic shape:
+// {"type":"error","error":{"type":..,"message":..,"code":..},"request_id":..}.
+type relayError struct {
+	status     int
+	typ        string // error.type
+	code       string // error.code, only for the relay's own conditions
+	msg        string
+	retryAfter time.Duration // sets retry-after and retry-after-ms when > 0
+	noRetry    bool          // sets x-should-retry: false
+	allow      string        // sets Allow, for 405
+}
+
+func errNotFound(path string) *relayError {
+	return &relayError{status: http.StatusNotFound, typ: "not_found_error",
+		msg: "no such endpoint: " + path + " (the relay serves POST /v1/messages, POST /v1/messages/count_tokens and GET /v1/models)"}
+}
+
+func errMethod(method, allow string) *relayError {
+	return &relayError{status: http.StatusMethodNotAllowed, typ: "invalid_request_error",
+		msg: "method " + method + " is not allowed here; use " + allow, allow: allow}
+}
+
+func errAuth(msg string) *relayError {
+	return &relayError{status: http.StatusUnauthorized, typ: "authentication_error", msg: msg}
+}
+
+func errInvalid(msg string) *relayError {
+	return &relayError{status: http.StatusBadRequest, typ: "invalid_request_error", msg: msg}
+}
+
+func errTooLarge(limit int64) *relayError {
+	return &relayError{status: http.StatusRequestEntityTooLarge, typ: "request_too_large",
+		msg: "request body is larger than the relay's limit of " + strconv.FormatInt(limit, 10) + " bytes"}
+}
+
+func errModelNotFound(model, group string) *relayError {
+	return &relayError{status: http.StatusServiceUnavailable, typ: "relay_error", code: "model_not_found",
+		msg: "no channel of group " + strconv.Quote(group) + " serves model " + strconv.Quote(model), noRetry: true}
+}
+
+func errNoHealthyChannel(model string, wait time.Duration) *relayError {
+	return &relayError{status: http.StatusServiceUnavailable, typ: "relay_error", code: "no_healthy_channel",
+		msg: "every channel serving " + strconv.Quote(model) + " is cooling down after failures; retry later", retryAfter: wait}
+}
+
+func errCapability(fields string) *relayError {
+	return &relayError{status: http.StatusServiceUnavailable, typ: "relay_error", code: "capability_not_available",
+		msg: "no live channel of this group allows " + fields, noRetry: true}
+}
+
+// errUpstreamFailed answers when the last attempt produced no response at all
+// (refused connection, reset, timeout, broken stream before content).
+func errUpstreamFailed(v verdict, retried bool) *relayError {
+	e := &relayError{status: http.StatusBadGateway, typ: "api_error", msg: "upstream request failed: " + v.reason, noRetry: retried}
+	if v.timeout {
+		e.status, e.typ = http.StatusGatewayTimeout, "timeout_error"
+	}
+	return e
+}
+
+// errorJSON is the wire shape of every error the relay writes.
+type errorJSON struct {
+	Type  string `json:"type"`
+	Error struct {
+		Type    string `json:"type"`
+		Message string `json:"message"`
+		Code    string `json:"code,omitempty"`
+	} `json:"error"`
+	RequestID string `json:"request_id"`
+}
+
+func (e *relayError) body(requestID string) []byte {
+	var j errorJSON
+	j.Type = "error"
+	j.Error.Type, j.Error.Message, j.Error.Code = e.typ, e.msg, e.code
+	j.RequestID = requestID
+	b, _ := json.Marshal(j)
+	return b
+}
+
+// write sends the error as the whole response.
+func (e *relayError) write(w http.ResponseWriter, requestID string) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	if e.retryAfter > 0 {
+		setRetryAfter(h, e.retryAfter)
+	}
+	if e.noRetry {
+		h.Set("X-Should-Retry", "false")
+	}
+	if e.allow != "" {
+		h.Set("Allow", e.allow)
+	}
+	b := e.body(requestID)
+	h.Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(e.status)
+	_, _ = w.Write(b)
+}
+
+// setRetryAfter sets retry-after in whole seconds (rounded up, as the header
+// only takes integers) and retry-after-ms, which every Anthropic SDK reads
+// first, so clients wait exactly as long as needed.
+func setRetryAfter(h http.Header, d time.Duration) {
+	secs := int64(math.Ceil(d.Seconds()))
+	if secs < 1 {
+		secs = 1
+	}
+	h.Set("Retry-After", strconv.FormatInt(secs, 10))
+	h.Set("Retry-After-Ms", strconv.FormatInt(d.Milliseconds(), 10))
+}
+
+// sseError renders an Anthropic `event: error` frame, used to end a stream
+// that broke after the commit point.
+func sseError(typ, msg, requestID string) []byte {
+	var j errorJSON
+	j.Type = "error"
+	j.Error.Type, j.Error.Message = typ, msg
+	j.RequestID = requestID
+	b, _ := json.Marshal(j)
+	out := make([]byte, 0, len(b)+24)
+	out = append(out, "event: error\ndata: "...)
+	out = append(out, b...)
+	return append(out, "\n\n"...)
+}
+
+// outcome is what one attempt on one channel came to. It decides whether the
+// relay commits, passes the answer through, or fails over, and how the
+// channel's health changes.
+type outcome uint8
+
+const (
+	outcomeSuccess     outcome = iota // 2xx: commit
+	outcomeClientError                // the request's own fault: pass through, channel stays healthy
+	outcomeAuth                       // the channel's credential or account is unusable
+	outcomeRateLimited                // 429: the channel's quota is exhausted for a while
+	outcomeOverloaded                 // 529: the provider is overloaded, not the credential
+	outcomeTransient                  // 5xx, network error, timeout, broken stream
+	outcomeCanceled                   // the client went away: nobody's fault
+)
+
+var outcomeNames = [...]string{"success", "client_error", "auth", "rate_limited", "overloaded", "transient", "canceled"}
+
+func (o outcome) String() string { return outcomeNames[o] }
+
+// retryable reports whether another channel should be tried.
+func (o outcome) retryable() bool {
+	return o == outcomeAuth || o == outcomeRateLimited || o == outcomeOverloaded || o == outcomeTransient
+}
+
+// verdict is an outcome with what the relay learned along with it.
+type verdict struct {
+	outcome outcome
+	// wait is the upstream's own retry hint (retry-after-ms, retry-after,
+	// anthropic-ratelimit-*-reset), zero when it gave none.
+	wait    time.Duration
+	timeout bool   // the attempt hit one of the relay's timeouts
+	reason  string // short and secret-free, for logs and the relay's error messages
+}
+
+// statusOutcomes is the classification table of DESIGN.md for upstream HTTP
+// statuses. A status not listed is the client's error when below 500 and
+// transient from 500 up (see classifyStatus); 2xx is a success.
+var statusOutcomes = map[int]outcome{
+	http.StatusUnauthorized:        outcomeAuth,
+	http.StatusPaymentRequired:     outcomeAuth,
+	http.StatusForbidden:           outcomeAuth,
+	http.StatusTooManyRequests:     outcomeRateLimited,
+	529:                            outcomeOverloaded,
+	http.StatusInternalServerError: outcomeTransient,
+	http.StatusBadGateway:          outcomeTransient,
+	http.StatusServiceUnavailable:  outcomeTransient,
+	http.StatusGatewayTimeout:      outcomeTransient,
+	http.StatusNotImplemented:      outcomeClientError,
+}
+
+// errorTypeOutcomes classifies an Anthropic error by its error.type, for an
+// `event: error` that arrives in a 200 stream before any content.
+var errorTypeOutcomes = map[string]outcome{
+	"overloaded_error":     outcomeOverloaded,
+	"rate_limit_error":     outcomeRateLimited,
+	"api_error":            outcomeTransient,
+	"timeout_error":        outcomeTransient,
+	"authentication_error": outcomeAuth,
+	"permission_error":     outcomeAuth,
+	"billing_error":        outcomeAuth,
+}
+
+// classifyStatus classifies a complete non-2xx upstream answer. body is the
+// error body (bounded); it matters for the two account-level conditions the
+// status alone does not show.
+func classifyStatus(status int, h http.Header, body []byte, now time.Time) verdict {
+	v := verdict{reason: "status " + strconv.Itoa(status)}
+	if status >= 200 && status < 300 {
+		v.outcome = outcomeSuccess
+		return v
+	}
+	o, listed := statusOutcomes[status]
+	switch {
+	case listed:
+		v.outcome = o
+	case status >= 500:
+		v.outcome = outcomeTransient
+	default:
+		v.outcome = outcomeClientError
+	}
+	switch status {
+	case http.StatusBadRequest:
+		if strings.Contains(strings.ToLower(gjson.GetBytes(body, "error.message").String()), "credit balance is too low") {
+			v.outcome, v.reason = outcomeAuth, "credit balance too low"
+		}
+	case http.StatusTooManyRequests:
+		if gjson.GetBytes(body, "error.details.error_code").String() == "enforced_spend_limit_reached" {
+			v.outcome, v.reason = outcomeAuth, "spend limit reached"
+			break
+		}
+		v.wait = retryAfter(h, now)
+	}
+	return v
+}
+
+// classifyStreamError classifies the data of an `event: error` received
+// before the commit point.
+func classifyStreamError(data []byte) verdict {
+	typ := gjson.GetBytes(data, "error.type").String()
+	o, ok := errorTypeOutcomes[typ]
+	if !ok {
+		o = outcomeClientError
+	}
+	return verdict{outcome: o, reason: "stream error " + typ}
+}
+
+// Causes the relay gives when it cancels an attempt itself.
+var (
+	errFirstByteTimeout    = errors.New("first byte timeout")
+	errFirstContentTimeout = errors.New("first content timeout")
+	errResponseTimeout     = errors.New("response timeout")
+	errStreamIdle          = errors.New("stream idle timeout")
+)
+
+// classifyError classifies an attempt that ended without a usable response:
+// a transport error or a broken body. ctx is the attempt's context, whose
+// cause tells the relay's own timeouts and the client's departure apart.
+func classifyError(ctx context.Context, clientCtx context.Context, err error) verdict {
+	if clientCtx.Err() != nil {
+		return verdict{outcome: outcomeCanceled, reason: "client canceled"}
+	}
+	if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil {
+		switch cause {
+		case errFirstByteTimeout, errFirstContentTimeout, errResponseTimeout, errStreamIdle:
+			return verdict{outcome: outcomeTransient, timeout: true, reason: cause.Error()}
+		}
+	}
+	v := verdict{outcome: outcomeTransient, reason: err.Error()}
+	var dial reverseproxy.DialError
+	if errors.As(err, &dial) {
+		v.reason = "dial: " + dial.Error()
+	}
+	var ne interface{ Timeout() bool }
+	if errors.As(err, &ne) && ne.Timeout() {
+		v.timeout = true
+	}
+	return v
+}
+
+// retryAfter reads the upstream's wait hint: retry-after-ms, else
+// retry-after (seconds or an HTTP date), else the reset time of the
+// anthropic-ratelimit-* limit that ran out. Zero means no hint.
+func retryAfter(h http.Header, now time.Time) time.Duration {
+	if v := h.Get("Retry-After-Ms"); v != "" {
+		if ms, err := strconv.ParseFloat(v, 64); err == nil && ms > 0 {
+			return time.Duration(ms * float64(time.Millisecond))
+		}
+	}
+	if v := h.Get("Retry-After"); v != "" {
+		if s, err := strconv.ParseFloat(v, 64); err == nil {
+			if s > 0 {
+				return time.Duration(s * float64(time.Second))
+			}
+		} else if t, err := http.ParseTime(v); err == nil && t.After(now) {
+			return t.Sub(now)
+		}
+	}
+	return rateLimitReset(h, now)
+}
+
+var rateLimitKinds = [...]string{"requests", "tokens", "input-tokens", "output-tokens"}
+
+// rateLimitReset returns the time until the latest reset among the
+// anthropic-ratelimit-* limits whose remaining count is zero; when none says
+// zero, the time until the earliest future reset.
+func rateLimitReset(h http.Header, now time.Time) time.Duration {
+	var exhausted, earliest time.Duration
+	for _, kind := range rateLimitKinds {
+		reset := h.Get("Anthropic-Ratelimit-" + kind + "-Reset")
+		if reset == "" {
+			continue
+		}
+		t, err := time.Parse(time.RFC3339, reset)
+		if err != nil || !t.After(now) {
+			continue
+		}
+		d := t.Sub(now)
+		if h.Get("Anthropic-Ratelimit-"+kind+"-Remaining") == "0" && d > exhausted {
+			exhausted = d
+		}
+		if earliest == 0 || d < earliest {
+			earliest = d
+		}
+	}
+	if exhausted > 0 {
+		return exhausted
+	}
+	return earliest
+}

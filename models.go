@@ -1,0 +1,95 @@
+package relay
+
+import (
+	"encoding/json"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// modelInfo is one entry of GET /v1/models, in Anthropic's shape.
+type modelInfo struct {
+	Type        string `json:"type"`
+	ID          string `json:"id"`
+	DisplayName string `json:"display_name"`
+	// CreatedAt is required by the SDKs; the relay does not know a model's
+	// release date, so it reports the Unix epoch.
+	CreatedAt string `json:"created_at"`
+}
+
+type modelList struct {
+	Data    []modelInfo `json:"data"`
+	HasMore bool        `json:"has_more"`
+	FirstID *string     `json:"first_id"`
+	LastID  *string     `json:"last_id"`
+}
+
+const (
+	defaultModelsLimit = 20
+	maxModelsLimit     = 1000
+)
+
+// serveModels answers GET /v1/models and GET /v1/models/{id} from the
+// models the key's group lists, without calling any upstream. A channel that
+// serves every model adds no names.
+func serveModels(w http.ResponseWriter, req *http.Request, in *inbound) {
+	models := in.key.group.models
+	if in.route == routeModel {
+		id := strings.TrimPrefix(req.URL.Path, "/v1/models/")
+		if !slices.Contains(models, id) {
+			(&relayError{status: http.StatusNotFound, typ: "not_found_error", msg: "model " + strconv.Quote(id) + " is not served by this key's group"}).write(w, in.id)
+			return
+		}
+		writeJSON(w, info(id))
+		return
+	}
+
+	q := req.URL.Query()
+	limit := defaultModelsLimit
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxModelsLimit {
+			errInvalid("limit: must be an integer between 1 and 1000").write(w, in.id)
+			return
+		}
+		limit = n
+	}
+	page := models
+	if after := q.Get("after_id"); after != "" {
+		if i := slices.Index(page, after); i >= 0 {
+			page = page[i+1:]
+		}
+	}
+	if before := q.Get("before_id"); before != "" {
+		if i := slices.Index(page, before); i >= 0 {
+			page = page[:i]
+			if len(page) > limit {
+				page = page[len(page)-limit:]
+			}
+		}
+	}
+	list := modelList{Data: make([]modelInfo, 0, min(limit, len(page)))}
+	if len(page) > limit {
+		page, list.HasMore = page[:limit], true
+	}
+	for _, m := range page {
+		list.Data = append(list.Data, info(m))
+	}
+	if len(page) > 0 {
+		list.FirstID, list.LastID = &page[0], &page[len(page)-1]
+	}
+	writeJSON(w, list)
+}
+
+func info(id string) modelInfo {
+	return modelInfo{Type: "model", ID: id, DisplayName: id, CreatedAt: "1970-01-01T00:00:00Z"}
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	b, _ := json.Marshal(v)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(b)
+}

@@ -1,0 +1,400 @@
+// Package relay is a Caddy HTTP handler that puts many upstream Claude
+// providers behind one Anthropic-compatible endpoint: a client holds one
+// relay key, the key belongs to a group, and the group's channels (one
+// upstream credential each) serve its requests with failover before the
+// first byte.
+package relay
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+)
+
+func init() {
+	caddy.RegisterModule(Relay{})
+}
+
+// Relay is the `relay` HTTP handler. It serves POST /v1/messages (streaming
+// or not) and POST /v1/messages/count_tokens by relaying them to a channel
+// of the key's group, and answers GET /v1/models itself.
+type Relay struct {
+	// MaxBodySize is the largest request body accepted, in bytes; larger
+	// ones get a 413 request_too_large. Default: 32 MiB, Anthropic's own
+	// limit.
+	MaxBodySize int64 `json:"max_body_size,omitempty"`
+
+	// Tuning holds the default timeouts and cooldowns of every channel.
+	Tuning
+
+	// Keys are the relay keys clients authenticate with.
+	Keys []*Key `json:"keys,omitempty"`
+
+	// Channels are the upstream credentials.
+	Channels []*Channel `json:"channels,omitempty"`
+
+	// Groups are sets of channels; each key is served by one group.
+	Groups []*Group `json:"groups,omitempty"`
+
+	groups   map[string]*group
+	keys     map[[sha256.Size]byte]*key
+	acquired []string // channelStates entries this instance holds
+	logger   *zap.Logger
+	rand     randIntN
+	now      func() time.Time
+}
+
+// group is a provisioned Group.
+type group struct {
+	name     string
+	channels []*channel
+	retries  int
+	expose   bool
+	models   []string // models listed by its channels, for GET /v1/models
+}
+
+const (
+	defaultMaxBodySize = 32 << 20
+	defaultRetries     = 2
+)
+
+// CaddyModule returns the Caddy module information.
+func (Relay) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.relay",
+		New: func() caddy.Module { return new(Relay) },
+	}
+}
+
+// Provision resolves secrets, loads transports and takes the channels'
+// health state from the process-wide pool.
+func (r *Relay) Provision(ctx caddy.Context) error {
+	r.logger = ctx.Logger()
+	r.rand = defaultRand
+	r.now = time.Now
+	if r.MaxBodySize == 0 {
+		r.MaxBodySize = defaultMaxBodySize
+	}
+	if err := r.validateConfig(); err != nil {
+		return err
+	}
+
+	channels := make(map[string]*channel, len(r.Channels))
+	for _, cfg := range r.Channels {
+		ch, err := r.provisionChannel(ctx, cfg)
+		if err != nil {
+			return fmt.Errorf("channel %q: %w", cfg.Name, err)
+		}
+		channels[cfg.Name] = ch
+	}
+
+	r.groups = make(map[string]*group, len(r.Groups))
+	for _, cfg := range r.Groups {
+		g := &group{name: cfg.Name, retries: defaultRetries, expose: cfg.ExposeChannel}
+		if cfg.Retries != nil {
+			g.retries = *cfg.Retries
+		}
+		seen := map[string]bool{}
+		for _, name := range cfg.Channels {
+			ch := channels[name]
+			g.channels = append(g.channels, ch)
+			for _, m := range channelModels(r.channelConfig(name)) {
+				if !seen[m] {
+					seen[m] = true
+					g.models = append(g.models, m)
+				}
+			}
+		}
+		r.groups[cfg.Name] = g
+	}
+
+	r.keys = make(map[[sha256.Size]byte]*key, len(r.Keys))
+	for i, cfg := range r.Keys {
+		digest, err := keyDigest(cfg.Secret)
+		if err != nil {
+			return fmt.Errorf("%s: %w", cfg.label(i), err)
+		}
+		if _, dup := r.keys[digest]; dup {
+			return fmt.Errorf("%s has the same secret as an earlier key", cfg.label(i))
+		}
+		name := cfg.Name
+		if name == "" {
+			name = "key-" + hex.EncodeToString(digest[:4])
+		}
+		r.keys[digest] = &key{name: name, group: r.groups[cfg.Group]}
+	}
+	return nil
+}
+
+func (r *Relay) channelConfig(name string) *Channel {
+	for _, c := range r.Channels {
+		if c.Name == name {
+			return c
+		}
+	}
+	return nil
+}
+
+// channelModels lists the client-side model names a channel declares.
+func channelModels(cfg *Channel) []string {
+	out := make([]string, 0, len(cfg.Models))
+	for _, e := range cfg.Models {
+		name, _, _ := strings.Cut(e, "=")
+		out = append(out, name)
+	}
+	return out
+}
+
+// keyDigest resolves a key's secret and returns the sha256 it is looked up
+// by; `sha256:<hex>` gives the digest directly.
+func keyDigest(secret string) ([sha256.Size]byte, error) {
+	var d [sha256.Size]byte
+	if hexDigest, ok := strings.CutPrefix(secret, sha256Prefix); ok {
+		b, err := hex.DecodeString(hexDigest)
+		if err != nil || len(b) != sha256.Size {
+			return d, fmt.Errorf("sha256: must be followed by 64 hex digits")
+		}
+		copy(d[:], b)
+		return d, nil
+	}
+	v, err := resolveSecret(secret)
+	if err != nil {
+		return d, err
+	}
+	return sha256.Sum256([]byte(v)), nil
+}
+
+// Validate implements caddy.Validator. The config was checked in Provision,
+// before anything was loaded.
+func (r *Relay) Validate() error { return nil }
+
+// Cleanup releases the health states this instance took. On a reload the
+// new config has taken its own references first, so surviving channels keep
+// their state.
+func (r *Relay) Cleanup() error {
+	for _, name := range r.acquired {
+		_, _ = channelStates.Delete(name)
+	}
+	r.acquired = nil
+	return nil
+}
+
+// ServeHTTP implements caddyhttp.MiddlewareHandler. The relay is terminal:
+// it answers every request and never calls next. The steps run in one
+// direction: route, auth, body, inspect, then select and attempt until an
+// answer reaches the client.
+func (r *Relay) ServeHTTP(w http.ResponseWriter, req *http.Request, _ caddyhttp.Handler) error {
+	in := &inbound{id: newRequestID(), rawQuery: req.URL.RawQuery, header: req.Header}
+	w.Header().Set("X-Relay-Request-Id", in.id)
+
+	var rerr *relayError
+	if in.route, rerr = routeOf(req); rerr != nil {
+		rerr.write(w, in.id)
+		return nil
+	}
+	if in.key, rerr = r.authenticate(req); rerr != nil {
+		rerr.write(w, in.id)
+		return nil
+	}
+	if in.route == routeModels || in.route == routeModel {
+		serveModels(w, req, in)
+		return nil
+	}
+	buf, rerr := readBody(req, r.MaxBodySize)
+	if rerr != nil {
+		rerr.write(w, in.id)
+		return nil
+	}
+	defer releaseBody(buf)
+	in.body = buf.Bytes()
+	if rerr = in.inspect(); rerr != nil {
+		rerr.write(w, in.id)
+		return nil
+	}
+	r.relay(w, req, in)
+	return nil
+}
+
+// attemptResult is how one attempt ended. When done, the client has its
+// answer (or is gone); otherwise the relay may try another channel, and
+// status, header and body hold the upstream's answer for the client in case
+// this attempt stays the last one (status 0: there was no answer).
+type attemptResult struct {
+	verdict verdict
+	done    bool
+	channel *channel
+	status  int
+	header  http.Header
+	body    []byte
+}
+
+// relay selects a channel and attempts the request on it until one answer
+// reaches the client, failing over to untried channels on retryable
+// outcomes, within the group's retries.
+func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) {
+	g := in.key.group
+	var triedBuf [4]*channel
+	sel := selection{model: in.model, caps: in.caps, tried: triedBuf[:0], rand: r.rand}
+	var last attemptResult
+	for n := 1; ; n++ {
+		sel.now = r.now()
+		ch, rerr := g.pick(&sel)
+		if ch == nil {
+			if n == 1 {
+				rerr.write(w, in.id)
+			} else {
+				r.writeLast(w, in, last, n-1)
+			}
+			return
+		}
+		sel.tried = append(sel.tried, ch)
+		res := r.attempt(w, req, in, ch, n)
+		r.recordOutcome(ch, in, res.verdict)
+		if res.done {
+			return
+		}
+		last = res
+		if n > g.retries {
+			r.writeLast(w, in, last, n)
+			return
+		}
+		if res.verdict.outcome == outcomeOverloaded {
+			sel.avoidHost = ch.host
+		}
+	}
+}
+
+// recordOutcome updates the channel's health with an attempt's verdict.
+func (r *Relay) recordOutcome(ch *channel, in *inbound, v verdict) {
+	cooled := ch.health.record(v, ch.cooldown, r.now())
+	if cooled > 0 {
+		r.logger.Warn("channel cooling down",
+			zap.String("channel", ch.name),
+			zap.String("outcome", v.outcome.String()),
+			zap.String("reason", v.reason),
+			zap.Duration("cooldown", cooled),
+			zap.String("request_id", in.id))
+	}
+}
+
+// writeLast answers with the last failed attempt when no further attempt is
+// possible: the upstream's own answer unchanged, or the relay's error when
+// there was none. x-should-retry: false tells the SDKs not to multiply the
+// relay's retries with their own.
+func (r *Relay) writeLast(w http.ResponseWriter, in *inbound, last attemptResult, attempts int) {
+	h := w.Header()
+	if in.key.group.expose && last.channel != nil {
+		h.Set("X-Relay-Channel", last.channel.name)
+	}
+	if attempts > 1 || last.verdict.outcome.retryable() {
+		h.Set("X-Relay-Attempts", strconv.Itoa(attempts))
+	}
+	if last.status == 0 {
+		errUpstreamFailed(last.verdict, attempts > 1).write(w, in.id)
+		return
+	}
+	copyResponseHeaders(h, last.header)
+	if attempts > 1 {
+		h.Set("X-Should-Retry", "false")
+	}
+	h.Set("Content-Length", strconv.Itoa(len(last.body)))
+	w.WriteHeader(last.status)
+	_, _ = w.Write(last.body)
+}
+
+// maxErrorBody bounds how much of an upstream error body is read.
+const maxErrorBody = 1 << 20
+
+// attempt sends the request to ch once and, when the answer proves itself,
+// commits it to the client.
+func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, ch *channel, n int) attemptResult {
+	ctx, cancel := context.WithCancelCause(req.Context())
+	defer cancel(nil)
+	fail := func(err error) attemptResult {
+		return attemptResult{verdict: classifyError(ctx, req.Context(), err), channel: ch}
+	}
+
+	upReq, err := ch.provider.newRequest(ctx, ch, in)
+	if err != nil {
+		return fail(err)
+	}
+	limit, cause := ch.response, errResponseTimeout
+	if in.stream {
+		limit, cause = ch.firstByte, errFirstByteTimeout
+	}
+	firstByte := time.AfterFunc(limit, func() { cancel(cause) })
+	defer firstByte.Stop()
+
+	resp, err := ch.rt.RoundTrip(upReq)
+	if err != nil {
+		return fail(err)
+	}
+	defer resp.Body.Close()
+
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		body, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+		if err != nil {
+			return fail(err)
+		}
+		v := classifyStatus(resp.StatusCode, resp.Header, body, r.now())
+		res := attemptResult{verdict: v, channel: ch, status: resp.StatusCode, header: resp.Header, body: body}
+		if !v.outcome.retryable() {
+			r.writeLast(w, in, res, n)
+			res.done = true
+		}
+		return res
+	}
+
+	if isEventStream(resp.Header) {
+		s := &streamAttempt{r: r, w: w, in: in, ch: ch, n: n, ctx: ctx, clientCtx: req.Context(), cancel: cancel, resp: resp, firstByte: firstByte}
+		return s.run()
+	}
+
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return fail(err)
+	}
+	firstByte.Stop()
+	r.commitHeaders(w, in, ch, n, resp)
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(resp.StatusCode)
+	_, _ = w.Write(body)
+	return attemptResult{verdict: verdict{outcome: outcomeSuccess, reason: "status " + strconv.Itoa(resp.StatusCode)}, done: true}
+}
+
+// commitHeaders sets the response headers of a committed answer: the
+// upstream's (without hop-by-hop ones) and the relay's own.
+func (r *Relay) commitHeaders(w http.ResponseWriter, in *inbound, ch *channel, n int, resp *http.Response) {
+	h := w.Header()
+	copyResponseHeaders(h, resp.Header)
+	h.Del("Content-Length")
+	if in.key.group.expose {
+		h.Set("X-Relay-Channel", ch.name)
+	}
+	if n > 1 {
+		h.Set("X-Relay-Attempts", strconv.Itoa(n))
+	}
+}
+
+func isEventStream(h http.Header) bool {
+	ct := h.Get("Content-Type")
+	return strings.HasPrefix(strings.ToLower(strings.TrimSpace(ct)), "text/event-stream")
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*Relay)(nil)
+	_ caddy.Validator             = (*Relay)(nil)
+	_ caddy.CleanerUpper          = (*Relay)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Relay)(nil)
+)

@@ -1,0 +1,205 @@
+package relay
+
+import (
+	"bytes"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"unsafe"
+
+	"github.com/tidwall/gjson"
+)
+
+// route is an endpoint the relay serves.
+type route uint8
+
+const (
+	routeMessages route = iota + 1
+	routeCountTokens
+	routeModels
+	routeModel // GET /v1/models/{id}
+	routeCount
+)
+
+// upstreamPath is the path a relayed route takes upstream; empty for the
+// routes the relay answers itself.
+func (rt route) upstreamPath() string {
+	switch rt {
+	case routeMessages:
+		return "/v1/messages"
+	case routeCountTokens:
+		return "/v1/messages/count_tokens"
+	}
+	return ""
+}
+
+// routeOf finds the endpoint of a request, or the error that answers it.
+func routeOf(req *http.Request) (route, *relayError) {
+	p := req.URL.Path
+	var rt route
+	switch {
+	case p == "/v1/messages":
+		rt = routeMessages
+	case p == "/v1/messages/count_tokens":
+		rt = routeCountTokens
+	case p == "/v1/models":
+		rt = routeModels
+	case strings.HasPrefix(p, "/v1/models/") && len(p) > len("/v1/models/") && !strings.Contains(p[len("/v1/models/"):], "/"):
+		rt = routeModel
+	default:
+		return 0, errNotFound(p)
+	}
+	want := http.MethodPost
+	if rt == routeModels || rt == routeModel {
+		want = http.MethodGet
+	}
+	if req.Method != want {
+		return 0, errMethod(req.Method, want)
+	}
+	return rt, nil
+}
+
+// key is a provisioned relay key.
+type key struct {
+	name  string
+	group *group
+}
+
+// authenticate finds the relay key of a request. Keys are looked up by the
+// sha256 of what the client sent, so no comparison ever runs over the
+// secret itself and the time taken says nothing about how close a guess was.
+func (r *Relay) authenticate(req *http.Request) (*key, *relayError) {
+	secret := req.Header.Get("X-Api-Key")
+	if secret == "" {
+		if auth := req.Header.Get("Authorization"); len(auth) > 7 && strings.EqualFold(auth[:7], "bearer ") {
+			secret = strings.TrimSpace(auth[7:])
+		}
+	}
+	if secret == "" {
+		return nil, errAuth("missing relay key: send it as x-api-key or as Authorization: Bearer")
+	}
+	k, ok := r.keys[sha256.Sum256([]byte(secret))]
+	if !ok {
+		return nil, errAuth("invalid relay key")
+	}
+	return k, nil
+}
+
+// bodyPool holds request body buffers. Buffers that grew past
+// maxPooledBody are dropped rather than kept alive by the pool.
+var bodyPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+const maxPooledBody = 4 << 20
+
+func releaseBody(b *bytes.Buffer) {
+	if b.Cap() <= maxPooledBody {
+		b.Reset()
+		bodyPool.Put(b)
+	}
+}
+
+// readBody reads the whole request body, at most limit bytes, into a pooled
+// buffer that serves every attempt. The caller releases it.
+func readBody(req *http.Request, limit int64) (*bytes.Buffer, *relayError) {
+	if req.ContentLength > limit {
+		return nil, errTooLarge(limit)
+	}
+	buf := bodyPool.Get().(*bytes.Buffer)
+	if req.ContentLength > 0 {
+		buf.Grow(int(req.ContentLength))
+	}
+	_, err := buf.ReadFrom(io.LimitReader(req.Body, limit+1))
+	switch {
+	case err != nil:
+		releaseBody(buf)
+		return nil, errInvalid("could not read the request body: " + err.Error())
+	case int64(buf.Len()) > limit:
+		releaseBody(buf)
+		return nil, errTooLarge(limit)
+	}
+	return buf, nil
+}
+
+// inbound is what the relay knows of a client request after reading it.
+type inbound struct {
+	id       string
+	route    route
+	rawQuery string
+	key      *key
+	header   http.Header
+	body     []byte // the client's body, unchanged; backed by a pooled buffer
+	model    string
+	stream   bool
+	caps     capability
+	// modelStart and modelEnd delimit the raw model value (quotes included)
+	// in body, so a mapped name is spliced in without re-encoding the JSON.
+	modelStart, modelEnd int
+}
+
+// inspect reads the fields routing needs with one pass over the top level
+// of the body: model, stream and the capability fields.
+func (in *inbound) inspect() *relayError {
+	// The string view of the body lives no longer than this call; the only
+	// values kept (the model) are copied.
+	s := unsafe.String(unsafe.SliceData(in.body), len(in.body))
+	if !gjson.Valid(s) {
+		return errInvalid("request body is not valid JSON")
+	}
+	root := gjson.Parse(s)
+	if !root.IsObject() {
+		return errInvalid("request body must be a JSON object")
+	}
+	var model gjson.Result
+	root.ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "model":
+			model = v
+		case "stream":
+			in.stream = v.Type == gjson.True
+		default:
+			if c := capabilityByName(k.Str); c != 0 && v.Type != gjson.Null {
+				in.caps |= c
+			}
+		}
+		return true
+	})
+	if !model.Exists() {
+		return errInvalid("model: field required")
+	}
+	if model.Type != gjson.String || model.Str == "" {
+		return errInvalid("model: must be a non-empty string")
+	}
+	in.model = strings.Clone(model.Str)
+	in.modelStart, in.modelEnd = model.Index, model.Index+len(model.Raw)
+	return nil
+}
+
+// bodyFor returns the body to send to ch: the client's bytes, with the
+// model's value replaced when the channel maps it to another name.
+func (in *inbound) bodyFor(ch *channel) []byte {
+	up := ch.upstreamModel(in.model)
+	if up == in.model {
+		return in.body
+	}
+	out := make([]byte, 0, len(in.body)+len(up)-len(in.model))
+	out = append(out, in.body[:in.modelStart]...)
+	out = append(out, '"')
+	out = append(out, up...)
+	out = append(out, '"')
+	return append(out, in.body[in.modelEnd:]...)
+}
+
+// newRequestID returns the id that names a request in the x-relay-request-id
+// header, the error bodies and the logs.
+func newRequestID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	var out [6 + 24]byte
+	copy(out[:], "relay_")
+	hex.Encode(out[6:], b[:])
+	return string(out[:])
+}

@@ -1,0 +1,177 @@
+package relay
+
+import (
+	"math/rand/v2"
+	"time"
+)
+
+// capability is a body field that only some channels accept; a request that
+// carries one may only go to a channel that `allow`s it.
+type capability uint8
+
+const (
+	capServiceTier capability = 1 << iota
+	capInferenceGeo
+	capSpeed
+)
+
+// capabilities names each capability by its body field, which is also the
+// value `allow` takes.
+var capabilities = []struct {
+	name string
+	bit  capability
+}{
+	{"service_tier", capServiceTier},
+	{"inference_geo", capInferenceGeo},
+	{"speed", capSpeed},
+}
+
+// capabilityByName returns the bit of a capability name, or 0.
+func capabilityByName(name string) capability {
+	for _, c := range capabilities {
+		if c.name == name {
+			return c.bit
+		}
+	}
+	return 0
+}
+
+func (c capability) String() string {
+	s := ""
+	for _, cp := range capabilities {
+		if c&cp.bit != 0 {
+			if s != "" {
+				s += ", "
+			}
+			s += cp.name
+		}
+	}
+	return s
+}
+
+// randIntN is the selector's source of randomness; tests replace it on the
+// Relay to make picks deterministic.
+type randIntN func(n int) int
+
+var defaultRand randIntN = rand.IntN
+
+// selection is one request's view of the candidates: what it asks for and
+// what it already tried.
+type selection struct {
+	model     string
+	caps      capability
+	tried     []*channel
+	avoidHost string // after a 529: prefer a channel on another upstream host
+	now       time.Time
+	rand      randIntN
+}
+
+// maxChannelsPerPick bounds the stack buffer used for filtering; groups
+// larger than that still work, with one allocation per pick.
+const maxChannelsPerPick = 16
+
+// pick chooses the channel for the next attempt of a request in group g:
+// model filter, then untried, then health, then capability, then the best
+// priority tier, then weighted random. When it returns nil, the relayError
+// says why; a nil error with a nil channel means the request already tried
+// every channel it could use.
+func (g *group) pick(s *selection) (*channel, *relayError) {
+	var buf [maxChannelsPerPick]*channel
+	cands := buf[:0]
+	for _, ch := range g.channels {
+		if ch.serves(s.model) {
+			cands = append(cands, ch)
+		}
+	}
+	if len(cands) == 0 {
+		return nil, errModelNotFound(s.model, g.name)
+	}
+
+	cands = filter(cands, func(ch *channel) bool { return !contains(s.tried, ch) })
+	if len(cands) == 0 {
+		return nil, nil
+	}
+
+	var recovery time.Time
+	cands = filter(cands, func(ch *channel) bool {
+		ok, until := ch.health.available(s.now)
+		if !ok && (recovery.IsZero() || until.Before(recovery)) {
+			recovery = until
+		}
+		return ok
+	})
+	if len(cands) == 0 {
+		if len(s.tried) > 0 {
+			return nil, nil
+		}
+		return nil, errNoHealthyChannel(s.model, recovery.Sub(s.now))
+	}
+
+	if s.caps != 0 {
+		cands = filter(cands, func(ch *channel) bool { return ch.allow&s.caps == s.caps })
+		if len(cands) == 0 {
+			if len(s.tried) > 0 {
+				return nil, nil
+			}
+			return nil, errCapability(s.caps.String())
+		}
+	}
+
+	if s.avoidHost != "" {
+		if other := filter(cands, func(ch *channel) bool { return ch.host != s.avoidHost }); len(other) > 0 {
+			cands = other
+		}
+	}
+
+	return weighted(bestTier(cands), s.rand), nil
+}
+
+// filter keeps the channels for which keep is true, in place.
+func filter(chs []*channel, keep func(*channel) bool) []*channel {
+	out := chs[:0]
+	for _, ch := range chs {
+		if keep(ch) {
+			out = append(out, ch)
+		}
+	}
+	return out
+}
+
+func contains(chs []*channel, ch *channel) bool {
+	for _, c := range chs {
+		if c == ch {
+			return true
+		}
+	}
+	return false
+}
+
+// bestTier keeps the channels of the lowest priority number (1 is preferred).
+func bestTier(chs []*channel) []*channel {
+	best := chs[0].priority
+	for _, ch := range chs[1:] {
+		if ch.priority < best {
+			best = ch.priority
+		}
+	}
+	return filter(chs, func(ch *channel) bool { return ch.priority == best })
+}
+
+// weighted picks one channel with probability proportional to its weight.
+func weighted(chs []*channel, rnd randIntN) *channel {
+	if len(chs) == 1 {
+		return chs[0]
+	}
+	total := 0
+	for _, ch := range chs {
+		total += ch.weight
+	}
+	n := rnd(total)
+	for _, ch := range chs {
+		n -= ch.weight
+		if n < 0 {
+			return ch
+		}
+	}
+	return chs[len(chs)-1]
+}

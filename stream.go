@@ -1,0 +1,162 @@
+package relay
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/caddy-relay/relay/internal/sse"
+	"github.com/tidwall/gjson"
+	"go.uber.org/zap"
+)
+
+const (
+	// maxHeld bounds the events held back before the commit point; an
+	// upstream that sends more than this without content is committed.
+	maxHeld = 64 << 10
+	// maxEvent bounds one SSE event from an upstream.
+	maxEvent = 16 << 20
+)
+
+// streamAttempt is one attempt whose upstream answered 2xx with an event
+// stream. Until the first content event nothing reaches the client, so a
+// stream that fails before it (an `event: error`, a cut, a timeout) fails
+// over invisibly. After it, every event is forwarded byte for byte and
+// flushed at once, and a failure ends the stream with an `event: error`.
+type streamAttempt struct {
+	r         *Relay
+	w         http.ResponseWriter
+	in        *inbound
+	ch        *channel
+	n         int
+	ctx       context.Context // the attempt's; canceled with a cause by the timers
+	clientCtx context.Context
+	cancel    context.CancelCauseFunc
+	resp      *http.Response
+	firstByte *time.Timer
+}
+
+func (s *streamAttempt) run() attemptResult {
+	rd := sse.NewReader(s.resp.Body, maxEvent)
+	held, res, ok := s.hold(rd)
+	if !ok {
+		return res
+	}
+	if !s.commit(held) {
+		return attemptResult{verdict: verdict{outcome: outcomeCanceled, reason: "client gone"}, channel: s.ch, done: true}
+	}
+	return s.pump(rd)
+}
+
+// hold reads the events before the commit point (message_start, ping),
+// bounded by maxHeld and the first content timeout, and returns them with
+// the event that proves the stream, ready to commit. When the stream fails
+// before that, ok is false and res says how.
+func (s *streamAttempt) hold(rd *sse.Reader) (held []byte, res attemptResult, ok bool) {
+	content := time.AfterFunc(s.ch.firstContent, func() { s.cancel(errFirstContentTimeout) })
+	defer content.Stop()
+	held = make([]byte, 0, 2<<10)
+	for {
+		ev, err := rd.Next()
+		s.firstByte.Stop()
+		if err != nil {
+			v := classifyError(s.ctx, s.clientCtx, err)
+			if err == io.EOF || err == io.ErrUnexpectedEOF {
+				v.reason = "stream ended before any content"
+			}
+			return nil, attemptResult{verdict: v, channel: s.ch}, false
+		}
+		if !s.wellFormed(ev) {
+			continue
+		}
+		held = append(held, ev.Raw...)
+		switch string(ev.Name) {
+		case "message_start", "ping":
+			if len(held) > maxHeld {
+				return held, res, true
+			}
+		case "error":
+			v := classifyStreamError(ev.Data)
+			if !v.outcome.retryable() {
+				// the request's own fault: the client sees the stream as sent
+				s.commit(held)
+				return nil, attemptResult{verdict: v, channel: s.ch, done: true}, false
+			}
+			return nil, attemptResult{verdict: v, channel: s.ch, status: s.resp.StatusCode, header: s.resp.Header, body: held}, false
+		default:
+			return held, res, true
+		}
+	}
+}
+
+// commit sends the response headers and the held events; it reports whether
+// the client took them.
+func (s *streamAttempt) commit(held []byte) bool {
+	s.r.commitHeaders(s.w, s.in, s.ch, s.n, s.resp)
+	s.w.WriteHeader(s.resp.StatusCode)
+	if _, err := s.w.Write(held); err != nil {
+		return false
+	}
+	return http.NewResponseController(s.w).Flush() == nil
+}
+
+// pump forwards the rest of the stream, one flushed event at a time, until
+// message_stop, an upstream `event: error`, a failure or the client leaving.
+func (s *streamAttempt) pump(rd *sse.Reader) attemptResult {
+	idle := time.AfterFunc(s.ch.streamIdle, func() { s.cancel(errStreamIdle) })
+	defer idle.Stop()
+	rc := http.NewResponseController(s.w)
+	done := func(v verdict) attemptResult { return attemptResult{verdict: v, channel: s.ch, done: true} }
+	for {
+		ev, err := rd.Next()
+		if err != nil {
+			v := classifyError(s.ctx, s.clientCtx, err)
+			if v.outcome == outcomeCanceled {
+				return done(v)
+			}
+			if err == io.EOF || err == io.ErrUnexpectedEOF {
+				v.reason = "upstream stream ended before message_stop"
+			}
+			s.endWithError(v)
+			return done(v)
+		}
+		idle.Reset(s.ch.streamIdle)
+		if !s.wellFormed(ev) {
+			continue
+		}
+		if _, err := s.w.Write(ev.Raw); err != nil {
+			return done(verdict{outcome: outcomeCanceled, reason: "client gone"})
+		}
+		if err := rc.Flush(); err != nil {
+			return done(verdict{outcome: outcomeCanceled, reason: "client gone"})
+		}
+		switch string(ev.Name) {
+		case "message_stop":
+			return done(verdict{outcome: outcomeSuccess, reason: "message_stop"})
+		case "error":
+			return done(classifyStreamError(ev.Data))
+		}
+	}
+}
+
+// endWithError ends a committed stream with an Anthropic `event: error`, so
+// the client's SDK raises an error instead of seeing a clean, truncated
+// reply.
+func (s *streamAttempt) endWithError(v verdict) {
+	_, _ = s.w.Write(sseError("api_error", "upstream stream failed after the response started: "+v.reason, s.in.id))
+	_ = http.NewResponseController(s.w).Flush()
+}
+
+// wellFormed reports whether an event may reach the client: one whose data
+// is not JSON would break the client's SDK, so it is dropped and logged.
+func (s *streamAttempt) wellFormed(ev sse.Event) bool {
+	if len(ev.Data) == 0 || gjson.ValidBytes(ev.Data) {
+		return true
+	}
+	s.r.logger.Warn("dropped an upstream event whose data is not JSON",
+		zap.String("channel", s.ch.name),
+		zap.ByteString("event", ev.Name),
+		zap.String("request_id", s.in.id))
+	return false
+}
