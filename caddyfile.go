@@ -346,4 +346,3 @@ func parseGroup(d *caddyfile.Dispenser) (*Group, error) {
 
 // Interface guard
 var _ caddyfile.Unmarshaler = (*Relay)(nil)
-
