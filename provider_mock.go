@@ -79,7 +79,7 @@ func (m *mockTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 // reply returns n tokens of text (one word each) that say which channel
 // answered.
 func (m *mockTransport) reply(n int) []string {
-	base := strings.Fields("Hello from caddy-relay mock channel " + m.channel + ". This reply is generated in-process; no upstream was called.")
+	base := strings.Fields(m.channel + ": hello from caddy-relay's mock provider. This reply is made in-process; no upstream was called.")
 	words := make([]string, n)
 	for i := range words {
 		w := base[i%len(base)]

@@ -1,0 +1,260 @@
+// Package fakeupstream is a fake Anthropic API for tests and benchmarks: a
+// real HTTP server on 127.0.0.1 that records every request it receives and
+// answers with whatever the test scripts, in Anthropic's exact wire format.
+package fakeupstream
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// Request is what the upstream received.
+type Request struct {
+	Method   string
+	Path     string
+	RawQuery string
+	Host     string
+	Header   http.Header
+	Body     []byte
+}
+
+// Upstream is a running fake. Its handler may be swapped while it runs.
+type Upstream struct {
+	*httptest.Server
+
+	mu      sync.Mutex
+	handler http.Handler
+	reqs    []Request
+}
+
+// New starts an upstream answering with h on 127.0.0.1 and stops it when the
+// test ends.
+func New(t testing.TB, h http.Handler) *Upstream {
+	u := &Upstream{handler: h}
+	u.Server = httptest.NewServer(http.HandlerFunc(u.serve))
+	t.Cleanup(u.Close)
+	return u
+}
+
+func (u *Upstream) serve(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	u.mu.Lock()
+	u.reqs = append(u.reqs, Request{Method: r.Method, Path: r.URL.Path, RawQuery: r.URL.RawQuery, Host: r.Host, Header: r.Header.Clone(), Body: body})
+	h := u.handler
+	u.mu.Unlock()
+	r.Body = io.NopCloser(strings.NewReader(string(body)))
+	h.ServeHTTP(w, r)
+}
+
+// SetHandler replaces the handler for the requests to come.
+func (u *Upstream) SetHandler(h http.Handler) {
+	u.mu.Lock()
+	u.handler = h
+	u.mu.Unlock()
+}
+
+// Hits is the number of requests received so far.
+func (u *Upstream) Hits() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return len(u.reqs)
+}
+
+// Requests returns a copy of every request received so far.
+func (u *Upstream) Requests() []Request {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]Request(nil), u.reqs...)
+}
+
+// Last returns the last request received; it fails the test when there was
+// none.
+func (u *Upstream) Last(t testing.TB) Request {
+	t.Helper()
+	reqs := u.Requests()
+	if len(reqs) == 0 {
+		t.Fatalf("upstream %s received no request", u.URL)
+	}
+	return reqs[len(reqs)-1]
+}
+
+// DeadURL returns the URL of a port on 127.0.0.1 that refuses connections.
+func DeadURL(t testing.TB) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	return "http://" + addr
+}
+
+// Usage is the token usage a reply reports.
+type Usage struct {
+	InputTokens              int `json:"input_tokens"`
+	CacheCreationInputTokens int `json:"cache_creation_input_tokens"`
+	CacheReadInputTokens     int `json:"cache_read_input_tokens"`
+	OutputTokens             int `json:"output_tokens"`
+}
+
+// MessageBody is a complete non-streaming Messages reply.
+func MessageBody(model, text string, u Usage) []byte {
+	b, _ := json.Marshal(map[string]any{
+		"id": "msg_fake", "type": "message", "role": "assistant", "model": model,
+		"content":     []map[string]string{{"type": "text", "text": text}},
+		"stop_reason": "end_turn", "stop_sequence": nil, "usage": u,
+	})
+	return b
+}
+
+// Message answers every request with a 200 non-streaming reply whose text
+// is text, echoing the request's model.
+func Message(text string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Model string `json:"model"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Request-Id", "req_fake")
+		_, _ = w.Write(MessageBody(req.Model, text, Usage{InputTokens: 10, OutputTokens: 5}))
+	}
+}
+
+// Event renders one SSE event in Anthropic's framing.
+func Event(name, data string) string {
+	return "event: " + name + "\ndata: " + data + "\n\n"
+}
+
+// StreamEvents is the event sequence of a streamed reply with one text
+// block made of the given deltas.
+func StreamEvents(model string, u Usage, deltas ...string) []string {
+	start := u
+	start.OutputTokens = 1
+	msg, _ := json.Marshal(map[string]any{"type": "message_start", "message": map[string]any{
+		"id": "msg_fake", "type": "message", "role": "assistant", "model": model, "content": []any{},
+		"stop_reason": nil, "stop_sequence": nil, "usage": start}})
+	evs := []string{
+		Event("message_start", string(msg)),
+		Event("content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`),
+		Event("ping", `{"type": "ping"}`),
+	}
+	for _, d := range deltas {
+		j, _ := json.Marshal(d)
+		evs = append(evs, Event("content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":`+string(j)+`}}`))
+	}
+	usage, _ := json.Marshal(u)
+	return append(evs,
+		Event("content_block_stop", `{"type":"content_block_stop","index":0}`),
+		Event("message_delta", `{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":`+string(usage)+`}`),
+		Event("message_stop", `{"type":"message_stop"}`),
+	)
+}
+
+// Stream answers with a 200 event stream of the given events, flushing each
+// one as it is written.
+func Stream(events ...string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		StartStream(w)
+		for _, ev := range events {
+			if !WriteEvent(w, ev) {
+				return
+			}
+		}
+	}
+}
+
+// StartStream writes the headers of an Anthropic event stream.
+func StartStream(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.Header().Set("Request-Id", "req_fake_stream")
+	w.WriteHeader(http.StatusOK)
+	_ = http.NewResponseController(w).Flush()
+}
+
+// WriteEvent writes and flushes raw event bytes; it reports whether the
+// client is still there.
+func WriteEvent(w http.ResponseWriter, ev string) bool {
+	if _, err := io.WriteString(w, ev); err != nil {
+		return false
+	}
+	return http.NewResponseController(w).Flush() == nil
+}
+
+// ErrorBody is an Anthropic error body.
+func ErrorBody(typ, msg string) []byte {
+	b, _ := json.Marshal(map[string]any{"type": "error", "error": map[string]string{"type": typ, "message": msg}, "request_id": "req_fake_error"})
+	return b
+}
+
+// Error answers with status and an Anthropic error body; header pairs
+// ("Retry-After", "3") are set first.
+func Error(status int, typ, msg string, header ...string) http.HandlerFunc {
+	body := ErrorBody(typ, msg)
+	return Raw(status, body, header...)
+}
+
+// Raw answers with status and body as given, as JSON.
+func Raw(status int, body []byte, header ...string) http.HandlerFunc {
+	if len(header)%2 != 0 {
+		panic(fmt.Sprintf("fakeupstream: odd header list %q", header))
+	}
+	return func(w http.ResponseWriter, r *http.Request) {
+		for i := 0; i < len(header); i += 2 {
+			w.Header().Set(header[i], header[i+1])
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		_, _ = w.Write(body)
+	}
+}
+
+// Hangup answers by closing the connection without a response.
+func Hangup() http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			_ = conn.Close()
+		}
+	}
+}
+
+// CutAfter sends the response headers with a Content-Length larger than
+// the body, writes part and closes the connection: a reply cut mid-body.
+func CutAfter(status int, part []byte, promised int) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		conn, buf, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		fmt.Fprintf(buf, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", status, http.StatusText(status), promised)
+		_, _ = buf.Write(part)
+		_ = buf.Flush()
+	}
+}
+
+// StreamThenCut sends the events and then drops the connection, without
+// ending the chunked body: a stream broken mid-way.
+func StreamThenCut(events ...string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		conn, buf, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		fmt.Fprint(buf, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+		for _, ev := range events {
+			fmt.Fprintf(buf, "%x\r\n%s\r\n", len(ev), ev)
+		}
+		_ = buf.Flush()
+	}
+}
