@@ -635,6 +635,16 @@ func TestStreamCommitPoint(t *testing.T) {
 		}
 	})
 
+	t.Run("keep-alive comments do not commit the stream", func(t *testing.T) {
+		bad := fakeupstream.New(t, fakeupstream.Stream(": keep-alive\n\n", good[0], ": keep-alive\n\n", overloaded))
+		ok := fakeupstream.New(t, fakeupstream.Stream(good...))
+		startRelay(t, channelBlock("commit-comment-a", bad.URL, "priority 1")+channelBlock("commit-comment-b", ok.URL, "priority 2")+keyAndGroup("commit-comment", "commit-comment-a commit-comment-b"))
+		r := message(t, streamBody)
+		if r.status != 200 || string(r.body) != strings.Join(good, "") || ok.Hits() != 1 {
+			t.Fatalf("client got %d (second upstream hits %d):\n%s\nwant the second upstream's stream only", r.status, ok.Hits(), r.body)
+		}
+	})
+
 	t.Run("dead stream before content fails over", func(t *testing.T) {
 		bad := fakeupstream.New(t, fakeupstream.StreamThenCut(good[0]))
 		ok := fakeupstream.New(t, fakeupstream.Stream(good...))

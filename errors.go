@@ -122,7 +122,7 @@ func setRetryAfter(h http.Header, d time.Duration) {
 		secs = 1
 	}
 	h.Set("Retry-After", strconv.FormatInt(secs, 10))
-	h.Set("Retry-After-Ms", strconv.FormatInt(d.Milliseconds(), 10))
+	h.Set("Retry-After-Ms", strconv.FormatInt((d+time.Millisecond-1).Milliseconds(), 10))
 }
 
 // sseError renders an Anthropic `event: error` frame, used to end a stream
@@ -283,20 +283,36 @@ func classifyError(ctx context.Context, clientCtx context.Context, err error) ve
 // anthropic-ratelimit-* limit that ran out. Zero means no hint.
 func retryAfter(h http.Header, now time.Time) time.Duration {
 	if v := h.Get("Retry-After-Ms"); v != "" {
-		if ms, err := strconv.ParseFloat(v, 64); err == nil && ms > 0 {
-			return time.Duration(ms * float64(time.Millisecond))
+		if d := hint(v, time.Millisecond); d > 0 {
+			return d
 		}
 	}
 	if v := h.Get("Retry-After"); v != "" {
-		if s, err := strconv.ParseFloat(v, 64); err == nil {
-			if s > 0 {
-				return time.Duration(s * float64(time.Second))
-			}
-		} else if t, err := http.ParseTime(v); err == nil && t.After(now) {
-			return t.Sub(now)
+		if d := hint(v, time.Second); d > 0 {
+			return d
+		}
+		if t, err := http.ParseTime(v); err == nil && t.After(now) {
+			return min(t.Sub(now), maxRetryHint)
 		}
 	}
 	return rateLimitReset(h, now)
+}
+
+// maxRetryHint bounds an upstream's wait hint, so a huge value cannot wrap
+// around; every cooldown is capped far below it anyway.
+const maxRetryHint = 24 * time.Hour
+
+// hint parses a number of units; zero when it is not a positive, finite
+// number.
+func hint(v string, unit time.Duration) time.Duration {
+	x, err := strconv.ParseFloat(v, 64)
+	if err != nil || math.IsNaN(x) || math.IsInf(x, 0) || x <= 0 {
+		return 0
+	}
+	if x >= float64(maxRetryHint/unit) {
+		return maxRetryHint
+	}
+	return time.Duration(x * float64(unit))
 }
 
 var rateLimitKinds = [...]string{"requests", "tokens", "input-tokens", "output-tokens"}

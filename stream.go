@@ -49,7 +49,8 @@ func (s *streamAttempt) run() attemptResult {
 	return s.pump(rd)
 }
 
-// hold reads the events before the commit point (message_start, ping),
+// hold reads the events before the commit point (message_start, ping,
+// comments),
 // bounded by maxHeld and the first content timeout, and returns them with
 // the event that proves the stream, ready to commit. When the stream fails
 // before that, ok is false and res says how.
@@ -72,7 +73,9 @@ func (s *streamAttempt) hold(rd *sse.Reader) (held []byte, res attemptResult, ok
 		}
 		held = append(held, ev.Raw...)
 		switch string(ev.Name) {
-		case "message_start", "ping":
+		case "message_start", "ping", "":
+			// a nameless event (an SSE comment, a proxy's keep-alive) proves
+			// nothing either
 			if len(held) > maxHeld {
 				return held, res, true
 			}
