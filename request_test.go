@@ -1,0 +1,393 @@
+package relay
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+func TestInboundInspect(t *testing.T) {
+	tests := []struct {
+		name       string
+		body       string
+		wantModel  string
+		wantStream bool
+		wantCaps   capability
+	}{
+		{
+			name:      "model only",
+			body:      `{"model":"claude-sonnet-4-5","max_tokens":16,"messages":[]}`,
+			wantModel: "claude-sonnet-4-5",
+		},
+		{
+			name:       "stream true",
+			body:       `{"model":"m","stream":true}`,
+			wantModel:  "m",
+			wantStream: true,
+		},
+		{
+			name:      "stream false",
+			body:      `{"stream":false,"model":"m"}`,
+			wantModel: "m",
+		},
+		{
+			name:      "stream as a string is not a stream",
+			body:      `{"model":"m","stream":"true"}`,
+			wantModel: "m",
+		},
+		{
+			name:      "service_tier is a capability",
+			body:      `{"model":"m","service_tier":"auto"}`,
+			wantModel: "m",
+			wantCaps:  capServiceTier,
+		},
+		{
+			name:      "a null service_tier does not count",
+			body:      `{"model":"m","service_tier":null}`,
+			wantModel: "m",
+		},
+		{
+			name:      "every capability field",
+			body:      `{"speed":"fast","model":"m","inference_geo":"us","service_tier":"standard_only"}`,
+			wantModel: "m",
+			wantCaps:  capServiceTier | capInferenceGeo | capSpeed,
+		},
+		{
+			name:      "capability fields nested in other objects do not count",
+			body:      `{"model":"m","metadata":{"service_tier":"auto","speed":"fast"},"messages":[{"inference_geo":"eu"}]}`,
+			wantModel: "m",
+		},
+		{
+			name:       "leading whitespace before the object",
+			body:       " \n\t\r {\"model\":\"m\",\"stream\":true}",
+			wantModel:  "m",
+			wantStream: true,
+		},
+		{
+			name:       "nested model keys are not the top-level one",
+			body:       `{"messages":[{"role":"user","content":[{"type":"text","text":"hi","model":"inner"}],"model":"msg"}],"metadata":{"model":"meta","stream":false},"tools":[{"name":"model","input_schema":{"properties":{"model":{"type":"string"}}}}],"model":"outer","stream":true}`,
+			wantModel:  "outer",
+			wantStream: true,
+		},
+		{
+			name:      `a "model" string value is not the key`,
+			body:      `{"system":"\"model\":\"fake\"","model":"real"}`,
+			wantModel: "real",
+		},
+		{
+			name:      "escapes in the model string are decoded",
+			body:      `{"model":"claude\u002dsonnet\/4"}`,
+			wantModel: "claude-sonnet/4",
+		},
+		{
+			name:      "escaped key is still model",
+			body:      `{"mod\u0065l":"m"}`,
+			wantModel: "m",
+		},
+		{
+			name:       "unusual spacing",
+			body:       "{ \"model\" :  \"m\" , \"stream\"\n:\ttrue }",
+			wantModel:  "m",
+			wantStream: true,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			in := &inbound{body: []byte(tt.body)}
+			if rerr := in.inspect(); rerr != nil {
+				t.Fatalf("inspect: %d %s", rerr.status, rerr.msg)
+			}
+			if in.model != tt.wantModel {
+				t.Errorf("model = %q, want %q", in.model, tt.wantModel)
+			}
+			if in.stream != tt.wantStream {
+				t.Errorf("stream = %v, want %v", in.stream, tt.wantStream)
+			}
+			if in.caps != tt.wantCaps {
+				t.Errorf("caps = %v, want %v", in.caps, tt.wantCaps)
+			}
+		})
+	}
+}
+
+func TestInboundInspectKeepsNoReferenceToTheBody(t *testing.T) {
+	body := []byte(`{"model":"claude-sonnet-4-5"}`)
+	in := &inbound{body: body}
+	if rerr := in.inspect(); rerr != nil {
+		t.Fatal(rerr.msg)
+	}
+	// The body lives in a pooled buffer that the next request overwrites.
+	copy(body, strings.Repeat("x", len(body)))
+	if in.model != "claude-sonnet-4-5" {
+		t.Errorf("model changed with the buffer: %q", in.model)
+	}
+}
+
+func TestInboundInspectRejects(t *testing.T) {
+	tests := []struct {
+		name    string
+		body    string
+		wantMsg string
+	}{
+		{"empty body", ``, "not valid JSON"},
+		{"not JSON", `model=claude`, "not valid JSON"},
+		{"truncated JSON", `{"model":"m"`, "not valid JSON"},
+		{"trailing garbage", `{"model":"m"} {}`, "not valid JSON"},
+		{"JSON array", `[{"model":"m"}]`, "JSON object"},
+		{"JSON string", `"model"`, "JSON object"},
+		{"missing model", `{"max_tokens":16,"messages":[{"model":"m"}]}`, "model: field required"},
+		{"model is a number", `{"model":4}`, "non-empty string"},
+		{"model is null", `{"model":null}`, "non-empty string"},
+		{"model is an object", `{"model":{"name":"m"}}`, "non-empty string"},
+		{"empty model", `{"model":""}`, "non-empty string"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			in := &inbound{body: []byte(tt.body)}
+			rerr := in.inspect()
+			if rerr == nil {
+				t.Fatalf("accepted; model %q", in.model)
+			}
+			if rerr.status != http.StatusBadRequest || rerr.typ != "invalid_request_error" {
+				t.Errorf("error = %d %s, want 400 invalid_request_error", rerr.status, rerr.typ)
+			}
+			if !strings.Contains(rerr.msg, tt.wantMsg) {
+				t.Errorf("message %q does not say %q", rerr.msg, tt.wantMsg)
+			}
+		})
+	}
+}
+
+func TestInboundBodyFor(t *testing.T) {
+	mapped := &channel{name: "mapped", models: map[string]string{
+		"claude-sonnet-4-5": "us.anthropic.claude-sonnet-4-5-20250929-v1:0",
+		"claude-haiku-4-5":  "claude-haiku-4-5",
+		"claude-opus-4-1":   "o",
+	}}
+	tests := []struct {
+		name   string
+		body   string
+		ch     *channel
+		want   string // "" means the same bytes as body
+		oldRaw string // the raw model value replaced, quotes included
+	}{
+		{
+			name: "channel serving every model sends the same bytes",
+			body: `{"model":"claude-sonnet-4-5","max_tokens":16}`,
+			ch:   &channel{name: "all"},
+		},
+		{
+			name: "model mapped to itself sends the same bytes",
+			body: `{"model":"claude-haiku-4-5","max_tokens":16}`,
+			ch:   mapped,
+		},
+		{
+			name:   "mapped model is replaced, nothing else changes",
+			body:   `{"max_tokens":1024,"model":"claude-sonnet-4-5","messages":[{"role":"user","content":[{"type":"text","text":"hi","cache_control":{"type":"ephemeral"}}]}],"betas":["x"],"unknown_field":{"z":[1,2.50,3e2]}}`,
+			ch:     mapped,
+			want:   `{"max_tokens":1024,"model":"us.anthropic.claude-sonnet-4-5-20250929-v1:0","messages":[{"role":"user","content":[{"type":"text","text":"hi","cache_control":{"type":"ephemeral"}}]}],"betas":["x"],"unknown_field":{"z":[1,2.50,3e2]}}`,
+			oldRaw: `"claude-sonnet-4-5"`,
+		},
+		{
+			name:   "mapped to a shorter name",
+			body:   `{"model":"claude-opus-4-1"}`,
+			ch:     mapped,
+			want:   `{"model":"o"}`,
+			oldRaw: `"claude-opus-4-1"`,
+		},
+		{
+			name:   "unusual spacing around the model is kept",
+			body:   "{\n  \"model\" :  \"claude-sonnet-4-5\"  ,\n  \"stream\": true\n}\n",
+			ch:     mapped,
+			want:   "{\n  \"model\" :  \"us.anthropic.claude-sonnet-4-5-20250929-v1:0\"  ,\n  \"stream\": true\n}\n",
+			oldRaw: `"claude-sonnet-4-5"`,
+		},
+		{
+			name:   "nested model keys keep their values",
+			body:   `{"messages":[{"role":"user","content":"x","model":"claude-sonnet-4-5"}],"model":"claude-sonnet-4-5","metadata":{"model":"claude-sonnet-4-5"}}`,
+			ch:     mapped,
+			want:   `{"messages":[{"role":"user","content":"x","model":"claude-sonnet-4-5"}],"model":"us.anthropic.claude-sonnet-4-5-20250929-v1:0","metadata":{"model":"claude-sonnet-4-5"}}`,
+			oldRaw: `"claude-sonnet-4-5"`,
+		},
+		{
+			name:   "an escaped model name is replaced whole",
+			body:   `{"model":"claude\u002dopus-4-1","x":1}`,
+			ch:     mapped,
+			want:   `{"model":"o","x":1}`,
+			oldRaw: `"claude\u002dopus-4-1"`,
+		},
+		{
+			name:   "leading whitespace before the object",
+			body:   "\n  {\"model\":\"claude-opus-4-1\",\"x\":1}",
+			ch:     mapped,
+			want:   "\n  {\"model\":\"o\",\"x\":1}",
+			oldRaw: `"claude-opus-4-1"`,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			body := []byte(tt.body)
+			in := &inbound{body: body}
+			if rerr := in.inspect(); rerr != nil {
+				t.Fatalf("inspect: %s", rerr.msg)
+			}
+			got := in.bodyFor(tt.ch)
+			if tt.want == "" {
+				if len(got) != len(body) || &got[0] != &body[0] {
+					t.Errorf("got a different body %q, want the client's bytes unchanged and uncopied", got)
+				}
+				return
+			}
+			if string(got) != tt.want {
+				t.Fatalf("body =\n%s\nwant\n%s", got, tt.want)
+			}
+			// Byte-faithful: the client's bytes with one occurrence of the
+			// old value swapped for the new one, nothing else.
+			up := `"` + tt.ch.models[in.model] + `"`
+			spliced := false
+			for off := 0; ; {
+				i := bytes.Index(body[off:], []byte(tt.oldRaw))
+				if i < 0 {
+					break
+				}
+				start, end := off+i, off+i+len(tt.oldRaw)
+				if string(body[:start])+up+string(body[end:]) == string(got) {
+					spliced = true
+					break
+				}
+				off = end
+			}
+			if !spliced {
+				t.Errorf("got %q is not the body with %s replaced by %s", got, tt.oldRaw, up)
+			}
+			if string(body) != tt.body {
+				t.Errorf("bodyFor changed the client's buffer: %q", body)
+			}
+		})
+	}
+}
+
+func TestRouteOf(t *testing.T) {
+	tests := []struct {
+		method, path string
+		want         route
+		wantStatus   int
+		wantAllow    string
+	}{
+		{"POST", "/v1/messages", routeMessages, 0, ""},
+		{"POST", "/v1/messages/count_tokens", routeCountTokens, 0, ""},
+		{"GET", "/v1/models", routeModels, 0, ""},
+		{"GET", "/v1/models/claude-sonnet-4-5", routeModel, 0, ""},
+		{"GET", "/v1/models/claude-sonnet-4-5@20250929", routeModel, 0, ""},
+		{"GET", "/v1/messages", 0, 405, "POST"},
+		{"PUT", "/v1/messages", 0, 405, "POST"},
+		{"GET", "/v1/messages/count_tokens", 0, 405, "POST"},
+		{"POST", "/v1/models", 0, 405, "GET"},
+		{"DELETE", "/v1/models/claude-sonnet-4-5", 0, 405, "GET"},
+		{"POST", "/v1/complete", 0, 404, ""},
+		{"POST", "/v1/messages/", 0, 404, ""},
+		{"POST", "/v1/messages/batches", 0, 404, ""},
+		{"GET", "/v1/models/", 0, 404, ""},
+		{"GET", "/v1/models/a/b", 0, 404, ""},
+		{"GET", "/", 0, 404, ""},
+		{"POST", "/V1/MESSAGES", 0, 404, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.method+" "+tt.path, func(t *testing.T) {
+			req := httptest.NewRequest(tt.method, "http://relay.test"+tt.path+"?beta=true", nil)
+			rt, rerr := routeOf(req)
+			switch {
+			case tt.wantStatus == 0:
+				if rerr != nil || rt != tt.want {
+					t.Fatalf("route = %d, error %v; want route %d", rt, rerr, tt.want)
+				}
+			case rerr == nil:
+				t.Fatalf("route = %d, want a %d error", rt, tt.wantStatus)
+			case tt.wantStatus == 405:
+				if rerr.status != 405 || rerr.allow != tt.wantAllow || rerr.typ != "invalid_request_error" {
+					t.Errorf("error = %d %s allow %q, want 405 invalid_request_error allow %q", rerr.status, rerr.typ, rerr.allow, tt.wantAllow)
+				}
+			default:
+				if rerr.status != 404 || rerr.typ != "not_found_error" || rerr.allow != "" {
+					t.Errorf("error = %d %s allow %q, want 404 not_found_error", rerr.status, rerr.typ, rerr.allow)
+				}
+				if !strings.Contains(rerr.msg, tt.path) {
+					t.Errorf("message %q does not name the path", rerr.msg)
+				}
+			}
+		})
+	}
+}
+
+func TestRouteUpstreamPath(t *testing.T) {
+	for rt, want := range map[route]string{
+		routeMessages:    "/v1/messages",
+		routeCountTokens: "/v1/messages/count_tokens",
+		routeModels:      "",
+		routeModel:       "",
+	} {
+		if got := rt.upstreamPath(); got != want {
+			t.Errorf("route %d: upstreamPath = %q, want %q", rt, got, want)
+		}
+	}
+}
+
+func TestAuthenticate(t *testing.T) {
+	support := &key{name: "support"}
+	free := &key{name: "free"}
+	r := &Relay{keys: map[[sha256.Size]byte]*key{
+		sha256.Sum256([]byte("sk-relay-support")): support,
+		sha256.Sum256([]byte("sk-relay-free")):    free,
+	}}
+	tests := []struct {
+		name    string
+		header  []string
+		want    *key
+		wantMsg string // for a 401
+	}{
+		{name: "x-api-key", header: []string{"X-Api-Key", "sk-relay-support"}, want: support},
+		{name: "x-api-key picks the right key", header: []string{"x-api-key", "sk-relay-free"}, want: free},
+		{name: "Authorization: Bearer", header: []string{"Authorization", "Bearer sk-relay-support"}, want: support},
+		{name: "bearer is case-insensitive", header: []string{"Authorization", "bearer sk-relay-free"}, want: free},
+		{name: "BEARER in capitals", header: []string{"Authorization", "BEARER sk-relay-free"}, want: free},
+		{name: "spaces around the bearer token are trimmed", header: []string{"Authorization", "Bearer   sk-relay-free  "}, want: free},
+		{name: "x-api-key wins over Authorization", header: []string{"X-Api-Key", "sk-relay-support", "Authorization", "Bearer sk-relay-free"}, want: support},
+		{name: "missing", wantMsg: "x-api-key"},
+		{name: "basic auth is not a relay key", header: []string{"Authorization", "Basic c2stcmVsYXktZnJlZQ=="}, wantMsg: "x-api-key"},
+		{name: "bearer without a token", header: []string{"Authorization", "Bearer "}, wantMsg: "x-api-key"},
+		{name: "unknown x-api-key", header: []string{"X-Api-Key", "sk-relay-guess"}, wantMsg: "invalid relay key"},
+		{name: "unknown bearer", header: []string{"Authorization", "Bearer sk-relay-guess"}, wantMsg: "invalid relay key"},
+		{name: "a key is not matched by prefix", header: []string{"X-Api-Key", "sk-relay-support2"}, wantMsg: "invalid relay key"},
+		{name: "a wrong x-api-key is not rescued by a right bearer", header: []string{"X-Api-Key", "sk-relay-guess", "Authorization", "Bearer sk-relay-free"}, wantMsg: "invalid relay key"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			req := httptest.NewRequest("POST", "/v1/messages", nil)
+			for i := 0; i < len(tt.header); i += 2 {
+				req.Header.Set(tt.header[i], tt.header[i+1])
+			}
+			k, rerr := r.authenticate(req)
+			if tt.want != nil {
+				if rerr != nil || k != tt.want {
+					t.Fatalf("got key %v, error %v; want %s", k, rerr, tt.want.name)
+				}
+				return
+			}
+			if k != nil || rerr == nil {
+				t.Fatalf("got key %v, want a 401", k)
+			}
+			if rerr.status != http.StatusUnauthorized || rerr.typ != "authentication_error" {
+				t.Errorf("error = %d %s, want 401 authentication_error", rerr.status, rerr.typ)
+			}
+			if !strings.Contains(rerr.msg, tt.wantMsg) {
+				t.Errorf("message %q does not say %q", rerr.msg, tt.wantMsg)
+			}
+			if strings.Contains(rerr.msg, "sk-relay") {
+				t.Errorf("message %q repeats the secret", rerr.msg)
+			}
+		})
+	}
+}
