@@ -13,7 +13,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -880,4 +882,49 @@ func TestMockChannelServesWithoutCredentials(t *testing.T) {
 	if !strings.HasPrefix(string(r.body), "event: message_start\n") || !strings.HasSuffix(string(r.body), "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n") {
 		t.Errorf("mock stream:\n%s", r.body)
 	}
+}
+
+func TestHTTPSChannelUsesTLS(t *testing.T) {
+	var sawTLS atomic.Bool
+	tlsUp := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sawTLS.Store(r.TLS != nil)
+		fakeupstream.Message("over tls")(w, r)
+	}))
+	t.Cleanup(tlsUp.Close)
+	// the fake's certificate is self-signed: trusted only when told so
+	startRelay(t, channelBlock("tls-trusting", tlsUp.URL, "transport http {\n\t\t\t\ttls_insecure_skip_verify\n\t\t\t}")+
+		channelBlock("tls-default", tlsUp.URL)+
+		keyAndGroup("tls1", "tls-trusting")+
+		"\t\tkey sk-tls-2 tls2\n\t\tgroup tls2 {\n\t\t\tchannels tls-default\n\t\t}\n")
+
+	if r := message(t, simpleBody); r.status != 200 || !sawTLS.Load() {
+		t.Errorf("https channel with a transport block: %d, TLS %v: %s", r.status, sawTLS.Load(), r.body)
+	}
+	// without a transport block the default one verifies the certificate,
+	// which proves it speaks TLS to an https URL
+	r := send(t, http.MethodPost, "/v1/messages", "sk-tls-2", simpleBody)
+	wantRelayError(t, r, 502, "api_error", "")
+	if !bytes.Contains(r.body, []byte("certificate")) {
+		t.Errorf("want a certificate error, got %s", r.body)
+	}
+}
+
+func TestResponseTimeoutFailsOverNonStreaming(t *testing.T) {
+	slow := fakeupstream.New(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() }))
+	ok := fakeupstream.New(t, fakeupstream.Message("in time"))
+	startRelay(t, channelBlock("rt-slow", slow.URL, "priority 1", "response_timeout 300ms")+channelBlock("rt-ok", ok.URL, "priority 2")+
+		keyAndGroup("rt", "rt-slow rt-ok"))
+	start := time.Now()
+	r := message(t, simpleBody)
+	if r.status != 200 || !bytes.Contains(r.body, []byte("in time")) || r.header.Get("X-Relay-Attempts") != "2" {
+		t.Fatalf("got %d %s", r.status, r.body)
+	}
+	if d := time.Since(start); d < 300*time.Millisecond || d > 10*time.Second {
+		t.Errorf("took %v, want at least the channel's 300ms response_timeout", d)
+	}
+
+	// with nowhere to fail over, the client gets a 504 timeout_error
+	ok.SetHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() }))
+	startRelay(t, channelBlock("rt-only", slow.URL, "response_timeout 200ms")+keyAndGroup("rt2", "rt-only"))
+	wantRelayError(t, message(t, simpleBody), 504, "timeout_error", "")
 }
