@@ -3,6 +3,7 @@ package relay
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"strconv"
 	"strings"
 
@@ -37,6 +38,13 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		cooldown              <duration>
 //		max_cooldown          <duration>
 //		auth_cooldown         <duration>
+//		breaker {
+//			window           <duration>
+//			failure_ratio    <0..1|percent>
+//			min_requests     <n>
+//			open_for         <duration>
+//			half_open_probes <n>
+//		}
 //
 //		key <secret|sha256:hex|{env.NAME}|{file./path}> <group> {
 //			name <name>
@@ -54,7 +62,13 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			transport http {
 //				<reverse_proxy's http transport options>
 //			}
-//			# any of the timeouts and cooldowns above, for this channel only
+//			probe {
+//				interval <duration>
+//				path     /v1/messages/count_tokens|/v1/messages
+//				body     <json>
+//			}
+//			# any of the timeouts, cooldowns and the breaker block above,
+//			# for this channel only
 //			# mock channels only:
 //			latency   <duration>
 //			tokens    <n>
@@ -64,6 +78,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		group <name> {
 //			channels <channel>...
 //			retries  <n>
+//			retry_budget <ratio|percent> [<floor>/s]
+//			wait_for_recovery <duration>
 //			expose_channel
 //		}
 //	}
@@ -142,10 +158,97 @@ func parseTuning(d *caddyfile.Dispenser, t *Tuning) (bool, error) {
 		dst = &t.MaxCooldown
 	case "auth_cooldown":
 		dst = &t.AuthCooldown
+	case "breaker":
+		b, err := parseBreaker(d)
+		t.Breaker = b
+		return true, err
 	default:
 		return false, nil
 	}
 	return true, parseDuration(d, dst)
+}
+
+// parseBreaker parses a `breaker { ... }` block; unset fields keep their
+// defaults.
+func parseBreaker(d *caddyfile.Dispenser) (*Breaker, error) {
+	if d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	b := new(Breaker)
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		var err error
+		switch d.Val() {
+		case "window":
+			err = parseDuration(d, &b.Window)
+		case "open_for":
+			err = parseDuration(d, &b.OpenFor)
+		case "min_requests":
+			err = parseInt(d, &b.MinRequests)
+		case "half_open_probes":
+			err = parseInt(d, &b.HalfOpenProbes)
+		case "failure_ratio":
+			err = parseRatio(d, &b.FailureRatio)
+		default:
+			return nil, d.Errf("unrecognized breaker option %q", d.Val())
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return b, nil
+}
+
+// parseProbe parses a `probe { ... }` block.
+func parseProbe(d *caddyfile.Dispenser) (*Probe, error) {
+	if d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	p := new(Probe)
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		switch d.Val() {
+		case "interval":
+			if err := parseDuration(d, &p.Interval); err != nil {
+				return nil, err
+			}
+		case "path":
+			if !d.AllArgs(&p.Path) {
+				return nil, d.ArgErr()
+			}
+		case "body":
+			if !d.AllArgs(&p.Body) {
+				return nil, d.ArgErr()
+			}
+		default:
+			return nil, d.Errf("unrecognized probe option %q", d.Val())
+		}
+	}
+	return p, nil
+}
+
+// parseRatio reads a fraction written as 0.2 or 20%.
+func parseRatio(d *caddyfile.Dispenser, dst *float64) error {
+	name := d.Val()
+	var v string
+	if !d.AllArgs(&v) {
+		return d.ArgErr()
+	}
+	f, err := ratio(v)
+	if err != nil {
+		return d.Errf("%s: %v", name, err)
+	}
+	*dst = f
+	return nil
+}
+
+func ratio(v string) (float64, error) {
+	f, err := strconv.ParseFloat(strings.TrimSuffix(v, "%"), 64)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a number or a percentage", v)
+	}
+	if strings.HasSuffix(v, "%") {
+		f /= 100
+	}
+	return f, nil
 }
 
 func parseDuration(d *caddyfile.Dispenser, dst *caddy.Duration) error {
@@ -266,18 +369,15 @@ func parseChannel(d *caddyfile.Dispenser) (*Channel, error) {
 				return nil, err
 			}
 		case "fail_rate":
-			var v string
-			if !d.AllArgs(&v) {
-				return nil, d.ArgErr()
+			if err := parseRatio(d, &ch.FailRate); err != nil {
+				return nil, err
 			}
-			f, err := strconv.ParseFloat(strings.TrimSuffix(v, "%"), 64)
+		case "probe":
+			p, err := parseProbe(d)
 			if err != nil {
-				return nil, d.Errf("fail_rate: %q is not a number", v)
+				return nil, err
 			}
-			if strings.HasSuffix(v, "%") {
-				f /= 100
-			}
-			ch.FailRate = f
+			ch.Probe = p
 		case "transport":
 			if !d.NextArg() {
 				return nil, d.ArgErr()
@@ -337,6 +437,27 @@ func parseGroup(d *caddyfile.Dispenser) (*Group, error) {
 				return nil, d.ArgErr()
 			}
 			g.ExposeChannel = true
+		case "retry_budget":
+			args := d.RemainingArgs()
+			if len(args) < 1 || len(args) > 2 {
+				return nil, d.Errf("retry_budget takes a ratio and an optional floor: retry_budget 20%% [10/s]")
+			}
+			f, err := ratio(args[0])
+			if err != nil {
+				return nil, d.Errf("retry_budget: %v", err)
+			}
+			g.RetryBudget = &f
+			if len(args) == 2 {
+				floor, err := strconv.ParseFloat(strings.TrimSuffix(args[1], "/s"), 64)
+				if err != nil {
+					return nil, d.Errf("retry_budget: floor %q is not a rate such as 10/s", args[1])
+				}
+				g.RetryBudgetFloor = &floor
+			}
+		case "wait_for_recovery":
+			if err := parseDuration(d, &g.WaitForRecovery); err != nil {
+				return nil, err
+			}
 		default:
 			return nil, d.Errf("unrecognized group option %q", d.Val())
 		}

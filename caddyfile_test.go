@@ -571,3 +571,65 @@ func TestCaddyfileAdaptFailsOnInvalidRelay(t *testing.T) {
 		t.Errorf("error %q does not name the unknown channel", err)
 	}
 }
+
+func TestCaddyfileBreakerProbeAndBudget(t *testing.T) {
+	r, err := parseRelay(t, `relay {
+	breaker {
+		window 20s
+		failure_ratio 50%
+	}
+	key sk-x g
+	channel a {
+		api_key {env.A}
+		models claude-haiku-4-5
+		breaker {
+			min_requests 8
+			open_for 1m
+			half_open_probes 2
+		}
+		probe {
+			interval 15s
+			path /v1/messages
+			body {"model":"claude-haiku-4-5","max_tokens":1,"messages":[]}
+		}
+	}
+	group g {
+		channels a
+		retry_budget 25% 5/s
+		wait_for_recovery 3s
+	}
+}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := r.Breaker; b == nil || b.Window != caddy.Duration(20*time.Second) || b.FailureRatio != 0.5 {
+		t.Errorf("relay breaker = %+v", b)
+	}
+	ch := r.Channels[0]
+	if b := ch.Breaker; b == nil || b.MinRequests != 8 || b.OpenFor != caddy.Duration(time.Minute) || b.HalfOpenProbes != 2 || b.Window != 0 {
+		t.Errorf("channel breaker = %+v", b)
+	}
+	if got := resolveBreaker(ch.Breaker, r.Breaker); got != (breakerSettings{window: 20 * time.Second, ratio: 0.5, minRequests: 8, openFor: time.Minute, probes: 2}) {
+		t.Errorf("merged breaker = %+v", got)
+	}
+	if p := ch.Probe; p == nil || p.Interval != caddy.Duration(15*time.Second) || p.Path != "/v1/messages" || p.Body != `{"model":"claude-haiku-4-5","max_tokens":1,"messages":[]}` {
+		t.Errorf("probe = %+v", p)
+	}
+	g := r.Groups[0]
+	if g.RetryBudget == nil || *g.RetryBudget != 0.25 || g.RetryBudgetFloor == nil || *g.RetryBudgetFloor != 5 || g.WaitForRecovery != caddy.Duration(3*time.Second) {
+		t.Errorf("group = %+v", g)
+	}
+
+	for _, bad := range []struct{ input, want string }{
+		{"relay {\n\tbreaker {\n\t\tfailure_ratio 150%\n\t}\n\tkey k g\n\tchannel a {\n\t\tapi_key x\n\t}\n\tgroup g {\n\t\tchannels a\n\t}\n}", "failure_ratio"},
+		{"relay {\n\tbreaker {\n\t\tjitter 1s\n\t}\n}", "jitter"},
+		{"relay {\n\tkey k g\n\tchannel a {\n\t\tapi_key x\n\t\tprobe {\n\t\t\tpath /v1/models\n\t\t}\n\t}\n\tgroup g {\n\t\tchannels a\n\t}\n}", "probe: path"},
+		{"relay {\n\tkey k g\n\tchannel a {\n\t\tapi_key x\n\t\tprobe {\n\t\t\tbody {nope\n\t\t}\n\t}\n\tgroup g {\n\t\tchannels a\n\t}\n}", "probe: body"},
+		{"relay {\n\tkey k g\n\tchannel a {\n\t\tapi_key x\n\t}\n\tgroup g {\n\t\tchannels a\n\t\tretry_budget 120%\n\t}\n}", "retry_budget"},
+		{"relay {\n\tkey k g\n\tchannel a {\n\t\tapi_key x\n\t}\n\tgroup g {\n\t\tchannels a\n\t\tretry_budget 20% fast\n\t}\n}", "floor"},
+	} {
+		if _, err := parseRelay(t, bad.input); err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("want an error naming %q, got %v", bad.want, err)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -32,6 +33,8 @@ type channel struct {
 	response     time.Duration
 	streamIdle   time.Duration
 	cooldown     cooldownPolicy
+	breaker      breakerSettings
+	probe        *probe // nil: no active probes
 }
 
 // Defaults of DESIGN.md.
@@ -89,6 +92,7 @@ func (r *Relay) provisionChannel(ctx caddy.Context, cfg *Channel) (*channel, err
 		max:  pickDuration(t.MaxCooldown, r.MaxCooldown, defaultMaxCooldown),
 		auth: pickDuration(t.AuthCooldown, r.AuthCooldown, defaultAuthCooldown),
 	}
+	ch.breaker = resolveBreaker(t.Breaker, r.Breaker)
 
 	base := cfg.URL
 	switch cfg.Provider {
@@ -126,15 +130,62 @@ func (r *Relay) provisionChannel(ctx caddy.Context, cfg *Channel) (*channel, err
 		}
 	}
 
+	if cfg.Probe != nil {
+		ch.probe = newProbe(cfg)
+	}
+
 	st, _, err := channelStates.LoadOrNew(cfg.Name, func() (caddy.Destructor, error) {
 		return new(channelHealth), nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	r.acquired = append(r.acquired, cfg.Name)
 	ch.health = st.(*channelHealth)
+	r.acquired = append(r.acquired, ch)
+	provider := cfg.Provider
+	if provider == "" {
+		provider = providerAnthropic
+	}
+	ch.health.configure(ch.breaker, channelOwner{relay: r, provider: provider, groups: r.groupsOf(cfg.Name)})
 	return ch, nil
+}
+
+// groupsOf lists the groups of the config that name a channel.
+func (r *Relay) groupsOf(channel string) []string {
+	groups := []string{}
+	for _, g := range r.Groups {
+		if slices.Contains(g.Channels, channel) {
+			groups = append(groups, g.Name)
+		}
+	}
+	return groups
+}
+
+// resolveBreaker merges the channel's and the relay's breaker blocks field
+// by field over the defaults.
+func resolveBreaker(channel, relay *Breaker) breakerSettings {
+	s := defaultBreaker
+	for _, b := range []*Breaker{relay, channel} {
+		if b == nil {
+			continue
+		}
+		if b.Window > 0 {
+			s.window = time.Duration(b.Window)
+		}
+		if b.FailureRatio > 0 {
+			s.ratio = b.FailureRatio
+		}
+		if b.MinRequests > 0 {
+			s.minRequests = uint32(b.MinRequests)
+		}
+		if b.OpenFor > 0 {
+			s.openFor = time.Duration(b.OpenFor)
+		}
+		if b.HalfOpenProbes > 0 {
+			s.probes = uint32(b.HalfOpenProbes)
+		}
+	}
+	return s
 }
 
 // loadTransport loads the channel's `transport` module, or Caddy's HTTP

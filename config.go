@@ -47,6 +47,54 @@ type Tuning struct {
 	// account was refused (401, 402, 403, credit balance too low, spend
 	// limit reached). Default: 30m.
 	AuthCooldown caddy.Duration `json:"auth_cooldown,omitempty"`
+
+	// Breaker configures the circuit breaker. Each field left unset keeps
+	// the relay's value (for a channel) or the default.
+	Breaker *Breaker `json:"breaker,omitempty"`
+}
+
+// Breaker configures a channel's circuit breaker: over a sliding window it
+// counts the attempts that ended in a transient failure (5xx, network error,
+// timeout) against those that succeeded, and when the failure ratio is too
+// high it opens: the channel takes no traffic for a while, then lets a few
+// live requests through (half-open) and closes again if they succeed.
+type Breaker struct {
+	// Window is the length of the sliding window of counted attempts.
+	// Default: 10s.
+	Window caddy.Duration `json:"window,omitempty"`
+
+	// FailureRatio is the share of failed attempts in the window, from 0
+	// to 1, at which the breaker opens. Default: 0.6.
+	FailureRatio float64 `json:"failure_ratio,omitempty"`
+
+	// MinRequests is how many finished attempts the window needs before
+	// the ratio counts. Default: 5.
+	MinRequests int `json:"min_requests,omitempty"`
+
+	// OpenFor is how long an open breaker keeps the channel out before it
+	// turns half-open. Default: 30s.
+	OpenFor caddy.Duration `json:"open_for,omitempty"`
+
+	// HalfOpenProbes is how many live requests a half-open breaker lets
+	// through at a time; it closes when that many in a row succeed, and
+	// opens again on a failure. Default: 1.
+	HalfOpenProbes int `json:"half_open_probes,omitempty"`
+}
+
+// Probe configures active recovery probes for a channel that is cooling
+// down or whose breaker is open.
+type Probe struct {
+	// Interval is the time between two probes. Default: 10s.
+	Interval caddy.Duration `json:"interval,omitempty"`
+
+	// Path is the relayed endpoint the probe calls:
+	// /v1/messages/count_tokens (default) or /v1/messages.
+	Path string `json:"path,omitempty"`
+
+	// Body is the JSON body of the probe. Default: a one-word
+	// count_tokens request for the channel's first model (or
+	// claude-haiku-4-5 when it lists none).
+	Body string `json:"body,omitempty"`
 }
 
 // Key is a relay key: the secret a client sends as x-api-key or as a bearer
@@ -128,6 +176,12 @@ type Channel struct {
 	// answered with a 529 overloaded_error.
 	FailRate float64 `json:"fail_rate,omitempty"`
 
+	// Probe, when set, probes the channel while it is cooling down or its
+	// breaker is open, and puts it back into rotation as soon as a probe
+	// succeeds. Probes are not client traffic: they count in no request
+	// counter.
+	Probe *Probe `json:"probe,omitempty"`
+
 	Tuning
 }
 
@@ -147,6 +201,21 @@ type Group struct {
 	// ExposeChannel adds the x-relay-channel response header naming the
 	// channel that answered.
 	ExposeChannel bool `json:"expose_channel,omitempty"`
+
+	// RetryBudget caps the group's retries, across all its requests, at
+	// this fraction (0 to 1) of its requests over the last 10 seconds, so
+	// an outage does not multiply the load on the upstreams. A request
+	// whose retry is refused gets the last upstream answer. Default: 0.2.
+	RetryBudget *float64 `json:"retry_budget,omitempty"`
+
+	// RetryBudgetFloor is the rate of retries per second always allowed,
+	// whatever the ratio, so a quiet group can still fail over. Default: 10.
+	RetryBudgetFloor *float64 `json:"retry_budget_floor,omitempty"`
+
+	// WaitForRecovery lets a request whose every channel is cooling down
+	// wait up to this long for the first to recover, instead of getting
+	// the 503 no_healthy_channel at once. Default: 0 (no wait).
+	WaitForRecovery caddy.Duration `json:"wait_for_recovery,omitempty"`
 }
 
 // Provider names.
@@ -201,6 +270,15 @@ func (r *Relay) validateConfig() error {
 		}
 		if g.Retries != nil && *g.Retries < 0 {
 			return fmt.Errorf("group %q: retries must not be negative", g.Name)
+		}
+		if g.RetryBudget != nil && (*g.RetryBudget < 0 || *g.RetryBudget > 1) {
+			return fmt.Errorf("group %q: retry_budget must be between 0 and 1 (0%% to 100%%)", g.Name)
+		}
+		if g.RetryBudgetFloor != nil && *g.RetryBudgetFloor < 0 {
+			return fmt.Errorf("group %q: retry_budget_floor must not be negative", g.Name)
+		}
+		if g.WaitForRecovery < 0 {
+			return fmt.Errorf("group %q: wait_for_recovery must not be negative", g.Name)
 		}
 	}
 	if len(r.Keys) == 0 {
@@ -260,6 +338,16 @@ func (t Tuning) validate() error {
 			return fmt.Errorf("%s must not be negative", d.name)
 		}
 	}
+	if b := t.Breaker; b != nil {
+		switch {
+		case b.Window < 0 || b.OpenFor < 0:
+			return fmt.Errorf("breaker: window and open_for must not be negative")
+		case b.FailureRatio < 0 || b.FailureRatio > 1:
+			return fmt.Errorf("breaker: failure_ratio must be between 0 and 1")
+		case b.MinRequests < 0 || b.HalfOpenProbes < 0:
+			return fmt.Errorf("breaker: min_requests and half_open_probes must not be negative")
+		}
+	}
 	return nil
 }
 
@@ -314,6 +402,17 @@ func (ch *Channel) validate() error {
 	for _, a := range ch.Allow {
 		if capabilityByName(a) == 0 {
 			return fmt.Errorf("allow: unknown field %q (known: service_tier, inference_geo, speed)", a)
+		}
+	}
+	if p := ch.Probe; p != nil {
+		if p.Interval < 0 {
+			return fmt.Errorf("probe: interval must not be negative")
+		}
+		if p.Path != "" && routeByPath(p.Path) == 0 {
+			return fmt.Errorf("probe: path must be /v1/messages or /v1/messages/count_tokens, not %q", p.Path)
+		}
+		if p.Body != "" && !json.Valid([]byte(p.Body)) {
+			return fmt.Errorf("probe: body is not valid JSON")
 		}
 	}
 	return ch.Tuning.validate()

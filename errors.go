@@ -55,8 +55,12 @@ func errModelNotFound(model, group string) *relayError {
 }
 
 func errNoHealthyChannel(model string, wait time.Duration) *relayError {
-	return &relayError{status: http.StatusServiceUnavailable, typ: "relay_error", code: "no_healthy_channel",
+	e := &relayError{status: http.StatusServiceUnavailable, typ: "relay_error", code: "no_healthy_channel",
 		msg: "every channel serving " + strconv.Quote(model) + " is cooling down after failures; retry later", retryAfter: wait}
+	if wait <= 0 {
+		e.msg, e.noRetry = "every channel serving "+strconv.Quote(model)+" is disabled", true
+	}
+	return e
 }
 
 func errCapability(fields string) *relayError {

@@ -6,6 +6,7 @@ require (
 	github.com/anthropics/anthropic-sdk-go/v2 v2.15.0
 	github.com/caddyserver/caddy/v2 v2.11.9
 	github.com/dustin/go-humanize v1.1.0
+	github.com/sony/gobreaker/v2 v2.4.0
 	github.com/tidwall/gjson v1.20.2
 	go.uber.org/zap v1.28.0
 )

@@ -1,17 +1,30 @@
 package relay
 
 import (
+	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/sony/gobreaker/v2"
 )
 
 // channelStates holds the health of every channel by name, process-wide, so
-// that a config reload which keeps a channel keeps its cooldown: the new
-// config takes a reference before the old one releases its own.
+// that a config reload which keeps a channel keeps its cooldown, breaker and
+// counters: the new config takes a reference before the old one releases
+// its own.
 var channelStates = caddy.NewUsagePool()
+
+// Channel states, as the admin API reports them.
+const (
+	stateHealthy  = "healthy"
+	stateCooldown = "cooldown"
+	stateOpen     = "open"
+	stateHalfOpen = "half_open"
+	stateDisabled = "disabled"
+)
 
 // cooldownPolicy is what a channel's config says about cooling it down.
 type cooldownPolicy struct {
@@ -23,37 +36,206 @@ type cooldownPolicy struct {
 // defaultRateLimitWait is the cooldown after a 429 that gave no hint.
 const defaultRateLimitWait = 5 * time.Second
 
-// channelHealth is the health of one channel. It outlives config reloads
-// (see channelStates) and is shared by every group that lists the channel.
+// breakerSettings are a channel's resolved breaker options.
+type breakerSettings struct {
+	window      time.Duration
+	ratio       float64
+	minRequests uint32
+	openFor     time.Duration
+	probes      uint32
+}
+
+// Breaker defaults of DESIGN.md.
+var defaultBreaker = breakerSettings{window: 10 * time.Second, ratio: 0.6, minRequests: 5, openFor: 30 * time.Second, probes: 1}
+
+// channelHealth is the state machine of one channel: healthy, cooling down
+// after a failure, breaker open or half-open, or disabled by hand. It
+// outlives config reloads (see channelStates) and is shared by every group
+// that lists the channel.
 type channelHealth struct {
-	// until is the end of the current cooldown in Unix nanoseconds; read
-	// without the lock on every selection.
-	until atomic.Int64
+	// Read without the lock on every selection, in Unix nanoseconds.
+	until     atomic.Int64 // end of the current cooldown
+	openUntil atomic.Int64 // when the open breaker turns half-open
+	disabled  atomic.Bool
+
+	inflight atomic.Int64
+	requests atomic.Uint64 // finished attempts, client traffic only
+	failures atomic.Uint64 // of which ended in a retryable outcome
+
+	breaker atomic.Pointer[gobreaker.TwoStepCircuitBreaker[struct{}]]
 
 	mu          sync.Mutex
-	consecutive int     // transient failures in a row, for the exponential cooldown
-	last        outcome // outcome of the last finished attempt
+	settings    breakerSettings
+	consecutive int // transient failures in a row, for the exponential cooldown
+	lastError   outcome
+	lastReason  string
+	lastErrorAt time.Time
+	ewmaMs      float64 // first-byte latency, exponentially weighted
+	owners      []channelOwner
+}
+
+// channelOwner is what one loaded config says about the channel, for the
+// admin API; the most recent config that still holds the channel wins.
+type channelOwner struct {
+	relay    *Relay
+	provider string
+	groups   []string
 }
 
 // Destruct implements caddy.Destructor.
 func (*channelHealth) Destruct() error { return nil }
 
-// available reports whether the channel may take a request at now, and if
-// not, when it may again.
+// configure pushes a config's breaker settings into the (possibly
+// surviving) state and records what the config says about the channel.
+// gobreaker cannot change its settings, so new settings start a new breaker;
+// unchanged settings keep the breaker and its counts.
+func (h *channelHealth) configure(s breakerSettings, owner channelOwner) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.breaker.Load() == nil || s != h.settings {
+		h.settings = s
+		h.resetBreaker()
+	}
+	h.owners = append(h.owners, owner)
+}
+
+// release forgets what the config r said about the channel.
+func (h *channelHealth) release(r *Relay) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.owners = slices.DeleteFunc(h.owners, func(o channelOwner) bool { return o.relay == r })
+}
+
+// resetBreaker starts a closed breaker with the current settings. h.mu is
+// held.
+func (h *channelHealth) resetBreaker() {
+	s := h.settings
+	h.openUntil.Store(0)
+	h.breaker.Store(gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
+		MaxRequests:  s.probes,
+		Interval:     s.window,
+		BucketPeriod: s.window / 10,
+		Timeout:      s.openFor,
+		ReadyToTrip: func(c gobreaker.Counts) bool {
+			judged := c.TotalSuccesses + c.TotalFailures
+			return judged >= s.minRequests && float64(c.TotalFailures)/float64(judged) >= s.ratio-1e-9
+		},
+		IsExcluded: func(err error) bool { return err == errBreakerExcluded },
+		OnStateChange: func(_ string, _, to gobreaker.State) {
+			if to == gobreaker.StateOpen {
+				h.openUntil.Store(time.Now().Add(s.openFor).UnixNano())
+			}
+		},
+	}))
+}
+
+// What an attempt reports to the breaker: nil is a success.
+var (
+	errBreakerFailure  = errors.New("transient failure")
+	errBreakerExcluded = errors.New("not the channel's health")
+)
+
+// available reports whether the channel may be selected at now, and if not,
+// when it may be again (zero when only a person can bring it back).
 func (h *channelHealth) available(now time.Time) (bool, time.Time) {
-	u := h.until.Load()
+	if h.disabled.Load() {
+		return false, time.Time{}
+	}
+	u := max(h.until.Load(), h.openUntil.Load())
 	if u <= now.UnixNano() {
 		return true, time.Time{}
 	}
 	return false, time.Unix(0, u)
 }
 
-// record takes the verdict of a finished attempt and returns the cooldown it
-// started (zero when none).
-func (h *channelHealth) record(v verdict, p cooldownPolicy, now time.Time) time.Duration {
+// state is the channel's state for the admin API and metrics.
+func (h *channelHealth) state(now time.Time) string {
+	switch {
+	case h.disabled.Load():
+		return stateDisabled
+	case h.breaker.Load().State() == gobreaker.StateOpen:
+		return stateOpen
+	case h.breaker.Load().State() == gobreaker.StateHalfOpen:
+		return stateHalfOpen
+	case h.until.Load() > now.UnixNano():
+		return stateCooldown
+	}
+	return stateHealthy
+}
+
+// ticket is one admitted attempt on a channel. It must be finished, or
+// released when the attempt ends without a verdict (a panic).
+type ticket struct {
+	h        *channelHealth
+	done     func(error)
+	finished bool
+}
+
+// admit asks the breaker for an attempt. A half-open breaker admits only as
+// many attempts as it has probes; the others skip the channel.
+func (h *channelHealth) admit() (*ticket, bool) {
+	done, err := h.breaker.Load().Allow()
+	if err != nil {
+		return nil, false
+	}
+	h.inflight.Add(1)
+	return &ticket{h: h, done: done}, true
+}
+
+// finish records the verdict of the attempt: counters, breaker, cooldown and
+// latency. It returns the cooldown it started (zero when none).
+func (t *ticket) finish(v verdict, p cooldownPolicy, now time.Time, firstByte time.Duration) time.Duration {
+	if t.finished {
+		return 0
+	}
+	t.finished = true
+	h := t.h
+	h.inflight.Add(-1)
+	switch {
+	case v.outcome == outcomeCanceled:
+		t.done(errBreakerExcluded)
+	case v.outcome == outcomeTransient:
+		t.done(errBreakerFailure)
+	case v.outcome.retryable(): // 429, 529, auth: cooled, but the breaker is about failures
+		t.done(errBreakerExcluded)
+	default:
+		t.done(nil)
+	}
+	if v.outcome != outcomeCanceled {
+		h.requests.Add(1)
+	}
+	if v.outcome.retryable() {
+		h.failures.Add(1)
+	}
+	return h.record(v, p, now, firstByte)
+}
+
+// release ends an attempt that never got a verdict, so the in-flight count
+// and the breaker's half-open slot are not lost.
+func (t *ticket) release() {
+	if !t.finished {
+		t.finished = true
+		t.h.inflight.Add(-1)
+		t.done(errBreakerExcluded)
+	}
+}
+
+// ewmaWeight is the weight of the newest sample in the latency average.
+const ewmaWeight = 0.2
+
+// record updates the cooldown and the last error with a verdict and returns
+// the cooldown it started (zero when none).
+func (h *channelHealth) record(v verdict, p cooldownPolicy, now time.Time, firstByte time.Duration) time.Duration {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.last = v.outcome
+	if firstByte > 0 {
+		ms := float64(firstByte) / float64(time.Millisecond)
+		if h.ewmaMs == 0 {
+			h.ewmaMs = ms
+		} else {
+			h.ewmaMs += ewmaWeight * (ms - h.ewmaMs)
+		}
+	}
 	var d time.Duration
 	switch v.outcome {
 	case outcomeSuccess, outcomeClientError:
@@ -74,6 +256,7 @@ func (h *channelHealth) record(v verdict, p cooldownPolicy, now time.Time) time.
 		h.consecutive++
 		d = backoff(p.base, h.consecutive)
 	}
+	h.lastError, h.lastReason, h.lastErrorAt = v.outcome, v.reason, now
 	if v.outcome != outcomeAuth && d > p.max {
 		d = p.max
 	}
@@ -84,9 +267,22 @@ func (h *channelHealth) record(v verdict, p cooldownPolicy, now time.Time) time.
 // extend moves the end of the cooldown to t unless it already ends later.
 func (h *channelHealth) extend(t time.Time) {
 	n := t.UnixNano()
-	if n > h.until.Load() {
-		h.until.Store(n)
+	for {
+		cur := h.until.Load()
+		if n <= cur || h.until.CompareAndSwap(cur, n) {
+			return
+		}
 	}
+}
+
+// reset clears the cooldown, the failure streak and the breaker: the
+// channel is healthy again (unless disabled).
+func (h *channelHealth) reset() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.until.Store(0)
+	h.consecutive = 0
+	h.resetBreaker()
 }
 
 // backoff is base doubled for every consecutive failure after the first.
@@ -96,4 +292,45 @@ func backoff(base time.Duration, consecutive int) time.Duration {
 		d *= 2
 	}
 	return d
+}
+
+// channelStatus is one row of GET /relay/channels.
+type channelStatus struct {
+	Name            string     `json:"name"`
+	Provider        string     `json:"provider"`
+	Groups          []string   `json:"groups"`
+	State           string     `json:"state"`
+	CooldownUntil   *time.Time `json:"cooldown_until"`
+	Inflight        int64      `json:"inflight"`
+	Requests        uint64     `json:"requests"`
+	Failures        uint64     `json:"failures"`
+	EWMALatencyMs   float64    `json:"ewma_latency_ms"`
+	LastError       string     `json:"last_error,omitempty"`
+	LastErrorReason string     `json:"last_error_reason,omitempty"`
+	LastErrorAt     *time.Time `json:"last_error_at,omitempty"`
+}
+
+func (h *channelHealth) status(name string, now time.Time) channelStatus {
+	st := channelStatus{
+		Name:     name,
+		State:    h.state(now),
+		Inflight: h.inflight.Load(),
+		Requests: h.requests.Load(),
+		Failures: h.failures.Load(),
+		Groups:   []string{},
+	}
+	if ok, until := h.available(now); !ok && !until.IsZero() {
+		st.CooldownUntil = &until
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	st.EWMALatencyMs = float64(int64(h.ewmaMs*100)) / 100
+	if n := len(h.owners); n > 0 {
+		st.Provider, st.Groups = h.owners[n-1].provider, h.owners[n-1].groups
+	}
+	if !h.lastErrorAt.IsZero() {
+		at := h.lastErrorAt
+		st.LastError, st.LastErrorReason, st.LastErrorAt = h.lastError.String(), h.lastReason, &at
+	}
+	return st
 }

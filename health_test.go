@@ -142,7 +142,7 @@ func TestChannelHealthCooldowns(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			h := new(channelHealth)
 			for i, s := range tt.steps {
-				if got := h.record(s.v, policy, testNow.Add(s.at)); got != s.want {
+				if got := h.record(s.v, policy, testNow.Add(s.at), 0); got != s.want {
 					t.Errorf("step %d (%v at +%v): cooldown = %v, want %v", i+1, s.v.outcome, s.at, got, s.want)
 				}
 			}
@@ -169,7 +169,7 @@ func TestChannelHealthAvailable(t *testing.T) {
 	if ok, until := h.available(testNow); !ok || !until.IsZero() {
 		t.Fatalf("a new channel: available = %v until %v, want true and zero time", ok, until)
 	}
-	h.record(verdict{outcome: outcomeTransient}, cooldownPolicy{base: 5 * time.Second, max: time.Minute, auth: time.Hour}, testNow)
+	h.record(verdict{outcome: outcomeTransient}, cooldownPolicy{base: 5 * time.Second, max: time.Minute, auth: time.Hour}, testNow, 0)
 	end := testNow.Add(5 * time.Second)
 	tests := []struct {
 		name string

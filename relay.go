@@ -46,21 +46,26 @@ type Relay struct {
 	// Groups are sets of channels; each key is served by one group.
 	Groups []*Group `json:"groups,omitempty"`
 
-	groups   map[string]*group
-	keys     map[[sha256.Size]byte]*key
-	acquired []string // channelStates entries this instance holds
-	logger   *zap.Logger
-	rand     randIntN
-	now      func() time.Time
+	groups         map[string]*group
+	keys           map[[sha256.Size]byte]*key
+	acquired       []*channel // channelStates entries this instance holds
+	acquiredGroups []string   // groupStates entries this instance holds
+	logger         *zap.Logger
+	rand           randIntN
+	now            func() time.Time
 }
 
 // group is a provisioned Group.
 type group struct {
-	name     string
-	channels []*channel
-	retries  int
-	expose   bool
-	models   []string // models listed by its channels, for GET /v1/models
+	name        string
+	channels    []*channel
+	retries     int
+	expose      bool
+	models      []string // models listed by its channels, for GET /v1/models
+	budget      *retryBudget
+	budgetRatio float64
+	budgetFloor float64 // retries per second
+	waitMax     time.Duration
 }
 
 const (
@@ -98,12 +103,31 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 		channels[cfg.Name] = ch
 	}
 
+	for _, ch := range channels {
+		if ch.probe != nil {
+			go r.runProbes(ctx, ch)
+		}
+	}
+
 	r.groups = make(map[string]*group, len(r.Groups))
 	for _, cfg := range r.Groups {
-		g := &group{name: cfg.Name, retries: defaultRetries, expose: cfg.ExposeChannel}
+		g := &group{name: cfg.Name, retries: defaultRetries, expose: cfg.ExposeChannel,
+			budgetRatio: defaultRetryBudget, budgetFloor: defaultRetryBudgetFloor, waitMax: time.Duration(cfg.WaitForRecovery)}
 		if cfg.Retries != nil {
 			g.retries = *cfg.Retries
 		}
+		if cfg.RetryBudget != nil {
+			g.budgetRatio = *cfg.RetryBudget
+		}
+		if cfg.RetryBudgetFloor != nil {
+			g.budgetFloor = *cfg.RetryBudgetFloor
+		}
+		st, _, err := groupStates.LoadOrNew(cfg.Name, func() (caddy.Destructor, error) { return new(retryBudget), nil })
+		if err != nil {
+			return err
+		}
+		r.acquiredGroups = append(r.acquiredGroups, cfg.Name)
+		g.budget = st.(*retryBudget)
 		seen := map[string]bool{}
 		for _, name := range cfg.Channels {
 			ch := channels[name]
@@ -182,10 +206,14 @@ func (r *Relay) Validate() error { return nil }
 // new config has taken its own references first, so surviving channels keep
 // their state.
 func (r *Relay) Cleanup() error {
-	for _, name := range r.acquired {
-		_, _ = channelStates.Delete(name)
+	for _, ch := range r.acquired {
+		ch.health.release(r)
+		_, _ = channelStates.Delete(ch.name)
 	}
-	r.acquired = nil
+	for _, name := range r.acquiredGroups {
+		_, _ = groupStates.Delete(name)
+	}
+	r.acquired, r.acquiredGroups = nil, nil
 	return nil
 }
 
@@ -230,26 +258,37 @@ func (r *Relay) ServeHTTP(w http.ResponseWriter, req *http.Request, _ caddyhttp.
 // status, header and body hold the upstream's answer for the client in case
 // this attempt stays the last one (status 0: there was no answer).
 type attemptResult struct {
-	verdict verdict
-	done    bool
-	channel *channel
-	status  int
-	header  http.Header
-	body    []byte
+	verdict   verdict
+	done      bool
+	channel   *channel
+	firstByte time.Duration // until the upstream's response headers
+	status    int
+	header    http.Header
+	body      []byte
 }
 
 // relay selects a channel and attempts the request on it until one answer
 // reaches the client, failing over to untried channels on retryable
-// outcomes, within the group's retries.
+// outcomes, within the group's retries and retry budget.
 func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) {
 	g := in.key.group
+	g.budget.request(r.now())
 	var triedBuf [4]*channel
 	sel := selection{model: in.model, caps: in.caps, tried: triedBuf[:0], rand: r.rand}
 	var last attemptResult
-	for n := 1; ; n++ {
+	var waitUntil time.Time
+	for n := 1; ; {
 		sel.now = r.now()
 		ch, rerr := g.pick(&sel)
 		if ch == nil {
+			if n == 1 && rerr != nil && rerr.code == "no_healthy_channel" && g.waitMax > 0 {
+				if waitUntil.IsZero() {
+					waitUntil = sel.now.Add(g.waitMax)
+				}
+				if r.waitForRecovery(req.Context(), rerr.retryAfter, waitUntil) {
+					continue
+				}
+			}
 			if n == 1 {
 				rerr.write(w, in.id)
 			} else {
@@ -257,9 +296,18 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) {
 			}
 			return
 		}
+		if n > 1 && !g.budget.allowRetry(sel.now, g.budgetRatio, g.budgetFloor) {
+			r.logger.Debug("retry budget exhausted", zap.String("group", g.name), zap.String("request_id", in.id))
+			r.writeLast(w, in, last, n-1)
+			return
+		}
+		t, ok := ch.health.admit()
+		if !ok { // its half-open breaker is busy with other probes
+			sel.skipped = append(sel.skipped, ch)
+			continue
+		}
 		sel.tried = append(sel.tried, ch)
-		res := r.attempt(w, req, in, ch, n)
-		r.recordOutcome(ch, in, res.verdict)
+		res := r.try(w, req, in, ch, n, t)
 		if res.done {
 			return
 		}
@@ -271,19 +319,50 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) {
 		if res.verdict.outcome == outcomeOverloaded {
 			sel.avoidHost = ch.host
 		}
+		n++
 	}
 }
 
-// recordOutcome updates the channel's health with an attempt's verdict.
-func (r *Relay) recordOutcome(ch *channel, in *inbound, v verdict) {
-	cooled := ch.health.record(v, ch.cooldown, r.now())
-	if cooled > 0 {
+// try runs one admitted attempt and records its verdict in the channel's
+// health. The ticket is released on every path, a panic included.
+func (r *Relay) try(w http.ResponseWriter, req *http.Request, in *inbound, ch *channel, n int, t *ticket) attemptResult {
+	defer t.release()
+	res := r.attempt(w, req, in, ch, n)
+	v := res.verdict
+	if cooled := t.finish(v, ch.cooldown, r.now(), res.firstByte); cooled > 0 {
 		r.logger.Warn("channel cooling down",
 			zap.String("channel", ch.name),
 			zap.String("outcome", v.outcome.String()),
 			zap.String("reason", v.reason),
 			zap.Duration("cooldown", cooled),
 			zap.String("request_id", in.id))
+	}
+	return res
+}
+
+// recoveryPoll bounds one wait for a recovering channel, so that a channel
+// brought back early (by a probe or the admin API) is noticed soon.
+const recoveryPoll = 100 * time.Millisecond
+
+// waitForRecovery waits until the first channel should have recovered (at
+// most until deadline, and at most recoveryPoll at a time) and reports
+// whether the request should look again.
+func (r *Relay) waitForRecovery(ctx context.Context, recovery time.Duration, deadline time.Time) bool {
+	left := deadline.Sub(r.now())
+	if left <= 0 {
+		return false
+	}
+	d := min(left, recoveryPoll)
+	if recovery > 0 {
+		d = min(d, recovery)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 
@@ -335,11 +414,13 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 	firstByte := time.AfterFunc(limit, func() { cancel(cause) })
 	defer firstByte.Stop()
 
+	sent := time.Now()
 	resp, err := ch.rt.RoundTrip(upReq)
 	if err != nil {
 		return fail(err)
 	}
 	defer resp.Body.Close()
+	firstByteTime := time.Since(sent)
 
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		body, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
@@ -347,7 +428,7 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 			return fail(err)
 		}
 		v := classifyStatus(resp.StatusCode, resp.Header, body, r.now())
-		res := attemptResult{verdict: v, channel: ch, status: resp.StatusCode, header: resp.Header, body: body}
+		res := attemptResult{verdict: v, channel: ch, firstByte: firstByteTime, status: resp.StatusCode, header: resp.Header, body: body}
 		if !v.outcome.retryable() {
 			r.writeLast(w, in, res, n)
 			res.done = true
@@ -357,7 +438,9 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 
 	if isEventStream(resp.Header) {
 		s := &streamAttempt{r: r, w: w, in: in, ch: ch, n: n, ctx: ctx, clientCtx: req.Context(), cancel: cancel, resp: resp, firstByte: firstByte}
-		return s.run()
+		res := s.run()
+		res.firstByte = firstByteTime
+		return res
 	}
 
 	body, err := io.ReadAll(resp.Body)
@@ -369,7 +452,7 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(resp.StatusCode)
 	_, _ = w.Write(body)
-	return attemptResult{verdict: verdict{outcome: outcomeSuccess, reason: "status " + strconv.Itoa(resp.StatusCode)}, done: true}
+	return attemptResult{verdict: verdict{outcome: outcomeSuccess, reason: "status " + strconv.Itoa(resp.StatusCode)}, done: true, firstByte: firstByteTime}
 }
 
 // commitHeaders sets the response headers of a committed answer: the

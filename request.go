@@ -37,15 +37,23 @@ func (rt route) upstreamPath() string {
 	return ""
 }
 
+// routeByPath returns the relayed route of a path, or 0.
+func routeByPath(p string) route {
+	switch p {
+	case "/v1/messages":
+		return routeMessages
+	case "/v1/messages/count_tokens":
+		return routeCountTokens
+	}
+	return 0
+}
+
 // routeOf finds the endpoint of a request, or the error that answers it.
 func routeOf(req *http.Request) (route, *relayError) {
 	p := req.URL.Path
-	var rt route
+	rt := routeByPath(p)
 	switch {
-	case p == "/v1/messages":
-		rt = routeMessages
-	case p == "/v1/messages/count_tokens":
-		rt = routeCountTokens
+	case rt != 0:
 	case p == "/v1/models":
 		rt = routeModels
 	case strings.HasPrefix(p, "/v1/models/") && len(p) > len("/v1/models/") && !strings.Contains(p[len("/v1/models/"):], "/"):

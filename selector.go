@@ -61,10 +61,15 @@ type selection struct {
 	model     string
 	caps      capability
 	tried     []*channel
-	avoidHost string // after a 529: prefer a channel on another upstream host
+	skipped   []*channel // picked, but their half-open breaker had no slot left
+	avoidHost string     // after a 529: prefer a channel on another upstream host
 	now       time.Time
 	rand      randIntN
 }
+
+// halfOpenRetry is the wait suggested for a channel whose half-open breaker
+// is busy with its probes.
+const halfOpenRetry = time.Second
 
 // maxChannelsPerPick bounds the stack buffer used for filtering; groups
 // larger than that still work, with one allocation per pick.
@@ -95,7 +100,10 @@ func (g *group) pick(s *selection) (*channel, *relayError) {
 	var recovery time.Time
 	cands = filter(cands, func(ch *channel) bool {
 		ok, until := ch.health.available(s.now)
-		if !ok && (recovery.IsZero() || until.Before(recovery)) {
+		if ok && contains(s.skipped, ch) {
+			ok, until = false, s.now.Add(halfOpenRetry)
+		}
+		if !ok && !until.IsZero() && (recovery.IsZero() || until.Before(recovery)) {
 			recovery = until
 		}
 		return ok
@@ -104,7 +112,11 @@ func (g *group) pick(s *selection) (*channel, *relayError) {
 		if len(s.tried) > 0 {
 			return nil, nil
 		}
-		return nil, errNoHealthyChannel(s.model, recovery.Sub(s.now))
+		var wait time.Duration
+		if !recovery.IsZero() {
+			wait = recovery.Sub(s.now)
+		}
+		return nil, errNoHealthyChannel(s.model, wait)
 	}
 
 	if s.caps != 0 {

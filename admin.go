@@ -1,0 +1,97 @@
+package relay
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+func init() {
+	caddy.RegisterModule(adminAPI{})
+}
+
+// adminAPI is the `admin.api.relay` module: it shows and steers channel
+// health through Caddy's admin endpoint. It holds no state; it reads the
+// process-wide channel states, so it sees every channel of every loaded
+// config and survives reloads.
+type adminAPI struct{}
+
+// CaddyModule returns the Caddy module information.
+func (adminAPI) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "admin.api.relay",
+		New: func() caddy.Module { return new(adminAPI) },
+	}
+}
+
+// Routes implements caddy.AdminRouter.
+func (a adminAPI) Routes() []caddy.AdminRoute {
+	return []caddy.AdminRoute{
+		{Pattern: "GET /relay/channels", Handler: caddy.AdminHandlerFunc(a.list)},
+		{Pattern: "POST /relay/channels/{name}/{action}", Handler: caddy.AdminHandlerFunc(a.act)},
+	}
+}
+
+// list answers GET /relay/channels: every channel's state and counters,
+// sorted by name.
+func (adminAPI) list(w http.ResponseWriter, r *http.Request) error {
+	now := time.Now()
+	rows := []channelStatus{}
+	channelStates.Range(func(k, v any) bool {
+		rows = append(rows, v.(*channelHealth).status(k.(string), now))
+		return true
+	})
+	slices.SortFunc(rows, func(a, b channelStatus) int { return strings.Compare(a.Name, b.Name) })
+	return writeAdminJSON(w, rows)
+}
+
+// act answers POST /relay/channels/<name>/reset|disable|enable with the
+// channel's new status. Disabling drains: attempts in flight finish, new
+// requests skip the channel.
+func (adminAPI) act(w http.ResponseWriter, r *http.Request) error {
+	name, action := r.PathValue("name"), r.PathValue("action")
+	h := findChannel(name)
+	if h == nil {
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("unknown channel %q", name)}
+	}
+	switch action {
+	case "reset":
+		h.reset()
+	case "disable":
+		h.disabled.Store(true)
+	case "enable":
+		h.disabled.Store(false)
+	default:
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("unknown action %q: use reset, disable or enable", action)}
+	}
+	return writeAdminJSON(w, h.status(name, time.Now()))
+}
+
+// findChannel returns the state of the channel named name, or nil.
+func findChannel(name string) *channelHealth {
+	var found *channelHealth
+	channelStates.Range(func(k, v any) bool {
+		if k.(string) == name {
+			found = v.(*channelHealth)
+			return false
+		}
+		return true
+	})
+	return found
+}
+
+func writeAdminJSON(w http.ResponseWriter, v any) error {
+	w.Header().Set("Content-Type", "application/json")
+	return json.NewEncoder(w).Encode(v)
+}
+
+// Interface guards
+var (
+	_ caddy.Module      = (*adminAPI)(nil)
+	_ caddy.AdminRouter = (*adminAPI)(nil)
+)

@@ -1,0 +1,75 @@
+package relay
+
+import (
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// groupStates holds each group's retry budget by group name, process-wide,
+// so a reload does not forget the retries of the last seconds.
+var groupStates = caddy.NewUsagePool()
+
+// Retry budget defaults of DESIGN.md.
+const (
+	defaultRetryBudget      = 0.2
+	defaultRetryBudgetFloor = 10 // retries per second
+	budgetBuckets           = 10 // one per second: a 10s sliding window
+)
+
+// retryBudget counts a group's requests and retries over a sliding window
+// of budgetBuckets seconds.
+type retryBudget struct {
+	mu      sync.Mutex
+	buckets [budgetBuckets]budgetBucket
+}
+
+// budgetBucket counts one second.
+type budgetBucket struct {
+	sec               int64
+	requests, retries int
+}
+
+// Destruct implements caddy.Destructor.
+func (*retryBudget) Destruct() error { return nil }
+
+// bucket returns the bucket of now's second, emptied if it held an older
+// second.
+func (b *retryBudget) bucket(now time.Time) *budgetBucket {
+	sec := now.Unix()
+	bk := &b.buckets[sec%budgetBuckets]
+	if bk.sec != sec {
+		bk.sec, bk.requests, bk.retries = sec, 0, 0
+	}
+	return bk
+}
+
+// request counts a request of the group.
+func (b *retryBudget) request(now time.Time) {
+	b.mu.Lock()
+	b.bucket(now).requests++
+	b.mu.Unlock()
+}
+
+// allowRetry reports whether one more retry fits the budget: retries over
+// the window may reach ratio times the requests over the window, and never
+// less than floor per second. An allowed retry is counted.
+func (b *retryBudget) allowRetry(now time.Time, ratio, floor float64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	cur := b.bucket(now)
+	requests, retries := 0, 0
+	oldest := now.Unix() - budgetBuckets + 1
+	for i := range b.buckets {
+		if bk := &b.buckets[i]; bk.sec >= oldest {
+			requests += bk.requests
+			retries += bk.retries
+		}
+	}
+	if float64(retries+1) > max(ratio*float64(requests), floor*budgetBuckets) {
+		return false
+	}
+	cur.retries++
+	return true
+}

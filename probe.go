@@ -1,0 +1,94 @@
+package relay
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+)
+
+// probe is a channel's resolved `probe` block: the request that tells
+// whether the upstream has recovered.
+type probe struct {
+	interval time.Duration
+	route    route
+	body     []byte
+	model    string
+}
+
+const (
+	defaultProbeInterval = 10 * time.Second
+	defaultProbeModel    = "claude-haiku-4-5"
+)
+
+func newProbe(cfg *Channel) *probe {
+	p := &probe{interval: time.Duration(cfg.Probe.Interval), route: routeCountTokens, model: defaultProbeModel}
+	if p.interval <= 0 {
+		p.interval = defaultProbeInterval
+	}
+	if cfg.Probe.Path != "" {
+		p.route = routeByPath(cfg.Probe.Path)
+	}
+	if models := channelModels(cfg); len(models) > 0 {
+		p.model = models[0]
+	}
+	p.body = []byte(cfg.Probe.Body)
+	if len(p.body) == 0 {
+		p.body = []byte(`{"model":"` + p.model + `","max_tokens":1,"messages":[{"role":"user","content":"ping"}]}`)
+	}
+	return p
+}
+
+// runProbes probes ch every interval while it is cooling down or its
+// breaker is open, until ctx (the config's) ends. A probe that succeeds puts
+// the channel back into rotation at once; one that fails changes nothing.
+// Probes go through the channel's provider and transport like client
+// requests, but count in none of the channel's counters.
+func (r *Relay) runProbes(ctx caddy.Context, ch *channel) {
+	t := time.NewTicker(ch.probe.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		switch ch.health.state(r.now()) {
+		case stateCooldown, stateOpen:
+			if r.probeOnce(ctx, ch) {
+				ch.health.reset()
+				r.logger.Info("probe succeeded; channel back in rotation", zap.String("channel", ch.name))
+			}
+		}
+	}
+}
+
+// probeOnce sends one probe and reports whether the upstream answered 2xx.
+func (r *Relay) probeOnce(ctx context.Context, ch *channel) bool {
+	ctx, cancel := context.WithTimeout(ctx, ch.firstByte)
+	defer cancel()
+	// a transport whose tls_server_name has a placeholder needs a replacer,
+	// as every client request has
+	ctx = context.WithValue(ctx, caddy.ReplacerCtxKey, caddy.NewReplacer())
+	in := &inbound{route: ch.probe.route, body: ch.probe.body, model: ch.probe.model, header: probeHeader}
+	if err := in.inspect(); err != nil {
+		return false
+	}
+	req, err := ch.provider.newRequest(ctx, ch, in)
+	if err != nil {
+		return false
+	}
+	resp, err := ch.rt.RoundTrip(req)
+	if err != nil {
+		r.logger.Debug("probe failed", zap.String("channel", ch.name), zap.Error(err))
+		return false
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxErrorBody))
+	return resp.StatusCode >= 200 && resp.StatusCode < 300
+}
+
+var probeHeader = http.Header{"Anthropic-Version": {"2023-06-01"}, "Content-Type": {"application/json"}}
