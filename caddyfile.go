@@ -75,6 +75,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			fail_rate <0..1>
 //		}
 //
+//		pricing {
+//			<model> input <usd> output <usd> [cache_read <usd>] [cache_write <usd>] [cache_write_1h <usd>] [above <tokens> input <usd> ...]
+//		}
+//
 //		group <name> {
 //			channels <channel>...
 //			retries  <n>
@@ -129,6 +133,10 @@ func (r *Relay) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			r.Groups = append(r.Groups, g)
+		case "pricing":
+			if err := parsePricing(d, r); err != nil {
+				return err
+			}
 		default:
 			return d.Errf("unrecognized relay option %q", opt)
 		}
@@ -196,6 +204,65 @@ func parseBreaker(d *caddyfile.Dispenser) (*Breaker, error) {
 		}
 	}
 	return b, nil
+}
+
+// parsePricing parses a `pricing { ... }` block: one line per model,
+//
+//	<model> input <usd> output <usd> [cache_read <usd>] [cache_write <usd>] [cache_write_1h <usd>] [above <tokens> input <usd> output <usd> ...]
+//
+// in US dollars per million tokens; the pairs after `above` price the
+// requests whose prompt is larger than that many tokens.
+func parsePricing(d *caddyfile.Dispenser, r *Relay) error {
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	if r.Pricing == nil {
+		r.Pricing = map[string]Price{}
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		model := d.Val()
+		args := d.RemainingArgs()
+		var p Price
+		cur := &p
+		for i := 0; i < len(args); i += 2 {
+			if i+1 >= len(args) {
+				return d.Errf("pricing %s: %q needs a value", model, args[i])
+			}
+			name, val := args[i], args[i+1]
+			if name == "above" {
+				n, err := strconv.ParseInt(val, 10, 64)
+				if err != nil || cur != &p {
+					return d.Errf("pricing %s: above takes a number of tokens, once", model)
+				}
+				p.LongPrompt = &LongPromptPrice{Above: n}
+				cur = &p.LongPrompt.Price
+				continue
+			}
+			f, err := strconv.ParseFloat(val, 64)
+			if err != nil {
+				return d.Errf("pricing %s: %s: %q is not a price", model, name, val)
+			}
+			switch name {
+			case "input":
+				cur.Input = f
+			case "output":
+				cur.Output = f
+			case "cache_read":
+				cur.CacheRead = &f
+			case "cache_write":
+				cur.CacheWrite = &f
+			case "cache_write_1h":
+				cur.CacheWrite1h = &f
+			default:
+				return d.Errf("pricing %s: unknown price %q (input, output, cache_read, cache_write, cache_write_1h, above)", model, name)
+			}
+		}
+		if _, dup := r.Pricing[model]; dup {
+			return d.Errf("pricing %s is given twice", model)
+		}
+		r.Pricing[model] = p
+	}
+	return nil
 }
 
 // parseProbe parses a `probe { ... }` block.

@@ -281,6 +281,14 @@ func (r *Relay) validateConfig() error {
 			return fmt.Errorf("group %q: wait_for_recovery must not be negative", g.Name)
 		}
 	}
+	for model, p := range r.Pricing {
+		if !validModelName(model) {
+			return fmt.Errorf("pricing: %q is not a model name", model)
+		}
+		if err := p.validate(); err != nil {
+			return fmt.Errorf("pricing %q: %w", model, err)
+		}
+	}
 	if len(r.Keys) == 0 {
 		return fmt.Errorf("no key is configured: every request would be refused")
 	}
@@ -457,4 +465,22 @@ func validModelName(s string) bool {
 		}
 	}
 	return true
+}
+
+func (p Price) validate() error {
+	for _, v := range []*float64{&p.Input, &p.Output, p.CacheRead, p.CacheWrite, p.CacheWrite1h} {
+		if v != nil && *v < 0 {
+			return fmt.Errorf("prices must not be negative")
+		}
+	}
+	if l := p.LongPrompt; l != nil {
+		if l.Above <= 0 {
+			return fmt.Errorf("long_prompt: above must be a positive number of tokens")
+		}
+		if l.LongPrompt != nil {
+			return fmt.Errorf("long_prompt: takes no long_prompt of its own")
+		}
+		return l.Price.validate()
+	}
+	return nil
 }

@@ -106,6 +106,17 @@ func (h *channelHealth) release(r *Relay) {
 	h.owners = slices.DeleteFunc(h.owners, func(o channelOwner) bool { return o.relay == r })
 }
 
+// groups lists the groups of the most recent config that holds the
+// channel.
+func (h *channelHealth) groups() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if n := len(h.owners); n > 0 {
+		return h.owners[n-1].groups
+	}
+	return nil
+}
+
 // resetBreaker starts a closed breaker with the current settings. h.mu is
 // held.
 func (h *channelHealth) resetBreaker() {

@@ -38,9 +38,10 @@ func serveModels(w http.ResponseWriter, req *http.Request, in *inbound) {
 	if in.route == routeModel {
 		id := strings.TrimPrefix(req.URL.Path, "/v1/models/")
 		if !slices.Contains(models, id) {
-			(&relayError{status: http.StatusNotFound, typ: "not_found_error", msg: "model " + strconv.Quote(id) + " is not served by this key's group"}).write(w, in.id)
+			in.reply(w, &relayError{status: http.StatusNotFound, typ: "not_found_error", msg: "model " + strconv.Quote(id) + " is not served by this key's group"})
 			return
 		}
+		in.status = http.StatusOK
 		writeJSON(w, info(id))
 		return
 	}
@@ -50,7 +51,7 @@ func serveModels(w http.ResponseWriter, req *http.Request, in *inbound) {
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > maxModelsLimit {
-			errInvalid("limit: must be an integer between 1 and 1000").write(w, in.id)
+			in.reply(w, errInvalid("limit: must be an integer between 1 and 1000"))
 			return
 		}
 		limit = n
@@ -79,6 +80,7 @@ func serveModels(w http.ResponseWriter, req *http.Request, in *inbound) {
 	if len(page) > 0 {
 		list.FirstID, list.LastID = &page[0], &page[len(page)-1]
 	}
+	in.status = http.StatusOK
 	writeJSON(w, list)
 }
 

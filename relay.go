@@ -46,11 +46,19 @@ type Relay struct {
 	// Groups are sets of channels; each key is served by one group.
 	Groups []*Group `json:"groups,omitempty"`
 
+	// Pricing sets the price of models, in US dollars per million tokens,
+	// by the model name clients send (a dated snapshot such as
+	// claude-sonnet-4-5-20250929 takes the price of claude-sonnet-4-5). It
+	// overrides the built-in list prices of the current Claude models.
+	Pricing map[string]Price `json:"pricing,omitempty"`
+
 	groups         map[string]*group
 	keys           map[[sha256.Size]byte]*key
 	acquired       []*channel // channelStates entries this instance holds
 	acquiredGroups []string   // groupStates entries this instance holds
 	logger         *zap.Logger
+	prices         pricebook
+	modelNames     map[string]bool // every model a channel lists, for metric labels
 	rand           randIntN
 	now            func() time.Time
 }
@@ -92,6 +100,16 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 	}
 	if err := r.validateConfig(); err != nil {
 		return err
+	}
+	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return err
+	}
+	r.prices = newPricebook(r.Pricing)
+	r.modelNames = map[string]bool{}
+	for _, cfg := range r.Channels {
+		for _, m := range channelModels(cfg) {
+			r.modelNames[m] = true
+		}
 	}
 
 	channels := make(map[string]*channel, len(r.Channels))
@@ -222,33 +240,39 @@ func (r *Relay) Cleanup() error {
 // direction: route, auth, body, inspect, then select and attempt until an
 // answer reaches the client.
 func (r *Relay) ServeHTTP(w http.ResponseWriter, req *http.Request, _ caddyhttp.Handler) error {
-	in := &inbound{id: newRequestID(), rawQuery: req.URL.RawQuery, header: req.Header}
+	in := &inbound{id: newRequestID(), start: time.Now(), rawQuery: req.URL.RawQuery, header: req.Header}
+	in.chain = in.chainBuf[:0]
+	in.repl, _ = req.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	defer r.account(in)
 	w.Header().Set("X-Relay-Request-Id", in.id)
 
 	var rerr *relayError
 	if in.route, rerr = routeOf(req); rerr != nil {
-		rerr.write(w, in.id)
+		in.reply(w, rerr)
 		return nil
 	}
 	if in.key, rerr = r.authenticate(req); rerr != nil {
-		rerr.write(w, in.id)
+		in.reply(w, rerr)
 		return nil
 	}
+	in.setVar("key", in.key.name)
+	in.setVar("group", in.key.group.name)
 	if in.route == routeModels || in.route == routeModel {
 		serveModels(w, req, in)
 		return nil
 	}
 	buf, rerr := readBody(req, r.MaxBodySize)
 	if rerr != nil {
-		rerr.write(w, in.id)
+		in.reply(w, rerr)
 		return nil
 	}
 	defer releaseBody(buf)
 	in.body = buf.Bytes()
 	if rerr = in.inspect(); rerr != nil {
-		rerr.write(w, in.id)
+		in.reply(w, rerr)
 		return nil
 	}
+	in.setVar("model", in.model)
 	r.relay(w, req, in)
 	return nil
 }
@@ -290,7 +314,7 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) {
 				}
 			}
 			if n == 1 {
-				rerr.write(w, in.id)
+				in.reply(w, rerr)
 			} else {
 				r.writeLast(w, in, last, n-1)
 			}
@@ -307,6 +331,9 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) {
 			continue
 		}
 		sel.tried = append(sel.tried, ch)
+		if n > 1 {
+			metricFailovers.WithLabelValues(g.name).Inc()
+		}
 		res := r.try(w, req, in, ch, n, t)
 		if res.done {
 			return
@@ -327,8 +354,14 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) {
 // health. The ticket is released on every path, a panic included.
 func (r *Relay) try(w http.ResponseWriter, req *http.Request, in *inbound, ch *channel, n int, t *ticket) attemptResult {
 	defer t.release()
+	start := time.Now()
 	res := r.attempt(w, req, in, ch, n)
 	v := res.verdict
+	in.chain = append(in.chain, attemptRecord{channel: ch.name, outcome: v.outcome, duration: time.Since(start)})
+	metricAttempts.WithLabelValues(ch.name, v.outcome.String()).Inc()
+	if res.firstByte > 0 {
+		metricFirstByte.WithLabelValues(ch.name).Observe(res.firstByte.Seconds())
+	}
 	if cooled := t.finish(v, ch.cooldown, r.now(), res.firstByte); cooled > 0 {
 		r.logger.Warn("channel cooling down",
 			zap.String("channel", ch.name),
@@ -371,6 +404,10 @@ func (r *Relay) waitForRecovery(ctx context.Context, recovery time.Duration, dea
 // there was none. x-should-retry: false tells the SDKs not to multiply the
 // relay's retries with their own.
 func (r *Relay) writeLast(w http.ResponseWriter, in *inbound, last attemptResult, attempts int) {
+	in.setVar("attempts", attempts)
+	if last.channel != nil {
+		in.setVar("channel", last.channel.name)
+	}
 	h := w.Header()
 	if in.key.group.expose && last.channel != nil {
 		h.Set("X-Relay-Channel", last.channel.name)
@@ -379,9 +416,10 @@ func (r *Relay) writeLast(w http.ResponseWriter, in *inbound, last attemptResult
 		h.Set("X-Relay-Attempts", strconv.Itoa(attempts))
 	}
 	if last.status == 0 {
-		errUpstreamFailed(last.verdict, attempts > 1).write(w, in.id)
+		in.reply(w, errUpstreamFailed(last.verdict, attempts > 1))
 		return
 	}
+	in.status, in.answered = last.status, last.channel
 	copyResponseHeaders(h, last.header)
 	if attempts > 1 {
 		h.Set("X-Should-Retry", "false")
@@ -399,6 +437,7 @@ const maxErrorBody = 1 << 20
 func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, ch *channel, n int) attemptResult {
 	ctx, cancel := context.WithCancelCause(req.Context())
 	defer cancel(nil)
+	in.usage = usage{} // only the answer that reaches the client counts
 	fail := func(err error) attemptResult {
 		return attemptResult{verdict: classifyError(ctx, req.Context(), err), channel: ch}
 	}
@@ -448,6 +487,8 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 		return fail(err)
 	}
 	firstByte.Stop()
+	in.usage.fromMessage(body)
+	in.committed(ch, resp.StatusCode)
 	r.commitHeaders(w, in, ch, n, resp)
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(resp.StatusCode)

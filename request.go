@@ -9,8 +9,10 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 	"unsafe"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/tidwall/gjson"
 )
 
@@ -132,7 +134,8 @@ func readBody(req *http.Request, limit int64) (*bytes.Buffer, *relayError) {
 	return buf, nil
 }
 
-// inbound is what the relay knows of a client request after reading it.
+// inbound is one client request: what the relay knows of it, and what it
+// came to, for the account step (log line, metrics, placeholders).
 type inbound struct {
 	id       string
 	route    route
@@ -146,6 +149,44 @@ type inbound struct {
 	// modelStart and modelEnd delimit the raw model value (quotes included)
 	// in body, so a mapped name is spliced in without re-encoding the JSON.
 	modelStart, modelEnd int
+
+	start      time.Time
+	repl       *caddy.Replacer // the request's, for the http.relay.* placeholders
+	status     int             // sent to the client; 0 until then
+	answered   *channel        // the channel whose answer the client got
+	firstByte  time.Duration   // until the client's response headers
+	chain      []attemptRecord
+	chainBuf   [4]attemptRecord
+	usage      usage
+	incomplete bool // the answer did not complete: tokens are the ones seen
+}
+
+// attemptRecord is one link of a request's attempt chain.
+type attemptRecord struct {
+	channel  string
+	outcome  outcome
+	duration time.Duration
+}
+
+// reply answers with a relay error.
+func (in *inbound) reply(w http.ResponseWriter, e *relayError) {
+	in.status = e.status
+	e.write(w, in.id)
+}
+
+// committed records that ch's answer, with status, is going to the client.
+func (in *inbound) committed(ch *channel, status int) {
+	in.status, in.answered = status, ch
+	in.firstByte = time.Since(in.start)
+	in.setVar("channel", ch.name)
+	in.setVar("attempts", len(in.chain)+1)
+}
+
+// setVar sets the placeholder {http.relay.<name>}.
+func (in *inbound) setVar(name string, v any) {
+	if in.repl != nil {
+		in.repl.Set("http.relay."+name, v)
+	}
 }
 
 // inspect reads the fields routing needs with one pass over the top level

@@ -44,6 +44,7 @@ func (s *streamAttempt) run() attemptResult {
 		return res
 	}
 	if !s.commit(held) {
+		s.in.incomplete = true
 		return attemptResult{verdict: verdict{outcome: outcomeCanceled, reason: "client gone"}, channel: s.ch, done: true}
 	}
 	return s.pump(rd)
@@ -71,6 +72,7 @@ func (s *streamAttempt) hold(rd *sse.Reader) (held []byte, res attemptResult, ok
 		if !s.wellFormed(ev) {
 			continue
 		}
+		s.in.usage.fromEvent(ev.Name, ev.Data)
 		held = append(held, ev.Raw...)
 		switch string(ev.Name) {
 		case "message_start", "ping", "":
@@ -84,6 +86,7 @@ func (s *streamAttempt) hold(rd *sse.Reader) (held []byte, res attemptResult, ok
 			if !v.outcome.retryable() {
 				// the request's own fault: the client sees the stream as sent
 				s.commit(held)
+				s.in.incomplete = true
 				return nil, attemptResult{verdict: v, channel: s.ch, done: true}, false
 			}
 			return nil, attemptResult{verdict: v, channel: s.ch, status: s.resp.StatusCode, header: s.resp.Header, body: held}, false
@@ -96,6 +99,7 @@ func (s *streamAttempt) hold(rd *sse.Reader) (held []byte, res attemptResult, ok
 // commit sends the response headers and the held events; it reports whether
 // the client took them.
 func (s *streamAttempt) commit(held []byte) bool {
+	s.in.committed(s.ch, s.resp.StatusCode)
 	s.r.commitHeaders(s.w, s.in, s.ch, s.n, s.resp)
 	s.w.WriteHeader(s.resp.StatusCode)
 	if _, err := s.w.Write(held); err != nil {
@@ -110,7 +114,11 @@ func (s *streamAttempt) pump(rd *sse.Reader) attemptResult {
 	idle := time.AfterFunc(s.ch.streamIdle, func() { s.cancel(errStreamIdle) })
 	defer idle.Stop()
 	rc := http.NewResponseController(s.w)
-	done := func(v verdict) attemptResult { return attemptResult{verdict: v, channel: s.ch, done: true} }
+	done := func(v verdict) attemptResult {
+		// anything but message_stop leaves the client with a partial answer
+		s.in.incomplete = v.reason != "message_stop"
+		return attemptResult{verdict: v, channel: s.ch, done: true}
+	}
 	for {
 		ev, err := rd.Next()
 		if err != nil {
@@ -128,6 +136,7 @@ func (s *streamAttempt) pump(rd *sse.Reader) attemptResult {
 		if !s.wellFormed(ev) {
 			continue
 		}
+		s.in.usage.fromEvent(ev.Name, ev.Data)
 		if _, err := s.w.Write(ev.Raw); err != nil {
 			return done(verdict{outcome: outcomeCanceled, reason: "client gone"})
 		}
@@ -157,6 +166,7 @@ func (s *streamAttempt) wellFormed(ev sse.Event) bool {
 	if len(ev.Data) == 0 || gjson.ValidBytes(ev.Data) {
 		return true
 	}
+	metricDropped.WithLabelValues(s.ch.name).Inc()
 	s.r.logger.Warn("dropped an upstream event whose data is not JSON",
 		zap.String("channel", s.ch.name),
 		zap.ByteString("event", ev.Name),

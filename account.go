@@ -1,0 +1,103 @@
+package relay
+
+import (
+	"strconv"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Label values for requests that never got that far (no key, no model, no
+// channel), and for models no channel lists.
+const (
+	labelNone  = "none"
+	labelOther = "other"
+)
+
+// account is the last step of every request: its cost, its metrics, the
+// token placeholders and its one log line. It never sees a secret or a body.
+func (r *Relay) account(in *inbound) {
+	duration := time.Since(in.start)
+	if in.status == 0 { // the client left before any answer
+		in.status, in.incomplete = statusClientClosed, true
+	}
+	group, key, channel := labelNone, labelNone, labelNone
+	if in.key != nil {
+		group, key = in.key.group.name, in.key.name
+	}
+	if in.answered != nil {
+		channel = in.answered.name
+	}
+	model := r.modelLabel(in.model)
+
+	u := in.usage
+	var cost float64
+	rates := r.prices.lookup(in.model)
+	if rates != nil {
+		cost = rates.cost(u)
+	}
+	in.setVar("attempts", len(in.chain))
+	in.setVar("input_tokens", u.input)
+	in.setVar("output_tokens", u.output)
+
+	metricRequests.WithLabelValues(group, channel, model, strconv.Itoa(in.status)).Inc()
+	metricDuration.WithLabelValues(group, model).Observe(duration.Seconds())
+	if in.route == routeMessages && in.answered != nil {
+		for _, t := range [...]struct {
+			kind string
+			n    int64
+		}{{"input", u.input}, {"output", u.output}, {"cache_read", u.cacheRead}, {"cache_write", u.cacheWrite}} {
+			metricTokens.WithLabelValues(group, channel, model, t.kind).Add(float64(t.n))
+		}
+		if cost > 0 {
+			metricCost.WithLabelValues(group, key, model).Add(cost)
+		}
+		if in.incomplete {
+			metricIncomplete.WithLabelValues(group, model).Inc()
+		}
+	}
+
+	c := r.logger.Check(zap.InfoLevel, "relayed request")
+	if c == nil {
+		return
+	}
+	chain := make([]string, len(in.chain))
+	for i, a := range in.chain {
+		chain[i] = a.channel + ":" + a.outcome.String() + ":" + a.duration.Round(time.Millisecond).String()
+	}
+	fields := []zap.Field{
+		zap.String("request_id", in.id),
+		zap.String("key", key),
+		zap.String("group", group),
+		zap.String("model", in.model),
+		zap.Bool("stream", in.stream),
+		zap.Strings("attempts", chain),
+		zap.Int("status", in.status),
+		zap.Duration("first_byte", in.firstByte),
+		zap.Duration("duration", duration),
+		zap.Int64("input_tokens", u.input),
+		zap.Int64("output_tokens", u.output),
+		zap.Int64("cache_read_tokens", u.cacheRead),
+		zap.Int64("cache_write_tokens", u.cacheWrite),
+		zap.Bool("incomplete", in.incomplete),
+	}
+	if rates != nil {
+		fields = append(fields, zap.Float64("cost_usd", cost))
+	}
+	c.Write(fields...)
+}
+
+// statusClientClosed is what nginx and Caddy record for a client that
+// closed its connection before the answer.
+const statusClientClosed = 499
+
+// modelLabel bounds the model label to the names the config lists.
+func (r *Relay) modelLabel(model string) string {
+	switch {
+	case model == "":
+		return labelNone
+	case r.modelNames[model]:
+		return model
+	}
+	return labelOther
+}

@@ -1,0 +1,156 @@
+package relay
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// provisionHandler provisions r outside a server, with its log lines going
+// to an observer.
+func provisionHandler(t *testing.T, r *Relay) *observer.ObservedLogs {
+	t.Helper()
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	if err := r.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Cleanup() })
+	core, logs := observer.New(zapcore.DebugLevel)
+	r.logger = zap.New(core)
+	return logs
+}
+
+// serveHandler runs one request through r as Caddy's server would and
+// returns the response and the request's replacer.
+func serveHandler(t *testing.T, r *Relay, req *http.Request) (*httptest.ResponseRecorder, *caddy.Replacer) {
+	t.Helper()
+	w := httptest.NewRecorder()
+	repl := caddy.NewReplacer()
+	req = caddyhttp.PrepareRequest(req, repl, w, &caddyhttp.Server{})
+	if err := r.ServeHTTP(w, req, nil); err != nil {
+		t.Fatal(err)
+	}
+	return w, repl
+}
+
+func newRequest(body, key string) *http.Request {
+	req := httptest.NewRequest(http.MethodPost, "/v1/messages", strings.NewReader(body))
+	req.Header.Set("X-Api-Key", key)
+	req.Header.Set("Content-Type", "application/json")
+	return req
+}
+
+func TestLogLineAndPlaceholders(t *testing.T) {
+	bad := fakeupstream.New(t, fakeupstream.Raw(503, []byte("down")))
+	ok := fakeupstream.New(t, fakeupstream.Stream(strings.SplitAfter(usageStream, "\n\n")...))
+	const secret, upstreamKey = "sk-log-test-client", "sk-ant-log-test-upstream"
+	r := &Relay{
+		Keys: []*Key{{Secret: secret, Group: "log-g", Name: "support-bot"}},
+		Channels: []*Channel{
+			{Name: "log-bad", URL: bad.URL, APIKey: upstreamKey, Priority: 1, Models: []string{"claude-sonnet-4-5"}},
+			{Name: "log-ok", URL: ok.URL, APIKey: upstreamKey, Priority: 2, Models: []string{"claude-sonnet-4-5"}},
+		},
+		Groups: []*Group{{Name: "log-g", Channels: []string{"log-bad", "log-ok"}}},
+	}
+	logs := provisionHandler(t, r)
+
+	w, repl := serveHandler(t, r, newRequest(`{"model":"claude-sonnet-4-5","stream":true,"max_tokens":5}`, secret))
+	if w.Code != 200 || w.Body.String() != usageStream {
+		t.Fatalf("response %d:\n%s", w.Code, w.Body.String())
+	}
+
+	lines := logs.FilterMessage("relayed request").All()
+	if len(lines) != 1 {
+		t.Fatalf("want one log line per request, got %d", len(lines))
+	}
+	f := lines[0].ContextMap()
+	wantCost := (12*3 + 97*15 + 4000*0.3 + 200*3.75 + 100*6) / 1e6
+	for k, want := range map[string]any{
+		"request_id": w.Header().Get("X-Relay-Request-Id"), "key": "support-bot", "group": "log-g",
+		"model": "claude-sonnet-4-5", "stream": true, "status": int64(200), "input_tokens": int64(12),
+		"output_tokens": int64(97), "cache_read_tokens": int64(4000), "cache_write_tokens": int64(300), "incomplete": false,
+	} {
+		if f[k] != want {
+			t.Errorf("log field %s = %#v, want %#v", k, f[k], want)
+		}
+	}
+	if c, _ := f["cost_usd"].(float64); c < wantCost-1e-12 || c > wantCost+1e-12 {
+		t.Errorf("cost_usd = %v, want %v", f["cost_usd"], wantCost)
+	}
+	chain, _ := f["attempts"].([]any)
+	if len(chain) != 2 || !strings.HasPrefix(chain[0].(string), "log-bad:transient:") || !strings.HasPrefix(chain[1].(string), "log-ok:success:") {
+		t.Errorf("attempts = %v, want log-bad:transient:<d>, log-ok:success:<d>", f["attempts"])
+	}
+	fb, _ := f["first_byte"].(time.Duration)
+	d, _ := f["duration"].(time.Duration)
+	if fb <= 0 || d < fb {
+		t.Errorf("first_byte %v, duration %v", fb, d)
+	}
+
+	for name, want := range map[string]any{"channel": "log-ok", "group": "log-g", "key": "support-bot",
+		"model": "claude-sonnet-4-5", "attempts": 2, "input_tokens": int64(12), "output_tokens": int64(97)} {
+		if got, _ := repl.Get("http.relay." + name); got != want {
+			t.Errorf("{http.relay.%s} = %#v, want %#v", name, got, want)
+		}
+	}
+
+	// no log line, of any level, carries a secret
+	for _, e := range logs.All() {
+		s := e.Message
+		for k, v := range e.ContextMap() {
+			s += k + "=" + strings.TrimSpace(strings.ReplaceAll(strings.ReplaceAll(toString(v), "\n", " "), "\t", " "))
+		}
+		if strings.Contains(s, secret) || strings.Contains(s, upstreamKey) {
+			t.Errorf("a log line carries a secret: %s", s)
+		}
+	}
+}
+
+func TestLogLineOfARefusedRequest(t *testing.T) {
+	r := &Relay{
+		Keys:     []*Key{{Secret: "sk-refused-test", Group: "ref-g"}},
+		Channels: []*Channel{{Name: "ref-mock", Provider: providerMock}},
+		Groups:   []*Group{{Name: "ref-g", Channels: []string{"ref-mock"}}},
+	}
+	logs := provisionHandler(t, r)
+	w, _ := serveHandler(t, r, newRequest(`{"model":"m"}`, "sk-wrong-guess"))
+	if w.Code != 401 {
+		t.Fatalf("status %d", w.Code)
+	}
+	lines := logs.FilterMessage("relayed request").All()
+	if len(lines) != 1 {
+		t.Fatalf("%d log lines", len(lines))
+	}
+	f := lines[0].ContextMap()
+	if f["status"] != int64(401) || f["key"] != labelNone || f["group"] != labelNone || len(f["attempts"].([]any)) != 0 {
+		t.Errorf("fields = %v", f)
+	}
+	if _, priced := f["cost_usd"]; priced {
+		t.Errorf("an unpriced request logs no cost: %v", f)
+	}
+}
+
+func toString(v any) string {
+	switch x := v.(type) {
+	case string:
+		return x
+	case []any:
+		var b strings.Builder
+		for _, e := range x {
+			b.WriteString(toString(e) + " ")
+		}
+		return b.String()
+	}
+	return ""
+}

@@ -1,0 +1,134 @@
+package relay
+
+import (
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// The relay's metrics. The collectors are created once, for the process,
+// and registered in the registry of every config Caddy loads (each load
+// brings a new registry), so their values carry on across reloads.
+var (
+	metricRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "relay_requests_total",
+		Help: "Requests answered, by group, the channel that answered (none for the relay's own errors), model and HTTP status.",
+	}, []string{"group", "channel", "model", "code"})
+
+	metricDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "relay_request_duration_seconds",
+		Help:    "Time from a request's arrival to the end of its answer, by group and model.",
+		Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600},
+	}, []string{"group", "model"})
+
+	metricFirstByte = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "relay_upstream_first_byte_seconds",
+		Help:    "Time from sending an attempt to its upstream's response headers, by channel.",
+		Buckets: []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60},
+	}, []string{"channel"})
+
+	metricAttempts = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "relay_attempts_total",
+		Help: "Attempts on upstream channels, by channel and outcome (success, client_error, auth, rate_limited, overloaded, transient, canceled).",
+	}, []string{"channel", "outcome"})
+
+	metricFailovers = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "relay_failovers_total",
+		Help: "Attempts made after a request's first one failed, by group.",
+	}, []string{"group"})
+
+	metricTokens = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "relay_tokens_total",
+		Help: "Tokens the upstreams reported, by group, channel, model and kind (input, output, cache_read, cache_write). The cache hit ratio is cache_read / (input + cache_read + cache_write).",
+	}, []string{"group", "channel", "model", "kind"})
+
+	metricCost = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "relay_cost_usd_total",
+		Help: "Cost of the tokens at the configured prices, in US dollars, by group, key name and model.",
+	}, []string{"group", "key", "model"})
+
+	metricIncomplete = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "relay_incomplete_total",
+		Help: "Requests whose answer did not complete (client gone, stream broken); their tokens are the ones seen.",
+	}, []string{"group", "model"})
+
+	metricDropped = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "relay_dropped_events_total",
+		Help: "Upstream SSE events dropped because their data was not JSON, by channel.",
+	}, []string{"channel"})
+
+	metricStates = stateCollector{
+		state: prometheus.NewDesc("relay_channel_state",
+			"1 for the state each channel is in (healthy, cooldown, open, half_open, disabled), 0 for the others.", []string{"channel", "state"}, nil),
+		inflight: prometheus.NewDesc("relay_inflight",
+			"Attempts in flight, by channel.", []string{"channel"}, nil),
+		live: prometheus.NewDesc("relay_group_live_channels",
+			"Channels of a group that can take a request now; 0 means the group is down.", []string{"group"}, nil),
+	}
+)
+
+var collectors = []prometheus.Collector{
+	metricRequests, metricDuration, metricFirstByte, metricAttempts, metricFailovers,
+	metricTokens, metricCost, metricIncomplete, metricDropped, metricStates,
+}
+
+// registerMetrics registers the relay's collectors in a config's registry.
+func registerMetrics(reg prometheus.Registerer) error {
+	if reg == nil {
+		return nil
+	}
+	for _, c := range collectors {
+		var dup prometheus.AlreadyRegisteredError
+		if err := reg.Register(c); err != nil && !errors.As(err, &dup) {
+			return err
+		}
+	}
+	return nil
+}
+
+// stateCollector reads the channels' live state when scraped, so the
+// gauges are never stale and need no bookkeeping on the request path.
+type stateCollector struct {
+	state, inflight, live *prometheus.Desc
+}
+
+var allStates = [...]string{stateHealthy, stateCooldown, stateOpen, stateHalfOpen, stateDisabled}
+
+// Describe implements prometheus.Collector.
+func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.state
+	ch <- c.inflight
+	ch <- c.live
+}
+
+// Collect implements prometheus.Collector.
+func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
+	now := time.Now()
+	live := map[string]int{}
+	channelStates.Range(func(k, v any) bool {
+		name, h := k.(string), v.(*channelHealth)
+		cur := h.state(now)
+		for _, s := range allStates {
+			val := 0.0
+			if s == cur {
+				val = 1
+			}
+			ch <- prometheus.MustNewConstMetric(c.state, prometheus.GaugeValue, val, name, s)
+		}
+		ch <- prometheus.MustNewConstMetric(c.inflight, prometheus.GaugeValue, float64(h.inflight.Load()), name)
+		ok, _ := h.available(now)
+		for _, g := range h.groups() {
+			if _, seen := live[g]; !seen {
+				live[g] = 0
+			}
+			if ok {
+				live[g]++
+			}
+		}
+		return true
+	})
+	for g, n := range live {
+		ch <- prometheus.MustNewConstMetric(c.live, prometheus.GaugeValue, float64(n), g)
+	}
+}

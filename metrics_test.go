@@ -1,0 +1,347 @@
+package relay
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddyserver/caddy/v2/caddytest"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"go.yaml.in/yaml/v3"
+)
+
+// scrape reads Caddy's /metrics from the admin endpoint.
+func scrape(t *testing.T) (map[string]*dto.MetricFamily, string) {
+	t.Helper()
+	resp, err := client.Get(adminURL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	mf, err := p.TextToMetricFamilies(strings.NewReader(string(raw)))
+	if err != nil {
+		t.Fatalf("parsing /metrics: %v", err)
+	}
+	return mf, string(raw)
+}
+
+// value returns the value of the series of family name whose labels include
+// labels ("k=v" pairs); a histogram gives its sample count. Missing: -1.
+func value(mf map[string]*dto.MetricFamily, name string, labels ...string) float64 {
+	f := mf[name]
+	if f == nil {
+		return -1
+	}
+next:
+	for _, m := range f.Metric {
+		have := map[string]string{}
+		for _, l := range m.Label {
+			have[l.GetName()] = l.GetValue()
+		}
+		for _, kv := range labels {
+			k, v, _ := strings.Cut(kv, "=")
+			if have[k] != v {
+				continue next
+			}
+		}
+		switch {
+		case m.Counter != nil:
+			return m.Counter.GetValue()
+		case m.Gauge != nil:
+			return m.Gauge.GetValue()
+		case m.Histogram != nil:
+			return float64(m.Histogram.GetSampleCount())
+		}
+	}
+	return -1
+}
+
+func TestMetricsAfterAScriptedMix(t *testing.T) {
+	u := fakeupstream.Usage{InputTokens: 10, OutputTokens: 20, CacheReadInputTokens: 30, CacheCreationInputTokens: 40}
+	bad := fakeupstream.New(t, fakeupstream.Raw(503, []byte("down")))
+	ok := fakeupstream.New(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.Contains(mustRead(r), `"stream":true`) {
+			fakeupstream.Stream(fakeupstream.StreamEvents("claude-sonnet-4-5", u, "hi")...)(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(fakeupstream.MessageBody("claude-sonnet-4-5", "hi", fakeupstream.Usage{InputTokens: 1, OutputTokens: 2}))
+	}))
+	startRelay(t, channelBlock("mx-bad", bad.URL, "priority 1", "models claude-sonnet-4-5")+
+		channelBlock("mx-ok", ok.URL, "priority 2", "models claude-sonnet-4-5")+
+		"\t\tkey "+clientKey+" mx {\n\t\t\tname mx-key\n\t\t}\n\t\tgroup mx {\n\t\t\tchannels mx-bad mx-ok\n\t\t}\n")
+
+	message(t, streamBody)                           // fails over from mx-bad to mx-ok
+	message(t, simpleBody)                           // mx-bad is cooling: straight to mx-ok
+	message(t, `{"model":"claude-3-opus"}`)          // no channel serves it
+	send(t, "POST", "/v1/messages", "sk-nope", "{}") // refused
+
+	mf, _ := scrape(t)
+	sonnet := "model=claude-sonnet-4-5"
+	wantCost := ((10+1)*3 + (20+2)*15 + 30*0.3 + 40*3.75) / 1e6
+	for _, c := range []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"relay_requests_total", []string{"group=mx", "channel=mx-ok", sonnet, "code=200"}, 2},
+		{"relay_requests_total", []string{"group=mx", "channel=none", "model=other", "code=503"}, 1},
+		{"relay_requests_total", []string{"group=none", "channel=none", "model=none", "code=401"}, -2}, // shared across tests: checked below
+		{"relay_attempts_total", []string{"channel=mx-bad", "outcome=transient"}, 1},
+		{"relay_attempts_total", []string{"channel=mx-ok", "outcome=success"}, 2},
+		{"relay_failovers_total", []string{"group=mx"}, 1},
+		{"relay_tokens_total", []string{"group=mx", "channel=mx-ok", sonnet, "kind=input"}, 11},
+		{"relay_tokens_total", []string{"group=mx", "channel=mx-ok", sonnet, "kind=output"}, 22},
+		{"relay_tokens_total", []string{"group=mx", "channel=mx-ok", sonnet, "kind=cache_read"}, 30},
+		{"relay_tokens_total", []string{"group=mx", "channel=mx-ok", sonnet, "kind=cache_write"}, 40},
+		{"relay_cost_usd_total", []string{"group=mx", "key=mx-key", sonnet}, wantCost},
+		{"relay_request_duration_seconds", []string{"group=mx", sonnet}, 2},
+		{"relay_upstream_first_byte_seconds", []string{"channel=mx-ok"}, 2},
+		{"relay_upstream_first_byte_seconds", []string{"channel=mx-bad"}, 1},
+		{"relay_channel_state", []string{"channel=mx-bad", "state=cooldown"}, 1},
+		{"relay_channel_state", []string{"channel=mx-bad", "state=healthy"}, 0},
+		{"relay_channel_state", []string{"channel=mx-ok", "state=healthy"}, 1},
+		{"relay_inflight", []string{"channel=mx-ok"}, 0},
+		{"relay_group_live_channels", []string{"group=mx"}, 1},
+	} {
+		got := value(mf, c.name, c.labels...)
+		if c.want == -2 {
+			if got < 1 {
+				t.Errorf("%s%v = %v, want at least 1", c.name, c.labels, got)
+			}
+			continue
+		}
+		if math.Abs(got-c.want) > 1e-12 {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
+		}
+	}
+}
+
+func mustRead(r *http.Request) string {
+	b, _ := io.ReadAll(r.Body)
+	return string(b)
+}
+
+func TestMetricsKeepMovingAfterAReload(t *testing.T) {
+	up := fakeupstream.New(t, fakeupstream.Message("ok"))
+	cfg := func(weight int) string {
+		return channelBlock("mreload-a", up.URL, fmt.Sprintf("weight %d", weight)) + keyAndGroup("mreload", "mreload-a")
+	}
+	startRelay(t, cfg(1))
+	message(t, simpleBody)
+	mf, _ := scrape(t)
+	before := value(mf, "relay_requests_total", "group=mreload", "code=200")
+	if before != 1 {
+		t.Fatalf("before the reload: %v", before)
+	}
+	startRelay(t, cfg(2)) // POST /load: a new metrics registry
+	message(t, simpleBody)
+	mf, _ = scrape(t)
+	if after := value(mf, "relay_requests_total", "group=mreload", "code=200"); after != 2 {
+		t.Errorf("after the reload the counter is %v, want 2", after)
+	}
+	if v := value(mf, "relay_channel_state", "channel=mreload-a", "state=healthy"); v != 1 {
+		t.Errorf("channel state after reload: %v", v)
+	}
+}
+
+// TestNoSecretInLogsOrMetrics runs traffic with every kind of secret
+// configured (a client key, an upstream key from the environment) and a
+// Caddy log at DEBUG level plus an access log with the filter README.md
+// documents, then scans all of it and /metrics.
+func TestNoSecretInLogsOrMetrics(t *testing.T) {
+	const upstreamKey = "sk-ant-scan-upstream-secret-7f3a"
+	const scanClientKey = "sk-relay-scan-client-secret-91bc"
+	t.Setenv("RELAY_SCAN_UPSTREAM_KEY", upstreamKey)
+	dir := t.TempDir()
+	caddyLog, accessLog := filepath.Join(dir, "caddy.log"), filepath.Join(dir, "access.log")
+	ok := fakeupstream.New(t, fakeupstream.Stream(fakeupstream.StreamEvents("m", fakeupstream.Usage{InputTokens: 1, OutputTokens: 1}, "x")...))
+	bad := fakeupstream.New(t, fakeupstream.Error(401, "authentication_error", "invalid x-api-key"))
+
+	tester := caddytest.NewTester(t)
+	tester.InitServer(`{
+	admin localhost:2999
+	http_port 9080
+	https_port 9443
+	skip_install_trust
+	grace_period 1ns
+	log {
+		output file `+caddyLog+`
+		level DEBUG
+	}
+}
+http://localhost:9080 {
+	log {
+		output file `+accessLog+`
+		format filter {
+			request>headers>X-Api-Key replace REDACTED
+		}
+	}
+	relay {
+		key `+scanClientKey+` scan
+		channel scan-bad {
+			url `+bad.URL+`
+			api_key {env.RELAY_SCAN_UPSTREAM_KEY}
+			priority 1
+		}
+		channel scan-ok {
+			url `+ok.URL+`
+			api_key {env.RELAY_SCAN_UPSTREAM_KEY}
+			priority 2
+		}
+		group scan {
+			channels scan-bad scan-ok
+		}
+	}
+}
+`, "caddyfile")
+	if t.Failed() {
+		t.FailNow()
+	}
+	send(t, "POST", "/v1/messages", scanClientKey, streamBody)
+	send(t, "POST", "/v1/messages", "", simpleBody, "Authorization", "Bearer "+scanClientKey)
+	send(t, "POST", "/v1/messages", scanClientKey+"-typo", simpleBody)
+	send(t, "GET", "/v1/models", scanClientKey, "")
+	if ok.Hits() < 2 || bad.Hits() < 1 {
+		t.Fatalf("traffic did not flow: ok %d bad %d", ok.Hits(), bad.Hits())
+	}
+	_, metrics := scrape(t)
+
+	var all strings.Builder
+	for _, f := range []string{caddyLog, accessLog} {
+		b, err := os.ReadFile(f)
+		if err != nil || len(b) == 0 {
+			t.Fatalf("log %s is empty: %v", f, err)
+		}
+		all.Write(b)
+	}
+	logs := all.String()
+	if !strings.Contains(logs, `"msg":"relayed request"`) || !strings.Contains(logs, `"channel":"scan-bad"`) {
+		t.Fatalf("the relay's own log lines are missing from the scan")
+	}
+	for _, secret := range []string{upstreamKey, scanClientKey} {
+		if strings.Contains(logs, secret) {
+			t.Errorf("a log line carries the secret %q", secret)
+		}
+		if strings.Contains(metrics, secret) {
+			t.Errorf("/metrics carries the secret %q", secret)
+		}
+	}
+	// every relay label value is a bounded, configured name
+	for _, m := range regexp.MustCompile(`relay_[a-z_]+\{[^}]*\}`).FindAllString(metrics, -1) {
+		if strings.Contains(m, "sk-") {
+			t.Errorf("label carries a key: %s", m)
+		}
+	}
+}
+
+// TestDashboardAndRulesQueryExistingMetrics checks that every relay metric
+// the Grafana dashboard and the Prometheus rules use is one the relay
+// exports.
+func TestDashboardAndRulesQueryExistingMetrics(t *testing.T) {
+	exported := map[string]bool{}
+	descs := make(chan *prometheus.Desc, 64)
+	for _, c := range collectors {
+		c.Describe(descs)
+	}
+	close(descs)
+	for d := range descs {
+		if m := regexp.MustCompile(`fqName: "([^"]+)"`).FindStringSubmatch(d.String()); m != nil {
+			exported[m[1]] = true
+		}
+	}
+	if !exported["relay_requests_total"] || !exported["relay_channel_state"] {
+		t.Fatalf("could not read the exported names: %v", exported)
+	}
+	files, _ := filepath.Glob("examples/grafana/*.json")
+	rules, _ := filepath.Glob("examples/prometheus/*.yml")
+	if len(files) == 0 || len(rules) == 0 {
+		t.Fatalf("dashboard %v, rules %v", files, rules)
+	}
+	used := map[string]bool{}
+	for _, f := range append(files, rules...) {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range regexp.MustCompile(`\brelay_[a-z_]+`).FindAllString(string(b), -1) {
+			used[strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(m, "_bucket"), "_sum"), "_count")] = true
+		}
+	}
+	var missing []string
+	for m := range used {
+		if !exported[m] {
+			missing = append(missing, m)
+		}
+	}
+	sort.Strings(missing)
+	if len(missing) > 0 {
+		t.Errorf("queried but not exported: %v", missing)
+	}
+	for _, must := range []string{"relay_requests_total", "relay_failovers_total", "relay_channel_state", "relay_request_duration_seconds",
+		"relay_upstream_first_byte_seconds", "relay_tokens_total", "relay_cost_usd_total", "relay_group_live_channels"} {
+		if !used[must] {
+			t.Errorf("the dashboard and rules never use %s", must)
+		}
+	}
+}
+
+func TestRulesFileIsWellFormed(t *testing.T) {
+	b, err := os.ReadFile("examples/prometheus/relay-rules.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rules struct {
+		Groups []struct {
+			Name  string `yaml:"name"`
+			Rules []struct {
+				Alert string `yaml:"alert"`
+				Expr  string `yaml:"expr"`
+				For   string `yaml:"for"`
+			} `yaml:"rules"`
+		} `yaml:"groups"`
+	}
+	if err := yaml.Unmarshal(b, &rules); err != nil {
+		t.Fatalf("rules are not YAML: %v", err)
+	}
+	alerts := map[string]string{}
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			if r.Alert == "" || r.Expr == "" {
+				t.Errorf("incomplete rule %+v", r)
+			}
+			alerts[r.Alert] = r.For
+		}
+	}
+	for _, a := range []string{"RelayChannelOpen", "RelayGroupDown", "RelayFailoverRatioHigh", "RelayHigh5xxRatio"} {
+		if _, ok := alerts[a]; !ok {
+			t.Errorf("alert %s is missing", a)
+		}
+	}
+	if alerts["RelayChannelOpen"] != "5m" {
+		t.Errorf("RelayChannelOpen should wait 5m, has %q", alerts["RelayChannelOpen"])
+	}
+	var dash struct {
+		Panels []struct {
+			Title string `json:"title"`
+		} `json:"panels"`
+	}
+	b, _ = os.ReadFile("examples/grafana/relay-dashboard.json")
+	if err := json.Unmarshal(b, &dash); err != nil || len(dash.Panels) < 10 {
+		t.Fatalf("dashboard: %v, %d panels", err, len(dash.Panels))
+	}
+}

@@ -1,0 +1,162 @@
+package relay
+
+import (
+	"strings"
+)
+
+// Price is what a model costs, in US dollars per million tokens.
+type Price struct {
+	// Input is the price of uncached input tokens.
+	Input float64 `json:"input"`
+
+	// Output is the price of output tokens.
+	Output float64 `json:"output"`
+
+	// CacheRead is the price of input tokens read from the prompt cache.
+	// Default: 0.1 times Input.
+	CacheRead *float64 `json:"cache_read,omitempty"`
+
+	// CacheWrite is the price of input tokens written to the prompt cache
+	// with the default 5-minute TTL. Default: 1.25 times Input.
+	CacheWrite *float64 `json:"cache_write,omitempty"`
+
+	// CacheWrite1h is the price of input tokens written to the prompt cache
+	// with the 1-hour TTL. Default: 2 times Input.
+	CacheWrite1h *float64 `json:"cache_write_1h,omitempty"`
+
+	// LongPrompt, when set, is the price of every token of a request whose
+	// prompt (input, cache reads and cache writes together) is larger than
+	// LongPrompt.Above tokens, as Anthropic bills long prompts on some
+	// models.
+	LongPrompt *LongPromptPrice `json:"long_prompt,omitempty"`
+}
+
+// LongPromptPrice is the price tier of requests with long prompts.
+type LongPromptPrice struct {
+	// Above is the prompt size, in tokens, past which this tier applies.
+	Above int64 `json:"above"`
+
+	Price
+}
+
+// rates is a Price with every default filled in, per token.
+type rates struct {
+	input, output, cacheRead, cacheWrite, cacheWrite1h float64
+	above                                              int64
+	long                                               *rates
+}
+
+func (p Price) rates() *rates {
+	or := func(v *float64, def float64) float64 {
+		if v != nil {
+			return *v
+		}
+		return def
+	}
+	const perToken = 1e-6
+	r := &rates{
+		input:        p.Input * perToken,
+		output:       p.Output * perToken,
+		cacheRead:    or(p.CacheRead, p.Input*0.1) * perToken,
+		cacheWrite:   or(p.CacheWrite, p.Input*1.25) * perToken,
+		cacheWrite1h: or(p.CacheWrite1h, p.Input*2) * perToken,
+	}
+	if p.LongPrompt != nil {
+		r.above = p.LongPrompt.Above
+		r.long = p.LongPrompt.Price.rates()
+	}
+	return r
+}
+
+// cost is what u costs at these rates, in US dollars.
+func (r *rates) cost(u usage) float64 {
+	if r.long != nil && u.prompt() > r.above {
+		r = r.long
+	}
+	write5m := max(u.cacheWrite-u.cacheWrite1h, 0)
+	return float64(u.input)*r.input + float64(u.output)*r.output + float64(u.cacheRead)*r.cacheRead +
+		float64(write5m)*r.cacheWrite + float64(u.cacheWrite1h)*r.cacheWrite1h
+}
+
+func usd(v float64) *float64 { return &v }
+
+// defaultPricing is Anthropic's list price of the current Claude models, in
+// USD per million tokens, as published on
+// platform.claude.com/docs/en/about-claude/pricing (read 2026-11-29). A
+// `pricing` entry overrides a model's row; a model in neither is counted in
+// tokens but costs nothing.
+var defaultPricing = map[string]Price{
+	"claude-fable-5-1":  {Input: 10, Output: 50, CacheRead: usd(0.25), CacheWrite: usd(12.5), CacheWrite1h: usd(20)},
+	"claude-mythos-5-1": {Input: 10, Output: 50, CacheRead: usd(0.25), CacheWrite: usd(12.5), CacheWrite1h: usd(20)},
+	"claude-fable-5":    {Input: 10, Output: 50, CacheRead: usd(1), CacheWrite: usd(12.5), CacheWrite1h: usd(20)},
+	"claude-mythos-5":   {Input: 10, Output: 50, CacheRead: usd(1), CacheWrite: usd(12.5), CacheWrite1h: usd(20)},
+	"claude-opus-5-5":   {Input: 4, Output: 20, CacheRead: usd(0.2)},
+	"claude-opus-5":     {Input: 5, Output: 25},
+	"claude-opus-4-8":   {Input: 5, Output: 25},
+	"claude-opus-4-7":   {Input: 5, Output: 25},
+	"claude-opus-4-6":   {Input: 5, Output: 25},
+	"claude-opus-4-5":   {Input: 5, Output: 25},
+	"claude-opus-4-1":   {Input: 15, Output: 75},
+	"claude-opus-4":     {Input: 15, Output: 75},
+	"claude-sonnet-5-5": {Input: 2, Output: 10, CacheRead: usd(0.1)},
+	"claude-sonnet-5":   {Input: 2, Output: 10},
+	"claude-sonnet-4-6": {Input: 3, Output: 15},
+	"claude-sonnet-4-5": {Input: 3, Output: 15, LongPrompt: &LongPromptPrice{Above: 200_000, Price: Price{Input: 6, Output: 22.5}}},
+	"claude-sonnet-4":   {Input: 3, Output: 15, LongPrompt: &LongPromptPrice{Above: 200_000, Price: Price{Input: 6, Output: 22.5}}},
+	"claude-3-7-sonnet": {Input: 3, Output: 15},
+	"claude-haiku-5-5": {Input: 0.1, Output: 0.5, CacheRead: usd(0.01),
+		LongPrompt: &LongPromptPrice{Above: 100_000, Price: Price{Input: 0.5, Output: 2.5, CacheRead: usd(0.05)}}},
+	"claude-haiku-4-5": {Input: 1, Output: 5},
+	"claude-3-5-haiku": {Input: 0.8, Output: 4},
+	"claude-3-haiku":   {Input: 0.25, Output: 1.25, CacheRead: usd(0.03), CacheWrite: usd(0.3), CacheWrite1h: usd(0.5)},
+}
+
+// pricebook finds the rates of a model.
+type pricebook map[string]*rates
+
+// newPricebook merges the configured prices over the defaults.
+func newPricebook(configured map[string]Price) pricebook {
+	pb := make(pricebook, len(defaultPricing)+len(configured))
+	for m, p := range defaultPricing {
+		pb[m] = p.rates()
+	}
+	for m, p := range configured {
+		pb[m] = p.rates()
+	}
+	return pb
+}
+
+// lookup returns the rates of model: its own row, or the row of the model
+// it is a dated snapshot or a variant of (claude-sonnet-4-5-20250929,
+// claude-sonnet-4-5@20250929, claude-sonnet-4-5[1m]). A newer version
+// (claude-opus-4-9) never takes an older one's price.
+func (pb pricebook) lookup(model string) *rates {
+	if r, ok := pb[model]; ok {
+		return r
+	}
+	best, bestLen := (*rates)(nil), 0
+	for name, r := range pb {
+		if len(name) > bestLen && strings.HasPrefix(model, name) && variantSuffix(model[len(name):]) {
+			best, bestLen = r, len(name)
+		}
+	}
+	return best
+}
+
+// variantSuffix reports whether rest, what follows a model name, names a
+// snapshot or variant of it rather than another model: -YYYYMMDD, @..., or
+// [...].
+func variantSuffix(rest string) bool {
+	switch {
+	case strings.HasPrefix(rest, "@"), strings.HasPrefix(rest, "["):
+		return true
+	case len(rest) >= 9 && rest[0] == '-':
+		for _, c := range rest[1:9] {
+			if c < '0' || c > '9' {
+				return false
+			}
+		}
+		return len(rest) == 9 || variantSuffix(rest[9:])
+	}
+	return false
+}

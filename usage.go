@@ -1,0 +1,61 @@
+package relay
+
+import (
+	"github.com/tidwall/gjson"
+)
+
+// usage is the token usage of one reply, as the upstream reports it.
+type usage struct {
+	input        int64 // uncached input tokens
+	output       int64
+	cacheRead    int64
+	cacheWrite   int64 // all cache writes, 1h ones included
+	cacheWrite1h int64 // of which written with the 1-hour TTL
+}
+
+// prompt is every input token of the request, cached or not: what
+// Anthropic's long-prompt price tiers are measured on.
+func (u usage) prompt() int64 { return u.input + u.cacheRead + u.cacheWrite }
+
+// readUsage takes the counts present in an Anthropic usage object.
+// Fields the object lacks keep their value: a message_delta carries the
+// final, cumulative output count and may or may not repeat the input side.
+func (u *usage) read(obj gjson.Result) {
+	if !obj.IsObject() {
+		return
+	}
+	obj.ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "input_tokens":
+			u.input = v.Int()
+		case "output_tokens":
+			u.output = v.Int()
+		case "cache_read_input_tokens":
+			u.cacheRead = v.Int()
+		case "cache_creation_input_tokens":
+			u.cacheWrite = v.Int()
+		case "cache_creation":
+			if h := v.Get("ephemeral_1h_input_tokens"); h.Exists() {
+				u.cacheWrite1h = h.Int()
+			}
+		}
+		return true
+	})
+}
+
+// fromMessage reads the usage of a complete, non-streaming reply.
+func (u *usage) fromMessage(body []byte) {
+	u.read(gjson.GetBytes(body, "usage"))
+}
+
+// fromEvent reads the usage an SSE event carries: message_start has the
+// input side and a first output count, and each message_delta the
+// cumulative counts so far, so the last one wins. Nothing is ever summed.
+func (u *usage) fromEvent(name, data []byte) {
+	switch string(name) {
+	case "message_start":
+		u.read(gjson.GetBytes(data, "message.usage"))
+	case "message_delta":
+		u.read(gjson.GetBytes(data, "usage"))
+	}
+}
