@@ -18,7 +18,7 @@ import (
 
 // provisionHandler provisions r outside a server, with its log lines going
 // to an observer.
-func provisionHandler(t *testing.T, r *Relay) *observer.ObservedLogs {
+func provisionHandler(t testing.TB, r *Relay) *observer.ObservedLogs {
 	t.Helper()
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	t.Cleanup(cancel)

@@ -11,7 +11,7 @@ import (
 // newTestHealth returns a channel state with a breaker configured by s.
 func newTestHealth(s breakerSettings) *channelHealth {
 	h := new(channelHealth)
-	h.configure(s, channelOwner{provider: "anthropic"})
+	h.configure(s, limits{}, channelOwner{provider: "anthropic"})
 	return h
 }
 
@@ -21,11 +21,11 @@ var testPolicy = cooldownPolicy{base: time.Millisecond, max: time.Millisecond, a
 func run(t *testing.T, h *channelHealth, outcomes ...outcome) {
 	t.Helper()
 	for _, o := range outcomes {
-		tk, ok := h.admit()
-		if !ok {
+		tk, _ := h.admit(time.Now(), 0)
+		if tk == nil {
 			t.Fatalf("attempt refused; breaker %v", h.breaker.Load().State())
 		}
-		tk.finish(verdict{outcome: o}, testPolicy, time.Now(), time.Millisecond)
+		tk.finish(verdict{outcome: o}, testPolicy, time.Now(), time.Millisecond, 0)
 	}
 }
 
@@ -91,8 +91,8 @@ func TestBreakerHalfOpenAdmitsExactlyTheProbes(t *testing.T) {
 
 		var admitted []*ticket
 		for {
-			tk, ok := h.admit()
-			if !ok {
+			tk, _ := h.admit(time.Now(), 0)
+			if tk == nil {
 				break
 			}
 			admitted = append(admitted, tk)
@@ -103,16 +103,16 @@ func TestBreakerHalfOpenAdmitsExactlyTheProbes(t *testing.T) {
 		if uint32(len(admitted)) != probes {
 			t.Fatalf("half-open admitted %d attempts, want exactly %d", len(admitted), probes)
 		}
-		if got := h.inflight.Load(); got != int64(probes) {
+		if got := h.limits.inflight.Load(); got != int64(probes) {
 			t.Errorf("inflight = %d, want %d", got, probes)
 		}
 		for _, tk := range admitted {
-			tk.finish(verdict{outcome: outcomeSuccess}, testPolicy, time.Now(), time.Millisecond)
+			tk.finish(verdict{outcome: outcomeSuccess}, testPolicy, time.Now(), time.Millisecond, 0)
 		}
 		if got := h.breaker.Load().State(); got != gobreaker.StateClosed {
 			t.Errorf("after %d successful probes the breaker is %v, want closed", probes, got)
 		}
-		if got := h.inflight.Load(); got != 0 {
+		if got := h.limits.inflight.Load(); got != 0 {
 			t.Errorf("inflight = %d after the probes finished", got)
 		}
 	}
@@ -134,17 +134,17 @@ func TestTicketReleasedWithoutVerdict(t *testing.T) {
 	waitState(t, h, gobreaker.StateHalfOpen)
 	func() {
 		defer func() { _ = recover() }()
-		tk, ok := h.admit()
-		if !ok {
+		tk, _ := h.admit(time.Now(), 0)
+		if tk == nil {
 			t.Fatal("the half-open slot should be free")
 		}
 		defer tk.release()
 		panic("attempt panicked")
 	}()
-	if h.inflight.Load() != 0 {
-		t.Errorf("inflight = %d after a panic", h.inflight.Load())
+	if h.limits.inflight.Load() != 0 {
+		t.Errorf("inflight = %d after a panic", h.limits.inflight.Load())
 	}
-	if _, ok := h.admit(); !ok {
+	if tk, _ := h.admit(time.Now(), 0); tk == nil {
 		t.Errorf("the half-open slot was lost with the panicking attempt")
 	}
 }
@@ -172,12 +172,12 @@ func TestConfigureKeepsOrReplacesTheBreaker(t *testing.T) {
 	s := breakerSettings{window: 10 * time.Second, ratio: 0.5, minRequests: 2, openFor: time.Hour, probes: 1}
 	h := newTestHealth(s)
 	run(t, h, outcomeTransient, outcomeTransient)
-	h.configure(s, channelOwner{provider: "anthropic"}) // a reload with the same settings
+	h.configure(s, limits{}, channelOwner{provider: "anthropic"}) // a reload with the same settings
 	if h.breaker.Load().State() != gobreaker.StateOpen {
 		t.Errorf("a reload with unchanged settings must keep the open breaker")
 	}
 	s.openFor = 2 * time.Hour
-	h.configure(s, channelOwner{provider: "anthropic"})
+	h.configure(s, limits{}, channelOwner{provider: "anthropic"})
 	if h.breaker.Load().State() != gobreaker.StateClosed {
 		t.Errorf("new settings start a new breaker")
 	}

@@ -7,9 +7,19 @@ import (
 	"github.com/caddyserver/caddy/v2"
 )
 
-// groupStates holds each group's retry budget by group name, process-wide,
-// so a reload does not forget the retries of the last seconds.
+// groupStates holds each group's retry budget and queue by group name,
+// process-wide, so a reload forgets neither the retries of the last seconds
+// nor the requests waiting.
 var groupStates = caddy.NewUsagePool()
+
+// groupState is what a group keeps across reloads.
+type groupState struct {
+	budget retryBudget
+	queue  waitQueue
+}
+
+// Destruct implements caddy.Destructor.
+func (*groupState) Destruct() error { return nil }
 
 // Retry budget defaults of DESIGN.md.
 const (
@@ -30,9 +40,6 @@ type budgetBucket struct {
 	sec               int64
 	requests, retries int
 }
-
-// Destruct implements caddy.Destructor.
-func (*retryBudget) Destruct() error { return nil }
 
 // bucket returns the bucket of now's second, emptied if it held an older
 // second.

@@ -71,9 +71,19 @@ var client = &http.Client{Timeout: 30 * time.Second}
 // send makes one request to the relay; header pairs follow the body.
 func send(t *testing.T, method, path, key, body string, header ...string) reply {
 	t.Helper()
-	req, err := http.NewRequest(method, relayURL+path, strings.NewReader(body))
+	r, err := do(method, path, key, body, header...)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return r
+}
+
+// do is send for goroutines: it returns its error instead of failing the
+// test.
+func do(method, path, key, body string, header ...string) (reply, error) {
+	req, err := http.NewRequest(method, relayURL+path, strings.NewReader(body))
+	if err != nil {
+		return reply{}, err
 	}
 	if key != "" {
 		req.Header.Set("X-Api-Key", key)
@@ -85,14 +95,14 @@ func send(t *testing.T, method, path, key, body string, header ...string) reply 
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		t.Fatalf("%s %s: %v", method, path, err)
+		return reply{}, fmt.Errorf("%s %s: %v", method, path, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		t.Fatalf("%s %s: reading body: %v", method, path, err)
+		return reply{}, fmt.Errorf("%s %s: reading body: %v", method, path, err)
 	}
-	return reply{resp.StatusCode, resp.Header, b}
+	return reply{resp.StatusCode, resp.Header, b}, nil
 }
 
 func message(t *testing.T, body string, header ...string) reply {

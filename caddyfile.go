@@ -47,7 +47,11 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		}
 //
 //		key <secret|sha256:hex|{env.NAME}|{file./path}> <group> {
-//			name <name>
+//			name        <name>
+//			priority    realtime|normal|batch
+//			rate        <n>/<period>
+//			tokens      <n>/<period>
+//			concurrency <n>
 //		}
 //
 //		channel <name> {
@@ -59,6 +63,9 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			priority  <n>
 //			weight    <n>
 //			allow     service_tier|inference_geo|speed...
+//			rate        <n>/<period>
+//			tokens      <n>/<period>
+//			concurrency <n>
 //			transport http {
 //				<reverse_proxy's http transport options>
 //			}
@@ -71,7 +78,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			# for this channel only
 //			# mock channels only:
 //			latency   <duration>
-//			tokens    <n>
+//			tokens    <n>  (the reply length)
 //			fail_rate <0..1>
 //		}
 //
@@ -84,6 +91,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			retries  <n>
 //			retry_budget <ratio|percent> [<floor>/s]
 //			wait_for_recovery <duration>
+//			max_queue <n>
+//			max_wait  realtime|normal|batch <duration>
 //			expose_channel
 //		}
 //	}
@@ -364,6 +373,22 @@ func parseKey(d *caddyfile.Dispenser) (*Key, error) {
 			if !d.AllArgs(&k.Name) {
 				return nil, d.ArgErr()
 			}
+		case "priority":
+			if !d.AllArgs(&k.Priority) {
+				return nil, d.ArgErr()
+			}
+		case "rate":
+			if !d.AllArgs(&k.Rate) {
+				return nil, d.ArgErr()
+			}
+		case "tokens":
+			if !d.AllArgs(&k.Tokens) {
+				return nil, d.ArgErr()
+			}
+		case "concurrency":
+			if err := parseInt(d, &k.Concurrency); err != nil {
+				return nil, err
+			}
 		default:
 			return nil, d.Errf("unrecognized key option %q", d.Val())
 		}
@@ -428,7 +453,25 @@ func parseChannel(d *caddyfile.Dispenser) (*Channel, error) {
 				return nil, err
 			}
 		case "tokens":
-			if err := parseInt(d, &ch.Tokens); err != nil {
+			// N/period is the channel's token limit; a plain N is a mock
+			// channel's reply length
+			var v string
+			if !d.AllArgs(&v) {
+				return nil, d.ArgErr()
+			}
+			if strings.Contains(v, "/") {
+				ch.Tokens = v
+			} else if n, err := strconv.Atoi(v); err == nil {
+				ch.ReplyTokens = n
+			} else {
+				return nil, d.Errf("tokens: %q is neither a limit such as 400000/m nor a mock reply length", v)
+			}
+		case "rate":
+			if !d.AllArgs(&ch.Rate) {
+				return nil, d.ArgErr()
+			}
+		case "concurrency":
+			if err := parseInt(d, &ch.Concurrency); err != nil {
 				return nil, err
 			}
 		case "latency":
@@ -525,6 +568,23 @@ func parseGroup(d *caddyfile.Dispenser) (*Group, error) {
 			if err := parseDuration(d, &g.WaitForRecovery); err != nil {
 				return nil, err
 			}
+		case "max_queue":
+			if err := parseInt(d, &g.MaxQueue); err != nil {
+				return nil, err
+			}
+		case "max_wait":
+			var class, dur string
+			if !d.AllArgs(&class, &dur) {
+				return nil, d.Errf("max_wait takes a class and a duration: max_wait batch 5m")
+			}
+			v, err := caddy.ParseDuration(dur)
+			if err != nil {
+				return nil, d.Errf("max_wait: %v", err)
+			}
+			if g.MaxWait == nil {
+				g.MaxWait = map[string]caddy.Duration{}
+			}
+			g.MaxWait[class] = caddy.Duration(v)
 		default:
 			return nil, d.Errf("unrecognized group option %q", d.Val())
 		}

@@ -160,7 +160,7 @@ func TestCaddyfileFullConfig(t *testing.T) {
 			},
 			{Name: "local-proxy", URL: "http://127.0.0.1:9000/anthropic", APIKey: "{file./run/secrets/proxy}", Priority: 2},
 			{Name: "default-url", APIKey: "{env.SECOND_KEY}"},
-			{Name: "mock-a", Provider: "mock", Latency: caddy.Duration(50 * time.Millisecond), Tokens: 32, FailRate: 0.1, Weight: 3},
+			{Name: "mock-a", Provider: "mock", Latency: caddy.Duration(50 * time.Millisecond), ReplyTokens: 32, FailRate: 0.1, Weight: 3},
 			{Name: "mock-b", Provider: "mock", FailRate: 0.25},
 		},
 		Groups: []*Group{

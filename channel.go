@@ -34,6 +34,7 @@ type channel struct {
 	streamIdle   time.Duration
 	cooldown     cooldownPolicy
 	breaker      breakerSettings
+	limits       limits
 	probe        *probe // nil: no active probes
 }
 
@@ -142,11 +143,8 @@ func (r *Relay) provisionChannel(ctx caddy.Context, cfg *Channel) (*channel, err
 	}
 	ch.health = st.(*channelHealth)
 	r.acquired = append(r.acquired, ch)
-	provider := cfg.Provider
-	if provider == "" {
-		provider = providerAnthropic
-	}
-	ch.health.configure(ch.breaker, channelOwner{relay: r, provider: provider, groups: r.groupsOf(cfg.Name)})
+	lim, _ := parseLimits(cfg.Rate, cfg.Tokens, cfg.Concurrency) // validated already
+	ch.limits = lim
 	return ch, nil
 }
 

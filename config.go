@@ -110,10 +110,29 @@ type Key struct {
 	// Group is the name of the group that serves this key's requests.
 	Group string `json:"group"`
 
-	// Name identifies the key in logs and metrics, never the secret.
-	// Default: `key-` followed by the first 8 hex digits of the secret's
-	// sha256.
+	// Name identifies the key in logs and metrics, never the secret. Its
+	// limits are kept by name across config reloads. Default: `key-`
+	// followed by the first 8 hex digits of the secret's sha256.
 	Name string `json:"name,omitempty"`
+
+	// Priority is the key's class when its group's channels are all busy
+	// and requests queue: `realtime`, `normal` (default) or `batch`. A freed
+	// slot goes to the oldest request of the best class.
+	Priority string `json:"priority,omitempty"`
+
+	// Rate limits the key's requests, as `N/period` (period s, m, h, d or a
+	// duration): `600/m`. Past it: 429 rate_limit_error, code
+	// key_rate_limited, with the retry-after it takes.
+	Rate string `json:"rate,omitempty"`
+
+	// Tokens limits the key's tokens (input, cache writes and output) as
+	// `N/period`. A request is charged an estimate when admitted and its
+	// real usage when it ends; a key in debt is refused until its bucket
+	// refills.
+	Tokens string `json:"tokens,omitempty"`
+
+	// Concurrency limits the key's requests in flight.
+	Concurrency int `json:"concurrency,omitempty"`
 }
 
 // Channel is one upstream credential: a provider, its address and key, the
@@ -168,13 +187,22 @@ type Channel struct {
 	// Latency is, for a mock channel, how long it waits before answering.
 	Latency caddy.Duration `json:"latency,omitempty"`
 
-	// Tokens is, for a mock channel, the length of its reply in tokens.
-	// Default: 16.
-	Tokens int `json:"tokens,omitempty"`
+	// ReplyTokens is, for a mock channel, the length of its reply in
+	// tokens (`tokens <n>` in the Caddyfile). Default: 16.
+	ReplyTokens int `json:"reply_tokens,omitempty"`
 
 	// FailRate is, for a mock channel, the fraction of requests (0 to 1)
 	// answered with a 529 overloaded_error.
 	FailRate float64 `json:"fail_rate,omitempty"`
+
+	// Rate, Tokens and Concurrency mirror the provider's quota for this
+	// credential (`500/m`, `400000/m`, `64`). A channel at a limit is busy,
+	// not unhealthy: the selector skips it without cooling it down, and when
+	// every channel of a request is busy the request waits in its group's
+	// queue.
+	Rate        string `json:"rate,omitempty"`
+	Tokens      string `json:"tokens,omitempty"`
+	Concurrency int    `json:"concurrency,omitempty"`
 
 	// Probe, when set, probes the channel while it is cooling down or its
 	// breaker is open, and puts it back into rotation as soon as a probe
@@ -211,6 +239,17 @@ type Group struct {
 	// RetryBudgetFloor is the rate of retries per second always allowed,
 	// whatever the ratio, so a quiet group can still fail over. Default: 10.
 	RetryBudgetFloor *float64 `json:"retry_budget_floor,omitempty"`
+
+	// MaxQueue bounds the requests waiting in the group's queue for a busy
+	// channel; past it a request gets 429 rate_limit_error, code
+	// queue_timeout. 0 keeps the default; a negative value disables
+	// queueing. Default: 1000.
+	MaxQueue int `json:"max_queue,omitempty"`
+
+	// MaxWait is how long a request of each priority class (realtime,
+	// normal, batch) may wait in the queue before its 429 queue_timeout.
+	// Default: realtime 10s, normal 30s, batch 5m.
+	MaxWait map[string]caddy.Duration `json:"max_wait,omitempty"`
 
 	// WaitForRecovery lets a request whose every channel is cooling down
 	// wait up to this long for the first to recover, instead of getting
@@ -280,6 +319,14 @@ func (r *Relay) validateConfig() error {
 		if g.WaitForRecovery < 0 {
 			return fmt.Errorf("group %q: wait_for_recovery must not be negative", g.Name)
 		}
+		for class, d := range g.MaxWait {
+			if _, ok := priorityByName(class); !ok || class == "" {
+				return fmt.Errorf("group %q: max_wait: unknown class %q (realtime, normal, batch)", g.Name, class)
+			}
+			if d <= 0 {
+				return fmt.Errorf("group %q: max_wait %s must be positive", g.Name, class)
+			}
+		}
 	}
 	for model, p := range r.Pricing {
 		if !validModelName(model) {
@@ -308,6 +355,12 @@ func (r *Relay) validateConfig() error {
 			if b, err := hex.DecodeString(strings.TrimPrefix(k.Secret, sha256Prefix)); err != nil || len(b) != 32 {
 				return fmt.Errorf("%s: sha256: must be followed by 64 hex digits", label)
 			}
+		}
+		if _, ok := priorityByName(k.Priority); !ok {
+			return fmt.Errorf("%s: priority must be realtime, normal or batch, not %q", label, k.Priority)
+		}
+		if _, err := parseLimits(k.Rate, k.Tokens, k.Concurrency); err != nil {
+			return fmt.Errorf("%s: %w", label, err)
 		}
 		if k.Name != "" {
 			if j, dup := names[k.Name]; dup {
@@ -365,8 +418,8 @@ func (ch *Channel) validate() error {
 		if ch.APIKey == "" {
 			return fmt.Errorf("no api_key: an anthropic channel needs a credential")
 		}
-		if ch.Latency != 0 || ch.Tokens != 0 || ch.FailRate != 0 {
-			return fmt.Errorf("latency, tokens and fail_rate apply only to provider mock")
+		if ch.Latency != 0 || ch.ReplyTokens != 0 || ch.FailRate != 0 {
+			return fmt.Errorf("latency, a reply length (tokens <n>) and fail_rate apply only to provider mock")
 		}
 	case providerMock:
 		if ch.TransportRaw != nil {
@@ -375,7 +428,7 @@ func (ch *Channel) validate() error {
 		if ch.FailRate < 0 || ch.FailRate > 1 {
 			return fmt.Errorf("fail_rate must be between 0 and 1")
 		}
-		if ch.Tokens < 0 || ch.Latency < 0 {
+		if ch.ReplyTokens < 0 || ch.Latency < 0 {
 			return fmt.Errorf("tokens and latency must not be negative")
 		}
 	default:
@@ -411,6 +464,9 @@ func (ch *Channel) validate() error {
 		if capabilityByName(a) == 0 {
 			return fmt.Errorf("allow: unknown field %q (known: service_tier, inference_geo, speed)", a)
 		}
+	}
+	if _, err := parseLimits(ch.Rate, ch.Tokens, ch.Concurrency); err != nil {
+		return err
 	}
 	if p := ch.Probe; p != nil {
 		if p.Interval < 0 {

@@ -68,6 +68,31 @@ func errCapability(fields string) *relayError {
 		msg: "no live channel of this group allows " + fields, noRetry: true}
 }
 
+// codeBusy marks the pick that found every channel busy: the request
+// queues, or gets errQueue.
+const codeBusy = "channels_busy"
+
+func errAllBusy(freeAt, now time.Time) *relayError {
+	e := &relayError{status: http.StatusTooManyRequests, typ: "rate_limit_error", code: codeBusy, msg: "every channel is at its limit"}
+	if !freeAt.IsZero() {
+		e.retryAfter = freeAt.Sub(now)
+	}
+	return e
+}
+
+// errQueue answers a request that could not wait for a busy channel: the
+// queue was full, or its class's max_wait passed.
+func errQueue(msg string, wait time.Duration) *relayError {
+	return &relayError{status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "queue_timeout",
+		msg: msg, retryAfter: max(wait, time.Second)}
+}
+
+// errKeyLimited answers a request its key's limit refused.
+func errKeyLimited(key string, scope limitScope, wait time.Duration) *relayError {
+	return &relayError{status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "key_rate_limited",
+		msg: "key " + strconv.Quote(key) + " is over its " + string(scope) + " limit", retryAfter: max(wait, time.Second)}
+}
+
 // errUpstreamFailed answers when the last attempt produced no response at all
 // (refused connection, reset, timeout, broken stream before content).
 func errUpstreamFailed(v verdict, retried bool) *relayError {

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"errors"
+	"net/http"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -54,11 +55,12 @@ var defaultBreaker = breakerSettings{window: 10 * time.Second, ratio: 0.6, minRe
 // that lists the channel.
 type channelHealth struct {
 	// Read without the lock on every selection, in Unix nanoseconds.
-	until     atomic.Int64 // end of the current cooldown
-	openUntil atomic.Int64 // when the open breaker turns half-open
-	disabled  atomic.Bool
+	until      atomic.Int64 // end of the current cooldown
+	openUntil  atomic.Int64 // when the open breaker turns half-open
+	quotaUntil atomic.Int64 // the upstream said a quota is spent until then
+	disabled   atomic.Bool
 
-	inflight atomic.Int64
+	limits   limiter       // the channel's rate, tokens and concurrency; counts in-flight attempts
 	requests atomic.Uint64 // finished attempts, client traffic only
 	failures atomic.Uint64 // of which ended in a retryable outcome
 
@@ -80,6 +82,7 @@ type channelOwner struct {
 	relay    *Relay
 	provider string
 	groups   []string
+	queues   []*waitQueue // of its groups: woken when an attempt frees a slot
 }
 
 // Destruct implements caddy.Destructor.
@@ -89,7 +92,8 @@ func (*channelHealth) Destruct() error { return nil }
 // surviving) state and records what the config says about the channel.
 // gobreaker cannot change its settings, so new settings start a new breaker;
 // unchanged settings keep the breaker and its counts.
-func (h *channelHealth) configure(s breakerSettings, owner channelOwner) {
+func (h *channelHealth) configure(s breakerSettings, l limits, owner channelOwner) {
+	h.limits.configure(l, time.Now())
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.breaker.Load() == nil || s != h.settings {
@@ -174,34 +178,77 @@ func (h *channelHealth) state(now time.Time) string {
 	return stateHealthy
 }
 
+// busy reports whether the channel is at one of its limits, or its
+// upstream said a quota is spent, and when that should lift (zero when only
+// a finishing attempt can tell). A busy channel is skipped, not cooled.
+func (h *channelHealth) busy(now time.Time) (bool, time.Time) {
+	if q := h.quotaUntil.Load(); q > now.UnixNano() {
+		return true, time.Unix(0, q)
+	}
+	return h.limits.busy(now)
+}
+
+// observeQuota reads the anthropic-ratelimit-* headers of an upstream
+// answer: a limit whose remaining count is 0 makes the channel busy until
+// its reset, so the relay stops before the upstream's 429.
+func (h *channelHealth) observeQuota(hdr http.Header, now time.Time) {
+	for _, kind := range rateLimitKinds {
+		if hdr.Get("Anthropic-Ratelimit-"+kind+"-Remaining") != "0" {
+			continue
+		}
+		t, err := time.Parse(time.RFC3339, hdr.Get("Anthropic-Ratelimit-"+kind+"-Reset"))
+		if err != nil || !t.After(now) {
+			continue
+		}
+		if lim := now.Add(maxRetryHint); t.After(lim) {
+			t = lim
+		}
+		for n := t.UnixNano(); ; {
+			cur := h.quotaUntil.Load()
+			if n <= cur || h.quotaUntil.CompareAndSwap(cur, n) {
+				break
+			}
+		}
+	}
+}
+
 // ticket is one admitted attempt on a channel. It must be finished, or
 // released when the attempt ends without a verdict (a panic).
 type ticket struct {
 	h        *channelHealth
 	done     func(error)
+	estimate int64 // tokens charged to the channel's limit at admission
 	finished bool
 }
 
-// admit asks the breaker for an attempt. A half-open breaker admits only as
-// many attempts as it has probes; the others skip the channel.
-func (h *channelHealth) admit() (*ticket, bool) {
+// admit takes a slot of the channel's limits and asks the breaker for an
+// attempt. A half-open breaker admits only as many attempts as it has
+// probes; the others skip the channel. A nil ticket says why: busy (another
+// request took the last slot first) or not.
+func (h *channelHealth) admit(now time.Time, estimate int64) (t *ticket, busy bool) {
+	if scope, _ := h.limits.take(now, estimate); scope != scopeNone {
+		return nil, true
+	}
 	done, err := h.breaker.Load().Allow()
 	if err != nil {
+		h.limits.done(now, estimate, 0)
 		return nil, false
 	}
-	h.inflight.Add(1)
-	return &ticket{h: h, done: done}, true
+	return &ticket{h: h, done: done, estimate: estimate}, false
 }
 
-// finish records the verdict of the attempt: counters, breaker, cooldown and
-// latency. It returns the cooldown it started (zero when none).
-func (t *ticket) finish(v verdict, p cooldownPolicy, now time.Time, firstByte time.Duration) time.Duration {
+// finish records the verdict of the attempt: limits, counters, breaker,
+// cooldown and latency; tokens is what the attempt used against the
+// channel's token limit. It returns the cooldown it started (zero when
+// none).
+func (t *ticket) finish(v verdict, p cooldownPolicy, now time.Time, firstByte time.Duration, tokens int64) time.Duration {
 	if t.finished {
 		return 0
 	}
 	t.finished = true
 	h := t.h
-	h.inflight.Add(-1)
+	h.limits.done(now, t.estimate, tokens)
+	h.wakeQueues()
 	switch {
 	case v.outcome == outcomeCanceled:
 		t.done(errBreakerExcluded)
@@ -226,8 +273,22 @@ func (t *ticket) finish(v verdict, p cooldownPolicy, now time.Time, firstByte ti
 func (t *ticket) release() {
 	if !t.finished {
 		t.finished = true
-		t.h.inflight.Add(-1)
+		t.h.limits.done(time.Now(), t.estimate, 0)
 		t.done(errBreakerExcluded)
+		t.h.wakeQueues()
+	}
+}
+
+// wakeQueues tells the queues of the channel's groups that a slot freed.
+func (h *channelHealth) wakeQueues() {
+	h.mu.Lock()
+	var queues []*waitQueue
+	if n := len(h.owners); n > 0 {
+		queues = h.owners[n-1].queues
+	}
+	h.mu.Unlock()
+	for _, q := range queues {
+		q.wakeBest()
 	}
 }
 
@@ -313,6 +374,8 @@ type channelStatus struct {
 	State           string     `json:"state"`
 	CooldownUntil   *time.Time `json:"cooldown_until"`
 	Inflight        int64      `json:"inflight"`
+	Busy            bool       `json:"busy"`
+	BusyUntil       *time.Time `json:"busy_until,omitempty"`
 	Requests        uint64     `json:"requests"`
 	Failures        uint64     `json:"failures"`
 	EWMALatencyMs   float64    `json:"ewma_latency_ms"`
@@ -325,13 +388,19 @@ func (h *channelHealth) status(name string, now time.Time) channelStatus {
 	st := channelStatus{
 		Name:     name,
 		State:    h.state(now),
-		Inflight: h.inflight.Load(),
+		Inflight: h.limits.inflight.Load(),
 		Requests: h.requests.Load(),
 		Failures: h.failures.Load(),
 		Groups:   []string{},
 	}
 	if ok, until := h.available(now); !ok && !until.IsZero() {
 		st.CooldownUntil = &until
+	}
+	if busy, until := h.busy(now); busy {
+		st.Busy = true
+		if !until.IsZero() {
+			st.BusyUntil = &until
+		}
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -58,6 +58,22 @@ var (
 		Help: "Upstream SSE events dropped because their data was not JSON, by channel.",
 	}, []string{"channel"})
 
+	metricRateLimited = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "relay_rate_limited_total",
+		Help: "Requests refused by a limit, by key name and scope (rate, tokens, concurrency, queue).",
+	}, []string{"key", "scope"})
+
+	metricQueueWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "relay_queue_wait_seconds",
+		Help:    "Time requests waited in their group's queue for a busy channel, by group and priority class.",
+		Buckets: []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300},
+	}, []string{"group", "priority"})
+
+	metricQueueDepth = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "relay_queue_depth",
+		Help: "Requests waiting in a group's queue, by group and priority class.",
+	}, []string{"group", "priority"})
+
 	metricStates = stateCollector{
 		state: prometheus.NewDesc("relay_channel_state",
 			"1 for the state each channel is in (healthy, cooldown, open, half_open, disabled), 0 for the others.", []string{"channel", "state"}, nil),
@@ -71,6 +87,7 @@ var (
 var collectors = []prometheus.Collector{
 	metricRequests, metricDuration, metricFirstByte, metricAttempts, metricFailovers,
 	metricTokens, metricCost, metricIncomplete, metricDropped, metricStates,
+	metricRateLimited, metricQueueWait, metricQueueDepth,
 }
 
 // registerMetrics registers the relay's collectors in a config's registry.
@@ -116,7 +133,7 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			ch <- prometheus.MustNewConstMetric(c.state, prometheus.GaugeValue, val, name, s)
 		}
-		ch <- prometheus.MustNewConstMetric(c.inflight, prometheus.GaugeValue, float64(h.inflight.Load()), name)
+		ch <- prometheus.MustNewConstMetric(c.inflight, prometheus.GaugeValue, float64(h.limits.inflight.Load()), name)
 		ok, _ := h.available(now)
 		for _, g := range h.groups() {
 			if _, seen := live[g]; !seen {

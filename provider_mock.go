@@ -27,7 +27,7 @@ type mockTransport struct {
 const defaultMockTokens = 16
 
 func newMockTransport(cfg *Channel) *mockTransport {
-	m := &mockTransport{channel: cfg.Name, latency: time.Duration(cfg.Latency), tokens: cfg.Tokens, failRate: cfg.FailRate}
+	m := &mockTransport{channel: cfg.Name, latency: time.Duration(cfg.Latency), tokens: cfg.ReplyTokens, failRate: cfg.FailRate}
 	if m.tokens == 0 {
 		m.tokens = defaultMockTokens
 	}

@@ -6,6 +6,7 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -56,6 +57,7 @@ type Relay struct {
 	keys           map[[sha256.Size]byte]*key
 	acquired       []*channel // channelStates entries this instance holds
 	acquiredGroups []string   // groupStates entries this instance holds
+	acquiredKeys   []string   // keyStates entries this instance holds
 	logger         *zap.Logger
 	prices         pricebook
 	modelNames     map[string]bool // every model a channel lists, for metric labels
@@ -69,11 +71,13 @@ type group struct {
 	channels    []*channel
 	retries     int
 	expose      bool
-	models      []string // models listed by its channels, for GET /v1/models
-	budget      *retryBudget
+	models      []string    // models listed by its channels, for GET /v1/models
+	state       *groupState // retry budget and queue, kept across reloads
 	budgetRatio float64
 	budgetFloor float64 // retries per second
 	waitMax     time.Duration
+	maxQueue    int
+	maxWait     [priorityCount]time.Duration
 }
 
 const (
@@ -120,17 +124,37 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 		}
 		channels[cfg.Name] = ch
 	}
+	if err := r.provisionGroups(channels); err != nil {
+		return err
+	}
+	if err := r.provisionKeys(); err != nil {
+		return err
+	}
 
-	for _, ch := range channels {
+	// push this config's settings into the channels' surviving state, and
+	// start their probes
+	for _, cfg := range r.Channels {
+		ch := channels[cfg.Name]
+		owner := channelOwner{relay: r, provider: cmp.Or(cfg.Provider, providerAnthropic), groups: r.groupsOf(cfg.Name)}
+		for _, g := range owner.groups {
+			owner.queues = append(owner.queues, &r.groups[g].state.queue)
+		}
+		ch.health.configure(ch.breaker, ch.limits, owner)
 		if ch.probe != nil {
 			go r.runProbes(ctx, ch)
 		}
 	}
+	return nil
+}
 
+// provisionGroups builds the groups and takes their state (retry budget,
+// queue) from the process-wide pool.
+func (r *Relay) provisionGroups(channels map[string]*channel) error {
 	r.groups = make(map[string]*group, len(r.Groups))
 	for _, cfg := range r.Groups {
 		g := &group{name: cfg.Name, retries: defaultRetries, expose: cfg.ExposeChannel,
-			budgetRatio: defaultRetryBudget, budgetFloor: defaultRetryBudgetFloor, waitMax: time.Duration(cfg.WaitForRecovery)}
+			budgetRatio: defaultRetryBudget, budgetFloor: defaultRetryBudgetFloor, waitMax: time.Duration(cfg.WaitForRecovery),
+			maxQueue: defaultMaxQueue, maxWait: defaultMaxWait}
 		if cfg.Retries != nil {
 			g.retries = *cfg.Retries
 		}
@@ -140,16 +164,22 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 		if cfg.RetryBudgetFloor != nil {
 			g.budgetFloor = *cfg.RetryBudgetFloor
 		}
-		st, _, err := groupStates.LoadOrNew(cfg.Name, func() (caddy.Destructor, error) { return new(retryBudget), nil })
+		if cfg.MaxQueue != 0 {
+			g.maxQueue = max(cfg.MaxQueue, 0)
+		}
+		for class, d := range cfg.MaxWait {
+			p, _ := priorityByName(class)
+			g.maxWait[p] = time.Duration(d)
+		}
+		st, _, err := groupStates.LoadOrNew(cfg.Name, func() (caddy.Destructor, error) { return new(groupState), nil })
 		if err != nil {
 			return err
 		}
 		r.acquiredGroups = append(r.acquiredGroups, cfg.Name)
-		g.budget = st.(*retryBudget)
+		g.state = st.(*groupState)
 		seen := map[string]bool{}
 		for _, name := range cfg.Channels {
-			ch := channels[name]
-			g.channels = append(g.channels, ch)
+			g.channels = append(g.channels, channels[name])
 			for _, m := range channelModels(r.channelConfig(name)) {
 				if !seen[m] {
 					seen[m] = true
@@ -159,7 +189,12 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 		}
 		r.groups[cfg.Name] = g
 	}
+	return nil
+}
 
+// provisionKeys resolves the keys' secrets into the digests they are looked
+// up by, and takes their limiters from the process-wide pool.
+func (r *Relay) provisionKeys() error {
 	r.keys = make(map[[sha256.Size]byte]*key, len(r.Keys))
 	for i, cfg := range r.Keys {
 		digest, err := keyDigest(cfg.Secret)
@@ -169,11 +204,20 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 		if _, dup := r.keys[digest]; dup {
 			return fmt.Errorf("%s has the same secret as an earlier key", cfg.label(i))
 		}
-		name := cfg.Name
-		if name == "" {
-			name = "key-" + hex.EncodeToString(digest[:4])
+		k := &key{name: cfg.Name, group: r.groups[cfg.Group]}
+		if k.name == "" {
+			k.name = "key-" + hex.EncodeToString(digest[:4])
 		}
-		r.keys[digest] = &key{name: name, group: r.groups[cfg.Group]}
+		k.prio, _ = priorityByName(cfg.Priority)
+		lim, _ := parseLimits(cfg.Rate, cfg.Tokens, cfg.Concurrency) // validated already
+		st, _, err := keyStates.LoadOrNew(k.name, func() (caddy.Destructor, error) { return new(limiter), nil })
+		if err != nil {
+			return err
+		}
+		r.acquiredKeys = append(r.acquiredKeys, k.name)
+		k.limits = st.(*limiter)
+		k.limits.configure(lim, time.Now())
+		r.keys[digest] = k
 	}
 	return nil
 }
@@ -231,7 +275,10 @@ func (r *Relay) Cleanup() error {
 	for _, name := range r.acquiredGroups {
 		_, _ = groupStates.Delete(name)
 	}
-	r.acquired, r.acquiredGroups = nil, nil
+	for _, name := range r.acquiredKeys {
+		_, _ = keyStates.Delete(name)
+	}
+	r.acquired, r.acquiredGroups, r.acquiredKeys = nil, nil, nil
 	return nil
 }
 
@@ -273,8 +320,27 @@ func (r *Relay) ServeHTTP(w http.ResponseWriter, req *http.Request, _ caddyhttp.
 		return nil
 	}
 	in.setVar("model", in.model)
+	if rerr = r.admitKey(in); rerr != nil {
+		in.reply(w, rerr)
+		return nil
+	}
+	defer func() { in.key.limits.done(r.now(), in.estimate, in.billed()) }()
 	r.relay(w, req, in)
 	return nil
+}
+
+// admitKey holds a request to its key's limits: rate, tokens (charged an
+// estimate now, corrected when it ends) and concurrency.
+func (r *Relay) admitKey(in *inbound) *relayError {
+	if in.route == routeMessages {
+		in.estimate = estimateTokens(in.body)
+	}
+	scope, wait := in.key.limits.take(r.now(), in.estimate)
+	if scope == scopeNone {
+		return nil
+	}
+	metricRateLimited.WithLabelValues(in.key.name, string(scope)).Inc()
+	return errKeyLimited(in.key.name, scope, wait)
 }
 
 // attemptResult is how one attempt ended. When done, the client has its
@@ -296,15 +362,36 @@ type attemptResult struct {
 // outcomes, within the group's retries and retry budget.
 func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) {
 	g := in.key.group
-	g.budget.request(r.now())
+	g.state.budget.request(r.now())
 	var triedBuf [4]*channel
 	sel := selection{model: in.model, caps: in.caps, tried: triedBuf[:0], rand: r.rand}
 	var last attemptResult
 	var waitUntil time.Time
+	q := &queued{r: r, g: g, in: in}
+	defer q.leave()
 	for n := 1; ; {
 		sel.now = r.now()
+		// a newcomer does not overtake the queued requests of its class or better
+		if n == 1 && q.w == nil && g.maxQueue > 0 && g.state.queue.ahead(in.key.prio) {
+			if rerr := q.wait(req.Context(), time.Time{}); rerr != nil {
+				in.reply(w, rerr)
+				return
+			}
+			continue
+		}
 		ch, rerr := g.pick(&sel)
 		if ch == nil {
+			if n == 1 && rerr != nil && rerr.code == codeBusy {
+				var freeAt time.Time // zero: only a finishing attempt will tell
+				if rerr.retryAfter > 0 {
+					freeAt = sel.now.Add(rerr.retryAfter)
+				}
+				if rerr = q.wait(req.Context(), freeAt); rerr != nil {
+					in.reply(w, rerr)
+					return
+				}
+				continue
+			}
 			if n == 1 && rerr != nil && rerr.code == "no_healthy_channel" && g.waitMax > 0 {
 				if waitUntil.IsZero() {
 					waitUntil = sel.now.Add(g.waitMax)
@@ -320,16 +407,19 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) {
 			}
 			return
 		}
-		if n > 1 && !g.budget.allowRetry(sel.now, g.budgetRatio, g.budgetFloor) {
+		if n > 1 && !g.state.budget.allowRetry(sel.now, g.budgetRatio, g.budgetFloor) {
 			r.logger.Debug("retry budget exhausted", zap.String("group", g.name), zap.String("request_id", in.id))
 			r.writeLast(w, in, last, n-1)
 			return
 		}
-		t, ok := ch.health.admit()
-		if !ok { // its half-open breaker is busy with other probes
-			sel.skipped = append(sel.skipped, ch)
-			continue
+		t, busy := ch.health.admit(sel.now, in.estimate)
+		if t == nil {
+			if !busy { // its half-open breaker is busy with other probes
+				sel.skipped = append(sel.skipped, ch)
+			}
+			continue // busy: another request took its last slot; pick again
 		}
+		q.leave()
 		sel.tried = append(sel.tried, ch)
 		if n > 1 {
 			metricFailovers.WithLabelValues(g.name).Inc()
@@ -350,6 +440,61 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) {
 	}
 }
 
+// queued is a request's place in its group's queue, once it has one.
+type queued struct {
+	r  *Relay
+	g  *group
+	in *inbound
+	w  *waiter
+}
+
+// wait queues the request (when not queued yet) and waits for its turn,
+// the time a busy channel frees up (freeAt; zero when unknown), or its
+// class's max_wait. A non-nil error is the answer: the queue is full or
+// disabled, the wait ran out, or the client left.
+func (q *queued) wait(ctx context.Context, freeAt time.Time) *relayError {
+	g, in, now := q.g, q.in, q.r.now()
+	retryIn := time.Duration(0)
+	if !freeAt.IsZero() {
+		retryIn = freeAt.Sub(now)
+	}
+	refuse := func(msg string) *relayError {
+		metricRateLimited.WithLabelValues(in.key.name, string(scopeQueue)).Inc()
+		return errQueue(msg, retryIn)
+	}
+	if q.w == nil {
+		if g.maxQueue <= 0 {
+			return refuse("every channel of group " + strconv.Quote(g.name) + " is at its limit")
+		}
+		w, ok := g.state.queue.enqueue(in.key.prio, g.maxQueue, now)
+		if !ok {
+			return refuse("every channel of group " + strconv.Quote(g.name) + " is at its limit and its queue is full")
+		}
+		q.w = w
+		metricQueueDepth.WithLabelValues(g.name, in.key.prio.String()).Inc()
+	}
+	deadline := q.w.since.Add(g.maxWait[in.key.prio])
+	if _, err := g.state.queue.wait(ctx, q.w, freeAt, deadline, q.r.now); err != nil {
+		if err == errQueueTimeout {
+			return refuse("waited " + g.maxWait[in.key.prio].String() + " (max_wait of class " + in.key.prio.String() + ") for a channel of group " + strconv.Quote(g.name))
+		}
+		return &relayError{status: statusClientClosed, typ: "api_error", msg: "client left while queued"}
+	}
+	return nil
+}
+
+// leave takes the request out of the queue, if it is in it.
+func (q *queued) leave() {
+	if q.w == nil {
+		return
+	}
+	q.g.state.queue.leave(q.w)
+	p := q.in.key.prio.String()
+	metricQueueDepth.WithLabelValues(q.g.name, p).Dec()
+	metricQueueWait.WithLabelValues(q.g.name, p).Observe(q.r.now().Sub(q.w.since).Seconds())
+	q.w = nil
+}
+
 // try runs one admitted attempt and records its verdict in the channel's
 // health. The ticket is released on every path, a panic included.
 func (r *Relay) try(w http.ResponseWriter, req *http.Request, in *inbound, ch *channel, n int, t *ticket) attemptResult {
@@ -362,7 +507,11 @@ func (r *Relay) try(w http.ResponseWriter, req *http.Request, in *inbound, ch *c
 	if res.firstByte > 0 {
 		metricFirstByte.WithLabelValues(ch.name).Observe(res.firstByte.Seconds())
 	}
-	if cooled := t.finish(v, ch.cooldown, r.now(), res.firstByte); cooled > 0 {
+	var tokens int64
+	if in.answered == ch {
+		tokens = in.billed()
+	}
+	if cooled := t.finish(v, ch.cooldown, r.now(), res.firstByte, tokens); cooled > 0 {
 		r.logger.Warn("channel cooling down",
 			zap.String("channel", ch.name),
 			zap.String("outcome", v.outcome.String()),
@@ -460,6 +609,7 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 	}
 	defer resp.Body.Close()
 	firstByteTime := time.Since(sent)
+	ch.health.observeQuota(resp.Header, r.now())
 
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		body, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))

@@ -75,8 +75,10 @@ func routeOf(req *http.Request) (route, *relayError) {
 
 // key is a provisioned relay key.
 type key struct {
-	name  string
-	group *group
+	name   string
+	group  *group
+	prio   priority
+	limits *limiter // kept across reloads by name
 }
 
 // authenticate finds the relay key of a request. Keys are looked up by the
@@ -158,8 +160,12 @@ type inbound struct {
 	chain      []attemptRecord
 	chainBuf   [4]attemptRecord
 	usage      usage
-	incomplete bool // the answer did not complete: tokens are the ones seen
+	incomplete bool  // the answer did not complete: tokens are the ones seen
+	estimate   int64 // input tokens guessed at admission, for the token limits
 }
+
+// billed is what the request used against token limits.
+func (in *inbound) billed() int64 { return billedTokens(in.usage) }
 
 // attemptRecord is one link of a request's attempt chain.
 type attemptRecord struct {

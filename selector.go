@@ -129,6 +129,32 @@ func (g *group) pick(s *selection) (*channel, *relayError) {
 		}
 	}
 
+	// a busy channel (at a limit, or out of upstream quota) is skipped but
+	// not cooled; when all are busy the request may queue
+	var freeAt time.Time
+	known := true
+	notBusy := filter(cands, func(ch *channel) bool {
+		busy, at := ch.health.busy(s.now)
+		if busy {
+			if at.IsZero() {
+				known = false
+			} else if freeAt.IsZero() || at.Before(freeAt) {
+				freeAt = at
+			}
+		}
+		return !busy
+	})
+	if len(notBusy) == 0 {
+		if len(s.tried) > 0 {
+			return nil, nil
+		}
+		if !known {
+			freeAt = time.Time{} // a slot may free before the earliest known time
+		}
+		return nil, errAllBusy(freeAt, s.now)
+	}
+	cands = notBusy
+
 	if s.avoidHost != "" {
 		if other := filter(cands, func(ch *channel) bool { return ch.host != s.avoidHost }); len(other) > 0 {
 			cands = other

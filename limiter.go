@@ -1,0 +1,259 @@
+package relay
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"golang.org/x/time/rate"
+)
+
+// rateSpec is a parsed `N/period` limit.
+type rateSpec struct {
+	n      float64
+	period time.Duration
+}
+
+func (s rateSpec) perSecond() float64 { return s.n / s.period.Seconds() }
+
+// parseRateSpec reads `N/period`, period being s, m, h, d or a duration
+// such as 10s. An empty string is no limit.
+func parseRateSpec(s string) (rateSpec, error) {
+	if s == "" {
+		return rateSpec{}, nil
+	}
+	num, per, ok := strings.Cut(s, "/")
+	n, err := strconv.ParseFloat(num, 64)
+	if !ok || err != nil || n <= 0 || math.IsInf(n, 0) {
+		return rateSpec{}, fmt.Errorf("%q is not a limit such as 600/m", s)
+	}
+	units := map[string]time.Duration{"s": time.Second, "m": time.Minute, "h": time.Hour, "d": 24 * time.Hour}
+	d, known := units[per]
+	if !known {
+		if d, err = caddy.ParseDuration(per); err != nil || d <= 0 {
+			return rateSpec{}, fmt.Errorf("%q: the period must be s, m, h, d or a duration", s)
+		}
+	}
+	return rateSpec{n: n, period: d}, nil
+}
+
+// limits are the resolved `rate`, `tokens` and `concurrency` of a key or a
+// channel; zero values mean no limit.
+type limits struct {
+	rate        rateSpec
+	tokens      rateSpec
+	concurrency int64
+}
+
+func parseLimits(rateStr, tokensStr string, concurrency int) (limits, error) {
+	var l limits
+	var err error
+	if l.rate, err = parseRateSpec(rateStr); err != nil {
+		return l, fmt.Errorf("rate: %w", err)
+	}
+	if l.tokens, err = parseRateSpec(tokensStr); err != nil {
+		return l, fmt.Errorf("tokens: %w", err)
+	}
+	if concurrency < 0 {
+		return l, fmt.Errorf("concurrency must not be negative")
+	}
+	l.concurrency = int64(concurrency)
+	return l, nil
+}
+
+// limiter enforces limits. It outlives config reloads (keys and channels
+// keep theirs by name), and new limits are pushed into it without losing
+// what was already spent.
+type limiter struct {
+	mu       sync.Mutex
+	spec     limits
+	requests *rate.Limiter // nil: no request rate limit
+	tokens   *tokenBucket  // nil: no token limit
+	maxConc  atomic.Int64  // 0: no concurrency limit
+	inflight atomic.Int64
+}
+
+// configure pushes new limits in, at now.
+func (l *limiter) configure(spec limits, now time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.maxConc.Store(spec.concurrency)
+	if spec.rate != l.spec.rate {
+		if spec.rate.n == 0 {
+			l.requests = nil
+		} else if l.requests == nil {
+			l.requests = rate.NewLimiter(rate.Limit(spec.rate.perSecond()), int(math.Ceil(spec.rate.n)))
+		} else {
+			l.requests.SetLimitAt(now, rate.Limit(spec.rate.perSecond()))
+			l.requests.SetBurstAt(now, int(math.Ceil(spec.rate.n)))
+		}
+	}
+	if spec.tokens != l.spec.tokens {
+		if spec.tokens.n == 0 {
+			l.tokens = nil
+		} else if l.tokens == nil {
+			l.tokens = newTokenBucket(spec.tokens, now)
+		} else {
+			l.tokens.configure(spec.tokens, now)
+		}
+	}
+	l.spec = spec
+}
+
+// limitScope names the limit that refused a request, for the
+// relay_rate_limited_total metric and the error message.
+type limitScope string
+
+const (
+	scopeNone        limitScope = ""
+	scopeRate        limitScope = "rate"
+	scopeTokens      limitScope = "tokens"
+	scopeConcurrency limitScope = "concurrency"
+	scopeQueue       limitScope = "queue"
+)
+
+// take admits one request charged estimate tokens, or says which limit
+// refused it and when it may pass (zero when only a release can tell, as
+// for concurrency). An admitted request must be given back with done.
+func (l *limiter) take(now time.Time, estimate int64) (limitScope, time.Duration) {
+	if max := l.maxConc.Load(); max > 0 {
+		for {
+			cur := l.inflight.Load()
+			if cur >= max {
+				return scopeConcurrency, 0
+			}
+			if l.inflight.CompareAndSwap(cur, cur+1) {
+				break
+			}
+		}
+	} else {
+		l.inflight.Add(1)
+	}
+	l.mu.Lock()
+	requests, tokens := l.requests, l.tokens
+	l.mu.Unlock()
+	if tokens != nil {
+		if wait := tokens.wait(now); wait > 0 {
+			l.inflight.Add(-1)
+			return scopeTokens, wait
+		}
+	}
+	if requests != nil {
+		res := requests.ReserveN(now, 1)
+		if wait := res.DelayFrom(now); !res.OK() || wait > 0 {
+			res.CancelAt(now)
+			l.inflight.Add(-1)
+			return scopeRate, max(wait, time.Millisecond)
+		}
+	}
+	if tokens != nil {
+		tokens.charge(now, estimate)
+	}
+	return scopeNone, 0
+}
+
+// busy reports whether take would refuse now, without taking anything, and
+// when the limit should lift (zero when unknown).
+func (l *limiter) busy(now time.Time) (bool, time.Time) {
+	if max := l.maxConc.Load(); max > 0 && l.inflight.Load() >= max {
+		return true, time.Time{}
+	}
+	l.mu.Lock()
+	requests, tokens := l.requests, l.tokens
+	l.mu.Unlock()
+	if tokens != nil {
+		if wait := tokens.wait(now); wait > 0 {
+			return true, now.Add(wait)
+		}
+	}
+	if requests != nil && requests.TokensAt(now) < 1 {
+		return true, now.Add(time.Duration((1 - requests.TokensAt(now)) / float64(requests.Limit()) * float64(time.Second)))
+	}
+	return false, time.Time{}
+}
+
+// done gives back a request's concurrency slot and corrects its token
+// charge from the estimate to what it really used.
+func (l *limiter) done(now time.Time, estimate, actual int64) {
+	l.inflight.Add(-1)
+	l.mu.Lock()
+	tokens := l.tokens
+	l.mu.Unlock()
+	if tokens != nil && actual != estimate {
+		tokens.charge(now, actual-estimate)
+	}
+}
+
+// tokenBucket is a token bucket that can go into debt: a request is
+// charged an estimate when admitted and corrected with its real usage when
+// it ends, so a request larger than what was left passes and the debt holds
+// the next ones back until the bucket refills. (golang.org/x/time/rate,
+// used for request rates, cannot give tokens back or take them after the
+// fact.)
+type tokenBucket struct {
+	mu     sync.Mutex
+	perSec float64
+	burst  float64
+	level  float64
+	last   time.Time
+}
+
+func newTokenBucket(s rateSpec, now time.Time) *tokenBucket {
+	return &tokenBucket{perSec: s.perSecond(), burst: s.n, level: s.n, last: now}
+}
+
+func (b *tokenBucket) refill(now time.Time) {
+	if now.After(b.last) {
+		b.level = min(b.burst, b.level+now.Sub(b.last).Seconds()*b.perSec)
+		b.last = now
+	}
+}
+
+// wait is how long until the bucket holds a token again; zero when it does.
+func (b *tokenBucket) wait(now time.Time) time.Duration {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.refill(now)
+	if b.level >= 1 {
+		return 0
+	}
+	return time.Duration((1 - b.level) / b.perSec * float64(time.Second))
+}
+
+// charge takes n tokens (gives them back when negative).
+func (b *tokenBucket) charge(now time.Time, n int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.refill(now)
+	b.level = min(b.burst, b.level-float64(n))
+}
+
+func (b *tokenBucket) configure(s rateSpec, now time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.refill(now)
+	b.perSec, b.burst = s.perSecond(), s.n
+	b.level = min(b.level, b.burst)
+}
+
+// keyStates holds each key's limiter by key name, process-wide, so that a
+// reload does not hand a key a fresh quota.
+var keyStates = caddy.NewUsagePool()
+
+// Destruct implements caddy.Destructor.
+func (*limiter) Destruct() error { return nil }
+
+// estimateTokens guesses the input tokens of a request from its body
+// before the upstream says: about 4 bytes a token. The guess is corrected
+// with the real usage when the answer ends.
+func estimateTokens(body []byte) int64 { return int64(len(body)/4) + 1 }
+
+// billedTokens is what a request costs against a token limit: input, cache
+// writes and output, as Anthropic counts its own rate limits (cache reads do
+// not count).
+func billedTokens(u usage) int64 { return u.input + u.cacheWrite + u.output }
