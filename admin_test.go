@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -144,20 +143,7 @@ func TestAdminDisableEnableResetRouteTheNextRequest(t *testing.T) {
 func TestDisableDrainsInFlightStream(t *testing.T) {
 	evs := fakeupstream.StreamEvents("m", fakeupstream.Usage{}, "first", "second")
 	release := make(chan struct{})
-	a := fakeupstream.New(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fakeupstream.StartStream(w)
-		for _, ev := range evs[:4] {
-			fakeupstream.WriteEvent(w, ev)
-		}
-		select {
-		case <-release:
-		case <-r.Context().Done():
-			return
-		}
-		for _, ev := range evs[4:] {
-			fakeupstream.WriteEvent(w, ev)
-		}
-	}))
+	a := fakeupstream.New(t, fakeupstream.Held(evs, 4, release, nil))
 	b := fakeupstream.New(t, fakeupstream.Message("b"))
 	startRelay(t, channelBlock("drain-a", a.URL, "priority 1")+channelBlock("drain-b", b.URL, "priority 2")+keyAndGroup("drain", "drain-a drain-b"))
 

@@ -627,14 +627,22 @@ func (s *streamReader) rest(t *testing.T) string {
 	return string(b)
 }
 
+// failoverPair starts a relay whose group tries an upstream answering with
+// bad first (priority 1) and one answering with good second.
+func failoverPair(t *testing.T, name string, bad, good http.Handler) (first, second *fakeupstream.Upstream) {
+	t.Helper()
+	first, second = fakeupstream.New(t, bad), fakeupstream.New(t, good)
+	startRelay(t, channelBlock(name+"-a", first.URL, "priority 1")+channelBlock(name+"-b", second.URL, "priority 2")+
+		keyAndGroup(name, name+"-a "+name+"-b"))
+	return first, second
+}
+
 func TestStreamCommitPoint(t *testing.T) {
 	good := fakeupstream.StreamEvents("claude-sonnet-4-5", fakeupstream.Usage{InputTokens: 10, OutputTokens: 3}, "Hello", " world")
 	overloaded := fakeupstream.Event("error", `{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`)
 
 	t.Run("error event before content fails over invisibly", func(t *testing.T) {
-		bad := fakeupstream.New(t, fakeupstream.Stream(good[0], good[2], overloaded))
-		ok := fakeupstream.New(t, fakeupstream.Stream(good...))
-		startRelay(t, channelBlock("commit-err-a", bad.URL, "priority 1")+channelBlock("commit-err-b", ok.URL, "priority 2")+keyAndGroup("commit-err", "commit-err-a commit-err-b"))
+		bad, ok := failoverPair(t, "commit-err", fakeupstream.Stream(good[0], good[2], overloaded), fakeupstream.Stream(good...))
 		r := message(t, streamBody)
 		if r.status != 200 || string(r.body) != strings.Join(good, "") {
 			t.Fatalf("client got %d:\n%s\nwant exactly the second upstream's stream", r.status, r.body)
@@ -648,9 +656,7 @@ func TestStreamCommitPoint(t *testing.T) {
 	})
 
 	t.Run("keep-alive comments do not commit the stream", func(t *testing.T) {
-		bad := fakeupstream.New(t, fakeupstream.Stream(": keep-alive\n\n", good[0], ": keep-alive\n\n", overloaded))
-		ok := fakeupstream.New(t, fakeupstream.Stream(good...))
-		startRelay(t, channelBlock("commit-comment-a", bad.URL, "priority 1")+channelBlock("commit-comment-b", ok.URL, "priority 2")+keyAndGroup("commit-comment", "commit-comment-a commit-comment-b"))
+		_, ok := failoverPair(t, "commit-comment", fakeupstream.Stream(": keep-alive\n\n", good[0], ": keep-alive\n\n", overloaded), fakeupstream.Stream(good...))
 		r := message(t, streamBody)
 		if r.status != 200 || string(r.body) != strings.Join(good, "") || ok.Hits() != 1 {
 			t.Fatalf("client got %d (second upstream hits %d):\n%s\nwant the second upstream's stream only", r.status, ok.Hits(), r.body)
@@ -658,19 +664,15 @@ func TestStreamCommitPoint(t *testing.T) {
 	})
 
 	t.Run("dead stream before content fails over", func(t *testing.T) {
-		bad := fakeupstream.New(t, fakeupstream.StreamThenCut(good[0]))
-		ok := fakeupstream.New(t, fakeupstream.Stream(good...))
-		startRelay(t, channelBlock("commit-cut-a", bad.URL, "priority 1")+channelBlock("commit-cut-b", ok.URL, "priority 2")+keyAndGroup("commit-cut", "commit-cut-a commit-cut-b"))
+		bad, ok := failoverPair(t, "commit-cut", fakeupstream.StreamThenCut(good[0]), fakeupstream.Stream(good...))
 		r := message(t, streamBody)
-		if r.status != 200 || string(r.body) != strings.Join(good, "") || bad.Hits() != 1 {
+		if r.status != 200 || string(r.body) != strings.Join(good, "") || bad.Hits() != 1 || ok.Hits() != 1 {
 			t.Fatalf("client got %d (bad hits %d):\n%s", r.status, bad.Hits(), r.body)
 		}
 	})
 
 	t.Run("cut after content ends with an error event and no failover", func(t *testing.T) {
-		bad := fakeupstream.New(t, fakeupstream.StreamThenCut(good[:4]...))
-		ok := fakeupstream.New(t, fakeupstream.Stream(good...))
-		startRelay(t, channelBlock("commit-late-a", bad.URL, "priority 1")+channelBlock("commit-late-b", ok.URL, "priority 2")+keyAndGroup("commit-late", "commit-late-a commit-late-b"))
+		_, ok := failoverPair(t, "commit-late", fakeupstream.StreamThenCut(good[:4]...), fakeupstream.Stream(good...))
 		r := message(t, streamBody)
 		if r.status != 200 || !strings.HasPrefix(string(r.body), strings.Join(good[:4], "")) {
 			t.Fatalf("client got %d:\n%s\nwant the events sent before the cut", r.status, r.body)
@@ -706,10 +708,8 @@ func TestStreamCommitPoint(t *testing.T) {
 
 	t.Run("non-retryable error event passes through", func(t *testing.T) {
 		invalid := fakeupstream.Event("error", `{"type":"error","error":{"type":"invalid_request_error","message":"bad"}}`)
-		bad := fakeupstream.New(t, fakeupstream.Stream(good[0], invalid))
-		ok := fakeupstream.New(t, fakeupstream.Stream(good...))
-		startRelay(t, channelBlock("commit-inv-a", bad.URL, "priority 1")+channelBlock("commit-inv-b", ok.URL, "priority 2")+keyAndGroup("commit-inv", "commit-inv-a commit-inv-b"))
-		if r := message(t, streamBody); string(r.body) != good[0]+invalid || ok.Hits() != 0 {
+		bad, ok := failoverPair(t, "commit-inv", fakeupstream.Stream(good[0], invalid), fakeupstream.Stream(good...))
+		if r := message(t, streamBody); string(r.body) != good[0]+invalid || ok.Hits() != 0 || bad.Hits() != 1 {
 			t.Errorf("client got:\n%s\n(second upstream hits %d)", r.body, ok.Hits())
 		}
 	})
@@ -717,21 +717,8 @@ func TestStreamCommitPoint(t *testing.T) {
 
 func TestStreamFlushesEachEvent(t *testing.T) {
 	evs := fakeupstream.StreamEvents("claude-sonnet-4-5", fakeupstream.Usage{InputTokens: 1, OutputTokens: 2}, "first", "second")
-	release := make(chan struct{})
-	up := fakeupstream.New(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fakeupstream.StartStream(w)
-		for _, ev := range evs[:4] {
-			fakeupstream.WriteEvent(w, ev)
-		}
-		select { // the client must see "first" while the rest is held back
-		case <-release:
-		case <-r.Context().Done():
-			return
-		}
-		for _, ev := range evs[4:] {
-			fakeupstream.WriteEvent(w, ev)
-		}
-	}))
+	release := make(chan struct{}) // the client must see "first" while the rest is held back
+	up := fakeupstream.New(t, fakeupstream.Held(evs, 4, release, nil))
 	startRelay(t, channelBlock("flush-a", up.URL)+keyAndGroup("flush", "flush-a"))
 
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -757,18 +744,8 @@ func TestStreamFlushesEachEvent(t *testing.T) {
 
 func TestClientDisconnectCancelsUpstream(t *testing.T) {
 	evs := fakeupstream.StreamEvents("m", fakeupstream.Usage{}, "first")
-	canceled := make(chan struct{})
-	up := fakeupstream.New(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fakeupstream.StartStream(w)
-		for _, ev := range evs[:4] {
-			fakeupstream.WriteEvent(w, ev)
-		}
-		select {
-		case <-r.Context().Done():
-			close(canceled)
-		case <-time.After(20 * time.Second):
-		}
-	}))
+	canceled, never := make(chan struct{}), make(chan struct{})
+	up := fakeupstream.New(t, fakeupstream.Held(evs, 4, never, canceled))
 	startRelay(t, channelBlock("cancel-a", up.URL)+keyAndGroup("cancel", "cancel-a"))
 
 	ctx, cancel := context.WithCancel(context.Background())

@@ -258,3 +258,26 @@ func StreamThenCut(events ...string) http.HandlerFunc {
 		_ = buf.Flush()
 	}
 }
+
+// Held streams the first n events, then holds the stream open until release
+// is closed (then sends the rest) or the request is canceled (then closes
+// canceled, if given).
+func Held(events []string, n int, release <-chan struct{}, canceled chan<- struct{}) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		StartStream(w)
+		for _, ev := range events[:n] {
+			WriteEvent(w, ev)
+		}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			if canceled != nil {
+				close(canceled)
+			}
+			return
+		}
+		for _, ev := range events[n:] {
+			WriteEvent(w, ev)
+		}
+	}
+}
