@@ -366,7 +366,7 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) {
 	var triedBuf [4]*channel
 	sel := selection{model: in.model, caps: in.caps, tried: triedBuf[:0], rand: r.rand}
 	var last attemptResult
-	var waitUntil time.Time
+	var recoveryDeadline time.Time
 	q := &queued{r: r, g: g, in: in}
 	defer q.leave()
 	for n := 1; ; {
@@ -381,31 +381,15 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) {
 		}
 		ch, rerr := g.pick(&sel)
 		if ch == nil {
-			if n == 1 && rerr != nil && rerr.code == codeBusy {
-				var freeAt time.Time // zero: only a finishing attempt will tell
-				if rerr.retryAfter > 0 {
-					freeAt = sel.now.Add(rerr.retryAfter)
-				}
-				if rerr = q.wait(req.Context(), freeAt); rerr != nil {
-					in.reply(w, rerr)
-					return
-				}
-				continue
-			}
-			if n == 1 && rerr != nil && rerr.code == "no_healthy_channel" && g.waitMax > 0 {
-				if waitUntil.IsZero() {
-					waitUntil = sel.now.Add(g.waitMax)
-				}
-				if r.waitForRecovery(req.Context(), rerr.retryAfter, waitUntil) {
-					continue
-				}
-			}
-			if n == 1 {
-				in.reply(w, rerr)
-			} else {
+			if n > 1 { // every channel it could use is tried, cooling or busy
 				r.writeLast(w, in, last, n-1)
+				return
 			}
-			return
+			if rerr = r.await(req.Context(), q, rerr, sel.now, &recoveryDeadline); rerr != nil {
+				in.reply(w, rerr)
+				return
+			}
+			continue
 		}
 		if n > 1 && !g.state.budget.allowRetry(sel.now, g.budgetRatio, g.budgetFloor) {
 			r.logger.Debug("retry budget exhausted", zap.String("group", g.name), zap.String("request_id", in.id))
@@ -438,6 +422,29 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) {
 		}
 		n++
 	}
+}
+
+// await decides what a request whose first pick found no channel does:
+// wait in the queue when every channel is busy, wait for a recovery when
+// every channel cools and the group allows it, or answer with why. A nil
+// error means: pick again.
+func (r *Relay) await(ctx context.Context, q *queued, why *relayError, now time.Time, recoveryDeadline *time.Time) *relayError {
+	switch {
+	case why.code == codeBusy:
+		var freeAt time.Time // zero: only a finishing attempt will tell
+		if why.retryAfter > 0 {
+			freeAt = now.Add(why.retryAfter)
+		}
+		return q.wait(ctx, freeAt)
+	case why.code == "no_healthy_channel" && q.g.waitMax > 0:
+		if recoveryDeadline.IsZero() {
+			*recoveryDeadline = now.Add(q.g.waitMax)
+		}
+		if r.waitForRecovery(ctx, why.retryAfter, *recoveryDeadline) {
+			return nil
+		}
+	}
+	return why
 }
 
 // queued is a request's place in its group's queue, once it has one.
