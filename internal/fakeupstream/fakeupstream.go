@@ -4,15 +4,18 @@
 package fakeupstream
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // Request is what the upstream received.
@@ -32,18 +35,30 @@ type Upstream struct {
 	mu      sync.Mutex
 	handler http.Handler
 	reqs    []Request
+	record  bool
 }
 
 // New starts an upstream answering with h on 127.0.0.1 and stops it when the
 // test ends.
 func New(t testing.TB, h http.Handler) *Upstream {
-	u := &Upstream{handler: h}
-	u.Server = httptest.NewServer(http.HandlerFunc(u.serve))
+	u := Start(h, true)
 	t.Cleanup(u.Close)
 	return u
 }
 
+// Start starts an upstream answering with h on 127.0.0.1; the caller closes
+// it. With record false it keeps no copy of the requests, for benchmarks.
+func Start(h http.Handler, record bool) *Upstream {
+	u := &Upstream{handler: h, record: record}
+	u.Server = httptest.NewServer(http.HandlerFunc(u.serve))
+	return u
+}
+
 func (u *Upstream) serve(w http.ResponseWriter, r *http.Request) {
+	if !u.record {
+		u.handler.ServeHTTP(w, r)
+		return
+	}
 	body, _ := io.ReadAll(r.Body)
 	u.mu.Lock()
 	u.reqs = append(u.reqs, Request{Method: r.Method, Path: r.URL.Path, RawQuery: r.URL.RawQuery, Host: r.Host, Header: r.Header.Clone(), Body: body})
@@ -278,6 +293,58 @@ func Held(events []string, n int, release <-chan struct{}, canceled chan<- struc
 		}
 		for _, ev := range events[n:] {
 			WriteEvent(w, ev)
+		}
+	}
+}
+
+// Fast answers every request at once: a non-streaming reply, or a stream of
+// 20 events when the body asks for one. The replies are rendered once.
+func Fast() http.HandlerFunc {
+	message := MessageBody("claude-sonnet-4-5", "ok", Usage{InputTokens: 2500, OutputTokens: 5})
+	deltas := make([]string, 13) // with the 7 framing events: 20 in all
+	for i := range deltas {
+		deltas[i] = "tok "
+	}
+	stream := []byte(strings.Join(StreamEvents("claude-sonnet-4-5", Usage{InputTokens: 2500, OutputTokens: 13}, deltas...), ""))
+	bufs := sync.Pool{New: func() any { return new(bytes.Buffer) }}
+	return func(w http.ResponseWriter, r *http.Request) {
+		buf := bufs.Get().(*bytes.Buffer)
+		buf.Reset()
+		_, _ = buf.ReadFrom(r.Body)
+		streaming := bytes.Contains(buf.Bytes(), []byte(`"stream":true`))
+		bufs.Put(buf)
+		if streaming {
+			w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+			_, _ = w.Write(stream)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", strconv.Itoa(len(message)))
+		_, _ = w.Write(message)
+	}
+}
+
+// Idle starts a stream (message_start, content_block_start, one delta),
+// then sends a ping every interval until the client goes away: a long
+// generation that holds a connection and little else.
+func Idle(interval time.Duration) http.HandlerFunc {
+	evs := StreamEvents("claude-sonnet-4-5", Usage{InputTokens: 1}, "first")
+	return func(w http.ResponseWriter, r *http.Request) {
+		StartStream(w)
+		for _, ev := range evs[:4] {
+			WriteEvent(w, ev)
+		}
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-r.Context().Done():
+				return
+			case <-t.C:
+				if !WriteEvent(w, Event("ping", `{"type": "ping"}`)) {
+					return
+				}
+			}
 		}
 	}
 }
