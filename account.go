@@ -2,6 +2,7 @@ package relay
 
 import (
 	"strconv"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -36,11 +37,7 @@ func (r *Relay) account(in *inbound) {
 	if rates != nil {
 		cost = rates.cost(u)
 	}
-	in.setVar("attempts", len(in.chain))
-	in.setVar("input_tokens", u.input)
-	in.setVar("output_tokens", u.output)
-
-	metricRequests.WithLabelValues(group, channel, model, strconv.Itoa(in.status)).Inc()
+	metricRequests.WithLabelValues(group, channel, model, statusLabel(in.status)).Inc()
 	metricDuration.WithLabelValues(group, model).Observe(duration.Seconds())
 	if in.route == routeMessages && in.answered != nil {
 		for _, t := range [...]struct {
@@ -85,6 +82,51 @@ func (r *Relay) account(in *inbound) {
 		fields = append(fields, zap.Float64("cost_usd", cost))
 	}
 	c.Write(fields...)
+}
+
+// placeholder answers the {http.relay.*} placeholders from what the
+// request came to so far; nothing is computed unless a log format or a
+// header asks.
+func (in *inbound) placeholder(key string) (any, bool) {
+	name, ok := strings.CutPrefix(key, "http.relay.")
+	if !ok || in.key == nil {
+		return nil, false
+	}
+	switch name {
+	case "key":
+		return in.key.name, true
+	case "group":
+		return in.key.group.name, true
+	case "model":
+		return in.model, in.model != ""
+	case "channel":
+		if in.answered != nil {
+			return in.answered.name, true
+		}
+	case "attempts":
+		return in.attempts, true
+	case "input_tokens":
+		return in.usage.input, true
+	case "output_tokens":
+		return in.usage.output, true
+	}
+	return nil, false
+}
+
+// statusLabels holds the code label of every HTTP status, so counting a
+// request formats nothing.
+var statusLabels = func() (l [600]string) {
+	for i := range l {
+		l[i] = strconv.Itoa(i)
+	}
+	return l
+}()
+
+func statusLabel(code int) string {
+	if code >= 0 && code < len(statusLabels) {
+		return statusLabels[code]
+	}
+	return strconv.Itoa(code)
 }
 
 // statusClientClosed is what nginx and Caddy record for a client that

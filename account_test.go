@@ -154,3 +154,5 @@ func toString(v any) string {
 	}
 	return ""
 }
+
+func discardLogger() *zap.Logger { return zap.NewNop() }

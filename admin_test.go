@@ -364,3 +364,25 @@ func TestBreakerOpensEndToEnd(t *testing.T) {
 		t.Errorf("an open channel was called")
 	}
 }
+
+func TestReloadKeepsUpstreamConnections(t *testing.T) {
+	up := fakeupstream.New(t, fakeupstream.Message("ok"))
+	cfg := func(weight int, transport string) string {
+		return channelBlock("conn-a", up.URL, fmt.Sprintf("weight %d", weight), transport) + keyAndGroup("conn", "conn-a")
+	}
+	startRelay(t, cfg(1, ""))
+	message(t, simpleBody)
+	if n := up.Conns(); n != 1 {
+		t.Fatalf("connections after the first request: %d", n)
+	}
+	startRelay(t, cfg(2, "")) // a reload that leaves the transport as it was
+	message(t, simpleBody)
+	if n := up.Conns(); n != 1 {
+		t.Errorf("a reload with the same transport dialed again: %d connections", n)
+	}
+	startRelay(t, cfg(2, "transport http {\n\t\t\t\tdial_timeout 7s\n\t\t\t}"))
+	message(t, simpleBody)
+	if n := up.Conns(); n != 2 {
+		t.Errorf("a changed transport must be a new one: %d connections, want 2", n)
+	}
+}

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 )
 
@@ -113,7 +115,7 @@ func (r *Relay) provisionChannel(ctx caddy.Context, cfg *Channel) (*channel, err
 			r.logger.Warn("channel api_key is written in the config; use a placeholder such as {env.NAME} to keep it out of GET /config/ and autosave.json",
 				zap.String("channel", cfg.Name))
 		}
-		rt, err := loadTransport(ctx, cfg, strings.HasPrefix(base, "https://"))
+		rt, err := r.loadTransport(ctx, cfg, strings.HasPrefix(base, "https://"))
 		if err != nil {
 			return nil, err
 		}
@@ -186,21 +188,49 @@ func resolveBreaker(channel, relay *Breaker) breakerSettings {
 	return s
 }
 
-// loadTransport loads the channel's `transport` module, or Caddy's HTTP
-// transport with its defaults (TLS on for https URLs) when there is none.
-// Both are modules of the config, so Caddy cleans them up on unload.
-func loadTransport(ctx caddy.Context, cfg *Channel, https bool) (http.RoundTripper, error) {
-	var mod any
-	var err error
-	if cfg.TransportRaw != nil {
-		mod, err = ctx.LoadModule(cfg, "TransportRaw")
-	} else {
-		raw := []byte(`{}`)
+// transports keeps channels' HTTP transports across config reloads, by
+// channel name and transport config, so a reload that leaves a channel's
+// transport as it was keeps its warm upstream connections (and their TLS
+// sessions) instead of dialing anew.
+var transports = caddy.NewUsagePool()
+
+// pooledTransport is a transport of the pool; the last config to release
+// it closes its idle connections.
+type pooledTransport struct{ *reverseproxy.HTTPTransport }
+
+// Destruct implements caddy.Destructor.
+func (t pooledTransport) Destruct() error { return t.Cleanup() }
+
+// loadTransport returns the channel's HTTP transport: its `transport`
+// block, or Caddy's HTTP transport with its defaults (TLS on for https
+// URLs). A transport that depends on nothing but its own settings comes
+// from the pool; one with sub-modules tied to a config (a network proxy, CA
+// pools, client certificate automation) is loaded with the config, which
+// cleans it up.
+func (r *Relay) loadTransport(ctx caddy.Context, cfg *Channel, https bool) (http.RoundTripper, error) {
+	raw := cfg.TransportRaw
+	if raw == nil {
+		raw = json.RawMessage(`{"protocol":"http"}`)
 		if https {
-			raw = []byte(`{"tls":{}}`)
+			raw = json.RawMessage(`{"protocol":"http","tls":{}}`)
 		}
-		mod, err = ctx.LoadModuleByID("http.reverse_proxy.transport.http", raw)
 	}
+	if t := poolableTransport(raw); t != nil {
+		key := cfg.Name + "\x00" + string(raw)
+		v, _, err := transports.LoadOrNew(key, func() (caddy.Destructor, error) {
+			if err := t.Provision(ctx); err != nil {
+				return nil, err
+			}
+			return pooledTransport{t}, nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("transport: %v", err)
+		}
+		r.acquiredTransports = append(r.acquiredTransports, key)
+		return v.(pooledTransport).HTTPTransport, nil
+	}
+	cfg.TransportRaw = raw
+	mod, err := ctx.LoadModule(cfg, "TransportRaw")
 	if err != nil {
 		return nil, fmt.Errorf("transport: %v", err)
 	}
@@ -209,6 +239,34 @@ func loadTransport(ctx caddy.Context, cfg *Channel, https bool) (http.RoundTripp
 		return nil, fmt.Errorf("transport: module %T is not an HTTP round tripper", mod)
 	}
 	return rt, nil
+}
+
+// poolableTransport decodes an http transport config that has no
+// config-bound sub-modules; nil otherwise.
+func poolableTransport(raw json.RawMessage) *reverseproxy.HTTPTransport {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil || string(fields["protocol"]) != `"http"` {
+		return nil
+	}
+	if fields["network_proxy"] != nil || fields["forward_proxy_url"] != nil {
+		return nil
+	}
+	if tlsRaw := fields["tls"]; tlsRaw != nil {
+		var tlsFields map[string]json.RawMessage
+		if json.Unmarshal(tlsRaw, &tlsFields) != nil || tlsFields["ca"] != nil || tlsFields["client_certificate_automate"] != nil {
+			return nil
+		}
+	}
+	delete(fields, "protocol")
+	rest, err := json.Marshal(fields)
+	if err != nil {
+		return nil
+	}
+	t := new(reverseproxy.HTTPTransport)
+	if caddy.StrictUnmarshalJSON(rest, t) != nil {
+		return nil // loading it as a module reports the error
+	}
+	return t
 }
 
 // pickDuration returns the first of the channel's value, the relay's value

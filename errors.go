@@ -344,15 +344,21 @@ func hint(v string, unit time.Duration) time.Duration {
 	return time.Duration(x * float64(unit))
 }
 
-var rateLimitKinds = [...]string{"requests", "tokens", "input-tokens", "output-tokens"}
+// rateLimitHeaders names the anthropic-ratelimit-* headers of each limit.
+var rateLimitHeaders = [...]struct{ remaining, reset string }{
+	{"Anthropic-Ratelimit-Requests-Remaining", "Anthropic-Ratelimit-Requests-Reset"},
+	{"Anthropic-Ratelimit-Tokens-Remaining", "Anthropic-Ratelimit-Tokens-Reset"},
+	{"Anthropic-Ratelimit-Input-Tokens-Remaining", "Anthropic-Ratelimit-Input-Tokens-Reset"},
+	{"Anthropic-Ratelimit-Output-Tokens-Remaining", "Anthropic-Ratelimit-Output-Tokens-Reset"},
+}
 
 // rateLimitReset returns the time until the latest reset among the
 // anthropic-ratelimit-* limits whose remaining count is zero; when none says
 // zero, the time until the earliest future reset.
 func rateLimitReset(h http.Header, now time.Time) time.Duration {
 	var exhausted, earliest time.Duration
-	for _, kind := range rateLimitKinds {
-		reset := h.Get("Anthropic-Ratelimit-" + kind + "-Reset")
+	for _, hdr := range rateLimitHeaders {
+		reset := h.Get(hdr.reset)
 		if reset == "" {
 			continue
 		}
@@ -361,7 +367,7 @@ func rateLimitReset(h http.Header, now time.Time) time.Duration {
 			continue
 		}
 		d := t.Sub(now)
-		if h.Get("Anthropic-Ratelimit-"+kind+"-Remaining") == "0" && d > exhausted {
+		if h.Get(hdr.remaining) == "0" && d > exhausted {
 			exhausted = d
 		}
 		if earliest == 0 || d < earliest {

@@ -192,11 +192,11 @@ func (h *channelHealth) busy(now time.Time) (bool, time.Time) {
 // answer: a limit whose remaining count is 0 makes the channel busy until
 // its reset, so the relay stops before the upstream's 429.
 func (h *channelHealth) observeQuota(hdr http.Header, now time.Time) {
-	for _, kind := range rateLimitKinds {
-		if hdr.Get("Anthropic-Ratelimit-"+kind+"-Remaining") != "0" {
+	for _, names := range rateLimitHeaders {
+		if hdr.Get(names.remaining) != "0" {
 			continue
 		}
-		t, err := time.Parse(time.RFC3339, hdr.Get("Anthropic-Ratelimit-"+kind+"-Reset"))
+		t, err := time.Parse(time.RFC3339, hdr.Get(names.reset))
 		if err != nil || !t.After(now) {
 			continue
 		}

@@ -6,6 +6,7 @@
 package relay
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/sha256"
@@ -15,6 +16,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -53,16 +55,17 @@ type Relay struct {
 	// overrides the built-in list prices of the current Claude models.
 	Pricing map[string]Price `json:"pricing,omitempty"`
 
-	groups         map[string]*group
-	keys           map[[sha256.Size]byte]*key
-	acquired       []*channel // channelStates entries this instance holds
-	acquiredGroups []string   // groupStates entries this instance holds
-	acquiredKeys   []string   // keyStates entries this instance holds
-	logger         *zap.Logger
-	prices         pricebook
-	modelNames     map[string]bool // every model a channel lists, for metric labels
-	rand           randIntN
-	now            func() time.Time
+	groups             map[string]*group
+	keys               map[[sha256.Size]byte]*key
+	acquired           []*channel // channelStates entries this instance holds
+	acquiredGroups     []string   // groupStates entries this instance holds
+	acquiredKeys       []string   // keyStates entries this instance holds
+	acquiredTransports []string   // transports entries this instance holds
+	logger             *zap.Logger
+	prices             pricebook
+	modelNames         map[string]bool // every model a channel lists, for metric labels
+	rand               randIntN
+	now                func() time.Time
 }
 
 // group is a provisioned Group.
@@ -278,7 +281,10 @@ func (r *Relay) Cleanup() error {
 	for _, name := range r.acquiredKeys {
 		_, _ = keyStates.Delete(name)
 	}
-	r.acquired, r.acquiredGroups, r.acquiredKeys = nil, nil, nil
+	for _, k := range r.acquiredTransports {
+		_, _ = transports.Delete(k)
+	}
+	r.acquired, r.acquiredGroups, r.acquiredKeys, r.acquiredTransports = nil, nil, nil, nil
 	return nil
 }
 
@@ -289,7 +295,9 @@ func (r *Relay) Cleanup() error {
 func (r *Relay) ServeHTTP(w http.ResponseWriter, req *http.Request, _ caddyhttp.Handler) error {
 	in := &inbound{id: newRequestID(), start: time.Now(), rawQuery: req.URL.RawQuery, header: req.Header}
 	in.chain = in.chainBuf[:0]
-	in.repl, _ = req.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if repl, ok := req.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
+		repl.Map(in.placeholder)
+	}
 	defer r.account(in)
 	w.Header().Set("X-Relay-Request-Id", in.id)
 
@@ -302,8 +310,6 @@ func (r *Relay) ServeHTTP(w http.ResponseWriter, req *http.Request, _ caddyhttp.
 		in.reply(w, rerr)
 		return nil
 	}
-	in.setVar("key", in.key.name)
-	in.setVar("group", in.key.group.name)
 	if in.route == routeModels || in.route == routeModel {
 		serveModels(w, req, in)
 		return nil
@@ -319,7 +325,6 @@ func (r *Relay) ServeHTTP(w http.ResponseWriter, req *http.Request, _ caddyhttp.
 		in.reply(w, rerr)
 		return nil
 	}
-	in.setVar("model", in.model)
 	if rerr = r.admitKey(in); rerr != nil {
 		in.reply(w, rerr)
 		return nil
@@ -405,6 +410,7 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) {
 		}
 		q.leave()
 		sel.tried = append(sel.tried, ch)
+		in.attempts = n
 		if n > 1 {
 			metricFailovers.WithLabelValues(g.name).Inc()
 		}
@@ -560,10 +566,6 @@ func (r *Relay) waitForRecovery(ctx context.Context, recovery time.Duration, dea
 // there was none. x-should-retry: false tells the SDKs not to multiply the
 // relay's retries with their own.
 func (r *Relay) writeLast(w http.ResponseWriter, in *inbound, last attemptResult, attempts int) {
-	in.setVar("attempts", attempts)
-	if last.channel != nil {
-		in.setVar("channel", last.channel.name)
-	}
 	h := w.Header()
 	if in.key.group.expose && last.channel != nil {
 		h.Set("X-Relay-Channel", last.channel.name)
@@ -602,12 +604,13 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 	if err != nil {
 		return fail(err)
 	}
-	limit, cause := ch.response, errResponseTimeout
+	dl := &deadline{cancel: cancel}
 	if in.stream {
-		limit, cause = ch.firstByte, errFirstByteTimeout
+		dl.start(stageFirstByte, ch.firstByte)
+	} else {
+		dl.start(stageResponse, ch.response)
 	}
-	firstByte := time.AfterFunc(limit, func() { cancel(cause) })
-	defer firstByte.Stop()
+	defer dl.stop()
 
 	sent := time.Now()
 	resp, err := ch.rt.RoundTrip(upReq)
@@ -633,25 +636,71 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 	}
 
 	if isEventStream(resp.Header) {
-		s := &streamAttempt{r: r, w: w, in: in, ch: ch, n: n, ctx: ctx, clientCtx: req.Context(), cancel: cancel, resp: resp, firstByte: firstByte}
+		// until the first event, both its limit (from sending) and the first
+		// content limit (from these headers) run; the tighter one applies
+		dl.headers = time.Now()
+		if left := ch.firstByte - firstByteTime; left < ch.firstContent {
+			dl.arm(stageFirstByte, left)
+		} else {
+			dl.arm(stageFirstContent, ch.firstContent)
+		}
+		s := &streamAttempt{r: r, w: w, in: in, ch: ch, n: n, ctx: ctx, clientCtx: req.Context(), deadline: dl, resp: resp}
 		res := s.run()
 		res.firstByte = firstByteTime
 		return res
 	}
 
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
+	buf := bodyPool.Get().(*bytes.Buffer)
+	defer releaseBody(buf)
+	if _, err := buf.ReadFrom(resp.Body); err != nil {
 		return fail(err)
 	}
-	firstByte.Stop()
-	in.usage.fromMessage(body)
+	dl.stop()
+	in.usage.fromMessage(buf.Bytes())
 	in.committed(ch, resp.StatusCode)
 	r.commitHeaders(w, in, ch, n, resp)
-	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
 	w.WriteHeader(resp.StatusCode)
-	_, _ = w.Write(body)
+	_, _ = w.Write(buf.Bytes())
 	return attemptResult{verdict: verdict{outcome: outcomeSuccess, reason: "status " + strconv.Itoa(resp.StatusCode)}, done: true, firstByte: firstByteTime}
 }
+
+// stage is a part of an attempt with its own time limit.
+type stage uint32
+
+const (
+	stageResponse     stage = iota // non-streaming: until the whole body
+	stageFirstByte                 // streaming: until the first event
+	stageFirstContent              // streaming: from the headers until the first content event
+	stageIdle                      // streaming, after the commit point: between two events
+)
+
+var stageCauses = [...]error{errResponseTimeout, errFirstByteTimeout, errFirstContentTimeout, errStreamIdle}
+
+// deadline cancels an attempt when its current stage runs out of time:
+// one timer per attempt, re-armed at each stage with the cause it will
+// cancel with.
+type deadline struct {
+	timer   *time.Timer
+	stage   atomic.Uint32
+	cancel  context.CancelCauseFunc
+	headers time.Time // when a stream's response headers arrived
+}
+
+func (d *deadline) start(s stage, limit time.Duration) {
+	d.stage.Store(uint32(s))
+	d.timer = time.AfterFunc(limit, d.fire)
+}
+
+func (d *deadline) fire() { d.cancel(stageCauses[d.stage.Load()]) }
+
+// arm starts stage s with limit left.
+func (d *deadline) arm(s stage, limit time.Duration) {
+	d.stage.Store(uint32(s))
+	d.timer.Reset(max(limit, 0))
+}
+
+func (d *deadline) stop() { d.timer.Stop() }
 
 // commitHeaders sets the response headers of a committed answer: the
 // upstream's (without hop-by-hop ones) and the relay's own.

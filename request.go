@@ -12,7 +12,6 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/tidwall/gjson"
 )
 
@@ -153,8 +152,8 @@ type inbound struct {
 	modelStart, modelEnd int
 
 	start      time.Time
-	repl       *caddy.Replacer // the request's, for the http.relay.* placeholders
 	status     int             // sent to the client; 0 until then
+	attempts   int             // made so far
 	answered   *channel        // the channel whose answer the client got
 	firstByte  time.Duration   // until the client's response headers
 	chain      []attemptRecord
@@ -184,31 +183,26 @@ func (in *inbound) reply(w http.ResponseWriter, e *relayError) {
 func (in *inbound) committed(ch *channel, status int) {
 	in.status, in.answered = status, ch
 	in.firstByte = time.Since(in.start)
-	in.setVar("channel", ch.name)
-	in.setVar("attempts", len(in.chain)+1)
-}
-
-// setVar sets the placeholder {http.relay.<name>}.
-func (in *inbound) setVar(name string, v any) {
-	if in.repl != nil {
-		in.repl.Set("http.relay."+name, v)
-	}
 }
 
 // inspect reads the fields routing needs with one pass over the top level
-// of the body: model, stream and the capability fields.
+// of the body: model, stream and the capability fields. The top level must
+// be one well-formed JSON object; what the values hold inside is the
+// upstream's to judge (it answers a malformed one with its own 400), so the
+// relay never reads a body twice.
 func (in *inbound) inspect() *relayError {
 	// The string view of the body lives no longer than this call; the only
-	// values kept (the model) are copied.
+	// value kept (the model) is copied.
 	s := unsafe.String(unsafe.SliceData(in.body), len(in.body))
-	if !gjson.Valid(s) {
-		return errInvalid("request body is not valid JSON")
-	}
 	root := gjson.Parse(s)
 	if !root.IsObject() {
-		return errInvalid("request body must be a JSON object")
+		if root.Exists() {
+			return errInvalid("request body must be a JSON object")
+		}
+		return errInvalid("request body is not valid JSON")
 	}
 	var model gjson.Result
+	end := -1 // where the last top-level value ends
 	root.ForEach(func(k, v gjson.Result) bool {
 		switch k.Str {
 		case "model":
@@ -220,8 +214,16 @@ func (in *inbound) inspect() *relayError {
 				in.caps |= c
 			}
 		}
-		return true
+		end = v.Index + len(v.Raw)
+		return v.Index > 0 // a value gjson could not place: stop
 	})
+	if end < 0 {
+		if strings.TrimSpace(s) != "{}" {
+			return errInvalid("request body is not valid JSON")
+		}
+	} else if end > len(s) || strings.TrimSpace(s[end:]) != "}" {
+		return errInvalid("request body is not valid JSON")
+	}
 	if !model.Exists() {
 		return errInvalid("model: field required")
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/caddy-relay/relay/internal/sse"
@@ -19,6 +20,16 @@ const (
 	maxEvent = 16 << 20
 )
 
+// readers and heldBufs pool the per-stream buffers: an SSE reader (8 KiB
+// plus its event buffers) and the events held back before the commit point.
+var (
+	readers  = sync.Pool{New: func() any { return sse.NewReader(nil, maxEvent) }}
+	heldBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
+)
+
+// maxPooledReader keeps readers that grew for a huge event out of the pool.
+const maxPooledReader = 256 << 10
+
 // streamAttempt is one attempt whose upstream answered 2xx with an event
 // stream. Until the first content event nothing reaches the client, so a
 // stream that fails before it (an `event: error`, a cut, a timeout) fails
@@ -30,20 +41,35 @@ type streamAttempt struct {
 	in        *inbound
 	ch        *channel
 	n         int
-	ctx       context.Context // the attempt's; canceled with a cause by the timers
+	ctx       context.Context // the attempt's; canceled with a cause by its deadline
 	clientCtx context.Context
-	cancel    context.CancelCauseFunc
+	deadline  *deadline
 	resp      *http.Response
-	firstByte *time.Timer
 }
 
 func (s *streamAttempt) run() attemptResult {
-	rd := sse.NewReader(s.resp.Body, maxEvent)
-	held, res, ok := s.hold(rd)
+	rd := readers.Get().(*sse.Reader)
+	rd.Reset(s.resp.Body)
+	defer func() {
+		rd.Reset(nil)
+		if rd.Size() <= maxPooledReader {
+			readers.Put(rd)
+		}
+	}()
+	hb := heldBufs.Get().(*[]byte)
+	held, res, ok := s.hold(rd, (*hb)[:0])
 	if !ok {
+		if res.body == nil { // a failed attempt's held events may be the answer yet
+			heldBufs.Put(hb)
+		}
 		return res
 	}
-	if !s.commit(held) {
+	committed := s.commit(held)
+	if cap(held) <= 4*maxHeld {
+		*hb = held[:0]
+		heldBufs.Put(hb)
+	}
+	if !committed {
 		s.in.incomplete = true
 		return attemptResult{verdict: verdict{outcome: outcomeCanceled, reason: "client gone"}, channel: s.ch, done: true}
 	}
@@ -55,13 +81,14 @@ func (s *streamAttempt) run() attemptResult {
 // bounded by maxHeld and the first content timeout, and returns them with
 // the event that proves the stream, ready to commit. When the stream fails
 // before that, ok is false and res says how.
-func (s *streamAttempt) hold(rd *sse.Reader) (held []byte, res attemptResult, ok bool) {
-	content := time.AfterFunc(s.ch.firstContent, func() { s.cancel(errFirstContentTimeout) })
-	defer content.Stop()
-	held = make([]byte, 0, 2<<10)
-	for {
+func (s *streamAttempt) hold(rd *sse.Reader, held []byte) (_ []byte, res attemptResult, ok bool) {
+	for first := true; ; first = false {
 		ev, err := rd.Next()
-		s.firstByte.Stop()
+		if first {
+			// the first event came in time; content must come within
+			// first_content_timeout of the response headers
+			s.deadline.arm(stageFirstContent, s.ch.firstContent-time.Since(s.deadline.headers))
+		}
 		if err != nil {
 			v := classifyError(s.ctx, s.clientCtx, err)
 			if err == io.EOF || err == io.ErrUnexpectedEOF {
@@ -111,8 +138,7 @@ func (s *streamAttempt) commit(held []byte) bool {
 // pump forwards the rest of the stream, one flushed event at a time, until
 // message_stop, an upstream `event: error`, a failure or the client leaving.
 func (s *streamAttempt) pump(rd *sse.Reader) attemptResult {
-	idle := time.AfterFunc(s.ch.streamIdle, func() { s.cancel(errStreamIdle) })
-	defer idle.Stop()
+	s.deadline.arm(stageIdle, s.ch.streamIdle)
 	rc := http.NewResponseController(s.w)
 	done := func(v verdict) attemptResult {
 		// anything but message_stop leaves the client with a partial answer
@@ -132,7 +158,7 @@ func (s *streamAttempt) pump(rd *sse.Reader) attemptResult {
 			s.endWithError(v)
 			return done(v)
 		}
-		idle.Reset(s.ch.streamIdle)
+		s.deadline.arm(stageIdle, s.ch.streamIdle)
 		if !s.wellFormed(ev) {
 			continue
 		}

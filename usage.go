@@ -1,6 +1,8 @@
 package relay
 
 import (
+	"unsafe"
+
 	"github.com/tidwall/gjson"
 )
 
@@ -45,17 +47,19 @@ func (u *usage) read(obj gjson.Result) {
 
 // fromMessage reads the usage of a complete, non-streaming reply.
 func (u *usage) fromMessage(body []byte) {
-	u.read(gjson.GetBytes(body, "usage"))
+	u.read(gjson.Get(unsafe.String(unsafe.SliceData(body), len(body)), "usage"))
 }
 
 // fromEvent reads the usage an SSE event carries: message_start has the
 // input side and a first output count, and each message_delta the
 // cumulative counts so far, so the last one wins. Nothing is ever summed.
 func (u *usage) fromEvent(name, data []byte) {
+	// a string view of the event, valid for this call: only numbers are kept
+	s := unsafe.String(unsafe.SliceData(data), len(data))
 	switch string(name) {
 	case "message_start":
-		u.read(gjson.GetBytes(data, "message.usage"))
+		u.read(gjson.Get(s, "message.usage"))
 	case "message_delta":
-		u.read(gjson.GetBytes(data, "usage"))
+		u.read(gjson.Get(s, "usage"))
 	}
 }

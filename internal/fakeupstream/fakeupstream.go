@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -36,6 +37,7 @@ type Upstream struct {
 	handler http.Handler
 	reqs    []Request
 	record  bool
+	conns   atomic.Int64
 }
 
 // New starts an upstream answering with h on 127.0.0.1 and stops it when the
@@ -50,9 +52,18 @@ func New(t testing.TB, h http.Handler) *Upstream {
 // it. With record false it keeps no copy of the requests, for benchmarks.
 func Start(h http.Handler, record bool) *Upstream {
 	u := &Upstream{handler: h, record: record}
-	u.Server = httptest.NewServer(http.HandlerFunc(u.serve))
+	u.Server = httptest.NewUnstartedServer(http.HandlerFunc(u.serve))
+	u.Server.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			u.conns.Add(1)
+		}
+	}
+	u.Server.Start()
 	return u
 }
+
+// Conns is the number of TCP connections the upstream accepted so far.
+func (u *Upstream) Conns() int64 { return u.conns.Load() }
 
 func (u *Upstream) serve(w http.ResponseWriter, r *http.Request) {
 	if !u.record {

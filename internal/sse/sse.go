@@ -42,6 +42,17 @@ func NewReader(r io.Reader, max int) *Reader {
 	return &Reader{br: bufio.NewReaderSize(r, 8<<10), max: max}
 }
 
+// Reset makes r read from rd, keeping its buffers, so readers can be
+// pooled.
+func (r *Reader) Reset(rd io.Reader) {
+	r.br.Reset(rd)
+	r.raw, r.data = r.raw[:0], r.data[:0]
+}
+
+// Size is the memory the reader's buffers hold, to keep oversized readers
+// out of a pool.
+func (r *Reader) Size() int { return r.br.Size() + cap(r.raw) + cap(r.data) }
+
 // Next returns the next complete event. At the end of the stream it returns
 // io.EOF when the stream ended between events, and io.ErrUnexpectedEOF when
 // it ended inside one: a truncated event is never returned.
