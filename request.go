@@ -152,10 +152,10 @@ type inbound struct {
 	modelStart, modelEnd int
 
 	start      time.Time
-	status     int             // sent to the client; 0 until then
-	attempts   int             // made so far
-	answered   *channel        // the channel whose answer the client got
-	firstByte  time.Duration   // until the client's response headers
+	status     int           // sent to the client; 0 until then
+	attempts   int           // made so far
+	answered   *channel      // the channel whose answer the client got
+	firstByte  time.Duration // until the client's response headers
 	chain      []attemptRecord
 	chainBuf   [4]attemptRecord
 	usage      usage
