@@ -1,0 +1,181 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	vegeta "github.com/tsenart/vegeta/v12/lib"
+)
+
+// messagesPath is the endpoint every workload posts to.
+const messagesPath = "/v1/messages"
+
+// kind is what a workload sends.
+type kind int
+
+const (
+	nonStreaming kind = iota
+	streaming
+	idle // streams held open, for their memory
+)
+
+// workload is a kind of request at a concurrency; for idle, the
+// concurrency is the number of streams held open at once.
+type workload struct {
+	kind        kind
+	concurrency int
+}
+
+// String names the workload in the table.
+func (w workload) String() string {
+	switch w.kind {
+	case streaming:
+		return "streaming c=" + strconv.Itoa(w.concurrency)
+	case idle:
+		return strconv.Itoa(w.concurrency) + " idle streams"
+	}
+	return "non-streaming c=" + strconv.Itoa(w.concurrency)
+}
+
+// Markers of a complete reply: the end of a message, the end of a stream.
+var (
+	messageEnd = []byte(`"stop_reason":"end_turn"`)
+	streamEnd  = []byte("event: message_stop")
+)
+
+// requestHeader is sent with every request: the relay key of the targets'
+// Caddyfiles and the headers the Anthropic SDKs send.
+func requestHeader() http.Header {
+	return http.Header{
+		"X-Api-Key":         {"sk-bench"},
+		"Anthropic-Version": {"2023-06-01"},
+		"Content-Type":      {"application/json"},
+	}
+}
+
+// messageBody is a Messages request of about 10 KB: one user message of
+// filler text, streamed or not.
+func messageBody(stream bool) []byte {
+	type message struct {
+		Role    string `json:"role"`
+		Content string `json:"content"`
+	}
+	b, err := json.Marshal(struct {
+		Model     string    `json:"model"`
+		MaxTokens int       `json:"max_tokens"`
+		Stream    bool      `json:"stream,omitempty"`
+		Messages  []message `json:"messages"`
+	}{
+		Model:     "claude-sonnet-4-5",
+		MaxTokens: 64,
+		Stream:    stream,
+		Messages:  []message{{Role: "user", Content: strings.Repeat("The quick brown fox jumps over the lazy dog. ", 227)}},
+	})
+	if err != nil {
+		panic(err) // a fixed value always marshals
+	}
+	return b
+}
+
+// attack measures w against url with vegeta, closed loop: w.concurrency
+// workers, each sending its next request as soon as it has read its last
+// reply, for d.
+func attack(ctx context.Context, t *target, url string, w workload, d time.Duration) row {
+	timed := &firstByteTransport{next: keepAliveTransport(w.concurrency)}
+	defer timed.next.CloseIdleConnections()
+	n := uint64(w.concurrency)
+	atk := vegeta.NewAttacker(
+		vegeta.Client(&http.Client{Transport: timed, Timeout: vegeta.DefaultTimeout}),
+		vegeta.Workers(n), vegeta.MaxWorkers(n))
+	defer context.AfterFunc(ctx, func() { atk.Stop() })()
+
+	tgt := vegeta.Target{Method: http.MethodPost, URL: url, Body: messageBody(w.kind == streaming), Header: requestHeader()}
+	var m vegeta.Metrics
+	failedOver := 0
+	for res := range atk.Attack(vegeta.NewStaticTargeter(tgt), vegeta.Rate{Freq: 0}, d, w.String()) {
+		checkReply(res, w.kind == streaming, t.failsOver)
+		if res.Code == http.StatusOK && res.Headers.Get("X-Relay-Attempts") == "2" {
+			failedOver++
+		}
+		m.Add(res)
+	}
+	m.Close()
+	return row{
+		target: t, workload: w,
+		reqPerSec: m.Throughput, success: m.Success,
+		p50: m.Latencies.P50, p99: m.Latencies.P99, firstByte: timed.p50(),
+		failedOver: float64(failedOver) / float64(max(m.Requests, 1)),
+		errors:     m.Errors,
+	}
+}
+
+// checkReply fails a reply that vegeta would count as a success (any 2xx
+// or 3xx) unless it is a 200 with a complete body and no x-relay-attempts
+// header, or x-relay-attempts: 2 on a target that fails over.
+func checkReply(r *vegeta.Result, stream bool, failsOver bool) {
+	if r.Code < 200 || r.Code >= 400 {
+		return // a failure already
+	}
+	end := messageEnd
+	if stream {
+		end = streamEnd
+	}
+	switch got := r.Headers.Get("X-Relay-Attempts"); {
+	case r.Code != http.StatusOK:
+		r.Error = "status " + strconv.Itoa(int(r.Code))
+	case !bytes.Contains(r.Body, end):
+		r.Error = "incomplete reply"
+	case got != "" && (got != "2" || !failsOver):
+		r.Error = fmt.Sprintf("unexpected x-relay-attempts: %s", got)
+	default:
+		return
+	}
+	r.Code = 0 // vegeta counts successes by status code
+}
+
+// keepAliveTransport keeps one connection per worker alive, as vegeta's
+// -keepalive and -connections options do.
+func keepAliveTransport(conns int) *http.Transport {
+	return &http.Transport{
+		DialContext:         (&net.Dialer{KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConnsPerHost: conns,
+	}
+}
+
+// firstByteTransport times every round trip, which ends when the response
+// headers arrive: for the relay, at its commit point.
+type firstByteTransport struct {
+	next *http.Transport
+	mu   sync.Mutex
+	lat  vegeta.LatencyMetrics
+}
+
+// RoundTrip implements http.RoundTripper.
+func (t *firstByteTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	start := time.Now()
+	resp, err := t.next.RoundTrip(r)
+	if err == nil {
+		t.mu.Lock()
+		t.lat.Add(time.Since(start))
+		t.mu.Unlock()
+	}
+	return resp, err
+}
+
+// p50 is the median time to the response headers, zero without any.
+func (t *firstByteTransport) p50() time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.lat.Total == 0 {
+		return 0
+	}
+	return t.lat.Quantile(0.5)
+}

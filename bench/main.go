@@ -1,0 +1,135 @@
+// Command bench measures what the relay costs next to a plain Caddy
+// reverse_proxy to the same upstream, in one run on one machine, and prints
+// the result as a markdown table (issue 6).
+//
+// Run it from the repository root; the full run takes about four minutes:
+//
+//	go run ./bench                 # the full run, table on stdout
+//	go run ./bench -out bench.md   # the table also written to bench.md
+//	go run ./bench -smoke          # a few seconds: short runs, few streams
+//
+// It builds ./cmd/caddy once into a temporary directory, starts an
+// in-process fake Anthropic upstream (internal/fakeupstream: Fast answers at
+// once, Idle streams that ping every 30s) and measures five targets one after
+// another, each in its own caddy process on a free port:
+//
+//	(a) direct             the fake upstream itself, no Caddy
+//	(b) reverse_proxy      `reverse_proxy 127.0.0.1:<upstream>`, Caddy's defaults
+//	(c) relay, 1 channel   one channel, one key, one group
+//	(d) relay, 3 channels  two priority-1 channels and a priority-2 one
+//	(e) relay, failover    the priority-1 channel refuses connections (cooldown
+//	                       1ns, a breaker that never opens: it is tried every
+//	                       time) and a priority-2 channel answers: every
+//	                       request fails over once
+//
+// Workloads, each -duration long (default 10s) after a short warm-up:
+//
+//   - non-streaming: POST /v1/messages with a 10 KB body, closed loop at
+//     concurrency 1, 10 and 100;
+//   - streaming: the same body with "stream":true (20 events) at concurrency
+//     10; p50/p99 are to the last byte, "first byte" is until the response
+//     headers, which the relay sends at its commit point;
+//   - idle streams (targets b and c): -idle streams (default 2000) opened at
+//     once to an upstream that pings every 30s, each read until its first
+//     content_block_delta and held open; the caddy process's VmRSS growth
+//     divided by the streams is the memory per idle stream.
+//
+// The load generator is the vegeta library, closed loop: as many workers as
+// the concurrency, each sending its next request when its last one is read,
+// over kept-alive connections. A reply counts as a success only when it is a
+// 200 with a complete body (a message with its stop_reason, or a stream up to
+// message_stop) and no x-relay-attempts header (on target e: 2 attempts, or
+// one when the dead channel was still cooling); a run with any failure
+// prints the table and exits with status 1.
+//
+// The table has one row per workload and target: req/s (successful), success
+// ratio, p50, p99, first byte p50, memory per idle stream, and for the relay
+// rows their ratio to the reverse_proxy row of the same workload. Below it
+// come issue 6's targets, each with its worst row and marked met or missed,
+// the last one the failover overhead: p50 of (e) minus p50 of (c) at
+// concurrency 1, with the share of (e)'s requests that did fail over
+// (a few pick the good channel while the dead one cools for its 1ns). The
+// harness runs on Linux
+// (it reads /proc); it raises its open-file limit, which the caddy processes
+// inherit. bench_test.go runs the -smoke mode so the harness cannot rot.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"os/signal"
+	"strings"
+	"time"
+)
+
+func main() {
+	o := fullRun()
+	flag.DurationVar(&o.duration, "duration", o.duration, "length of each measured run")
+	flag.IntVar(&o.idleStreams, "idle", o.idleStreams, "idle streams opened at once for the memory measurement")
+	smoke := flag.Bool("smoke", false, "a quick check of the harness itself (overrides -duration and -idle)")
+	out := flag.String("out", "", "also write the markdown table to this file")
+	flag.Parse()
+	if *smoke {
+		o = smokeRun()
+	}
+	o.logf = log.New(os.Stderr, "bench: ", 0).Printf
+	if err := runAndPrint(o, *out); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// runAndPrint runs the benchmark until done or interrupted, prints its
+// table and writes it to out, if named. It fails when a request failed.
+func runAndPrint(o options, out string) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	rep, err := run(ctx, o)
+	if err != nil {
+		return err
+	}
+	table := rep.markdown()
+	fmt.Print(table)
+	if out != "" {
+		if err := os.WriteFile(out, []byte(table), 0o644); err != nil {
+			return err
+		}
+	}
+	if failed := rep.failures(); len(failed) > 0 {
+		return fmt.Errorf("FAILED: requests failed in %d rows:\n%s", len(failed), strings.Join(failed, "\n"))
+	}
+	return nil
+}
+
+// options is what one run measures.
+type options struct {
+	duration          time.Duration // each measured attack
+	concurrency       []int         // of the non-streaming workloads
+	streamConcurrency int           // of the streaming workload
+	idleStreams       int           // held open at once for the memory measurement
+	logf              func(format string, args ...any)
+}
+
+// fullRun is the run the issue asks for.
+func fullRun() options {
+	return options{duration: 10 * time.Second, concurrency: []int{1, 10, 100}, streamConcurrency: 10, idleStreams: 2000}
+}
+
+// smokeRun runs every target and workload, briefly.
+func smokeRun() options {
+	return options{duration: 300 * time.Millisecond, concurrency: []int{1, 4}, streamConcurrency: 4, idleStreams: 20}
+}
+
+// workloads lists the workloads of a run in the order of the table.
+func (o options) workloads() []workload {
+	var ws []workload
+	for _, c := range o.concurrency {
+		ws = append(ws, workload{kind: nonStreaming, concurrency: c})
+	}
+	return append(ws,
+		workload{kind: streaming, concurrency: o.streamConcurrency},
+		workload{kind: idle, concurrency: o.idleStreams})
+}

@@ -1,0 +1,186 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// row is one measurement: a workload against a target.
+type row struct {
+	target       *target
+	workload     workload
+	reqPerSec    float64       // successful replies per second
+	success      float64       // share of successful replies (of opened streams, for idle)
+	p50, p99     time.Duration // to the last byte
+	firstByte    time.Duration // p50 until the response headers
+	kibPerStream float64       // resident memory per idle stream
+	failedOver   float64       // share of the requests that failed over
+	errors       []string      // the distinct errors of failed requests
+}
+
+// report is the result of a run.
+type report struct {
+	options
+	machine string
+	rows    []row
+}
+
+// find returns the row of t and w.
+func (r *report) find(t *target, w workload) (row, bool) {
+	for _, x := range r.rows {
+		if x.target == t && x.workload == w {
+			return x, true
+		}
+	}
+	return row{}, false
+}
+
+// failures lists the rows where a request failed, with why.
+func (r *report) failures() []string {
+	var failed []string
+	for _, x := range r.rows {
+		if x.success < 1 {
+			failed = append(failed, fmt.Sprintf("%s, %s: %.2f%% success %q", x.target.name, x.workload, 100*x.success, x.errors))
+		}
+	}
+	return failed
+}
+
+// markdown renders the machine, the table (grouped by workload, so each
+// relay row sits under its reverse_proxy row) and issue 6's targets.
+func (r *report) markdown() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Machine: %s. Each row: %s, closed loop (vegeta), 10 KB request bodies; streams: 20 events, p50/p99 to the last byte.\n\n", r.machine, r.duration)
+	b.WriteString("| workload | target | req/s | success | p50 | p99 | first byte p50 | memory / idle stream | req/s vs reverse_proxy | p50 vs reverse_proxy | p99 vs reverse_proxy |\n")
+	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	for _, w := range r.workloads() {
+		for _, t := range targets {
+			if x, ok := r.find(t, w); ok {
+				b.WriteString(r.line(x))
+			}
+		}
+	}
+	b.WriteString("\nIssue 6 targets, for (c) and (d) against (b) unless named:\n\n")
+	for _, g := range r.goals() {
+		fmt.Fprintf(&b, "- %s\n", g)
+	}
+	return b.String()
+}
+
+// line renders one row of the table; cells a workload does not measure
+// are left empty.
+func (r *report) line(x row) string {
+	var reqs, p50, p99, firstByte, memory, reqsVs, p50Vs, p99Vs string
+	if x.workload.kind == idle {
+		memory = fmt.Sprintf("%.1f KiB", x.kibPerStream)
+	} else {
+		reqs, p50, p99 = fmt.Sprintf("%.0f", x.reqPerSec), millis(x.p50), millis(x.p99)
+	}
+	if x.workload.kind == streaming {
+		firstByte = millis(x.firstByte)
+	}
+	if rp, ok := r.find(reverseProxy, x.workload); ok && x.workload.kind != idle && x.target != direct && x.target != reverseProxy {
+		reqsVs = times(x.reqPerSec / rp.reqPerSec)
+		p50Vs = times(float64(x.p50) / float64(rp.p50))
+		p99Vs = times(float64(x.p99) / float64(rp.p99))
+	}
+	cells := []string{x.workload.String(), x.target.name, reqs, percent(x.success), p50, p99, firstByte, memory, reqsVs, p50Vs, p99Vs}
+	return "| " + strings.Join(cells, " | ") + " |\n"
+}
+
+// pair is a relay row and the reverse_proxy row of the same workload.
+type pair struct{ relay, rp row }
+
+// relayPairs returns the pairs of targets (c) and (d) in the workloads of
+// kind k.
+func (r *report) relayPairs(k kind) []pair {
+	var ps []pair
+	for _, w := range r.workloads() {
+		rp, ok := r.find(reverseProxy, w)
+		if w.kind != k || !ok {
+			continue
+		}
+		for _, t := range []*target{relayOne, relayTiers} {
+			if x, ok := r.find(t, w); ok {
+				ps = append(ps, pair{x, rp})
+			}
+		}
+	}
+	return ps
+}
+
+// worst returns the value of f on the pair where it is worst, the largest
+// (or with lowerIsWorse the smallest), and names that pair.
+func worst(ps []pair, f func(pair) float64, lowerIsWorse bool) (float64, string) {
+	value, where := 0.0, "no rows"
+	for i, p := range ps {
+		if v := f(p); i == 0 || (v > value) != lowerIsWorse {
+			value, where = v, p.relay.target.name+", "+p.relay.workload.String()
+		}
+	}
+	return value, where
+}
+
+// goals checks issue 6's targets, each on its worst row.
+func (r *report) goals() []string {
+	nonStream := r.relayPairs(nonStreaming)
+	reqs, reqsAt := worst(nonStream, func(p pair) float64 { return p.relay.reqPerSec / p.rp.reqPerSec }, true)
+	p50, p50At := worst(nonStream, func(p pair) float64 { return float64(p.relay.p50) / float64(p.rp.p50) }, false)
+	p99, p99At := worst(nonStream, func(p pair) float64 { return float64(p.relay.p99) / float64(p.rp.p99) }, false)
+	firstByte, firstByteAt := worst(r.relayPairs(streaming), func(p pair) float64 { return float64(p.relay.firstByte - p.rp.firstByte) }, false)
+	mem, memAt := worst(r.relayPairs(idle), func(p pair) float64 { return p.relay.kibPerStream }, false)
+	failover, failoverAt, failedOver := r.failoverOverhead()
+	return []string{
+		goal("throughput >= 0.90x reverse_proxy", times(reqs), reqsAt, reqs >= 0.90),
+		goal("p50 <= 1.10x reverse_proxy", times(p50), p50At, p50 <= 1.10),
+		goal("p99 <= 1.10x reverse_proxy", times(p99), p99At, p99 <= 1.10),
+		goal("streaming first byte within 1 ms of reverse_proxy", signedMillis(time.Duration(firstByte)), firstByteAt, firstByte < float64(time.Millisecond)),
+		goal("< 64 KiB resident memory per idle stream", fmt.Sprintf("%.1f KiB", mem), memAt, mem < 64),
+		goal("failover overhead (p50 of (e) minus p50 of (c)) < 5 ms", millis(failover),
+			fmt.Sprintf("%s, where %.2f%% of (e)'s requests failed over", failoverAt, 100*failedOver), failover < 5*time.Millisecond),
+	}
+}
+
+// failoverOverhead is the p50 of (e) minus the p50 of (c) at the lowest
+// non-streaming concurrency (1 in the full run), where it was measured, and
+// the share of (e)'s requests there that did fail over.
+func (r *report) failoverOverhead() (time.Duration, string, float64) {
+	w := workload{kind: nonStreaming, concurrency: r.concurrency[0]}
+	e, okE := r.find(relayFailover, w)
+	c, okC := r.find(relayOne, w)
+	if !okE || !okC {
+		return 0, "no rows", 0
+	}
+	return e.p50 - c.p50, w.String(), e.failedOver
+}
+
+// goal renders one target: its worst value, where, and whether it is met.
+func goal(name, value, where string, met bool) string {
+	verdict := "met"
+	if !met {
+		verdict = "**MISSED**"
+	}
+	return fmt.Sprintf("%s: %s at %s: %s", name, value, where, verdict)
+}
+
+// millis renders a duration in milliseconds.
+func millis(d time.Duration) string {
+	return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
+}
+
+// signedMillis renders a difference of durations in milliseconds.
+func signedMillis(d time.Duration) string {
+	return fmt.Sprintf("%+.2f ms", float64(d)/float64(time.Millisecond))
+}
+
+// times renders a ratio.
+func times(f float64) string { return fmt.Sprintf("%.2fx", f) }
+
+// percent renders a success ratio, in bold when below 100%.
+func percent(f float64) string {
+	if f == 1 {
+		return "100%"
+	}
+	return fmt.Sprintf("**%.2f%%**", 100*f)
+}

@@ -1,0 +1,200 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/caddy-relay/relay/internal/fakeupstream"
+)
+
+// idlePing is how often the idle upstream pings: rarely enough that the
+// held streams cost memory and nothing else.
+const idlePing = 30 * time.Second
+
+// bench is what every measurement of a run shares.
+type bench struct {
+	options
+	dir      string // temporary: the caddy binary and the Caddyfiles
+	caddy    string // the binary built from ./cmd/caddy
+	fast     *fakeupstream.Upstream
+	idle     *fakeupstream.Upstream
+	deadAddr string // a loopback address that refuses connections
+}
+
+// run measures every target with every workload it applies to. A request
+// that failed does not stop the run: it shows in the report's success
+// ratios (see report.failures).
+func run(ctx context.Context, o options) (*report, error) {
+	if err := raiseFileLimit(); err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "relay-bench-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	b := &bench{options: o, dir: dir}
+	o.logf("building ./cmd/caddy")
+	if b.caddy, err = buildCaddy(ctx, dir); err != nil {
+		return nil, err
+	}
+	if b.deadAddr, err = freeAddr(); err != nil {
+		return nil, err
+	}
+	b.fast = fakeupstream.Start(fakeupstream.Fast(), false)
+	defer b.fast.Close()
+	b.idle = fakeupstream.Start(fakeupstream.Idle(idlePing), false)
+	defer b.idle.Close()
+
+	rep := &report{machine: describeMachine(), options: o}
+	for _, t := range targets {
+		rows, err := b.measure(ctx, t)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", t.name, err)
+		}
+		rep.rows = append(rep.rows, rows...)
+	}
+	return rep, nil
+}
+
+// measure runs the load workloads against one caddy process serving t, then
+// the idle streams against another whose upstream is the idle one.
+func (b *bench) measure(ctx context.Context, t *target) ([]row, error) {
+	rows, err := b.measureLoad(ctx, t)
+	if err != nil || !t.idle {
+		return rows, err
+	}
+	r, err := b.measureIdle(ctx, t)
+	return append(rows, r), err
+}
+
+// measureLoad runs a warm-up, then every non-streaming and streaming
+// workload against t in front of the fast upstream.
+func (b *bench) measureLoad(ctx context.Context, t *target) ([]row, error) {
+	url, proc, err := b.serve(ctx, t, b.fast)
+	if err != nil {
+		return nil, err
+	}
+	defer proc.stop()
+	b.logf("%s: warm-up", t.name)
+	attack(ctx, t, url, workload{kind: nonStreaming, concurrency: slices.Max(b.concurrency)}, b.duration/10)
+	var rows []row
+	for _, w := range b.workloads() {
+		if w.kind == idle {
+			continue
+		}
+		b.logf("%s: %s", t.name, w)
+		rows = append(rows, attack(ctx, t, url, w, b.duration))
+	}
+	return rows, ctx.Err()
+}
+
+// measureIdle opens the idle streams through t and reports the caddy
+// process's resident memory per stream.
+func (b *bench) measureIdle(ctx context.Context, t *target) (row, error) {
+	w := workload{kind: idle, concurrency: b.idleStreams}
+	b.logf("%s: %s", t.name, w)
+	url, proc, err := b.serve(ctx, t, b.idle)
+	if err != nil {
+		return row{}, err
+	}
+	defer proc.stop()
+	before, err := proc.rssKiB()
+	if err != nil {
+		return row{}, err
+	}
+	held := openIdleStreams(ctx, url, w.concurrency)
+	defer held.close()
+	after, err := proc.rssKiB()
+	if err != nil {
+		return row{}, err
+	}
+	r := row{target: t, workload: w, success: float64(held.opened()) / float64(w.concurrency)}
+	if n := held.opened(); n > 0 {
+		r.kibPerStream = float64(after-before) / float64(n)
+	}
+	if held.err != nil {
+		r.errors = []string{held.err.Error()}
+	}
+	return r, ctx.Err()
+}
+
+// serve starts a caddy process serving t in front of up and returns the
+// URL of its messages endpoint; the direct target is up itself, with no
+// process.
+func (b *bench) serve(ctx context.Context, t *target, up *fakeupstream.Upstream) (string, *caddyProcess, error) {
+	upAddr := up.Listener.Addr().String()
+	if t.caddyfile == "" {
+		return "http://" + upAddr + messagesPath, nil, nil
+	}
+	addr, err := freeAddr()
+	if err != nil {
+		return "", nil, err
+	}
+	_, port, _ := net.SplitHostPort(addr)
+	cfg := strings.NewReplacer("$PORT", port, "$UPSTREAM", upAddr, "$DEAD", b.deadAddr).Replace(t.caddyfile)
+	proc, err := startCaddy(ctx, b.caddy, b.dir, cfg)
+	if err != nil {
+		return "", nil, err
+	}
+	return "http://127.0.0.1:" + port + messagesPath, proc, nil
+}
+
+// buildCaddy builds ./cmd/caddy, the binary README.md tells users to run,
+// into dir.
+func buildCaddy(ctx context.Context, dir string) (string, error) {
+	bin := filepath.Join(dir, "caddy")
+	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/caddy-relay/relay/cmd/caddy").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("go build ./cmd/caddy: %v\n%s", err, out)
+	}
+	return bin, nil
+}
+
+// freeAddr returns a loopback address nothing listens on: free for a caddy
+// site, or refusing connections for the dead channel.
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", ":0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	return "127.0.0.1:" + port, nil
+}
+
+// raiseFileLimit lifts the soft open-file limit to the hard one: thousands
+// of idle streams hold two sockets each here and in caddy. Setting it
+// explicitly makes the caddy processes inherit it.
+func raiseFileLimit() error {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return err
+	}
+	lim.Cur = lim.Max
+	return syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
+}
+
+// describeMachine names the CPU, the cores, Go and the date.
+func describeMachine() string {
+	cpu := "unknown CPU"
+	if info, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(info), "\n") {
+			if name, ok := strings.CutPrefix(line, "model name"); ok {
+				cpu = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(name), ":"))
+				break
+			}
+		}
+	}
+	return fmt.Sprintf("%s, %d cores, %s %s/%s, %s", cpu, runtime.NumCPU(), runtime.Version(),
+		runtime.GOOS, runtime.GOARCH, time.Now().UTC().Format("2006-01-02"))
+}

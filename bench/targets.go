@@ -1,0 +1,228 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// target is one way to reach the upstream.
+type target struct {
+	name string
+	// caddyfile is the config of its caddy process, with $PORT (the site's
+	// port), $UPSTREAM and $DEAD (host:port) to fill in; empty for the
+	// direct target.
+	caddyfile string
+	// failsOver says that requests fail over: their replies carry
+	// x-relay-attempts: 2, or none when the dead channel was still cooling
+	// (for 1ns) as the request picked. Other targets' replies carry none.
+	failsOver bool
+	// idle says whether the idle-stream memory is measured.
+	idle bool
+}
+
+// globalOptions start every Caddyfile: no admin endpoint (readiness is the
+// "serving initial configuration" log line) and no autosave.
+const globalOptions = `{
+	admin off
+	persist_config off
+}
+`
+
+// The targets, in the order they run and are listed.
+var (
+	direct = &target{name: "(a) direct"}
+
+	reverseProxy = &target{name: "(b) reverse_proxy", idle: true, caddyfile: globalOptions + `
+:$PORT {
+	reverse_proxy $UPSTREAM
+}
+`}
+
+	relayOne = &target{name: "(c) relay, 1 channel", idle: true, caddyfile: globalOptions + `
+:$PORT {
+	relay {
+		key sk-bench bench
+		channel upstream {
+			url http://$UPSTREAM
+			api_key sk-upstream
+		}
+		group bench {
+			channels upstream
+		}
+	}
+}
+`}
+
+	relayTiers = &target{name: "(d) relay, 3 channels in 2 tiers", caddyfile: globalOptions + `
+:$PORT {
+	relay {
+		key sk-bench bench
+		channel first {
+			url http://$UPSTREAM
+			api_key sk-upstream
+			priority 1
+		}
+		channel second {
+			url http://$UPSTREAM
+			api_key sk-upstream
+			priority 1
+		}
+		channel fallback {
+			url http://$UPSTREAM
+			api_key sk-upstream
+			priority 2
+		}
+		group bench {
+			channels first second fallback
+		}
+	}
+}
+`}
+
+	// relayFailover's first choice refuses connections and is never left
+	// cooling nor broken open, so every request tries it, then fails over.
+	// The retry budget allows a retry per request.
+	relayFailover = &target{name: "(e) relay, failover", failsOver: true, caddyfile: globalOptions + `
+:$PORT {
+	relay {
+		key sk-bench bench
+		channel dead {
+			url http://$DEAD
+			api_key sk-upstream
+			priority 1
+			cooldown 1ns
+			max_cooldown 1ns
+			breaker {
+				min_requests 1000000000
+			}
+		}
+		channel good {
+			url http://$UPSTREAM
+			api_key sk-upstream
+			priority 2
+		}
+		group bench {
+			channels dead good
+			retries 1
+			retry_budget 100% 1000000/s
+		}
+	}
+}
+`}
+
+	targets = []*target{direct, reverseProxy, relayOne, relayTiers, relayFailover}
+)
+
+// readyLine is what Caddy logs once it serves the config it was started with.
+const readyLine = "serving initial configuration"
+
+// caddyProcess is a running `caddy run`.
+type caddyProcess struct {
+	cmd    *exec.Cmd
+	exited chan struct{} // closed once Wait returned
+}
+
+// startCaddy writes config to a file in dir, runs caddy with it and returns
+// once Caddy serves it.
+func startCaddy(ctx context.Context, bin, dir, config string) (*caddyProcess, error) {
+	f, err := os.CreateTemp(dir, "*.Caddyfile")
+	if err != nil {
+		return nil, err
+	}
+	if _, err := f.WriteString(config); err != nil {
+		f.Close()
+		return nil, err
+	}
+	if err := f.Close(); err != nil {
+		return nil, err
+	}
+	startup := &startupLog{ready: make(chan struct{})}
+	cmd := exec.Command(bin, "run", "--adapter", "caddyfile", "--config", f.Name())
+	cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+dir, "XDG_DATA_HOME="+dir)
+	cmd.Stderr = startup
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &caddyProcess{cmd: cmd, exited: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		close(p.exited)
+	}()
+	timeout := time.NewTimer(30 * time.Second)
+	defer timeout.Stop()
+	select {
+	case <-startup.ready:
+		return p, nil
+	case <-p.exited:
+		err = errors.New("caddy exited before serving")
+	case <-timeout.C:
+		err = errors.New("caddy did not serve within 30s")
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	p.stop()
+	return nil, fmt.Errorf("%w; its log:\n%s", err, startup.String())
+}
+
+// stop kills the process and waits for it; on the direct target's nil
+// process it does nothing.
+func (p *caddyProcess) stop() {
+	if p == nil {
+		return
+	}
+	_ = p.cmd.Process.Kill()
+	<-p.exited
+}
+
+// rssKiB is the process's resident memory, VmRSS in /proc/<pid>/status.
+func (p *caddyProcess) rssKiB() (int64, error) {
+	status, err := os.ReadFile("/proc/" + strconv.Itoa(p.cmd.Process.Pid) + "/status")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			return strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		}
+	}
+	return 0, errors.New("no VmRSS in /proc/<pid>/status")
+}
+
+// startupLog is caddy's stderr: it keeps the log until Caddy reports that it
+// serves its config, then discards everything (the relay logs a line per
+// request).
+type startupLog struct {
+	mu    sync.Mutex
+	buf   bytes.Buffer
+	ready chan struct{} // closed at readyLine
+}
+
+// Write implements io.Writer.
+func (l *startupLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	select {
+	case <-l.ready:
+	default:
+		l.buf.Write(p)
+		if bytes.Contains(l.buf.Bytes(), []byte(readyLine)) {
+			close(l.ready)
+		}
+	}
+	return len(p), nil
+}
+
+// String returns the log kept so far.
+func (l *startupLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
