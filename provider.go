@@ -1,7 +1,6 @@
 package relay
 
 import (
-	"bytes"
 	"context"
 	"net/http"
 	"strings"
@@ -22,10 +21,12 @@ func (anthropicProvider) newRequest(ctx context.Context, ch *channel, in *inboun
 	if in.rawQuery != "" {
 		u += "?" + in.rawQuery
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(in.bodyFor(ch)))
+	ctx, body, getBody := in.upstreamBody(ctx, in.bodyFor(ch))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, body)
 	if err != nil {
 		return nil, err
 	}
+	req.GetBody = getBody
 	forwardHeaders(req.Header, in.header)
 	if ch.bearer {
 		req.Header.Set("Authorization", "Bearer "+ch.apiKey)

@@ -319,8 +319,8 @@ func (r *Relay) ServeHTTP(w http.ResponseWriter, req *http.Request, _ caddyhttp.
 		in.reply(w, rerr)
 		return nil
 	}
-	defer releaseBody(buf)
-	in.body = buf.Bytes()
+	in.bodyBuf, in.body = buf, buf.Bytes()
+	defer in.releaseBody()
 	if rerr = in.inspect(); rerr != nil {
 		in.reply(w, rerr)
 		return nil

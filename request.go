@@ -2,13 +2,16 @@ package relay
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -161,10 +164,48 @@ type inbound struct {
 	usage      usage
 	incomplete bool  // the answer did not complete: tokens are the ones seen
 	estimate   int64 // input tokens guessed at admission, for the token limits
+
+	bodyBuf *bytes.Buffer // the pooled buffer behind body; nil once released
+	// writing counts the upstream requests whose transport may still read
+	// body: net/http may write a request body even after RoundTrip returned,
+	// until its WroteRequest trace says it is done.
+	writing atomic.Int32
 }
 
 // billed is what the request used against token limits.
 func (in *inbound) billed() int64 { return billedTokens(in.usage) }
+
+// releaseBody lets go of the body's buffer, once: back to its pool when no
+// transport can still read it, else to the garbage collector.
+func (in *inbound) releaseBody() {
+	if in.bodyBuf == nil {
+		return
+	}
+	if in.writing.Load() == 0 {
+		releaseBody(in.bodyBuf)
+	}
+	in.bodyBuf, in.body = nil, nil
+}
+
+// upstreamBody prepares an upstream request body b, which may share the
+// client body's pooled buffer: ctx then traces when the transport is done
+// writing it. The body stays a *bytes.Reader, which net/http writes best.
+func (in *inbound) upstreamBody(ctx context.Context, b []byte) (context.Context, io.Reader, func() (io.ReadCloser, error)) {
+	getBody := func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
+	if len(b) == 0 || len(in.body) == 0 || &b[0] != &in.body[0] {
+		return ctx, bytes.NewReader(b), getBody // a copy (a mapped model): nothing shared
+	}
+	in.writing.Add(1)
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: in.wrote})
+	return ctx, bytes.NewReader(b), func() (io.ReadCloser, error) {
+		in.writing.Add(1) // a retry of the write, on a new connection
+		return getBody()
+	}
+}
+
+// wrote is the WroteRequest trace of an upstream request that shares the
+// body's buffer.
+func (in *inbound) wrote(httptrace.WroteRequestInfo) { in.writing.Add(-1) }
 
 // attemptRecord is one link of a request's attempt chain.
 type attemptRecord struct {

@@ -2,7 +2,10 @@ package relay
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
+	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -389,5 +392,41 @@ func TestAuthenticate(t *testing.T) {
 				t.Errorf("message %q repeats the secret", rerr.msg)
 			}
 		})
+	}
+}
+
+func TestSharedBodyIsFreedOnceTheTransportWroteIt(t *testing.T) {
+	up := fakeupstream.New(t, fakeupstream.Message("ok"))
+	body := []byte(`{"model":"claude-sonnet-4-5","max_tokens":1}`)
+	in := &inbound{route: routeMessages, body: body, header: http.Header{}}
+	if err := in.inspect(); err != nil {
+		t.Fatal(err)
+	}
+	ch := &channel{name: "shared", apiKey: "k"}
+	ch.urls[routeMessages] = up.URL + "/v1/messages"
+	req, err := anthropicProvider{}.newRequest(context.Background(), ch, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.writing.Load() != 1 {
+		t.Fatalf("bodies being written before sending: %d", in.writing.Load())
+	}
+	resp, err := http.DefaultTransport.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if string(up.Last(t).Body) != string(body) {
+		t.Errorf("upstream got %s", up.Last(t).Body)
+	}
+	if n := in.writing.Load(); n != 0 {
+		t.Errorf("bodies being written after the round trip: %d; the buffer would never return to its pool", n)
+	}
+
+	// a mapped model is a copy: it shares nothing with the pooled buffer
+	ch.models = map[string]string{"claude-sonnet-4-5": "upstream-name"}
+	if _, err := (anthropicProvider{}).newRequest(context.Background(), ch, in); err != nil || in.writing.Load() != 0 {
+		t.Errorf("a copied body must not count as sharing the buffer: %d", in.writing.Load())
 	}
 }

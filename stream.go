@@ -69,6 +69,10 @@ func (s *streamAttempt) run() attemptResult {
 		*hb = held[:0]
 		heldBufs.Put(hb)
 	}
+	// no attempt follows a commit: let go of the request body now rather
+	// than when the stream ends (it is back in its pool if the transport has
+	// sent it all)
+	s.in.releaseBody()
 	if !committed {
 		s.in.incomplete = true
 		return attemptResult{verdict: verdict{outcome: outcomeCanceled, reason: "client gone"}, channel: s.ch, done: true}
@@ -166,8 +170,14 @@ func (s *streamAttempt) pump(rd *sse.Reader) attemptResult {
 		if _, err := s.w.Write(ev.Raw); err != nil {
 			return done(verdict{outcome: outcomeCanceled, reason: "client gone"})
 		}
-		if err := rc.Flush(); err != nil {
-			return done(verdict{outcome: outcomeCanceled, reason: "client gone"})
+		last := string(ev.Name) == "message_stop" || string(ev.Name) == "error"
+		// Flush unless the upstream already sent more: every event reaches
+		// the client as soon as the upstream pauses, and a burst of events
+		// costs one flush, not one each.
+		if last || !rd.Buffered() {
+			if err := rc.Flush(); err != nil {
+				return done(verdict{outcome: outcomeCanceled, reason: "client gone"})
+			}
 		}
 		switch string(ev.Name) {
 		case "message_stop":

@@ -39,7 +39,7 @@ type Reader struct {
 
 // NewReader returns a Reader for r that refuses events larger than max bytes.
 func NewReader(r io.Reader, max int) *Reader {
-	return &Reader{br: bufio.NewReaderSize(r, 8<<10), max: max}
+	return &Reader{br: bufio.NewReaderSize(r, 4<<10), max: max}
 }
 
 // Reset makes r read from rd, keeping its buffers, so readers can be
@@ -48,6 +48,10 @@ func (r *Reader) Reset(rd io.Reader) {
 	r.br.Reset(rd)
 	r.raw, r.data = r.raw[:0], r.data[:0]
 }
+
+// Buffered reports whether data already read from the stream waits in the
+// reader: when it does not, the next event has yet to arrive.
+func (r *Reader) Buffered() bool { return r.br.Buffered() > 0 }
 
 // Size is the memory the reader's buffers hold, to keep oversized readers
 // out of a pool.
