@@ -22,7 +22,9 @@
 //	                       time) and a priority-2 channel answers: every
 //	                       request fails over once
 //
-// Workloads, each -duration long (default 10s) after a short warm-up:
+// Workloads, each -duration long (default 5s), -rounds times (default 3)
+// with the targets taking turns in a rotating order, after a short warm-up;
+// each row holds the medians of its rounds:
 //
 //   - non-streaming: POST /v1/messages with a 10 KB body, closed loop at
 //     concurrency 1, 10 and 100;
@@ -68,6 +70,7 @@ import (
 func main() {
 	o := fullRun()
 	flag.DurationVar(&o.duration, "duration", o.duration, "length of each measured run")
+	flag.IntVar(&o.rounds, "rounds", o.rounds, "rounds of every workload; rows are the medians")
 	flag.IntVar(&o.idleStreams, "idle", o.idleStreams, "idle streams opened at once for the memory measurement")
 	smoke := flag.Bool("smoke", false, "a quick check of the harness itself (overrides -duration and -idle)")
 	out := flag.String("out", "", "also write the markdown table to this file")
@@ -107,6 +110,7 @@ func runAndPrint(o options, out string) error {
 // options is what one run measures.
 type options struct {
 	duration          time.Duration // each measured attack
+	rounds            int           // of every workload, targets taking turns
 	concurrency       []int         // of the non-streaming workloads
 	streamConcurrency int           // of the streaming workload
 	idleStreams       int           // held open at once for the memory measurement
@@ -115,12 +119,12 @@ type options struct {
 
 // fullRun is the run the issue asks for.
 func fullRun() options {
-	return options{duration: 10 * time.Second, concurrency: []int{1, 10, 100}, streamConcurrency: 10, idleStreams: 2000}
+	return options{duration: 5 * time.Second, rounds: 3, concurrency: []int{1, 10, 100}, streamConcurrency: 10, idleStreams: 2000}
 }
 
 // smokeRun runs every target and workload, briefly.
 func smokeRun() options {
-	return options{duration: 300 * time.Millisecond, concurrency: []int{1, 4}, streamConcurrency: 4, idleStreams: 20}
+	return options{duration: 300 * time.Millisecond, rounds: 1, concurrency: []int{1, 4}, streamConcurrency: 4, idleStreams: 20}
 }
 
 // workloads lists the workloads of a run in the order of the table.

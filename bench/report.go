@@ -51,7 +51,7 @@ func (r *report) failures() []string {
 // relay row sits under its reverse_proxy row) and issue 6's targets.
 func (r *report) markdown() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Machine: %s. Each row: %s, closed loop (vegeta), 10 KB request bodies; streams: 20 events, p50/p99 to the last byte.\n\n", r.machine, r.duration)
+	fmt.Fprintf(&b, "Machine: %s. Each row: the medians of %d rounds of %s (targets taking turns), closed loop (vegeta), 10 KB request bodies; streams: 20 events, p50/p99 to the last byte.\n\n", r.machine, r.rounds, r.duration)
 	b.WriteString("| workload | target | req/s | success | p50 | p99 | first byte p50 | memory / idle stream | req/s vs reverse_proxy | p50 vs reverse_proxy | p99 vs reverse_proxy |\n")
 	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, w := range r.workloads() {

@@ -56,46 +56,91 @@ func run(ctx context.Context, o options) (*report, error) {
 	defer b.idle.Close()
 
 	rep := &report{machine: describeMachine(), options: o}
+	rows, err := b.measureLoad(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rep.rows = rows
 	for _, t := range targets {
-		rows, err := b.measure(ctx, t)
+		if !t.idle {
+			continue
+		}
+		r, err := b.measureIdle(ctx, t)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", t.name, err)
 		}
-		rep.rows = append(rep.rows, rows...)
+		rep.rows = append(rep.rows, r)
 	}
 	return rep, nil
 }
 
-// measure runs the load workloads against one caddy process serving t, then
-// the idle streams against another whose upstream is the idle one.
-func (b *bench) measure(ctx context.Context, t *target) ([]row, error) {
-	rows, err := b.measureLoad(ctx, t)
-	if err != nil || !t.idle {
-		return rows, err
+// measureLoad serves every target in front of the fast upstream at once,
+// each in its own caddy process (idle ones cost no CPU), and measures each
+// workload in rounds, the targets taking turns in an order that rotates
+// every round: on a shared machine, a slow minute then weighs on every
+// target alike instead of on whichever ran during it. A row holds the
+// medians of its rounds.
+func (b *bench) measureLoad(ctx context.Context) ([]row, error) {
+	urls := make([]string, len(targets))
+	for i, t := range targets {
+		url, proc, err := b.serve(ctx, t, b.fast)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", t.name, err)
+		}
+		if proc != nil {
+			defer proc.stop()
+		}
+		urls[i] = url
+		b.logf("%s: warm-up", t.name)
+		attack(ctx, t, url, workload{kind: nonStreaming, concurrency: slices.Max(b.concurrency)}, b.duration/10)
 	}
-	r, err := b.measureIdle(ctx, t)
-	return append(rows, r), err
-}
-
-// measureLoad runs a warm-up, then every non-streaming and streaming
-// workload against t in front of the fast upstream.
-func (b *bench) measureLoad(ctx context.Context, t *target) ([]row, error) {
-	url, proc, err := b.serve(ctx, t, b.fast)
-	if err != nil {
-		return nil, err
-	}
-	defer proc.stop()
-	b.logf("%s: warm-up", t.name)
-	attack(ctx, t, url, workload{kind: nonStreaming, concurrency: slices.Max(b.concurrency)}, b.duration/10)
 	var rows []row
 	for _, w := range b.workloads() {
 		if w.kind == idle {
 			continue
 		}
-		b.logf("%s: %s", t.name, w)
-		rows = append(rows, attack(ctx, t, url, w, b.duration))
+		rounds := make([][]row, len(targets))
+		for round := 0; round < b.rounds; round++ {
+			for k := range targets {
+				i := (k + round) % len(targets)
+				b.logf("%s: %s, round %d of %d", targets[i].name, w, round+1, b.rounds)
+				rounds[i] = append(rounds[i], attack(ctx, targets[i], urls[i], w, b.duration))
+				if err := ctx.Err(); err != nil {
+					return nil, err
+				}
+			}
+		}
+		for i := range targets {
+			rows = append(rows, median(rounds[i]))
+		}
 	}
-	return rows, ctx.Err()
+	return rows, nil
+}
+
+// median merges the rounds of one target and workload: the median of each
+// measure, every error, the worst success ratio.
+func median(rounds []row) row {
+	m := rounds[0]
+	pick := func(get func(row) float64) float64 {
+		v := make([]float64, len(rounds))
+		for i, r := range rounds {
+			v[i] = get(r)
+		}
+		slices.Sort(v)
+		return v[len(v)/2]
+	}
+	m.reqPerSec = pick(func(r row) float64 { return r.reqPerSec })
+	m.p50 = time.Duration(pick(func(r row) float64 { return float64(r.p50) }))
+	m.p99 = time.Duration(pick(func(r row) float64 { return float64(r.p99) }))
+	m.firstByte = time.Duration(pick(func(r row) float64 { return float64(r.firstByte) }))
+	m.failedOver = pick(func(r row) float64 { return r.failedOver })
+	for _, r := range rounds[1:] {
+		m.success = min(m.success, r.success)
+		m.errors = append(m.errors, r.errors...)
+	}
+	slices.Sort(m.errors)
+	m.errors = slices.Compact(m.errors)
+	return m
 }
 
 // measureIdle opens the idle streams through t and reports the caddy
