@@ -55,10 +55,22 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		}
 //
 //		channel <name> {
-//			provider  anthropic|mock
+//			provider  anthropic|bedrock|vertex|mock
 //			url       <base url>
 //			api_key   <secret|{env.NAME}|{file./path}>
 //			auth      x-api-key|bearer
+//			# bedrock and vertex:
+//			region            <region>
+//			anthropic_version <version>
+//			betas             <flag>...|*
+//			strip_fields      <field>...
+//			# bedrock:
+//			access_key_id     <id|{env.NAME}>
+//			secret_access_key <secret|{env.NAME}>
+//			session_token     <token|{env.NAME}>
+//			# vertex:
+//			project           <project>
+//			credentials_file  <path>
 //			models    <name>[=<upstream name>]...
 //			priority  <n>
 //			weight    <n>
@@ -431,6 +443,23 @@ func parseChannel(d *caddyfile.Dispenser) (*Channel, error) {
 		case "auth":
 			if !d.AllArgs(&ch.Auth) {
 				return nil, d.ArgErr()
+			}
+		case "region", "access_key_id", "secret_access_key", "session_token", "project", "credentials_file", "anthropic_version":
+			dst := map[string]*string{"region": &ch.Region, "access_key_id": &ch.AccessKeyID, "secret_access_key": &ch.SecretAccessKey,
+				"session_token": &ch.SessionToken, "project": &ch.Project, "credentials_file": &ch.CredentialsFile,
+				"anthropic_version": &ch.AnthropicVersion}[opt]
+			if !d.AllArgs(dst) {
+				return nil, d.ArgErr()
+			}
+		case "betas", "strip_fields":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return nil, d.ArgErr()
+			}
+			if opt == "betas" {
+				ch.Betas = append(ch.Betas, args...)
+			} else {
+				ch.StripFields = append(ch.StripFields, args...)
 			}
 		case "models":
 			args := d.RemainingArgs()

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -97,40 +98,20 @@ func (r *Relay) provisionChannel(ctx caddy.Context, cfg *Channel) (*channel, err
 	}
 	ch.breaker = resolveBreaker(t.Breaker, r.Breaker)
 
-	base := cfg.URL
+	var err error
 	switch cfg.Provider {
 	case providerMock:
-		base = "http://" + cfg.Name + ".mock.invalid"
-		ch.rt = newMockTransport(cfg)
+		ch.rt, ch.provider = newMockTransport(cfg), anthropicProvider{}
+		err = ch.setBase("http://" + cfg.Name + ".mock.invalid")
+	case providerBedrock:
+		err = r.provisionBedrock(ctx, cfg, ch)
+	case providerVertex:
+		err = r.provisionVertex(ctx, cfg, ch)
 	default:
-		if base == "" {
-			base = defaultAnthropicURL
-		}
-		key, err := resolveSecret(cfg.APIKey)
-		if err != nil {
-			return nil, fmt.Errorf("api_key: %w", err)
-		}
-		ch.apiKey = key
-		if !isPlaceholder(cfg.APIKey) {
-			r.logger.Warn("channel api_key is written in the config; use a placeholder such as {env.NAME} to keep it out of GET /config/ and autosave.json",
-				zap.String("channel", cfg.Name))
-		}
-		rt, err := r.loadTransport(ctx, cfg, strings.HasPrefix(base, "https://"))
-		if err != nil {
-			return nil, err
-		}
-		ch.rt = rt
+		err = r.provisionAnthropic(ctx, cfg, ch)
 	}
-	ch.provider = anthropicProvider{}
-	u, err := url.Parse(strings.TrimSuffix(base, "/"))
 	if err != nil {
-		return nil, fmt.Errorf("url: %v", err)
-	}
-	ch.host = u.Host
-	for rt := route(1); rt < routeCount; rt++ {
-		if p := rt.upstreamPath(); p != "" {
-			ch.urls[rt] = u.String() + p
-		}
+		return nil, err
 	}
 
 	if cfg.Probe != nil {
@@ -148,6 +129,52 @@ func (r *Relay) provisionChannel(ctx caddy.Context, cfg *Channel) (*channel, err
 	lim, _ := parseLimits(cfg.Rate, cfg.Tokens, cfg.Concurrency) // validated already
 	ch.limits = lim
 	return ch, nil
+}
+
+// provisionAnthropic sets up a channel to Anthropic's API or an
+// Anthropic-compatible endpoint.
+func (r *Relay) provisionAnthropic(ctx caddy.Context, cfg *Channel, ch *channel) error {
+	base := cmp.Or(cfg.URL, defaultAnthropicURL)
+	key, err := r.channelSecret(cfg, "api_key", cfg.APIKey)
+	if err != nil {
+		return err
+	}
+	ch.apiKey = key
+	if ch.rt, err = r.loadTransport(ctx, cfg, strings.HasPrefix(base, "https://")); err != nil {
+		return err
+	}
+	ch.provider = anthropicProvider{}
+	return ch.setBase(base)
+}
+
+// setBase sets the channel's upstream URLs for the relayed routes and its
+// host, from the base URL.
+func (ch *channel) setBase(base string) error {
+	u, err := url.Parse(strings.TrimSuffix(base, "/"))
+	if err != nil {
+		return fmt.Errorf("url: %v", err)
+	}
+	ch.host = u.Host
+	for rt := route(1); rt < routeCount; rt++ {
+		if p := rt.upstreamPath(); p != "" {
+			ch.urls[rt] = u.String() + p
+		}
+	}
+	return nil
+}
+
+// channelSecret resolves one of a channel's secrets (field names it in
+// errors) and warns when it is written in the config itself.
+func (r *Relay) channelSecret(cfg *Channel, field, value string) (string, error) {
+	v, err := resolveSecret(value)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", field, err)
+	}
+	if !isPlaceholder(value) {
+		r.logger.Warn("a channel secret is written in the config; use a placeholder such as {env.NAME} to keep it out of GET /config/ and autosave.json",
+			zap.String("channel", cfg.Name), zap.String("field", field))
+	}
+	return v, nil
 }
 
 // groupsOf lists the groups of the config that name a channel.

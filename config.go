@@ -143,18 +143,61 @@ type Channel struct {
 	Name string `json:"name"`
 
 	// Provider is the upstream kind: `anthropic` (Anthropic's API or any
-	// Anthropic-compatible endpoint) or `mock` (answered in-process, for
-	// trying the relay without credentials). Default: anthropic.
+	// Anthropic-compatible endpoint), `bedrock` (AWS Bedrock's InvokeModel),
+	// `vertex` (Google Vertex AI) or `mock` (answered in-process, for trying
+	// the relay without credentials). Default: anthropic.
 	Provider string `json:"provider,omitempty"`
 
 	// URL is the upstream's base URL; the request path (/v1/messages...) is
-	// appended to its path. Default for anthropic: https://api.anthropic.com.
+	// appended to its path. Default for anthropic: https://api.anthropic.com;
+	// for bedrock and vertex the region's endpoint (set it to reach another
+	// endpoint, such as a VPC one or a test server).
 	URL string `json:"url,omitempty"`
 
 	// APIKey is the channel's credential, usually a placeholder such as
 	// `{env.ANTHROPIC_API_KEY}` resolved when the config loads. Required for
-	// anthropic channels.
+	// anthropic channels; for bedrock, a Bedrock API key sent as a bearer
+	// token instead of SigV4 credentials.
 	APIKey string `json:"api_key,omitempty"`
+
+	// Region is the cloud region of a bedrock channel (us-east-1...) or of
+	// a vertex channel (us-east5..., or global, us, eu).
+	Region string `json:"region,omitempty"`
+
+	// AccessKeyID, SecretAccessKey and SessionToken are a bedrock channel's
+	// AWS credentials, usually placeholders. Without them (and without an
+	// api_key), the AWS default credential chain is used: environment,
+	// shared config files, container and instance roles.
+	AccessKeyID     string `json:"access_key_id,omitempty"`
+	SecretAccessKey string `json:"secret_access_key,omitempty"`
+	SessionToken    string `json:"session_token,omitempty"`
+
+	// Project is a vertex channel's Google Cloud project.
+	Project string `json:"project,omitempty"`
+
+	// CredentialsFile is the path of a vertex channel's service-account key
+	// file. Default: Google's application default credentials.
+	CredentialsFile string `json:"credentials_file,omitempty"`
+
+	// AnthropicVersion is the `anthropic_version` a bedrock or vertex
+	// channel puts in the body when the request has none. Default:
+	// bedrock-2023-05-31 or vertex-2023-10-16.
+	AnthropicVersion string `json:"anthropic_version,omitempty"`
+
+	// Betas is the allow-list of anthropic-beta flags a bedrock or vertex
+	// channel forwards (bedrock moves them into the body as anthropic_beta;
+	// vertex keeps the header); others are dropped, since both reject a
+	// request with a flag they do not know. `*` forwards every flag.
+	// Default: for bedrock, the flags known to work there (README.md); for
+	// vertex, every flag.
+	Betas []string `json:"betas,omitempty"`
+
+	// StripFields lists top-level body fields a bedrock or vertex channel
+	// removes, since the cloud rejects fields it does not know. Default: for
+	// bedrock service_tier, inference_geo, speed, container, mcp_servers and
+	// a top-level cache_control; for vertex service_tier, inference_geo and
+	// speed.
+	StripFields []string `json:"strip_fields,omitempty"`
 
 	// Auth is how the credential is sent: `x-api-key` (default) or `bearer`
 	// (Authorization: Bearer), for resellers that want a bearer token.
@@ -260,6 +303,8 @@ type Group struct {
 // Provider names.
 const (
 	providerAnthropic = "anthropic"
+	providerBedrock   = "bedrock"
+	providerVertex    = "vertex"
 	providerMock      = "mock"
 )
 
@@ -413,13 +458,40 @@ func (t Tuning) validate() error {
 }
 
 func (ch *Channel) validate() error {
+	if ch.Provider != providerMock && (ch.Latency != 0 || ch.ReplyTokens != 0 || ch.FailRate != 0) {
+		return fmt.Errorf("latency, a reply length (tokens <n>) and fail_rate apply only to provider mock")
+	}
+	cloud := ch.Provider == providerBedrock || ch.Provider == providerVertex
+	if !cloud && (ch.Region != "" || ch.AnthropicVersion != "" || len(ch.Betas) > 0 || len(ch.StripFields) > 0) {
+		return fmt.Errorf("region, anthropic_version, betas and strip_fields apply only to providers bedrock and vertex")
+	}
+	if ch.Provider != providerBedrock && (ch.AccessKeyID != "" || ch.SecretAccessKey != "" || ch.SessionToken != "") {
+		return fmt.Errorf("access_key_id, secret_access_key and session_token apply only to provider bedrock")
+	}
+	if ch.Provider != providerVertex && (ch.Project != "" || ch.CredentialsFile != "") {
+		return fmt.Errorf("project and credentials_file apply only to provider vertex")
+	}
 	switch ch.Provider {
 	case "", providerAnthropic:
 		if ch.APIKey == "" {
 			return fmt.Errorf("no api_key: an anthropic channel needs a credential")
 		}
-		if ch.Latency != 0 || ch.ReplyTokens != 0 || ch.FailRate != 0 {
-			return fmt.Errorf("latency, a reply length (tokens <n>) and fail_rate apply only to provider mock")
+	case providerBedrock:
+		if ch.Region == "" {
+			return fmt.Errorf("no region: a bedrock channel signs for one region")
+		}
+		if (ch.AccessKeyID == "") != (ch.SecretAccessKey == "") {
+			return fmt.Errorf("access_key_id and secret_access_key go together")
+		}
+		if ch.APIKey != "" && ch.AccessKeyID != "" {
+			return fmt.Errorf("an api_key (bearer) and access keys (SigV4) exclude each other")
+		}
+	case providerVertex:
+		if ch.Project == "" || ch.Region == "" {
+			return fmt.Errorf("a vertex channel needs a project and a region")
+		}
+		if ch.APIKey != "" {
+			return fmt.Errorf("a vertex channel authenticates with Google credentials (credentials_file or the default ones), not an api_key")
 		}
 	case providerMock:
 		if ch.TransportRaw != nil {
@@ -432,7 +504,7 @@ func (ch *Channel) validate() error {
 			return fmt.Errorf("tokens and latency must not be negative")
 		}
 	default:
-		return fmt.Errorf("unknown provider %q (known: anthropic, mock)", ch.Provider)
+		return fmt.Errorf("unknown provider %q (known: anthropic, bedrock, vertex, mock)", ch.Provider)
 	}
 	if ch.URL != "" {
 		u, err := url.Parse(ch.URL)

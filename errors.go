@@ -1,9 +1,11 @@
 package relay
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"math"
 	"net/http"
 	"strconv"
@@ -378,4 +380,21 @@ func rateLimitReset(h http.Header, now time.Time) time.Duration {
 		return exhausted
 	}
 	return earliest
+}
+
+// asAnthropicError replaces an upstream answer in another shape (a cloud's
+// error) with an Anthropic error of status and type, keeping its headers,
+// so the classification table and the client see what Anthropic would send.
+func asAnthropicError(resp *http.Response, status int, typ, msg string) *http.Response {
+	_ = resp.Body.Close()
+	e := &relayError{status: status, typ: typ, msg: msg}
+	b := e.body(resp.Header.Get("X-Amzn-Requestid"))
+	h := resp.Header.Clone()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(b)))
+	out := *resp
+	out.StatusCode, out.Status = status, strconv.Itoa(status)+" "+http.StatusText(status)
+	out.Header, out.ContentLength = h, int64(len(b))
+	out.Body = io.NopCloser(bytes.NewReader(b))
+	return &out
 }

@@ -3,18 +3,30 @@ package relay
 import (
 	"context"
 	"net/http"
+	"slices"
 	"strings"
+
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
 )
 
-// provider builds the upstream request for one attempt in its upstream's
-// wire format. Everything else about an attempt is shared.
+// provider speaks one upstream's wire: it builds the upstream request of an
+// attempt, and turns the upstream's answer into Anthropic's wire format
+// (statuses, error bodies, the event stream) before the relay classifies
+// it. Everything else about an attempt is shared.
 type provider interface {
 	newRequest(ctx context.Context, ch *channel, in *inbound) (*http.Request, error)
+	response(resp *http.Response, in *inbound) (*http.Response, error)
 }
 
 // anthropicProvider speaks Anthropic's own API: same path and query, same
 // body but for the model mapping, the channel's credential.
 type anthropicProvider struct{}
+
+// response implements provider: Anthropic's answers are Anthropic's.
+func (anthropicProvider) response(resp *http.Response, _ *inbound) (*http.Response, error) {
+	return resp, nil
+}
 
 func (anthropicProvider) newRequest(ctx context.Context, ch *channel, in *inbound) (*http.Request, error) {
 	u := ch.urls[in.route]
@@ -83,4 +95,41 @@ func copyResponseHeaders(dst, src http.Header) {
 			dst.Del(strings.TrimSpace(name))
 		}
 	}
+}
+
+// cloudBody rewrites a Messages body for a cloud endpoint (Bedrock,
+// Vertex): the top-level fields in drop leave it (the model goes in the
+// URL; fields the cloud rejects), and anthropic_version is set when the
+// client sent none. Every other byte stays as the client sent it.
+func cloudBody(body []byte, version string, drop []string) ([]byte, error) {
+	out := body
+	for _, f := range drop {
+		if !gjson.GetBytes(out, gjson.Escape(f)).Exists() {
+			continue
+		}
+		var err error
+		if out, err = sjson.DeleteBytes(out, gjson.Escape(f)); err != nil {
+			return nil, err
+		}
+	}
+	if gjson.GetBytes(out, "anthropic_version").Exists() {
+		return out, nil
+	}
+	return sjson.SetBytes(out, "anthropic_version", version)
+}
+
+// betasFor splits the client's anthropic-beta headers (comma-separated,
+// possibly repeated) and keeps the flags allowed: all of them when allowed
+// holds "*".
+func betasFor(h http.Header, allowed []string) []string {
+	var out []string
+	for _, v := range h.Values("Anthropic-Beta") {
+		for _, flag := range strings.Split(v, ",") {
+			flag = strings.TrimSpace(flag)
+			if flag != "" && !slices.Contains(out, flag) && (slices.Contains(allowed, "*") || slices.Contains(allowed, flag)) {
+				out = append(out, flag)
+			}
+		}
+	}
+	return out
 }

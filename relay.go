@@ -618,6 +618,10 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 		return fail(err)
 	}
 	defer resp.Body.Close()
+	if resp, err = ch.provider.response(resp, in); err != nil {
+		return fail(err)
+	}
+	defer resp.Body.Close() // the provider may have replaced it
 	firstByteTime := time.Since(sent)
 	ch.health.observeQuota(resp.Header, r.now())
 
