@@ -113,7 +113,7 @@ type errorJSON struct {
 		Message string `json:"message"`
 		Code    string `json:"code,omitempty"`
 	} `json:"error"`
-	RequestID string `json:"request_id"`
+	RequestID string `json:"request_id,omitempty"`
 }
 
 func (e *relayError) body(requestID string) []byte {

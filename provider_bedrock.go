@@ -1,12 +1,411 @@
 package relay
 
 import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
+	"github.com/aws/aws-sdk-go-v2/aws/protocol/eventstream"
+	"github.com/aws/aws-sdk-go-v2/aws/protocol/eventstream/eventstreamapi"
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/caddyserver/caddy/v2"
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
 )
+
+// Bedrock defaults.
+const bedrockVersion = "bedrock-2023-05-31"
+
+// defaultBedrockBetas are the anthropic-beta flags known to be accepted by
+// Bedrock's InvokeModel (Envoy AI Gateway's probe-verified list): Bedrock
+// refuses a whole request for one flag it does not know.
+var defaultBedrockBetas = []string{
+	"computer-use-2024-10-22", "computer-use-2025-01-24", "context-1m-2025-08-07",
+	"context-management-2025-06-27", "dev-full-thinking-2025-05-14", "fine-grained-tool-streaming-2025-05-14",
+	"interleaved-thinking-2025-05-14", "mcp-client-2025-04-04", "mcp-client-2025-11-20",
+	"model-context-window-exceeded-2025-08-26", "output-128k-2025-02-19", "pdfs-2024-09-25",
+	"search-results-2025-06-09", "token-counting-2024-11-01", "token-efficient-tools-2025-02-19",
+	"tool-search-tool-2025-10-19", "web-search-2025-03-05",
+}
+
+// defaultBedrockStrip are Anthropic-only top-level fields InvokeModel
+// rejects with "Extra inputs are not permitted".
+var defaultBedrockStrip = []string{"service_tier", "inference_geo", "speed", "container", "mcp_servers", "cache_control"}
+
+// bedrockProvider speaks AWS Bedrock's InvokeModel: the model in the path,
+// the body without model and stream but with anthropic_version and the
+// betas, SigV4 (or a Bedrock API key), and an AWS event stream for streams.
+type bedrockProvider struct {
+	endpoint string // scheme://host of the runtime API
+	region   string
+	creds    aws.CredentialsProvider // nil with an API key
+	apiKey   string
+	signer   *v4.Signer
+	version  string
+	betas    []string
+	drop     []string // body fields removed: model, stream and the stripped ones
+}
 
 // provisionBedrock sets up a channel to AWS Bedrock.
 func (r *Relay) provisionBedrock(ctx caddy.Context, cfg *Channel, ch *channel) error {
-	return fmt.Errorf("provider bedrock: not built yet")
+	p := &bedrockProvider{
+		endpoint: "https://bedrock-runtime." + cfg.Region + ".amazonaws.com",
+		region:   cfg.Region,
+		signer:   v4.NewSigner(),
+		version:  cfg.AnthropicVersion,
+		betas:    cfg.Betas,
+		drop:     append([]string{"model", "stream"}, cfg.StripFields...),
+	}
+	if cfg.URL != "" {
+		p.endpoint = strings.TrimSuffix(cfg.URL, "/")
+	}
+	if p.version == "" {
+		p.version = bedrockVersion
+	}
+	if len(p.betas) == 0 {
+		p.betas = defaultBedrockBetas
+	}
+	if len(cfg.StripFields) == 0 {
+		p.drop = append(p.drop, defaultBedrockStrip...)
+	}
+	switch {
+	case cfg.APIKey != "":
+		key, err := r.channelSecret(cfg, "api_key", cfg.APIKey)
+		if err != nil {
+			return err
+		}
+		p.apiKey = key
+	case cfg.AccessKeyID != "":
+		id, err := r.channelSecret(cfg, "access_key_id", cfg.AccessKeyID)
+		if err != nil {
+			return err
+		}
+		secret, err := r.channelSecret(cfg, "secret_access_key", cfg.SecretAccessKey)
+		if err != nil {
+			return err
+		}
+		var session string
+		if cfg.SessionToken != "" {
+			if session, err = r.channelSecret(cfg, "session_token", cfg.SessionToken); err != nil {
+				return err
+			}
+		}
+		p.creds = credentials.NewStaticCredentialsProvider(id, secret, session)
+	default:
+		// the default chain; nothing is fetched until the first request
+		awsCfg, err := awsconfig.LoadDefaultConfig(ctx, awsconfig.WithRegion(cfg.Region))
+		if err != nil {
+			return fmt.Errorf("AWS default credentials: %v", err)
+		}
+		p.creds = awsCfg.Credentials
+	}
+	var err error
+	if ch.rt, err = r.loadTransport(ctx, cfg, strings.HasPrefix(p.endpoint, "https://")); err != nil {
+		return err
+	}
+	u, err := url.Parse(p.endpoint)
+	if err != nil {
+		return fmt.Errorf("url: %v", err)
+	}
+	ch.provider, ch.host = p, u.Host
+	return nil
 }
+
+// newRequest implements provider.
+func (p *bedrockProvider) newRequest(ctx context.Context, ch *channel, in *inbound) (*http.Request, error) {
+	id := ch.upstreamModel(in.model)
+	body, err := cloudBody(in.body, p.version, p.drop)
+	if err != nil {
+		return nil, err
+	}
+	if betas := betasFor(in.header, p.betas); len(betas) > 0 && !gjson.GetBytes(body, "anthropic_beta").Exists() {
+		if body, err = sjson.SetBytes(body, "anthropic_beta", betas); err != nil {
+			return nil, err
+		}
+	}
+	action := "invoke"
+	switch {
+	case in.route == routeCountTokens:
+		id, action = foundationModel(id), "count-tokens"
+		if body, err = countTokensBody(body); err != nil {
+			return nil, err
+		}
+	case in.stream:
+		action = "invoke-with-response-stream"
+	}
+	u, err := url.Parse(p.endpoint + "/model/" + url.PathEscape(id) + "/" + action)
+	if err != nil {
+		return nil, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if in.stream && in.route == routeMessages {
+		req.Header.Set("X-Amzn-Bedrock-Accept", "application/json")
+	} else {
+		req.Header.Set("Accept", "application/json")
+	}
+	if ua := in.header.Get("User-Agent"); ua != "" {
+		req.Header.Set("User-Agent", ua)
+	}
+	return req, p.sign(ctx, req, body)
+}
+
+// sign authenticates req: a Bedrock API key as a bearer token, or SigV4
+// over the final body (any later change would void the signature).
+func (p *bedrockProvider) sign(ctx context.Context, req *http.Request, body []byte) error {
+	if p.apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+p.apiKey)
+		return nil
+	}
+	creds, err := p.creds.Retrieve(ctx)
+	if err != nil {
+		return fmt.Errorf("AWS credentials: %w", err)
+	}
+	sum := sha256.Sum256(body)
+	return p.signer.SignHTTP(ctx, creds, req, hex.EncodeToString(sum[:]), "bedrock", p.region, time.Now())
+}
+
+// foundationModel strips a cross-region inference profile's prefix
+// (us.anthropic... -> anthropic...): CountTokens takes the model itself.
+func foundationModel(id string) string {
+	if i := strings.Index(id, ".anthropic."); i > 0 && !strings.ContainsAny(id[:i], ":/") {
+		return id[i+1:]
+	}
+	return id
+}
+
+// countTokensBody wraps an InvokeModel body the way CountTokens takes it;
+// the inner body must be a valid InvokeModel body, max_tokens included.
+func countTokensBody(invoke []byte) ([]byte, error) {
+	if !gjson.GetBytes(invoke, "max_tokens").Exists() {
+		var err error
+		if invoke, err = sjson.SetBytes(invoke, "max_tokens", 1); err != nil {
+			return nil, err
+		}
+	}
+	return json.Marshal(map[string]any{"input": map[string]any{"invokeModel": map[string]string{
+		"body": base64.StdEncoding.EncodeToString(invoke)}}})
+}
+
+// response implements provider: errors become Anthropic errors, an event
+// stream becomes Anthropic's SSE, a CountTokens answer Anthropic's.
+func (p *bedrockProvider) response(resp *http.Response, in *inbound) (*http.Response, error) {
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		body, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+		if err != nil {
+			return nil, err
+		}
+		name := bedrockErrorName(resp.Header.Get("X-Amzn-Errortype"), body)
+		status, typ := bedrockError(name, resp.StatusCode, body)
+		msg := gjson.GetBytes(body, "message").String()
+		if msg == "" {
+			msg = gjson.GetBytes(body, "Message").String()
+		}
+		return asAnthropicError(resp, status, typ, "bedrock: "+strings.TrimSpace(name+": "+msg)), nil
+	}
+	if in.route == routeCountTokens {
+		body, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+		if err != nil {
+			return nil, err
+		}
+		return withBody(resp, "application/json", []byte(`{"input_tokens":`+strconv.FormatInt(gjson.GetBytes(body, "inputTokens").Int(), 10)+`}`)), nil
+	}
+	if !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/vnd.amazon.eventstream") {
+		return resp, nil
+	}
+	out := *resp
+	out.Header = resp.Header.Clone()
+	out.Header.Set("Content-Type", "text/event-stream; charset=utf-8")
+	out.Header.Del("Content-Length")
+	out.Header.Del("X-Amzn-Bedrock-Content-Type")
+	out.ContentLength = -1
+	out.Body = &eventStreamSSE{src: resp.Body, dec: eventstream.NewDecoder()}
+	return &out, nil
+}
+
+// withBody replaces resp's body.
+func withBody(resp *http.Response, contentType string, body []byte) *http.Response {
+	_ = resp.Body.Close()
+	out := *resp
+	out.Header = resp.Header.Clone()
+	out.Header.Set("Content-Type", contentType)
+	out.Header.Set("Content-Length", strconv.Itoa(len(body)))
+	out.ContentLength = int64(len(body))
+	out.Body = io.NopCloser(bytes.NewReader(body))
+	return &out
+}
+
+// bedrockErrorName is the exception name of a Bedrock error: the
+// X-Amzn-ErrorType header (before any ':'), else the body's __type (after
+// any '#').
+func bedrockErrorName(header string, body []byte) string {
+	name := header
+	if name == "" {
+		name = gjson.GetBytes(body, "__type").String()
+	}
+	name, _, _ = strings.Cut(name, ":")
+	if i := strings.LastIndexByte(name, '#'); i >= 0 {
+		name = name[i+1:]
+	}
+	return name
+}
+
+// bedrockErrors maps Bedrock's exceptions onto the Anthropic status and
+// error type that mean the same, so the classification table decides
+// failover and cooldown as for Anthropic: throttling is a 429, an
+// unavailable service or model an overload, a refused credential the
+// channel's problem, a bad request the client's.
+var bedrockErrors = map[string]struct {
+	status int
+	typ    string
+}{
+	"validationexception":           {400, "invalid_request_error"},
+	"servicequotaexceededexception": {429, "rate_limit_error"},
+	"accessdeniedexception":         {403, "permission_error"},
+	"unrecognizedclientexception":   {403, "permission_error"},
+	"invalidsignatureexception":     {403, "permission_error"},
+	"expiredtokenexception":         {403, "permission_error"},
+	"resourcenotfoundexception":     {404, "not_found_error"},
+	"modeltimeoutexception":         {504, "timeout_error"},
+	"modelerrorexception":           {500, "api_error"},
+	"throttlingexception":           {429, "rate_limit_error"},
+	"modelnotreadyexception":        {529, "overloaded_error"},
+	"internalserverexception":       {500, "api_error"},
+	"serviceunavailableexception":   {529, "overloaded_error"},
+}
+
+// anthropicTypes is the Anthropic error type of a status.
+var anthropicTypes = map[int]string{
+	400: "invalid_request_error", 401: "authentication_error", 402: "billing_error", 403: "permission_error",
+	404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 504: "timeout_error", 529: "overloaded_error",
+}
+
+// bedrockError is the Anthropic status and type of a Bedrock exception
+// (names compare case-insensitively: streams use lowerCamel). A model
+// stream error carries the model's own status.
+func bedrockError(name string, status int, body []byte) (int, string) {
+	if strings.EqualFold(name, "ModelStreamErrorException") {
+		if orig := int(gjson.GetBytes(body, "originalStatusCode").Int()); orig != 0 {
+			status = orig
+		}
+	} else if e, ok := bedrockErrors[strings.ToLower(name)]; ok {
+		return e.status, e.typ
+	}
+	if typ, ok := anthropicTypes[status]; ok {
+		return status, typ
+	}
+	if status >= 500 {
+		return status, "api_error"
+	}
+	return status, "invalid_request_error"
+}
+
+// eventStreamSSE turns Bedrock's AWS event stream into the exact SSE
+// Anthropic sends: each chunk carries one Anthropic event's JSON, emitted
+// as `event: <type>\ndata: <json>\n\n`. An exception frame becomes an
+// Anthropic `event: error` (so before the commit point the relay fails
+// over on it, and after it the client's SDK raises it) and ends the stream.
+type eventStreamSSE struct {
+	src     io.ReadCloser
+	dec     *eventstream.Decoder
+	payload []byte
+	out     bytes.Buffer
+	err     error
+}
+
+// Read implements io.Reader.
+func (c *eventStreamSSE) Read(p []byte) (int, error) {
+	for c.out.Len() == 0 {
+		if c.err != nil {
+			return 0, c.err
+		}
+		c.next()
+	}
+	return c.out.Read(p)
+}
+
+// Close implements io.Closer.
+func (c *eventStreamSSE) Close() error { return c.src.Close() }
+
+// next decodes one frame into c.out, or sets c.err.
+func (c *eventStreamSSE) next() {
+	msg, err := c.dec.Decode(c.src, c.payload[:0])
+	if err != nil {
+		c.err = err
+		return
+	}
+	c.payload = msg.Payload[:0]
+	switch header(msg, eventstreamapi.MessageTypeHeader) {
+	case eventstreamapi.EventMessageType:
+		if header(msg, eventstreamapi.EventTypeHeader) == "chunk" {
+			c.chunk(msg.Payload)
+		}
+	case eventstreamapi.ExceptionMessageType:
+		name := header(msg, eventstreamapi.ExceptionTypeHeader)
+		_, typ := bedrockError(name, 500, msg.Payload)
+		c.fail(typ, name+": "+gjson.GetBytes(msg.Payload, "message").String())
+	case eventstreamapi.ErrorMessageType:
+		c.fail("api_error", header(msg, eventstreamapi.ErrorCodeHeader)+": "+header(msg, eventstreamapi.ErrorMessageHeader))
+	}
+}
+
+// chunk emits the Anthropic event a chunk carries. A chunk without a type
+// is a keep-alive. The usage metrics Bedrock appends to message_stop are
+// not Anthropic's and are left out.
+func (c *eventStreamSSE) chunk(payload []byte) {
+	raw := gjson.GetBytes(payload, "bytes").String()
+	ev, err := base64.StdEncoding.DecodeString(raw)
+	if err != nil {
+		c.fail("api_error", "undecodable chunk from Bedrock")
+		return
+	}
+	typ := gjson.GetBytes(ev, "type").String()
+	if typ == "" {
+		return
+	}
+	if typ == "message_stop" && gjson.GetBytes(ev, "amazon-bedrock-invocationMetrics").Exists() {
+		ev, _ = sjson.DeleteBytes(ev, "amazon-bedrock-invocationMetrics")
+	}
+	if bytes.IndexByte(ev, '\n') >= 0 { // SSE data must be one line
+		var compact bytes.Buffer
+		if json.Compact(&compact, ev) == nil {
+			ev = compact.Bytes()
+		}
+	}
+	c.out.WriteString("event: ")
+	c.out.WriteString(typ)
+	c.out.WriteString("\ndata: ")
+	c.out.Write(ev)
+	c.out.WriteString("\n\n")
+}
+
+// fail emits an Anthropic error event and ends the stream.
+func (c *eventStreamSSE) fail(typ, msg string) {
+	c.out.Write(sseError(typ, "bedrock: "+msg, ""))
+	c.err = io.EOF
+}
+
+// header reads a string header of an event-stream message.
+func header(m eventstream.Message, name string) string {
+	if v := m.Headers.Get(name); v != nil {
+		return v.String()
+	}
+	return ""
+}
+
