@@ -382,6 +382,13 @@ func rateLimitReset(h http.Header, now time.Time) time.Duration {
 	return earliest
 }
 
+// anthropicTypes is the Anthropic error type of a status, for a cloud's
+// errors that name none.
+var anthropicTypes = map[int]string{
+	400: "invalid_request_error", 401: "authentication_error", 402: "billing_error", 403: "permission_error",
+	404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 504: "timeout_error", 529: "overloaded_error",
+}
+
 // asAnthropicError replaces an upstream answer in another shape (a cloud's
 // error) with an Anthropic error of status and type, keeping its headers,
 // so the classification table and the client see what Anthropic would send.

@@ -290,12 +290,6 @@ var bedrockErrors = map[string]struct {
 	"serviceunavailableexception":   {529, "overloaded_error"},
 }
 
-// anthropicTypes is the Anthropic error type of a status.
-var anthropicTypes = map[int]string{
-	400: "invalid_request_error", 401: "authentication_error", 402: "billing_error", 403: "permission_error",
-	404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 504: "timeout_error", 529: "overloaded_error",
-}
-
 // bedrockError is the Anthropic status and type of a Bedrock exception
 // (names compare case-insensitively: streams use lowerCamel). A model
 // stream error carries the model's own status.
