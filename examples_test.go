@@ -28,9 +28,16 @@ func TestExamplesAdaptAndValidate(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, m := range placeholder.FindAllStringSubmatch(string(src), -1) {
-				if m[1] == "env" {
+				switch {
+				case m[1] == "env" && strings.HasSuffix(m[2], "_FILE"):
+					// a credentials file must exist and be well formed
+					t.Setenv(m[2], newFakeGoogle(t, 3600).serviceAccountFile(t))
+				case m[1] == "env":
 					t.Setenv(m[2], "test-secret-"+m[2])
-				} else if _, err := os.Stat(m[2]); err != nil {
+				default:
+					if _, err := os.Stat(m[2]); err == nil {
+						continue
+					}
 					// point the {file.*} placeholder at a file that exists
 					tmp := filepath.Join(t.TempDir(), "secret")
 					if err := os.WriteFile(tmp, []byte("test-secret-file\n"), 0o600); err != nil {
