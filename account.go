@@ -29,11 +29,11 @@ func (r *Relay) account(in *inbound) {
 	if in.answered != nil {
 		channel = in.answered.name
 	}
-	model := r.modelLabel(in.model)
+	model, served := r.modelLabel(in.model), r.modelLabel(in.target)
 
 	u := in.usage
 	var cost float64
-	rates := r.prices.lookup(in.model)
+	rates := r.prices.lookup(in.target) // what was served is what is billed
 	if rates != nil {
 		cost = rates.cost(u)
 	}
@@ -44,10 +44,10 @@ func (r *Relay) account(in *inbound) {
 			kind string
 			n    int64
 		}{{"input", u.input}, {"output", u.output}, {"cache_read", u.cacheRead}, {"cache_write", u.cacheWrite}} {
-			metricTokens.WithLabelValues(group, channel, model, t.kind).Add(float64(t.n))
+			metricTokens.WithLabelValues(group, channel, served, t.kind).Add(float64(t.n))
 		}
 		if cost > 0 {
-			metricCost.WithLabelValues(group, key, model).Add(cost)
+			metricCost.WithLabelValues(group, key, served).Add(cost)
 		}
 		if in.incomplete {
 			metricIncomplete.WithLabelValues(group, model).Inc()
@@ -77,6 +77,9 @@ func (r *Relay) account(in *inbound) {
 		zap.Int64("cache_read_tokens", u.cacheRead),
 		zap.Int64("cache_write_tokens", u.cacheWrite),
 		zap.Bool("incomplete", in.incomplete),
+	}
+	if in.target != in.model {
+		fields = append(fields, zap.String("served_model", in.target))
 	}
 	if rates != nil {
 		fields = append(fields, zap.Float64("cost_usd", cost))

@@ -105,6 +105,9 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			wait_for_recovery <duration>
 //			max_queue <n>
 //			max_wait  realtime|normal|batch <duration>
+//			policy    weighted|adaptive|sticky
+//			split     <channel> <share|percent>
+//			fallback  <model> <fallback model>...
 //			expose_channel
 //		}
 //	}
@@ -601,6 +604,32 @@ func parseGroup(d *caddyfile.Dispenser) (*Group, error) {
 			if err := parseInt(d, &g.MaxQueue); err != nil {
 				return nil, err
 			}
+		case "policy":
+			if !d.AllArgs(&g.Policy) {
+				return nil, d.ArgErr()
+			}
+		case "split":
+			var name, share string
+			if !d.AllArgs(&name, &share) {
+				return nil, d.Errf("split takes a channel and a share: split canary 10%%")
+			}
+			f, err := ratio(share)
+			if err != nil {
+				return nil, d.Errf("split: %v", err)
+			}
+			if g.Splits == nil {
+				g.Splits = map[string]float64{}
+			}
+			g.Splits[name] = f
+		case "fallback":
+			args := d.RemainingArgs()
+			if len(args) < 2 {
+				return nil, d.Errf("fallback takes a model and the models that may serve it: fallback claude-opus-4-1 claude-sonnet-4-5")
+			}
+			if g.Fallbacks == nil {
+				g.Fallbacks = map[string][]string{}
+			}
+			g.Fallbacks[args[0]] = append(g.Fallbacks[args[0]], args[1:]...)
 		case "max_wait":
 			var class, dur string
 			if !d.AllArgs(&class, &dur) {

@@ -353,8 +353,13 @@ func TestCaddyfileErrors(t *testing.T) {
 		},
 		{
 			name:  "unknown group option",
+			input: caddyfileWith("", "", "group g {\n\tchannels a\n\tcolour blue\n}\n"),
+			want:  []string{`unrecognized group option "colour"`},
+		},
+		{
+			name:  "unknown policy",
 			input: caddyfileWith("", "", "group g {\n\tchannels a\n\tpolicy fastest\n}\n"),
-			want:  []string{`unrecognized group option "policy"`},
+			want:  []string{`group "g"`, `unknown policy "fastest"`},
 		},
 		{
 			name:  "unknown key option",

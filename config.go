@@ -294,6 +294,24 @@ type Group struct {
 	// Default: realtime 10s, normal 30s, batch 5m.
 	MaxWait map[string]caddy.Duration `json:"max_wait,omitempty"`
 
+	// Policy picks among the live channels of the best tier: `weighted`
+	// (default) by weight at random; `adaptive` by weight scaled down by
+	// load, recent failures and latency, so traffic drains from a channel
+	// that degrades; `sticky` keeps each session on one channel while it
+	// stays live, so the prompt cache keeps hitting.
+	Policy string `json:"policy,omitempty"`
+
+	// Splits sends a share of sessions (or keys, for requests without a
+	// session) to a channel, whatever its priority: a canary. The others
+	// never reach it while another channel is live. By channel name, shares
+	// from 0 to 1.
+	Splits map[string]float64 `json:"splits,omitempty"`
+
+	// Fallbacks lets a request for a model be served by channels of the
+	// listed models, in order, when no channel of the model itself is live
+	// (only then). By the requested model's name.
+	Fallbacks map[string][]string `json:"fallbacks,omitempty"`
+
 	// WaitForRecovery lets a request whose every channel is cooling down
 	// wait up to this long for the first to recover, instead of getting
 	// the 503 no_healthy_channel at once. Default: 0 (no wait).
@@ -301,6 +319,13 @@ type Group struct {
 }
 
 // Provider names.
+// Policies.
+const (
+	policyWeighted = "weighted"
+	policyAdaptive = "adaptive"
+	policySticky   = "sticky"
+)
+
 const (
 	providerAnthropic = "anthropic"
 	providerBedrock   = "bedrock"
@@ -363,6 +388,29 @@ func (r *Relay) validateConfig() error {
 		}
 		if g.WaitForRecovery < 0 {
 			return fmt.Errorf("group %q: wait_for_recovery must not be negative", g.Name)
+		}
+		switch g.Policy {
+		case "", policyWeighted, policyAdaptive, policySticky:
+		default:
+			return fmt.Errorf("group %q: unknown policy %q (weighted, adaptive, sticky)", g.Name, g.Policy)
+		}
+		for name, share := range g.Splits {
+			if !seen[name] {
+				return fmt.Errorf("group %q: split names %q, which is not one of its channels", g.Name, name)
+			}
+			if share <= 0 || share > 1 {
+				return fmt.Errorf("group %q: split %q must be a share above 0%% and at most 100%%", g.Name, name)
+			}
+		}
+		for model, fbs := range g.Fallbacks {
+			if !validModelName(model) || len(fbs) == 0 {
+				return fmt.Errorf("group %q: fallback takes a model and the models that may serve it", g.Name)
+			}
+			for _, fb := range fbs {
+				if !validModelName(fb) || fb == model {
+					return fmt.Errorf("group %q: fallback for %q: %q is not another model", g.Name, model, fb)
+				}
+			}
 		}
 		for class, d := range g.MaxWait {
 			if _, ok := priorityByName(class); !ok || class == "" {

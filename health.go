@@ -2,6 +2,7 @@ package relay
 
 import (
 	"errors"
+	"math"
 	"net/http"
 	"slices"
 	"sync"
@@ -66,14 +67,29 @@ type channelHealth struct {
 
 	breaker atomic.Pointer[gobreaker.TwoStepCircuitBreaker[struct{}]]
 
+	// first-byte latency in ms, exponentially weighted (float64 bits):
+	// read by the adaptive policy without the lock
+	ewmaMs atomic.Uint64
+
 	mu          sync.Mutex
 	settings    breakerSettings
 	consecutive int // transient failures in a row, for the exponential cooldown
 	lastError   outcome
 	lastReason  string
 	lastErrorAt time.Time
-	ewmaMs      float64 // first-byte latency, exponentially weighted
 	owners      []channelOwner
+}
+
+// latency is the channel's first-byte latency EWMA in ms; 0 before any.
+func (h *channelHealth) latency() float64 { return math.Float64frombits(h.ewmaMs.Load()) }
+
+// failureRatio is the share of failed attempts in the breaker's window.
+func (h *channelHealth) failureRatio() float64 {
+	c := h.breaker.Load().Counts()
+	if judged := c.TotalSuccesses + c.TotalFailures; judged > 0 {
+		return float64(c.TotalFailures) / float64(judged)
+	}
+	return 0
 }
 
 // channelOwner is what one loaded config says about the channel, for the
@@ -301,12 +317,11 @@ func (h *channelHealth) record(v verdict, p cooldownPolicy, now time.Time, first
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if firstByte > 0 {
-		ms := float64(firstByte) / float64(time.Millisecond)
-		if h.ewmaMs == 0 {
-			h.ewmaMs = ms
-		} else {
-			h.ewmaMs += ewmaWeight * (ms - h.ewmaMs)
+		ms, cur := float64(firstByte)/float64(time.Millisecond), h.latency()
+		if cur != 0 {
+			ms = cur + ewmaWeight*(ms-cur)
 		}
+		h.ewmaMs.Store(math.Float64bits(ms))
 	}
 	var d time.Duration
 	switch v.outcome {
@@ -404,7 +419,7 @@ func (h *channelHealth) status(name string, now time.Time) channelStatus {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	st.EWMALatencyMs = float64(int64(h.ewmaMs*100)) / 100
+	st.EWMALatencyMs = math.Round(h.latency()*100) / 100
 	if n := len(h.owners); n > 0 {
 		st.Provider, st.Groups = h.owners[n-1].provider, h.owners[n-1].groups
 	}

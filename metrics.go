@@ -74,6 +74,11 @@ var (
 		Help: "Requests waiting in a group's queue, by group and priority class.",
 	}, []string{"group", "priority"})
 
+	metricFallbacks = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "relay_model_fallbacks_total",
+		Help: "Requests served by a fallback model because no channel of the requested one was live, by group, requested model and fallback.",
+	}, []string{"group", "from", "to"})
+
 	metricStates = stateCollector{
 		state: prometheus.NewDesc("relay_channel_state",
 			"1 for the state each channel is in (healthy, cooldown, open, half_open, disabled), 0 for the others.", []string{"channel", "state"}, nil),
@@ -87,7 +92,7 @@ var (
 var collectors = []prometheus.Collector{
 	metricRequests, metricDuration, metricFirstByte, metricAttempts, metricFailovers,
 	metricTokens, metricCost, metricIncomplete, metricDropped, metricStates,
-	metricRateLimited, metricQueueWait, metricQueueDepth,
+	metricRateLimited, metricQueueWait, metricQueueDepth, metricFallbacks,
 }
 
 // registerMetrics registers the relay's collectors in a config's registry.

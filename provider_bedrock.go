@@ -126,7 +126,7 @@ func (r *Relay) provisionBedrock(ctx caddy.Context, cfg *Channel, ch *channel) e
 
 // newRequest implements provider.
 func (p *bedrockProvider) newRequest(ctx context.Context, ch *channel, in *inbound) (*http.Request, error) {
-	id := ch.upstreamModel(in.model)
+	id := ch.upstreamModel(in.target)
 	body, err := cloudBody(in.body, p.version, p.drop)
 	if err != nil {
 		return nil, err

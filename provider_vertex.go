@@ -134,7 +134,7 @@ func (p vertexProvider) newRequest(ctx context.Context, ch *channel, in *inbound
 	var err error
 	if in.route == routeCountTokens {
 		u = p.models + "count-tokens:rawPredict"
-		if body, err = vertexCountBody(in.bodyFor(ch), ch.upstreamModel(in.model)); err == nil {
+		if body, err = vertexCountBody(in.bodyFor(ch), ch.upstreamModel(in.target)); err == nil {
 			body, err = cloudBody(body, p.version, p.strip)
 		}
 	} else {
@@ -142,7 +142,7 @@ func (p vertexProvider) newRequest(ctx context.Context, ch *channel, in *inbound
 		if in.stream {
 			method = ":streamRawPredict"
 		}
-		u = p.models + url.PathEscape(ch.upstreamModel(in.model)) + method
+		u = p.models + url.PathEscape(ch.upstreamModel(in.target)) + method
 		body, err = cloudBody(in.body, p.version, p.stripModels)
 	}
 	if err != nil {

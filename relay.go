@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -81,6 +82,9 @@ type group struct {
 	waitMax     time.Duration
 	maxQueue    int
 	maxWait     [priorityCount]time.Duration
+	policy      string
+	splits      []groupSplit
+	fallbacks   map[string][]string // model -> the models that may serve it
 }
 
 const (
@@ -157,7 +161,11 @@ func (r *Relay) provisionGroups(channels map[string]*channel) error {
 	for _, cfg := range r.Groups {
 		g := &group{name: cfg.Name, retries: defaultRetries, expose: cfg.ExposeChannel,
 			budgetRatio: defaultRetryBudget, budgetFloor: defaultRetryBudgetFloor, waitMax: time.Duration(cfg.WaitForRecovery),
-			maxQueue: defaultMaxQueue, maxWait: defaultMaxWait}
+			maxQueue: defaultMaxQueue, maxWait: defaultMaxWait, policy: cmp.Or(cfg.Policy, policyWeighted), fallbacks: cfg.Fallbacks}
+		for name, share := range cfg.Splits {
+			g.splits = append(g.splits, groupSplit{ch: channels[name], share: share})
+		}
+		slices.SortFunc(g.splits, func(a, b groupSplit) int { return strings.Compare(a.ch.name, b.ch.name) })
 		if cfg.Retries != nil {
 			g.retries = *cfg.Retries
 		}
@@ -370,7 +378,11 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) {
 	g.state.budget.request(r.now())
 	var triedBuf [4]*channel
 	sel := selection{model: in.model, caps: in.caps, tried: triedBuf[:0], rand: r.rand}
+	if g.policy == policySticky || len(g.splits) > 0 {
+		sel.session = in.sessionID()
+	}
 	var last attemptResult
+	var notLive *relayError // why the requested model could not be served, when a fallback was tried
 	var recoveryDeadline time.Time
 	q := &queued{r: r, g: g, in: in}
 	defer q.leave()
@@ -385,10 +397,25 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) {
 			continue
 		}
 		ch, rerr := g.pick(&sel)
+		if ch == nil && (rerr == nil || rerr.code == "no_healthy_channel") {
+			// no channel of this model is live: a similar model may serve
+			if next := g.fallbacks[in.model]; in.fallbacks < len(next) {
+				if notLive == nil {
+					notLive = rerr
+				}
+				metricFallbacks.WithLabelValues(g.name, r.modelLabel(sel.model), r.modelLabel(next[in.fallbacks])).Inc()
+				in.target, sel.model = next[in.fallbacks], next[in.fallbacks]
+				in.fallbacks++
+				continue
+			}
+		}
 		if ch == nil {
 			if n > 1 { // every channel it could use is tried, cooling or busy
 				r.writeLast(w, in, last, n-1)
 				return
+			}
+			if notLive != nil && rerr != nil && rerr.code != codeBusy {
+				rerr = notLive // the fallbacks could not serve either: say why the model could not
 			}
 			if rerr = r.await(req.Context(), q, rerr, sel.now, &recoveryDeadline); rerr != nil {
 				in.reply(w, rerr)
@@ -567,6 +594,9 @@ func (r *Relay) waitForRecovery(ctx context.Context, recovery time.Duration, dea
 // relay's retries with their own.
 func (r *Relay) writeLast(w http.ResponseWriter, in *inbound, last attemptResult, attempts int) {
 	h := w.Header()
+	if in.target != in.model {
+		h.Set("X-Relay-Model", in.target)
+	}
 	if in.key.group.expose && last.channel != nil {
 		h.Set("X-Relay-Channel", last.channel.name)
 	}
@@ -717,6 +747,9 @@ func (r *Relay) commitHeaders(w http.ResponseWriter, in *inbound, ch *channel, n
 	}
 	if n > 1 {
 		h.Set("X-Relay-Attempts", strconv.Itoa(n))
+	}
+	if in.target != in.model {
+		h.Set("X-Relay-Model", in.target)
 	}
 }
 

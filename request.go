@@ -147,7 +147,9 @@ type inbound struct {
 	key      *key
 	header   http.Header
 	body     []byte // the client's body, unchanged; backed by a pooled buffer
-	model    string
+	model    string // as the client asked
+	target   string // the model being served: model, or a fallback of it
+	userID   string // metadata.user_id, for sticky sessions
 	stream   bool
 	caps     capability
 	// modelStart and modelEnd delimit the raw model value (quotes included)
@@ -164,6 +166,7 @@ type inbound struct {
 	usage      usage
 	incomplete bool  // the answer did not complete: tokens are the ones seen
 	estimate   int64 // input tokens guessed at admission, for the token limits
+	fallbacks  int   // fallback models tried so far
 
 	bodyBuf *bytes.Buffer // the pooled buffer behind body; nil once released
 	// writing counts the upstream requests whose transport may still read
@@ -250,6 +253,10 @@ func (in *inbound) inspect() *relayError {
 			model = v
 		case "stream":
 			in.stream = v.Type == gjson.True
+		case "metadata":
+			if u := v.Get("user_id"); u.Type == gjson.String {
+				in.userID = strings.Clone(u.Str)
+			}
 		default:
 			if c := capabilityByName(k.Str); c != 0 && v.Type != gjson.Null {
 				in.caps |= c
@@ -272,14 +279,39 @@ func (in *inbound) inspect() *relayError {
 		return errInvalid("model: must be a non-empty string")
 	}
 	in.model = strings.Clone(model.Str)
+	in.target = in.model
 	in.modelStart, in.modelEnd = model.Index, model.Index+len(model.Raw)
 	return nil
 }
 
+// sessionID names the request's session for sticky picks and canary
+// splits: Claude Code's X-Claude-Code-Session-Id, else the session part of
+// metadata.user_id (Claude Code's `user_<hash>_account_<id>_session_<id>`
+// or its JSON form with session_id; any other user_id as a whole), else the
+// key.
+func (in *inbound) sessionID() string {
+	if h := in.header.Get("X-Claude-Code-Session-Id"); h != "" {
+		return h
+	}
+	if u := in.userID; u != "" {
+		if i := strings.LastIndex(u, "_session_"); i >= 0 && i+len("_session_") < len(u) {
+			return u[i+len("_session_"):]
+		}
+		if strings.HasPrefix(u, "{") {
+			if sid := gjson.Get(u, "session_id").String(); sid != "" {
+				return sid
+			}
+		}
+		return u
+	}
+	return "key:" + in.key.name
+}
+
 // bodyFor returns the body to send to ch: the client's bytes, with the
-// model's value replaced when the channel maps it to another name.
+// model's value replaced when the channel maps it to another name, or when
+// a fallback model serves the request.
 func (in *inbound) bodyFor(ch *channel) []byte {
-	up := ch.upstreamModel(in.model)
+	up := ch.upstreamModel(in.target)
 	if up == in.model {
 		return in.body
 	}

@@ -1,8 +1,11 @@
 package relay
 
 import (
+	"math"
 	"math/rand/v2"
 	"time"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 // capability is a body field that only some channels accept; a request that
@@ -59,6 +62,7 @@ var defaultRand randIntN = rand.IntN
 // what it already tried.
 type selection struct {
 	model     string
+	session   string // for sticky picks and canary splits: the session, else the key
 	caps      capability
 	tried     []*channel
 	skipped   []*channel // picked, but their half-open breaker had no slot left
@@ -160,9 +164,149 @@ func (g *group) pick(s *selection) (*channel, *relayError) {
 			cands = other
 		}
 	}
+	if len(g.splits) > 0 {
+		cands = g.split(cands, s.session)
+	}
 
-	return weighted(bestTier(cands), s.rand), nil
+	tier := bestTier(cands)
+	switch g.policy {
+	case policyAdaptive:
+		return adaptive(tier, s.rand), nil
+	case policySticky:
+		return rendezvous(tier, s.session), nil
+	}
+	return weighted(tier, s.rand), nil
 }
+
+// groupSplit is a canary: a share of sessions that goes to one channel.
+type groupSplit struct {
+	ch    *channel
+	share float64
+}
+
+// split applies the group's canaries: a session whose hash falls in a
+// canary's share goes to it, whatever its priority, while it is live; the
+// other sessions do not reach a canary while any other channel is live.
+func (g *group) split(cands []*channel, session string) []*channel {
+	for _, sp := range g.splits {
+		if unitHash("split", sp.ch.name, session) >= sp.share {
+			continue
+		}
+		for i, ch := range cands {
+			if ch == sp.ch {
+				cands[0], cands[i] = cands[i], cands[0]
+				return cands[:1]
+			}
+		}
+	}
+	canary := func(ch *channel) bool {
+		for _, sp := range g.splits {
+			if sp.ch == ch {
+				return true
+			}
+		}
+		return false
+	}
+	for _, ch := range cands {
+		if !canary(ch) {
+			return filter(cands, func(ch *channel) bool { return !canary(ch) })
+		}
+	}
+	return cands // only canaries are live: better them than nothing
+}
+
+// unitHash maps (tag, a, b) to [0, 1), the same on every host and run.
+func unitHash(tag, a, b string) float64 {
+	var d xxhash.Digest
+	d.Reset()
+	_, _ = d.WriteString(tag)
+	_, _ = d.WriteString("\x00")
+	_, _ = d.WriteString(a)
+	_, _ = d.WriteString("\x00")
+	_, _ = d.WriteString(b)
+	return float64(d.Sum64()>>11) / (1 << 53)
+}
+
+// rendezvous picks the channel of a session by weighted rendezvous
+// hashing: each channel scores weight / -ln(h), h the session's hash with
+// the channel's name, and the highest score wins. A channel that leaves the
+// tier (cooling, removed) takes only its own sessions elsewhere, and they
+// come back when it does; a new channel takes only its share.
+func rendezvous(chs []*channel, session string) *channel {
+	var best *channel
+	bestScore := -1.0
+	for _, ch := range chs {
+		u := unitHash("sticky", ch.name, session)
+		score := float64(ch.weight) / -math.Log(u+1.0/(1<<54)) // u > 0
+		if score > bestScore {
+			best, bestScore = ch, score
+		}
+	}
+	return best
+}
+
+// adaptive picks at random by effective weight (see effectiveWeights).
+func adaptive(chs []*channel, rnd randIntN) *channel {
+	if len(chs) == 1 {
+		return chs[0]
+	}
+	var buf [maxChannelsPerPick]float64
+	w := effectiveWeights(chs, buf[:0])
+	total := 0.0
+	for _, x := range w {
+		total += x
+	}
+	r := float64(rnd(1<<53)) / (1 << 53) * total
+	for i, x := range w {
+		r -= x
+		if r < 0 {
+			return chs[i]
+		}
+	}
+	return chs[len(chs)-1]
+}
+
+// minFactor keeps a healthy channel's effective weight above zero, so a
+// degraded channel keeps a trickle of traffic to show it recovered.
+const minFactor = 0.05
+
+// effectiveWeights is the adaptive policy's formula: for each channel,
+//
+//	weight × load × health × speed
+//
+// load   = 1 − inflight/concurrency with a concurrency limit, else
+//
+//	1/(1 + inflight): in-flight requests push new ones elsewhere;
+//
+// health = 1 − the failure ratio of the breaker's sliding window;
+// speed  = the tier's best first-byte latency (EWMA) / the channel's;
+//
+// each factor clamped to [0.05, 1].
+func effectiveWeights(chs []*channel, out []float64) []float64 {
+	best := math.Inf(1)
+	for _, ch := range chs {
+		if l := ch.health.latency(); l > 0 && l < best {
+			best = l
+		}
+	}
+	for _, ch := range chs {
+		h := ch.health
+		inflight := float64(h.limits.inflight.Load())
+		load := 1 / (1 + inflight)
+		if c := h.limits.maxConc.Load(); c > 0 {
+			load = 1 - inflight/float64(c)
+		}
+		health := 1 - h.failureRatio()
+		speed := 1.0
+		if l := h.latency(); l > 0 && !math.IsInf(best, 1) {
+			speed = best / l
+		}
+		out = append(out, float64(ch.weight)*clampFactor(load)*clampFactor(health)*clampFactor(speed))
+	}
+	return out
+}
+
+func clampFactor(f float64) float64 { return min(max(f, minFactor), 1) }
 
 // filter keeps the channels for which keep is true, in place.
 func filter(chs []*channel, keep func(*channel) bool) []*channel {
