@@ -81,10 +81,9 @@ func (s *streamAttempt) run() attemptResult {
 }
 
 // hold reads the events before the commit point (message_start, ping,
-// comments),
-// bounded by maxHeld and the first content timeout, and returns them with
-// the event that proves the stream, ready to commit. When the stream fails
-// before that, ok is false and res says how.
+// comments), bounded by maxHeld and the first content timeout, and returns
+// them with the event that proves the stream, ready to commit. When the
+// stream fails before that, ok is false and res says how.
 func (s *streamAttempt) hold(rd *sse.Reader, held []byte) (_ []byte, res attemptResult, ok bool) {
 	for first := true; ; first = false {
 		ev, err := rd.Next()
