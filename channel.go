@@ -18,18 +18,19 @@ import (
 // channel is a provisioned Channel: everything a request needs, resolved
 // once at load time.
 type channel struct {
-	name     string
-	provider provider
-	rt       http.RoundTripper
-	host     string // upstream host, to prefer another one after a 529
-	urls     [routeCount]string
-	apiKey   string // resolved secret; never logged, never in the config
-	bearer   bool
-	models   map[string]string // client name -> upstream name; nil serves all
-	priority int
-	weight   int
-	allow    capability
-	health   *channelHealth
+	name       string
+	provider   provider
+	rt         http.RoundTripper
+	host       string // upstream host, to prefer another one after a 529
+	urls       [routeCount]string
+	apiKey     string // resolved secret; never logged, never in the config
+	bearer     bool
+	models     map[string]string // client name -> upstream name; nil serves all
+	modelNames []string          // the client names, in config order
+	priority   int
+	weight     int
+	allow      capability
+	health     *channelHealth
 
 	firstByte    time.Duration
 	firstContent time.Duration
@@ -83,6 +84,7 @@ func (r *Relay) provisionChannel(ctx caddy.Context, cfg *Channel) (*channel, err
 		ch.weight = 1
 	}
 	ch.models, _ = parseModels(cfg.Models) // validated already
+	ch.modelNames = channelModels(cfg)
 	for _, a := range cfg.Allow {
 		ch.allow |= capabilityByName(a)
 	}

@@ -188,12 +188,11 @@ func (r *Relay) provisionGroups(channels map[string]*channel) error {
 		}
 		r.acquiredGroups = append(r.acquiredGroups, cfg.Name)
 		g.state = st.(*groupState)
-		seen := map[string]bool{}
 		for _, name := range cfg.Channels {
-			g.channels = append(g.channels, channels[name])
-			for _, m := range channelModels(r.channelConfig(name)) {
-				if !seen[m] {
-					seen[m] = true
+			ch := channels[name]
+			g.channels = append(g.channels, ch)
+			for _, m := range ch.modelNames {
+				if !slices.Contains(g.models, m) {
 					g.models = append(g.models, m)
 				}
 			}
@@ -233,15 +232,6 @@ func (r *Relay) provisionKeys() error {
 	return nil
 }
 
-func (r *Relay) channelConfig(name string) *Channel {
-	for _, c := range r.Channels {
-		if c.Name == name {
-			return c
-		}
-	}
-	return nil
-}
-
 // channelModels lists the client-side model names a channel declares.
 func channelModels(cfg *Channel) []string {
 	out := make([]string, 0, len(cfg.Models))
@@ -270,10 +260,6 @@ func keyDigest(secret string) ([sha256.Size]byte, error) {
 	}
 	return sha256.Sum256([]byte(v)), nil
 }
-
-// Validate implements caddy.Validator. The config was checked in Provision,
-// before anything was loaded.
-func (r *Relay) Validate() error { return nil }
 
 // Cleanup releases the health states this instance took. On a reload the
 // new config has taken its own references first, so surviving channels keep
@@ -594,15 +580,7 @@ func (r *Relay) waitForRecovery(ctx context.Context, recovery time.Duration, dea
 // relay's retries with their own.
 func (r *Relay) writeLast(w http.ResponseWriter, in *inbound, last attemptResult, attempts int) {
 	h := w.Header()
-	if in.target != in.model {
-		h.Set("X-Relay-Model", in.target)
-	}
-	if in.key.group.expose && last.channel != nil {
-		h.Set("X-Relay-Channel", last.channel.name)
-	}
-	if attempts > 1 || last.verdict.outcome.retryable() {
-		h.Set("X-Relay-Attempts", strconv.Itoa(attempts))
-	}
+	relayHeaders(h, in, last.channel, attempts, last.verdict.outcome.retryable())
 	if last.status == 0 {
 		in.reply(w, errUpstreamFailed(last.verdict, attempts > 1))
 		return
@@ -647,12 +625,12 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 	if err != nil {
 		return fail(err)
 	}
+	firstByteTime := time.Since(sent) // before a provider reads an error body
 	defer resp.Body.Close()
 	if resp, err = ch.provider.response(resp, in); err != nil {
 		return fail(err)
 	}
 	defer resp.Body.Close() // the provider may have replaced it
-	firstByteTime := time.Since(sent)
 	ch.health.observeQuota(resp.Header, r.now())
 
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
@@ -742,11 +720,18 @@ func (r *Relay) commitHeaders(w http.ResponseWriter, in *inbound, ch *channel, n
 	h := w.Header()
 	copyResponseHeaders(h, resp.Header)
 	h.Del("Content-Length")
-	if in.key.group.expose {
+	relayHeaders(h, in, ch, n, false)
+}
+
+// relayHeaders sets the relay's own response headers: the channel that
+// answered (with expose_channel), the attempts when there were several (or
+// when they ran out), and the model that served, when a fallback did.
+func relayHeaders(h http.Header, in *inbound, ch *channel, attempts int, ranOut bool) {
+	if in.key.group.expose && ch != nil {
 		h.Set("X-Relay-Channel", ch.name)
 	}
-	if n > 1 {
-		h.Set("X-Relay-Attempts", strconv.Itoa(n))
+	if attempts > 1 || ranOut {
+		h.Set("X-Relay-Attempts", strconv.Itoa(attempts))
 	}
 	if in.target != in.model {
 		h.Set("X-Relay-Model", in.target)
@@ -761,7 +746,6 @@ func isEventStream(h http.Header) bool {
 // Interface guards
 var (
 	_ caddy.Provisioner           = (*Relay)(nil)
-	_ caddy.Validator             = (*Relay)(nil)
 	_ caddy.CleanerUpper          = (*Relay)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Relay)(nil)
 )
