@@ -159,11 +159,7 @@ func setRetryAfter(h http.Header, d time.Duration) {
 // sseError renders an Anthropic `event: error` frame, used to end a stream
 // that broke after the commit point.
 func sseError(typ, msg, requestID string) []byte {
-	var j errorJSON
-	j.Type = "error"
-	j.Error.Type, j.Error.Message = typ, msg
-	j.RequestID = requestID
-	b, _ := json.Marshal(j)
+	b := (&relayError{typ: typ, msg: msg}).body(requestID)
 	out := make([]byte, 0, len(b)+24)
 	out = append(out, "event: error\ndata: "...)
 	out = append(out, b...)
@@ -382,26 +378,43 @@ func rateLimitReset(h http.Header, now time.Time) time.Duration {
 	return earliest
 }
 
-// anthropicTypes is the Anthropic error type of a status, for a cloud's
-// errors that name none.
+// anthropicTypes is the Anthropic error type of a status.
 var anthropicTypes = map[int]string{
 	400: "invalid_request_error", 401: "authentication_error", 402: "billing_error", 403: "permission_error",
 	404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 504: "timeout_error", 529: "overloaded_error",
 }
 
+// anthropicType is the Anthropic error type of a status, for a cloud's
+// errors that name none: as listed, else api_error from 500 up, else
+// invalid_request_error (which the API uses for other 4xx).
+func anthropicType(status int) string {
+	if typ, ok := anthropicTypes[status]; ok {
+		return typ
+	}
+	if status >= 500 {
+		return "api_error"
+	}
+	return "invalid_request_error"
+}
+
 // asAnthropicError replaces an upstream answer in another shape (a cloud's
 // error) with an Anthropic error of status and type, keeping its headers,
 // so the classification table and the client see what Anthropic would send.
-func asAnthropicError(resp *http.Response, status int, typ, msg string) *http.Response {
-	_ = resp.Body.Close()
-	e := &relayError{status: status, typ: typ, msg: msg}
-	b := e.body(resp.Header.Get("X-Amzn-Requestid"))
-	h := resp.Header.Clone()
-	h.Set("Content-Type", "application/json")
-	h.Set("Content-Length", strconv.Itoa(len(b)))
-	out := *resp
+func asAnthropicError(resp *http.Response, status int, typ, msg, requestID string) *http.Response {
+	out := withBody(resp, "application/json", (&relayError{typ: typ, msg: msg}).body(requestID))
 	out.StatusCode, out.Status = status, strconv.Itoa(status)+" "+http.StatusText(status)
-	out.Header, out.ContentLength = h, int64(len(b))
-	out.Body = io.NopCloser(bytes.NewReader(b))
+	return out
+}
+
+// withBody returns resp with body (of contentType) in place of its own,
+// which it closes.
+func withBody(resp *http.Response, contentType string, body []byte) *http.Response {
+	_ = resp.Body.Close()
+	out := *resp
+	out.Header = resp.Header.Clone()
+	out.Header.Set("Content-Type", contentType)
+	out.Header.Set("Content-Length", strconv.Itoa(len(body)))
+	out.ContentLength = int64(len(body))
+	out.Body = io.NopCloser(bytes.NewReader(body))
 	return &out
 }

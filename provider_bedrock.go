@@ -217,7 +217,7 @@ func (p *bedrockProvider) response(resp *http.Response, in *inbound) (*http.Resp
 		if msg == "" {
 			msg = gjson.GetBytes(body, "Message").String()
 		}
-		return asAnthropicError(resp, status, typ, "bedrock: "+strings.TrimSpace(name+": "+msg)), nil
+		return asAnthropicError(resp, status, typ, "bedrock: "+strings.TrimSpace(name+": "+msg), resp.Header.Get("X-Amzn-Requestid")), nil
 	}
 	if in.route == routeCountTokens {
 		body, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
@@ -237,18 +237,6 @@ func (p *bedrockProvider) response(resp *http.Response, in *inbound) (*http.Resp
 	out.ContentLength = -1
 	out.Body = &eventStreamSSE{src: resp.Body, dec: eventstream.NewDecoder()}
 	return &out, nil
-}
-
-// withBody replaces resp's body.
-func withBody(resp *http.Response, contentType string, body []byte) *http.Response {
-	_ = resp.Body.Close()
-	out := *resp
-	out.Header = resp.Header.Clone()
-	out.Header.Set("Content-Type", contentType)
-	out.Header.Set("Content-Length", strconv.Itoa(len(body)))
-	out.ContentLength = int64(len(body))
-	out.Body = io.NopCloser(bytes.NewReader(body))
-	return &out
 }
 
 // bedrockErrorName is the exception name of a Bedrock error: the
@@ -301,13 +289,7 @@ func bedrockError(name string, status int, body []byte) (int, string) {
 	} else if e, ok := bedrockErrors[strings.ToLower(name)]; ok {
 		return e.status, e.typ
 	}
-	if typ, ok := anthropicTypes[status]; ok {
-		return status, typ
-	}
-	if status >= 500 {
-		return status, "api_error"
-	}
-	return status, "invalid_request_error"
+	return status, anthropicType(status)
 }
 
 // eventStreamSSE turns Bedrock's AWS event stream into the exact SSE

@@ -197,7 +197,7 @@ func (vertexProvider) response(resp *http.Response, _ *inbound) (*http.Response,
 		out.Body = io.NopCloser(bytes.NewReader(body))
 		return &out, nil
 	}
-	return asAnthropicError(resp, status, typ, msg), nil
+	return asAnthropicError(resp, status, typ, msg, ""), nil
 }
 
 // vertexStatuses maps Google's canonical error statuses onto Anthropic's
@@ -239,7 +239,7 @@ func vertexError(status int, body []byte) (_ int, typ, msg string, translate boo
 		if m, ok := vertexStatuses[name]; ok {
 			return m.status, m.typ, msg, true
 		}
-		return status, vertexStatusType(status), msg, true
+		return status, anthropicType(status), msg, true
 	}
 	msg = fmt.Sprintf("vertex: HTTP %d %s", status, http.StatusText(status))
 	if s := strings.Join(strings.Fields(string(body)), " "); s != "" && utf8.ValidString(s) {
@@ -248,24 +248,12 @@ func vertexError(status int, body []byte) (_ int, typ, msg string, translate boo
 		}
 		msg += ": " + s
 	}
-	return status, vertexStatusType(status), msg, true
+	return status, anthropicType(status), msg, true
 }
 
 // nonEmpty returns the strings of ss that are not empty.
 func nonEmpty(ss ...string) []string {
 	return slices.DeleteFunc(ss, func(s string) bool { return s == "" })
-}
-
-// vertexStatusType is the Anthropic error type of an HTTP status, for the
-// errors whose Google status vertexStatuses does not list.
-func vertexStatusType(status int) string {
-	if typ, ok := anthropicTypes[status]; ok {
-		return typ
-	}
-	if status >= 500 {
-		return "api_error"
-	}
-	return "invalid_request_error"
 }
 
 // vertexAuths keeps each vertex channel's credentials and access token
