@@ -126,16 +126,25 @@ func (h *channelHealth) release(r *Relay) {
 	h.owners = slices.DeleteFunc(h.owners, func(o channelOwner) bool { return o.relay == r })
 }
 
-// groups lists the groups of the most recent config that holds the
-// channel.
-func (h *channelHealth) groups() []string {
+// owner is what the most recent config that holds the channel says about
+// it (zero when none does).
+func (h *channelHealth) owner() channelOwner {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if n := len(h.owners); n > 0 {
-		return h.owners[n-1].groups
-	}
-	return nil
+	return h.ownerLocked()
 }
+
+// ownerLocked is owner with h.mu held.
+func (h *channelHealth) ownerLocked() channelOwner {
+	if n := len(h.owners); n > 0 {
+		return h.owners[n-1]
+	}
+	return channelOwner{}
+}
+
+// groups lists the groups of the most recent config that holds the
+// channel.
+func (h *channelHealth) groups() []string { return h.owner().groups }
 
 // resetBreaker starts a closed breaker with the current settings. h.mu is
 // held.
@@ -181,14 +190,16 @@ func (h *channelHealth) available(now time.Time) (bool, time.Time) {
 
 // state is the channel's state for the admin API and metrics.
 func (h *channelHealth) state(now time.Time) string {
-	switch {
-	case h.disabled.Load():
+	if h.disabled.Load() {
 		return stateDisabled
-	case h.breaker.Load().State() == gobreaker.StateOpen:
+	}
+	switch h.breaker.Load().State() {
+	case gobreaker.StateOpen:
 		return stateOpen
-	case h.breaker.Load().State() == gobreaker.StateHalfOpen:
+	case gobreaker.StateHalfOpen:
 		return stateHalfOpen
-	case h.until.Load() > now.UnixNano():
+	}
+	if h.until.Load() > now.UnixNano() {
 		return stateCooldown
 	}
 	return stateHealthy
@@ -219,12 +230,7 @@ func (h *channelHealth) observeQuota(hdr http.Header, now time.Time) {
 		if lim := now.Add(maxRetryHint); t.After(lim) {
 			t = lim
 		}
-		for n := t.UnixNano(); ; {
-			cur := h.quotaUntil.Load()
-			if n <= cur || h.quotaUntil.CompareAndSwap(cur, n) {
-				break
-			}
-		}
+		raiseTo(&h.quotaUntil, t.UnixNano())
 	}
 }
 
@@ -297,13 +303,7 @@ func (t *ticket) release() {
 
 // wakeQueues tells the queues of the channel's groups that a slot freed.
 func (h *channelHealth) wakeQueues() {
-	h.mu.Lock()
-	var queues []*waitQueue
-	if n := len(h.owners); n > 0 {
-		queues = h.owners[n-1].queues
-	}
-	h.mu.Unlock()
-	for _, q := range queues {
+	for _, q := range h.owner().queues {
 		q.wakeBest()
 	}
 }
@@ -352,11 +352,13 @@ func (h *channelHealth) record(v verdict, p cooldownPolicy, now time.Time, first
 }
 
 // extend moves the end of the cooldown to t unless it already ends later.
-func (h *channelHealth) extend(t time.Time) {
-	n := t.UnixNano()
+func (h *channelHealth) extend(t time.Time) { raiseTo(&h.until, t.UnixNano()) }
+
+// raiseTo stores n in a unless a already holds more.
+func raiseTo(a *atomic.Int64, n int64) {
 	for {
-		cur := h.until.Load()
-		if n <= cur || h.until.CompareAndSwap(cur, n) {
+		cur := a.Load()
+		if n <= cur || a.CompareAndSwap(cur, n) {
 			return
 		}
 	}
@@ -420,8 +422,10 @@ func (h *channelHealth) status(name string, now time.Time) channelStatus {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	st.EWMALatencyMs = math.Round(h.latency()*100) / 100
-	if n := len(h.owners); n > 0 {
-		st.Provider, st.Groups = h.owners[n-1].provider, h.owners[n-1].groups
+	o := h.ownerLocked()
+	st.Provider = o.provider
+	if o.groups != nil {
+		st.Groups = o.groups
 	}
 	if !h.lastErrorAt.IsZero() {
 		at := h.lastErrorAt
