@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -295,22 +296,13 @@ func parseProbe(d *caddyfile.Dispenser) (*Probe, error) {
 		return nil, d.ArgErr()
 	}
 	p := new(Probe)
+	opts := options{
+		strings:   map[string]*string{"path": &p.Path, "body": &p.Body},
+		durations: map[string]*caddy.Duration{"interval": &p.Interval},
+	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		switch d.Val() {
-		case "interval":
-			if err := parseDuration(d, &p.Interval); err != nil {
-				return nil, err
-			}
-		case "path":
-			if !d.AllArgs(&p.Path) {
-				return nil, d.ArgErr()
-			}
-		case "body":
-			if !d.AllArgs(&p.Body) {
-				return nil, d.ArgErr()
-			}
-		default:
-			return nil, d.Errf("unrecognized probe option %q", d.Val())
+		if ok, err := opts.parse(d); err != nil || !ok {
+			return nil, cmp.Or(err, d.Errf("unrecognized probe option %q", d.Val()))
 		}
 	}
 	return p, nil
@@ -340,6 +332,42 @@ func ratio(v string) (float64, error) {
 		f /= 100
 	}
 	return f, nil
+}
+
+// options maps the simple options of a block, those that take one value
+// or a list, to the fields they set.
+type options struct {
+	strings   map[string]*string
+	lists     map[string]*[]string // appended to: the option may repeat
+	ints      map[string]*int
+	durations map[string]*caddy.Duration
+}
+
+// parse reads the option under d's cursor into its field; false when the
+// option is not one of o's.
+func (o options) parse(d *caddyfile.Dispenser) (bool, error) {
+	name := d.Val()
+	if dst, ok := o.strings[name]; ok {
+		if !d.AllArgs(dst) {
+			return true, d.ArgErr()
+		}
+		return true, nil
+	}
+	if dst, ok := o.lists[name]; ok {
+		args := d.RemainingArgs()
+		if len(args) == 0 {
+			return true, d.ArgErr()
+		}
+		*dst = append(*dst, args...)
+		return true, nil
+	}
+	if dst, ok := o.ints[name]; ok {
+		return true, parseInt(d, dst)
+	}
+	if dst, ok := o.durations[name]; ok {
+		return true, parseDuration(d, dst)
+	}
+	return false, nil
 }
 
 func parseDuration(d *caddyfile.Dispenser, dst *caddy.Duration) error {
@@ -382,30 +410,13 @@ func parseKey(d *caddyfile.Dispenser) (*Key, error) {
 		sum := sha256.Sum256([]byte(k.Secret))
 		k.Secret = sha256Prefix + hex.EncodeToString(sum[:])
 	}
+	opts := options{
+		strings: map[string]*string{"name": &k.Name, "priority": &k.Priority, "rate": &k.Rate, "tokens": &k.Tokens},
+		ints:    map[string]*int{"concurrency": &k.Concurrency},
+	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		switch d.Val() {
-		case "name":
-			if !d.AllArgs(&k.Name) {
-				return nil, d.ArgErr()
-			}
-		case "priority":
-			if !d.AllArgs(&k.Priority) {
-				return nil, d.ArgErr()
-			}
-		case "rate":
-			if !d.AllArgs(&k.Rate) {
-				return nil, d.ArgErr()
-			}
-		case "tokens":
-			if !d.AllArgs(&k.Tokens) {
-				return nil, d.ArgErr()
-			}
-		case "concurrency":
-			if err := parseInt(d, &k.Concurrency); err != nil {
-				return nil, err
-			}
-		default:
-			return nil, d.Errf("unrecognized key option %q", d.Val())
+		if ok, err := opts.parse(d); err != nil || !ok {
+			return nil, cmp.Or(err, d.Errf("unrecognized key option %q", d.Val()))
 		}
 	}
 	return k, nil
@@ -419,11 +430,25 @@ func parseChannel(d *caddyfile.Dispenser) (*Channel, error) {
 	if d.NextArg() {
 		return nil, d.ArgErr()
 	}
+	opts := options{
+		strings: map[string]*string{
+			"provider": &ch.Provider, "url": &ch.URL, "api_key": &ch.APIKey, "auth": &ch.Auth, "rate": &ch.Rate,
+			"region": &ch.Region, "access_key_id": &ch.AccessKeyID, "secret_access_key": &ch.SecretAccessKey,
+			"session_token": &ch.SessionToken, "project": &ch.Project, "credentials_file": &ch.CredentialsFile,
+			"anthropic_version": &ch.AnthropicVersion,
+		},
+		lists:     map[string]*[]string{"models": &ch.Models, "allow": &ch.Allow, "betas": &ch.Betas, "strip_fields": &ch.StripFields},
+		ints:      map[string]*int{"priority": &ch.Priority, "weight": &ch.Weight, "concurrency": &ch.Concurrency},
+		durations: map[string]*caddy.Duration{"latency": &ch.Latency},
+	}
 	var transport caddyfile.Unmarshaler
 	var transportName string
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
 		ok, err := parseTuning(d, &ch.Tuning)
+		if !ok && err == nil {
+			ok, err = opts.parse(d)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -431,59 +456,6 @@ func parseChannel(d *caddyfile.Dispenser) (*Channel, error) {
 			continue
 		}
 		switch opt {
-		case "provider":
-			if !d.AllArgs(&ch.Provider) {
-				return nil, d.ArgErr()
-			}
-		case "url":
-			if !d.AllArgs(&ch.URL) {
-				return nil, d.ArgErr()
-			}
-		case "api_key":
-			if !d.AllArgs(&ch.APIKey) {
-				return nil, d.ArgErr()
-			}
-		case "auth":
-			if !d.AllArgs(&ch.Auth) {
-				return nil, d.ArgErr()
-			}
-		case "region", "access_key_id", "secret_access_key", "session_token", "project", "credentials_file", "anthropic_version":
-			dst := map[string]*string{"region": &ch.Region, "access_key_id": &ch.AccessKeyID, "secret_access_key": &ch.SecretAccessKey,
-				"session_token": &ch.SessionToken, "project": &ch.Project, "credentials_file": &ch.CredentialsFile,
-				"anthropic_version": &ch.AnthropicVersion}[opt]
-			if !d.AllArgs(dst) {
-				return nil, d.ArgErr()
-			}
-		case "betas", "strip_fields":
-			args := d.RemainingArgs()
-			if len(args) == 0 {
-				return nil, d.ArgErr()
-			}
-			if opt == "betas" {
-				ch.Betas = append(ch.Betas, args...)
-			} else {
-				ch.StripFields = append(ch.StripFields, args...)
-			}
-		case "models":
-			args := d.RemainingArgs()
-			if len(args) == 0 {
-				return nil, d.ArgErr()
-			}
-			ch.Models = append(ch.Models, args...)
-		case "allow":
-			args := d.RemainingArgs()
-			if len(args) == 0 {
-				return nil, d.ArgErr()
-			}
-			ch.Allow = append(ch.Allow, args...)
-		case "priority":
-			if err := parseInt(d, &ch.Priority); err != nil {
-				return nil, err
-			}
-		case "weight":
-			if err := parseInt(d, &ch.Weight); err != nil {
-				return nil, err
-			}
 		case "tokens":
 			// N/period is the channel's token limit; a plain N is a mock
 			// channel's reply length
@@ -497,18 +469,6 @@ func parseChannel(d *caddyfile.Dispenser) (*Channel, error) {
 				ch.ReplyTokens = n
 			} else {
 				return nil, d.Errf("tokens: %q is neither a limit such as 400000/m nor a mock reply length", v)
-			}
-		case "rate":
-			if !d.AllArgs(&ch.Rate) {
-				return nil, d.ArgErr()
-			}
-		case "concurrency":
-			if err := parseInt(d, &ch.Concurrency); err != nil {
-				return nil, err
-			}
-		case "latency":
-			if err := parseDuration(d, &ch.Latency); err != nil {
-				return nil, err
 			}
 		case "fail_rate":
 			if err := parseRatio(d, &ch.FailRate); err != nil {
@@ -560,14 +520,19 @@ func parseGroup(d *caddyfile.Dispenser) (*Group, error) {
 	if d.NextArg() {
 		return nil, d.ArgErr()
 	}
+	opts := options{
+		strings:   map[string]*string{"policy": &g.Policy},
+		lists:     map[string]*[]string{"channels": &g.Channels},
+		ints:      map[string]*int{"max_queue": &g.MaxQueue},
+		durations: map[string]*caddy.Duration{"wait_for_recovery": &g.WaitForRecovery},
+	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if ok, err := opts.parse(d); err != nil {
+			return nil, err
+		} else if ok {
+			continue
+		}
 		switch d.Val() {
-		case "channels":
-			args := d.RemainingArgs()
-			if len(args) == 0 {
-				return nil, d.ArgErr()
-			}
-			g.Channels = append(g.Channels, args...)
 		case "retries":
 			var n int
 			if err := parseInt(d, &n); err != nil {
@@ -595,18 +560,6 @@ func parseGroup(d *caddyfile.Dispenser) (*Group, error) {
 					return nil, d.Errf("retry_budget: floor %q is not a rate such as 10/s", args[1])
 				}
 				g.RetryBudgetFloor = &floor
-			}
-		case "wait_for_recovery":
-			if err := parseDuration(d, &g.WaitForRecovery); err != nil {
-				return nil, err
-			}
-		case "max_queue":
-			if err := parseInt(d, &g.MaxQueue); err != nil {
-				return nil, err
-			}
-		case "policy":
-			if !d.AllArgs(&g.Policy) {
-				return nil, d.ArgErr()
 			}
 		case "split":
 			var name, share string
