@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"github.com/dustin/go-humanize"
+	"go.uber.org/zap"
 )
 
 func init() {
@@ -32,6 +34,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //
 //	relay [<matcher>] {
 //		max_body_size         <size>
+//		max_response_size     <size>
+//		read_body_timeout     <duration>
 //		first_byte_timeout    <duration>
 //		first_content_timeout <duration>
 //		response_timeout      <duration>
@@ -39,6 +43,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		cooldown              <duration>
 //		max_cooldown          <duration>
 //		auth_cooldown         <duration>
+//		capability_ttl        <duration>
 //		breaker {
 //			window           <duration>
 //			failure_ratio    <0..1|percent>
@@ -131,15 +136,17 @@ func (r *Relay) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 		switch opt {
 		case "max_body_size":
-			var v string
-			if !d.AllArgs(&v) {
-				return d.ArgErr()
+			if err := parseSize(d, &r.MaxBodySize); err != nil {
+				return err
 			}
-			size, err := humanize.ParseBytes(v)
-			if err != nil {
-				return d.Errf("max_body_size: %v", err)
+		case "max_response_size":
+			if err := parseSize(d, &r.MaxResponseSize); err != nil {
+				return err
 			}
-			r.MaxBodySize = int64(size)
+		case "read_body_timeout":
+			if err := parseDuration(d, &r.ReadBodyTimeout); err != nil {
+				return err
+			}
 		case "key":
 			k, err := parseKey(d)
 			if err != nil {
@@ -172,6 +179,24 @@ func (r *Relay) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
+// parseSize parses an option's one argument as a size in bytes (32MiB).
+func parseSize(d *caddyfile.Dispenser, dst *int64) error {
+	opt := d.Val()
+	var v string
+	if !d.AllArgs(&v) {
+		return d.ArgErr()
+	}
+	size, err := humanize.ParseBytes(v)
+	if err != nil {
+		return d.Errf("%s: %v", opt, err)
+	}
+	if size > math.MaxInt64 {
+		return d.Errf("%s: %s is too large", opt, v)
+	}
+	*dst = int64(size)
+	return nil
+}
+
 // parseTuning parses a timeout or cooldown option at the dispenser, if the
 // current token is one.
 func parseTuning(d *caddyfile.Dispenser, t *Tuning) (bool, error) {
@@ -191,6 +216,8 @@ func parseTuning(d *caddyfile.Dispenser, t *Tuning) (bool, error) {
 		dst = &t.MaxCooldown
 	case "auth_cooldown":
 		dst = &t.AuthCooldown
+	case "capability_ttl":
+		dst = &t.CapabilityTTL
 	case "breaker":
 		b, err := parseBreaker(d)
 		t.Breaker = b
@@ -407,6 +434,9 @@ func parseKey(d *caddyfile.Dispenser) (*Key, error) {
 		return nil, d.ArgErr()
 	}
 	if !strings.HasPrefix(k.Secret, sha256Prefix) && !strings.Contains(k.Secret, "{") {
+		if weakKey(k.Secret) {
+			caddy.Log().Named("relay").Warn(weakKeyWarning, zap.String("file", d.File()), zap.Int("line", d.Line()))
+		}
 		sum := sha256.Sum256([]byte(k.Secret))
 		k.Secret = sha256Prefix + hex.EncodeToString(sum[:])
 	}

@@ -30,6 +30,9 @@ func sha256Secret(s string) string {
 
 const fullRelayCaddyfile = `relay {
 	max_body_size 32MiB
+	max_response_size 8MiB
+	read_body_timeout 10s
+	capability_ttl 20m
 	first_byte_timeout 30s
 	first_content_timeout 1m
 	response_timeout 10m
@@ -122,8 +125,11 @@ func TestCaddyfileFullConfig(t *testing.T) {
 	}
 
 	want := &Relay{
-		MaxBodySize: 32 << 20,
+		MaxBodySize:     32 << 20,
+		MaxResponseSize: 8 << 20,
+		ReadBodyTimeout: caddy.Duration(10 * time.Second),
 		Tuning: Tuning{
+			CapabilityTTL:       caddy.Duration(20 * time.Minute),
 			FirstByteTimeout:    caddy.Duration(30 * time.Second),
 			FirstContentTimeout: caddy.Duration(time.Minute),
 			ResponseTimeout:     caddy.Duration(10 * time.Minute),
@@ -369,7 +375,13 @@ func TestCaddyfileErrors(t *testing.T) {
 		{
 			name:  "negative weight",
 			input: caddyfileWith("", "channel a {\n\tapi_key {env.A}\n\tweight -1\n}\n", ""),
-			want:  []string{`channel "a"`, "weight must not be negative"},
+			want:  []string{`channel "a"`, "weight must be between 0 and 1000000"},
+		},
+		{
+			// weights that add up past an int make every pick panic
+			name:  "weight that would overflow a group's sum",
+			input: caddyfileWith("", "channel a {\n\tapi_key {env.A}\n\tweight 4611686018427387904\n}\n", ""),
+			want:  []string{`channel "a"`, "weight must be between 0 and 1000000"},
 		},
 		{
 			name:  "weight that is not a number",

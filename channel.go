@@ -51,6 +51,7 @@ const (
 	defaultCooldown            = 5 * time.Second
 	defaultMaxCooldown         = 5 * time.Minute
 	defaultAuthCooldown        = 30 * time.Minute
+	defaultCapabilityTTL       = time.Hour
 	defaultAnthropicURL        = "https://api.anthropic.com"
 )
 
@@ -94,9 +95,10 @@ func (r *Relay) provisionChannel(ctx caddy.Context, cfg *Channel) (*channel, err
 	ch.response = pickDuration(t.ResponseTimeout, r.ResponseTimeout, defaultResponseTimeout)
 	ch.streamIdle = pickDuration(t.StreamIdleTimeout, r.StreamIdleTimeout, defaultStreamIdleTimeout)
 	ch.cooldown = cooldownPolicy{
-		base: pickDuration(t.Cooldown, r.Cooldown, defaultCooldown),
-		max:  pickDuration(t.MaxCooldown, r.MaxCooldown, defaultMaxCooldown),
-		auth: pickDuration(t.AuthCooldown, r.AuthCooldown, defaultAuthCooldown),
+		base:       pickDuration(t.Cooldown, r.Cooldown, defaultCooldown),
+		max:        pickDuration(t.MaxCooldown, r.MaxCooldown, defaultMaxCooldown),
+		auth:       pickDuration(t.AuthCooldown, r.AuthCooldown, defaultAuthCooldown),
+		capability: pickDuration(t.CapabilityTTL, r.CapabilityTTL, defaultCapabilityTTL),
 	}
 	ch.breaker = resolveBreaker(t.Breaker, r.Breaker)
 

@@ -48,6 +48,14 @@ type Tuning struct {
 	// limit reached). Default: 30m.
 	AuthCooldown caddy.Duration `json:"auth_cooldown,omitempty"`
 
+	// CapabilityTTL is how long a channel remembers that its upstream
+	// refused a model (a 403 about the model: Bedrock's
+	// AccessDeniedException, Vertex's PERMISSION_DENIED or
+	// FAILED_PRECONDITION, a message naming the model): requests for that
+	// model skip the channel meanwhile; other models are not affected.
+	// Default: 1h.
+	CapabilityTTL caddy.Duration `json:"capability_ttl,omitempty"`
+
 	// Breaker configures the circuit breaker. Each field left unset keeps
 	// the relay's value (for a channel) or the default.
 	Breaker *Breaker `json:"breaker,omitempty"`
@@ -112,7 +120,7 @@ type Key struct {
 
 	// Name identifies the key in logs and metrics, never the secret. Its
 	// limits are kept by name across config reloads. Default: `key-`
-	// followed by the first 8 hex digits of the secret's sha256.
+	// followed by the first 16 hex digits of the secret's sha256.
 	Name string `json:"name,omitempty"`
 
 	// Priority is the key's class when its group's channels are all busy
@@ -336,8 +344,8 @@ const (
 // validateConfig checks what can be checked without resolving secrets. The
 // Caddyfile adapter runs it too, so `caddy adapt` reports these errors.
 func (r *Relay) validateConfig() error {
-	if r.MaxBodySize < 0 {
-		return fmt.Errorf("max_body_size must not be negative")
+	if r.MaxBodySize < 0 || r.MaxResponseSize < 0 || r.ReadBodyTimeout < 0 {
+		return fmt.Errorf("max_body_size, max_response_size and read_body_timeout must not be negative")
 	}
 	if err := r.Tuning.validate(); err != nil {
 		return err
@@ -487,6 +495,7 @@ func (t Tuning) validate() error {
 		{"cooldown", t.Cooldown},
 		{"max_cooldown", t.MaxCooldown},
 		{"auth_cooldown", t.AuthCooldown},
+		{"capability_ttl", t.CapabilityTTL},
 	} {
 		if d.v < 0 {
 			return fmt.Errorf("%s must not be negative", d.name)
@@ -577,8 +586,8 @@ func (ch *Channel) validate() error {
 	if ch.Priority < 0 {
 		return fmt.Errorf("priority must not be negative")
 	}
-	if ch.Weight < 0 {
-		return fmt.Errorf("weight must not be negative")
+	if ch.Weight < 0 || ch.Weight > maxWeight {
+		return fmt.Errorf("weight must be between 0 and %d", maxWeight)
 	}
 	for _, a := range ch.Allow {
 		if capabilityByName(a) == 0 {
@@ -602,6 +611,10 @@ func (ch *Channel) validate() error {
 	return ch.Tuning.validate()
 }
 
+// maxWeight bounds a channel's weight, so the weights of a group can never
+// add up past what a pick can draw from.
+const maxWeight = 1_000_000
+
 // parseModels reads `name` and `name=upstream_name` entries into a map from
 // the name clients send to the name the upstream wants. nil means every
 // model.
@@ -615,7 +628,7 @@ func parseModels(entries []string) (map[string]string, error) {
 		if !mapped {
 			upstream = name
 		}
-		if !validModelName(name) || !validModelName(upstream) {
+		if modelIDProblem(name) != "" || modelIDProblem(upstream) != "" {
 			return nil, fmt.Errorf("models: malformed entry %q: want name or name=upstream_name, without spaces, quotes or a second '='", e)
 		}
 		if _, dup := m[name]; dup {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"math"
 	"net/http"
 	"strconv"
@@ -51,9 +50,25 @@ func errTooLarge(limit int64) *relayError {
 		msg: "request body is larger than the relay's limit of " + strconv.FormatInt(limit, 10) + " bytes"}
 }
 
+// errBodyTimeout answers a client that did not send its body within
+// read_body_timeout.
+func errBodyTimeout(limit time.Duration) *relayError {
+	return &relayError{status: http.StatusRequestTimeout, typ: "timeout_error",
+		msg: "the request body did not arrive within the relay's read_body_timeout of " + limit.String()}
+}
+
 func errModelNotFound(model, group string) *relayError {
 	return &relayError{status: http.StatusServiceUnavailable, typ: "relay_error", code: "model_not_found",
 		msg: "no channel of group " + strconv.Quote(group) + " serves model " + strconv.Quote(model), noRetry: true}
+}
+
+// errModelRefused answers a model that every channel serving it refused
+// (403) recently: the relay does not ask them again before until.
+func errModelRefused(model, group string, until time.Time) *relayError {
+	return &relayError{status: http.StatusServiceUnavailable, typ: "relay_error", code: "model_not_found",
+		msg: "every channel of group " + strconv.Quote(group) + " that serves model " + strconv.Quote(model) +
+			" was refused that model by its upstream (403); they are not asked for it again before " + until.UTC().Format(time.RFC3339),
+		noRetry: true}
 }
 
 func errNoHealthyChannel(model string, wait time.Duration) *relayError {
@@ -172,22 +187,27 @@ func sseError(typ, msg, requestID string) []byte {
 type outcome uint8
 
 const (
-	outcomeSuccess     outcome = iota // 2xx: commit
-	outcomeClientError                // the request's own fault: pass through, channel stays healthy
-	outcomeAuth                       // the channel's credential or account is unusable
-	outcomeRateLimited                // 429: the channel's quota is exhausted for a while
-	outcomeOverloaded                 // 529: the provider is overloaded, not the credential
-	outcomeTransient                  // 5xx, network error, timeout, broken stream
-	outcomeCanceled                   // the client went away: nobody's fault
+	outcomeSuccess      outcome = iota // 2xx: commit
+	outcomeClientError                 // the request's own fault: pass through, channel stays healthy
+	outcomeAuth                        // the channel's credential or account is unusable
+	outcomeRateLimited                 // 429: the channel's quota is exhausted for a while
+	outcomeOverloaded                  // 529: the provider is overloaded, not the credential
+	outcomeTransient                   // 5xx, network error, timeout, broken stream
+	outcomeCanceled                    // the client went away: nobody's fault
+	outcomeModelRefused                // the channel may not serve this model: set aside for it alone
 )
 
-var outcomeNames = [...]string{"success", "client_error", "auth", "rate_limited", "overloaded", "transient", "canceled"}
+var outcomeNames = [...]string{"success", "client_error", "auth", "rate_limited", "overloaded", "transient", "canceled", "model_refused"}
 
 func (o outcome) String() string { return outcomeNames[o] }
 
 // retryable reports whether another channel should be tried.
 func (o outcome) retryable() bool {
-	return o == outcomeAuth || o == outcomeRateLimited || o == outcomeOverloaded || o == outcomeTransient
+	switch o {
+	case outcomeAuth, outcomeRateLimited, outcomeOverloaded, outcomeTransient, outcomeModelRefused:
+		return true
+	}
+	return false
 }
 
 // verdict is an outcome with what the relay learned along with it.
@@ -198,6 +218,7 @@ type verdict struct {
 	wait    time.Duration
 	timeout bool   // the attempt hit one of the relay's timeouts
 	reason  string // short and secret-free, for logs and the relay's error messages
+	model   string // with outcomeModelRefused: the model set aside (the client's name)
 }
 
 // statusOutcomes is the classification table of DESIGN.md for upstream HTTP
@@ -228,8 +249,18 @@ var errorTypeOutcomes = map[string]outcome{
 	"billing_error":        outcomeAuth,
 }
 
+// accountRefusals are the starts of the messages with which Anthropic
+// refuses a request because of the account, not the request: the channel
+// is cooled for auth_cooldown. Only the start counts: Anthropic echoes
+// request values (an unknown anthropic-beta, say) later in its messages,
+// and a client must never be able to write a phrase that cools a channel.
+var accountRefusals = []struct{ prefix, reason string }{
+	{"Your credit balance is too low", "credit balance too low"},
+	{"You have reached your specified workspace API usage limits", "workspace usage limit reached"},
+}
+
 // classifyStatus classifies a complete non-2xx upstream answer. body is the
-// error body (bounded); it matters for the two account-level conditions the
+// error body (bounded); it matters for the account-level conditions the
 // status alone does not show.
 func classifyStatus(status int, h http.Header, body []byte, now time.Time) verdict {
 	v := verdict{reason: "status " + strconv.Itoa(status)}
@@ -248,8 +279,17 @@ func classifyStatus(status int, h http.Header, body []byte, now time.Time) verdi
 	}
 	switch status {
 	case http.StatusBadRequest:
-		if strings.Contains(strings.ToLower(gjson.GetBytes(body, "error.message").String()), "credit balance is too low") {
-			v.outcome, v.reason = outcomeAuth, "credit balance too low"
+		e := gjson.GetBytes(body, "error")
+		if e.Get("type").String() == "billing_error" {
+			v.outcome, v.reason = outcomeAuth, "billing error"
+			break
+		}
+		msg := e.Get("message").String()
+		for _, r := range accountRefusals {
+			if strings.HasPrefix(msg, r.prefix) {
+				v.outcome, v.reason = outcomeAuth, r.reason
+				break
+			}
 		}
 	case http.StatusTooManyRequests:
 		if gjson.GetBytes(body, "error.details.error_code").String() == "enforced_spend_limit_reached" {
@@ -259,6 +299,20 @@ func classifyStatus(status int, h http.Header, body []byte, now time.Time) verdi
 		v.wait = retryAfter(h, now)
 	}
 	return v
+}
+
+// refusesModel reports whether a 403 refuses the model rather than the
+// credential: the provider says so (Bedrock's AccessDeniedException,
+// Vertex's PERMISSION_DENIED and FAILED_PRECONDITION), or the message names
+// the model the channel was asked for (a reseller's "model X is not
+// allowed"). A client chooses the model, so such a refusal sets the model
+// aside on that channel (for capability_ttl) and never the whole channel.
+// Matching the name can only ever narrow a refusal to one model.
+func refusesModel(status int, body []byte, providerSays bool, upstreamModel string) bool {
+	if status != http.StatusForbidden {
+		return false
+	}
+	return providerSays || strings.Contains(gjson.GetBytes(body, "error.message").String(), upstreamModel)
 }
 
 // classifyStreamError classifies the data of an `event: error` received
@@ -278,6 +332,9 @@ var (
 	errFirstContentTimeout = errors.New("first content timeout")
 	errResponseTimeout     = errors.New("response timeout")
 	errStreamIdle          = errors.New("stream idle timeout")
+	// errResponseTooLarge fails an attempt whose non-streaming answer is
+	// larger than max_response_size.
+	errResponseTooLarge = errors.New("upstream answer larger than max_response_size")
 )
 
 // classifyError classifies an attempt that ended without a usable response:
@@ -322,7 +379,7 @@ func retryAfter(h http.Header, now time.Time) time.Duration {
 			return min(t.Sub(now), maxRetryHint)
 		}
 	}
-	return rateLimitReset(h, now)
+	return min(rateLimitReset(h, now), maxRetryHint)
 }
 
 // maxRetryHint bounds an upstream's wait hint, so a huge value cannot wrap
@@ -400,10 +457,28 @@ func anthropicType(status int) string {
 // asAnthropicError replaces an upstream answer in another shape (a cloud's
 // error) with an Anthropic error of status and type, keeping its headers,
 // so the classification table and the client see what Anthropic would send.
-func asAnthropicError(resp *http.Response, status int, typ, msg, requestID string) *http.Response {
+// modelRefusal says that the cloud refused the model, not the credential.
+func asAnthropicError(resp *http.Response, status int, typ, msg, requestID string, modelRefusal bool) *http.Response {
 	out := withBody(resp, "application/json", (&relayError{typ: typ, msg: msg}).body(requestID))
+	out.Body.(*translatedBody).modelRefusal = modelRefusal
 	out.StatusCode, out.Status = status, strconv.Itoa(status)+" "+http.StatusText(status)
 	return out
+}
+
+// translatedBody is the body of an upstream answer a provider rewrote. It
+// carries what only the provider could tell from the original.
+type translatedBody struct {
+	*bytes.Reader
+	modelRefusal bool
+}
+
+func (*translatedBody) Close() error { return nil }
+
+// providerRefusedModel reports whether the provider translated this answer
+// from a refusal of the model (see refusesModel).
+func providerRefusedModel(resp *http.Response) bool {
+	t, ok := resp.Body.(*translatedBody)
+	return ok && t.modelRefusal
 }
 
 // withBody returns resp with body (of contentType) in place of its own,
@@ -415,6 +490,6 @@ func withBody(resp *http.Response, contentType string, body []byte) *http.Respon
 	out.Header.Set("Content-Type", contentType)
 	out.Header.Set("Content-Length", strconv.Itoa(len(body)))
 	out.ContentLength = int64(len(body))
-	out.Body = io.NopCloser(bytes.NewReader(body))
+	out.Body = &translatedBody{Reader: bytes.NewReader(body)}
 	return &out
 }

@@ -33,10 +33,12 @@ func respHeader(kv ...string) http.Header {
 
 func TestClassifyStatus(t *testing.T) {
 	const (
-		creditBody = `{"type":"error","error":{"type":"invalid_request_error","message":"Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing to upgrade or purchase credits."}}`
-		spendBody  = `{"type":"error","error":{"type":"rate_limit_error","message":"You have reached your specified API usage limits.","details":{"error_code":"enforced_spend_limit_reached"}}}`
-		plain400   = `{"type":"error","error":{"type":"invalid_request_error","message":"max_tokens: Field required"}}`
-		plain429   = `{"type":"error","error":{"type":"rate_limit_error","message":"Number of request tokens has exceeded your per-minute rate limit"}}`
+		creditBody    = `{"type":"error","error":{"type":"invalid_request_error","message":"Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing to upgrade or purchase credits."}}`
+		spendBody     = `{"type":"error","error":{"type":"rate_limit_error","message":"You have reached your specified API usage limits.","details":{"error_code":"enforced_spend_limit_reached"}}}`
+		plain400      = `{"type":"error","error":{"type":"invalid_request_error","message":"max_tokens: Field required"}}`
+		plain429      = `{"type":"error","error":{"type":"rate_limit_error","message":"Number of request tokens has exceeded your per-minute rate limit"}}`
+		echoedBody    = `{"type":"error","error":{"type":"invalid_request_error","message":"Unexpected value(s) ` + "`Your credit balance is too low`" + ` for the ` + "`anthropic-beta`" + ` header."}}`
+		workspaceBody = `{"type":"error","error":{"type":"invalid_request_error","message":"You have reached your specified workspace API usage limits. You will regain access on 2026-12-01 at 00:00 UTC."}}`
 	)
 	tests := []struct {
 		name       string
@@ -59,7 +61,13 @@ func TestClassifyStatus(t *testing.T) {
 		{name: "402 means the account is unusable", status: 402, want: outcomeAuth},
 		{name: "403 means the credential is unusable", status: 403, want: outcomeAuth},
 		{name: "400 with credit balance too low is an account problem", status: 400, body: creditBody, want: outcomeAuth, wantReason: "credit balance too low"},
-		{name: "credit balance match ignores case", status: 400, body: `{"error":{"message":"CREDIT BALANCE IS TOO LOW"}}`, want: outcomeAuth},
+		{name: "400 with billing_error type is an account problem", status: 400, body: `{"type":"error","error":{"type":"billing_error","message":"x"}}`, want: outcomeAuth, wantReason: "billing error"},
+		{name: "400 at the workspace usage limit is an account problem", status: 400, body: workspaceBody, want: outcomeAuth, wantReason: "workspace usage limit reached"},
+		// Anthropic echoes request values in its messages: a phrase anywhere
+		// but at the start must never cool a channel
+		{name: "billing phrase echoed from an anthropic-beta header is the client's", status: 400, body: echoedBody, want: outcomeClientError},
+		{name: "billing phrase in another case is the client's", status: 400, body: `{"error":{"message":"CREDIT BALANCE IS TOO LOW"}}`, want: outcomeClientError},
+		{name: "billing phrase after a leading space is the client's", status: 400, body: `{"error":{"message":" Your credit balance is too low"}}`, want: outcomeClientError},
 		{name: "credit balance text on a 404 is not an account problem", status: 404, body: creditBody, want: outcomeClientError},
 		{name: "429 with enforced_spend_limit_reached is an account problem", status: 429, body: spendBody, header: respHeader("Retry-After", "30"), want: outcomeAuth, wantReason: "spend limit reached"},
 		{name: "plain 429 is rate limited without a hint", status: 429, body: plain429, want: outcomeRateLimited, wantReason: "status 429"},
@@ -467,4 +475,27 @@ func TestSSEError(t *testing.T) {
 	if _, err := rd.Next(); err != io.EOF {
 		t.Errorf("after the frame: %v, want io.EOF", err)
 	}
+}
+
+// FuzzRetryAfter checks the retry hints on any header values: never a
+// panic, never a negative wait, never more than maxRetryHint.
+// Long run: go test -run '^$' -fuzz FuzzRetryAfter -fuzztime 10m .
+func FuzzRetryAfter(f *testing.F) {
+	f.Add("750", "3", "0", "2026-11-30T12:00:30Z")
+	f.Add("", "Mon, 30 Nov 2026 12:01:00 GMT", "", "")
+	f.Add("1e309", "NaN", "0", "9999-12-31T23:59:59Z")
+	f.Add("-5", "-1", "0", "2026-11-30T11:00:00Z")
+	f.Add("0.5", "99999999999999999999", "1", "not a time")
+	f.Fuzz(func(t *testing.T, ms, secs, remaining, reset string) {
+		h := http.Header{}
+		for k, v := range map[string]string{"Retry-After-Ms": ms, "Retry-After": secs,
+			"Anthropic-Ratelimit-Tokens-Remaining": remaining, "Anthropic-Ratelimit-Tokens-Reset": reset} {
+			if v != "" {
+				h.Set(k, v)
+			}
+		}
+		if d := retryAfter(h, testNow); d < 0 || d > maxRetryHint {
+			t.Fatalf("retryAfter = %v for %v", d, h)
+		}
+	})
 }

@@ -33,6 +33,8 @@ type cooldownPolicy struct {
 	base time.Duration // after a transient failure; doubles while they repeat
 	max  time.Duration // cap for every cooldown but auth
 	auth time.Duration // after the credential or account was refused
+	// how long a model the upstream refused stays set aside on the channel
+	capability time.Duration
 }
 
 // defaultRateLimitWait is the cooldown after a 429 that gave no hint.
@@ -60,6 +62,9 @@ type channelHealth struct {
 	openUntil  atomic.Int64 // when the open breaker turns half-open
 	quotaUntil atomic.Int64 // the upstream said a quota is spent until then
 	disabled   atomic.Bool
+	// models the upstream refused (403): model -> until, Unix nanoseconds.
+	// Copied on write, read without the lock on every selection.
+	refused atomic.Pointer[map[string]int64]
 
 	limits   limiter       // the channel's rate, tokens and concurrency; counts in-flight attempts
 	requests atomic.Uint64 // finished attempts, client traffic only
@@ -217,8 +222,9 @@ func (h *channelHealth) busy(now time.Time) (bool, time.Time) {
 
 // observeQuota reads the anthropic-ratelimit-* headers of an upstream
 // answer: a limit whose remaining count is 0 makes the channel busy until
-// its reset, so the relay stops before the upstream's 429.
-func (h *channelHealth) observeQuota(hdr http.Header, now time.Time) {
+// its reset, so the relay stops before the upstream's 429. Like a 429's
+// wait, it is capped by the channel's max_cooldown (limit).
+func (h *channelHealth) observeQuota(hdr http.Header, now time.Time, limit time.Duration) {
 	for _, names := range rateLimitHeaders {
 		if hdr.Get(names.remaining) != "0" {
 			continue
@@ -227,11 +233,53 @@ func (h *channelHealth) observeQuota(hdr http.Header, now time.Time) {
 		if err != nil || !t.After(now) {
 			continue
 		}
-		if lim := now.Add(maxRetryHint); t.After(lim) {
+		if lim := now.Add(limit); t.After(lim) {
 			t = lim
 		}
 		raiseTo(&h.quotaUntil, t.UnixNano())
 	}
+}
+
+// maxRefusedModels bounds the models remembered as refused per channel:
+// on a channel that serves every model, clients choose the names.
+const maxRefusedModels = 256
+
+// refuses reports whether the upstream refused model on this channel, and
+// until when it stays set aside.
+func (h *channelHealth) refuses(model string, now time.Time) (bool, time.Time) {
+	m := h.refused.Load()
+	if m == nil {
+		return false, time.Time{}
+	}
+	if until, ok := (*m)[model]; ok && until > now.UnixNano() {
+		return true, time.Unix(0, until)
+	}
+	return false, time.Time{}
+}
+
+// refuseModel sets model aside on the channel until until. Expired entries
+// go; when the map is full, the entry that ends first makes room. h.mu is
+// held.
+func (h *channelHealth) refuseModel(model string, now, until time.Time) {
+	next := map[string]int64{}
+	if cur := h.refused.Load(); cur != nil {
+		for k, v := range *cur {
+			if v > now.UnixNano() {
+				next[k] = v
+			}
+		}
+	}
+	if _, ok := next[model]; !ok && len(next) >= maxRefusedModels {
+		first := ""
+		for k, v := range next {
+			if first == "" || v < next[first] {
+				first = k
+			}
+		}
+		delete(next, first)
+	}
+	next[model] = until.UnixNano()
+	h.refused.Store(&next)
 }
 
 // ticket is one admitted attempt on a channel. It must be finished, or
@@ -276,7 +324,7 @@ func (t *ticket) finish(v verdict, p cooldownPolicy, now time.Time, firstByte ti
 		t.done(errBreakerExcluded)
 	case v.outcome == outcomeTransient:
 		t.done(errBreakerFailure)
-	case v.outcome.retryable(): // 429, 529, auth: cooled, but the breaker is about failures
+	case v.outcome.retryable(): // 429, 529, auth, a refused model: the breaker is about failures
 		t.done(errBreakerExcluded)
 	default:
 		t.done(nil)
@@ -284,7 +332,7 @@ func (t *ticket) finish(v verdict, p cooldownPolicy, now time.Time, firstByte ti
 	if v.outcome != outcomeCanceled {
 		h.requests.Add(1)
 	}
-	if v.outcome.retryable() {
+	if v.outcome.retryable() && v.outcome != outcomeModelRefused {
 		h.failures.Add(1)
 	}
 	return h.record(v, p, now, firstByte)
@@ -330,6 +378,12 @@ func (h *channelHealth) record(v verdict, p cooldownPolicy, now time.Time, first
 		return 0
 	case outcomeCanceled:
 		return 0
+	case outcomeModelRefused:
+		// the request chose the model: only that model is set aside, and
+		// the channel stays as healthy as it was
+		h.refuseModel(v.model, now, now.Add(p.capability))
+		h.lastError, h.lastReason, h.lastErrorAt = v.outcome, v.reason+": "+v.model, now
+		return 0
 	case outcomeAuth:
 		d = p.auth
 	case outcomeRateLimited:
@@ -364,12 +418,15 @@ func raiseTo(a *atomic.Int64, n int64) {
 	}
 }
 
-// reset clears the cooldown, the failure streak and the breaker: the
-// channel is healthy again (unless disabled).
+// reset clears the cooldown, the spent quota, the refused models, the
+// failure streak and the breaker: the channel is healthy again (unless
+// disabled).
 func (h *channelHealth) reset() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.until.Store(0)
+	h.quotaUntil.Store(0)
+	h.refused.Store(nil)
 	h.consecutive = 0
 	h.resetBreaker()
 }
@@ -399,6 +456,9 @@ type channelStatus struct {
 	LastError       string     `json:"last_error,omitempty"`
 	LastErrorReason string     `json:"last_error_reason,omitempty"`
 	LastErrorAt     *time.Time `json:"last_error_at,omitempty"`
+	// RefusedModels are the models the upstream refused (403) on this
+	// channel, set aside until the time given.
+	RefusedModels map[string]time.Time `json:"refused_models,omitempty"`
 }
 
 func (h *channelHealth) status(name string, now time.Time) channelStatus {
@@ -417,6 +477,16 @@ func (h *channelHealth) status(name string, now time.Time) channelStatus {
 		st.Busy = true
 		if !until.IsZero() {
 			st.BusyUntil = &until
+		}
+	}
+	if m := h.refused.Load(); m != nil {
+		for model, until := range *m {
+			if until > now.UnixNano() {
+				if st.RefusedModels == nil {
+					st.RefusedModels = map[string]time.Time{}
+				}
+				st.RefusedModels[model] = time.Unix(0, until).UTC()
+			}
 		}
 	}
 	h.mu.Lock()

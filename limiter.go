@@ -121,6 +121,20 @@ const (
 // refused it and when it may pass (zero when only a release can tell, as
 // for concurrency). An admitted request must be given back with done.
 func (l *limiter) take(now time.Time, estimate int64) (limitScope, time.Duration) {
+	if scope, wait := l.takeSlot(now); scope != scopeNone {
+		return scope, wait
+	}
+	if scope, wait := l.chargeTokens(now, estimate); scope != scopeNone {
+		l.inflight.Add(-1)
+		return scope, wait
+	}
+	return scopeNone, 0
+}
+
+// takeSlot admits one request against the concurrency and request rate
+// limits, which need nothing of its body. An admitted request must be given
+// back with done.
+func (l *limiter) takeSlot(now time.Time) (limitScope, time.Duration) {
 	if max := l.maxConc.Load(); max > 0 {
 		for {
 			cur := l.inflight.Load()
@@ -135,14 +149,8 @@ func (l *limiter) take(now time.Time, estimate int64) (limitScope, time.Duration
 		l.inflight.Add(1)
 	}
 	l.mu.Lock()
-	requests, tokens := l.requests, l.tokens
+	requests := l.requests
 	l.mu.Unlock()
-	if tokens != nil {
-		if wait := tokens.wait(now); wait > 0 {
-			l.inflight.Add(-1)
-			return scopeTokens, wait
-		}
-	}
 	if requests != nil {
 		res := requests.ReserveN(now, 1)
 		if wait := res.DelayFrom(now); !res.OK() || wait > 0 {
@@ -151,9 +159,23 @@ func (l *limiter) take(now time.Time, estimate int64) (limitScope, time.Duration
 			return scopeRate, max(wait, time.Millisecond)
 		}
 	}
-	if tokens != nil {
-		tokens.charge(now, estimate)
+	return scopeNone, 0
+}
+
+// chargeTokens charges an admitted request's estimated tokens, or refuses
+// it while the token bucket is empty (the caller then gives its slot back
+// with done, charged nothing).
+func (l *limiter) chargeTokens(now time.Time, estimate int64) (limitScope, time.Duration) {
+	l.mu.Lock()
+	tokens := l.tokens
+	l.mu.Unlock()
+	if tokens == nil {
+		return scopeNone, 0
 	}
+	if wait := tokens.wait(now); wait > 0 {
+		return scopeTokens, wait
+	}
+	tokens.charge(now, estimate)
 	return scopeNone, 0
 }
 

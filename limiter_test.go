@@ -248,7 +248,7 @@ func TestConcurrencySlotsReturnOnEveryPath(t *testing.T) {
 }
 
 func keyDigestMust(t *testing.T, secret string) [32]byte {
-	d, err := keyDigest(secret)
+	d, _, err := keyDigest(secret)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -83,6 +83,45 @@ func TestStickySpreadsAndKeepsSessions(t *testing.T) {
 	}
 }
 
+func TestASessionIDNeverLeavesTheBestLiveTier(t *testing.T) {
+	// whatever session id a client makes up, sticky hashing only picks
+	// within the best live tier: a heavy fallback is never chosen while a
+	// preferred channel lives
+	a, b := testChannel("a"), testChannel("b")
+	fallback := testChannel("fallback", withPriority(2), withWeight(1_000_000))
+	g := &group{name: "tiers", policy: policySticky, channels: []*channel{a, b, fallback}}
+	ids := sessions(5000)
+	ids = append(ids, "", "fallback", "key:x", strings.Repeat("z", 4096), "\x00", "session_fallback")
+	for _, s := range ids {
+		if got := pickFor(t, g, s); got == "fallback" {
+			t.Fatalf("session %q picked the tier-2 channel while tier 1 is live", s)
+		}
+	}
+	a.health.extend(testNow.Add(time.Minute))
+	for _, s := range ids {
+		if got := pickFor(t, g, s); got != "b" {
+			t.Fatalf("session %q picked %s while b is the only live tier-1 channel", s, got)
+		}
+	}
+	// a canary split is the documented exception: its share of sessions
+	// reaches it whatever its priority, and no other session does
+	a.health.until.Store(0)
+	split := &group{name: "tiers-split", policy: policySticky, channels: []*channel{a, b, fallback},
+		splits: []groupSplit{{ch: fallback, share: 0.01}}}
+	in := 0
+	for _, s := range ids {
+		if pickFor(t, split, s) == "fallback" {
+			if unitHash("split", "fallback", s) >= 0.01 {
+				t.Fatalf("session %q reached the canary outside its share", s)
+			}
+			in++
+		}
+	}
+	if in == 0 || in > 100 {
+		t.Errorf("%d of %d sessions reached a 1%% canary", in, len(ids))
+	}
+}
+
 func TestCanarySplit(t *testing.T) {
 	a, canary := testChannel("a"), testChannel("canary", withPriority(2))
 	g := &group{name: "split", policy: policyWeighted, channels: []*channel{a, canary}, splits: []groupSplit{{ch: canary, share: 0.1}}}

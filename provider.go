@@ -81,11 +81,20 @@ var hopHeaders = map[string]bool{
 	"Upgrade":             true,
 }
 
+// upstreamOnlyHeaders never reach a client: the relay is shared by
+// tenants who have no business learning which upstream organisation serves
+// them, and an upstream's cookies belong to the relay's session with it.
+var upstreamOnlyHeaders = map[string]bool{
+	"Anthropic-Organization-Id": true,
+	"Set-Cookie":                true,
+}
+
 // copyResponseHeaders copies upstream response headers to the client's,
-// without hop-by-hop headers and those the Connection header names.
+// without hop-by-hop headers, those the Connection header names, and those
+// that say who the upstream account is.
 func copyResponseHeaders(dst, src http.Header) {
 	for k, vs := range src {
-		if hopHeaders[k] {
+		if hopHeaders[k] || upstreamOnlyHeaders[k] {
 			continue
 		}
 		dst[k] = vs

@@ -217,7 +217,11 @@ func (p *bedrockProvider) response(resp *http.Response, in *inbound) (*http.Resp
 		if msg == "" {
 			msg = gjson.GetBytes(body, "Message").String()
 		}
-		return asAnthropicError(resp, status, typ, "bedrock: "+strings.TrimSpace(name+": "+msg), resp.Header.Get("X-Amzn-Requestid")), nil
+		// Bedrock refuses a model the account may not invoke (not enabled,
+		// or outside the role's policy) with AccessDeniedException; bad
+		// credentials have exceptions of their own
+		modelRefusal := strings.EqualFold(name, "AccessDeniedException")
+		return asAnthropicError(resp, status, typ, "bedrock: "+strings.TrimSpace(name+": "+msg), resp.Header.Get("X-Amzn-Requestid"), modelRefusal), nil
 	}
 	if in.route == routeCountTokens {
 		body, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))

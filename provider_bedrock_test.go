@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"sync"
@@ -21,6 +22,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws/protocol/eventstream"
 	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/sse"
 	"github.com/tidwall/gjson"
 )
 
@@ -331,9 +333,15 @@ func TestBedrockErrorsFailOverAndPassThrough(t *testing.T) {
 	fb3 := newFakeBedrock(t, bedrockFailure(403, "AccessDeniedException", "not authorized for this model"))
 	startRelay(t, bedrockChannel(t, "br-err-d", fb3.URL, "priority 1")+channelBlock("br-err-e", ok.URL, "priority 2")+
 		keyAndGroup("br-err-d", "br-err-d br-err-e"))
-	message(t, simpleBody)
-	if st := channels(t)["br-err-d"]; st.LastError != "auth" || st.CooldownUntil == nil || time.Until(*st.CooldownUntil) < 29*time.Minute {
-		t.Errorf("access denied should cool for auth_cooldown: %+v", st)
+	if r := message(t, simpleBody); r.status != 200 {
+		t.Fatalf("access denied should fail over: %d %s", r.status, r.body)
+	}
+	// a client picks the model: the refusal sets that model aside on the
+	// channel for capability_ttl, and never cools the channel
+	st := channels(t)["br-err-d"]
+	if until, ok := st.RefusedModels["claude-sonnet-4-5"]; st.State != stateHealthy || st.LastError != "model_refused" || !ok ||
+		time.Until(until) < 59*time.Minute || st.CooldownUntil != nil {
+		t.Errorf("access denied should set the model aside for capability_ttl, not cool the channel: %+v", st)
 	}
 }
 
@@ -392,4 +400,41 @@ func TestAnthropicOverloadFailsOverToBedrockForTheSDK(t *testing.T) {
 	if overloaded.Hits() != 1 || fb.Hits() != 1 {
 		t.Errorf("hits: anthropic %d, bedrock %d", overloaded.Hits(), fb.Hits())
 	}
+}
+
+// FuzzBedrockEventStream checks the event-stream conversion on any bytes:
+// it never panics, ends, and emits only whole SSE events whose data is JSON
+// (an exception becomes an Anthropic error event, an undecodable frame a
+// read error: never garbage for the client's SDK).
+// Long run: go test -run '^$' -fuzz FuzzBedrockEventStream -fuzztime 10m .
+func FuzzBedrockEventStream(f *testing.F) {
+	events := fakeupstream.StreamEvents("m", fakeupstream.Usage{InputTokens: 1, OutputTokens: 1}, "hi")
+	for _, h := range []http.HandlerFunc{
+		eventStream(events),
+		eventStream(events[:2], exceptionFrame("throttlingException", "Too many requests")),
+		eventStream(nil, exceptionFrame("modelStreamErrorException", `quote\" and \\n`)),
+	} {
+		w := httptest.NewRecorder()
+		h(w, httptest.NewRequest(http.MethodPost, "/", nil))
+		f.Add(w.Body.Bytes())
+	}
+	f.Add([]byte{0, 0, 0, 16, 0, 0, 0, 0, 0xde, 0xad, 0xbe, 0xef})
+	f.Fuzz(func(t *testing.T, frames []byte) {
+		conv := &eventStreamSSE{src: io.NopCloser(bytes.NewReader(frames)), dec: eventstream.NewDecoder()}
+		rd := sse.NewReader(conv, maxEvent)
+		for {
+			ev, err := rd.Next()
+			if err != nil {
+				// a frame that does not decode is a read error, which the
+				// relay treats as a broken upstream; never half an event
+				if err == io.ErrUnexpectedEOF || err == sse.ErrEventTooLarge {
+					t.Fatalf("the converted stream is not whole events: %v", err)
+				}
+				return
+			}
+			if !gjson.ValidBytes(ev.Data) {
+				t.Fatalf("event %q carries data that is not JSON: %q", ev.Name, ev.Data)
+			}
+		}
+	})
 }

@@ -197,13 +197,15 @@ func (vertexProvider) response(resp *http.Response, _ *inbound) (*http.Response,
 		out.Body = io.NopCloser(bytes.NewReader(body))
 		return &out, nil
 	}
-	return asAnthropicError(resp, status, typ, msg, ""), nil
+	// every URL names the model, and a bad credential is UNAUTHENTICATED
+	// (401): a 403 refuses the model
+	return asAnthropicError(resp, status, typ, msg, "", status == http.StatusForbidden), nil
 }
 
 // vertexStatuses maps Google's canonical error statuses onto Anthropic's
 // errors. PERMISSION_DENIED and FAILED_PRECONDITION (the model is not enabled
-// for the project) are the channel's own problem: as 403s they cool it for
-// auth_cooldown and fail over.
+// for the project, or outside the account's permissions) refuse the model:
+// as 403s they set the model aside on the channel and fail over.
 var vertexStatuses = map[string]struct {
 	status int
 	typ    string

@@ -486,8 +486,8 @@ func TestVertexErrorsFailOverAndCool(t *testing.T) {
 		vertexBlock("vx-err-c", denied.URL, creds, "priority 1")+channelBlock("vx-err-d", good.URL, "priority 2")+
 		vertexBlock("vx-err-e", invalid.URL, creds)+
 		keyAndGroup("vx-err", "vx-err-a vx-err-b")+
-		"\t\tkey sk-vx-denied vx-denied\n\t\tgroup vx-denied {\n\t\t\tchannels vx-err-c vx-err-d\n\t\t}\n"+
-		"\t\tkey sk-vx-invalid vx-invalid\n\t\tgroup vx-invalid {\n\t\t\tchannels vx-err-e\n\t\t}\n")
+		"\t\tkey sk-vx-denied-0123456789 vx-denied\n\t\tgroup vx-denied {\n\t\t\tchannels vx-err-c vx-err-d\n\t\t}\n"+
+		"\t\tkey sk-vx-invalid-0123456789 vx-invalid\n\t\tgroup vx-invalid {\n\t\t\tchannels vx-err-e\n\t\t}\n")
 
 	// RESOURCE_EXHAUSTED: a rate limit; fail over and cool the channel
 	r := message(t, simpleBody)
@@ -501,18 +501,19 @@ func TestVertexErrorsFailOverAndCool(t *testing.T) {
 		t.Errorf("vx-err-a after RESOURCE_EXHAUSTED: %+v", st)
 	}
 
-	// PERMISSION_DENIED: the credential's problem; fail over, cool for auth_cooldown
-	r = send(t, http.MethodPost, "/v1/messages", "sk-vx-denied", simpleBody)
+	// PERMISSION_DENIED: the model's refusal (the URL names it); fail over,
+	// set the model aside for capability_ttl, never cool the channel
+	r = send(t, http.MethodPost, "/v1/messages", "sk-vx-denied-0123456789", simpleBody)
 	if r.status != 200 || !strings.Contains(string(r.body), "from anthropic") {
 		t.Fatalf("failover: %d %s", r.status, r.body)
 	}
-	if st := channels(t)["vx-err-c"]; st.State != stateCooldown || st.LastError != "auth" ||
-		st.CooldownUntil == nil || time.Until(*st.CooldownUntil) < 29*time.Minute {
+	if st := channels(t)["vx-err-c"]; st.State != stateHealthy || st.LastError != "model_refused" || st.CooldownUntil != nil ||
+		time.Until(st.RefusedModels["claude-sonnet-4-5"]) < 59*time.Minute {
 		t.Errorf("vx-err-c after PERMISSION_DENIED: %+v", st)
 	}
 
 	// INVALID_ARGUMENT: the request's fault; the client gets an Anthropic 400
-	r = send(t, http.MethodPost, "/v1/messages", "sk-vx-invalid", simpleBody)
+	r = send(t, http.MethodPost, "/v1/messages", "sk-vx-invalid-0123456789", simpleBody)
 	var e struct {
 		Type  string
 		Error struct{ Type, Message string }

@@ -166,8 +166,8 @@ func TestQueueLimitsAnswer429(t *testing.T) {
 }
 
 func keyNameHash(secret string) string {
-	d, _ := keyDigest(secret)
-	return fmt.Sprintf("%x", d[:4])
+	d, _, _ := keyDigest(secret)
+	return fmt.Sprintf("%x", d[:8])
 }
 
 func TestUpstreamQuotaMakesChannelBusyUntilReset(t *testing.T) {

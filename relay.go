@@ -38,6 +38,18 @@ type Relay struct {
 	// limit.
 	MaxBodySize int64 `json:"max_body_size,omitempty"`
 
+	// ReadBodyTimeout bounds the time a client takes to send its request
+	// body, from the end of its headers. A client that sends more slowly
+	// gets a 408 timeout_error, and its key's concurrency slot (taken before
+	// the body is read) is free again. Default: 30s.
+	ReadBodyTimeout caddy.Duration `json:"read_body_timeout,omitempty"`
+
+	// MaxResponseSize is the largest non-streaming upstream answer the relay
+	// reads, in bytes; a larger one fails the attempt as a broken answer.
+	// Streams are forwarded event by event and bounded per event only.
+	// Default: 64 MiB.
+	MaxResponseSize int64 `json:"max_response_size,omitempty"`
+
 	// Tuning holds the default timeouts and cooldowns of every channel.
 	Tuning
 
@@ -88,8 +100,10 @@ type group struct {
 }
 
 const (
-	defaultMaxBodySize = 32 << 20
-	defaultRetries     = 2
+	defaultMaxBodySize     = 32 << 20
+	defaultMaxResponseSize = 64 << 20
+	defaultReadBodyTimeout = 30 * time.Second
+	defaultRetries         = 2
 )
 
 // CaddyModule returns the Caddy module information.
@@ -108,6 +122,12 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 	r.now = time.Now
 	if r.MaxBodySize == 0 {
 		r.MaxBodySize = defaultMaxBodySize
+	}
+	if r.MaxResponseSize == 0 {
+		r.MaxResponseSize = defaultMaxResponseSize
+	}
+	if r.ReadBodyTimeout == 0 {
+		r.ReadBodyTimeout = caddy.Duration(defaultReadBodyTimeout)
 	}
 	if err := r.validateConfig(); err != nil {
 		return err
@@ -207,16 +227,19 @@ func (r *Relay) provisionGroups(channels map[string]*channel) error {
 func (r *Relay) provisionKeys() error {
 	r.keys = make(map[[sha256.Size]byte]*key, len(r.Keys))
 	for i, cfg := range r.Keys {
-		digest, err := keyDigest(cfg.Secret)
+		digest, weak, err := keyDigest(cfg.Secret)
 		if err != nil {
 			return fmt.Errorf("%s: %w", cfg.label(i), err)
+		}
+		if weak {
+			r.logger.Warn(weakKeyWarning, zap.String("key", cfg.label(i)))
 		}
 		if _, dup := r.keys[digest]; dup {
 			return fmt.Errorf("%s has the same secret as an earlier key", cfg.label(i))
 		}
 		k := &key{name: cfg.Name, group: r.groups[cfg.Group]}
 		if k.name == "" {
-			k.name = "key-" + hex.EncodeToString(digest[:4])
+			k.name = "key-" + hex.EncodeToString(digest[:8])
 		}
 		k.prio, _ = priorityByName(cfg.Priority)
 		lim, _ := parseLimits(cfg.Rate, cfg.Tokens, cfg.Concurrency) // validated already
@@ -243,23 +266,44 @@ func channelModels(cfg *Channel) []string {
 }
 
 // keyDigest resolves a key's secret and returns the sha256 it is looked up
-// by; `sha256:<hex>` gives the digest directly.
-func keyDigest(secret string) ([sha256.Size]byte, error) {
-	var d [sha256.Size]byte
+// by, and whether the secret is weak (see weakKey); `sha256:<hex>` gives the
+// digest directly, which cannot be judged.
+func keyDigest(secret string) (d [sha256.Size]byte, weak bool, err error) {
 	if hexDigest, ok := strings.CutPrefix(secret, sha256Prefix); ok {
 		b, err := hex.DecodeString(hexDigest)
 		if err != nil || len(b) != sha256.Size {
-			return d, fmt.Errorf("sha256: must be followed by 64 hex digits")
+			return d, false, fmt.Errorf("sha256: must be followed by 64 hex digits")
 		}
 		copy(d[:], b)
-		return d, nil
+		return d, false, nil
 	}
 	v, err := resolveSecret(secret)
 	if err != nil {
-		return d, err
+		return d, false, err
 	}
-	return sha256.Sum256([]byte(v)), nil
+	return sha256.Sum256([]byte(v)), weakKey(v), nil
 }
+
+// weakKey reports whether a key secret is guessable: shorter than 20
+// characters, or made of fewer than 10 different ones. Keys are looked up by
+// their unsalted sha256, which GET /config/ may show and the default key
+// name partly does, and the relay does not throttle failed guesses.
+func weakKey(secret string) bool {
+	if len(secret) < 20 {
+		return true
+	}
+	var seen [256]bool
+	distinct := 0
+	for i := 0; i < len(secret); i++ {
+		if !seen[secret[i]] {
+			seen[secret[i]] = true
+			distinct++
+		}
+	}
+	return distinct < 10
+}
+
+const weakKeyWarning = "a relay key is weak (under 20 characters, or fewer than 10 different ones): it can be guessed; use a long random key such as the output of: openssl rand -hex 24"
 
 // Cleanup releases the health states this instance took. On a reload the
 // new config has taken its own references first, so surviving channels keep
@@ -308,7 +352,14 @@ func (r *Relay) ServeHTTP(w http.ResponseWriter, req *http.Request, _ caddyhttp.
 		serveModels(w, req, in)
 		return nil
 	}
-	buf, rerr := readBody(req, r.MaxBodySize)
+	// the key's slot is taken before the body is read, so a key's slow
+	// clients wait for their turn instead of holding memory
+	if rerr = r.admitKey(in); rerr != nil {
+		in.reply(w, rerr)
+		return nil
+	}
+	defer func() { in.key.limits.done(r.now(), in.estimate, in.billed()) }()
+	buf, rerr := r.readBody(w, req)
 	if rerr != nil {
 		in.reply(w, rerr)
 		return nil
@@ -319,25 +370,41 @@ func (r *Relay) ServeHTTP(w http.ResponseWriter, req *http.Request, _ caddyhttp.
 		in.reply(w, rerr)
 		return nil
 	}
-	if rerr = r.admitKey(in); rerr != nil {
+	if rerr = r.chargeKeyTokens(in); rerr != nil {
 		in.reply(w, rerr)
 		return nil
 	}
-	defer func() { in.key.limits.done(r.now(), in.estimate, in.billed()) }()
 	r.relay(w, req, in)
 	return nil
 }
 
-// admitKey holds a request to its key's limits: rate, tokens (charged an
-// estimate now, corrected when it ends) and concurrency.
+// admitKey holds a request to its key's concurrency and request rate,
+// which need nothing of its body.
 func (r *Relay) admitKey(in *inbound) *relayError {
-	if in.route == routeMessages {
-		in.estimate = estimateTokens(in.body)
-	}
-	scope, wait := in.key.limits.take(r.now(), in.estimate)
+	scope, wait := in.key.limits.takeSlot(r.now())
 	if scope == scopeNone {
 		return nil
 	}
+	return keyLimited(in, scope, wait)
+}
+
+// chargeKeyTokens holds an admitted request to its key's token limit: it
+// is charged an estimate from its body now, corrected when it ends.
+func (r *Relay) chargeKeyTokens(in *inbound) *relayError {
+	if in.route != routeMessages {
+		return nil
+	}
+	estimate := estimateTokens(in.body)
+	scope, wait := in.key.limits.chargeTokens(r.now(), estimate)
+	if scope == scopeNone {
+		in.estimate = estimate
+		return nil
+	}
+	return keyLimited(in, scope, wait)
+}
+
+// keyLimited counts and answers a request a limit of its key refused.
+func keyLimited(in *inbound, scope limitScope, wait time.Duration) *relayError {
 	metricRateLimited.WithLabelValues(in.key.name, string(scope)).Inc()
 	return errKeyLimited(in.key.name, scope, wait)
 }
@@ -428,7 +495,9 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) {
 			metricFailovers.WithLabelValues(g.name).Inc()
 		}
 		res := r.try(w, req, in, ch, n, t)
-		if res.done {
+		if res.done || res.verdict.outcome == outcomeCanceled {
+			// answered, or the client is gone: nobody is left to fail over
+			// for, and a departure spends no retry budget
 			return
 		}
 		last = res
@@ -631,7 +700,7 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 		return fail(err)
 	}
 	defer resp.Body.Close() // the provider may have replaced it
-	ch.health.observeQuota(resp.Header, r.now())
+	ch.health.observeQuota(resp.Header, r.now(), ch.cooldown.max)
 
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		body, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
@@ -639,6 +708,9 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 			return fail(err)
 		}
 		v := classifyStatus(resp.StatusCode, resp.Header, body, r.now())
+		if refusesModel(resp.StatusCode, body, providerRefusedModel(resp), ch.upstreamModel(in.target)) {
+			v.outcome, v.reason, v.model = outcomeModelRefused, "model refused", in.target
+		}
 		res := attemptResult{verdict: v, channel: ch, firstByte: firstByteTime, status: resp.StatusCode, header: resp.Header, body: body}
 		if !v.outcome.retryable() {
 			r.writeLast(w, in, res, n)
@@ -664,8 +736,11 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 
 	buf := bodyPool.Get().(*bytes.Buffer)
 	defer releaseBody(buf)
-	if _, err := buf.ReadFrom(resp.Body); err != nil {
+	if _, err := buf.ReadFrom(io.LimitReader(resp.Body, r.MaxResponseSize+1)); err != nil {
 		return fail(err)
+	}
+	if int64(buf.Len()) > r.MaxResponseSize {
+		return fail(errResponseTooLarge)
 	}
 	dl.stop()
 	in.usage.fromMessage(buf.Bytes())

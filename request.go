@@ -6,15 +6,19 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptrace"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
 
+	"github.com/go-json-experiment/json/jsontext"
 	"github.com/tidwall/gjson"
 )
 
@@ -116,18 +120,35 @@ func releaseBody(b *bytes.Buffer) {
 	}
 }
 
-// readBody reads the whole request body, at most limit bytes, into a pooled
-// buffer that serves every attempt. The caller releases it.
-func readBody(req *http.Request, limit int64) (*bytes.Buffer, *relayError) {
+// maxBodyReserve bounds what a request's declared Content-Length reserves
+// before its bytes arrive; the buffer grows with what really comes.
+const maxBodyReserve = 64 << 10
+
+// readBody reads the whole request body, at most max_body_size bytes and
+// within read_body_timeout, into a pooled buffer that serves every attempt.
+// The caller releases it.
+func (r *Relay) readBody(w http.ResponseWriter, req *http.Request) (*bytes.Buffer, *relayError) {
+	limit, timeout := r.MaxBodySize, time.Duration(r.ReadBodyTimeout)
 	if req.ContentLength > limit {
 		return nil, errTooLarge(limit)
 	}
+	// the connection's read deadline bounds a client that sends slowly; it
+	// is lifted afterwards, or the server's background read of an idle
+	// connection would cancel a long stream. (Where the connection has no
+	// deadline to set, as over HTTP/3, Caddy's own timeouts apply.)
+	rc := http.NewResponseController(w)
+	if rc.SetReadDeadline(time.Now().Add(timeout)) == nil {
+		defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
+	}
 	buf := bodyPool.Get().(*bytes.Buffer)
 	if req.ContentLength > 0 {
-		buf.Grow(int(req.ContentLength))
+		buf.Grow(int(min(req.ContentLength, maxBodyReserve)))
 	}
 	_, err := buf.ReadFrom(io.LimitReader(req.Body, limit+1))
 	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		releaseBody(buf)
+		return nil, errBodyTimeout(timeout)
 	case err != nil:
 		releaseBody(buf)
 		return nil, errInvalid("could not read the request body: " + err.Error())
@@ -229,59 +250,151 @@ func (in *inbound) committed(ch *channel, status int) {
 	in.firstByte = time.Since(in.start)
 }
 
-// inspect reads the fields routing needs with one pass over the top level
-// of the body: model, stream and the capability fields. The top level must
-// be one well-formed JSON object; what the values hold inside is the
-// upstream's to judge (it answers a malformed one with its own 400), so the
-// relay never reads a body twice.
+// bodyScanner is a pooled strict JSON decoder for request bodies.
+type bodyScanner struct {
+	src bytes.Buffer
+	dec jsontext.Decoder
+}
+
+var scanners = sync.Pool{New: func() any { return new(bodyScanner) }}
+
+// maxModelLen bounds a model name: the longest real ids (Bedrock inference
+// profile ARNs) are about 100 characters.
+const maxModelLen = 256
+
+// inspect reads the fields routing needs in one strict pass over the body:
+// model, stream, metadata.user_id and the capability fields. The body must
+// be exactly one valid JSON object, with no data after it and no key twice
+// in any object: a parser that kept the first of two "model" keys, or read
+// only the first of two objects, would otherwise serve another model than
+// the one the relay routed and priced. Values the relay does not read are
+// validated and skipped, never decoded.
 func (in *inbound) inspect() *relayError {
-	// The string view of the body lives no longer than this call; the only
-	// value kept (the model) is copied.
-	s := unsafe.String(unsafe.SliceData(in.body), len(in.body))
-	root := gjson.Parse(s)
-	if !root.IsObject() {
-		if root.Exists() {
-			return errInvalid("request body must be a JSON object")
-		}
-		return errInvalid("request body is not valid JSON")
+	sc := scanners.Get().(*bodyScanner)
+	defer func() {
+		sc.src = bytes.Buffer{} // no reference to the pooled body stays
+		sc.dec.Reset(&sc.src)
+		scanners.Put(sc)
+	}()
+	sc.src = *bytes.NewBuffer(in.body) // parsed in place, never copied
+	dec := &sc.dec
+	dec.Reset(&sc.src)
+
+	tok, err := dec.ReadToken()
+	if err != nil {
+		return errBodyJSON(err)
 	}
-	var model gjson.Result
-	end := -1 // where the last top-level value ends
-	root.ForEach(func(k, v gjson.Result) bool {
-		switch k.Str {
+	if tok.Kind() != '{' {
+		return errInvalid("request body must be a JSON object")
+	}
+	var model jsontext.Value
+	for dec.PeekKind() == '"' {
+		name, err := dec.ReadValue()
+		if err != nil {
+			return errBodyJSON(err)
+		}
+		field := fieldName(name)
+		if field == "" && len(name) > 2 { // escaped: compare what it means
+			b, _ := jsontext.AppendUnquote(nil, name)
+			field = string(b)
+		}
+		v, err := dec.ReadValue()
+		if err != nil {
+			return errBodyJSON(err)
+		}
+		switch field {
 		case "model":
 			model = v
+			in.modelEnd = int(dec.InputOffset())
+			in.modelStart = in.modelEnd - len(v)
 		case "stream":
-			in.stream = v.Type == gjson.True
+			in.stream = v.Kind() == 't'
 		case "metadata":
-			if u := v.Get("user_id"); u.Type == gjson.String {
+			if u := gjson.Get(unsafe.String(unsafe.SliceData(v), len(v)), "user_id"); u.Type == gjson.String && v.Kind() == '{' {
 				in.userID = strings.Clone(u.Str)
 			}
 		default:
-			if c := capabilityByName(k.Str); c != 0 && v.Type != gjson.Null {
+			if c := capabilityByName(field); c != 0 && v.Kind() != 'n' {
 				in.caps |= c
 			}
 		}
-		end = v.Index + len(v.Raw)
-		return v.Index > 0 // a value gjson could not place: stop
-	})
-	if end < 0 {
-		if strings.TrimSpace(s) != "{}" {
-			return errInvalid("request body is not valid JSON")
-		}
-	} else if end > len(s) || strings.TrimSpace(s[end:]) != "}" {
-		return errInvalid("request body is not valid JSON")
 	}
-	if !model.Exists() {
+	if _, err := dec.ReadToken(); err != nil { // the closing brace
+		return errBodyJSON(err)
+	}
+	if _, err := dec.ReadToken(); err != io.EOF {
+		return errInvalid("request body is not valid JSON: data after the top-level object")
+	}
+
+	if model == nil {
 		return errInvalid("model: field required")
 	}
-	if model.Type != gjson.String || model.Str == "" {
+	if model.Kind() != '"' || len(model) == 2 {
 		return errInvalid("model: must be a non-empty string")
 	}
-	in.model = strings.Clone(model.Str)
+	name := fieldName(model)
+	if name == "" {
+		b, _ := jsontext.AppendUnquote(nil, model) // valid: the scan checked it
+		name = string(b)
+	}
+	if msg := modelIDProblem(name); msg != "" {
+		return errInvalid("model: " + msg)
+	}
+	in.model = strings.Clone(name)
 	in.target = in.model
-	in.modelStart, in.modelEnd = model.Index, model.Index+len(model.Raw)
 	return nil
+}
+
+// fieldName is the name a raw JSON object key holds when it has no escape
+// sequence, else "". It shares the body's memory: compare it, never keep
+// it.
+func fieldName(raw []byte) string {
+	inner := raw[1 : len(raw)-1]
+	if bytes.IndexByte(inner, '\\') >= 0 {
+		return ""
+	}
+	return unsafe.String(unsafe.SliceData(inner), len(inner))
+}
+
+// errBodyJSON answers a body the strict scan refused, saying where and why
+// without echoing more of the body than a short key.
+func errBodyJSON(err error) *relayError {
+	if err == io.EOF || err == io.ErrUnexpectedEOF {
+		return errInvalid("request body is not valid JSON: it ends before the object does")
+	}
+	var se *jsontext.SyntacticError
+	if errors.As(err, &se) {
+		if errors.Is(se.Err, jsontext.ErrDuplicateName) {
+			key := se.JSONPointer.LastToken()
+			if len(key) > 64 {
+				key = key[:64] + "..."
+			}
+			return errInvalid("request body is not valid JSON: duplicate key " + strconv.Quote(key) + " at " + strconv.Quote(string(se.JSONPointer)[:min(len(se.JSONPointer), 128)]))
+		}
+		return errInvalid("request body is not valid JSON: error at byte offset " + strconv.FormatInt(se.ByteOffset, 10))
+	}
+	return errInvalid("request body is not valid JSON")
+}
+
+// modelIDProblem says why s cannot be a model id, or "" when it can be:
+// ids are at most maxModelLen characters among letters, digits and -._:@/
+// (Anthropic's names, Bedrock's ids and ARNs, Vertex's name@version), with
+// no "." or ".." path segment, since providers put the id in a URL path.
+func modelIDProblem(s string) string {
+	switch {
+	case s == "":
+		return "must be a non-empty string"
+	case len(s) > maxModelLen:
+		return "longer than " + strconv.Itoa(maxModelLen) + " characters; not a model id"
+	case !validModelName(s):
+		return "not a model id: only letters, digits and - . _ : @ / may appear"
+	}
+	for seg := range strings.SplitSeq(s, "/") {
+		if seg == "." || seg == ".." {
+			return "not a model id: it has a \".\" or \"..\" path segment"
+		}
+	}
+	return ""
 }
 
 // sessionID names the request's session for sticky picks and canary

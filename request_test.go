@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/caddy-relay/relay/internal/fakeupstream"
 )
 
 func TestInboundInspect(t *testing.T) {
@@ -146,6 +148,24 @@ func TestInboundInspectRejects(t *testing.T) {
 		{"model is null", `{"model":null}`, "non-empty string"},
 		{"model is an object", `{"model":{"name":"m"}}`, "non-empty string"},
 		{"empty model", `{"model":""}`, "non-empty string"},
+		// a second object or a second key would let an upstream that reads
+		// the first one serve another model than the relay routed and priced
+		{"a second object after the first", `{"model":"claude-opus-4-1","max_tokens":1} {"model":"claude-sonnet-4-5"}`, "data after the top-level object"},
+		{"trailing word", `{"model":"m"} x`, "data after the top-level object"},
+		{"duplicate model", `{"model":"claude-opus-4-1","model":"claude-sonnet-4-5"}`, `duplicate key "model"`},
+		{"duplicate model, one escaped", `{"model":"a","mod\u0065l":"b"}`, `duplicate key "model"`},
+		{"duplicate stream", `{"model":"m","stream":false,"stream":true}`, `duplicate key "stream"`},
+		{"duplicate capability field", `{"model":"m","speed":null,"speed":"fast"}`, `duplicate key "speed"`},
+		{"duplicate key in a nested object", `{"model":"m","metadata":{"user_id":"a","user_id":"b"}}`, `duplicate key "user_id"`},
+		{"malformed value the relay skips", `{"model":"a","x":[1,2 "model":"b"]}`, "not valid JSON"},
+		{"bad literal the relay skips", `{"model":"a","x":tru}`, "not valid JSON"},
+		{"invalid UTF-8 in a string", "{\"model\":\"m\",\"x\":\"\xff\"}", "not valid JSON"},
+		{"dot-dot model", `{"model":".."}`, "path segment"},
+		{"dot model", `{"model":"."}`, "path segment"},
+		{"dot-dot segment inside", `{"model":"a/../invoke"}`, "path segment"},
+		{"model with a space", `{"model":"claude sonnet"}`, "not a model id"},
+		{"model with a slash-escaped quote", `{"model":"a\"b"}`, "not a model id"},
+		{"model too long", `{"model":"` + strings.Repeat("m", 257) + `"}`, "longer than 256"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -429,4 +449,59 @@ func TestSharedBodyIsFreedOnceTheTransportWroteIt(t *testing.T) {
 	if _, err := (anthropicProvider{}).newRequest(context.Background(), ch, in); err != nil || in.writing.Load() != 0 {
 		t.Errorf("a copied body must not count as sharing the buffer: %d", in.writing.Load())
 	}
+}
+
+func TestWeakKeys(t *testing.T) {
+	for key, weak := range map[string]bool{
+		"sk-test":                                  true,  // short
+		"sk-relay-quickstart":                      true,  // 19 characters
+		"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa":           true,  // long, one character
+		"abababababcdcdcdcdcdefefefefef":           true,  // long, 6 different
+		clientKey:                                  false, // 27 characters, 20 different
+		"3f9a1c0e7b2d48a6c5e1f0d9b8a7c6e5d4c3b2a1": false,
+	} {
+		if got := weakKey(key); got != weak {
+			t.Errorf("weakKey(%q) = %v, want %v", key, got, weak)
+		}
+	}
+}
+
+// FuzzInspect checks the body scan on any bytes: it never panics, and what
+// it accepts is one valid JSON object whose model (the one the relay routes
+// on) is what any other JSON parser reads, at the offsets a mapping splices.
+// Long run: go test -run '^$' -fuzz FuzzInspect -fuzztime 10m .
+func FuzzInspect(f *testing.F) {
+	for _, seed := range []string{
+		`{"model":"claude-sonnet-4-5","max_tokens":16,"stream":true,"messages":[{"role":"user","content":"Hi"}]}`,
+		`{"model":"claude-opus-4-1","max_tokens":1} {"model":"claude-sonnet-4-5"}`,
+		`{"model":"a","model":"b"}`,
+		`{"model":"a","mod\u0065l":"b"}`,
+		`{"model":"a","x":[1,2 "model":"b"]}`,
+		`{"model":"claude\u002dsonnet","metadata":{"user_id":"u"},"service_tier":"auto"}`,
+		`{"model":".."}`,
+		` {"speed":null,"model":"m"} `,
+		`[]`, `{}`, ``, `{"model":`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		in := &inbound{body: body}
+		if in.inspect() != nil {
+			return
+		}
+		if !json.Valid(body) {
+			t.Fatalf("accepted a body that is not JSON: %q", body)
+		}
+		var v struct{ Model string }
+		if err := json.Unmarshal(body, &v); err != nil || v.Model != in.model {
+			t.Fatalf("the relay routes %q, a JSON parser reads %q (%v)", in.model, v.Model, err)
+		}
+		var raw string
+		if err := json.Unmarshal(body[in.modelStart:in.modelEnd], &raw); err != nil || raw != in.model {
+			t.Fatalf("the model's offsets hold %q, not %q", body[in.modelStart:in.modelEnd], in.model)
+		}
+		if modelIDProblem(in.model) != "" {
+			t.Fatalf("accepted model %q", in.model)
+		}
+	})
 }

@@ -87,12 +87,26 @@ const maxChannelsPerPick = 16
 func (g *group) pick(s *selection) (*channel, *relayError) {
 	var buf [maxChannelsPerPick]*channel
 	cands := buf[:0]
+	var refusedUntil time.Time // the first end of a refusal, when every channel refused
 	for _, ch := range g.channels {
-		if ch.serves(s.model) {
-			cands = append(cands, ch)
+		if !ch.serves(s.model) {
+			continue
 		}
+		if refused, until := ch.health.refuses(s.model, s.now); refused {
+			if refusedUntil.IsZero() || until.Before(refusedUntil) {
+				refusedUntil = until
+			}
+			continue
+		}
+		cands = append(cands, ch)
 	}
 	if len(cands) == 0 {
+		if !refusedUntil.IsZero() {
+			if len(s.tried) > 0 {
+				return nil, nil
+			}
+			return nil, errModelRefused(s.model, g.name, refusedUntil)
+		}
 		return nil, errModelNotFound(s.model, g.name)
 	}
 
