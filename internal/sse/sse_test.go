@@ -372,3 +372,33 @@ func BenchmarkReaderNext(b *testing.B) {
 		}
 	}
 }
+
+// FuzzReader checks the reader on any stream cut at any places: it never
+// panics, every event it returns is whole and byte-exact (the events' raw
+// bytes are, in order, the start of the stream), and no event is larger
+// than the limit.
+// Long run: go test -run '^$' -fuzz FuzzReader -fuzztime 10m ./internal/sse
+func FuzzReader(f *testing.F) {
+	f.Add([]byte(anthropicStream), uint8(7))
+	f.Add([]byte("event: a\r\ndata: 1\r\n\r\n: comment\n\ndata: x\ndata: y\n\n"), uint8(1))
+	f.Add([]byte("data: {\"a\":1}\rdata: 2\r\r"), uint8(3))
+	f.Add([]byte("event: error\ndata: {\"type\":\"error\"}"), uint8(2))
+	f.Fuzz(func(t *testing.T, stream []byte, chunk uint8) {
+		const limit = 1 << 10
+		rd := sse.NewReader(&chunkReader{s: string(stream), sizes: []int{int(chunk%16) + 1, 1, 4096}}, limit)
+		var seen []byte
+		for {
+			ev, err := rd.Next()
+			if err != nil {
+				break
+			}
+			if len(ev.Raw) > limit {
+				t.Fatalf("an event of %d bytes passed a %d-byte limit", len(ev.Raw), limit)
+			}
+			seen = append(seen, ev.Raw...)
+			if !bytes.HasPrefix(stream, seen) {
+				t.Fatalf("the events' bytes are not the stream's: %q", seen)
+			}
+		}
+	})
+}
