@@ -100,7 +100,7 @@ func TestQuickstartServesAnthropicSDK(t *testing.T) {
 	}
 	runCaddy(t, buildCaddy(t), file)
 
-	sdk := anthropic.NewClient(option.WithBaseURL("http://"+site), option.WithAPIKey("sk-relay-quickstart"), option.WithMaxRetries(0))
+	sdk := anthropic.NewClient(option.WithBaseURL("http://"+site), option.WithAPIKey("sk-relay-quickstart-demo"), option.WithMaxRetries(0))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	params := anthropic.MessageNewParams{
