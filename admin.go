@@ -3,6 +3,7 @@ package relay
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"slices"
 	"strings"
@@ -88,6 +89,70 @@ func findChannel(name string) *channelHealth {
 func writeAdminJSON(w http.ResponseWriter, v any) error {
 	w.Header().Set("Content-Type", "application/json")
 	return json.NewEncoder(w).Encode(v)
+}
+
+// channelStatus is one row of GET /relay/channels.
+type channelStatus struct {
+	Name            string     `json:"name"`
+	Provider        string     `json:"provider"`
+	Groups          []string   `json:"groups"`
+	State           string     `json:"state"`
+	CooldownUntil   *time.Time `json:"cooldown_until"`
+	Inflight        int64      `json:"inflight"`
+	Busy            bool       `json:"busy"`
+	BusyUntil       *time.Time `json:"busy_until,omitempty"`
+	Requests        uint64     `json:"requests"`
+	Failures        uint64     `json:"failures"`
+	EWMALatencyMs   float64    `json:"ewma_latency_ms"`
+	LastError       string     `json:"last_error,omitempty"`
+	LastErrorReason string     `json:"last_error_reason,omitempty"`
+	LastErrorAt     *time.Time `json:"last_error_at,omitempty"`
+	// RefusedModels are the models the upstream refused (403) on this
+	// channel, set aside until the time given.
+	RefusedModels map[string]time.Time `json:"refused_models,omitempty"`
+}
+
+func (h *channelHealth) status(name string, now time.Time) channelStatus {
+	st := channelStatus{
+		Name:     name,
+		State:    h.state(now),
+		Inflight: h.limits.inflight.Load(),
+		Requests: h.requests.Load(),
+		Failures: h.failures.Load(),
+		Groups:   []string{},
+	}
+	if ok, until := h.available(now); !ok && !until.IsZero() {
+		st.CooldownUntil = &until
+	}
+	if busy, until := h.busy(now); busy {
+		st.Busy = true
+		if !until.IsZero() {
+			st.BusyUntil = &until
+		}
+	}
+	if m := h.refused.Load(); m != nil {
+		for model, until := range *m {
+			if until > now.UnixNano() {
+				if st.RefusedModels == nil {
+					st.RefusedModels = map[string]time.Time{}
+				}
+				st.RefusedModels[model] = time.Unix(0, until).UTC()
+			}
+		}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	st.EWMALatencyMs = math.Round(h.latency()*100) / 100
+	o := h.ownerLocked()
+	st.Provider = o.provider
+	if o.groups != nil {
+		st.Groups = o.groups
+	}
+	if !h.lastErrorAt.IsZero() {
+		at := h.lastErrorAt
+		st.LastError, st.LastErrorReason, st.LastErrorAt = h.lastError.String(), h.lastReason, &at
+	}
+	return st
 }
 
 // Interface guards

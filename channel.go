@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"slices"
 	"strings"
 	"time"
 
@@ -181,17 +180,6 @@ func (r *Relay) channelSecret(cfg *Channel, field, value string) (string, error)
 	return v, nil
 }
 
-// groupsOf lists the groups of the config that name a channel.
-func (r *Relay) groupsOf(channel string) []string {
-	groups := []string{}
-	for _, g := range r.Groups {
-		if slices.Contains(g.Channels, channel) {
-			groups = append(groups, g.Name)
-		}
-	}
-	return groups
-}
-
 // resolveBreaker merges the channel's and the relay's breaker blocks field
 // by field over the defaults.
 func resolveBreaker(channel, relay *Breaker) breakerSettings {
@@ -328,4 +316,125 @@ func resolveSecret(s string) (string, error) {
 		return "", err
 	}
 	return v, nil
+}
+
+// Channel is one upstream credential: a provider, its address and key, the
+// models it serves and how much traffic it gets.
+type Channel struct {
+	// Name identifies the channel in groups, logs, metrics and headers. It
+	// is also the key of its health state, which survives config reloads.
+	Name string `json:"name"`
+
+	// Provider is the upstream kind: `anthropic` (Anthropic's API or any
+	// Anthropic-compatible endpoint), `bedrock` (AWS Bedrock's InvokeModel),
+	// `vertex` (Google Vertex AI) or `mock` (answered in-process, for trying
+	// the relay without credentials). Default: anthropic.
+	Provider string `json:"provider,omitempty"`
+
+	// URL is the upstream's base URL; the request path (/v1/messages...) is
+	// appended to its path. Default for anthropic: https://api.anthropic.com;
+	// for bedrock and vertex the region's endpoint (set it to reach another
+	// endpoint, such as a VPC one or a test server).
+	URL string `json:"url,omitempty"`
+
+	// APIKey is the channel's credential, usually a placeholder such as
+	// `{env.ANTHROPIC_API_KEY}` resolved when the config loads. Required for
+	// anthropic channels; for bedrock, a Bedrock API key sent as a bearer
+	// token instead of SigV4 credentials.
+	APIKey string `json:"api_key,omitempty"`
+
+	// Region is the cloud region of a bedrock channel (us-east-1...) or of
+	// a vertex channel (us-east5..., or global, us, eu).
+	Region string `json:"region,omitempty"`
+
+	// AccessKeyID, SecretAccessKey and SessionToken are a bedrock channel's
+	// AWS credentials, usually placeholders. Without them (and without an
+	// api_key), the AWS default credential chain is used: environment,
+	// shared config files, container and instance roles.
+	AccessKeyID     string `json:"access_key_id,omitempty"`
+	SecretAccessKey string `json:"secret_access_key,omitempty"`
+	SessionToken    string `json:"session_token,omitempty"`
+
+	// Project is a vertex channel's Google Cloud project.
+	Project string `json:"project,omitempty"`
+
+	// CredentialsFile is the path of a vertex channel's service-account key
+	// file. Default: Google's application default credentials.
+	CredentialsFile string `json:"credentials_file,omitempty"`
+
+	// AnthropicVersion is the `anthropic_version` a bedrock or vertex
+	// channel puts in the body when the request has none. Default:
+	// bedrock-2023-05-31 or vertex-2023-10-16.
+	AnthropicVersion string `json:"anthropic_version,omitempty"`
+
+	// Betas is the allow-list of anthropic-beta flags a bedrock or vertex
+	// channel forwards (bedrock moves them into the body as anthropic_beta;
+	// vertex keeps the header); others are dropped, since both reject a
+	// request with a flag they do not know. `*` forwards every flag.
+	// Default: for bedrock, the flags known to work there (README.md); for
+	// vertex, every flag.
+	Betas []string `json:"betas,omitempty"`
+
+	// StripFields lists top-level body fields a bedrock or vertex channel
+	// removes, since the cloud rejects fields it does not know. Default: for
+	// bedrock service_tier, inference_geo, speed, container, mcp_servers and
+	// a top-level cache_control; for vertex service_tier, inference_geo and
+	// speed.
+	StripFields []string `json:"strip_fields,omitempty"`
+
+	// Auth is how the credential is sent: `x-api-key` (default) or `bearer`
+	// (Authorization: Bearer), for resellers that want a bearer token.
+	Auth string `json:"auth,omitempty"`
+
+	// Models lists the models the channel serves, each as the name clients
+	// send, optionally mapped to the upstream's name: `name=upstream_name`.
+	// Empty means the channel serves every model, unmapped.
+	Models []string `json:"models,omitempty"`
+
+	// Priority is the channel's tier: requests go to the best (lowest)
+	// tier that has a live channel. Default: 1.
+	Priority int `json:"priority,omitempty"`
+
+	// Weight is the channel's share of traffic within its tier, relative to
+	// the weights of the others. Default: 1.
+	Weight int `json:"weight,omitempty"`
+
+	// Allow lists the request fields this channel accepts among
+	// `service_tier`, `inference_geo` and `speed`. A request carrying one of
+	// them only goes to channels that allow it.
+	Allow []string `json:"allow,omitempty"`
+
+	// TransportRaw configures the HTTP transport exactly as reverse_proxy's
+	// `transport http { ... }` does (timeouts, keepalive, TLS, versions...).
+	// Default: Caddy's HTTP transport with its defaults, with TLS for https
+	// URLs.
+	TransportRaw json.RawMessage `json:"transport,omitempty" caddy:"namespace=http.reverse_proxy.transport inline_key=protocol"`
+
+	// Latency is, for a mock channel, how long it waits before answering.
+	Latency caddy.Duration `json:"latency,omitempty"`
+
+	// ReplyTokens is, for a mock channel, the length of its reply in
+	// tokens (`tokens <n>` in the Caddyfile). Default: 16.
+	ReplyTokens int `json:"reply_tokens,omitempty"`
+
+	// FailRate is, for a mock channel, the fraction of requests (0 to 1)
+	// answered with a 529 overloaded_error.
+	FailRate float64 `json:"fail_rate,omitempty"`
+
+	// Rate, Tokens and Concurrency mirror the provider's quota for this
+	// credential (`500/m`, `400000/m`, `64`). A channel at a limit is busy,
+	// not unhealthy: the selector skips it without cooling it down, and when
+	// every channel of a request is busy the request waits in its group's
+	// queue.
+	Rate        string `json:"rate,omitempty"`
+	Tokens      string `json:"tokens,omitempty"`
+	Concurrency int    `json:"concurrency,omitempty"`
+
+	// Probe, when set, probes the channel while it is cooling down or its
+	// breaker is open, and puts it back into rotation as soon as a probe
+	// succeeds. Probes are not client traffic: they count in no request
+	// counter.
+	Probe *Probe `json:"probe,omitempty"`
+
+	Tuning
 }

@@ -263,10 +263,6 @@ func (b *tokenBucket) configure(s rateSpec, now time.Time) {
 	b.level = min(b.level, b.burst)
 }
 
-// keyStates holds each key's limiter by key name, process-wide, so that a
-// reload does not hand a key a fresh quota.
-var keyStates = caddy.NewUsagePool()
-
 // Destruct implements caddy.Destructor.
 func (*limiter) Destruct() error { return nil }
 

@@ -65,12 +65,6 @@ func newFakeBedrock(t *testing.T, answer http.HandlerFunc) *fakeBedrock {
 	return f
 }
 
-func (f *fakeBedrock) setAnswer(h http.HandlerFunc) {
-	f.mu.Lock()
-	f.answer = h
-	f.mu.Unlock()
-}
-
 func (f *fakeBedrock) refused() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -3,6 +3,7 @@ package relay
 import (
 	"container/list"
 	"context"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -74,13 +75,6 @@ func (q *waitQueue) lenLocked() int {
 		n += q.levels[i].Len()
 	}
 	return n
-}
-
-// depth is the number of waiters of class p.
-func (q *waitQueue) depth(p priority) int {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.levels[p].Len()
 }
 
 // leave removes w, and tells the waiter now first in line to try: a
@@ -178,3 +172,58 @@ var errQueueTimeout = queueTimeout{}
 type queueTimeout struct{}
 
 func (queueTimeout) Error() string { return "queue wait exceeded" }
+
+// queued is a request's place in its group's queue, once it has one.
+type queued struct {
+	r  *Relay
+	g  *group
+	in *inbound
+	w  *waiter
+}
+
+// wait queues the request (when not queued yet) and waits for its turn,
+// the time a busy channel frees up (freeAt; zero when unknown), or its
+// class's max_wait. A non-nil error is the answer: the queue is full or
+// disabled, the wait ran out, or the client left.
+func (q *queued) wait(ctx context.Context, freeAt time.Time) *relayError {
+	g, in, now := q.g, q.in, q.r.now()
+	retryIn := time.Duration(0)
+	if !freeAt.IsZero() {
+		retryIn = freeAt.Sub(now)
+	}
+	refuse := func(msg string) *relayError {
+		metricRateLimited.WithLabelValues(in.key.name, string(scopeQueue)).Inc()
+		return errQueue(msg, retryIn)
+	}
+	if q.w == nil {
+		if g.maxQueue <= 0 {
+			return refuse("every channel of group " + strconv.Quote(g.name) + " is at its limit")
+		}
+		w, ok := g.state.queue.enqueue(in.key.prio, g.maxQueue, now)
+		if !ok {
+			return refuse("every channel of group " + strconv.Quote(g.name) + " is at its limit and its queue is full")
+		}
+		q.w = w
+		metricQueueDepth.WithLabelValues(g.name, in.key.prio.String()).Inc()
+	}
+	deadline := q.w.since.Add(g.maxWait[in.key.prio])
+	if _, err := g.state.queue.wait(ctx, q.w, freeAt, deadline, q.r.now); err != nil {
+		if err == errQueueTimeout {
+			return refuse("waited " + g.maxWait[in.key.prio].String() + " (max_wait of class " + in.key.prio.String() + ") for a channel of group " + strconv.Quote(g.name))
+		}
+		return &relayError{status: statusClientClosed, typ: "api_error", msg: "client left while queued"}
+	}
+	return nil
+}
+
+// leave takes the request out of the queue, if it is in it.
+func (q *queued) leave() {
+	if q.w == nil {
+		return
+	}
+	q.g.state.queue.leave(q.w)
+	p := q.in.key.prio.String()
+	metricQueueDepth.WithLabelValues(q.g.name, p).Dec()
+	metricQueueWait.WithLabelValues(q.g.name, p).Observe(q.r.now().Sub(q.w.since).Seconds())
+	q.w = nil
+}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"io"
@@ -77,34 +76,6 @@ func routeOf(req *http.Request) (route, *relayError) {
 		return 0, errMethod(req.Method, want)
 	}
 	return rt, nil
-}
-
-// key is a provisioned relay key.
-type key struct {
-	name   string
-	group  *group
-	prio   priority
-	limits *limiter // kept across reloads by name
-}
-
-// authenticate finds the relay key of a request. Keys are looked up by the
-// sha256 of what the client sent, so no comparison ever runs over the
-// secret itself and the time taken says nothing about how close a guess was.
-func (r *Relay) authenticate(req *http.Request) (*key, *relayError) {
-	secret := req.Header.Get("X-Api-Key")
-	if secret == "" {
-		if auth := req.Header.Get("Authorization"); len(auth) > 7 && strings.EqualFold(auth[:7], "bearer ") {
-			secret = strings.TrimSpace(auth[7:])
-		}
-	}
-	if secret == "" {
-		return nil, errAuth("missing relay key: send it as x-api-key or as Authorization: Bearer")
-	}
-	k, ok := r.keys[sha256.Sum256([]byte(secret))]
-	if !ok {
-		return nil, errAuth("invalid relay key")
-	}
-	return k, nil
 }
 
 // bodyPool holds request body buffers. Buffers that grew past

@@ -19,7 +19,7 @@ type usage struct {
 // Anthropic's long-prompt price tiers are measured on.
 func (u usage) prompt() int64 { return u.input + u.cacheRead + u.cacheWrite }
 
-// readUsage takes the counts present in an Anthropic usage object.
+// read takes the counts present in an Anthropic usage object.
 // Fields the object lacks keep their value: a message_delta carries the
 // final, cumulative output count and may or may not repeat the input side.
 func (u *usage) read(obj gjson.Result) {

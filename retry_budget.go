@@ -3,23 +3,7 @@ package relay
 import (
 	"sync"
 	"time"
-
-	"github.com/caddyserver/caddy/v2"
 )
-
-// groupStates holds each group's retry budget and queue by group name,
-// process-wide, so a reload forgets neither the retries of the last seconds
-// nor the requests waiting.
-var groupStates = caddy.NewUsagePool()
-
-// groupState is what a group keeps across reloads.
-type groupState struct {
-	budget retryBudget
-	queue  waitQueue
-}
-
-// Destruct implements caddy.Destructor.
-func (*groupState) Destruct() error { return nil }
 
 // Retry budget defaults of DESIGN.md.
 const (

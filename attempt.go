@@ -1,0 +1,209 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// attemptResult is how one attempt ended. When done, the client has its
+// answer (or is gone); otherwise the relay may try another channel, and
+// status, header and body hold the upstream's answer for the client in case
+// this attempt stays the last one (status 0: there was no answer).
+type attemptResult struct {
+	verdict   verdict
+	done      bool
+	channel   *channel
+	firstByte time.Duration // until the upstream's response headers
+	status    int
+	header    http.Header
+	body      []byte
+}
+
+// try runs one admitted attempt and records its verdict in the channel's
+// health. The ticket is released on every path, a panic included.
+func (r *Relay) try(w http.ResponseWriter, req *http.Request, in *inbound, ch *channel, n int, t *ticket) attemptResult {
+	defer t.release()
+	start := time.Now()
+	res := r.attempt(w, req, in, ch, n)
+	v := res.verdict
+	in.chain = append(in.chain, attemptRecord{channel: ch.name, outcome: v.outcome, duration: time.Since(start)})
+	metricAttempts.WithLabelValues(ch.name, v.outcome.String()).Inc()
+	if res.firstByte > 0 {
+		metricFirstByte.WithLabelValues(ch.name).Observe(res.firstByte.Seconds())
+	}
+	var tokens int64
+	if in.answered == ch {
+		tokens = in.billed()
+	}
+	if cooled := t.finish(v, ch.cooldown, r.now(), res.firstByte, tokens); cooled > 0 {
+		r.logger.Warn("channel cooling down",
+			zap.String("channel", ch.name),
+			zap.String("outcome", v.outcome.String()),
+			zap.String("reason", v.reason),
+			zap.Duration("cooldown", cooled),
+			zap.String("request_id", in.id))
+	}
+	return res
+}
+
+// maxErrorBody bounds how much of an upstream error body is read.
+const maxErrorBody = 1 << 20
+
+// attempt sends the request to ch once and, when the answer proves itself,
+// commits it to the client.
+func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, ch *channel, n int) attemptResult {
+	ctx, cancel := context.WithCancelCause(req.Context())
+	defer cancel(nil)
+	in.usage = usage{} // only the answer that reaches the client counts
+	fail := func(err error) attemptResult {
+		return attemptResult{verdict: classifyError(ctx, req.Context(), err), channel: ch}
+	}
+
+	upReq, err := ch.provider.newRequest(ctx, ch, in)
+	if err != nil {
+		return fail(err)
+	}
+	dl := &deadline{cancel: cancel}
+	if in.stream {
+		dl.start(stageFirstByte, ch.firstByte)
+	} else {
+		dl.start(stageResponse, ch.response)
+	}
+	defer dl.stop()
+
+	sent := time.Now()
+	resp, err := ch.rt.RoundTrip(upReq)
+	if err != nil {
+		return fail(err)
+	}
+	firstByteTime := time.Since(sent) // before a provider reads an error body
+	defer resp.Body.Close()
+	if resp, err = ch.provider.response(resp, in); err != nil {
+		return fail(err)
+	}
+	defer resp.Body.Close() // the provider may have replaced it
+	ch.health.observeQuota(resp.Header, r.now(), ch.cooldown.max)
+
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		body, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+		if err != nil {
+			return fail(err)
+		}
+		v := classifyStatus(resp.StatusCode, resp.Header, body, r.now())
+		if refusesModel(resp.StatusCode, body, providerRefusedModel(resp), ch.upstreamModel(in.target)) {
+			v.outcome, v.reason, v.model = outcomeModelRefused, "model refused", in.target
+		}
+		res := attemptResult{verdict: v, channel: ch, firstByte: firstByteTime, status: resp.StatusCode, header: resp.Header, body: body}
+		if !v.outcome.retryable() {
+			r.writeLast(w, in, res, n)
+			res.done = true
+		}
+		return res
+	}
+
+	if isEventStream(resp.Header) {
+		// until the first event, both its limit (from sending) and the first
+		// content limit (from these headers) run; the tighter one applies
+		dl.headers = time.Now()
+		if left := ch.firstByte - firstByteTime; left < ch.firstContent {
+			dl.arm(stageFirstByte, left)
+		} else {
+			dl.arm(stageFirstContent, ch.firstContent)
+		}
+		s := &streamAttempt{r: r, w: w, in: in, ch: ch, n: n, ctx: ctx, clientCtx: req.Context(), deadline: dl, resp: resp}
+		res := s.run()
+		res.firstByte = firstByteTime
+		return res
+	}
+
+	buf := bodyPool.Get().(*bytes.Buffer)
+	defer releaseBody(buf)
+	if _, err := buf.ReadFrom(io.LimitReader(resp.Body, r.MaxResponseSize+1)); err != nil {
+		return fail(err)
+	}
+	if int64(buf.Len()) > r.MaxResponseSize {
+		return fail(errResponseTooLarge)
+	}
+	dl.stop()
+	in.usage.fromMessage(buf.Bytes())
+	in.committed(ch, resp.StatusCode)
+	r.commitHeaders(w, in, ch, n, resp)
+	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
+	w.WriteHeader(resp.StatusCode)
+	_, _ = w.Write(buf.Bytes())
+	return attemptResult{verdict: verdict{outcome: outcomeSuccess, reason: "status " + strconv.Itoa(resp.StatusCode)}, done: true, firstByte: firstByteTime}
+}
+
+// stage is a part of an attempt with its own time limit.
+type stage uint32
+
+const (
+	stageResponse     stage = iota // non-streaming: until the whole body
+	stageFirstByte                 // streaming: until the first event
+	stageFirstContent              // streaming: from the headers until the first content event
+	stageIdle                      // streaming, after the commit point: between two events
+)
+
+var stageCauses = [...]error{errResponseTimeout, errFirstByteTimeout, errFirstContentTimeout, errStreamIdle}
+
+// deadline cancels an attempt when its current stage runs out of time:
+// one timer per attempt, re-armed at each stage with the cause it will
+// cancel with.
+type deadline struct {
+	timer   *time.Timer
+	stage   atomic.Uint32
+	cancel  context.CancelCauseFunc
+	headers time.Time // when a stream's response headers arrived
+}
+
+func (d *deadline) start(s stage, limit time.Duration) {
+	d.stage.Store(uint32(s))
+	d.timer = time.AfterFunc(limit, d.fire)
+}
+
+func (d *deadline) fire() { d.cancel(stageCauses[d.stage.Load()]) }
+
+// arm starts stage s with limit left.
+func (d *deadline) arm(s stage, limit time.Duration) {
+	d.stage.Store(uint32(s))
+	d.timer.Reset(max(limit, 0))
+}
+
+func (d *deadline) stop() { d.timer.Stop() }
+
+// commitHeaders sets the response headers of a committed answer: the
+// upstream's (without hop-by-hop ones) and the relay's own.
+func (r *Relay) commitHeaders(w http.ResponseWriter, in *inbound, ch *channel, n int, resp *http.Response) {
+	h := w.Header()
+	copyResponseHeaders(h, resp.Header)
+	h.Del("Content-Length")
+	relayHeaders(h, in, ch, n, false)
+}
+
+// relayHeaders sets the relay's own response headers: the channel that
+// answered (with expose_channel), the attempts when there were several (or
+// when they ran out), and the model that served, when a fallback did.
+func relayHeaders(h http.Header, in *inbound, ch *channel, attempts int, ranOut bool) {
+	if in.key.group.expose && ch != nil {
+		h.Set("X-Relay-Channel", ch.name)
+	}
+	if attempts > 1 || ranOut {
+		h.Set("X-Relay-Attempts", strconv.Itoa(attempts))
+	}
+	if in.target != in.model {
+		h.Set("X-Relay-Model", in.target)
+	}
+}
+
+func isEventStream(h http.Header) bool {
+	ct := h.Get("Content-Type")
+	return strings.HasPrefix(strings.ToLower(strings.TrimSpace(ct)), "text/event-stream")
+}

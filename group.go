@@ -1,0 +1,170 @@
+package relay
+
+import (
+	"cmp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// Group is a set of channels that serves the keys that name it.
+type Group struct {
+	// Name identifies the group; keys name it.
+	Name string `json:"name"`
+
+	// Channels lists the names of the group's channels. A channel may be in
+	// several groups; its health is shared.
+	Channels []string `json:"channels"`
+
+	// Retries is how many further attempts a request may make after its
+	// first, each on a channel it has not tried yet. Default: 2.
+	Retries *int `json:"retries,omitempty"`
+
+	// ExposeChannel adds the x-relay-channel response header naming the
+	// channel that answered.
+	ExposeChannel bool `json:"expose_channel,omitempty"`
+
+	// RetryBudget caps the group's retries, across all its requests, at
+	// this fraction (0 to 1) of its requests over the last 10 seconds, so
+	// an outage does not multiply the load on the upstreams. A request
+	// whose retry is refused gets the last upstream answer. Default: 0.2.
+	RetryBudget *float64 `json:"retry_budget,omitempty"`
+
+	// RetryBudgetFloor is the rate of retries per second always allowed,
+	// whatever the ratio, so a quiet group can still fail over. Default: 10.
+	RetryBudgetFloor *float64 `json:"retry_budget_floor,omitempty"`
+
+	// MaxQueue bounds the requests waiting in the group's queue for a busy
+	// channel; past it a request gets 429 rate_limit_error, code
+	// queue_timeout. 0 keeps the default; a negative value disables
+	// queueing. Default: 1000.
+	MaxQueue int `json:"max_queue,omitempty"`
+
+	// MaxWait is how long a request of each priority class (realtime,
+	// normal, batch) may wait in the queue before its 429 queue_timeout.
+	// Default: realtime 10s, normal 30s, batch 5m.
+	MaxWait map[string]caddy.Duration `json:"max_wait,omitempty"`
+
+	// Policy picks among the live channels of the best tier: `weighted`
+	// (default) by weight at random; `adaptive` by weight scaled down by
+	// load, recent failures and latency, so traffic drains from a channel
+	// that degrades; `sticky` keeps each session on one channel while it
+	// stays live, so the prompt cache keeps hitting.
+	Policy string `json:"policy,omitempty"`
+
+	// Splits sends a share of sessions (or keys, for requests without a
+	// session) to a channel, whatever its priority: a canary. The others
+	// never reach it while another channel is live. By channel name, shares
+	// from 0 to 1.
+	Splits map[string]float64 `json:"splits,omitempty"`
+
+	// Fallbacks lets a request for a model be served by channels of the
+	// listed models, in order, when no channel of the model itself is live
+	// (only then). By the requested model's name.
+	Fallbacks map[string][]string `json:"fallbacks,omitempty"`
+
+	// WaitForRecovery lets a request whose every channel is cooling down
+	// wait up to this long for the first to recover, instead of getting
+	// the 503 no_healthy_channel at once. Default: 0 (no wait).
+	WaitForRecovery caddy.Duration `json:"wait_for_recovery,omitempty"`
+}
+
+// Policies.
+const (
+	policyWeighted = "weighted"
+	policyAdaptive = "adaptive"
+	policySticky   = "sticky"
+)
+
+// group is a provisioned Group.
+type group struct {
+	name        string
+	channels    []*channel
+	retries     int
+	expose      bool
+	models      []string    // models listed by its channels, for GET /v1/models
+	state       *groupState // retry budget and queue, kept across reloads
+	budgetRatio float64
+	budgetFloor float64 // retries per second
+	waitMax     time.Duration
+	maxQueue    int
+	maxWait     [priorityCount]time.Duration
+	policy      string
+	splits      []groupSplit
+	fallbacks   map[string][]string // model -> the models that may serve it
+}
+
+// provisionGroups builds the groups and takes their state (retry budget,
+// queue) from the process-wide pool.
+func (r *Relay) provisionGroups(channels map[string]*channel) error {
+	r.groups = make(map[string]*group, len(r.Groups))
+	for _, cfg := range r.Groups {
+		g := &group{name: cfg.Name, retries: defaultRetries, expose: cfg.ExposeChannel,
+			budgetRatio: defaultRetryBudget, budgetFloor: defaultRetryBudgetFloor, waitMax: time.Duration(cfg.WaitForRecovery),
+			maxQueue: defaultMaxQueue, maxWait: defaultMaxWait, policy: cmp.Or(cfg.Policy, policyWeighted), fallbacks: cfg.Fallbacks}
+		for name, share := range cfg.Splits {
+			g.splits = append(g.splits, groupSplit{ch: channels[name], share: share})
+		}
+		slices.SortFunc(g.splits, func(a, b groupSplit) int { return strings.Compare(a.ch.name, b.ch.name) })
+		if cfg.Retries != nil {
+			g.retries = *cfg.Retries
+		}
+		if cfg.RetryBudget != nil {
+			g.budgetRatio = *cfg.RetryBudget
+		}
+		if cfg.RetryBudgetFloor != nil {
+			g.budgetFloor = *cfg.RetryBudgetFloor
+		}
+		if cfg.MaxQueue != 0 {
+			g.maxQueue = max(cfg.MaxQueue, 0)
+		}
+		for class, d := range cfg.MaxWait {
+			p, _ := priorityByName(class)
+			g.maxWait[p] = time.Duration(d)
+		}
+		st, _, err := groupStates.LoadOrNew(cfg.Name, func() (caddy.Destructor, error) { return new(groupState), nil })
+		if err != nil {
+			return err
+		}
+		r.acquiredGroups = append(r.acquiredGroups, cfg.Name)
+		g.state = st.(*groupState)
+		for _, name := range cfg.Channels {
+			ch := channels[name]
+			g.channels = append(g.channels, ch)
+			for _, m := range ch.modelNames {
+				if !slices.Contains(g.models, m) {
+					g.models = append(g.models, m)
+				}
+			}
+		}
+		r.groups[cfg.Name] = g
+	}
+	return nil
+}
+
+// groupsOf lists the groups of the config that name a channel.
+func (r *Relay) groupsOf(channel string) []string {
+	groups := []string{}
+	for _, g := range r.Groups {
+		if slices.Contains(g.Channels, channel) {
+			groups = append(groups, g.Name)
+		}
+	}
+	return groups
+}
+
+// groupStates holds each group's retry budget and queue by group name,
+// process-wide, so a reload forgets neither the retries of the last seconds
+// nor the requests waiting.
+var groupStates = caddy.NewUsagePool()
+
+// groupState is what a group keeps across reloads.
+type groupState struct {
+	budget retryBudget
+	queue  waitQueue
+}
+
+// Destruct implements caddy.Destructor.
+func (*groupState) Destruct() error { return nil }

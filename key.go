@@ -1,0 +1,166 @@
+package relay
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+)
+
+// Key is a relay key: the secret a client sends as x-api-key or as a bearer
+// token, and the group that serves it.
+type Key struct {
+	// Secret is the key itself, or `sha256:<64 hex digits>` of it, or a
+	// placeholder such as `{env.KEY_SUPPORT}` or `{file./run/secrets/key}`
+	// that is resolved when the config loads. A placeholder keeps the secret
+	// out of the config and out of `GET /config/`; the Caddyfile adapter
+	// turns a literal secret into its sha256 form for the same reason.
+	Secret string `json:"secret"`
+
+	// Group is the name of the group that serves this key's requests.
+	Group string `json:"group"`
+
+	// Name identifies the key in logs and metrics, never the secret. Its
+	// limits are kept by name across config reloads. Default: `key-`
+	// followed by the first 16 hex digits of the secret's sha256.
+	Name string `json:"name,omitempty"`
+
+	// Priority is the key's class when its group's channels are all busy
+	// and requests queue: `realtime`, `normal` (default) or `batch`. A freed
+	// slot goes to the oldest request of the best class.
+	Priority string `json:"priority,omitempty"`
+
+	// Rate limits the key's requests, as `N/period` (period s, m, h, d or a
+	// duration): `600/m`. Past it: 429 rate_limit_error, code
+	// key_rate_limited, with the retry-after it takes.
+	Rate string `json:"rate,omitempty"`
+
+	// Tokens limits the key's tokens (input, cache writes and output) as
+	// `N/period`. A request is charged an estimate when admitted and its
+	// real usage when it ends; a key in debt is refused until its bucket
+	// refills.
+	Tokens string `json:"tokens,omitempty"`
+
+	// Concurrency limits the key's requests in flight.
+	Concurrency int `json:"concurrency,omitempty"`
+}
+
+// label names a key in errors without revealing its secret.
+func (k *Key) label(i int) string {
+	if k.Name != "" {
+		return fmt.Sprintf("key %q", k.Name)
+	}
+	return fmt.Sprintf("key #%d", i+1)
+}
+
+const sha256Prefix = "sha256:"
+
+// key is a provisioned relay key.
+type key struct {
+	name   string
+	group  *group
+	prio   priority
+	limits *limiter // kept across reloads by name
+}
+
+// authenticate finds the relay key of a request. Keys are looked up by the
+// sha256 of what the client sent, so no comparison ever runs over the
+// secret itself and the time taken says nothing about how close a guess was.
+func (r *Relay) authenticate(req *http.Request) (*key, *relayError) {
+	secret := req.Header.Get("X-Api-Key")
+	if secret == "" {
+		if auth := req.Header.Get("Authorization"); len(auth) > 7 && strings.EqualFold(auth[:7], "bearer ") {
+			secret = strings.TrimSpace(auth[7:])
+		}
+	}
+	if secret == "" {
+		return nil, errAuth("missing relay key: send it as x-api-key or as Authorization: Bearer")
+	}
+	k, ok := r.keys[sha256.Sum256([]byte(secret))]
+	if !ok {
+		return nil, errAuth("invalid relay key")
+	}
+	return k, nil
+}
+
+// provisionKeys resolves the keys' secrets into the digests they are looked
+// up by, and takes their limiters from the process-wide pool.
+func (r *Relay) provisionKeys() error {
+	r.keys = make(map[[sha256.Size]byte]*key, len(r.Keys))
+	for i, cfg := range r.Keys {
+		digest, weak, err := keyDigest(cfg.Secret)
+		if err != nil {
+			return fmt.Errorf("%s: %w", cfg.label(i), err)
+		}
+		if weak {
+			r.logger.Warn(weakKeyWarning, zap.String("key", cfg.label(i)))
+		}
+		if _, dup := r.keys[digest]; dup {
+			return fmt.Errorf("%s has the same secret as an earlier key", cfg.label(i))
+		}
+		k := &key{name: cfg.Name, group: r.groups[cfg.Group]}
+		if k.name == "" {
+			k.name = "key-" + hex.EncodeToString(digest[:8])
+		}
+		k.prio, _ = priorityByName(cfg.Priority)
+		lim, _ := parseLimits(cfg.Rate, cfg.Tokens, cfg.Concurrency) // validated already
+		st, _, err := keyStates.LoadOrNew(k.name, func() (caddy.Destructor, error) { return new(limiter), nil })
+		if err != nil {
+			return err
+		}
+		r.acquiredKeys = append(r.acquiredKeys, k.name)
+		k.limits = st.(*limiter)
+		k.limits.configure(lim, time.Now())
+		r.keys[digest] = k
+	}
+	return nil
+}
+
+// keyDigest resolves a key's secret and returns the sha256 it is looked up
+// by, and whether the secret is weak (see weakKey); `sha256:<hex>` gives the
+// digest directly, which cannot be judged.
+func keyDigest(secret string) (d [sha256.Size]byte, weak bool, err error) {
+	if hexDigest, ok := strings.CutPrefix(secret, sha256Prefix); ok {
+		b, err := hex.DecodeString(hexDigest)
+		if err != nil || len(b) != sha256.Size {
+			return d, false, fmt.Errorf("sha256: must be followed by 64 hex digits")
+		}
+		copy(d[:], b)
+		return d, false, nil
+	}
+	v, err := resolveSecret(secret)
+	if err != nil {
+		return d, false, err
+	}
+	return sha256.Sum256([]byte(v)), weakKey(v), nil
+}
+
+// weakKey reports whether a key secret is guessable: shorter than 20
+// characters, or made of fewer than 10 different ones. Keys are looked up by
+// their unsalted sha256, which GET /config/ may show and the default key
+// name partly does, and the relay does not throttle failed guesses.
+func weakKey(secret string) bool {
+	if len(secret) < 20 {
+		return true
+	}
+	var seen [256]bool
+	distinct := 0
+	for i := 0; i < len(secret); i++ {
+		if !seen[secret[i]] {
+			seen[secret[i]] = true
+			distinct++
+		}
+	}
+	return distinct < 10
+}
+
+const weakKeyWarning = "a relay key is weak (under 20 characters, or fewer than 10 different ones): it can be guessed; use a long random key such as the output of: openssl rand -hex 24"
+
+// keyStates holds each key's limiter by key name, process-wide, so that a
+// reload does not hand a key a fresh quota.
+var keyStates = caddy.NewUsagePool()
