@@ -1,9 +1,11 @@
 package relay
 
 import (
+	"bytes"
 	"context"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/tidwall/gjson"
@@ -141,4 +143,44 @@ func betasFor(h http.Header, allowed []string) []string {
 		}
 	}
 	return out
+}
+
+// asAnthropicError replaces an upstream answer in another shape (a cloud's
+// error) with an Anthropic error of status and type, keeping its headers,
+// so the classification table and the client see what Anthropic would send.
+// modelRefusal says that the cloud refused the model, not the credential.
+func asAnthropicError(resp *http.Response, status int, typ, msg, requestID string, modelRefusal bool) *http.Response {
+	out := withBody(resp, "application/json", (&relayError{typ: typ, msg: msg}).body(requestID))
+	out.Body.(*translatedBody).modelRefusal = modelRefusal
+	out.StatusCode, out.Status = status, strconv.Itoa(status)+" "+http.StatusText(status)
+	return out
+}
+
+// translatedBody is the body of an upstream answer a provider rewrote. It
+// carries what only the provider could tell from the original.
+type translatedBody struct {
+	*bytes.Reader
+	modelRefusal bool
+}
+
+func (*translatedBody) Close() error { return nil }
+
+// providerRefusedModel reports whether the provider translated this answer
+// from a refusal of the model (see refusesModel).
+func providerRefusedModel(resp *http.Response) bool {
+	t, ok := resp.Body.(*translatedBody)
+	return ok && t.modelRefusal
+}
+
+// withBody returns resp with body (of contentType) in place of its own,
+// which it closes.
+func withBody(resp *http.Response, contentType string, body []byte) *http.Response {
+	_ = resp.Body.Close()
+	out := *resp
+	out.Header = resp.Header.Clone()
+	out.Header.Set("Content-Type", contentType)
+	out.Header.Set("Content-Length", strconv.Itoa(len(body)))
+	out.ContentLength = int64(len(body))
+	out.Body = &translatedBody{Reader: bytes.NewReader(body)}
+	return &out
 }

@@ -258,28 +258,25 @@ func bedrockErrorName(header string, body []byte) string {
 	return name
 }
 
-// bedrockErrors maps Bedrock's exceptions onto the Anthropic status and
-// error type that mean the same, so the classification table decides
-// failover and cooldown as for Anthropic: throttling is a 429, an
+// bedrockStatuses maps Bedrock's exceptions (lower-cased) onto the status
+// Anthropic answers the same condition with; the classification table gives
+// the error type and what the relay does: throttling is a 429, an
 // unavailable service or model an overload, a refused credential the
 // channel's problem, a bad request the client's.
-var bedrockErrors = map[string]struct {
-	status int
-	typ    string
-}{
-	"validationexception":           {400, "invalid_request_error"},
-	"servicequotaexceededexception": {429, "rate_limit_error"},
-	"accessdeniedexception":         {403, "permission_error"},
-	"unrecognizedclientexception":   {403, "permission_error"},
-	"invalidsignatureexception":     {403, "permission_error"},
-	"expiredtokenexception":         {403, "permission_error"},
-	"resourcenotfoundexception":     {404, "not_found_error"},
-	"modeltimeoutexception":         {504, "timeout_error"},
-	"modelerrorexception":           {500, "api_error"},
-	"throttlingexception":           {429, "rate_limit_error"},
-	"modelnotreadyexception":        {529, "overloaded_error"},
-	"internalserverexception":       {500, "api_error"},
-	"serviceunavailableexception":   {529, "overloaded_error"},
+var bedrockStatuses = map[string]int{
+	"validationexception":           http.StatusBadRequest,
+	"servicequotaexceededexception": http.StatusTooManyRequests,
+	"accessdeniedexception":         http.StatusForbidden,
+	"unrecognizedclientexception":   http.StatusForbidden,
+	"invalidsignatureexception":     http.StatusForbidden,
+	"expiredtokenexception":         http.StatusForbidden,
+	"resourcenotfoundexception":     http.StatusNotFound,
+	"modeltimeoutexception":         http.StatusGatewayTimeout,
+	"modelerrorexception":           http.StatusInternalServerError,
+	"throttlingexception":           http.StatusTooManyRequests,
+	"modelnotreadyexception":        529,
+	"internalserverexception":       http.StatusInternalServerError,
+	"serviceunavailableexception":   529,
 }
 
 // bedrockError is the Anthropic status and type of a Bedrock exception
@@ -290,8 +287,8 @@ func bedrockError(name string, status int, body []byte) (int, string) {
 		if orig := int(gjson.GetBytes(body, "originalStatusCode").Int()); orig != 0 {
 			status = orig
 		}
-	} else if e, ok := bedrockErrors[strings.ToLower(name)]; ok {
-		return e.status, e.typ
+	} else if s, ok := bedrockStatuses[strings.ToLower(name)]; ok {
+		status = s
 	}
 	return status, anthropicType(status)
 }

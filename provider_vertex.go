@@ -190,25 +190,23 @@ func (vertexProvider) response(resp *http.Response, _ *inbound) (*http.Response,
 	return asAnthropicError(resp, status, typ, msg, "", status == http.StatusForbidden), nil
 }
 
-// vertexStatuses maps Google's canonical error statuses onto Anthropic's
-// errors. PERMISSION_DENIED and FAILED_PRECONDITION (the model is not enabled
-// for the project, or outside the account's permissions) refuse the model:
-// as 403s they set the model aside on the channel and fail over.
-var vertexStatuses = map[string]struct {
-	status int
-	typ    string
-}{
-	"RESOURCE_EXHAUSTED":  {http.StatusTooManyRequests, "rate_limit_error"},
-	"UNAVAILABLE":         {529, "overloaded_error"},
-	"DEADLINE_EXCEEDED":   {http.StatusGatewayTimeout, "timeout_error"},
-	"INTERNAL":            {http.StatusInternalServerError, "api_error"},
-	"UNKNOWN":             {http.StatusInternalServerError, "api_error"},
-	"INVALID_ARGUMENT":    {http.StatusBadRequest, "invalid_request_error"},
-	"OUT_OF_RANGE":        {http.StatusBadRequest, "invalid_request_error"},
-	"NOT_FOUND":           {http.StatusNotFound, "not_found_error"},
-	"UNAUTHENTICATED":     {http.StatusUnauthorized, "authentication_error"},
-	"PERMISSION_DENIED":   {http.StatusForbidden, "permission_error"},
-	"FAILED_PRECONDITION": {http.StatusForbidden, "permission_error"},
+// vertexStatuses maps Google's canonical error statuses onto the status
+// Anthropic answers the same condition with; the classification table gives
+// the rest. PERMISSION_DENIED and FAILED_PRECONDITION (the model is not
+// enabled for the project, or outside the account's permissions) refuse the
+// model: as 403s they set the model aside on the channel and fail over.
+var vertexStatuses = map[string]int{
+	"RESOURCE_EXHAUSTED":  http.StatusTooManyRequests,
+	"UNAVAILABLE":         529,
+	"DEADLINE_EXCEEDED":   http.StatusGatewayTimeout,
+	"INTERNAL":            http.StatusInternalServerError,
+	"UNKNOWN":             http.StatusInternalServerError,
+	"INVALID_ARGUMENT":    http.StatusBadRequest,
+	"OUT_OF_RANGE":        http.StatusBadRequest,
+	"NOT_FOUND":           http.StatusNotFound,
+	"UNAUTHENTICATED":     http.StatusUnauthorized,
+	"PERMISSION_DENIED":   http.StatusForbidden,
+	"FAILED_PRECONDITION": http.StatusForbidden,
 }
 
 // vertexError reads a non-2xx Vertex body: translate is false for an
@@ -226,8 +224,8 @@ func vertexError(status int, body []byte) (_ int, typ, msg string, translate boo
 	if e := g.Get("error"); e.IsObject() {
 		name := e.Get("status").String()
 		msg = "vertex: " + strings.Join(nonEmpty(name, e.Get("message").String()), ": ")
-		if m, ok := vertexStatuses[name]; ok {
-			return m.status, m.typ, msg, true
+		if st, ok := vertexStatuses[name]; ok {
+			return st, anthropicType(st), msg, true
 		}
 		return status, anthropicType(status), msg, true
 	}
