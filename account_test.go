@@ -58,8 +58,8 @@ func TestLogLineAndPlaceholders(t *testing.T) {
 	r := &Relay{
 		Keys: []*Key{{Secret: secret, Group: "log-g", Name: "support-bot"}},
 		Channels: []*Channel{
-			{Name: "log-bad", URL: bad.URL, APIKey: upstreamKey, Priority: 1, Models: []string{"claude-sonnet-4-5"}},
-			{Name: "log-ok", URL: ok.URL, APIKey: upstreamKey, Priority: 2, Models: []string{"claude-sonnet-4-5"}},
+			{Name: "log-bad", UpstreamRaw: upstream("anthropic", "url", bad.URL, "api_key", upstreamKey), Priority: 1, Models: []string{"claude-sonnet-4-5"}},
+			{Name: "log-ok", UpstreamRaw: upstream("anthropic", "url", ok.URL, "api_key", upstreamKey), Priority: 2, Models: []string{"claude-sonnet-4-5"}},
 		},
 		Groups: []*Group{{Name: "log-g", Channels: []string{"log-bad", "log-ok"}}},
 	}
@@ -120,7 +120,7 @@ func TestLogLineAndPlaceholders(t *testing.T) {
 func TestLogLineOfARefusedRequest(t *testing.T) {
 	r := &Relay{
 		Keys:     []*Key{{Secret: "sk-refused-test", Group: "ref-g"}},
-		Channels: []*Channel{{Name: "ref-mock", Provider: providerMock}},
+		Channels: []*Channel{{Name: "ref-mock", UpstreamRaw: upstream("mock")}},
 		Groups:   []*Group{{Name: "ref-g", Channels: []string{"ref-mock"}}},
 	}
 	logs := provisionHandler(t, r)

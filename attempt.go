@@ -67,7 +67,8 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 		return attemptResult{verdict: classifyError(ctx, req.Context(), err), channel: ch}
 	}
 
-	upReq, err := ch.provider.newRequest(ctx, ch, in)
+	call := in.callFor(ch)
+	upReq, err := ch.provider.NewRequest(ctx, call)
 	if err != nil {
 		return fail(err)
 	}
@@ -86,7 +87,7 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 	}
 	firstByteTime := time.Since(sent) // before a provider reads an error body
 	defer resp.Body.Close()
-	if resp, err = ch.provider.response(resp, in); err != nil {
+	if resp, err = ch.provider.Response(resp, call); err != nil {
 		return fail(err)
 	}
 	defer resp.Body.Close() // the provider may have replaced it
@@ -98,7 +99,7 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 			return fail(err)
 		}
 		v := classifyStatus(resp.StatusCode, resp.Header, body, r.now())
-		if refusesModel(resp.StatusCode, body, providerRefusedModel(resp), ch.upstreamModel(in.target)) {
+		if refusesModel(resp.StatusCode, body, providerRefusedModel(resp), call.Model) {
 			v.outcome, v.reason, v.model = outcomeModelRefused, "model refused", in.target
 		}
 		res := attemptResult{verdict: v, channel: ch, firstByte: firstByteTime, status: resp.StatusCode, header: resp.Header, body: body}

@@ -61,22 +61,13 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		}
 //
 //		channel <name> {
-//			provider  anthropic|bedrock|vertex|mock
-//			url       <base url>
-//			api_key   <secret|{env.NAME}|{file./path}>
-//			auth      x-api-key|bearer
-//			# bedrock and vertex:
-//			region            <region>
-//			anthropic_version <version>
-//			betas             <flag>...|*
-//			strip_fields      <field>...
-//			# bedrock:
-//			access_key_id     <id|{env.NAME}>
-//			secret_access_key <secret|{env.NAME}>
-//			session_token     <token|{env.NAME}>
-//			# vertex:
-//			project           <project>
-//			credentials_file  <path>
+//			provider  anthropic|bedrock|vertex|mock|<another registered provider> [{
+//				<the provider's options>
+//			}]
+//			# the provider's options may also stand on the channel's own
+//			# lines: every line the channel does not know goes to its
+//			# provider (see each provider's UnmarshalCaddyfile), such as
+//			# anthropic's url, api_key and auth
 //			models    <name>[=<upstream name>]...
 //			priority  <n>
 //			weight    <n>
@@ -94,10 +85,6 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			}
 //			# any of the timeouts, cooldowns and the breaker block above,
 //			# for this channel only
-//			# mock channels only:
-//			latency   <duration>
-//			tokens    <n>  (the reply length)
-//			fail_rate <0..1>
 //		}
 //
 //		pricing {
@@ -368,6 +355,17 @@ type options struct {
 	lists     map[string]*[]string // appended to: the option may repeat
 	ints      map[string]*int
 	durations map[string]*caddy.Duration
+	ratios    map[string]*float64 // a fraction or a percentage
+}
+
+// has reports whether name is one of o's options.
+func (o options) has(name string) bool {
+	_, s := o.strings[name]
+	_, l := o.lists[name]
+	_, i := o.ints[name]
+	_, d := o.durations[name]
+	_, r := o.ratios[name]
+	return s || l || i || d || r
 }
 
 // parse reads the option under d's cursor into its field; false when the
@@ -393,6 +391,9 @@ func (o options) parse(d *caddyfile.Dispenser) (bool, error) {
 	}
 	if dst, ok := o.durations[name]; ok {
 		return true, parseDuration(d, dst)
+	}
+	if dst, ok := o.ratios[name]; ok {
+		return true, parseRatio(d, dst)
 	}
 	return false, nil
 }
@@ -457,20 +458,16 @@ func parseChannel(d *caddyfile.Dispenser) (*Channel, error) {
 	if !d.Args(&ch.Name) {
 		return nil, d.Errf("channel takes a name: channel <name> { ... }")
 	}
+	chLine := d.Token()
 	if d.NextArg() {
 		return nil, d.ArgErr()
 	}
 	opts := options{
-		strings: map[string]*string{
-			"provider": &ch.Provider, "url": &ch.URL, "api_key": &ch.APIKey, "auth": &ch.Auth, "rate": &ch.Rate,
-			"region": &ch.Region, "access_key_id": &ch.AccessKeyID, "secret_access_key": &ch.SecretAccessKey,
-			"session_token": &ch.SessionToken, "project": &ch.Project, "credentials_file": &ch.CredentialsFile,
-			"anthropic_version": &ch.AnthropicVersion,
-		},
-		lists:     map[string]*[]string{"models": &ch.Models, "allow": &ch.Allow, "betas": &ch.Betas, "strip_fields": &ch.StripFields},
-		ints:      map[string]*int{"priority": &ch.Priority, "weight": &ch.Weight, "concurrency": &ch.Concurrency},
-		durations: map[string]*caddy.Duration{"latency": &ch.Latency},
+		strings: map[string]*string{"rate": &ch.Rate},
+		lists:   map[string]*[]string{"models": &ch.Models, "allow": &ch.Allow},
+		ints:    map[string]*int{"priority": &ch.Priority, "weight": &ch.Weight, "concurrency": &ch.Concurrency},
 	}
+	up := providerLines{name: providerAnthropic}
 	var transport caddyfile.Unmarshaler
 	var transportName string
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
@@ -486,24 +483,22 @@ func parseChannel(d *caddyfile.Dispenser) (*Channel, error) {
 			continue
 		}
 		switch opt {
-		case "tokens":
-			// N/period is the channel's token limit; a plain N is a mock
-			// channel's reply length
-			var v string
-			if !d.AllArgs(&v) {
-				return nil, d.ArgErr()
-			}
-			if strings.Contains(v, "/") {
-				ch.Tokens = v
-			} else if n, err := strconv.Atoi(v); err == nil {
-				ch.ReplyTokens = n
-			} else {
-				return nil, d.Errf("tokens: %q is neither a limit such as 400000/m nor a mock reply length", v)
-			}
-		case "fail_rate":
-			if err := parseRatio(d, &ch.FailRate); err != nil {
+		case "provider":
+			if err := up.parse(d); err != nil {
 				return nil, err
 			}
+		case "tokens":
+			// N/period is the channel's token limit; any other value is
+			// the provider's (a mock channel's reply length)
+			args := d.RemainingArgs()
+			if len(args) == 1 && strings.Contains(args[0], "/") {
+				ch.Tokens = args[0]
+				continue
+			}
+			for range args {
+				d.Prev()
+			}
+			up.take(d)
 		case "probe":
 			p, err := parseProbe(d)
 			if err != nil {
@@ -521,25 +516,117 @@ func parseChannel(d *caddyfile.Dispenser) (*Channel, error) {
 			}
 			transport = mod
 		default:
-			return nil, d.Errf("unrecognized channel option %q", opt)
+			// the provider's own options: its module reads them
+			up.take(d)
 		}
 	}
+	p, err := up.unmarshal(chLine)
+	if err != nil {
+		return nil, fmt.Errorf("channel %q: %w", ch.Name, err)
+	}
+	ch.UpstreamRaw = caddyconfig.JSONModuleObject(p, "provider", up.name, nil)
 	if transport != nil {
+		if _, inProcess := p.(Transporter); inProcess {
+			return nil, d.Errf("channel %q: provider %s answers in-process and takes no transport", ch.Name, up.name)
+		}
 		// as reverse_proxy does: an https upstream gets a TLS transport
 		if te, ok := transport.(reverseproxy.TLSTransport); ok {
-			https := strings.HasPrefix(ch.URL, "https://") || ch.URL == "" && ch.Provider != providerMock
+			https := !strings.HasPrefix(p.BaseURL(), "http://")
 			switch {
 			case https && !te.TLSEnabled():
 				if err := te.EnableTLS(new(reverseproxy.TLSConfig)); err != nil {
 					return nil, err
 				}
-			case strings.HasPrefix(ch.URL, "http://") && te.TLSEnabled():
+			case !https && te.TLSEnabled():
 				return nil, d.Errf("channel %q: url is http:// but its transport is configured for TLS", ch.Name)
 			}
 		}
 		ch.TransportRaw = caddyconfig.JSONModuleObject(transport, "protocol", transportName, nil)
 	}
 	return ch, nil
+}
+
+// providerLines gathers, while a channel block is read, the lines that
+// belong to its provider: those of a `provider <name> { ... }` block and
+// every channel line the relay does not know, so a provider's options can
+// stay on the channel's own lines.
+type providerLines struct {
+	name   string
+	at     caddyfile.Token // the `provider` line's name token, for errors
+	tokens []caddyfile.Token
+}
+
+// parse reads `provider <name>` and its optional block.
+func (u *providerLines) parse(d *caddyfile.Dispenser) error {
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	u.name, u.at = d.Val(), d.Token()
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		u.take(d)
+	}
+	return nil
+}
+
+// take keeps the line under d's cursor, and its block if it opens one.
+func (u *providerLines) take(d *caddyfile.Dispenser) {
+	u.tokens = append(u.tokens, d.Token())
+	for d.NextArg() {
+		u.tokens = append(u.tokens, d.Token())
+		if d.Val() == "{" {
+			for depth := 1; depth > 0 && d.Next(); {
+				switch d.Val() {
+				case "{":
+					depth++
+				case "}":
+					depth--
+				}
+				u.tokens = append(u.tokens, d.Token())
+			}
+			return
+		}
+	}
+}
+
+// unmarshal hands the lines to the provider's module, as a block of its
+// own, `<name> { <lines> }`, that opens on the channel's line (where a
+// provider's errors about the whole block point).
+func (u *providerLines) unmarshal(channel caddyfile.Token) (Provider, error) {
+	id := providerNamespace + "." + u.name
+	if _, err := caddy.GetModule(id); err != nil {
+		at := channel
+		if u.at.Text != "" {
+			at = u.at
+		}
+		d := caddyfile.NewDispenser([]caddyfile.Token{at})
+		d.Next()
+		return nil, d.Errf("unknown provider %q (known: %s)", u.name, strings.Join(providerNames(), ", "))
+	}
+	open := channel
+	open.Text = u.name
+	last := open.Line
+	for _, t := range u.tokens {
+		last = max(last, t.Line)
+	}
+	brace := open
+	brace.Text = "{"
+	closing := open
+	closing.Text, closing.Line = "}", last+1
+	toks := append([]caddyfile.Token{open, brace}, u.tokens...)
+	sub := caddyfile.NewDispenser(append(toks, closing))
+	sub.Next()
+	mod, err := caddyfile.UnmarshalModule(sub, id)
+	if err != nil {
+		return nil, err
+	}
+	p, ok := mod.(Provider)
+	if !ok {
+		return nil, fmt.Errorf("provider %s: module %T does not implement relay.Provider", u.name, mod)
+	}
+	return p, nil
 }
 
 func parseGroup(d *caddyfile.Dispenser) (*Group, error) {

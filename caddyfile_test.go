@@ -145,15 +145,12 @@ func TestCaddyfileFullConfig(t *testing.T) {
 		},
 		Channels: []*Channel{
 			{
-				Name:     "anthropic-main",
-				Provider: "anthropic",
-				URL:      "https://api.anthropic.com",
-				APIKey:   "{env.ANTHROPIC_API_KEY}",
-				Auth:     "bearer",
-				Models:   []string{"claude-opus-4-1", "claude-sonnet-4-5=claude-sonnet-4-5-20250929", "claude-haiku-4-5"},
-				Priority: 1,
-				Weight:   10,
-				Allow:    []string{"service_tier", "inference_geo", "speed"},
+				Name:        "anthropic-main",
+				UpstreamRaw: json.RawMessage(`{"api_key":"{env.ANTHROPIC_API_KEY}","auth":"bearer","provider":"anthropic","url":"https://api.anthropic.com"}`),
+				Models:      []string{"claude-opus-4-1", "claude-sonnet-4-5=claude-sonnet-4-5-20250929", "claude-haiku-4-5"},
+				Priority:    1,
+				Weight:      10,
+				Allow:       []string{"service_tier", "inference_geo", "speed"},
 				Tuning: Tuning{
 					FirstByteTimeout:    caddy.Duration(10 * time.Second),
 					FirstContentTimeout: caddy.Duration(20 * time.Second),
@@ -164,10 +161,10 @@ func TestCaddyfileFullConfig(t *testing.T) {
 					AuthCooldown:        caddy.Duration(time.Hour),
 				},
 			},
-			{Name: "local-proxy", URL: "http://127.0.0.1:9000/anthropic", APIKey: "{file./run/secrets/proxy}", Priority: 2},
-			{Name: "default-url", APIKey: "{env.SECOND_KEY}"},
-			{Name: "mock-a", Provider: "mock", Latency: caddy.Duration(50 * time.Millisecond), ReplyTokens: 32, FailRate: 0.1, Weight: 3},
-			{Name: "mock-b", Provider: "mock", FailRate: 0.25},
+			{Name: "local-proxy", UpstreamRaw: json.RawMessage(`{"api_key":"{file./run/secrets/proxy}","provider":"anthropic","url":"http://127.0.0.1:9000/anthropic"}`), Priority: 2},
+			{Name: "default-url", UpstreamRaw: json.RawMessage(`{"api_key":"{env.SECOND_KEY}","provider":"anthropic"}`)},
+			{Name: "mock-a", UpstreamRaw: json.RawMessage(`{"fail_rate":0.1,"latency":50000000,"provider":"mock","reply_tokens":32}`), Weight: 3},
+			{Name: "mock-b", UpstreamRaw: json.RawMessage(`{"fail_rate":0.25,"provider":"mock"}`)},
 		},
 		Groups: []*Group{
 			{Name: "production", Channels: []string{"anthropic-main", "local-proxy", "default-url", "mock-a"}, Retries: groupRetries(3), ExposeChannel: true},
@@ -401,7 +398,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{
 			name:  "mock settings on an anthropic channel",
 			input: caddyfileWith("", "channel a {\n\tapi_key {env.A}\n\tfail_rate 10%\n}\n", ""),
-			want:  []string{`channel "a"`, "only to provider mock"},
+			want:  []string{`channel "a"`, `unrecognized channel option "fail_rate"`, "it is an option of provider mock"},
 		},
 		{
 			name:  "transport on a mock channel",
@@ -442,6 +439,16 @@ func TestCaddyfileErrors(t *testing.T) {
 			name:  "key without a group",
 			input: caddyfileWith("key sk-test\n", "", ""),
 			want:  []string{"key takes a secret and a group"},
+		},
+		{
+			name:  "a transport on a channel that answers in-process",
+			input: caddyfileWith("", "channel a {\n\tprovider mock\n\ttransport http {\n\t\tdial_timeout 1s\n\t}\n}\n", ""),
+			want:  []string{`channel "a"`, "provider mock answers in-process and takes no transport"},
+		},
+		{
+			name:  "a provider's option on another provider's channel",
+			input: caddyfileWith("", "channel a {\n\tprovider bedrock\n\tregion us-east-1\n\tproject p\n}\n", ""),
+			want:  []string{`channel "a"`, `unrecognized channel option "project"`, "it is an option of provider vertex", "Testfile:6"},
 		},
 		{
 			name:  "no key at all",

@@ -1,7 +1,8 @@
 package relay
 
 import (
-	"cmp"
+	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -11,19 +12,15 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
-	"go.uber.org/zap"
 )
 
 // channel is a provisioned Channel: everything a request needs, resolved
 // once at load time.
 type channel struct {
 	name       string
-	provider   provider
+	provider   Provider
 	rt         http.RoundTripper
-	host       string // upstream host, to prefer another one after a 529
-	urls       [routeCount]string
-	apiKey     string // resolved secret; never logged, never in the config
-	bearer     bool
+	host       string            // upstream host, to prefer another one after a 529
 	models     map[string]string // client name -> upstream name; nil serves all
 	modelNames []string          // the client names, in config order
 	priority   int
@@ -76,7 +73,6 @@ func (ch *channel) upstreamModel(model string) string {
 func (r *Relay) provisionChannel(ctx caddy.Context, cfg *Channel) (*channel, error) {
 	ch := &channel{
 		name:     cfg.Name,
-		bearer:   cfg.Auth == "bearer",
 		priority: max(cfg.Priority, 1),
 		weight:   cfg.Weight,
 	}
@@ -101,19 +97,7 @@ func (r *Relay) provisionChannel(ctx caddy.Context, cfg *Channel) (*channel, err
 	}
 	ch.breaker = resolveBreaker(t.Breaker, r.Breaker)
 
-	var err error
-	switch cfg.Provider {
-	case providerMock:
-		ch.rt, ch.provider = newMockTransport(cfg), anthropicProvider{}
-		err = ch.setBase("http://" + cfg.Name + ".mock.invalid")
-	case providerBedrock:
-		err = r.provisionBedrock(ctx, cfg, ch)
-	case providerVertex:
-		err = r.provisionVertex(ctx, cfg, ch)
-	default:
-		err = r.provisionAnthropic(ctx, cfg, ch)
-	}
-	if err != nil {
+	if err := r.loadProvider(ctx, cfg, ch); err != nil {
 		return nil, err
 	}
 
@@ -134,50 +118,55 @@ func (r *Relay) provisionChannel(ctx caddy.Context, cfg *Channel) (*channel, err
 	return ch, nil
 }
 
-// provisionAnthropic sets up a channel to Anthropic's API or an
-// Anthropic-compatible endpoint.
-func (r *Relay) provisionAnthropic(ctx caddy.Context, cfg *Channel, ch *channel) error {
-	base := cmp.Or(cfg.URL, defaultAnthropicURL)
-	key, err := r.channelSecret(cfg, "api_key", cfg.APIKey)
-	if err != nil {
-		return err
+// providerName is the name of the channel's provider, as `provider` gives
+// it.
+func (ch *channel) providerName() string {
+	if m, ok := ch.provider.(caddy.Module); ok {
+		return m.CaddyModule().ID.Name()
 	}
-	ch.apiKey = key
-	if ch.rt, err = r.loadTransport(ctx, cfg, strings.HasPrefix(base, "https://")); err != nil {
-		return err
-	}
-	ch.provider = anthropicProvider{}
-	return ch.setBase(base)
+	return ""
 }
 
-// setBase sets the channel's upstream URLs for the relayed routes and its
-// host, from the base URL.
-func (ch *channel) setBase(base string) error {
-	u, err := url.Parse(strings.TrimSuffix(base, "/"))
+// loadProvider loads the channel's provider module and its transport: the
+// channel's `transport`, or the provider's own for one that answers
+// in-process.
+func (r *Relay) loadProvider(ctx caddy.Context, cfg *Channel, ch *channel) error {
+	if cfg.UpstreamRaw == nil {
+		cfg.UpstreamRaw = json.RawMessage(`{"provider":"` + providerAnthropic + `"}`)
+	}
+	mod, err := ctx.WithValue(channelNameKey{}, cfg.Name).LoadModule(cfg, "UpstreamRaw")
 	if err != nil {
-		return fmt.Errorf("url: %v", err)
+		return fmt.Errorf("provider: %v", err)
+	}
+	p, ok := mod.(Provider)
+	if !ok {
+		return fmt.Errorf("provider: module %T does not implement relay.Provider", mod)
+	}
+	ch.provider = p
+	if t, ok := p.(Transporter); ok {
+		if cfg.TransportRaw != nil {
+			return fmt.Errorf("its provider answers in-process and takes no transport")
+		}
+		ch.rt, ch.host = t.Transport(), "in-process "+cfg.Name
+		return nil
+	}
+	u, err := url.Parse(p.BaseURL())
+	if err != nil {
+		return fmt.Errorf("provider: base URL: %v", err)
 	}
 	ch.host = u.Host
-	for rt := route(1); rt < routeCount; rt++ {
-		if p := rt.upstreamPath(); p != "" {
-			ch.urls[rt] = u.String() + p
-		}
-	}
-	return nil
+	ch.rt, err = r.loadTransport(ctx, cfg, u.Scheme == "https")
+	return err
 }
 
-// channelSecret resolves one of a channel's secrets (field names it in
-// errors) and warns when it is written in the config itself.
-func (r *Relay) channelSecret(cfg *Channel, field, value string) (string, error) {
-	v, err := resolveSecret(value)
-	if err != nil {
-		return "", fmt.Errorf("%s: %w", field, err)
-	}
-	if !isPlaceholder(value) {
-		r.logger.Warn("a channel secret is written in the config; use a placeholder such as {env.NAME} to keep it out of GET /config/ and autosave.json",
-			zap.String("channel", cfg.Name), zap.String("field", field))
-	}
-	return v, nil
+// channelNameKey is the context key under which a provider's Provision
+// finds the name of its channel (see channelOf).
+type channelNameKey struct{}
+
+// channelOf is the name of the channel whose provider ctx provisions.
+func channelOf(ctx context.Context) string {
+	name, _ := ctx.Value(channelNameKey{}).(string)
+	return name
 }
 
 // resolveBreaker merges the channel's and the relay's breaker blocks field
@@ -325,66 +314,12 @@ type Channel struct {
 	// is also the key of its health state, which survives config reloads.
 	Name string `json:"name"`
 
-	// Provider is the upstream kind: `anthropic` (Anthropic's API or any
-	// Anthropic-compatible endpoint), `bedrock` (AWS Bedrock's InvokeModel),
-	// `vertex` (Google Vertex AI) or `mock` (answered in-process, for trying
-	// the relay without credentials). Default: anthropic.
-	Provider string `json:"provider,omitempty"`
-
-	// URL is the upstream's base URL; the request path (/v1/messages...) is
-	// appended to its path. Default for anthropic: https://api.anthropic.com;
-	// for bedrock and vertex the region's endpoint (set it to reach another
-	// endpoint, such as a VPC one or a test server).
-	URL string `json:"url,omitempty"`
-
-	// APIKey is the channel's credential, usually a placeholder such as
-	// `{env.ANTHROPIC_API_KEY}` resolved when the config loads. Required for
-	// anthropic channels; for bedrock, a Bedrock API key sent as a bearer
-	// token instead of SigV4 credentials.
-	APIKey string `json:"api_key,omitempty"`
-
-	// Region is the cloud region of a bedrock channel (us-east-1...) or of
-	// a vertex channel (us-east5..., or global, us, eu).
-	Region string `json:"region,omitempty"`
-
-	// AccessKeyID, SecretAccessKey and SessionToken are a bedrock channel's
-	// AWS credentials, usually placeholders. Without them (and without an
-	// api_key), the AWS default credential chain is used: environment,
-	// shared config files, container and instance roles.
-	AccessKeyID     string `json:"access_key_id,omitempty"`
-	SecretAccessKey string `json:"secret_access_key,omitempty"`
-	SessionToken    string `json:"session_token,omitempty"`
-
-	// Project is a vertex channel's Google Cloud project.
-	Project string `json:"project,omitempty"`
-
-	// CredentialsFile is the path of a vertex channel's service-account key
-	// file. Default: Google's application default credentials.
-	CredentialsFile string `json:"credentials_file,omitempty"`
-
-	// AnthropicVersion is the `anthropic_version` a bedrock or vertex
-	// channel puts in the body when the request has none. Default:
-	// bedrock-2023-05-31 or vertex-2023-10-16.
-	AnthropicVersion string `json:"anthropic_version,omitempty"`
-
-	// Betas is the allow-list of anthropic-beta flags a bedrock or vertex
-	// channel forwards (bedrock moves them into the body as anthropic_beta;
-	// vertex keeps the header); others are dropped, since both reject a
-	// request with a flag they do not know. `*` forwards every flag.
-	// Default: for bedrock, the flags known to work there (README.md); for
-	// vertex, every flag.
-	Betas []string `json:"betas,omitempty"`
-
-	// StripFields lists top-level body fields a bedrock or vertex channel
-	// removes, since the cloud rejects fields it does not know. Default: for
-	// bedrock service_tier, inference_geo, speed, container, mcp_servers and
-	// a top-level cache_control; for vertex service_tier, inference_geo and
-	// speed.
-	StripFields []string `json:"strip_fields,omitempty"`
-
-	// Auth is how the credential is sent: `x-api-key` (default) or `bearer`
-	// (Authorization: Bearer), for resellers that want a bearer token.
-	Auth string `json:"auth,omitempty"`
+	// UpstreamRaw is the channel's provider: the module that speaks its
+	// upstream's wire, named by `provider` (anthropic, bedrock, vertex,
+	// mock, or one compiled in from another repository), with its own
+	// options beside it: {"provider": "bedrock", "region": "us-east-1"}.
+	// Default: {"provider": "anthropic"}, which needs an api_key.
+	UpstreamRaw json.RawMessage `json:"upstream,omitempty" caddy:"namespace=http.handlers.relay.providers inline_key=provider"`
 
 	// Models lists the models the channel serves, each as the name clients
 	// send, optionally mapped to the upstream's name: `name=upstream_name`.
@@ -396,7 +331,7 @@ type Channel struct {
 	Priority int `json:"priority,omitempty"`
 
 	// Weight is the channel's share of traffic within its tier, relative to
-	// the weights of the others. Default: 1.
+	// the weights of the others, from 0 to 1000000. Default: 1.
 	Weight int `json:"weight,omitempty"`
 
 	// Allow lists the request fields this channel accepts among
@@ -406,20 +341,9 @@ type Channel struct {
 
 	// TransportRaw configures the HTTP transport exactly as reverse_proxy's
 	// `transport http { ... }` does (timeouts, keepalive, TLS, versions...).
-	// Default: Caddy's HTTP transport with its defaults, with TLS for https
-	// URLs.
+	// Default: Caddy's HTTP transport with its defaults, with TLS when the
+	// provider's URL is https.
 	TransportRaw json.RawMessage `json:"transport,omitempty" caddy:"namespace=http.reverse_proxy.transport inline_key=protocol"`
-
-	// Latency is, for a mock channel, how long it waits before answering.
-	Latency caddy.Duration `json:"latency,omitempty"`
-
-	// ReplyTokens is, for a mock channel, the length of its reply in
-	// tokens (`tokens <n>` in the Caddyfile). Default: 16.
-	ReplyTokens int `json:"reply_tokens,omitempty"`
-
-	// FailRate is, for a mock channel, the fraction of requests (0 to 1)
-	// answered with a 529 overloaded_error.
-	FailRate float64 `json:"fail_rate,omitempty"`
 
 	// Rate, Tokens and Concurrency mirror the provider's quota for this
 	// credential (`500/m`, `400000/m`, `64`). A channel at a limit is busy,
@@ -437,4 +361,56 @@ type Channel struct {
 	Probe *Probe `json:"probe,omitempty"`
 
 	Tuning
+}
+
+// legacyChannel holds the provider fields a channel had before providers
+// were modules, when they sat on the channel itself. A config that still
+// has them (an autosave.json, a saved POST /load) loads as before: they
+// move into "upstream".
+type legacyChannel struct {
+	Provider         string          `json:"provider,omitempty"`
+	URL              string          `json:"url,omitempty"`
+	APIKey           string          `json:"api_key,omitempty"`
+	Auth             string          `json:"auth,omitempty"`
+	Region           string          `json:"region,omitempty"`
+	AccessKeyID      string          `json:"access_key_id,omitempty"`
+	SecretAccessKey  string          `json:"secret_access_key,omitempty"`
+	SessionToken     string          `json:"session_token,omitempty"`
+	Project          string          `json:"project,omitempty"`
+	CredentialsFile  string          `json:"credentials_file,omitempty"`
+	AnthropicVersion string          `json:"anthropic_version,omitempty"`
+	Betas            []string        `json:"betas,omitempty"`
+	StripFields      []string        `json:"strip_fields,omitempty"`
+	Latency          *caddy.Duration `json:"latency,omitempty"`
+	ReplyTokens      *int            `json:"reply_tokens,omitempty"`
+	FailRate         *float64        `json:"fail_rate,omitempty"`
+}
+
+// UnmarshalJSON reads a channel, strictly, in its current shape or with
+// the provider fields of earlier versions beside its own (legacyChannel).
+func (ch *Channel) UnmarshalJSON(b []byte) error {
+	type current Channel // without this method
+	var both struct {
+		current
+		legacyChannel
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&both); err != nil {
+		return err
+	}
+	*ch = Channel(both.current)
+	legacy, err := json.Marshal(both.legacyChannel)
+	if err != nil || string(legacy) == "{}" {
+		return err
+	}
+	if ch.UpstreamRaw != nil {
+		return fmt.Errorf("channel %q: provider fields go inside \"upstream\", not beside it", ch.Name)
+	}
+	if both.Provider == "" {
+		// the provider's name leads, as an inline key does
+		legacy = append([]byte(`{"provider":"`+providerAnthropic+`",`), legacy[1:]...)
+	}
+	ch.UpstreamRaw = legacy
+	return nil
 }

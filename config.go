@@ -4,7 +4,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"net/url"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
@@ -105,12 +104,8 @@ type Probe struct {
 	Body string `json:"body,omitempty"`
 }
 
-const (
-	providerAnthropic = "anthropic"
-	providerBedrock   = "bedrock"
-	providerVertex    = "vertex"
-	providerMock      = "mock"
-)
+// providerAnthropic is the provider of a channel that names none.
+const providerAnthropic = "anthropic"
 
 // validateConfig checks what can be checked without resolving secrets. The
 // Caddyfile adapter runs it too, so `caddy adapt` reports these errors.
@@ -275,72 +270,8 @@ func (t Tuning) validate() error {
 	return nil
 }
 
+// validate checks the channel's own options; its provider checks its own.
 func (ch *Channel) validate() error {
-	if ch.Provider != providerMock && (ch.Latency != 0 || ch.ReplyTokens != 0 || ch.FailRate != 0) {
-		return fmt.Errorf("latency, a reply length (tokens <n>) and fail_rate apply only to provider mock")
-	}
-	cloud := ch.Provider == providerBedrock || ch.Provider == providerVertex
-	if !cloud && (ch.Region != "" || ch.AnthropicVersion != "" || len(ch.Betas) > 0 || len(ch.StripFields) > 0) {
-		return fmt.Errorf("region, anthropic_version, betas and strip_fields apply only to providers bedrock and vertex")
-	}
-	if ch.Provider != providerBedrock && (ch.AccessKeyID != "" || ch.SecretAccessKey != "" || ch.SessionToken != "") {
-		return fmt.Errorf("access_key_id, secret_access_key and session_token apply only to provider bedrock")
-	}
-	if ch.Provider != providerVertex && (ch.Project != "" || ch.CredentialsFile != "") {
-		return fmt.Errorf("project and credentials_file apply only to provider vertex")
-	}
-	switch ch.Provider {
-	case "", providerAnthropic:
-		if ch.APIKey == "" {
-			return fmt.Errorf("no api_key: an anthropic channel needs a credential")
-		}
-	case providerBedrock:
-		if ch.Region == "" {
-			return fmt.Errorf("no region: a bedrock channel signs for one region")
-		}
-		if (ch.AccessKeyID == "") != (ch.SecretAccessKey == "") {
-			return fmt.Errorf("access_key_id and secret_access_key go together")
-		}
-		if ch.APIKey != "" && ch.AccessKeyID != "" {
-			return fmt.Errorf("an api_key (bearer) and access keys (SigV4) exclude each other")
-		}
-	case providerVertex:
-		if ch.Project == "" || ch.Region == "" {
-			return fmt.Errorf("a vertex channel needs a project and a region")
-		}
-		if ch.APIKey != "" {
-			return fmt.Errorf("a vertex channel authenticates with Google credentials (credentials_file or the default ones), not an api_key")
-		}
-	case providerMock:
-		if ch.TransportRaw != nil {
-			return fmt.Errorf("a mock channel answers in-process and takes no transport")
-		}
-		if ch.FailRate < 0 || ch.FailRate > 1 {
-			return fmt.Errorf("fail_rate must be between 0 and 1")
-		}
-		if ch.ReplyTokens < 0 || ch.Latency < 0 {
-			return fmt.Errorf("tokens and latency must not be negative")
-		}
-	default:
-		return fmt.Errorf("unknown provider %q (known: anthropic, bedrock, vertex, mock)", ch.Provider)
-	}
-	if ch.URL != "" {
-		u, err := url.Parse(ch.URL)
-		if err != nil {
-			return fmt.Errorf("url: %v", err)
-		}
-		if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
-			return fmt.Errorf("url %q must be an absolute http:// or https:// URL", ch.URL)
-		}
-		if u.RawQuery != "" || u.Fragment != "" {
-			return fmt.Errorf("url %q must not have a query or fragment", ch.URL)
-		}
-	}
-	switch ch.Auth {
-	case "", "x-api-key", "bearer":
-	default:
-		return fmt.Errorf("auth must be x-api-key or bearer, not %q", ch.Auth)
-	}
 	if _, err := parseModels(ch.Models); err != nil {
 		return err
 	}

@@ -11,7 +11,7 @@ import (
 func benchRelay(b *testing.B) *Relay {
 	r := &Relay{}
 	for i := 0; i < 10; i++ {
-		r.Channels = append(r.Channels, &Channel{Name: fmt.Sprintf("bench-ch%d", i), Provider: providerMock,
+		r.Channels = append(r.Channels, &Channel{Name: fmt.Sprintf("bench-ch%d", i), UpstreamRaw: upstream("mock"),
 			Models: []string{"claude-sonnet-4-5", "claude-haiku-4-5"}, Priority: 1 + i%2, Weight: 1 + i,
 			Rate: "100000000/s", Tokens: "1000000000/s", Concurrency: 1 << 20})
 	}

@@ -52,12 +52,12 @@ func TestParseRateSpec(t *testing.T) {
 
 // limitRelay is a relay with one key (limited as given) on a mock channel,
 // driven by a fake clock.
-func limitRelay(t *testing.T, name string, key Key, upstream string) (*Relay, *fakeClock) {
+func limitRelay(t *testing.T, name string, key Key, upstreamURL string) (*Relay, *fakeClock) {
 	t.Helper()
 	key.Secret, key.Group, key.Name = "sk-"+name, name, name
-	ch := &Channel{Name: name + "-ch", Provider: providerMock}
-	if upstream != "" {
-		ch = &Channel{Name: name + "-ch", URL: upstream, APIKey: "sk-up"}
+	ch := &Channel{Name: name + "-ch", UpstreamRaw: upstream("mock")}
+	if upstreamURL != "" {
+		ch = &Channel{Name: name + "-ch", UpstreamRaw: upstream("anthropic", "url", upstreamURL, "api_key", "sk-up")}
 	}
 	r := &Relay{Keys: []*Key{&key}, Channels: []*Channel{ch}, Groups: []*Group{{Name: name, Channels: []string{ch.Name}}}}
 	provisionHandler(t, r)
@@ -191,7 +191,7 @@ func TestConcurrencySlotsReturnOnEveryPath(t *testing.T) {
 	name := "slots"
 	r := &Relay{
 		Keys:     []*Key{{Secret: "sk-slots", Group: name, Name: name, Concurrency: 3}},
-		Channels: []*Channel{{Name: "slots-ch", URL: up.URL, APIKey: "sk-up", Concurrency: 2, Tuning: Tuning{Cooldown: caddy.Duration(time.Nanosecond), MaxCooldown: caddy.Duration(time.Nanosecond), Breaker: &Breaker{MinRequests: 1000}}}},
+		Channels: []*Channel{{Name: "slots-ch", UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", "sk-up"), Concurrency: 2, Tuning: Tuning{Cooldown: caddy.Duration(time.Nanosecond), MaxCooldown: caddy.Duration(time.Nanosecond), Breaker: &Breaker{MinRequests: 1000}}}},
 		Groups:   []*Group{{Name: name, Channels: []string{"slots-ch"}}},
 	}
 	provisionHandler(t, r)

@@ -77,7 +77,7 @@ func (r *Relay) probeOnce(ctx context.Context, ch *channel) bool {
 	if err := in.inspect(); err != nil {
 		return false
 	}
-	req, err := ch.provider.newRequest(ctx, ch, in)
+	req, err := ch.provider.NewRequest(ctx, in.callFor(ch))
 	if err != nil {
 		return false
 	}

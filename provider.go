@@ -8,46 +8,147 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 )
 
-// provider speaks one upstream's wire: it builds the upstream request of an
-// attempt, and turns the upstream's answer into Anthropic's wire format
-// (statuses, error bodies, the event stream) before the relay classifies
-// it. Everything else about an attempt is shared.
-type provider interface {
-	newRequest(ctx context.Context, ch *channel, in *inbound) (*http.Request, error)
-	response(resp *http.Response, in *inbound) (*http.Response, error)
+// Provider speaks one upstream's wire. Each kind of upstream is a Caddy
+// module in the http.handlers.relay.providers namespace, named by the
+// `provider` a channel gives (http.handlers.relay.providers.bedrock for
+// `provider bedrock`); Caddy provisions and validates it as any module, and
+// its Caddyfile options are the channel's lines the relay does not know
+// (see caddyfile.Unmarshaler). A module compiled in from another repository
+// adds a provider the same way. Everything else about an attempt (the
+// transport, the commit point, failover, accounting) is the relay's.
+type Provider interface {
+	// BaseURL is the upstream's scheme and host (and a path prefix): a
+	// channel's default transport uses TLS for https, and after a 529 the
+	// next attempt prefers another host. It must not depend on Provision,
+	// since the Caddyfile adapter asks it too.
+	BaseURL() string
+
+	// NewRequest builds the upstream request of one attempt: its URL,
+	// headers, credential and body.
+	NewRequest(ctx context.Context, c *Call) (*http.Request, error)
+
+	// Response turns the upstream's answer into Anthropic's wire format
+	// (the status, an Anthropic error body, an SSE event stream) before the
+	// relay classifies it. It returns resp itself when there is nothing to
+	// change; an error fails the attempt as a broken upstream.
+	Response(resp *http.Response, c *Call) (*http.Response, error)
 }
 
-// anthropicProvider speaks Anthropic's own API: same path and query, same
-// body but for the model mapping, the channel's credential.
-type anthropicProvider struct{}
+// providerNamespace is the Caddy module namespace of providers.
+const providerNamespace = "http.handlers.relay.providers"
 
-// response implements provider: Anthropic's answers are Anthropic's.
-func (anthropicProvider) response(resp *http.Response, _ *inbound) (*http.Response, error) {
-	return resp, nil
-}
-
-func (anthropicProvider) newRequest(ctx context.Context, ch *channel, in *inbound) (*http.Request, error) {
-	u := ch.urls[in.route]
-	if in.rawQuery != "" {
-		u += "?" + in.rawQuery
+// providerNames lists the providers compiled in, by the name `provider`
+// takes.
+func providerNames() []string {
+	var names []string
+	for _, m := range caddy.GetModules(providerNamespace) {
+		names = append(names, m.ID.Name())
 	}
-	ctx, body, getBody := in.upstreamBody(ctx, in.bodyFor(ch))
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, body)
+	return names
+}
+
+// Transporter is a Provider that answers in-process, as mock does: its
+// round tripper stands where the channel's HTTP transport would.
+type Transporter interface {
+	Transport() http.RoundTripper
+}
+
+// Paths of the relayed Messages routes, as Call.Path gives them.
+const (
+	PathMessages    = "/v1/messages"
+	PathCountTokens = "/v1/messages/count_tokens"
+)
+
+// Call is one attempt's request, as a provider sees it. It is valid until
+// the attempt ends, and read-only.
+type Call struct {
+	// Channel is the name of the channel the attempt is on.
+	Channel string
+	// Path is the client's route: PathMessages or PathCountTokens.
+	Path string
+	// RawQuery is the client's query string, without '?'.
+	RawQuery string
+	// Header holds the client's request headers (ForwardHeaders copies
+	// the ones an upstream may see).
+	Header http.Header
+	// Model is the model id the upstream knows: the client's model, or a
+	// fallback of it, after the channel's mapping.
+	Model string
+	// Stream is the body's "stream": the client wants an event stream.
+	Stream bool
+
+	in     *inbound
+	mapped []byte // Body, once made
+}
+
+// Body is the client's body with its model replaced by Model, every other
+// byte as the client sent it. It may share the client's pooled buffer: it
+// must not be changed, and it is only sent safely through NewRequest.
+func (c *Call) Body() []byte {
+	in := c.in
+	if c.Model == in.model {
+		return in.body
+	}
+	if c.mapped == nil {
+		out := make([]byte, 0, len(in.body)+len(c.Model)-len(in.model))
+		out = append(out, in.body[:in.modelStart]...)
+		out = append(out, '"')
+		out = append(out, c.Model...)
+		out = append(out, '"')
+		c.mapped = append(out, in.body[in.modelEnd:]...)
+	}
+	return c.mapped
+}
+
+// NewRequest makes an upstream request with body, which may be Body()
+// itself: then the request tells the relay when the transport is done
+// with the client's buffer, which goes back to its pool only after that.
+func (c *Call) NewRequest(ctx context.Context, method, url string, body []byte) (*http.Request, error) {
+	ctx, rd, getBody := c.in.upstreamBody(ctx, body)
+	req, err := http.NewRequestWithContext(ctx, method, url, rd)
 	if err != nil {
 		return nil, err
 	}
 	req.GetBody = getBody
-	forwardHeaders(req.Header, in.header)
-	if ch.bearer {
-		req.Header.Set("Authorization", "Bearer "+ch.apiKey)
-	} else {
-		req.Header.Set("X-Api-Key", ch.apiKey)
-	}
 	return req, nil
+}
+
+// ForwardHeaders copies the client headers an upstream may see into dst:
+// every anthropic-* header, content-type, accept and user-agent.
+// Credentials, hop-by-hop headers and Host never pass.
+func (c *Call) ForwardHeaders(dst http.Header) { forwardHeaders(dst, c.Header) }
+
+// CountTokens reports whether the call counts tokens rather than asking
+// for a message.
+func (c *Call) CountTokens() bool { return c.Path == PathCountTokens }
+
+// UpstreamError is an upstream's error in Anthropic's terms, for a
+// provider whose upstream speaks another error shape: the status Anthropic
+// answers the same condition with (the classification table gives the
+// error type and what the relay does), and a message for the client.
+type UpstreamError struct {
+	Status    int
+	Message   string
+	RequestID string
+	// RefusesModel says that the upstream refused the model, not the
+	// credential: the relay sets the model aside on the channel instead of
+	// cooling it.
+	RefusesModel bool
+}
+
+// Response replaces resp with the Anthropic error, keeping resp's headers,
+// so the classification table and the client see what Anthropic would
+// send.
+func (e UpstreamError) Response(resp *http.Response) *http.Response {
+	out := withBody(resp, "application/json", (&relayError{typ: anthropicType(e.Status), msg: e.Message}).body(e.RequestID))
+	out.Body.(*translatedBody).modelRefusal = e.RefusesModel
+	out.StatusCode, out.Status = e.Status, strconv.Itoa(e.Status)+" "+http.StatusText(e.Status)
+	return out
 }
 
 // forwardHeaders copies the client headers an upstream may see: every
@@ -142,17 +243,6 @@ func betasFor(h http.Header, allowed []string) []string {
 			}
 		}
 	}
-	return out
-}
-
-// asAnthropicError replaces an upstream answer in another shape (a cloud's
-// error) with an Anthropic error of status and type, keeping its headers,
-// so the classification table and the client see what Anthropic would send.
-// modelRefusal says that the cloud refused the model, not the credential.
-func asAnthropicError(resp *http.Response, status int, typ, msg, requestID string, modelRefusal bool) *http.Response {
-	out := withBody(resp, "application/json", (&relayError{typ: typ, msg: msg}).body(requestID))
-	out.Body.(*translatedBody).modelRefusal = modelRefusal
-	out.StatusCode, out.Status = status, strconv.Itoa(status)+" "+http.StatusText(status)
 	return out
 }
 

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
@@ -22,6 +23,7 @@ import (
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 )
@@ -45,12 +47,52 @@ var defaultBedrockBetas = []string{
 // rejects with "Extra inputs are not permitted".
 var defaultBedrockStrip = []string{"service_tier", "inference_geo", "speed", "container", "mcp_servers", "cache_control"}
 
-// bedrockProvider speaks AWS Bedrock's InvokeModel: the model in the path,
+func init() {
+	caddy.RegisterModule(BedrockProvider{})
+}
+
+// BedrockProvider speaks AWS Bedrock's InvokeModel: the model in the path,
 // the body without model and stream but with anthropic_version and the
-// betas, SigV4 (or a Bedrock API key), and an AWS event stream for streams.
-type bedrockProvider struct {
-	endpoint string // scheme://host of the runtime API
-	region   string
+// betas, SigV4 (or a Bedrock API key), and an AWS event stream for streams,
+// which becomes Anthropic's SSE.
+type BedrockProvider struct {
+	// Region is the AWS region the channel signs for: us-east-1... Required.
+	Region string `json:"region,omitempty"`
+
+	// URL is the runtime endpoint. Default: the region's
+	// (https://bedrock-runtime.<region>.amazonaws.com); set it to reach a
+	// VPC endpoint or a test server.
+	URL string `json:"url,omitempty"`
+
+	// AccessKeyID, SecretAccessKey and SessionToken are the AWS credentials,
+	// usually placeholders. Without them (and without an api_key), the AWS
+	// default credential chain is used: environment, shared config files,
+	// container and instance roles.
+	AccessKeyID     string `json:"access_key_id,omitempty"`
+	SecretAccessKey string `json:"secret_access_key,omitempty"`
+	SessionToken    string `json:"session_token,omitempty"`
+
+	// APIKey is a Bedrock API key, sent as a bearer token instead of SigV4
+	// credentials.
+	APIKey string `json:"api_key,omitempty"`
+
+	// AnthropicVersion is the `anthropic_version` put in the body when the
+	// request has none. Default: bedrock-2023-05-31.
+	AnthropicVersion string `json:"anthropic_version,omitempty"`
+
+	// Betas is the allow-list of anthropic-beta flags forwarded (in the
+	// body, as anthropic_beta); others are dropped, since Bedrock rejects a
+	// request with a flag it does not know. `*` forwards every flag.
+	// Default: the flags known to work on Bedrock.
+	Betas []string `json:"betas,omitempty"`
+
+	// StripFields lists top-level body fields removed, since Bedrock
+	// rejects fields it does not know. Default: service_tier,
+	// inference_geo, speed, container, mcp_servers and a top-level
+	// cache_control.
+	StripFields []string `json:"strip_fields,omitempty"`
+
+	endpoint string                  // scheme://host of the runtime API
 	creds    aws.CredentialsProvider // nil with an API key
 	apiKey   string
 	signer   *v4.Signer
@@ -59,91 +101,97 @@ type bedrockProvider struct {
 	drop     []string // body fields removed: model, stream and the stripped ones
 }
 
-// provisionBedrock sets up a channel to AWS Bedrock.
-func (r *Relay) provisionBedrock(ctx caddy.Context, cfg *Channel, ch *channel) error {
-	p := &bedrockProvider{
-		endpoint: "https://bedrock-runtime." + cfg.Region + ".amazonaws.com",
-		region:   cfg.Region,
-		signer:   v4.NewSigner(),
-		version:  cfg.AnthropicVersion,
-		betas:    cfg.Betas,
-		drop:     append([]string{"model", "stream"}, cfg.StripFields...),
+// CaddyModule returns the Caddy module information.
+func (BedrockProvider) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.relay.providers.bedrock",
+		New: func() caddy.Module { return new(BedrockProvider) },
 	}
-	if cfg.URL != "" {
-		p.endpoint = strings.TrimSuffix(cfg.URL, "/")
+}
+
+// check validates what needs no secret; the Caddyfile adapter runs it too.
+func (p *BedrockProvider) check() error {
+	switch {
+	case p.Region == "":
+		return fmt.Errorf("no region: a bedrock channel signs for one region")
+	case (p.AccessKeyID == "") != (p.SecretAccessKey == ""):
+		return fmt.Errorf("access_key_id and secret_access_key go together")
+	case p.APIKey != "" && p.AccessKeyID != "":
+		return fmt.Errorf("an api_key (bearer) and access keys (SigV4) exclude each other")
 	}
-	if p.version == "" {
-		p.version = bedrockVersion
+	return checkURL(p.URL)
+}
+
+// BaseURL implements Provider.
+func (p *BedrockProvider) BaseURL() string {
+	return strings.TrimSuffix(cmp.Or(p.URL, "https://bedrock-runtime."+p.Region+".amazonaws.com"), "/")
+}
+
+// Provision resolves the credentials; the default chain fetches nothing
+// until the first request.
+func (p *BedrockProvider) Provision(ctx caddy.Context) error {
+	if err := p.check(); err != nil {
+		return err
 	}
+	p.endpoint = p.BaseURL()
+	p.signer = v4.NewSigner()
+	p.version = cmp.Or(p.AnthropicVersion, bedrockVersion)
+	p.betas = p.Betas
 	if len(p.betas) == 0 {
 		p.betas = defaultBedrockBetas
 	}
-	if len(cfg.StripFields) == 0 {
+	p.drop = append([]string{"model", "stream"}, p.StripFields...)
+	if len(p.StripFields) == 0 {
 		p.drop = append(p.drop, defaultBedrockStrip...)
 	}
+	var err error
 	switch {
-	case cfg.APIKey != "":
-		key, err := r.channelSecret(cfg, "api_key", cfg.APIKey)
-		if err != nil {
+	case p.APIKey != "":
+		p.apiKey, err = providerSecret(ctx, "api_key", p.APIKey)
+	case p.AccessKeyID != "":
+		var id, secret, session string
+		if id, err = providerSecret(ctx, "access_key_id", p.AccessKeyID); err != nil {
 			return err
 		}
-		p.apiKey = key
-	case cfg.AccessKeyID != "":
-		id, err := r.channelSecret(cfg, "access_key_id", cfg.AccessKeyID)
-		if err != nil {
+		if secret, err = providerSecret(ctx, "secret_access_key", p.SecretAccessKey); err != nil {
 			return err
 		}
-		secret, err := r.channelSecret(cfg, "secret_access_key", cfg.SecretAccessKey)
-		if err != nil {
-			return err
-		}
-		var session string
-		if cfg.SessionToken != "" {
-			if session, err = r.channelSecret(cfg, "session_token", cfg.SessionToken); err != nil {
+		if p.SessionToken != "" {
+			if session, err = providerSecret(ctx, "session_token", p.SessionToken); err != nil {
 				return err
 			}
 		}
 		p.creds = credentials.NewStaticCredentialsProvider(id, secret, session)
 	default:
-		// the default chain; nothing is fetched until the first request
-		awsCfg, err := awsconfig.LoadDefaultConfig(ctx, awsconfig.WithRegion(cfg.Region))
-		if err != nil {
-			return fmt.Errorf("AWS default credentials: %v", err)
+		awsCfg, cerr := awsconfig.LoadDefaultConfig(ctx, awsconfig.WithRegion(p.Region))
+		if cerr != nil {
+			return fmt.Errorf("AWS default credentials: %v", cerr)
 		}
 		p.creds = awsCfg.Credentials
 	}
-	var err error
-	if ch.rt, err = r.loadTransport(ctx, cfg, strings.HasPrefix(p.endpoint, "https://")); err != nil {
-		return err
-	}
-	u, err := url.Parse(p.endpoint)
-	if err != nil {
-		return fmt.Errorf("url: %v", err)
-	}
-	ch.provider, ch.host = p, u.Host
-	return nil
+	return err
 }
 
-// newRequest implements provider.
-func (p *bedrockProvider) newRequest(ctx context.Context, ch *channel, in *inbound) (*http.Request, error) {
-	id := ch.upstreamModel(in.target)
-	body, err := cloudBody(in.body, p.version, p.drop)
+// NewRequest implements Provider.
+func (p *BedrockProvider) NewRequest(ctx context.Context, c *Call) (*http.Request, error) {
+	id := c.Model
+	body, err := cloudBody(c.Body(), p.version, p.drop)
 	if err != nil {
 		return nil, err
 	}
-	if betas := betasFor(in.header, p.betas); len(betas) > 0 && !gjson.GetBytes(body, "anthropic_beta").Exists() {
+	if betas := betasFor(c.Header, p.betas); len(betas) > 0 && !gjson.GetBytes(body, "anthropic_beta").Exists() {
 		if body, err = sjson.SetBytes(body, "anthropic_beta", betas); err != nil {
 			return nil, err
 		}
 	}
 	action := "invoke"
 	switch {
-	case in.route == routeCountTokens:
+	case c.CountTokens():
 		id, action = foundationModel(id), "count-tokens"
 		if body, err = countTokensBody(body); err != nil {
 			return nil, err
 		}
-	case in.stream:
+	case c.Stream:
 		action = "invoke-with-response-stream"
 	}
 	u, err := url.Parse(p.endpoint + "/model/" + url.PathEscape(id) + "/" + action)
@@ -155,20 +203,44 @@ func (p *bedrockProvider) newRequest(ctx context.Context, ch *channel, in *inbou
 		return nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	if in.stream && in.route == routeMessages {
+	if c.Stream && !c.CountTokens() {
 		req.Header.Set("X-Amzn-Bedrock-Accept", "application/json")
 	} else {
 		req.Header.Set("Accept", "application/json")
 	}
-	if ua := in.header.Get("User-Agent"); ua != "" {
+	if ua := c.Header.Get("User-Agent"); ua != "" {
 		req.Header.Set("User-Agent", ua)
 	}
 	return req, p.sign(ctx, req, body)
 }
 
+// UnmarshalCaddyfile reads the provider's lines of a channel block:
+//
+//	region            <region>
+//	url               <runtime endpoint>
+//	access_key_id     <id|{env.NAME}>
+//	secret_access_key <secret|{env.NAME}>
+//	session_token     <token|{env.NAME}>
+//	api_key           <bedrock api key|{env.NAME}>
+//	anthropic_version <version>
+//	betas             <flag>...|*
+//	strip_fields      <field>...
+func (p *BedrockProvider) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	return unmarshalProvider(d, p)
+}
+
+func (p *BedrockProvider) caddyfileOptions() options {
+	return options{
+		strings: map[string]*string{"region": &p.Region, "url": &p.URL, "access_key_id": &p.AccessKeyID,
+			"secret_access_key": &p.SecretAccessKey, "session_token": &p.SessionToken, "api_key": &p.APIKey,
+			"anthropic_version": &p.AnthropicVersion},
+		lists: map[string]*[]string{"betas": &p.Betas, "strip_fields": &p.StripFields},
+	}
+}
+
 // sign authenticates req: a Bedrock API key as a bearer token, or SigV4
 // over the final body (any later change would void the signature).
-func (p *bedrockProvider) sign(ctx context.Context, req *http.Request, body []byte) error {
+func (p *BedrockProvider) sign(ctx context.Context, req *http.Request, body []byte) error {
 	if p.apiKey != "" {
 		req.Header.Set("Authorization", "Bearer "+p.apiKey)
 		return nil
@@ -178,7 +250,7 @@ func (p *bedrockProvider) sign(ctx context.Context, req *http.Request, body []by
 		return fmt.Errorf("AWS credentials: %w", err)
 	}
 	sum := sha256.Sum256(body)
-	return p.signer.SignHTTP(ctx, creds, req, hex.EncodeToString(sum[:]), "bedrock", p.region, time.Now())
+	return p.signer.SignHTTP(ctx, creds, req, hex.EncodeToString(sum[:]), "bedrock", p.Region, time.Now())
 }
 
 // foundationModel strips a cross-region inference profile's prefix
@@ -203,27 +275,28 @@ func countTokensBody(invoke []byte) ([]byte, error) {
 		"body": base64.StdEncoding.EncodeToString(invoke)}}})
 }
 
-// response implements provider: errors become Anthropic errors, an event
+// Response implements Provider: errors become Anthropic errors, an event
 // stream becomes Anthropic's SSE, a CountTokens answer Anthropic's.
-func (p *bedrockProvider) response(resp *http.Response, in *inbound) (*http.Response, error) {
+func (p *BedrockProvider) Response(resp *http.Response, c *Call) (*http.Response, error) {
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		body, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 		if err != nil {
 			return nil, err
 		}
 		name := bedrockErrorName(resp.Header.Get("X-Amzn-Errortype"), body)
-		status, typ := bedrockError(name, resp.StatusCode, body)
-		msg := gjson.GetBytes(body, "message").String()
-		if msg == "" {
-			msg = gjson.GetBytes(body, "Message").String()
-		}
-		// Bedrock refuses a model the account may not invoke (not enabled,
-		// or outside the role's policy) with AccessDeniedException; bad
-		// credentials have exceptions of their own
-		modelRefusal := strings.EqualFold(name, "AccessDeniedException")
-		return asAnthropicError(resp, status, typ, "bedrock: "+strings.TrimSpace(name+": "+msg), resp.Header.Get("X-Amzn-Requestid"), modelRefusal), nil
+		msg := cmp.Or(gjson.GetBytes(body, "message").String(), gjson.GetBytes(body, "Message").String())
+		return UpstreamError{
+			Status:    bedrockStatus(name, resp.StatusCode, body),
+			Message:   "bedrock: " + strings.TrimSpace(name+": "+msg),
+			RequestID: resp.Header.Get("X-Amzn-Requestid"),
+			// Bedrock refuses a model the account may not invoke (not
+			// enabled, or outside the role's policy) with
+			// AccessDeniedException; bad credentials have exceptions of
+			// their own
+			RefusesModel: strings.EqualFold(name, "AccessDeniedException"),
+		}.Response(resp), nil
 	}
-	if in.route == routeCountTokens {
+	if c.CountTokens() {
 		body, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 		if err != nil {
 			return nil, err
@@ -279,18 +352,18 @@ var bedrockStatuses = map[string]int{
 	"serviceunavailableexception":   529,
 }
 
-// bedrockError is the Anthropic status and type of a Bedrock exception
-// (names compare case-insensitively: streams use lowerCamel). A model
-// stream error carries the model's own status.
-func bedrockError(name string, status int, body []byte) (int, string) {
+// bedrockStatus is the Anthropic status of a Bedrock exception (names
+// compare case-insensitively: streams use lowerCamel). A model stream error
+// carries the model's own status.
+func bedrockStatus(name string, status int, body []byte) int {
 	if strings.EqualFold(name, "ModelStreamErrorException") {
 		if orig := int(gjson.GetBytes(body, "originalStatusCode").Int()); orig != 0 {
-			status = orig
+			return orig
 		}
 	} else if s, ok := bedrockStatuses[strings.ToLower(name)]; ok {
-		status = s
+		return s
 	}
-	return status, anthropicType(status)
+	return status
 }
 
 // eventStreamSSE turns Bedrock's AWS event stream into the exact SSE
@@ -335,8 +408,7 @@ func (c *eventStreamSSE) next() {
 		}
 	case eventstreamapi.ExceptionMessageType:
 		name := header(msg, eventstreamapi.ExceptionTypeHeader)
-		_, typ := bedrockError(name, 500, msg.Payload)
-		c.fail(typ, name+": "+gjson.GetBytes(msg.Payload, "message").String())
+		c.fail(anthropicType(bedrockStatus(name, 500, msg.Payload)), name+": "+gjson.GetBytes(msg.Payload, "message").String())
 	case eventstreamapi.ErrorMessageType:
 		c.fail("api_error", header(msg, eventstreamapi.ErrorCodeHeader)+": "+header(msg, eventstreamapi.ErrorMessageHeader))
 	}
@@ -385,3 +457,10 @@ func header(m eventstream.Message, name string) string {
 	}
 	return ""
 }
+
+// Interface guards
+var (
+	_ Provider              = (*BedrockProvider)(nil)
+	_ caddy.Provisioner     = (*BedrockProvider)(nil)
+	_ caddyfile.Unmarshaler = (*BedrockProvider)(nil)
+)

@@ -250,7 +250,7 @@ func TestBedrockExceptionsInTheStream(t *testing.T) {
 }
 
 func TestBedrockErrorsMapOntoAnthropicErrors(t *testing.T) {
-	p := &bedrockProvider{}
+	p := &BedrockProvider{}
 	tests := []struct {
 		name, header string
 		status       int
@@ -282,7 +282,7 @@ func TestBedrockErrorsMapOntoAnthropicErrors(t *testing.T) {
 				resp.Header.Set("X-Amzn-ErrorType", tt.header)
 			}
 			resp.Header.Set("Retry-After", "7")
-			out, err := p.response(resp, &inbound{route: routeMessages})
+			out, err := p.Response(resp, &Call{Path: PathMessages})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -296,6 +296,9 @@ func TestBedrockErrorsMapOntoAnthropicErrors(t *testing.T) {
 			}
 			if out.Header.Get("Retry-After") != "7" {
 				t.Errorf("the upstream's retry-after must survive the translation")
+			}
+			if refused := providerRefusedModel(out); refused != (tt.name == "access denied") {
+				t.Errorf("refuses the model = %v: only AccessDeniedException refuses the model, not the credential", refused)
 			}
 		})
 	}

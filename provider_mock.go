@@ -2,7 +2,10 @@ package relay
 
 import (
 	"bytes"
+	"cmp"
+	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net/http"
@@ -10,15 +13,105 @@ import (
 	"strings"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/tidwall/gjson"
 )
 
-// mockTransport answers Anthropic requests in-process, so the relay can be
-// tried, and clients chaos-tested, without any credential. It sits where a
-// channel's HTTP transport would, so a mock answer goes through exactly the
-// same classification, commit point and streaming as a real one.
+func init() {
+	caddy.RegisterModule(MockProvider{})
+}
+
+// MockProvider answers Anthropic requests in-process, so the relay can be
+// tried, and clients chaos-tested, without any credential: a plausible
+// Messages reply or SSE stream whose text names the channel, with correct
+// usage numbers. Its answers go through exactly the same classification,
+// commit point and streaming as a real upstream's.
+type MockProvider struct {
+	// Latency is how long it waits before answering.
+	Latency caddy.Duration `json:"latency,omitempty"`
+
+	// ReplyTokens is the length of its reply in tokens (`tokens <n>` in the
+	// Caddyfile), capped by the request's max_tokens. Default: 16.
+	ReplyTokens int `json:"reply_tokens,omitempty"`
+
+	// FailRate is the fraction of requests (0 to 1) answered with a 529
+	// overloaded_error.
+	FailRate float64 `json:"fail_rate,omitempty"`
+
+	transport *mockTransport
+}
+
+// CaddyModule returns the Caddy module information.
+func (MockProvider) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.relay.providers.mock",
+		New: func() caddy.Module { return new(MockProvider) },
+	}
+}
+
+// check validates the options; the Caddyfile adapter runs it too.
+func (p *MockProvider) check() error {
+	if p.FailRate < 0 || p.FailRate > 1 {
+		return fmt.Errorf("fail_rate must be between 0 and 1")
+	}
+	if p.ReplyTokens < 0 || p.Latency < 0 {
+		return fmt.Errorf("tokens and latency must not be negative")
+	}
+	return nil
+}
+
+// Provision implements caddy.Provisioner.
+func (p *MockProvider) Provision(caddy.Context) error {
+	if err := p.check(); err != nil {
+		return err
+	}
+	p.transport = &mockTransport{latency: time.Duration(p.Latency), tokens: cmp.Or(p.ReplyTokens, defaultMockTokens), failRate: p.FailRate}
+	return nil
+}
+
+// BaseURL implements Provider. Nothing is dialed: each mock channel counts
+// as its own upstream host.
+func (*MockProvider) BaseURL() string { return "http://mock.invalid" }
+
+// Transport implements Transporter: the answers are made in-process.
+func (p *MockProvider) Transport() http.RoundTripper { return p.transport }
+
+// NewRequest implements Provider.
+func (p *MockProvider) NewRequest(ctx context.Context, c *Call) (*http.Request, error) {
+	req, err := c.NewRequest(ctx, http.MethodPost, p.BaseURL()+c.Path, c.Body())
+	if err == nil {
+		req.Header.Set(mockChannelHeader, c.Channel)
+	}
+	return req, err
+}
+
+// mockChannelHeader tells the in-process transport which channel it
+// answers for.
+const mockChannelHeader = "X-Relay-Mock-Channel"
+
+// Response implements Provider: the mock answers in Anthropic's wire.
+func (*MockProvider) Response(resp *http.Response, _ *Call) (*http.Response, error) {
+	return resp, nil
+}
+
+// UnmarshalCaddyfile reads the provider's lines of a channel block:
+//
+//	latency   <duration>
+//	tokens    <n>         (the reply length; N/period is the channel's limit)
+//	fail_rate <fraction|percent>
+func (p *MockProvider) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	return unmarshalProvider(d, p)
+}
+
+func (p *MockProvider) caddyfileOptions() options {
+	return options{ints: map[string]*int{"tokens": &p.ReplyTokens}, durations: map[string]*caddy.Duration{"latency": &p.Latency},
+		ratios: map[string]*float64{"fail_rate": &p.FailRate}}
+}
+
+// mockTransport makes the mock's answers, where a channel's HTTP transport
+// would send the request.
 type mockTransport struct {
-	channel  string
 	latency  time.Duration
 	tokens   int
 	failRate float64
@@ -26,16 +119,9 @@ type mockTransport struct {
 
 const defaultMockTokens = 16
 
-func newMockTransport(cfg *Channel) *mockTransport {
-	m := &mockTransport{channel: cfg.Name, latency: time.Duration(cfg.Latency), tokens: cfg.ReplyTokens, failRate: cfg.FailRate}
-	if m.tokens == 0 {
-		m.tokens = defaultMockTokens
-	}
-	return m
-}
-
 // RoundTrip implements http.RoundTripper.
 func (m *mockTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	channel := req.Header.Get(mockChannelHeader)
 	body, err := io.ReadAll(req.Body)
 	_ = req.Body.Close()
 	if err != nil {
@@ -53,7 +139,7 @@ func (m *mockTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	id := "req_mock_" + strconv.FormatUint(rand.Uint64(), 36)
 	if m.failRate > 0 && rand.Float64() < m.failRate {
 		return mockResponse(req, 529, "application/json", id,
-			[]byte(`{"type":"error","error":{"type":"overloaded_error","message":"Overloaded (mock channel `+m.channel+` fail_rate)"},"request_id":"`+id+`"}`)), nil
+			[]byte(`{"type":"error","error":{"type":"overloaded_error","message":"Overloaded (mock channel `+channel+` fail_rate)"},"request_id":"`+id+`"}`)), nil
 	}
 	inputTokens := max(1, len(body)/4) // the usual rough estimate of 4 bytes a token
 	if strings.HasSuffix(req.URL.Path, "/count_tokens") {
@@ -64,7 +150,7 @@ func (m *mockTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if mt := gjson.GetBytes(body, "max_tokens"); mt.Exists() && int(mt.Int()) < out {
 		out = max(int(mt.Int()), 0)
 	}
-	words := m.reply(out)
+	words := mockReply(channel, out)
 	msgID := "msg_mock_" + strconv.FormatUint(rand.Uint64(), 36)
 	stop := "end_turn"
 	if out < m.tokens {
@@ -76,10 +162,10 @@ func (m *mockTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return mockResponse(req, 200, "application/json", id, mockMessage(msgID, model, strings.Join(words, ""), stop, inputTokens, out)), nil
 }
 
-// reply returns n tokens of text (one word each) that say which channel
-// answered.
-func (m *mockTransport) reply(n int) []string {
-	base := strings.Fields(m.channel + ": hello from caddy-relay's mock provider. This reply is made in-process; no upstream was called.")
+// mockReply returns n tokens of text (one word each) that say which
+// channel answered.
+func mockReply(channel string, n int) []string {
+	base := strings.Fields(channel + ": hello from caddy-relay's mock provider. This reply is made in-process; no upstream was called.")
 	words := make([]string, n)
 	for i := range words {
 		w := base[i%len(base)]
@@ -206,3 +292,11 @@ func mockStream(id, model string, words []string, stop string, in, out int) []by
 	event("message_stop", mockTyped{Type: "message_stop"})
 	return b.Bytes()
 }
+
+// Interface guards
+var (
+	_ Provider              = (*MockProvider)(nil)
+	_ Transporter           = (*MockProvider)(nil)
+	_ caddy.Provisioner     = (*MockProvider)(nil)
+	_ caddyfile.Unmarshaler = (*MockProvider)(nil)
+)

@@ -14,6 +14,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 )
@@ -34,10 +35,43 @@ const (
 // defaultVertexStrip are the top-level fields Vertex does not know.
 var defaultVertexStrip = []string{"service_tier", "inference_geo", "speed"}
 
-// vertexProvider speaks Vertex AI's rawPredict wire: the model in the URL,
-// anthropic_version in the body, betas in the anthropic-beta header, a
-// Google OAuth2 access token, Google-shaped errors.
-type vertexProvider struct {
+func init() {
+	caddy.RegisterModule(VertexProvider{})
+}
+
+// VertexProvider speaks Google Vertex AI's rawPredict wire: the model in the
+// URL, anthropic_version in the body, betas in the anthropic-beta header, a
+// Google OAuth2 access token refreshed off the request path, and
+// Google-shaped errors, which become Anthropic's.
+type VertexProvider struct {
+	// Project is the Google Cloud project. Required.
+	Project string `json:"project,omitempty"`
+
+	// Region is the Google Cloud region (us-east5, europe-west1...) or the
+	// global, us and eu endpoints. Required.
+	Region string `json:"region,omitempty"`
+
+	// URL is the API endpoint. Default: the region's.
+	URL string `json:"url,omitempty"`
+
+	// CredentialsFile is the path of a Google credentials file (a service
+	// account key, or another type Google's libraries take). Default:
+	// Google's application default credentials.
+	CredentialsFile string `json:"credentials_file,omitempty"`
+
+	// AnthropicVersion is the `anthropic_version` put in the body when the
+	// request has none. Default: vertex-2023-10-16.
+	AnthropicVersion string `json:"anthropic_version,omitempty"`
+
+	// Betas is the allow-list of anthropic-beta flags forwarded; `*`
+	// forwards every flag. Default: every flag.
+	Betas []string `json:"betas,omitempty"`
+
+	// StripFields lists top-level body fields removed, since Vertex
+	// rejects fields it does not know. Default: service_tier,
+	// inference_geo and speed.
+	StripFields []string `json:"strip_fields,omitempty"`
+
 	models      string   // .../publishers/anthropic/models/, to which {model}:{method} is appended
 	version     string   // anthropic_version when the body has none
 	strip       []string // removed from every body
@@ -46,45 +80,77 @@ type vertexProvider struct {
 	auth        *vertexAuth
 }
 
-// provisionVertex sets up a channel to Google Vertex AI. It reads and checks
-// the credentials but fetches no token: `caddy validate` provisions without
-// network, and missing application default credentials fail requests (which
-// fail over), not the config.
-func (r *Relay) provisionVertex(ctx caddy.Context, cfg *Channel, ch *channel) error {
-	if !validVertexRegion(cfg.Region) {
-		return fmt.Errorf("region %q is not a Google Cloud region (us-east5, europe-west1, global, us, eu...)", cfg.Region)
+// CaddyModule returns the Caddy module information.
+func (VertexProvider) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.relay.providers.vertex",
+		New: func() caddy.Module { return new(VertexProvider) },
 	}
-	base := cmp.Or(strings.TrimSuffix(cfg.URL, "/"), vertexEndpoint(cfg.Region))
-	u, err := url.Parse(base)
-	if err != nil {
-		return fmt.Errorf("url: %v", err)
+}
+
+// check validates what needs no file or network; the Caddyfile adapter
+// runs it too.
+func (p *VertexProvider) check() error {
+	if p.Project == "" || p.Region == "" {
+		return fmt.Errorf("a vertex channel needs a project and a region")
 	}
-	auth, err := r.vertexAuth(ctx, cfg)
+	if !validVertexRegion(p.Region) {
+		return fmt.Errorf("region %q is not a Google Cloud region (us-east5, europe-west1, global, us, eu...)", p.Region)
+	}
+	return checkURL(p.URL)
+}
+
+// BaseURL implements Provider.
+func (p *VertexProvider) BaseURL() string {
+	return cmp.Or(strings.TrimSuffix(p.URL, "/"), vertexEndpoint(p.Region))
+}
+
+// Provision reads and checks the credentials but fetches no token: `caddy
+// validate` provisions without network, and missing application default
+// credentials fail requests (which fail over), not the config.
+func (p *VertexProvider) Provision(ctx caddy.Context) error {
+	if err := p.check(); err != nil {
+		return err
+	}
+	auth, err := loadVertexAuth(ctx, p.CredentialsFile)
 	if err != nil {
 		return err
 	}
-	if ch.rt, err = r.loadTransport(ctx, cfg, u.Scheme == "https"); err != nil {
-		return err
+	p.auth = auth
+	p.strip = p.StripFields
+	if len(p.strip) == 0 {
+		p.strip = defaultVertexStrip
 	}
-	strip := cfg.StripFields
-	if len(strip) == 0 {
-		strip = defaultVertexStrip
+	p.betas = p.Betas
+	if len(p.betas) == 0 {
+		p.betas = []string{"*"}
 	}
-	betas := cfg.Betas
-	if len(betas) == 0 {
-		betas = []string{"*"}
-	}
-	ch.host = u.Host
-	ch.provider = vertexProvider{
-		models: base + "/v1/projects/" + url.PathEscape(cfg.Project) + "/locations/" + url.PathEscape(cfg.Region) +
-			"/publishers/anthropic/models/",
-		version:     cmp.Or(cfg.AnthropicVersion, vertexVersion),
-		strip:       strip,
-		stripModels: append([]string{"model"}, strip...),
-		betas:       betas,
-		auth:        auth,
-	}
+	p.models = p.BaseURL() + "/v1/projects/" + url.PathEscape(p.Project) + "/locations/" + url.PathEscape(p.Region) +
+		"/publishers/anthropic/models/"
+	p.version = cmp.Or(p.AnthropicVersion, vertexVersion)
+	p.stripModels = append([]string{"model"}, p.strip...)
 	return nil
+}
+
+// UnmarshalCaddyfile reads the provider's lines of a channel block:
+//
+//	project           <project>
+//	region            <region>
+//	url               <endpoint>
+//	credentials_file  <path>
+//	anthropic_version <version>
+//	betas             <flag>...|*
+//	strip_fields      <field>...
+func (p *VertexProvider) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	return unmarshalProvider(d, p)
+}
+
+func (p *VertexProvider) caddyfileOptions() options {
+	return options{
+		strings: map[string]*string{"project": &p.Project, "region": &p.Region, "url": &p.URL,
+			"credentials_file": &p.CredentialsFile, "anthropic_version": &p.AnthropicVersion},
+		lists: map[string]*[]string{"betas": &p.Betas, "strip_fields": &p.StripFields},
+	}
 }
 
 // vertexEndpoint is the API endpoint of a region, as the Anthropic SDKs
@@ -112,26 +178,26 @@ func validVertexRegion(s string) bool {
 	return true
 }
 
-// newRequest implements provider. Messages go to {model}:rawPredict or
+// NewRequest implements Provider. Messages go to {model}:rawPredict or
 // :streamRawPredict without their model; token counts go to
 // count-tokens:rawPredict with it. The query string (?beta=true) has no
 // meaning on Vertex and stays behind.
-func (p vertexProvider) newRequest(ctx context.Context, ch *channel, in *inbound) (*http.Request, error) {
+func (p *VertexProvider) NewRequest(ctx context.Context, c *Call) (*http.Request, error) {
 	var u string
 	var body []byte
 	var err error
-	if in.route == routeCountTokens {
+	if c.CountTokens() {
 		u = p.models + "count-tokens:rawPredict"
-		if body, err = vertexCountBody(in.bodyFor(ch), ch.upstreamModel(in.target)); err == nil {
+		if body, err = vertexCountBody(c.Body(), c.Model); err == nil {
 			body, err = cloudBody(body, p.version, p.strip)
 		}
 	} else {
 		method := ":rawPredict"
-		if in.stream {
+		if c.Stream {
 			method = ":streamRawPredict"
 		}
-		u = p.models + url.PathEscape(ch.upstreamModel(in.target)) + method
-		body, err = cloudBody(in.body, p.version, p.stripModels)
+		u = p.models + url.PathEscape(c.Model) + method
+		body, err = cloudBody(c.Body(), p.version, p.stripModels)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("vertex: rewriting the body: %v", err)
@@ -140,15 +206,13 @@ func (p vertexProvider) newRequest(ctx context.Context, ch *channel, in *inbound
 	if err != nil {
 		return nil, err
 	}
-	ctx, rd, getBody := in.upstreamBody(ctx, body)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, rd)
+	req, err := c.NewRequest(ctx, http.MethodPost, u, body)
 	if err != nil {
 		return nil, err
 	}
-	req.GetBody = getBody
-	forwardHeaders(req.Header, in.header)
+	c.ForwardHeaders(req.Header)
 	req.Header.Del("Anthropic-Beta")
-	if betas := betasFor(in.header, p.betas); len(betas) > 0 {
+	if betas := betasFor(c.Header, p.betas); len(betas) > 0 {
 		req.Header.Set("Anthropic-Beta", strings.Join(betas, ","))
 	}
 	req.Header.Set("Authorization", "Bearer "+token)
@@ -167,11 +231,11 @@ func vertexCountBody(body []byte, model string) ([]byte, error) {
 	return body, nil
 }
 
-// response implements provider. Successes (SSE included) are Anthropic's
+// Response implements Provider. Successes (SSE included) are Anthropic's
 // wire already, and so are the model's own errors; Google's platform errors
 // ({"error":{"code","message","status"}}, sometimes in an array) become the
 // Anthropic error the classification table and the SDKs expect.
-func (vertexProvider) response(resp *http.Response, _ *inbound) (*http.Response, error) {
+func (*VertexProvider) Response(resp *http.Response, _ *Call) (*http.Response, error) {
 	if resp.StatusCode >= 200 && resp.StatusCode <= 299 {
 		return resp, nil
 	}
@@ -179,7 +243,7 @@ func (vertexProvider) response(resp *http.Response, _ *inbound) (*http.Response,
 	if err != nil {
 		return nil, err
 	}
-	status, typ, msg, translate := vertexError(resp.StatusCode, body)
+	status, msg, translate := vertexError(resp.StatusCode, body)
 	if !translate {
 		out := *resp
 		out.Body = io.NopCloser(bytes.NewReader(body))
@@ -187,7 +251,7 @@ func (vertexProvider) response(resp *http.Response, _ *inbound) (*http.Response,
 	}
 	// every URL names the model, and a bad credential is UNAUTHENTICATED
 	// (401): a 403 refuses the model
-	return asAnthropicError(resp, status, typ, msg, "", status == http.StatusForbidden), nil
+	return UpstreamError{Status: status, Message: msg, RefusesModel: status == http.StatusForbidden}.Response(resp), nil
 }
 
 // vertexStatuses maps Google's canonical error statuses onto the status
@@ -211,11 +275,11 @@ var vertexStatuses = map[string]int{
 
 // vertexError reads a non-2xx Vertex body: translate is false for an
 // Anthropic error, which passes unchanged; otherwise it gives the Anthropic
-// status, type and message to answer with.
-func vertexError(status int, body []byte) (_ int, typ, msg string, translate bool) {
+// status and the message to answer with.
+func vertexError(status int, body []byte) (_ int, msg string, translate bool) {
 	root := gjson.ParseBytes(body)
 	if root.Get("type").String() == "error" && root.Get("error.type").Type == gjson.String {
-		return status, "", "", false
+		return status, "", false
 	}
 	g := root
 	if g.IsArray() {
@@ -225,9 +289,9 @@ func vertexError(status int, body []byte) (_ int, typ, msg string, translate boo
 		name := e.Get("status").String()
 		msg = "vertex: " + strings.Join(nonEmpty(name, e.Get("message").String()), ": ")
 		if st, ok := vertexStatuses[name]; ok {
-			return st, anthropicType(st), msg, true
+			return st, msg, true
 		}
-		return status, anthropicType(status), msg, true
+		return status, msg, true
 	}
 	msg = fmt.Sprintf("vertex: HTTP %d %s", status, http.StatusText(status))
 	if s := strings.Join(strings.Fields(string(body)), " "); s != "" && utf8.ValidString(s) {
@@ -236,7 +300,7 @@ func vertexError(status int, body []byte) (_ int, typ, msg string, translate boo
 		}
 		msg += ": " + s
 	}
-	return status, anthropicType(status), msg, true
+	return status, msg, true
 }
 
 // nonEmpty returns the strings of ss that are not empty.
@@ -246,6 +310,8 @@ func nonEmpty(ss ...string) []string {
 
 // Interface guards
 var (
-	_ provider         = vertexProvider{}
-	_ caddy.Destructor = (*vertexAuth)(nil)
+	_ Provider              = (*VertexProvider)(nil)
+	_ caddy.Provisioner     = (*VertexProvider)(nil)
+	_ caddyfile.Unmarshaler = (*VertexProvider)(nil)
+	_ caddy.Destructor      = (*vertexAuth)(nil)
 )

@@ -437,7 +437,7 @@ func TestVertexErrorsMapOntoAnthropicErrors(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			in := &http.Response{StatusCode: c.status, Status: fmt.Sprint(c.status), Header: http.Header{"Retry-After": {"7"}, "Content-Type": {"application/json"}},
 				Body: io.NopCloser(strings.NewReader(c.body))}
-			resp, err := vertexProvider{}.response(in, nil)
+			resp, err := (&VertexProvider{}).Response(in, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -470,7 +470,7 @@ func TestVertexErrorsMapOntoAnthropicErrors(t *testing.T) {
 
 	// a success passes untouched, body unread
 	ok := &http.Response{StatusCode: 200, Body: io.NopCloser(strings.NewReader("event: ping\n\n"))}
-	if resp, err := (vertexProvider{}).response(ok, nil); err != nil || resp != ok {
+	if resp, err := (&VertexProvider{}).Response(ok, nil); err != nil || resp != ok {
 		t.Errorf("2xx replaced: %v", err)
 	}
 }

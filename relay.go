@@ -6,7 +6,6 @@
 package relay
 
 import (
-	"cmp"
 	"context"
 	"crypto/sha256"
 	"fmt"
@@ -139,7 +138,7 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 	// start their probes
 	for _, cfg := range r.Channels {
 		ch := channels[cfg.Name]
-		owner := channelOwner{relay: r, provider: cmp.Or(cfg.Provider, providerAnthropic), groups: r.groupsOf(cfg.Name)}
+		owner := channelOwner{relay: r, provider: ch.providerName(), groups: r.groupsOf(cfg.Name)}
 		for _, g := range owner.groups {
 			owner.queues = append(owner.queues, &r.groups[g].state.queue)
 		}

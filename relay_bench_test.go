@@ -37,7 +37,7 @@ func benchServe(b *testing.B, body string) {
 	}
 	r := &Relay{
 		Keys:     []*Key{{Secret: "sk-" + name, Group: name, Name: name}},
-		Channels: []*Channel{{Name: name, URL: up.URL, APIKey: "{env.HOME}", Models: []string{"claude-sonnet-4-5"}}},
+		Channels: []*Channel{{Name: name, UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", "{env.HOME}"), Models: []string{"claude-sonnet-4-5"}}},
 		Groups:   []*Group{{Name: name, Channels: []string{name}}},
 	}
 	provisionHandler(b, r)

@@ -37,9 +37,9 @@ const (
 func (rt route) upstreamPath() string {
 	switch rt {
 	case routeMessages:
-		return "/v1/messages"
+		return PathMessages
 	case routeCountTokens:
-		return "/v1/messages/count_tokens"
+		return PathCountTokens
 	}
 	return ""
 }
@@ -47,9 +47,9 @@ func (rt route) upstreamPath() string {
 // routeByPath returns the relayed route of a path, or 0.
 func routeByPath(p string) route {
 	switch p {
-	case "/v1/messages":
+	case PathMessages:
 		return routeMessages
-	case "/v1/messages/count_tokens":
+	case PathCountTokens:
 		return routeCountTokens
 	}
 	return 0
@@ -160,6 +160,7 @@ type inbound struct {
 	estimate   int64 // input tokens guessed at admission, for the token limits
 	fallbacks  int   // fallback models tried so far
 
+	call    Call          // the current attempt's, for its provider
 	bodyBuf *bytes.Buffer // the pooled buffer behind body; nil once released
 	// writing counts the upstream requests whose transport may still read
 	// body: net/http may write a request body even after RoundTrip returned,
@@ -391,20 +392,13 @@ func (in *inbound) sessionID() string {
 	return "key:" + in.key.name
 }
 
-// bodyFor returns the body to send to ch: the client's bytes, with the
-// model's value replaced when the channel maps it to another name, or when
-// a fallback model serves the request.
-func (in *inbound) bodyFor(ch *channel) []byte {
-	up := ch.upstreamModel(in.target)
-	if up == in.model {
-		return in.body
-	}
-	out := make([]byte, 0, len(in.body)+len(up)-len(in.model))
-	out = append(out, in.body[:in.modelStart]...)
-	out = append(out, '"')
-	out = append(out, up...)
-	out = append(out, '"')
-	return append(out, in.body[in.modelEnd:]...)
+// callFor is the Call of an attempt of the request on ch: the request as
+// the channel's provider sees it. One Call serves the request's attempts in
+// turn.
+func (in *inbound) callFor(ch *channel) *Call {
+	in.call = Call{Channel: ch.name, Path: in.route.upstreamPath(), RawQuery: in.rawQuery, Header: in.header,
+		Model: ch.upstreamModel(in.target), Stream: in.stream, in: in}
+	return &in.call
 }
 
 // newRequestID returns the id that names a request in the x-relay-request-id

@@ -184,7 +184,7 @@ func TestInboundInspectRejects(t *testing.T) {
 	}
 }
 
-func TestInboundBodyFor(t *testing.T) {
+func TestCallBodyMapsTheModelOnly(t *testing.T) {
 	mapped := &channel{name: "mapped", models: map[string]string{
 		"claude-sonnet-4-5": "us.anthropic.claude-sonnet-4-5-20250929-v1:0",
 		"claude-haiku-4-5":  "claude-haiku-4-5",
@@ -257,7 +257,7 @@ func TestInboundBodyFor(t *testing.T) {
 			if rerr := in.inspect(); rerr != nil {
 				t.Fatalf("inspect: %s", rerr.msg)
 			}
-			got := in.bodyFor(tt.ch)
+			got := in.callFor(tt.ch).Body()
 			if tt.want == "" {
 				if len(got) != len(body) || &got[0] != &body[0] {
 					t.Errorf("got a different body %q, want the client's bytes unchanged and uncopied", got)
@@ -422,9 +422,9 @@ func TestSharedBodyIsFreedOnceTheTransportWroteIt(t *testing.T) {
 	if err := in.inspect(); err != nil {
 		t.Fatal(err)
 	}
-	ch := &channel{name: "shared", apiKey: "k"}
-	ch.urls[routeMessages] = up.URL + "/v1/messages"
-	req, err := anthropicProvider{}.newRequest(context.Background(), ch, in)
+	ch := &channel{name: "shared"}
+	p := &AnthropicProvider{base: up.URL, apiKey: "k"}
+	req, err := p.NewRequest(context.Background(), in.callFor(ch))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -446,7 +446,7 @@ func TestSharedBodyIsFreedOnceTheTransportWroteIt(t *testing.T) {
 
 	// a mapped model is a copy: it shares nothing with the pooled buffer
 	ch.models = map[string]string{"claude-sonnet-4-5": "upstream-name"}
-	if _, err := (anthropicProvider{}).newRequest(context.Background(), ch, in); err != nil || in.writing.Load() != 0 {
+	if _, err := p.NewRequest(context.Background(), in.callFor(ch)); err != nil || in.writing.Load() != 0 {
 		t.Errorf("a copied body must not count as sharing the buffer: %d", in.writing.Load())
 	}
 }

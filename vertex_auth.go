@@ -30,12 +30,13 @@ import (
 // no token fetch on the request path.
 var vertexAuths = caddy.NewUsagePool()
 
-// vertexAuth returns the channel's token keeper, from the pool, and gives it
-// back when the config ends.
-func (r *Relay) vertexAuth(ctx caddy.Context, cfg *Channel) (*vertexAuth, error) {
+// loadVertexAuth returns the token keeper of the channel ctx provisions,
+// from the pool, and gives it back when the config ends.
+func loadVertexAuth(ctx caddy.Context, credentialsFile string) (*vertexAuth, error) {
+	name := channelOf(ctx)
 	var creds []byte // nil: application default credentials
-	if cfg.CredentialsFile != "" {
-		path, err := resolveSecret(cfg.CredentialsFile)
+	if credentialsFile != "" {
+		path, err := resolveSecret(credentialsFile)
 		if err != nil {
 			return nil, fmt.Errorf("credentials_file: %w", err)
 		}
@@ -47,18 +48,18 @@ func (r *Relay) vertexAuth(ctx caddy.Context, cfg *Channel) (*vertexAuth, error)
 		}
 	}
 	sum := sha256.Sum256(creds)
-	key := cfg.Name + "\x00" + hex.EncodeToString(sum[:])
+	key := name + "\x00" + hex.EncodeToString(sum[:])
 	if creds == nil {
-		key = cfg.Name + "\x00adc"
+		key = name + "\x00adc"
 	}
 	v, _, err := vertexAuths.LoadOrNew(key, func() (caddy.Destructor, error) {
-		return newVertexAuth(cfg.Name, creds), nil
+		return newVertexAuth(name, creds), nil
 	})
 	if err != nil {
 		return nil, err
 	}
 	a := v.(*vertexAuth)
-	a.logger.Store(r.logger)
+	a.logger.Store(ctx.Logger())
 	go func() {
 		<-ctx.Done()
 		_, _ = vertexAuths.Delete(key)
