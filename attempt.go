@@ -102,12 +102,7 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 		if refusesModel(resp.StatusCode, body, providerRefusedModel(resp), call.Model) {
 			v.outcome, v.reason, v.model = outcomeModelRefused, "model refused", in.target
 		}
-		res := attemptResult{verdict: v, channel: ch, firstByte: firstByteTime, status: resp.StatusCode, header: resp.Header, body: body}
-		if !v.outcome.retryable() {
-			r.writeLast(w, in, res, n)
-			res.done = true
-		}
-		return res
+		return attemptResult{verdict: v, channel: ch, firstByte: firstByteTime, status: resp.StatusCode, header: resp.Header, body: body}
 	}
 
 	if isEventStream(resp.Header) {

@@ -78,18 +78,6 @@ func errCapability(fields string) *relayError {
 		msg: "no live channel of this group allows " + fields, noRetry: true}
 }
 
-// codeBusy marks the pick that found every channel busy: the request
-// queues, or gets errQueue.
-const codeBusy = "channels_busy"
-
-func errAllBusy(freeAt, now time.Time) *relayError {
-	e := &relayError{status: http.StatusTooManyRequests, typ: "rate_limit_error", code: codeBusy, msg: "every channel is at its limit"}
-	if !freeAt.IsZero() {
-		e.retryAfter = freeAt.Sub(now)
-	}
-	return e
-}
-
 // errQueue answers a request that could not wait for a busy channel: the
 // queue was full, or its class's max_wait passed.
 func errQueue(msg string, wait time.Duration) *relayError {

@@ -48,7 +48,7 @@ func BenchmarkAdmitAndSelect(b *testing.B) {
 			b.Fatal("key refused")
 		}
 		sel := selection{model: "claude-sonnet-4-5", tried: triedBuf[:0], rand: defaultRand, now: now}
-		ch, rerr := k.group.pick(&sel)
+		ch, rerr := pickErr(k.group, &sel)
 		if ch == nil {
 			b.Fatal(rerr)
 		}

@@ -31,19 +31,19 @@ const (
 )
 
 // serveModels answers GET /v1/models and GET /v1/models/{id} from the
-// models the key's group lists, without calling any upstream. A channel that
-// serves every model adds no names.
-func serveModels(w http.ResponseWriter, req *http.Request, in *inbound) {
+// models the key's group lists, without calling any upstream; a channel that
+// serves every model adds no names. An error is returned for the request's
+// exit to write.
+func serveModels(w http.ResponseWriter, req *http.Request, in *inbound) *relayError {
 	models := in.key.group.models
 	if in.route == routeModel {
 		id := strings.TrimPrefix(req.URL.Path, "/v1/models/")
 		if !slices.Contains(models, id) {
-			in.reply(w, &relayError{status: http.StatusNotFound, typ: "not_found_error", msg: "model " + strconv.Quote(id) + " is not served by this key's group"})
-			return
+			return &relayError{status: http.StatusNotFound, typ: "not_found_error", msg: "model " + strconv.Quote(id) + " is not served by this key's group"}
 		}
 		in.status = http.StatusOK
 		writeJSON(w, info(id))
-		return
+		return nil
 	}
 
 	q := req.URL.Query()
@@ -51,8 +51,7 @@ func serveModels(w http.ResponseWriter, req *http.Request, in *inbound) {
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > maxModelsLimit {
-			in.reply(w, errInvalid("limit: must be an integer between 1 and 1000"))
-			return
+			return errInvalid("limit: must be an integer between 1 and 1000")
 		}
 		limit = n
 	}
@@ -82,6 +81,7 @@ func serveModels(w http.ResponseWriter, req *http.Request, in *inbound) {
 	}
 	in.status = http.StatusOK
 	writeJSON(w, list)
+	return nil
 }
 
 func info(id string) modelInfo {

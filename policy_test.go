@@ -23,7 +23,7 @@ func sessions(n int) []string {
 
 func pickFor(t *testing.T, g *group, session string) string {
 	t.Helper()
-	ch, rerr := g.pick(&selection{model: "m", session: session, now: testNow, rand: rand.IntN})
+	ch, rerr := pickErr(g, &selection{model: "m", session: session, now: testNow, rand: rand.IntN})
 	if ch == nil {
 		t.Fatalf("no pick for %s: %v", session, rerr)
 	}

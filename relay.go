@@ -183,8 +183,9 @@ func (r *Relay) Cleanup() error {
 
 // ServeHTTP implements caddyhttp.MiddlewareHandler. The relay is terminal:
 // it answers every request and never calls next. The steps run in one
-// direction: route, auth, body, inspect, then select and attempt until an
-// answer reaches the client.
+// direction (route, auth, admit, body, inspect, then select and attempt
+// until an answer reaches the client); a request that gets no upstream
+// answer committed leaves by one exit, answer.
 func (r *Relay) ServeHTTP(w http.ResponseWriter, req *http.Request, _ caddyhttp.Handler) error {
 	in := &inbound{id: newRequestID(), start: time.Now(), rawQuery: req.URL.RawQuery, header: req.Header}
 	in.chain = in.chainBuf[:0]
@@ -193,44 +194,91 @@ func (r *Relay) ServeHTTP(w http.ResponseWriter, req *http.Request, _ caddyhttp.
 	}
 	defer r.account(in)
 	w.Header().Set("X-Relay-Request-Id", in.id)
+	if f := r.serve(w, req, in); f != nil {
+		r.answer(w, in, f)
+	}
+	return nil
+}
 
+// serve runs the request path. It returns nil when the client has its
+// answer (or is gone), else what to answer.
+func (r *Relay) serve(w http.ResponseWriter, req *http.Request, in *inbound) *failure {
 	var rerr *relayError
 	if in.route, rerr = routeOf(req); rerr != nil {
-		in.reply(w, rerr)
-		return nil
+		return refused(rerr)
 	}
 	if in.key, rerr = r.authenticate(req); rerr != nil {
-		in.reply(w, rerr)
-		return nil
+		return refused(rerr)
 	}
 	if in.route == routeModels || in.route == routeModel {
-		serveModels(w, req, in)
-		return nil
+		return refused(serveModels(w, req, in))
 	}
 	// the key's slot is taken before the body is read, so a key's slow
 	// clients wait for their turn instead of holding memory
 	if rerr = r.admitKey(in); rerr != nil {
-		in.reply(w, rerr)
-		return nil
+		return refused(rerr)
 	}
 	defer func() { in.key.limits.done(r.now(), in.estimate, in.billed()) }()
 	buf, rerr := r.readBody(w, req)
 	if rerr != nil {
-		in.reply(w, rerr)
-		return nil
+		return refused(rerr)
 	}
 	in.bodyBuf, in.body = buf, buf.Bytes()
 	defer in.releaseBody()
 	if rerr = in.inspect(); rerr != nil {
-		in.reply(w, rerr)
-		return nil
+		return refused(rerr)
 	}
 	if rerr = r.chargeKeyTokens(in); rerr != nil {
-		in.reply(w, rerr)
+		return refused(rerr)
+	}
+	return r.relay(w, req, in)
+}
+
+// failure is the answer of a request that did not commit an upstream
+// answer: the relay's own error, or the last attempt's when attempts ran
+// out.
+type failure struct {
+	err      *relayError   // the relay's answer; nil: the last attempt's
+	last     attemptResult // the last attempt, when there was one
+	attempts int
+}
+
+// refused is the failure of a request the relay answers itself; nil for
+// none.
+func refused(e *relayError) *failure {
+	if e == nil {
 		return nil
 	}
-	r.relay(w, req, in)
-	return nil
+	return &failure{err: e}
+}
+
+// answer is the one exit of a request that did not commit: it writes the
+// relay's error, or the last upstream answer unchanged (or, when that
+// attempt got none, the relay's 502/504 saying why). After attempts,
+// x-relay-attempts says how many, and x-should-retry: false tells the SDKs
+// not to multiply the relay's retries with their own.
+func (r *Relay) answer(w http.ResponseWriter, in *inbound, f *failure) {
+	h := w.Header()
+	last := f.last
+	if f.attempts > 0 {
+		relayHeaders(h, in, last.channel, f.attempts, last.verdict.outcome.retryable())
+		if f.err == nil && last.status == 0 {
+			f.err = errUpstreamFailed(last.verdict, f.attempts > 1)
+		}
+	}
+	if f.err != nil {
+		in.status = f.err.status
+		f.err.write(w, in.id)
+		return
+	}
+	in.status, in.answered = last.status, last.channel
+	copyResponseHeaders(h, last.header)
+	if f.attempts > 1 {
+		h.Set("X-Should-Retry", "false")
+	}
+	h.Set("Content-Length", strconv.Itoa(len(last.body)))
+	w.WriteHeader(last.status)
+	_, _ = w.Write(last.body)
 }
 
 // admitKey holds a request to its key's concurrency and request rate,
@@ -266,8 +314,10 @@ func keyLimited(in *inbound, scope limitScope, wait time.Duration) *relayError {
 
 // relay selects a channel and attempts the request on it until one answer
 // reaches the client, failing over to untried channels on retryable
-// outcomes, within the group's retries and retry budget.
-func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) {
+// outcomes, within the group's retries and retry budget. It returns what
+// to answer when no upstream answer was committed, nil when the client has
+// its answer or is gone.
+func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) *failure {
 	g := in.key.group
 	g.state.budget.request(r.now())
 	var triedBuf [4]*channel
@@ -285,17 +335,17 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) {
 		// a newcomer does not overtake the queued requests of its class or better
 		if n == 1 && q.w == nil && g.maxQueue > 0 && g.state.queue.ahead(in.key.prio) {
 			if rerr := q.wait(req.Context(), time.Time{}); rerr != nil {
-				in.reply(w, rerr)
-				return
+				return refused(rerr)
 			}
 			continue
 		}
-		ch, rerr := g.pick(&sel)
-		if ch == nil && (rerr == nil || rerr.code == "no_healthy_channel") {
+		p := g.pick(&sel)
+		switch p.reason {
+		case exhausted, cooling, modelRefused:
 			// no channel of this model is live: a similar model may serve
 			if next := g.fallbacks[in.model]; in.fallbacks < len(next) {
-				if notLive == nil {
-					notLive = rerr
+				if notLive == nil && p.reason != exhausted {
+					notLive = p.err(&sel, g)
 				}
 				metricFallbacks.WithLabelValues(g.name, r.modelLabel(sel.model), r.modelLabel(next[in.fallbacks])).Inc()
 				in.target, sel.model = next[in.fallbacks], next[in.fallbacks]
@@ -303,24 +353,26 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) {
 				continue
 			}
 		}
-		if ch == nil {
-			if n > 1 { // every channel it could use is tried, cooling or busy
-				r.writeLast(w, in, last, n-1)
-				return
-			}
-			if notLive != nil && rerr != nil && rerr.code != codeBusy {
-				rerr = notLive // the fallbacks could not serve either: say why the model could not
-			}
-			if rerr = r.await(req.Context(), q, rerr, sel.now, &recoveryDeadline); rerr != nil {
-				in.reply(w, rerr)
-				return
+		switch {
+		case p.reason == picked:
+		case n > 1: // every channel it could use is tried, cooling or busy
+			return &failure{last: last, attempts: n - 1}
+		case p.reason == allBusy:
+			if rerr := q.wait(req.Context(), p.until); rerr != nil {
+				return refused(rerr)
 			}
 			continue
+		case p.reason == cooling && g.waitMax > 0 && r.waitForRecovery(req.Context(), untilFrom(p.until, sel.now), g.waitMax, sel.now, &recoveryDeadline):
+			continue
+		case notLive != nil:
+			return refused(notLive) // the fallbacks could not serve either: say why the model could not
+		default:
+			return refused(p.err(&sel, g))
 		}
+		ch := p.ch
 		if n > 1 && !g.state.budget.allowRetry(sel.now, g.budgetRatio, g.budgetFloor) {
 			r.logger.Debug("retry budget exhausted", zap.String("group", g.name), zap.String("request_id", in.id))
-			r.writeLast(w, in, last, n-1)
-			return
+			return &failure{last: last, attempts: n - 1}
 		}
 		t, busy := ch.health.admit(sel.now, in.estimate)
 		if t == nil {
@@ -336,16 +388,15 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) {
 			metricFailovers.WithLabelValues(g.name).Inc()
 		}
 		res := r.try(w, req, in, ch, n, t)
-		if res.done || res.verdict.outcome == outcomeCanceled {
+		switch {
+		case res.done || res.verdict.outcome == outcomeCanceled:
 			// answered, or the client is gone: nobody is left to fail over
 			// for, and a departure spends no retry budget
-			return
+			return nil
+		case !res.verdict.outcome.retryable() || n > g.retries:
+			return &failure{last: res, attempts: n}
 		}
 		last = res
-		if n > g.retries {
-			r.writeLast(w, in, last, n)
-			return
-		}
 		if res.verdict.outcome == outcomeOverloaded {
 			sel.avoidHost = ch.host
 		}
@@ -353,37 +404,18 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) {
 	}
 }
 
-// await decides what a request whose first pick found no channel does:
-// wait in the queue when every channel is busy, wait for a recovery when
-// every channel cools and the group allows it, or answer with why. A nil
-// error means: pick again.
-func (r *Relay) await(ctx context.Context, q *queued, why *relayError, now time.Time, recoveryDeadline *time.Time) *relayError {
-	switch {
-	case why.code == codeBusy:
-		var freeAt time.Time // zero: only a finishing attempt will tell
-		if why.retryAfter > 0 {
-			freeAt = now.Add(why.retryAfter)
-		}
-		return q.wait(ctx, freeAt)
-	case why.code == "no_healthy_channel" && q.g.waitMax > 0:
-		if recoveryDeadline.IsZero() {
-			*recoveryDeadline = now.Add(q.g.waitMax)
-		}
-		if r.waitForRecovery(ctx, why.retryAfter, *recoveryDeadline) {
-			return nil
-		}
-	}
-	return why
-}
-
 // recoveryPoll bounds one wait for a recovering channel, so that a channel
 // brought back early (by a probe or the admin API) is noticed soon.
 const recoveryPoll = 100 * time.Millisecond
 
 // waitForRecovery waits until the first channel should have recovered (at
-// most until deadline, and at most recoveryPoll at a time) and reports
-// whether the request should look again.
-func (r *Relay) waitForRecovery(ctx context.Context, recovery time.Duration, deadline time.Time) bool {
+// most until waitMax has passed since the first call, whose deadline it
+// keeps, and at most recoveryPoll at a time) and reports whether the
+// request should look again.
+func (r *Relay) waitForRecovery(ctx context.Context, recovery, waitMax time.Duration, now time.Time, deadline *time.Time) bool {
+	if deadline.IsZero() {
+		*deadline = now.Add(waitMax)
+	}
 	left := deadline.Sub(r.now())
 	if left <= 0 {
 		return false
@@ -400,27 +432,6 @@ func (r *Relay) waitForRecovery(ctx context.Context, recovery time.Duration, dea
 	case <-t.C:
 		return true
 	}
-}
-
-// writeLast answers with the last failed attempt when no further attempt is
-// possible: the upstream's own answer unchanged, or the relay's error when
-// there was none. x-should-retry: false tells the SDKs not to multiply the
-// relay's retries with their own.
-func (r *Relay) writeLast(w http.ResponseWriter, in *inbound, last attemptResult, attempts int) {
-	h := w.Header()
-	relayHeaders(h, in, last.channel, attempts, last.verdict.outcome.retryable())
-	if last.status == 0 {
-		in.reply(w, errUpstreamFailed(last.verdict, attempts > 1))
-		return
-	}
-	in.status, in.answered = last.status, last.channel
-	copyResponseHeaders(h, last.header)
-	if attempts > 1 {
-		h.Set("X-Should-Retry", "false")
-	}
-	h.Set("Content-Length", strconv.Itoa(len(last.body)))
-	w.WriteHeader(last.status)
-	_, _ = w.Write(last.body)
 }
 
 // Interface guards

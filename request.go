@@ -210,12 +210,6 @@ type attemptRecord struct {
 	duration time.Duration
 }
 
-// reply answers with a relay error.
-func (in *inbound) reply(w http.ResponseWriter, e *relayError) {
-	in.status = e.status
-	e.write(w, in.id)
-}
-
 // committed records that ch's answer, with status, is going to the client.
 func (in *inbound) committed(ch *channel, status int) {
 	in.status, in.answered = status, ch

@@ -3,6 +3,7 @@ package relay
 import (
 	"math"
 	"math/rand/v2"
+	"strconv"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -79,12 +80,59 @@ const halfOpenRetry = time.Second
 // larger than that still work, with one allocation per pick.
 const maxChannelsPerPick = 16
 
+// pickReason is what a pick came to: a channel, or why there was none.
+type pickReason uint8
+
+const (
+	picked       pickReason = iota // a channel
+	exhausted                      // the request tried every channel it could use
+	noModel                        // no channel of the group serves the model
+	modelRefused                   // every channel that serves it refused the model (403) lately
+	cooling                        // every channel that serves it is cooling down, open or disabled
+	noCapability                   // no live channel allows a capability field the request carries
+	allBusy                        // every candidate is at one of its limits
+)
+
+// pickResult is a pick's channel, or why there is none and until when
+// that holds: the first recovery (cooling, zero when only a person can
+// bring a channel back), the first refusal's end (modelRefused), or when a
+// busy channel should free (allBusy, zero when only a finishing attempt can
+// tell).
+type pickResult struct {
+	ch     *channel
+	reason pickReason
+	until  time.Time
+}
+
+// err is the relay's answer to a request that found no channel for this
+// reason at the start (a request that already tried channels answers with
+// its last attempt instead).
+func (p pickResult) err(s *selection, g *group) *relayError {
+	switch p.reason {
+	case noModel:
+		return errModelNotFound(s.model, g.name)
+	case modelRefused:
+		return errModelRefused(s.model, g.name, p.until)
+	case noCapability:
+		return errCapability(s.caps.String())
+	case allBusy:
+		return errQueue("every channel of group "+strconv.Quote(g.name)+" is at its limit", untilFrom(p.until, s.now))
+	}
+	return errNoHealthyChannel(s.model, untilFrom(p.until, s.now))
+}
+
+// untilFrom is the time from now until t; zero for a zero t.
+func untilFrom(t, now time.Time) time.Duration {
+	if t.IsZero() {
+		return 0
+	}
+	return t.Sub(now)
+}
+
 // pick chooses the channel for the next attempt of a request in group g:
 // model filter, then untried, then health, then capability, then the best
-// priority tier, then weighted random. When it returns nil, the relayError
-// says why; a nil error with a nil channel means the request already tried
-// every channel it could use.
-func (g *group) pick(s *selection) (*channel, *relayError) {
+// priority tier, then weighted random.
+func (g *group) pick(s *selection) pickResult {
 	var buf [maxChannelsPerPick]*channel
 	cands := buf[:0]
 	var refusedUntil time.Time // the first end of a refusal, when every channel refused
@@ -100,19 +148,22 @@ func (g *group) pick(s *selection) (*channel, *relayError) {
 		}
 		cands = append(cands, ch)
 	}
+	none := func(why pickReason, until time.Time) pickResult {
+		if len(s.tried) > 0 {
+			return pickResult{reason: exhausted}
+		}
+		return pickResult{reason: why, until: until}
+	}
 	if len(cands) == 0 {
 		if !refusedUntil.IsZero() {
-			if len(s.tried) > 0 {
-				return nil, nil
-			}
-			return nil, errModelRefused(s.model, g.name, refusedUntil)
+			return none(modelRefused, refusedUntil)
 		}
-		return nil, errModelNotFound(s.model, g.name)
+		return pickResult{reason: noModel}
 	}
 
 	cands = filter(cands, func(ch *channel) bool { return !contains(s.tried, ch) })
 	if len(cands) == 0 {
-		return nil, nil
+		return pickResult{reason: exhausted}
 	}
 
 	var recovery time.Time
@@ -127,23 +178,13 @@ func (g *group) pick(s *selection) (*channel, *relayError) {
 		return ok
 	})
 	if len(cands) == 0 {
-		if len(s.tried) > 0 {
-			return nil, nil
-		}
-		var wait time.Duration
-		if !recovery.IsZero() {
-			wait = recovery.Sub(s.now)
-		}
-		return nil, errNoHealthyChannel(s.model, wait)
+		return none(cooling, recovery)
 	}
 
 	if s.caps != 0 {
 		cands = filter(cands, func(ch *channel) bool { return ch.allow&s.caps == s.caps })
 		if len(cands) == 0 {
-			if len(s.tried) > 0 {
-				return nil, nil
-			}
-			return nil, errCapability(s.caps.String())
+			return none(noCapability, time.Time{})
 		}
 	}
 
@@ -163,13 +204,10 @@ func (g *group) pick(s *selection) (*channel, *relayError) {
 		return !busy
 	})
 	if len(notBusy) == 0 {
-		if len(s.tried) > 0 {
-			return nil, nil
-		}
 		if !known {
 			freeAt = time.Time{} // a slot may free before the earliest known time
 		}
-		return nil, errAllBusy(freeAt, s.now)
+		return none(allBusy, freeAt)
 	}
 	cands = notBusy
 
@@ -183,13 +221,16 @@ func (g *group) pick(s *selection) (*channel, *relayError) {
 	}
 
 	tier := bestTier(cands)
+	var ch *channel
 	switch g.policy {
 	case policyAdaptive:
-		return adaptive(tier, s.rand), nil
+		ch = adaptive(tier, s.rand)
 	case policySticky:
-		return rendezvous(tier, s.session), nil
+		ch = rendezvous(tier, s.session)
+	default:
+		ch = weighted(tier, s.rand)
 	}
-	return weighted(tier, s.rand), nil
+	return pickResult{ch: ch, reason: picked}
 }
 
 // groupSplit is a canary: a share of sessions that goes to one channel.

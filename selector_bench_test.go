@@ -25,7 +25,7 @@ func benchPick(b *testing.B, policy string, split bool) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		sel := selection{model: "m", session: "session-1234", tried: triedBuf[:0], rand: rand.IntN, now: testNow}
-		if ch, _ := g.pick(&sel); ch == nil {
+		if ch, _ := pickErr(g, &sel); ch == nil {
 			b.Fatal("no pick")
 		}
 	}

@@ -214,7 +214,7 @@ func TestGroupPick(t *testing.T) {
 				}
 			}
 
-			ch, rerr := g.pick(s)
+			ch, rerr := pickErr(g, s)
 			switch {
 			case tt.want.code != "":
 				if ch != nil || rerr == nil {
@@ -259,7 +259,7 @@ func TestGroupPickWeightedShare(t *testing.T) {
 	const picks = 4000
 	n := 0
 	for range picks {
-		ch, rerr := g.pick(&selection{model: "m", now: testNow, rand: rnd.IntN})
+		ch, rerr := pickErr(g, &selection{model: "m", now: testNow, rand: rnd.IntN})
 		if rerr != nil || ch == nil {
 			t.Fatalf("pick: %v %v", chName(ch), rerr)
 		}
@@ -282,7 +282,7 @@ func TestGroupPickWeightedDrawsOverTheTier(t *testing.T) {
 		testChannel("d", withWeight(100), withPriority(2)),
 	}}
 	var gotN int
-	ch, _ := g.pick(&selection{model: "m", now: testNow, rand: func(n int) int { gotN = n; return n - 1 }})
+	ch, _ := pickErr(g, &selection{model: "m", now: testNow, rand: func(n int) int { gotN = n; return n - 1 }})
 	if gotN != 10 {
 		t.Errorf("rand drew over %d, want 10 (weights 3 and 7)", gotN)
 	}
@@ -301,7 +301,7 @@ func TestGroupPickManyChannels(t *testing.T) {
 	s := &selection{model: "m", now: testNow, rand: randLast}
 	seen := map[string]bool{}
 	for {
-		ch, rerr := g.pick(s)
+		ch, rerr := pickErr(g, s)
 		if rerr != nil {
 			t.Fatalf("pick: %v", rerr.msg)
 		}
@@ -341,4 +341,17 @@ func TestCapabilityNames(t *testing.T) {
 	if s := (capServiceTier | capSpeed).String(); s != "service_tier, speed" {
 		t.Errorf("String() = %q", s)
 	}
+}
+
+// pickErr is a pick as the loop reads it: the channel, or for a request's
+// first pick the relay's answer; (nil, nil) when every channel is tried.
+func pickErr(g *group, s *selection) (*channel, *relayError) {
+	p := g.pick(s)
+	switch p.reason {
+	case picked:
+		return p.ch, nil
+	case exhausted:
+		return nil, nil
+	}
+	return nil, p.err(s, g)
 }
