@@ -143,10 +143,9 @@ func (h *channelHealth) status(name string, now time.Time) channelStatus {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	st.EWMALatencyMs = math.Round(h.latency()*100) / 100
-	o := h.ownerLocked()
-	st.Provider = o.provider
-	if o.groups != nil {
-		st.Groups = o.groups
+	st.Provider = h.ownerLocked().provider
+	if g := h.groupsLocked(); g != nil {
+		st.Groups = g
 	}
 	if !h.lastErrorAt.IsZero() {
 		at := h.lastErrorAt

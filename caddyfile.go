@@ -26,8 +26,37 @@ func init() {
 
 func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 	r := new(Relay)
-	err := r.UnmarshalCaddyfile(h.Dispenser)
-	return r, err
+	h.Next()
+	at := h.File() + ":" + strconv.Itoa(h.Line())
+	h.Reset()
+	if err := r.UnmarshalCaddyfile(h.Dispenser); err != nil {
+		return nil, err
+	}
+	return r, declareInCaddyfile(h.State, r, "the relay block at "+at)
+}
+
+// declareInCaddyfile checks, while a Caddyfile is adapted, that the relay
+// blocks of its sites declare the names they share the same way (see
+// declarations.go), so `caddy adapt` names both blocks' lines.
+func declareInCaddyfile(state map[string]any, r *Relay, by string) error {
+	seen, _ := state["relay.declarations"].(map[string]declaration)
+	if seen == nil {
+		seen = map[string]declaration{}
+		state["relay.declarations"] = seen
+	}
+	own, err := r.declared(by)
+	if err != nil {
+		return err
+	}
+	for name, d := range own {
+		if err := conflict(name, seen[name], d); err != nil {
+			return err
+		}
+	}
+	for name, d := range own {
+		seen[name] = d
+	}
+	return nil
 }
 
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:

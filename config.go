@@ -239,6 +239,31 @@ func (r *Relay) validateConfig() error {
 	return nil
 }
 
+// over is t with every option it leaves unset taken from base: the
+// settings a channel runs with, under its relay's.
+func (t Tuning) over(base Tuning) Tuning {
+	for _, f := range []struct{ dst, from *caddy.Duration }{
+		{&t.FirstByteTimeout, &base.FirstByteTimeout},
+		{&t.FirstContentTimeout, &base.FirstContentTimeout},
+		{&t.ResponseTimeout, &base.ResponseTimeout},
+		{&t.StreamIdleTimeout, &base.StreamIdleTimeout},
+		{&t.Cooldown, &base.Cooldown},
+		{&t.MaxCooldown, &base.MaxCooldown},
+		{&t.AuthCooldown, &base.AuthCooldown},
+		{&t.CapabilityTTL, &base.CapabilityTTL},
+	} {
+		if *f.dst == 0 {
+			*f.dst = *f.from
+		}
+	}
+	if t.Breaker != nil || base.Breaker != nil {
+		s := resolveBreaker(t.Breaker, base.Breaker)
+		t.Breaker = &Breaker{Window: caddy.Duration(s.window), FailureRatio: s.ratio, MinRequests: int(s.minRequests),
+			OpenFor: caddy.Duration(s.openFor), HalfOpenProbes: int(s.probes)}
+	}
+	return t
+}
+
 func (t Tuning) validate() error {
 	for _, d := range []struct {
 		name string

@@ -76,6 +76,10 @@ type channelHealth struct {
 	// read by the adaptive policy without the lock
 	ewmaMs atomic.Uint64
 
+	// the queues of the groups that hold the channel, woken when an
+	// attempt frees a slot; derived from owners
+	queues atomic.Pointer[[]*waitQueue]
+
 	mu          sync.Mutex
 	settings    breakerSettings
 	consecutive int // transient failures in a row, for the exponential cooldown
@@ -97,8 +101,9 @@ func (h *channelHealth) failureRatio() float64 {
 	return 0
 }
 
-// channelOwner is what one loaded config says about the channel, for the
-// admin API; the most recent config that still holds the channel wins.
+// channelOwner is what one relay handler that declares the channel says
+// about it: the provider for the admin API (the most recent handler wins),
+// and its groups, whose queues a freed slot wakes.
 type channelOwner struct {
 	relay    *Relay
 	provider string
@@ -122,6 +127,7 @@ func (h *channelHealth) configure(s breakerSettings, l limits, owner channelOwne
 		h.resetBreaker()
 	}
 	h.owners = append(h.owners, owner)
+	h.ownersChanged()
 }
 
 // release forgets what the config r said about the channel.
@@ -129,6 +135,7 @@ func (h *channelHealth) release(r *Relay) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.owners = slices.DeleteFunc(h.owners, func(o channelOwner) bool { return o.relay == r })
+	h.ownersChanged()
 }
 
 // owner is what the most recent config that holds the channel says about
@@ -147,9 +154,26 @@ func (h *channelHealth) ownerLocked() channelOwner {
 	return channelOwner{}
 }
 
-// groups lists the groups of the most recent config that holds the
-// channel.
-func (h *channelHealth) groups() []string { return h.owner().groups }
+// groups lists the groups that hold the channel, in every handler that
+// declares it.
+func (h *channelHealth) groups() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.groupsLocked()
+}
+
+// groupsLocked is groups with h.mu held.
+func (h *channelHealth) groupsLocked() []string {
+	var out []string
+	for _, o := range h.owners {
+		for _, g := range o.groups {
+			if !slices.Contains(out, g) {
+				out = append(out, g)
+			}
+		}
+	}
+	return out
+}
 
 // resetBreaker starts a closed breaker with the current settings. h.mu is
 // held.
@@ -351,9 +375,20 @@ func (t *ticket) release() {
 
 // wakeQueues tells the queues of the channel's groups that a slot freed.
 func (h *channelHealth) wakeQueues() {
-	for _, q := range h.owner().queues {
-		q.wakeBest()
+	if qs := h.queues.Load(); qs != nil {
+		for _, q := range *qs {
+			q.wakeBest()
+		}
 	}
+}
+
+// ownersChanged rebuilds what is derived from the owners. h.mu is held.
+func (h *channelHealth) ownersChanged() {
+	var qs []*waitQueue
+	for _, o := range h.owners {
+		qs = append(qs, o.queues...)
+	}
+	h.queues.Store(&qs)
 }
 
 // ewmaWeight is the weight of the newest sample in the latency average.

@@ -103,10 +103,7 @@ func (r *Relay) provisionKeys() error {
 		if _, dup := r.keys[digest]; dup {
 			return fmt.Errorf("%s has the same secret as an earlier key", cfg.label(i))
 		}
-		k := &key{name: cfg.Name, group: r.groups[cfg.Group]}
-		if k.name == "" {
-			k.name = "key-" + hex.EncodeToString(digest[:8])
-		}
+		k := &key{name: keyName(cfg, digest), group: r.groups[cfg.Group]}
 		k.prio, _ = priorityByName(cfg.Priority)
 		lim, _ := parseLimits(cfg.Rate, cfg.Tokens, cfg.Concurrency) // validated already
 		st, _, err := keyStates.LoadOrNew(k.name, func() (caddy.Destructor, error) { return new(limiter), nil })

@@ -108,6 +108,9 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 	if err := r.validateConfig(); err != nil {
 		return err
 	}
+	if err := r.declare(ctx); err != nil {
+		return err
+	}
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return err
 	}
