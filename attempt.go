@@ -30,7 +30,7 @@ type attemptResult struct {
 // try runs one admitted attempt and records its verdict in the channel's
 // health. The ticket is released on every path, a panic included.
 func (r *Relay) try(w http.ResponseWriter, req *http.Request, in *inbound, ch *channel, n int, t *ticket) attemptResult {
-	defer t.release()
+	defer t.release(r.now)
 	start := time.Now()
 	res := r.attempt(w, req, in, ch, n)
 	v := res.verdict

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -11,7 +12,7 @@ import (
 // newTestHealth returns a channel state with a breaker configured by s.
 func newTestHealth(s breakerSettings) *channelHealth {
 	h := new(channelHealth)
-	h.configure(s, limits{}, channelOwner{provider: "anthropic"})
+	h.configure(s, limits{}, channelOwner{provider: "anthropic"}, time.Now())
 	return h
 }
 
@@ -66,79 +67,95 @@ func TestBreakerTripsAtTheConfiguredRatio(t *testing.T) {
 	}
 }
 
-// waitState waits, up to a bound, for the breaker's own clock to move it to
-// want: gobreaker reads time.Now itself and cannot be driven by a test clock.
-func waitState(t *testing.T, h *channelHealth, want gobreaker.State) {
+// The breaker keeps its own time (gobreaker reads time.Now), so the tests
+// that wait for it to turn half-open run in a testing/synctest bubble,
+// where time.Now is the bubble's clock and a sleep steps it at once.
+
+// turnHalfOpen steps the bubble's clock past the breaker's open_for.
+func turnHalfOpen(t *testing.T, h *channelHealth) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for h.breaker.Load().State() != want {
-		if time.Now().After(deadline) {
-			t.Fatalf("breaker still %v after 5s, want %v", h.breaker.Load().State(), want)
-		}
-		time.Sleep(5 * time.Millisecond)
+	time.Sleep(h.settings.openFor + time.Nanosecond)
+	if got := h.breaker.Load().State(); got != gobreaker.StateHalfOpen {
+		t.Fatalf("breaker %v after open_for, want half-open", got)
 	}
 }
 
 func TestBreakerHalfOpenAdmitsExactlyTheProbes(t *testing.T) {
 	for _, probes := range []uint32{1, 3} {
-		s := breakerSettings{window: 10 * time.Second, ratio: 0.5, minRequests: 2, openFor: 50 * time.Millisecond, probes: probes}
-		h := newTestHealth(s)
-		run(t, h, outcomeTransient, outcomeTransient)
-		waitState(t, h, gobreaker.StateHalfOpen)
-		if st := h.state(time.Now()); st != stateHalfOpen && st != stateCooldown {
-			t.Errorf("state = %q", st)
-		}
+		synctest.Test(t, func(t *testing.T) { halfOpenAdmitsTheProbes(t, probes) })
+	}
+}
 
-		var admitted []*ticket
-		for {
-			tk, _ := h.admit(time.Now(), 0)
-			if tk == nil {
-				break
-			}
-			admitted = append(admitted, tk)
-			if len(admitted) > 10 {
-				break
-			}
+func halfOpenAdmitsTheProbes(t *testing.T, probes uint32) {
+	s := breakerSettings{window: 10 * time.Second, ratio: 0.5, minRequests: 2, openFor: 50 * time.Millisecond, probes: probes}
+	h := newTestHealth(s)
+	run(t, h, outcomeTransient, outcomeTransient)
+	if st := h.state(time.Now()); st != stateOpen {
+		t.Errorf("state = %q, want open", st)
+	}
+	turnHalfOpen(t, h)
+	if st := h.state(time.Now()); st != stateHalfOpen {
+		t.Errorf("state = %q, want half_open", st)
+	}
+
+	var admitted []*ticket
+	for {
+		tk, _ := h.admit(time.Now(), 0)
+		if tk == nil {
+			break
 		}
-		if uint32(len(admitted)) != probes {
-			t.Fatalf("half-open admitted %d attempts, want exactly %d", len(admitted), probes)
+		admitted = append(admitted, tk)
+		if len(admitted) > 10 {
+			break
 		}
-		if got := h.limits.inflight.Load(); got != int64(probes) {
-			t.Errorf("inflight = %d, want %d", got, probes)
-		}
-		for _, tk := range admitted {
-			tk.finish(verdict{outcome: outcomeSuccess}, testPolicy, time.Now(), time.Millisecond, 0)
-		}
-		if got := h.breaker.Load().State(); got != gobreaker.StateClosed {
-			t.Errorf("after %d successful probes the breaker is %v, want closed", probes, got)
-		}
-		if got := h.limits.inflight.Load(); got != 0 {
-			t.Errorf("inflight = %d after the probes finished", got)
-		}
+	}
+	if uint32(len(admitted)) != probes {
+		t.Fatalf("half-open admitted %d attempts, want exactly %d", len(admitted), probes)
+	}
+	if got := h.limits.inflight.Load(); got != int64(probes) {
+		t.Errorf("inflight = %d, want %d", got, probes)
+	}
+	for _, tk := range admitted {
+		tk.finish(verdict{outcome: outcomeSuccess}, testPolicy, time.Now(), time.Millisecond, 0)
+	}
+	if got := h.breaker.Load().State(); got != gobreaker.StateClosed {
+		t.Errorf("after %d successful probes the breaker is %v, want closed", probes, got)
+	}
+	if got := h.limits.inflight.Load(); got != 0 {
+		t.Errorf("inflight = %d after the probes finished", got)
 	}
 }
 
 func TestBreakerHalfOpenFailureReopens(t *testing.T) {
-	h := newTestHealth(breakerSettings{window: 10 * time.Second, ratio: 0.5, minRequests: 2, openFor: 50 * time.Millisecond, probes: 1})
-	run(t, h, outcomeTransient, outcomeTransient)
-	waitState(t, h, gobreaker.StateHalfOpen)
-	run(t, h, outcomeTransient)
-	if got := h.breaker.Load().State(); got != gobreaker.StateOpen {
-		t.Fatalf("a failed probe should reopen the breaker, got %v", got)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := newTestHealth(breakerSettings{window: 10 * time.Second, ratio: 0.5, minRequests: 2, openFor: 50 * time.Millisecond, probes: 1})
+		run(t, h, outcomeTransient, outcomeTransient)
+		turnHalfOpen(t, h)
+		run(t, h, outcomeTransient)
+		if got := h.breaker.Load().State(); got != gobreaker.StateOpen {
+			t.Fatalf("a failed probe should reopen the breaker, got %v", got)
+		}
+		if ok, until := h.available(time.Now()); ok || until.Sub(time.Now()) != 50*time.Millisecond {
+			t.Errorf("reopened: available=%v until %v from now, want open_for", ok, until.Sub(time.Now()))
+		}
+	})
 }
 
 func TestTicketReleasedWithoutVerdict(t *testing.T) {
+	synctest.Test(t, ticketReleasedWithoutVerdict)
+}
+
+func ticketReleasedWithoutVerdict(t *testing.T) {
 	h := newTestHealth(breakerSettings{window: 10 * time.Second, ratio: 0.5, minRequests: 1, openFor: 50 * time.Millisecond, probes: 1})
 	run(t, h, outcomeTransient)
-	waitState(t, h, gobreaker.StateHalfOpen)
+	turnHalfOpen(t, h)
 	func() {
 		defer func() { _ = recover() }()
 		tk, _ := h.admit(time.Now(), 0)
 		if tk == nil {
 			t.Fatal("the half-open slot should be free")
 		}
-		defer tk.release()
+		defer tk.release(time.Now)
 		panic("attempt panicked")
 	}()
 	if h.limits.inflight.Load() != 0 {
@@ -172,12 +189,12 @@ func TestConfigureKeepsOrReplacesTheBreaker(t *testing.T) {
 	s := breakerSettings{window: 10 * time.Second, ratio: 0.5, minRequests: 2, openFor: time.Hour, probes: 1}
 	h := newTestHealth(s)
 	run(t, h, outcomeTransient, outcomeTransient)
-	h.configure(s, limits{}, channelOwner{provider: "anthropic"}) // a reload with the same settings
+	h.configure(s, limits{}, channelOwner{provider: "anthropic"}, time.Now()) // a reload with the same settings
 	if h.breaker.Load().State() != gobreaker.StateOpen {
 		t.Errorf("a reload with unchanged settings must keep the open breaker")
 	}
 	s.openFor = 2 * time.Hour
-	h.configure(s, limits{}, channelOwner{provider: "anthropic"})
+	h.configure(s, limits{}, channelOwner{provider: "anthropic"}, time.Now())
 	if h.breaker.Load().State() != gobreaker.StateClosed {
 		t.Errorf("new settings start a new breaker")
 	}

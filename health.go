@@ -118,8 +118,8 @@ func (*channelHealth) Destruct() error { return nil }
 // surviving) state and records what the config says about the channel.
 // gobreaker cannot change its settings, so new settings start a new breaker;
 // unchanged settings keep the breaker and its counts.
-func (h *channelHealth) configure(s breakerSettings, l limits, owner channelOwner) {
-	h.limits.configure(l, time.Now())
+func (h *channelHealth) configure(s breakerSettings, l limits, owner channelOwner, now time.Time) {
+	h.limits.configure(l, now)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.breaker.Load() == nil || s != h.settings {
@@ -190,6 +190,9 @@ func (h *channelHealth) resetBreaker() {
 			return judged >= s.minRequests && float64(c.TotalFailures)/float64(judged) >= s.ratio-1e-9
 		},
 		IsExcluded: func(err error) bool { return err == errBreakerExcluded },
+		// gobreaker keeps its own time (time.Now): the end of an open
+		// state is reckoned on the same clock as its own switch to
+		// half-open. (Tests run it in a testing/synctest bubble.)
 		OnStateChange: func(_ string, _, to gobreaker.State) {
 			if to == gobreaker.StateOpen {
 				h.openUntil.Store(time.Now().Add(s.openFor).UnixNano())
@@ -364,10 +367,10 @@ func (t *ticket) finish(v verdict, p cooldownPolicy, now time.Time, firstByte ti
 
 // release ends an attempt that never got a verdict, so the in-flight count
 // and the breaker's half-open slot are not lost.
-func (t *ticket) release() {
+func (t *ticket) release(now func() time.Time) {
 	if !t.finished {
 		t.finished = true
-		t.h.limits.done(time.Now(), t.estimate, 0)
+		t.h.limits.done(now(), t.estimate, 0)
 		t.done(errBreakerExcluded)
 		t.h.wakeQueues()
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
@@ -112,7 +111,7 @@ func (r *Relay) provisionKeys() error {
 		}
 		r.acquiredKeys = append(r.acquiredKeys, k.name)
 		k.limits = st.(*limiter)
-		k.limits.configure(lim, time.Now())
+		k.limits.configure(lim, r.now())
 		r.keys[digest] = k
 	}
 	return nil

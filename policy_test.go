@@ -148,7 +148,7 @@ func TestCanarySplit(t *testing.T) {
 func TestEffectiveWeights(t *testing.T) {
 	mk := func(name string, latencyMs float64, inflight, conc int64) *channel {
 		ch := testChannel(name, withWeight(10))
-		ch.health.configure(defaultBreaker, limits{concurrency: conc}, channelOwner{})
+		ch.health.configure(defaultBreaker, limits{concurrency: conc}, channelOwner{}, time.Now())
 		ch.health.ewmaMs.Store(math.Float64bits(latencyMs))
 		ch.health.limits.inflight.Store(inflight)
 		return ch

@@ -145,7 +145,7 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 		for _, g := range owner.groups {
 			owner.queues = append(owner.queues, &r.groups[g].state.queue)
 		}
-		ch.health.configure(ch.breaker, ch.limits, owner)
+		ch.health.configure(ch.breaker, ch.limits, owner, r.now())
 		if ch.probe != nil {
 			go r.runProbes(ctx, ch)
 		}

@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+	"time"
 )
 
 // benchPick measures one pick among 4 live channels of one tier under a
@@ -13,7 +14,7 @@ func benchPick(b *testing.B, policy string, split bool) {
 	g := &group{name: "bench-pick", policy: policy}
 	for i := 0; i < 4; i++ {
 		ch := testChannel(fmt.Sprintf("bench-pick-%d", i), withWeight(1+i))
-		ch.health.configure(defaultBreaker, limits{}, channelOwner{})
+		ch.health.configure(defaultBreaker, limits{}, channelOwner{}, time.Now())
 		ch.health.ewmaMs.Store(math.Float64bits(float64(100 + 50*i)))
 		g.channels = append(g.channels, ch)
 	}
