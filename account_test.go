@@ -1,55 +1,12 @@
 package relay
 
 import (
-	"context"
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
-	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest/observer"
 )
-
-// provisionHandler provisions r outside a server, with its log lines going
-// to an observer.
-func provisionHandler(t testing.TB, r *Relay) *observer.ObservedLogs {
-	t.Helper()
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	t.Cleanup(cancel)
-	if err := r.Provision(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = r.Cleanup() })
-	core, logs := observer.New(zapcore.DebugLevel)
-	r.logger = zap.New(core)
-	return logs
-}
-
-// serveHandler runs one request through r as Caddy's server would and
-// returns the response and the request's replacer.
-func serveHandler(t *testing.T, r *Relay, req *http.Request) (*httptest.ResponseRecorder, *caddy.Replacer) {
-	t.Helper()
-	w := httptest.NewRecorder()
-	repl := caddy.NewReplacer()
-	req = caddyhttp.PrepareRequest(req, repl, w, &caddyhttp.Server{})
-	if err := r.ServeHTTP(w, req, nil); err != nil {
-		t.Fatal(err)
-	}
-	return w, repl
-}
-
-func newRequest(body, key string) *http.Request {
-	req := httptest.NewRequest(http.MethodPost, "/v1/messages", strings.NewReader(body))
-	req.Header.Set("X-Api-Key", key)
-	req.Header.Set("Content-Type", "application/json")
-	return req
-}
 
 func TestLogLineAndPlaceholders(t *testing.T) {
 	bad := fakeupstream.New(t, fakeupstream.Raw(503, []byte("down")))
@@ -154,5 +111,3 @@ func toString(v any) string {
 	}
 	return ""
 }
-
-func discardLogger() *zap.Logger { return zap.NewNop() }

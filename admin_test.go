@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"strings"
 	"sync"
 	"testing"
@@ -13,52 +12,6 @@ import (
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
 )
-
-const adminURL = "http://localhost:2999"
-
-// channels returns GET /relay/channels by channel name.
-func channels(t *testing.T) map[string]channelStatus {
-	t.Helper()
-	resp, err := client.Get(adminURL + "/relay/channels")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var rows []channelStatus
-	if err := json.NewDecoder(resp.Body).Decode(&rows); err != nil || resp.StatusCode != 200 {
-		t.Fatalf("GET /relay/channels: %d %v", resp.StatusCode, err)
-	}
-	out := map[string]channelStatus{}
-	for _, r := range rows {
-		out[r.Name] = r
-	}
-	return out
-}
-
-// adminPost calls POST /relay/channels/<name>/<action>.
-func adminPost(t *testing.T, name, action string) (int, []byte) {
-	t.Helper()
-	resp, err := client.Post(adminURL+"/relay/channels/"+name+"/"+action, "application/json", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, b
-}
-
-// waitFor polls cond until it holds or the bound passes; for states that
-// change on their own clock (probes, breakers), not for request results.
-func waitFor(t *testing.T, what string, bound time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(bound)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, bound)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
 
 func TestAdminListsChannels(t *testing.T) {
 	a := fakeupstream.New(t, fakeupstream.Message("a"))

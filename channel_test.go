@@ -1,9 +1,12 @@
 package relay
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
@@ -87,5 +90,95 @@ func TestChannelProviderLines(t *testing.T) {
 	}
 	if string(mock.UpstreamRaw) != `{"fail_rate":0.1,"provider":"mock","reply_tokens":7}` || mock.Tokens != "100/m" || mock.Priority != 2 {
 		t.Errorf("lines-mock: %s, tokens %q", mock.UpstreamRaw, mock.Tokens)
+	}
+}
+
+func TestModelFilterAndMapping(t *testing.T) {
+	a := fakeupstream.New(t, fakeupstream.Message("a"))
+	b := fakeupstream.New(t, fakeupstream.Message("b"))
+	startRelay(t, channelBlock("models-a", a.URL, "models claude-opus-4-1=claude-opus-4-1-20250805 claude-haiku-4-5")+
+		channelBlock("models-b", b.URL, "models claude-sonnet-4-5")+keyAndGroup("models", "models-a models-b"))
+
+	body := `{"model"  :  "claude-opus-4-1", "max_tokens":16, "metadata":{"user_id":"u1"},"messages":[{"role":"user","content":[{"type":"text","text":"Hi","cache_control":{"type":"ephemeral"}}]}],"unknown_field":{"kept":true}}`
+	r := message(t, body)
+	if r.status != 200 || b.Hits() != 0 {
+		t.Fatalf("status %d, b hits %d: opus is served by a only", r.status, b.Hits())
+	}
+	want := strings.Replace(body, `"claude-opus-4-1"`, `"claude-opus-4-1-20250805"`, 1)
+	if got := string(a.Last(t).Body); got != want {
+		t.Errorf("upstream body:\n got %s\nwant %s", got, want)
+	}
+
+	message(t, `{"model":"claude-haiku-4-5","max_tokens":1}`)
+	if got := string(a.Last(t).Body); got != `{"model":"claude-haiku-4-5","max_tokens":1}` {
+		t.Errorf("an unmapped model must pass unchanged: %s", got)
+	}
+	message(t, `{"model":"claude-sonnet-4-5"}`)
+	if b.Hits() != 1 {
+		t.Errorf("sonnet should go to b: hits %d", b.Hits())
+	}
+
+	r = message(t, `{"model":"claude-3-opus"}`)
+	wantRelayError(t, r, 503, "relay_error", "model_not_found")
+	if r.header.Get("X-Should-Retry") != "false" {
+		t.Errorf("model_not_found must say x-should-retry: false")
+	}
+
+	// GET /v1/models lists what the group's channels declare
+	r = send(t, http.MethodGet, "/v1/models", clientKey, "")
+	var list struct {
+		Data []struct {
+			ID   string `json:"id"`
+			Type string `json:"type"`
+		} `json:"data"`
+		HasMore bool   `json:"has_more"`
+		FirstID string `json:"first_id"`
+		LastID  string `json:"last_id"`
+	}
+	if err := json.Unmarshal(r.body, &list); err != nil || r.status != 200 {
+		t.Fatalf("models: %d %s", r.status, r.body)
+	}
+	var ids []string
+	for _, m := range list.Data {
+		ids = append(ids, m.ID)
+	}
+	if strings.Join(ids, ",") != "claude-opus-4-1,claude-haiku-4-5,claude-sonnet-4-5" || list.FirstID != "claude-opus-4-1" || list.LastID != "claude-sonnet-4-5" {
+		t.Errorf("models = %v (first %q last %q)", ids, list.FirstID, list.LastID)
+	}
+	if r = send(t, http.MethodGet, "/v1/models?limit=1", clientKey, ""); !bytes.Contains(r.body, []byte(`"has_more":true`)) {
+		t.Errorf("limit=1 should page: %s", r.body)
+	}
+	if r = send(t, http.MethodGet, "/v1/models/claude-haiku-4-5", clientKey, ""); r.status != 200 || !bytes.Contains(r.body, []byte(`"id":"claude-haiku-4-5"`)) {
+		t.Errorf("GET /v1/models/{id}: %d %s", r.status, r.body)
+	}
+	wantRelayError(t, send(t, http.MethodGet, "/v1/models/gpt-4", clientKey, ""), 404, "not_found_error", "")
+	wantRelayError(t, send(t, http.MethodGet, "/v1/models", "sk-wrong", ""), 401, "authentication_error", "")
+	if a.Hits()+b.Hits() != 3 {
+		t.Errorf("GET /v1/models must be answered locally: upstream hits %d", a.Hits()+b.Hits())
+	}
+}
+
+func TestHTTPSChannelUsesTLS(t *testing.T) {
+	var sawTLS atomic.Bool
+	tlsUp := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sawTLS.Store(r.TLS != nil)
+		fakeupstream.Message("over tls")(w, r)
+	}))
+	t.Cleanup(tlsUp.Close)
+	// the fake's certificate is self-signed: trusted only when told so
+	startRelay(t, channelBlock("tls-trusting", tlsUp.URL, "transport http {\n\t\t\t\ttls_insecure_skip_verify\n\t\t\t}")+
+		channelBlock("tls-default", tlsUp.URL)+
+		keyAndGroup("tls1", "tls-trusting")+
+		"\t\tkey sk-tls-2 tls2\n\t\tgroup tls2 {\n\t\t\tchannels tls-default\n\t\t}\n")
+
+	if r := message(t, simpleBody); r.status != 200 || !sawTLS.Load() {
+		t.Errorf("https channel with a transport block: %d, TLS %v: %s", r.status, sawTLS.Load(), r.body)
+	}
+	// without a transport block the default one verifies the certificate,
+	// which proves it speaks TLS to an https URL
+	r := send(t, http.MethodPost, "/v1/messages", "sk-tls-2", simpleBody)
+	wantRelayError(t, r, 502, "api_error", "")
+	if !bytes.Contains(r.body, []byte("certificate")) {
+		t.Errorf("want a certificate error, got %s", r.body)
 	}
 }

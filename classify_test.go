@@ -12,11 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/fakeupstream"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 )
-
-// testNow is the fixed clock of the pure tests.
-var testNow = time.Date(2025, time.March, 14, 15, 9, 26, 0, time.UTC)
 
 func respHeader(kv ...string) http.Header {
 	h := http.Header{}
@@ -349,5 +347,62 @@ func TestTheTableDerivesEveryLookup(t *testing.T) {
 	}
 	if typeOutcome("") != outcomeClientError || typeOutcome("no_such_error") != outcomeClientError {
 		t.Errorf("an unknown stream error type must be the request's own")
+	}
+}
+
+// twoGroups renders a free key and a production key whose groups share the
+// same channels.
+func twoGroups(channels string) string {
+	return "\t\tkey sk-free-tenant-0123456789 free\n\t\tkey " + clientKey + " production\n" +
+		"\t\tgroup free {\n\t\t\tchannels " + channels + "\n\t\t}\n" +
+		"\t\tgroup production {\n\t\t\tchannels " + channels + "\n\t\t}\n"
+}
+
+// echoBeta answers as Anthropic does when a request carries an
+// anthropic-beta value it does not know: a 400 whose message quotes it.
+func echoBeta(w http.ResponseWriter, r *http.Request) {
+	if beta := r.Header.Get("Anthropic-Beta"); beta != "" {
+		fakeupstream.Error(400, "invalid_request_error",
+			"Unexpected value(s) `"+beta+"` for the `anthropic-beta` header. Please consult our documentation at docs.claude.com or try again without the header.")(w, r)
+		return
+	}
+	fakeupstream.Message("served")(w, r)
+}
+
+func TestAHeaderCannotCoolASharedChannel(t *testing.T) {
+	a, b := fakeupstream.New(t, http.HandlerFunc(echoBeta)), fakeupstream.New(t, http.HandlerFunc(echoBeta))
+	startRelay(t, channelBlock("hostile-beta-a", a.URL)+channelBlock("hostile-beta-b", b.URL)+twoGroups("hostile-beta-a hostile-beta-b"))
+
+	for _, beta := range []string{"credit balance is too low", "Your credit balance is too low", "CREDIT BALANCE IS TOO LOW"} {
+		r := send(t, http.MethodPost, "/v1/messages", "sk-free-tenant-0123456789", simpleBody, "Anthropic-Beta", beta)
+		if r.status != 400 || !strings.Contains(string(r.body), beta) {
+			t.Fatalf("the upstream's 400 should reach the client as it is: %d %s", r.status, r.body)
+		}
+		if r.header.Get("X-Relay-Attempts") != "" {
+			t.Errorf("a client error was retried: x-relay-attempts %s", r.header.Get("X-Relay-Attempts"))
+		}
+	}
+	for name, st := range channels(t) {
+		if strings.HasPrefix(name, "hostile-beta-") && (st.State != stateHealthy || st.CooldownUntil != nil) {
+			t.Errorf("%s was cooled by a request header: %+v", name, st)
+		}
+	}
+	if r := message(t, simpleBody); r.status != 200 {
+		t.Errorf("the production key lost its channels to another tenant's header: %d %s", r.status, r.body)
+	}
+}
+
+func TestTheRealBillingErrorStillCools(t *testing.T) {
+	broke := fakeupstream.New(t, fakeupstream.Error(400, "invalid_request_error",
+		"Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing to upgrade or purchase credits."))
+	ok := fakeupstream.New(t, fakeupstream.Message("served"))
+	startRelay(t, channelBlock("hostile-bill-a", broke.URL, "priority 1")+channelBlock("hostile-bill-b", ok.URL, "priority 2")+
+		keyAndGroup("hostile-bill", "hostile-bill-a hostile-bill-b"))
+	if r := message(t, simpleBody); r.status != 200 {
+		t.Fatalf("failover: %d %s", r.status, r.body)
+	}
+	st := channels(t)["hostile-bill-a"]
+	if st.LastError != "auth" || st.CooldownUntil == nil || time.Until(*st.CooldownUntil) < 29*time.Minute {
+		t.Errorf("an account out of credit should cool for auth_cooldown: %+v", st)
 	}
 }

@@ -2,7 +2,7 @@ package relay
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -14,24 +14,6 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
 )
-
-// fakeClock is the relay's injectable clock in tests.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *fakeClock) now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
 
 func TestParseRateSpec(t *testing.T) {
 	for in, want := range map[string]rateSpec{
@@ -255,57 +237,6 @@ func keyDigestMust(t *testing.T, secret string) [32]byte {
 	return d
 }
 
-func TestQueueOrder(t *testing.T) {
-	var q waitQueue
-	now := time.Now()
-	var batch []*waiter
-	for i := 0; i < 3; i++ {
-		w, _ := q.enqueue(priorityBatch, 10, now)
-		batch = append(batch, w)
-	}
-	normal, _ := q.enqueue(priorityNormal, 10, now)
-	if q.isBest(batch[0]) || !q.isBest(normal) {
-		t.Fatal("a normal waiter goes before batch waiters that came first")
-	}
-	if !q.ahead(priorityBatch) || !q.ahead(priorityNormal) || q.ahead(priorityRealtime) {
-		t.Error("ahead() must count waiters of the same class or better only")
-	}
-	q.leave(normal)
-	for i, w := range batch {
-		if !q.isBest(w) {
-			t.Fatalf("batch waiter %d should be next (FIFO within a class)", i)
-		}
-		q.leave(w)
-	}
-	for i := 0; i < 2; i++ {
-		q.enqueue(priorityNormal, 2, now)
-	}
-	if _, ok := q.enqueue(priorityRealtime, 2, now); ok {
-		t.Error("max_queue must bound the queue")
-	}
-}
-
-func TestQueueWaitTimesOutAndWakes(t *testing.T) {
-	var q waitQueue
-	clock := &fakeClock{t: time.Now()}
-	w, _ := q.enqueue(priorityNormal, 10, clock.now())
-	// a wake-up makes it try again at once
-	q.wakeBest()
-	if retry, err := q.wait(context.Background(), w, time.Time{}, clock.now().Add(time.Hour), clock.now); !retry || err != nil {
-		t.Fatalf("woken: %v %v", retry, err)
-	}
-	// past the deadline: the queue timeout
-	if _, err := q.wait(context.Background(), w, time.Time{}, clock.now(), clock.now); !errors.Is(err, errQueueTimeout) {
-		t.Fatalf("past the deadline: %v", err)
-	}
-	// a client that leaves ends the wait at once
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if _, err := q.wait(ctx, w, time.Time{}, clock.now().Add(time.Hour), clock.now); !errors.Is(err, context.Canceled) {
-		t.Fatalf("canceled: %v", err)
-	}
-}
-
 func TestTokenBucketDebt(t *testing.T) {
 	now := time.Unix(1_900_000_000, 0)
 	b := newTokenBucket(rateSpec{n: 100, period: 10 * time.Second}, now)
@@ -320,5 +251,60 @@ func TestTokenBucketDebt(t *testing.T) {
 	b.configure(rateSpec{n: 20, period: 10 * time.Second}, now)
 	if b.level != 20 {
 		t.Errorf("a smaller burst caps the level: %v", b.level)
+	}
+}
+
+// benchRelay has 3 groups over 10 channels (some shared), limits on every
+// key and channel, and no contention.
+func benchRelay(b *testing.B) *Relay {
+	r := &Relay{}
+	for i := 0; i < 10; i++ {
+		r.Channels = append(r.Channels, &Channel{Name: fmt.Sprintf("bench-ch%d", i), UpstreamRaw: upstream("mock"),
+			Models: []string{"claude-sonnet-4-5", "claude-haiku-4-5"}, Priority: 1 + i%2, Weight: 1 + i,
+			Rate: "100000000/s", Tokens: "1000000000/s", Concurrency: 1 << 20})
+	}
+	for g := 0; g < 3; g++ {
+		grp := &Group{Name: fmt.Sprintf("bench-g%d", g)}
+		for i := g * 3; i < g*3+4; i++ {
+			grp.Channels = append(grp.Channels, fmt.Sprintf("bench-ch%d", i))
+		}
+		r.Groups = append(r.Groups, grp)
+		r.Keys = append(r.Keys, &Key{Secret: fmt.Sprintf("sk-bench-%d", g), Group: grp.Name, Name: fmt.Sprintf("bench-k%d", g),
+			Rate: "100000000/s", Tokens: "1000000000/s", Concurrency: 1 << 20})
+	}
+	provisionHandler(b, r)
+	return r
+}
+
+// BenchmarkAdmitAndSelect measures the uncontended path of one request
+// from key admission to a channel's admitted attempt, and back: key limits,
+// selection among the group's channels, channel limits and breaker.
+func BenchmarkAdmitAndSelect(b *testing.B) {
+	r := benchRelay(b)
+	keys := make([]*key, 0, 3)
+	for _, k := range r.keys {
+		keys = append(keys, k)
+	}
+	policy := cooldownPolicy{base: time.Second, max: time.Minute, auth: time.Hour}
+	var triedBuf [4]*channel
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		k := keys[i%len(keys)]
+		now := time.Now()
+		if scope, _ := k.limits.take(now, 100); scope != scopeNone {
+			b.Fatal("key refused")
+		}
+		sel := selection{model: "claude-sonnet-4-5", tried: triedBuf[:0], rand: defaultRand, now: now}
+		ch, rerr := pickErr(k.group, &sel)
+		if ch == nil {
+			b.Fatal(rerr)
+		}
+		t, _ := ch.health.admit(now, 100)
+		if t == nil {
+			b.Fatal("channel refused")
+		}
+		t.finish(verdict{outcome: outcomeSuccess}, policy, now, 0, 150)
+		k.limits.done(now, 100, 150)
 	}
 }

@@ -3,7 +3,6 @@ package relay
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"math"
 	"net/http"
 	"os"
@@ -16,59 +15,8 @@ import (
 	"github.com/caddy-relay/relay/internal/fakeupstream"
 	"github.com/caddyserver/caddy/v2/caddytest"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"go.yaml.in/yaml/v3"
 )
-
-// scrape reads Caddy's /metrics from the admin endpoint.
-func scrape(t *testing.T) (map[string]*dto.MetricFamily, string) {
-	t.Helper()
-	resp, err := client.Get(adminURL + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	mf, err := p.TextToMetricFamilies(strings.NewReader(string(raw)))
-	if err != nil {
-		t.Fatalf("parsing /metrics: %v", err)
-	}
-	return mf, string(raw)
-}
-
-// value returns the value of the series of family name whose labels include
-// labels ("k=v" pairs); a histogram gives its sample count. Missing: -1.
-func value(mf map[string]*dto.MetricFamily, name string, labels ...string) float64 {
-	f := mf[name]
-	if f == nil {
-		return -1
-	}
-next:
-	for _, m := range f.Metric {
-		have := map[string]string{}
-		for _, l := range m.Label {
-			have[l.GetName()] = l.GetValue()
-		}
-		for _, kv := range labels {
-			k, v, _ := strings.Cut(kv, "=")
-			if have[k] != v {
-				continue next
-			}
-		}
-		switch {
-		case m.Counter != nil:
-			return m.Counter.GetValue()
-		case m.Gauge != nil:
-			return m.Gauge.GetValue()
-		case m.Histogram != nil:
-			return float64(m.Histogram.GetSampleCount())
-		}
-	}
-	return -1
-}
 
 func TestMetricsAfterAScriptedMix(t *testing.T) {
 	u := fakeupstream.Usage{InputTokens: 10, OutputTokens: 20, CacheReadInputTokens: 30, CacheCreationInputTokens: 40}
@@ -129,11 +77,6 @@ func TestMetricsAfterAScriptedMix(t *testing.T) {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
 		}
 	}
-}
-
-func mustRead(r *http.Request) string {
-	b, _ := io.ReadAll(r.Body)
-	return string(b)
 }
 
 func TestMetricsKeepMovingAfterAReload(t *testing.T) {

@@ -433,3 +433,63 @@ func FuzzBedrockEventStream(f *testing.F) {
 		}
 	})
 }
+
+// byModel answers 403 (as refuse does) for requests whose path names
+// refused, and a message otherwise.
+func byModel(refused string, refuse http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if strings.Contains(r.URL.Path, refused) {
+			refuse(w, r)
+			return
+		}
+		fakeupstream.Message("from "+r.URL.Path)(w, r)
+	}
+}
+
+func TestARefusedModelIsSetAsideAloneOnBedrock(t *testing.T) {
+	fb := newFakeBedrock(t, byModel("claude-opus", bedrockFailure(403, "AccessDeniedException", "You don't have access to the model with the specified model ID.")))
+	fallback := fakeupstream.New(t, fakeupstream.Message("from anthropic"))
+	// the bedrock channel lists no models: the client picks the model id
+	bedrock := strings.Replace(bedrockChannel(t, "hostile-br", fb.URL, "priority 1"),
+		"\t\t\tmodels claude-sonnet-4-5=us.anthropic.claude-sonnet-4-5-20250929-v1:0\n", "", 1)
+	startRelay(t, bedrock+channelBlock("hostile-br-fallback", fallback.URL, "priority 2")+
+		keyAndGroup("hostile-br", "hostile-br hostile-br-fallback", "expose_channel")+
+		"\t\tkey sk-bedrock-only-0123456789 hostile-br-only\n\t\tgroup hostile-br-only {\n\t\t\tchannels hostile-br\n\t\t}\n")
+	opus := `{"model":"claude-opus-4-1","max_tokens":16,"messages":[{"role":"user","content":"Hi"}]}`
+	sonnet := `{"model":"claude-sonnet-4-5","max_tokens":16,"messages":[{"role":"user","content":"Hi"}]}`
+
+	r := message(t, opus)
+	if r.status != 200 || r.header.Get("X-Relay-Channel") != "hostile-br-fallback" || fb.Hits() != 1 {
+		t.Fatalf("a refused model should fail over: %d %s via %q, bedrock hits %d", r.status, r.body, r.header.Get("X-Relay-Channel"), fb.Hits())
+	}
+	st := channels(t)["hostile-br"]
+	if st.State != stateHealthy || st.CooldownUntil != nil || st.LastError != "model_refused" {
+		t.Errorf("a model refusal must not cool the channel: %+v", st)
+	}
+	if until, ok := st.RefusedModels["claude-opus-4-1"]; !ok || time.Until(until) < 59*time.Minute || len(st.RefusedModels) != 1 {
+		t.Errorf("only claude-opus-4-1 should be set aside, for capability_ttl: %v", st.RefusedModels)
+	}
+	// the refusal is remembered: the model goes elsewhere without asking
+	if r := message(t, opus); r.status != 200 || r.header.Get("X-Relay-Channel") != "hostile-br-fallback" || fb.Hits() != 1 {
+		t.Errorf("the refused model was asked again: %d via %q, bedrock hits %d", r.status, r.header.Get("X-Relay-Channel"), fb.Hits())
+	}
+	// and other models are served by the channel as before
+	if r := message(t, sonnet); r.status != 200 || r.header.Get("X-Relay-Channel") != "hostile-br" {
+		t.Errorf("another model should still be served by the channel: %d %s via %q", r.status, r.body, r.header.Get("X-Relay-Channel"))
+	}
+	// a group that has no other channel: the upstream's answer, then the
+	// relay's own model_not_found without asking the upstream again
+	hits := fb.Hits()
+	if r := send(t, http.MethodPost, "/v1/messages", "sk-bedrock-only-0123456789", opus); r.status != 503 || fb.Hits() != hits {
+		t.Errorf("a model every channel refused: %d %s, bedrock hits %d, want %d", r.status, r.body, fb.Hits(), hits)
+	} else {
+		wantRelayError(t, r, 503, "relay_error", "model_not_found")
+	}
+	// the admin reset forgets the refusal
+	if code, body := adminPost(t, "hostile-br", "reset"); code != 200 || strings.Contains(string(body), "refused_models") {
+		t.Fatalf("reset: %d %s", code, body)
+	}
+	if message(t, opus); fb.Hits() != hits+1 {
+		t.Errorf("after a reset the channel should be asked again: bedrock hits %d, want %d", fb.Hits(), hits+1)
+	}
+}

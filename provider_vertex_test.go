@@ -672,3 +672,23 @@ func TestVertexRefresherStopsWithItsLastConfig(t *testing.T) {
 		t.Fatal("the refresher did not stop")
 	}
 }
+
+func TestARefusedModelIsSetAsideAloneOnVertex(t *testing.T) {
+	g := newFakeGoogle(t, 3600)
+	vx := fakeVertex(t, g, byModel("claude-opus", googleError(400, "FAILED_PRECONDITION",
+		"Publisher Model `projects/p/locations/us-east5/publishers/anthropic/models/claude-opus-4-1` is not enabled for this project.", false)))
+	fallback := fakeupstream.New(t, fakeupstream.Message("from anthropic"))
+	startRelay(t, vertexBlock("hostile-vx", vx.URL, g.serviceAccountFile(t), "priority 1")+channelBlock("hostile-vx-fallback", fallback.URL, "priority 2")+
+		keyAndGroup("hostile-vx", "hostile-vx hostile-vx-fallback", "expose_channel"))
+	r := message(t, `{"model":"claude-opus-4-1","max_tokens":16,"messages":[]}`)
+	if r.status != 200 || r.header.Get("X-Relay-Channel") != "hostile-vx-fallback" {
+		t.Fatalf("a model not enabled for the project should fail over: %d %s", r.status, r.body)
+	}
+	st := channels(t)["hostile-vx"]
+	if _, ok := st.RefusedModels["claude-opus-4-1"]; st.State != stateHealthy || st.CooldownUntil != nil || !ok {
+		t.Errorf("FAILED_PRECONDITION must set the model aside, not cool the channel: %+v", st)
+	}
+	if r := message(t, simpleBody); r.status != 200 || r.header.Get("X-Relay-Channel") != "hostile-vx" {
+		t.Errorf("another model should still be served by the channel: %d via %q", r.status, r.header.Get("X-Relay-Channel"))
+	}
+}

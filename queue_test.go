@@ -1,6 +1,8 @@
 package relay
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -229,5 +231,56 @@ func TestChannelConcurrencyIsNeverExceeded(t *testing.T) {
 	}
 	if p := up.peak.Load(); p != 2 || up.Hits() != 10 {
 		t.Errorf("peak concurrency %d (want 2), hits %d (want 10)", p, up.Hits())
+	}
+}
+
+func TestQueueOrder(t *testing.T) {
+	var q waitQueue
+	now := time.Now()
+	var batch []*waiter
+	for i := 0; i < 3; i++ {
+		w, _ := q.enqueue(priorityBatch, 10, now)
+		batch = append(batch, w)
+	}
+	normal, _ := q.enqueue(priorityNormal, 10, now)
+	if q.isBest(batch[0]) || !q.isBest(normal) {
+		t.Fatal("a normal waiter goes before batch waiters that came first")
+	}
+	if !q.ahead(priorityBatch) || !q.ahead(priorityNormal) || q.ahead(priorityRealtime) {
+		t.Error("ahead() must count waiters of the same class or better only")
+	}
+	q.leave(normal)
+	for i, w := range batch {
+		if !q.isBest(w) {
+			t.Fatalf("batch waiter %d should be next (FIFO within a class)", i)
+		}
+		q.leave(w)
+	}
+	for i := 0; i < 2; i++ {
+		q.enqueue(priorityNormal, 2, now)
+	}
+	if _, ok := q.enqueue(priorityRealtime, 2, now); ok {
+		t.Error("max_queue must bound the queue")
+	}
+}
+
+func TestQueueWaitTimesOutAndWakes(t *testing.T) {
+	var q waitQueue
+	clock := &fakeClock{t: time.Now()}
+	w, _ := q.enqueue(priorityNormal, 10, clock.now())
+	// a wake-up makes it try again at once
+	q.wakeBest()
+	if retry, err := q.wait(context.Background(), w, time.Time{}, clock.now().Add(time.Hour), clock.now); !retry || err != nil {
+		t.Fatalf("woken: %v %v", retry, err)
+	}
+	// past the deadline: the queue timeout
+	if _, err := q.wait(context.Background(), w, time.Time{}, clock.now(), clock.now); !errors.Is(err, errQueueTimeout) {
+		t.Fatalf("past the deadline: %v", err)
+	}
+	// a client that leaves ends the wait at once
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := q.wait(ctx, w, time.Time{}, clock.now().Add(time.Hour), clock.now); !errors.Is(err, context.Canceled) {
+		t.Fatalf("canceled: %v", err)
 	}
 }

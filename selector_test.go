@@ -1,12 +1,17 @@
 package relay
 
 import (
+	"bytes"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/caddy-relay/relay/internal/fakeupstream"
 )
 
 // testChannel builds a runtime channel for the selector: one tier, weight 1,
@@ -355,3 +360,413 @@ func pickErr(g *group, s *selection) (*channel, *relayError) {
 	}
 	return nil, p.err(s, g)
 }
+
+func TestPriorityTiersAndWeights(t *testing.T) {
+	a := fakeupstream.New(t, fakeupstream.Message("a"))
+	b := fakeupstream.New(t, fakeupstream.Message("b"))
+	c := fakeupstream.New(t, fakeupstream.Message("c"))
+	startRelay(t, channelBlock("tier-a", a.URL, "weight 3")+channelBlock("tier-b", b.URL, "weight 1")+
+		channelBlock("tier-c", c.URL, "priority 2", "weight 100")+keyAndGroup("tier", "tier-a tier-b tier-c"))
+
+	const n = 400
+	for i := 0; i < n; i++ {
+		if r := message(t, simpleBody); r.status != 200 {
+			t.Fatalf("request %d: status %d", i, r.status)
+		}
+	}
+	if c.Hits() != 0 {
+		t.Errorf("the priority-2 channel got %d requests while tier 1 was healthy", c.Hits())
+	}
+	// binomial(400, 0.75): mean 300, sd 8.7; allow 4 sd
+	if got := a.Hits(); got < 265 || got > 335 || got+b.Hits() != n {
+		t.Errorf("weights 3:1 gave a=%d b=%d, want a within 300±35", got, b.Hits())
+	}
+}
+
+func TestCapabilityFilter(t *testing.T) {
+	plain := fakeupstream.New(t, fakeupstream.Message("plain"))
+	tier := fakeupstream.New(t, fakeupstream.Message("tier"))
+	startRelay(t, channelBlock("cap-plain", plain.URL, "weight 100")+channelBlock("cap-tier", tier.URL, "allow service_tier")+
+		keyAndGroup("cap", "cap-plain cap-tier"))
+
+	for i := 0; i < 5; i++ {
+		if r := message(t, `{"model":"m","service_tier":"auto"}`); r.status != 200 {
+			t.Fatalf("status %d", r.status)
+		}
+	}
+	if tier.Hits() != 5 || plain.Hits() != 0 {
+		t.Errorf("service_tier requests: tier %d plain %d, want all 5 on the channel that allows it", tier.Hits(), plain.Hits())
+	}
+	// a null value is no request for the capability
+	message(t, `{"model":"m","service_tier":null,"max_tokens":1}`)
+	r := message(t, `{"model":"m","speed":"fast"}`)
+	wantRelayError(t, r, 503, "relay_error", "capability_not_available")
+	if !bytes.Contains(r.body, []byte("speed")) || r.header.Get("X-Should-Retry") != "false" {
+		t.Errorf("capability error should name the field and say x-should-retry: false: %s", r.body)
+	}
+}
+
+func TestOverloadPrefersAnotherHost(t *testing.T) {
+	shared := fakeupstream.New(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/a/") {
+			fakeupstream.Error(529, "overloaded_error", "Overloaded")(w, r)
+			return
+		}
+		fakeupstream.Message("same host")(w, r)
+	}))
+	other := fakeupstream.New(t, fakeupstream.Message("other host"))
+	startRelay(t, channelBlock("host-a", shared.URL+"/a", "priority 1")+channelBlock("host-b", shared.URL+"/b", "priority 2")+
+		channelBlock("host-c", other.URL, "priority 3")+keyAndGroup("host", "host-a host-b host-c"))
+	r := message(t, simpleBody)
+	if r.status != 200 || !bytes.Contains(r.body, []byte("other host")) {
+		t.Errorf("after a 529 the next attempt should go to another upstream host: %d %s", r.status, r.body)
+	}
+	if got := shared.Last(t).Path; got != "/a/v1/messages" {
+		t.Errorf("the shared host should only have seen channel a: %s", got)
+	}
+}
+
+func sessions(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("session-%04d", i)
+	}
+	return out
+}
+
+func pickFor(t *testing.T, g *group, session string) string {
+	t.Helper()
+	ch, rerr := pickErr(g, &selection{model: "m", session: session, now: testNow, rand: rand.IntN})
+	if ch == nil {
+		t.Fatalf("no pick for %s: %v", session, rerr)
+	}
+	return ch.name
+}
+
+func TestStickySpreadsAndKeepsSessions(t *testing.T) {
+	g := &group{name: "sticky", policy: policySticky}
+	for _, n := range []string{"a", "b", "c", "d"} {
+		g.channels = append(g.channels, testChannel(n))
+	}
+	first := map[string]string{}
+	count := map[string]int{}
+	for _, s := range sessions(1000) {
+		first[s] = pickFor(t, g, s)
+		count[first[s]]++
+		if again := pickFor(t, g, s); again != first[s] {
+			t.Fatalf("session %s moved from %s to %s", s, first[s], again)
+		}
+	}
+	// binomial(1000, 1/4): sd 13.7; allow 4 sd
+	for name, n := range count {
+		if n < 195 || n > 305 {
+			t.Errorf("channel %s got %d of 1000 sessions, want 250±55", name, n)
+		}
+	}
+
+	// cooling c moves c's sessions only, and they come back
+	c := g.channels[2]
+	c.health.extend(testNow.Add(time.Minute))
+	for s, was := range first {
+		now := pickFor(t, g, s)
+		if was != "c" && now != was {
+			t.Fatalf("session %s moved from %s to %s when only c cooled", s, was, now)
+		}
+		if was == "c" && now == "c" {
+			t.Fatalf("session %s stayed on the cooling channel", s)
+		}
+	}
+	c.health.until.Store(0)
+	for s, was := range first {
+		if now := pickFor(t, g, s); now != was {
+			t.Fatalf("session %s did not come back to %s after the recovery (on %s)", s, was, now)
+		}
+	}
+
+	// weights shape the shares: 2 of weight 1, one of weight 2
+	w := &group{name: "sticky-w", policy: policySticky, channels: []*channel{testChannel("x"), testChannel("y"), testChannel("z", withWeight(2))}}
+	z := 0
+	for _, s := range sessions(2000) {
+		if pickFor(t, w, s) == "z" {
+			z++
+		}
+	}
+	if z < 920 || z > 1080 { // binomial(2000, 1/2): sd 22
+		t.Errorf("weight 2 of 4 got %d of 2000 sessions, want 1000±80", z)
+	}
+}
+
+func TestASessionIDNeverLeavesTheBestLiveTier(t *testing.T) {
+	// whatever session id a client makes up, sticky hashing only picks
+	// within the best live tier: a heavy fallback is never chosen while a
+	// preferred channel lives
+	a, b := testChannel("a"), testChannel("b")
+	fallback := testChannel("fallback", withPriority(2), withWeight(1_000_000))
+	g := &group{name: "tiers", policy: policySticky, channels: []*channel{a, b, fallback}}
+	ids := sessions(5000)
+	ids = append(ids, "", "fallback", "key:x", strings.Repeat("z", 4096), "\x00", "session_fallback")
+	for _, s := range ids {
+		if got := pickFor(t, g, s); got == "fallback" {
+			t.Fatalf("session %q picked the tier-2 channel while tier 1 is live", s)
+		}
+	}
+	a.health.extend(testNow.Add(time.Minute))
+	for _, s := range ids {
+		if got := pickFor(t, g, s); got != "b" {
+			t.Fatalf("session %q picked %s while b is the only live tier-1 channel", s, got)
+		}
+	}
+	// a canary split is the documented exception: its share of sessions
+	// reaches it whatever its priority, and no other session does
+	a.health.until.Store(0)
+	split := &group{name: "tiers-split", policy: policySticky, channels: []*channel{a, b, fallback},
+		splits: []groupSplit{{ch: fallback, share: 0.01}}}
+	in := 0
+	for _, s := range ids {
+		if pickFor(t, split, s) == "fallback" {
+			if unitHash("split", "fallback", s) >= 0.01 {
+				t.Fatalf("session %q reached the canary outside its share", s)
+			}
+			in++
+		}
+	}
+	if in == 0 || in > 100 {
+		t.Errorf("%d of %d sessions reached a 1%% canary", in, len(ids))
+	}
+}
+
+func TestCanarySplit(t *testing.T) {
+	a, canary := testChannel("a"), testChannel("canary", withPriority(2))
+	g := &group{name: "split", policy: policyWeighted, channels: []*channel{a, canary}, splits: []groupSplit{{ch: canary, share: 0.1}}}
+	in := 0
+	for _, s := range sessions(1000) {
+		got := pickFor(t, g, s)
+		if got == "canary" {
+			in++
+		}
+		if pickFor(t, g, s) != got {
+			t.Fatalf("session %s is not stable across the split", s)
+		}
+	}
+	if in < 62 || in > 138 { // binomial(1000, 0.1): sd 9.5; allow 4 sd
+		t.Errorf("%d of 1000 sessions went to the 10%% canary", in)
+	}
+	// the others only reach the canary when nothing else is live
+	a.health.extend(testNow.Add(time.Minute))
+	if got := pickFor(t, g, "session-that-is-not-canary-"+fmt.Sprint(in)); got != "canary" {
+		t.Errorf("with a cooling, every session must use the canary: %s", got)
+	}
+}
+
+func TestEffectiveWeights(t *testing.T) {
+	mk := func(name string, latencyMs float64, inflight, conc int64) *channel {
+		ch := testChannel(name, withWeight(10))
+		ch.health.configure(defaultBreaker, limits{concurrency: conc}, channelOwner{}, time.Now())
+		ch.health.ewmaMs.Store(math.Float64bits(latencyMs))
+		ch.health.limits.inflight.Store(inflight)
+		return ch
+	}
+	w := effectiveWeights([]*channel{
+		mk("fast", 100, 0, 0),
+		mk("slow", 400, 0, 0),
+		mk("busy", 100, 3, 4),
+		mk("crawling", 100_000, 0, 0),
+		mk("new", 0, 0, 0),
+	}, nil)
+	want := []float64{10, 2.5, 2.5, 0.5, 10}
+	for i := range want {
+		if math.Abs(w[i]-want[i]) > 1e-9 {
+			t.Errorf("effective weights = %v, want %v", w, want)
+			break
+		}
+	}
+}
+
+func TestSessionID(t *testing.T) {
+	for _, c := range []struct {
+		header, userID, want string
+	}{
+		{"cc-session-1", "user_ab_account__session_x", "cc-session-1"},
+		{"", "user_7f3a9c_account_1b2c_session_5e2d1c3a-0f1e-4b8a-9c7d-2e4f6a8b0c1d", "5e2d1c3a-0f1e-4b8a-9c7d-2e4f6a8b0c1d"},
+		{"", `{"device_id":"d1","account_uuid":"a1","session_id":"s-json"}`, "s-json"},
+		{"", "end-user-42", "end-user-42"},
+		{"", "", "key:support"},
+	} {
+		in := &inbound{header: http.Header{}, userID: c.userID, key: &key{name: "support"}}
+		if c.header != "" {
+			in.header.Set("X-Claude-Code-Session-Id", c.header)
+		}
+		if got := in.sessionID(); got != c.want {
+			t.Errorf("sessionID(%q, %q) = %q, want %q", c.header, c.userID, got, c.want)
+		}
+	}
+}
+
+func TestInspectReadsMetadataUserID(t *testing.T) {
+	in := &inbound{body: []byte(`{"model":"m","metadata":{"user_id":"user_1_account__session_abc"},"messages":[]}`)}
+	if err := in.inspect(); err != nil || in.userID != "user_1_account__session_abc" {
+		t.Errorf("userID = %q (%v)", in.userID, err)
+	}
+}
+
+// TestAdaptiveDrainsASlowChannel: a channel that slows down loses its
+// share within a bounded number of requests, and wins it back after it
+// recovers.
+func TestAdaptiveDrainsASlowChannel(t *testing.T) {
+	fast := fakeupstream.New(t, fakeupstream.Message("fast"))
+	var slow atomicDelay
+	degrading := fakeupstream.New(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(slow.get()) // the upstream is slow: that is what is measured
+		fakeupstream.Message("degrading")(w, r)
+	}))
+	startRelay(t, channelBlock("adapt-fast", fast.URL)+channelBlock("adapt-degrading", degrading.URL)+
+		keyAndGroup("adapt", "adapt-fast adapt-degrading", "policy adaptive"))
+
+	share := func(n int) float64 {
+		before := degrading.Hits()
+		for i := 0; i < n; i++ {
+			if r := message(t, simpleBody); r.status != 200 {
+				t.Fatalf("status %d", r.status)
+			}
+		}
+		return float64(degrading.Hits()-before) / float64(n)
+	}
+	if s := share(100); s < 0.3 || s > 0.7 {
+		t.Fatalf("while both are fast the share is %.2f, want about half", s)
+	}
+	slow.set(40 * time.Millisecond)
+	share(60) // it slows down ...
+	if s := share(100); s > 0.15 {
+		t.Errorf("60 requests after it slowed down, the slow channel still takes %.2f of the traffic", s)
+	}
+	if degrading.Hits() == 0 {
+		t.Fatal("no trickle")
+	}
+	slow.set(0)
+	share(400) // ... recovers, and the trickle shows it
+	if s := share(100); s < 0.3 {
+		t.Errorf("400 requests after it recovered, it takes %.2f of the traffic, want back to about half", s)
+	}
+}
+
+// atomicDelay is a delay a test changes while a handler reads it.
+type atomicDelay struct{ ns atomic.Int64 }
+
+func (d *atomicDelay) set(v time.Duration) { d.ns.Store(int64(v)) }
+func (d *atomicDelay) get() time.Duration  { return time.Duration(d.ns.Load()) }
+
+func TestStickySessionsEndToEnd(t *testing.T) {
+	var ups []*fakeupstream.Upstream
+	var cfg strings.Builder
+	for i := 0; i < 3; i++ {
+		ups = append(ups, fakeupstream.New(t, fakeupstream.Message(fmt.Sprint(i))))
+		cfg.WriteString(channelBlock(fmt.Sprintf("stick-%d", i), ups[i].URL))
+	}
+	cfg.WriteString(keyAndGroup("stick", "stick-0 stick-1 stick-2", "policy sticky", "expose_channel"))
+	startRelay(t, cfg.String())
+	used := map[string]bool{}
+	for s := 0; s < 30; s++ {
+		session := fmt.Sprintf("claude-code-%d", s)
+		var first string
+		for i := 0; i < 3; i++ {
+			r := message(t, simpleBody, "X-Claude-Code-Session-Id", session)
+			ch := r.header.Get("X-Relay-Channel")
+			if i == 0 {
+				first = ch
+			} else if ch != first {
+				t.Fatalf("session %s went to %s, then %s", session, first, ch)
+			}
+		}
+		used[first] = true
+	}
+	if len(used) != 3 {
+		t.Errorf("30 sessions used %d of 3 channels", len(used))
+	}
+	// metadata.user_id's session part pins too
+	a := message(t, `{"model":"m","metadata":{"user_id":"user_1_account__session_s1"}}`).header.Get("X-Relay-Channel")
+	for i := 0; i < 3; i++ {
+		if b := message(t, `{"model":"m","metadata":{"user_id":"user_2_account__session_s1"}}`).header.Get("X-Relay-Channel"); b != a {
+			t.Errorf("the same session in another user_id went elsewhere: %s vs %s", a, b)
+		}
+	}
+}
+
+func TestFallbackServesASimilarModel(t *testing.T) {
+	opus := fakeupstream.New(t, fakeupstream.Message("opus"))
+	sonnet := fakeupstream.New(t, fakeupstream.Message("sonnet"))
+	startRelay(t, channelBlock("fb-opus", opus.URL, "models claude-opus-4-1")+
+		channelBlock("fb-sonnet", sonnet.URL, "models claude-sonnet-4-5=claude-sonnet-4-5-20250929")+
+		keyAndGroup("fb", "fb-opus fb-sonnet", "fallback claude-opus-4-1 claude-sonnet-4-5"))
+	opusBody := `{"model":"claude-opus-4-1","max_tokens":8}`
+
+	for i := 0; i < 5; i++ {
+		if r := message(t, opusBody); r.header.Get("X-Relay-Model") != "" || !strings.Contains(string(r.body), "opus") {
+			t.Fatalf("with opus live, sonnet must never serve opus: %v %s", r.header, r.body)
+		}
+	}
+	if sonnet.Hits() != 0 {
+		t.Fatalf("sonnet served %d opus requests while opus was live", sonnet.Hits())
+	}
+
+	// opus fails: the same request fails over to sonnet
+	opus.SetHandler(fakeupstream.Raw(503, []byte("down")))
+	r := message(t, opusBody)
+	if r.status != 200 || r.header.Get("X-Relay-Model") != "claude-sonnet-4-5" || r.header.Get("X-Relay-Attempts") != "2" {
+		t.Fatalf("fallback: %d %v %s", r.status, r.header, r.body)
+	}
+	if got := string(sonnet.Last(t).Body); got != `{"model":"claude-sonnet-4-5-20250929","max_tokens":8}` {
+		t.Errorf("sonnet received %s", got)
+	}
+	// opus is cooling now: straight to sonnet
+	if r := message(t, opusBody); r.header.Get("X-Relay-Model") != "claude-sonnet-4-5" || opus.Hits() != 6 {
+		t.Errorf("while opus cools: %v (opus hits %d)", r.header, opus.Hits())
+	}
+	mf, _ := scrape(t)
+	if v := value(mf, "relay_model_fallbacks_total", "group=fb", "from=claude-opus-4-1", "to=claude-sonnet-4-5"); v != 2 {
+		t.Errorf("relay_model_fallbacks_total = %v, want 2", v)
+	}
+
+	// back up: opus serves opus again
+	opus.SetHandler(fakeupstream.Message("opus"))
+	adminPost(t, "fb-opus", "reset")
+	if r := message(t, opusBody); r.header.Get("X-Relay-Model") != "" || !strings.Contains(string(r.body), "opus") {
+		t.Errorf("after the recovery: %v %s", r.header, r.body)
+	}
+	// a model without a fallback is never served by another
+	opus.SetHandler(fakeupstream.Raw(503, []byte("down")))
+	adminPost(t, "fb-sonnet", "disable")
+	r = message(t, opusBody)
+	adminPost(t, "fb-sonnet", "enable")
+	if r.status != 503 {
+		t.Errorf("with every channel down: %d %s", r.status, r.body)
+	}
+}
+
+// benchPick measures one pick among 4 live channels of one tier under a
+// policy (with a 10% canary split when split is set).
+func benchPick(b *testing.B, policy string, split bool) {
+	g := &group{name: "bench-pick", policy: policy}
+	for i := 0; i < 4; i++ {
+		ch := testChannel(fmt.Sprintf("bench-pick-%d", i), withWeight(1+i))
+		ch.health.configure(defaultBreaker, limits{}, channelOwner{}, time.Now())
+		ch.health.ewmaMs.Store(math.Float64bits(float64(100 + 50*i)))
+		g.channels = append(g.channels, ch)
+	}
+	if split {
+		g.splits = []groupSplit{{ch: g.channels[3], share: 0.1}}
+	}
+	var triedBuf [4]*channel
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		sel := selection{model: "m", session: "session-1234", tried: triedBuf[:0], rand: rand.IntN, now: testNow}
+		if ch, _ := pickErr(g, &sel); ch == nil {
+			b.Fatal("no pick")
+		}
+	}
+}
+
+func BenchmarkPickWeighted(b *testing.B)        { benchPick(b, policyWeighted, false) }
+func BenchmarkPickAdaptive(b *testing.B)        { benchPick(b, policyAdaptive, false) }
+func BenchmarkPickSticky(b *testing.B)          { benchPick(b, policySticky, false) }
+func BenchmarkPickStickyWithSplit(b *testing.B) { benchPick(b, policySticky, true) }

@@ -1,9 +1,14 @@
-package relay
+package main
+
+// The binary as a user runs it: built once (TestMain), started with the
+// README's quickstart config, spoken to with the official Anthropic Go SDK.
 
 import (
 	"bufio"
 	"context"
 	"errors"
+	"flag"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -16,15 +21,26 @@ import (
 	"github.com/anthropics/anthropic-sdk-go/v2/option"
 )
 
-// buildCaddy builds cmd/caddy, the binary README.md tells users to run.
-func buildCaddy(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "caddy")
-	out, err := exec.Command("go", "build", "-o", bin, "./cmd/caddy").CombinedOutput()
+// caddyBin is the binary TestMain builds from this package, the one the
+// README tells users to run.
+var caddyBin string
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	dir, err := os.MkdirTemp("", "caddy-relay-bin")
 	if err != nil {
-		t.Fatalf("go build ./cmd/caddy: %v\n%s", err, out)
+		panic(err)
 	}
-	return bin
+	caddyBin = filepath.Join(dir, "caddy")
+	if !testing.Short() {
+		if out, err := exec.Command("go", "build", "-o", caddyBin, ".").CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "go build ./cmd/caddy: %v\n%s", err, out)
+			os.Exit(1)
+		}
+	}
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
 }
 
 func freePort(t *testing.T) string {
@@ -81,7 +97,7 @@ func TestQuickstartServesAnthropicSDK(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the caddy binary")
 	}
-	src, err := os.ReadFile("examples/quickstart.Caddyfile")
+	src, err := os.ReadFile("../../examples/quickstart.Caddyfile")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +114,7 @@ func TestQuickstartServesAnthropicSDK(t *testing.T) {
 	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	runCaddy(t, buildCaddy(t), file)
+	runCaddy(t, caddyBin, file)
 
 	sdk := anthropic.NewClient(option.WithBaseURL("http://"+site), option.WithAPIKey("sk-relay-quickstart-demo"), option.WithMaxRetries(0))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
