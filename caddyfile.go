@@ -195,83 +195,72 @@ func (r *Relay) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-// parseSize parses an option's one argument as a size in bytes (32MiB).
-func parseSize(d *caddyfile.Dispenser, dst *int64) error {
+// parseArg parses an option's one argument into dst with parse; errors
+// name the option.
+func parseArg[T any](d *caddyfile.Dispenser, dst *T, parse func(string) (T, error)) error {
 	opt := d.Val()
 	var v string
 	if !d.AllArgs(&v) {
 		return d.ArgErr()
 	}
-	size, err := humanize.ParseBytes(v)
+	x, err := parse(v)
 	if err != nil {
 		return d.Errf("%s: %v", opt, err)
 	}
-	if size > math.MaxInt64 {
-		return d.Errf("%s: %s is too large", opt, v)
-	}
-	*dst = int64(size)
+	*dst = x
 	return nil
 }
 
-// parseTuning parses a timeout or cooldown option at the dispenser, if the
-// current token is one.
+// parseSize parses an option's one argument as a size in bytes (32MiB).
+func parseSize(d *caddyfile.Dispenser, dst *int64) error {
+	return parseArg(d, dst, func(v string) (int64, error) {
+		size, err := humanize.ParseBytes(v)
+		if err == nil && size > math.MaxInt64 {
+			err = fmt.Errorf("%s is too large", v)
+		}
+		return int64(size), err
+	})
+}
+
+// parseTuning parses a timeout or cooldown option, or a breaker block, at
+// the dispenser, if the current token is one.
 func parseTuning(d *caddyfile.Dispenser, t *Tuning) (bool, error) {
-	var dst *caddy.Duration
-	switch d.Val() {
-	case "first_byte_timeout":
-		dst = &t.FirstByteTimeout
-	case "first_content_timeout":
-		dst = &t.FirstContentTimeout
-	case "response_timeout":
-		dst = &t.ResponseTimeout
-	case "stream_idle_timeout":
-		dst = &t.StreamIdleTimeout
-	case "cooldown":
-		dst = &t.Cooldown
-	case "max_cooldown":
-		dst = &t.MaxCooldown
-	case "auth_cooldown":
-		dst = &t.AuthCooldown
-	case "capability_ttl":
-		dst = &t.CapabilityTTL
-	case "breaker":
+	if d.Val() == "breaker" {
 		b, err := parseBreaker(d)
 		t.Breaker = b
 		return true, err
-	default:
-		return false, nil
 	}
-	return true, parseDuration(d, dst)
+	return options{durations: map[string]*caddy.Duration{
+		"first_byte_timeout": &t.FirstByteTimeout, "first_content_timeout": &t.FirstContentTimeout,
+		"response_timeout": &t.ResponseTimeout, "stream_idle_timeout": &t.StreamIdleTimeout,
+		"cooldown": &t.Cooldown, "max_cooldown": &t.MaxCooldown, "auth_cooldown": &t.AuthCooldown,
+		"capability_ttl": &t.CapabilityTTL,
+	}}.parse(d)
 }
 
 // parseBreaker parses a `breaker { ... }` block; unset fields keep their
 // defaults.
 func parseBreaker(d *caddyfile.Dispenser) (*Breaker, error) {
-	if d.NextArg() {
-		return nil, d.ArgErr()
-	}
 	b := new(Breaker)
+	return b, parseBlock(d, "breaker", options{
+		durations: map[string]*caddy.Duration{"window": &b.Window, "open_for": &b.OpenFor},
+		ints:      map[string]*int{"min_requests": &b.MinRequests, "half_open_probes": &b.HalfOpenProbes},
+		ratios:    map[string]*float64{"failure_ratio": &b.FailureRatio},
+	})
+}
+
+// parseBlock reads a block that takes no argument, whose lines are all
+// options of o; what names the block in errors.
+func parseBlock(d *caddyfile.Dispenser, what string, o options) error {
+	if d.NextArg() {
+		return d.ArgErr()
+	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		var err error
-		switch d.Val() {
-		case "window":
-			err = parseDuration(d, &b.Window)
-		case "open_for":
-			err = parseDuration(d, &b.OpenFor)
-		case "min_requests":
-			err = parseInt(d, &b.MinRequests)
-		case "half_open_probes":
-			err = parseInt(d, &b.HalfOpenProbes)
-		case "failure_ratio":
-			err = parseRatio(d, &b.FailureRatio)
-		default:
-			return nil, d.Errf("unrecognized breaker option %q", d.Val())
-		}
-		if err != nil {
-			return nil, err
+		if ok, err := o.parse(d); err != nil || !ok {
+			return cmp.Or(err, d.Errf("unrecognized %s option %q", what, d.Val()))
 		}
 	}
-	return b, nil
+	return nil
 }
 
 // parsePricing parses a `pricing { ... }` block: one line per model,
@@ -335,36 +324,15 @@ func parsePricing(d *caddyfile.Dispenser, r *Relay) error {
 
 // parseProbe parses a `probe { ... }` block.
 func parseProbe(d *caddyfile.Dispenser) (*Probe, error) {
-	if d.NextArg() {
-		return nil, d.ArgErr()
-	}
 	p := new(Probe)
-	opts := options{
+	return p, parseBlock(d, "probe", options{
 		strings:   map[string]*string{"path": &p.Path, "body": &p.Body},
 		durations: map[string]*caddy.Duration{"interval": &p.Interval},
-	}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		if ok, err := opts.parse(d); err != nil || !ok {
-			return nil, cmp.Or(err, d.Errf("unrecognized probe option %q", d.Val()))
-		}
-	}
-	return p, nil
+	})
 }
 
 // parseRatio reads a fraction written as 0.2 or 20%.
-func parseRatio(d *caddyfile.Dispenser, dst *float64) error {
-	name := d.Val()
-	var v string
-	if !d.AllArgs(&v) {
-		return d.ArgErr()
-	}
-	f, err := ratio(v)
-	if err != nil {
-		return d.Errf("%s: %v", name, err)
-	}
-	*dst = f
-	return nil
-}
+func parseRatio(d *caddyfile.Dispenser, dst *float64) error { return parseArg(d, dst, ratio) }
 
 func ratio(v string) (float64, error) {
 	f, err := strconv.ParseFloat(strings.TrimSuffix(v, "%"), 64)
@@ -428,31 +396,20 @@ func (o options) parse(d *caddyfile.Dispenser) (bool, error) {
 }
 
 func parseDuration(d *caddyfile.Dispenser, dst *caddy.Duration) error {
-	name := d.Val()
-	var v string
-	if !d.AllArgs(&v) {
-		return d.ArgErr()
-	}
-	dur, err := caddy.ParseDuration(v)
-	if err != nil {
-		return d.Errf("%s: %v", name, err)
-	}
-	*dst = caddy.Duration(dur)
-	return nil
+	return parseArg(d, dst, func(v string) (caddy.Duration, error) {
+		dur, err := caddy.ParseDuration(v)
+		return caddy.Duration(dur), err
+	})
 }
 
 func parseInt(d *caddyfile.Dispenser, dst *int) error {
-	name := d.Val()
-	var v string
-	if !d.AllArgs(&v) {
-		return d.ArgErr()
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil {
-		return d.Errf("%s: %q is not an integer", name, v)
-	}
-	*dst = n
-	return nil
+	return parseArg(d, dst, func(v string) (int, error) {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return 0, fmt.Errorf("%q is not an integer", v)
+		}
+		return n, nil
+	})
 }
 
 func parseKey(d *caddyfile.Dispenser) (*Key, error) {
