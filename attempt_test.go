@@ -11,7 +11,7 @@ import (
 	"github.com/caddy-relay/relay/internal/fakeupstream"
 )
 
-// TestClassificationTable drives every row of DESIGN.md's outcome table:
+// TestClassificationTable drives every row of the outcome table:
 // for each, a channel answering that way is tried first (priority 1), with a
 // healthy fallback (priority 2). Retryable outcomes fail over and cool the
 // channel (a second request skips it); the others reach the client unchanged

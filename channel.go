@@ -38,7 +38,7 @@ type channel struct {
 	probe        *probe // nil: no active probes
 }
 
-// Defaults of DESIGN.md.
+// Defaults of the timeouts and cooldowns.
 const (
 	defaultFirstByteTimeout    = 30 * time.Second
 	defaultFirstContentTimeout = 60 * time.Second

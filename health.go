@@ -49,7 +49,7 @@ type breakerSettings struct {
 	probes      uint32
 }
 
-// Breaker defaults of DESIGN.md.
+// Breaker defaults.
 var defaultBreaker = breakerSettings{window: 10 * time.Second, ratio: 0.6, minRequests: 5, openFor: 30 * time.Second, probes: 1}
 
 // channelHealth is the state machine of one channel: healthy, cooling down

@@ -35,7 +35,7 @@ func priorityByName(s string) (priority, bool) {
 	return 0, false
 }
 
-// Queue defaults of issue 5.
+// Queue defaults.
 var defaultMaxWait = [priorityCount]time.Duration{10 * time.Second, 30 * time.Second, 5 * time.Minute}
 
 const defaultMaxQueue = 1000

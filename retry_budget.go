@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// Retry budget defaults of DESIGN.md.
+// Retry budget defaults.
 const (
 	defaultRetryBudget      = 0.2
 	defaultRetryBudgetFloor = 10 // retries per second

@@ -1,6 +1,6 @@
 // Command bench measures what the relay costs next to a plain Caddy
 // reverse_proxy to the same upstream, in one run on one machine, and prints
-// the result as a markdown table (issue 6).
+// the result as a markdown table.
 //
 // Run it from the repository root; the full run takes about four minutes:
 //
@@ -47,7 +47,7 @@
 // The table has one row per workload and target: req/s (successful), success
 // ratio, p50, p99, first byte p50, memory per idle stream, and for the relay
 // rows their ratio to the reverse_proxy row of the same workload. Below it
-// come issue 6's targets, each with its worst row and marked met or missed,
+// come the performance targets, each with its worst row and marked met or missed,
 // the last one the failover overhead: p50 of (e) minus p50 of (c) at
 // concurrency 1, with the share of (e)'s requests that did fail over
 // (a few pick the good channel while the dead one cools for its 1ns). The

@@ -48,7 +48,7 @@ func (r *report) failures() []string {
 }
 
 // markdown renders the machine, the table (grouped by workload, so each
-// relay row sits under its reverse_proxy row) and issue 6's targets.
+// relay row sits under its reverse_proxy row) and the performance targets.
 func (r *report) markdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Machine: %s. Each row: the medians of %d rounds of %s (targets taking turns), closed loop (vegeta), 10 KB request bodies; streams: 20 events, p50/p99 to the last byte.\n\n", r.machine, r.rounds, r.duration)
@@ -61,7 +61,7 @@ func (r *report) markdown() string {
 			}
 		}
 	}
-	b.WriteString("\nIssue 6 targets, for (c) and (d) against (b) unless named:\n\n")
+	b.WriteString("\nTargets, for (c) and (d) against (b) unless named:\n\n")
 	for _, g := range r.goals() {
 		fmt.Fprintf(&b, "- %s\n", g)
 	}
@@ -122,7 +122,7 @@ func worst(ps []pair, f func(pair) float64, lowerIsWorse bool) (float64, string)
 	return value, where
 }
 
-// goals checks issue 6's targets, each on its worst row.
+// goals checks the performance targets, each on its worst row.
 func (r *report) goals() []string {
 	nonStream := r.relayPairs(nonStreaming)
 	reqs, reqsAt := worst(nonStream, func(p pair) float64 { return p.relay.reqPerSec / p.rp.reqPerSec }, true)

@@ -1,5 +1,5 @@
 // Command caddy is Caddy with the relay module built in: the same binary as
-// `xcaddy build --with github.com/caddy-relay/relay=.`, buildable with
+// xcaddy builds from this checkout (see docs/operations.md), buildable with
 // nothing but the Go module cache.
 package main
 

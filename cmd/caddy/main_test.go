@@ -120,7 +120,7 @@ func TestQuickstartServesAnthropicSDK(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	params := anthropic.MessageNewParams{
-		Model:     anthropic.ModelClaudeSonnet4_5,
+		Model:     anthropic.ModelClaudeSonnet5_5,
 		MaxTokens: 64,
 		Messages:  []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("Hello"))},
 	}
@@ -149,12 +149,12 @@ func TestQuickstartServesAnthropicSDK(t *testing.T) {
 	if err != nil {
 		t.Fatalf("non-streaming: %v", err)
 	}
-	if msg.Model != anthropic.ModelClaudeSonnet4_5 || !strings.Contains(msg.Content[0].Text, "mock") {
+	if msg.Model != anthropic.ModelClaudeSonnet5_5 || !strings.Contains(msg.Content[0].Text, "mock") {
 		t.Errorf("non-streaming reply: %+v", msg)
 	}
 
 	page, err := sdk.Models.List(ctx, anthropic.ModelListParams{})
-	if err != nil || len(page.Data) != 2 || page.Data[0].ID != "claude-sonnet-4-5" {
+	if err != nil || len(page.Data) != 2 || page.Data[0].ID != "claude-sonnet-5-5" || page.Data[1].ID != "claude-haiku-5-5" {
 		t.Errorf("models: %v %+v", err, page)
 	}
 
