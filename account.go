@@ -37,7 +37,7 @@ func (r *Relay) account(in *inbound) {
 	if rates != nil {
 		cost = rates.cost(u)
 	}
-	metricRequests.WithLabelValues(group, channel, model, statusLabel(in.status)).Inc()
+	metricRequests.WithLabelValues(group, channel, model, statusLabel(in.status), in.causeLabel()).Inc()
 	metricDuration.WithLabelValues(group, model).Observe(duration.Seconds())
 	if in.route == routeMessages && in.answered != nil {
 		for _, t := range [...]struct {
@@ -114,6 +114,41 @@ func (in *inbound) placeholder(key string) (any, bool) {
 		return in.usage.output, true
 	}
 	return nil, false
+}
+
+// Causes of an answer, the cause label of relay_requests_total: the
+// client's own doing (a bad request, an unknown model, a limit, leaving) is
+// told from what an operator must look at, the upstreams and the relay.
+const (
+	causeOK       = "ok"
+	causeClient   = "client"
+	causeUpstream = "upstream"
+	causeRelay    = "relay"
+)
+
+// causeLabel is why the request was answered as it was: as the one exit
+// recorded for an answer that did not commit; else, for a committed one,
+// as its last attempt ended.
+func (in *inbound) causeLabel() string {
+	if in.cause != "" {
+		return in.cause
+	}
+	if in.status == statusClientClosed {
+		return causeClient
+	}
+	if n := len(in.chain); n > 0 && in.answered != nil {
+		switch in.chain[n-1].outcome {
+		case outcomeSuccess:
+			return causeOK
+		case outcomeCanceled, outcomeClientError:
+			return causeClient
+		}
+		return causeUpstream // a stream broken after the commit point
+	}
+	if in.status < 400 {
+		return causeOK
+	}
+	return causeClient
 }
 
 // statusLabels holds the code label of every HTTP status, so counting a

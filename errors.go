@@ -18,6 +18,7 @@ type relayError struct {
 	retryAfter time.Duration // sets retry-after and retry-after-ms when > 0
 	noRetry    bool          // sets x-should-retry: false
 	allow      string        // sets Allow, for 405
+	cause      string        // for the cause label: causeClient unless set
 }
 
 func errNotFound(path string) *relayError {
@@ -66,7 +67,7 @@ func errModelRefused(model, group string, until time.Time) *relayError {
 
 func errNoHealthyChannel(model string, wait time.Duration) *relayError {
 	e := &relayError{status: http.StatusServiceUnavailable, typ: "relay_error", code: "no_healthy_channel",
-		msg: "every channel serving " + strconv.Quote(model) + " is cooling down after failures; retry later", retryAfter: wait}
+		msg: "every channel serving " + strconv.Quote(model) + " is cooling down after failures; retry later", retryAfter: wait, cause: causeRelay}
 	if wait <= 0 {
 		e.msg, e.noRetry = "every channel serving "+strconv.Quote(model)+" is disabled", true
 	}
@@ -82,7 +83,7 @@ func errCapability(fields string) *relayError {
 // queue was full, or its class's max_wait passed.
 func errQueue(msg string, wait time.Duration) *relayError {
 	return &relayError{status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "queue_timeout",
-		msg: msg, retryAfter: max(wait, time.Second)}
+		msg: msg, retryAfter: max(wait, time.Second), cause: causeRelay}
 }
 
 // errKeyLimited answers a request its key's limit refused.
@@ -94,7 +95,7 @@ func errKeyLimited(key string, scope limitScope, wait time.Duration) *relayError
 // errUpstreamFailed answers when the last attempt produced no response at all
 // (refused connection, reset, timeout, broken stream before content).
 func errUpstreamFailed(v verdict, retried bool) *relayError {
-	e := &relayError{status: http.StatusBadGateway, typ: "api_error", msg: "upstream request failed: " + v.reason, noRetry: retried}
+	e := &relayError{status: http.StatusBadGateway, typ: "api_error", msg: "upstream request failed: " + v.reason, noRetry: retried, cause: causeUpstream}
 	if v.timeout {
 		e.status, e.typ = http.StatusGatewayTimeout, "timeout_error"
 	}

@@ -14,6 +14,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -359,4 +361,20 @@ func (c *fakeClock) advance(d time.Duration) {
 	c.mu.Lock()
 	c.t = c.t.Add(d)
 	c.mu.Unlock()
+}
+
+// needTool returns the path of a program a test runs. When it is missing
+// the test fails under CI=true (CI installs it) and is skipped elsewhere,
+// saying how to install it.
+func needTool(t *testing.T, name, install string) string {
+	t.Helper()
+	path, err := exec.LookPath(name)
+	if err == nil {
+		return path
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("%s is not installed (CI must have it): %s", name, install)
+	}
+	t.Skipf("%s is not installed; to run this test: %s", name, install)
+	return ""
 }

@@ -13,8 +13,8 @@ import (
 var (
 	metricRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "relay_requests_total",
-		Help: "Requests answered, by group, the channel that answered (none for the relay's own errors), model and HTTP status.",
-	}, []string{"group", "channel", "model", "code"})
+		Help: "Requests answered, by group, the channel that answered (none for the relay's own errors), model, HTTP status and cause: ok, client (a bad request, an unknown model, a limit, a client that left), upstream (an upstream's failure passed on, or a stream it broke), relay (no healthy channel, a queue that timed out).",
+	}, []string{"group", "channel", "model", "code", "cause"})
 
 	metricDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "relay_request_duration_seconds",

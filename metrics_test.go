@@ -6,6 +6,7 @@ import (
 	"math"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -46,9 +47,9 @@ func TestMetricsAfterAScriptedMix(t *testing.T) {
 		labels []string
 		want   float64
 	}{
-		{"relay_requests_total", []string{"group=mx", "channel=mx-ok", sonnet, "code=200"}, 2},
-		{"relay_requests_total", []string{"group=mx", "channel=none", "model=other", "code=503"}, 1},
-		{"relay_requests_total", []string{"group=none", "channel=none", "model=none", "code=401"}, -2}, // shared across tests: checked below
+		{"relay_requests_total", []string{"group=mx", "channel=mx-ok", sonnet, "code=200", "cause=ok"}, 2},
+		{"relay_requests_total", []string{"group=mx", "channel=none", "model=other", "code=503", "cause=client"}, 1},   // a typo
+		{"relay_requests_total", []string{"group=none", "channel=none", "model=none", "code=401", "cause=client"}, -2}, // shared across tests: checked below
 		{"relay_attempts_total", []string{"channel=mx-bad", "outcome=transient"}, 1},
 		{"relay_attempts_total", []string{"channel=mx-ok", "outcome=success"}, 2},
 		{"relay_failovers_total", []string{"group=mx"}, 1},
@@ -291,5 +292,89 @@ func TestRulesFileIsWellFormed(t *testing.T) {
 	b, _ = os.ReadFile("examples/grafana/relay-dashboard.json")
 	if err := json.Unmarshal(b, &dash); err != nil || len(dash.Panels) < 10 {
 		t.Fatalf("dashboard: %v, %d panels", err, len(dash.Panels))
+	}
+}
+
+// TestAlertRulesOnAScriptedMix runs a mix through the relay (a group whose
+// clients send unknown models, a group whose upstream is down), feeds the
+// counters it exported to promtool as series, and evaluates the shipped
+// alert expressions on them: client typos must not page, an outage must.
+func TestAlertRulesOnAScriptedMix(t *testing.T) {
+	promtool := needTool(t, "promtool", "apt-get install -y prometheus")
+	rules, err := filepath.Abs("examples/prometheus/relay-rules.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(promtool, "check", "rules", rules).CombinedOutput(); err != nil {
+		t.Fatalf("promtool check rules: %v\n%s", err, out)
+	}
+
+	ok := fakeupstream.New(t, fakeupstream.Message("fine"))
+	down := fakeupstream.New(t, fakeupstream.Error(500, "api_error", "down"))
+	startRelay(t, channelBlock("alert-ok", ok.URL, "models claude-sonnet-5-5")+channelBlock("alert-down", down.URL)+
+		"\t\tkey "+clientKey+" alert-typos\n\t\tkey sk-alert-down-0123456789 alert-outage\n"+
+		"\t\tgroup alert-typos {\n\t\t\tchannels alert-ok\n\t\t}\n\t\tgroup alert-outage {\n\t\t\tchannels alert-down\n\t\t}\n")
+	for i := 0; i < 10; i++ {
+		message(t, `{"model":"claude-sonnet-5-5","max_tokens":1,"messages":[]}`)
+		if r := message(t, `{"model":"claude-sonet-5-5","max_tokens":1,"messages":[]}`); r.status != 503 {
+			t.Fatalf("a typo answered %d", r.status)
+		}
+		send(t, "POST", "/v1/messages", "sk-alert-down-0123456789", simpleBody)
+	}
+
+	// each series of the two groups grows by its scraped value every minute
+	mf, _ := scrape(t)
+	var series strings.Builder
+	for _, m := range mf["relay_requests_total"].GetMetric() {
+		labels := map[string]string{}
+		var pairs []string
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+			pairs = append(pairs, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+		}
+		if !strings.HasPrefix(labels["group"], "alert-") {
+			continue
+		}
+		fmt.Fprintf(&series, "      - series: '%s{%s}'\n        values: '0+%gx20'\n",
+			"relay_requests_total", strings.Join(pairs, ","), m.GetCounter().GetValue())
+	}
+	var file struct {
+		Groups []struct {
+			Rules []struct{ Alert, Expr string } `yaml:"rules"`
+		} `yaml:"groups"`
+	}
+	b, _ := os.ReadFile(rules)
+	if err := yaml.Unmarshal(b, &file); err != nil {
+		t.Fatal(err)
+	}
+	var expr string
+	for _, g := range file.Groups {
+		for _, r := range g.Rules {
+			if r.Alert == "RelayHigh5xxRatio" {
+				expr = strings.TrimSpace(r.Expr)
+			}
+		}
+	}
+	if expr == "" {
+		t.Fatal("no RelayHigh5xxRatio in the rules")
+	}
+	test := fmt.Sprintf(`rule_files: [%q]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+%s    promql_expr_test:
+      - expr: %q
+        eval_time: 10m
+        exp_samples:
+          - labels: '{group="alert-outage"}'
+            value: 1
+`, rules, series.String(), expr)
+	path := filepath.Join(t.TempDir(), "relay-rules.test.yml")
+	if err := os.WriteFile(path, []byte(test), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(promtool, "test", "rules", path).CombinedOutput(); err != nil {
+		t.Errorf("the alert expression on the scripted mix (the typos group must not appear, the outage must): %v\n%s\n%s", err, out, test)
 	}
 }

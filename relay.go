@@ -6,6 +6,7 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"fmt"
@@ -270,11 +271,14 @@ func (r *Relay) answer(w http.ResponseWriter, in *inbound, f *failure) {
 		}
 	}
 	if f.err != nil {
-		in.status = f.err.status
+		in.status, in.cause = f.err.status, cmp.Or(f.err.cause, causeClient)
 		f.err.write(w, in.id)
 		return
 	}
-	in.status, in.answered = last.status, last.channel
+	in.status, in.answered, in.cause = last.status, last.channel, causeUpstream
+	if last.verdict.outcome == outcomeClientError {
+		in.cause = causeClient
+	}
 	copyResponseHeaders(h, last.header)
 	if f.attempts > 1 {
 		h.Set("X-Should-Retry", "false")

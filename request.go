@@ -150,6 +150,7 @@ type inbound struct {
 
 	start      time.Time
 	status     int           // sent to the client; 0 until then
+	cause      string        // of a failure's answer, for the cause label; "" until then
 	attempts   int           // made so far
 	answered   *channel      // the channel whose answer the client got
 	firstByte  time.Duration // until the client's response headers
