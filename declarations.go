@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
 // State ownership. The state that outlives a config reload (a channel's
@@ -32,8 +33,9 @@ type declaration struct {
 // configDeclarations are the declarations of the relay handlers of one
 // loaded config.
 type configDeclarations struct {
-	handlers int
-	names    map[string]declaration // "channel main" -> its declaration
+	handlers  int
+	names     map[string]declaration // "channel main" -> its declaration
+	accessLog bool                   // the access log warning was given
 }
 
 // declarations holds the declarations of every config being loaded or
@@ -75,6 +77,29 @@ func (r *Relay) declare(ctx caddy.Context) error {
 		c.names[name] = d
 	}
 	return nil
+}
+
+// warnAccessLog warns, once per config, when the server that r serves in
+// writes access logs: Caddy logs a copy of each request's headers taken
+// before any handler runs, and redacts Authorization and Cookie but not
+// X-Api-Key, which holds the relay key; no handler can change that copy,
+// only the log's own filter can.
+func (r *Relay) warnAccessLog(ctx caddy.Context) {
+	srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
+	if !ok || srv.Logs == nil {
+		return
+	}
+	declarations.Lock()
+	c := declarations.configs[ctx.Done()]
+	warn := c != nil && !c.accessLog
+	if warn {
+		c.accessLog = true
+	}
+	declarations.Unlock()
+	if warn {
+		r.logger.Warn("this server writes access logs, which record each request's X-Api-Key header, the relay key, in clear unless the log deletes it; " +
+			"give every access log of a relay site this format: log { format filter { request>headers>X-Api-Key delete } }")
+	}
 }
 
 // declared lists r's declarations, made by the handler called by: every

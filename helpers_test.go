@@ -62,8 +62,14 @@ const (
 // startRelay loads a Caddyfile whose site block holds `relay { <block> }`.
 func startRelay(t *testing.T, block string) *caddytest.Tester {
 	t.Helper()
+	return startRelayWith(t, "", block)
+}
+
+// startRelayWith is startRelay with the site's other directives first.
+func startRelayWith(t *testing.T, site, block string) *caddytest.Tester {
+	t.Helper()
 	tester := caddytest.NewTester(t)
-	tester.InitServer(testGlobal+"http://localhost:9080 {\n\trelay {\n"+block+"\n\t}\n}\n", "caddyfile")
+	tester.InitServer(testGlobal+"http://localhost:9080 {\n"+site+"\trelay {\n"+block+"\n\t}\n}\n", "caddyfile")
 	if t.Failed() {
 		t.FailNow()
 	}

@@ -105,8 +105,8 @@ func TestMetricsKeepMovingAfterAReload(t *testing.T) {
 
 // TestNoSecretInLogsOrMetrics runs traffic with every kind of secret
 // configured (a client key, an upstream key from the environment) and a
-// Caddy log at DEBUG level plus an access log with the filter README.md
-// documents, then scans all of it and /metrics.
+// Caddy log at DEBUG level plus an access log with the filter the docs
+// prescribe, then scans all of it and /metrics.
 func TestNoSecretInLogsOrMetrics(t *testing.T) {
 	const upstreamKey = "sk-ant-scan-upstream-secret-7f3a"
 	const scanClientKey = "sk-relay-scan-client-secret-91bc"
@@ -132,7 +132,7 @@ http://localhost:9080 {
 	log {
 		output file `+accessLog+`
 		format filter {
-			request>headers>X-Api-Key replace REDACTED
+			request>headers>X-Api-Key delete
 		}
 	}
 	relay {
@@ -190,6 +190,28 @@ http://localhost:9080 {
 		if strings.Contains(m, "sk-") {
 			t.Errorf("label carries a key: %s", m)
 		}
+	}
+	if !strings.Contains(logs, "request>headers>X-Api-Key delete") {
+		t.Errorf("a relay site with an access log: the relay did not warn, naming the filter")
+	}
+}
+
+// TestAnUnfilteredAccessLogShowsTheKey is why the docs prescribe the filter
+// and the relay warns: Caddy logs each request's headers as they arrived,
+// before any handler runs, and X-Api-Key is not one it redacts.
+func TestAnUnfilteredAccessLogShowsTheKey(t *testing.T) {
+	const key = "sk-relay-unfiltered-secret-7c2d"
+	accessLog := filepath.Join(t.TempDir(), "access.log")
+	up := fakeupstream.New(t, fakeupstream.Message("ok"))
+	startRelayWith(t, "\tlog {\n\t\toutput file "+accessLog+"\n\t}\n",
+		"\t\tkey "+key+" unfiltered\n"+channelBlock("unfiltered-ch", up.URL)+"\t\tgroup unfiltered {\n\t\t\tchannels unfiltered-ch\n\t\t}\n")
+	send(t, "POST", "/v1/messages", key, simpleBody)
+	b, err := os.ReadFile(accessLog)
+	if err != nil || len(b) == 0 {
+		t.Fatalf("no access log: %v", err)
+	}
+	if !strings.Contains(string(b), key) {
+		t.Errorf("Caddy no longer logs X-Api-Key in clear; the access log warning and the docs can go:\n%s", b)
 	}
 }
 

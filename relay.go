@@ -112,6 +112,7 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 	if err := r.declare(ctx); err != nil {
 		return err
 	}
+	r.warnAccessLog(ctx)
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return err
 	}
