@@ -30,11 +30,31 @@ func (adminAPI) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Routes implements caddy.AdminRouter.
+// Routes implements caddy.AdminRouter. Every answer is JSON, errors
+// included: the routes take every method and refuse the wrong ones
+// themselves (405, with Allow), and any other path under /relay/ is a JSON
+// 404.
 func (a adminAPI) Routes() []caddy.AdminRoute {
 	return []caddy.AdminRoute{
-		{Pattern: "GET /relay/channels", Handler: caddy.AdminHandlerFunc(a.list)},
-		{Pattern: "POST /relay/channels/{name}/{action}", Handler: caddy.AdminHandlerFunc(a.act)},
+		{Pattern: "/relay/channels", Handler: only(http.MethodGet, a.list)},
+		{Pattern: "/relay/channels/{name}/{action}", Handler: only(http.MethodPost, a.act)},
+		{Pattern: "/relay/", Handler: caddy.AdminHandlerFunc(func(_ http.ResponseWriter, r *http.Request) error {
+			return caddy.APIError{HTTPStatus: http.StatusNotFound,
+				Err: fmt.Errorf("no relay admin route %s (GET /relay/channels, POST /relay/channels/<name>/reset|disable|enable)", r.URL.Path)}
+		})},
+	}
+}
+
+// only serves h for method alone, and answers other methods 405 with
+// Allow.
+func only(method string, h caddy.AdminHandlerFunc) caddy.AdminHandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		if r.Method != method {
+			w.Header().Set("Allow", method)
+			return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed,
+				Err: fmt.Errorf("method %s is not allowed on %s; use %s", r.Method, r.URL.Path, method)}
+		}
+		return h(w, r)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -338,4 +339,41 @@ func TestReloadKeepsUpstreamConnections(t *testing.T) {
 	if n := up.Conns(); n != 2 {
 		t.Errorf("a changed transport must be a new one: %d connections, want 2", n)
 	}
+}
+
+func TestAdminErrorsAreJSON(t *testing.T) {
+	up := fakeupstream.New(t, fakeupstream.Message("ok"))
+	startRelay(t, channelBlock("admin-json", up.URL)+keyAndGroup("admin-json", "admin-json"))
+	for _, c := range []struct {
+		method, path string
+		status       int
+		allow, says  string
+	}{
+		{http.MethodGet, "/relay/channels/admin-json", 404, "", "no relay admin route"},
+		{http.MethodGet, "/relay/nothing", 404, "", "no relay admin route"},
+		{http.MethodGet, "/relay/channels/admin-json/disable", 405, "POST", "use POST"},
+		{http.MethodPost, "/relay/channels", 405, "GET", "use GET"},
+		{http.MethodPost, "/relay/channels/no-such-channel/reset", 404, "", `unknown channel "no-such-channel"`},
+		{http.MethodPost, "/relay/channels/admin-json/explode", 404, "", `unknown action "explode"`},
+	} {
+		req, _ := http.NewRequest(c.method, adminURL+c.path, nil)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body struct {
+			Error string `json:"error"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&body)
+		resp.Body.Close()
+		if resp.StatusCode != c.status || err != nil || !strings.Contains(body.Error, c.says) ||
+			resp.Header.Get("Content-Type") != "application/json" || resp.Header.Get("Allow") != c.allow {
+			t.Errorf("%s %s: %d %q (%v), Allow %q; want %d JSON saying %q, Allow %q",
+				c.method, c.path, resp.StatusCode, body.Error, err, resp.Header.Get("Allow"), c.status, c.says, c.allow)
+		}
+	}
+	if code, _ := adminPost(t, "admin-json", "disable"); code != 200 {
+		t.Errorf("the right method still works: %d", code)
+	}
+	adminPost(t, "admin-json", "enable")
 }
