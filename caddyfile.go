@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -141,7 +142,9 @@ func (r *Relay) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
+	pos := positions{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		pos.line(d)
 		opt := d.Val()
 		ok, err := parseTuning(d, &r.Tuning)
 		if err != nil {
@@ -164,19 +167,21 @@ func (r *Relay) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 		case "key":
-			k, err := parseKey(d)
+			at := []string{"key", "#" + strconv.Itoa(len(r.Keys)+1)}
+			pos.line(d, at...)
+			k, err := parseKey(d, pos, at)
 			if err != nil {
 				return err
 			}
 			r.Keys = append(r.Keys, k)
 		case "channel":
-			ch, err := parseChannel(d)
+			ch, err := parseChannel(d, pos)
 			if err != nil {
 				return err
 			}
 			r.Channels = append(r.Channels, ch)
 		case "group":
-			g, err := parseGroup(d)
+			g, err := parseGroup(d, pos)
 			if err != nil {
 				return err
 			}
@@ -190,9 +195,52 @@ func (r *Relay) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 	}
 	if err := r.validateConfig(); err != nil {
-		return d.Errf("relay: %v", err)
+		return pos.errf(d, err)
 	}
 	return nil
+}
+
+// positions records where a Caddyfile said things, by locators such as
+// "group g channels x" (see configError), so that an error found once the
+// whole block is read points at the line that caused it.
+type positions map[string]caddyfile.Token
+
+// line records the line under d's cursor under the locator at: the line as
+// at, or as at + its first token when at is not the line's own, and each
+// argument as that + the argument. The cursor stays where it is.
+func (p positions) line(d *caddyfile.Dispenser, at ...string) {
+	base := strings.Join(append(at, d.Val()), " ")
+	if len(at) > 0 && at[0] == d.Val() {
+		base = strings.Join(at, " ") // a block's own line: key, channel, group
+	}
+	p[base] = d.Token()
+	steps := 0
+	for d.NextArg() {
+		steps++
+		if d.Val() == "{" {
+			break
+		}
+		p[base+" "+d.Val()] = d.Token()
+	}
+	for ; steps > 0; steps-- {
+		d.Prev()
+	}
+}
+
+// errf reports a config error at the line of the most precise locator
+// recorded for it, else where d is.
+func (p positions) errf(d *caddyfile.Dispenser, err error) error {
+	var ce *configError
+	if errors.As(err, &ce) {
+		for n := len(ce.at); n > 0; n-- {
+			if tok, ok := p[strings.Join(ce.at[:n], " ")]; ok {
+				at := caddyfile.NewDispenser([]caddyfile.Token{tok})
+				at.Next()
+				return at.Errf("relay: %v", err)
+			}
+		}
+	}
+	return d.Errf("relay: %v", err)
 }
 
 // parseArg parses an option's one argument into dst with parse; errors
@@ -342,6 +390,9 @@ func ratio(v string) (float64, error) {
 	if strings.HasSuffix(v, "%") {
 		f /= 100
 	}
+	if f < 0 || f > 1 {
+		return 0, fmt.Errorf("%q is not between 0 and 1 (0%% and 100%%)", v)
+	}
 	return f, nil
 }
 
@@ -412,7 +463,7 @@ func parseInt(d *caddyfile.Dispenser, dst *int) error {
 	})
 }
 
-func parseKey(d *caddyfile.Dispenser) (*Key, error) {
+func parseKey(d *caddyfile.Dispenser, pos positions, at []string) (*Key, error) {
 	k := new(Key)
 	if !d.Args(&k.Secret, &k.Group) {
 		return nil, d.Errf("key takes a secret and a group: key <secret> <group>")
@@ -432,6 +483,7 @@ func parseKey(d *caddyfile.Dispenser) (*Key, error) {
 		ints:    map[string]*int{"concurrency": &k.Concurrency},
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		pos.line(d, at...)
 		if ok, err := opts.parse(d); err != nil || !ok {
 			return nil, cmp.Or(err, d.Errf("unrecognized key option %q", d.Val()))
 		}
@@ -439,12 +491,13 @@ func parseKey(d *caddyfile.Dispenser) (*Key, error) {
 	return k, nil
 }
 
-func parseChannel(d *caddyfile.Dispenser) (*Channel, error) {
+func parseChannel(d *caddyfile.Dispenser, pos positions) (*Channel, error) {
 	ch := new(Channel)
 	if !d.Args(&ch.Name) {
 		return nil, d.Errf("channel takes a name: channel <name> { ... }")
 	}
 	chLine := d.Token()
+	pos["channel "+ch.Name] = chLine
 	if d.NextArg() {
 		return nil, d.ArgErr()
 	}
@@ -458,6 +511,7 @@ func parseChannel(d *caddyfile.Dispenser) (*Channel, error) {
 	var transportName string
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
+		pos.line(d, "channel", ch.Name)
 		ok, err := parseTuning(d, &ch.Tuning)
 		if !ok && err == nil {
 			ok, err = opts.parse(d)
@@ -615,11 +669,12 @@ func (u *providerLines) unmarshal(channel caddyfile.Token) (Provider, error) {
 	return p, nil
 }
 
-func parseGroup(d *caddyfile.Dispenser) (*Group, error) {
+func parseGroup(d *caddyfile.Dispenser, pos positions) (*Group, error) {
 	g := new(Group)
 	if !d.Args(&g.Name) {
 		return nil, d.Errf("group takes a name: group <name> { ... }")
 	}
+	pos["group "+g.Name] = d.Token()
 	if d.NextArg() {
 		return nil, d.ArgErr()
 	}
@@ -630,6 +685,7 @@ func parseGroup(d *caddyfile.Dispenser) (*Group, error) {
 		durations: map[string]*caddy.Duration{"wait_for_recovery": &g.WaitForRecovery},
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		pos.line(d, "group", g.Name)
 		if ok, err := opts.parse(d); err != nil {
 			return nil, err
 		} else if ok {

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -392,7 +393,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{
 			name:  "fail_rate 150%",
 			input: caddyfileWith("", mockChannel("fail_rate 150%"), ""),
-			want:  []string{`channel "a"`, "fail_rate must be between 0 and 1"},
+			want:  []string{`channel "a"`, "fail_rate: \"150%\" is not between 0 and 1"},
 		},
 		{
 			name:  "fail_rate that is not a number",
@@ -717,5 +718,41 @@ func TestExamplesAdaptAndValidate(t *testing.T) {
 				t.Fatalf("validate: %v", err)
 			}
 		})
+	}
+}
+
+func TestCaddyfileErrorsPointAtTheirLine(t *testing.T) {
+	// each config has one mistake, on the line marked "# here"; errors
+	// found once the whole block is read still point at it, not at the
+	// block's closing brace
+	base := func(key, channel, group string) string {
+		credential := "\t\tapi_key {env.A}\n"
+		if strings.Contains(channel, "provider mock") {
+			credential = "\t\tlatency 1ms\n"
+		}
+		return "relay {\n\tkey sk-client-secret-0123456789 prod\n" + key +
+			"\tchannel a {\n" + credential + channel + "\t}\n" +
+			"\tgroup prod {\n\t\tchannels a\n" + group + "\t}\n}\n"
+	}
+	for name, src := range map[string]string{
+		"a key naming an unknown group":           base("\tkey sk-other-secret-0123456789 nowhere # here\n", "", ""),
+		"a channel's bad weight":                  base("", "\t\tweight 2000000 # here\n", ""),
+		"an unknown provider, before its options": base("", "\t\tprovider mok # here\n\t\tlatency 5s\n", ""),
+		"a mock's fail_rate":                      base("", "\t\tprovider mock\n\t\tfail_rate 150% # here\n", ""),
+		"a group naming an unknown channel":       base("", "", "\t\tchannels ghost # here\n"),
+		"a bad policy":                            base("", "", "\t\tpolicy roundrobin # here\n"),
+		"a split of no share":                     base("", "", "\t\tsplit a 0 # here\n"),
+	} {
+		line := 0
+		for i, l := range strings.Split(src, "\n") {
+			if strings.HasSuffix(l, "# here") {
+				line = i + 1
+			}
+		}
+		src = strings.ReplaceAll(src, " # here", "")
+		_, err := parseRelay(t, src)
+		if want := fmt.Sprintf("Testfile:%d", line); err == nil || !strings.HasSuffix(err.Error(), want) {
+			t.Errorf("%s: error %v, want it at %s", name, err, want)
+		}
 	}
 }

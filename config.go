@@ -3,7 +3,9 @@ package relay
 import (
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
@@ -122,11 +124,11 @@ func (r *Relay) validateConfig() error {
 			return fmt.Errorf("channel #%d has no name", i+1)
 		}
 		if _, dup := channels[ch.Name]; dup {
-			return fmt.Errorf("channel %q is defined twice", ch.Name)
+			return errAt([]string{"channel", ch.Name}, "channel %q is defined twice", ch.Name)
 		}
 		channels[ch.Name] = ch
 		if err := ch.validate(); err != nil {
-			return fmt.Errorf("channel %q: %w", ch.Name, err)
+			return within(err, fmt.Sprintf("channel %q", ch.Name), "channel", ch.Name)
 		}
 	}
 	groups := make(map[string]bool, len(r.Groups))
@@ -135,72 +137,19 @@ func (r *Relay) validateConfig() error {
 			return fmt.Errorf("group #%d has no name", i+1)
 		}
 		if groups[g.Name] {
-			return fmt.Errorf("group %q is defined twice", g.Name)
+			return errAt([]string{"group", g.Name}, "group %q is defined twice", g.Name)
 		}
 		groups[g.Name] = true
-		if len(g.Channels) == 0 {
-			return fmt.Errorf("group %q lists no channels", g.Name)
-		}
-		seen := make(map[string]bool, len(g.Channels))
-		for _, name := range g.Channels {
-			if channels[name] == nil {
-				return fmt.Errorf("group %q names unknown channel %q", g.Name, name)
-			}
-			if seen[name] {
-				return fmt.Errorf("group %q lists channel %q twice", g.Name, name)
-			}
-			seen[name] = true
-		}
-		if g.Retries != nil && *g.Retries < 0 {
-			return fmt.Errorf("group %q: retries must not be negative", g.Name)
-		}
-		if g.RetryBudget != nil && (*g.RetryBudget < 0 || *g.RetryBudget > 1) {
-			return fmt.Errorf("group %q: retry_budget must be between 0 and 1 (0%% to 100%%)", g.Name)
-		}
-		if g.RetryBudgetFloor != nil && *g.RetryBudgetFloor < 0 {
-			return fmt.Errorf("group %q: retry_budget_floor must not be negative", g.Name)
-		}
-		if g.WaitForRecovery < 0 {
-			return fmt.Errorf("group %q: wait_for_recovery must not be negative", g.Name)
-		}
-		switch g.Policy {
-		case "", policyWeighted, policyAdaptive, policySticky:
-		default:
-			return fmt.Errorf("group %q: unknown policy %q (weighted, adaptive, sticky)", g.Name, g.Policy)
-		}
-		for name, share := range g.Splits {
-			if !seen[name] {
-				return fmt.Errorf("group %q: split names %q, which is not one of its channels", g.Name, name)
-			}
-			if share <= 0 || share > 1 {
-				return fmt.Errorf("group %q: split %q must be a share above 0%% and at most 100%%", g.Name, name)
-			}
-		}
-		for model, fbs := range g.Fallbacks {
-			if !validModelName(model) || len(fbs) == 0 {
-				return fmt.Errorf("group %q: fallback takes a model and the models that may serve it", g.Name)
-			}
-			for _, fb := range fbs {
-				if !validModelName(fb) || fb == model {
-					return fmt.Errorf("group %q: fallback for %q: %q is not another model", g.Name, model, fb)
-				}
-			}
-		}
-		for class, d := range g.MaxWait {
-			if _, ok := priorityByName(class); !ok || class == "" {
-				return fmt.Errorf("group %q: max_wait: unknown class %q (realtime, normal, batch)", g.Name, class)
-			}
-			if d <= 0 {
-				return fmt.Errorf("group %q: max_wait %s must be positive", g.Name, class)
-			}
+		if err := g.validate(channels); err != nil {
+			return within(err, "", "group", g.Name)
 		}
 	}
 	for model, p := range r.Pricing {
 		if !validModelName(model) {
-			return fmt.Errorf("pricing: %q is not a model name", model)
+			return errAt([]string{"pricing", model}, "pricing: %q is not a model name", model)
 		}
 		if err := p.validate(); err != nil {
-			return fmt.Errorf("pricing %q: %w", model, err)
+			return errAt([]string{"pricing", model}, "pricing %q: %v", model, err)
 		}
 	}
 	if len(r.Keys) == 0 {
@@ -208,33 +157,140 @@ func (r *Relay) validateConfig() error {
 	}
 	names := make(map[string]int, len(r.Keys))
 	for i, k := range r.Keys {
+		key := []string{"key", "#" + strconv.Itoa(i+1)}
 		if k == nil || k.Secret == "" {
-			return fmt.Errorf("key #%d has no secret", i+1)
+			return errAt(key, "key #%d has no secret", i+1)
 		}
 		label := k.label(i)
 		if k.Group == "" {
-			return fmt.Errorf("%s names no group", label)
+			return errAt(key, "%s names no group", label)
 		}
 		if !groups[k.Group] {
-			return fmt.Errorf("%s names unknown group %q", label, k.Group)
+			return errAt(append(key, k.Group), "%s names unknown group %q", label, k.Group)
 		}
 		if strings.HasPrefix(k.Secret, sha256Prefix) {
 			if b, err := hex.DecodeString(strings.TrimPrefix(k.Secret, sha256Prefix)); err != nil || len(b) != 32 {
-				return fmt.Errorf("%s: sha256: must be followed by 64 hex digits", label)
+				return errAt(key, "%s: sha256: must be followed by 64 hex digits", label)
 			}
 		}
 		if _, ok := priorityByName(k.Priority); !ok {
-			return fmt.Errorf("%s: priority must be realtime, normal or batch, not %q", label, k.Priority)
+			return errAt(append(key, "priority"), "%s: priority must be realtime, normal or batch, not %q", label, k.Priority)
 		}
-		if _, err := parseLimits(k.Rate, k.Tokens, k.Concurrency); err != nil {
-			return fmt.Errorf("%s: %w", label, err)
+		if err := checkLimits(k.Rate, k.Tokens, k.Concurrency); err != nil {
+			return within(err, label, key...)
 		}
 		if k.Name != "" {
 			if j, dup := names[k.Name]; dup {
-				return fmt.Errorf("keys #%d and #%d have the same name %q", j+1, i+1, k.Name)
+				return errAt(append(key, "name"), "keys #%d and #%d have the same name %q", j+1, i+1, k.Name)
 			}
 			names[k.Name] = i
 		}
+	}
+	return nil
+}
+
+// validate checks a group against the channels of its config.
+func (g *Group) validate(channels map[string]*Channel) error {
+	if len(g.Channels) == 0 {
+		return fmt.Errorf("group %q lists no channels", g.Name)
+	}
+	seen := make(map[string]bool, len(g.Channels))
+	for _, name := range g.Channels {
+		if channels[name] == nil {
+			return errAt([]string{"channels", name}, "group %q names unknown channel %q", g.Name, name)
+		}
+		if seen[name] {
+			return errAt([]string{"channels", name}, "group %q lists channel %q twice", g.Name, name)
+		}
+		seen[name] = true
+	}
+	if g.Retries != nil && *g.Retries < 0 {
+		return errAt([]string{"retries"}, "group %q: retries must not be negative", g.Name)
+	}
+	if g.RetryBudget != nil && (*g.RetryBudget < 0 || *g.RetryBudget > 1) {
+		return errAt([]string{"retry_budget"}, "group %q: retry_budget must be between 0 and 1 (0%% to 100%%)", g.Name)
+	}
+	if g.RetryBudgetFloor != nil && *g.RetryBudgetFloor < 0 {
+		return errAt([]string{"retry_budget"}, "group %q: retry_budget_floor must not be negative", g.Name)
+	}
+	if g.WaitForRecovery < 0 {
+		return errAt([]string{"wait_for_recovery"}, "group %q: wait_for_recovery must not be negative", g.Name)
+	}
+	switch g.Policy {
+	case "", policyWeighted, policyAdaptive, policySticky:
+	default:
+		return errAt([]string{"policy"}, "group %q: unknown policy %q (weighted, adaptive, sticky)", g.Name, g.Policy)
+	}
+	for name, share := range g.Splits {
+		if !seen[name] {
+			return errAt([]string{"split", name}, "group %q: split names %q, which is not one of its channels", g.Name, name)
+		}
+		if share <= 0 || share > 1 {
+			return errAt([]string{"split", name}, "group %q: split %q must be a share above 0%% and at most 100%%", g.Name, name)
+		}
+	}
+	for model, fbs := range g.Fallbacks {
+		if !validModelName(model) || len(fbs) == 0 {
+			return errAt([]string{"fallback", model}, "group %q: fallback takes a model and the models that may serve it", g.Name)
+		}
+		for _, fb := range fbs {
+			if !validModelName(fb) || fb == model {
+				return errAt([]string{"fallback", model}, "group %q: fallback for %q: %q is not another model", g.Name, model, fb)
+			}
+		}
+	}
+	for class, d := range g.MaxWait {
+		if _, ok := priorityByName(class); !ok || class == "" {
+			return errAt([]string{"max_wait", class}, "group %q: max_wait: unknown class %q (realtime, normal, batch)", g.Name, class)
+		}
+		if d <= 0 {
+			return errAt([]string{"max_wait", class}, "group %q: max_wait %s must be positive", g.Name, class)
+		}
+	}
+	return nil
+}
+
+// configError is a config error that says where: a locator such as
+// {"group", "g", "channels", "x"}, by which the Caddyfile adapter finds the
+// line to point at.
+type configError struct {
+	at  []string
+	err error
+}
+
+func (e *configError) Error() string { return e.err.Error() }
+func (e *configError) Unwrap() error { return e.err }
+
+// errAt makes a configError at where.
+func errAt(where []string, format string, args ...any) error {
+	return &configError{at: where, err: fmt.Errorf(format, args...)}
+}
+
+// within puts err inside a thing of the config: its locator gets the
+// thing's (where) in front, and its message the thing's name (what), unless
+// what is empty.
+func within(err error, what string, where ...string) error {
+	at := where
+	var ce *configError
+	if errors.As(err, &ce) {
+		at = append(append([]string{}, where...), ce.at...)
+	}
+	if what != "" {
+		err = fmt.Errorf("%s: %w", what, err)
+	}
+	return &configError{at: at, err: err}
+}
+
+// checkLimits checks a key's or a channel's limits, saying which is wrong.
+func checkLimits(rate, tokens string, concurrency int) error {
+	if _, err := parseRateSpec(rate); err != nil {
+		return errAt([]string{"rate"}, "rate: %v", err)
+	}
+	if _, err := parseRateSpec(tokens); err != nil {
+		return errAt([]string{"tokens"}, "tokens: %v", err)
+	}
+	if concurrency < 0 {
+		return errAt([]string{"concurrency"}, "concurrency must not be negative")
 	}
 	return nil
 }
@@ -279,17 +335,18 @@ func (t Tuning) validate() error {
 		{"capability_ttl", t.CapabilityTTL},
 	} {
 		if d.v < 0 {
-			return fmt.Errorf("%s must not be negative", d.name)
+			return errAt([]string{d.name}, "%s must not be negative", d.name)
 		}
 	}
 	if b := t.Breaker; b != nil {
+		at := []string{"breaker"}
 		switch {
 		case b.Window < 0 || b.OpenFor < 0:
-			return fmt.Errorf("breaker: window and open_for must not be negative")
+			return errAt(at, "breaker: window and open_for must not be negative")
 		case b.FailureRatio < 0 || b.FailureRatio > 1:
-			return fmt.Errorf("breaker: failure_ratio must be between 0 and 1")
+			return errAt(at, "breaker: failure_ratio must be between 0 and 1")
 		case b.MinRequests < 0 || b.HalfOpenProbes < 0:
-			return fmt.Errorf("breaker: min_requests and half_open_probes must not be negative")
+			return errAt(at, "breaker: min_requests and half_open_probes must not be negative")
 		}
 	}
 	return nil
@@ -298,31 +355,32 @@ func (t Tuning) validate() error {
 // validate checks the channel's own options; its provider checks its own.
 func (ch *Channel) validate() error {
 	if _, err := parseModels(ch.Models); err != nil {
-		return err
+		return &configError{at: []string{"models"}, err: err}
 	}
 	if ch.Priority < 0 {
-		return fmt.Errorf("priority must not be negative")
+		return errAt([]string{"priority"}, "priority must not be negative")
 	}
 	if ch.Weight < 0 || ch.Weight > maxWeight {
-		return fmt.Errorf("weight must be between 0 and %d", maxWeight)
+		return errAt([]string{"weight"}, "weight must be between 0 and %d", maxWeight)
 	}
 	for _, a := range ch.Allow {
 		if capabilityByName(a) == 0 {
-			return fmt.Errorf("allow: unknown field %q (known: service_tier, inference_geo, speed)", a)
+			return errAt([]string{"allow", a}, "allow: unknown field %q (known: service_tier, inference_geo, speed)", a)
 		}
 	}
-	if _, err := parseLimits(ch.Rate, ch.Tokens, ch.Concurrency); err != nil {
+	if err := checkLimits(ch.Rate, ch.Tokens, ch.Concurrency); err != nil {
 		return err
 	}
 	if p := ch.Probe; p != nil {
+		probe := []string{"probe"}
 		if p.Interval < 0 {
-			return fmt.Errorf("probe: interval must not be negative")
+			return errAt(probe, "probe: interval must not be negative")
 		}
 		if p.Path != "" && routeByPath(p.Path) == 0 {
-			return fmt.Errorf("probe: path must be /v1/messages or /v1/messages/count_tokens, not %q", p.Path)
+			return errAt(probe, "probe: path must be /v1/messages or /v1/messages/count_tokens, not %q", p.Path)
 		}
 		if p.Body != "" && !json.Valid([]byte(p.Body)) {
-			return fmt.Errorf("probe: body is not valid JSON")
+			return errAt(probe, "probe: body is not valid JSON")
 		}
 	}
 	return ch.Tuning.validate()
