@@ -75,6 +75,7 @@ type channelHealth struct {
 	// first-byte latency in ms, exponentially weighted (float64 bits):
 	// read by the adaptive policy without the lock
 	ewmaMs atomic.Uint64
+	ewmaAt atomic.Int64 // when its last sample came, Unix nanoseconds
 
 	// the queues of the groups that hold the channel, woken when an
 	// attempt frees a slot; derived from owners
@@ -408,6 +409,7 @@ func (h *channelHealth) record(v verdict, p cooldownPolicy, now time.Time, first
 			ms = cur + ewmaWeight*(ms-cur)
 		}
 		h.ewmaMs.Store(math.Float64bits(ms))
+		h.ewmaAt.Store(now.UnixNano())
 	}
 	var d time.Duration
 	switch v.outcome {

@@ -224,7 +224,7 @@ func (g *group) pick(s *selection) pickResult {
 	var ch *channel
 	switch g.policy {
 	case policyAdaptive:
-		ch = adaptive(tier, s.rand)
+		ch = adaptive(tier, s.rand, s.now)
 	case policySticky:
 		ch = rendezvous(tier, s.session)
 	default:
@@ -301,12 +301,12 @@ func rendezvous(chs []*channel, session string) *channel {
 }
 
 // adaptive picks at random by effective weight (see effectiveWeights).
-func adaptive(chs []*channel, rnd randIntN) *channel {
+func adaptive(chs []*channel, rnd randIntN, now time.Time) *channel {
 	if len(chs) == 1 {
 		return chs[0]
 	}
 	var buf [maxChannelsPerPick]float64
-	w := effectiveWeights(chs, buf[:0])
+	w := effectiveWeights(chs, now, buf[:0])
 	total := 0.0
 	for _, x := range w {
 		total += x
@@ -325,6 +325,18 @@ func adaptive(chs []*channel, rnd randIntN) *channel {
 // degraded channel keeps a trickle of traffic to show it recovered.
 const minFactor = 0.05
 
+// Latency is compared with a dead band: first-byte latencies within
+// latencyBand, or within latencyBandRatio of the best, are the same speed,
+// so the noise between equally fast channels moves no traffic. A latency
+// measured latencyMemory ago no longer counts, fading out linearly: a
+// channel that was slow and got little traffic since comes back on its
+// own, and its new samples then say how fast it is.
+const (
+	latencyBand      = 20 // ms
+	latencyBandRatio = 0.25
+	latencyMemory    = 30 * time.Second
+)
+
 // effectiveWeights is the adaptive policy's formula: for each channel,
 //
 //	weight × load × health × speed
@@ -334,16 +346,20 @@ const minFactor = 0.05
 //	1/(1 + inflight): in-flight requests push new ones elsewhere;
 //
 // health = 1 − the failure ratio of the breaker's sliding window;
-// speed  = the tier's best first-byte latency (EWMA) / the channel's;
+// speed  = 1 within the latency dead band of the tier's best first-byte
+//
+//	latency (EWMA), else (best + band) / the channel's latency, where a
+//	latency's excess over the best fades out over latencyMemory;
 //
 // each factor clamped to [0.05, 1].
-func effectiveWeights(chs []*channel, out []float64) []float64 {
+func effectiveWeights(chs []*channel, now time.Time, out []float64) []float64 {
 	best := math.Inf(1)
 	for _, ch := range chs {
 		if l := ch.health.latency(); l > 0 && l < best {
 			best = l
 		}
 	}
+	band := max(latencyBand, latencyBandRatio*best)
 	for _, ch := range chs {
 		h := ch.health
 		inflight := float64(h.limits.inflight.Load())
@@ -354,7 +370,11 @@ func effectiveWeights(chs []*channel, out []float64) []float64 {
 		health := 1 - h.failureRatio()
 		speed := 1.0
 		if l := h.latency(); l > 0 && !math.IsInf(best, 1) {
-			speed = best / l
+			age := now.Sub(time.Unix(0, h.ewmaAt.Load()))
+			trust := max(0, 1-float64(age)/float64(latencyMemory))
+			if l = best + (l-best)*trust; l > best+band {
+				speed = (best + band) / l
+			}
 		}
 		out = append(out, float64(ch.weight)*clampFactor(load)*clampFactor(health)*clampFactor(speed))
 	}
