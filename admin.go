@@ -144,7 +144,7 @@ func (h *channelHealth) status(name string, now time.Time) channelStatus {
 	if ok, until := h.available(now); !ok && !until.IsZero() {
 		st.CooldownUntil = &until
 	}
-	if busy, until := h.busy(now); busy {
+	if busy, until, _ := h.busy(now); busy {
 		st.Busy = true
 		if !until.IsZero() {
 			st.BusyUntil = &until

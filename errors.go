@@ -74,6 +74,14 @@ func errNoHealthyChannel(model string, wait time.Duration) *relayError {
 	return e
 }
 
+// errRateLimitedUpstream answers a request whose every channel is out until
+// its upstream's reset, further off than the request may wait.
+func errRateLimitedUpstream(model string, wait time.Duration) *relayError {
+	return &relayError{status: http.StatusServiceUnavailable, typ: "relay_error", code: "no_healthy_channel",
+		msg: "every channel serving " + strconv.Quote(model) + " is rate-limited by its upstream until its reset; retry later",
+		retryAfter: wait, cause: causeRelay}
+}
+
 func errCapability(fields string) *relayError {
 	return &relayError{status: http.StatusServiceUnavailable, typ: "relay_error", code: "capability_not_available",
 		msg: "no live channel of this group allows " + fields, noRetry: true}

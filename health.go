@@ -61,6 +61,9 @@ type channelHealth struct {
 	until      atomic.Int64 // end of the current cooldown
 	openUntil  atomic.Int64 // when the open breaker turns half-open
 	quotaUntil atomic.Int64 // the upstream said a quota is spent until then
+	// the end of the last cooldown a 429 started: while the cooldown ends
+	// no later, only the upstream's reset keeps the channel out
+	limitedUntil atomic.Int64
 	disabled   atomic.Bool
 	// models the upstream refused (403): model -> until, Unix nanoseconds.
 	// Copied on write, read without the lock on every selection.
@@ -239,13 +242,24 @@ func (h *channelHealth) state(now time.Time) string {
 }
 
 // busy reports whether the channel is at one of its limits, or its
-// upstream said a quota is spent, and when that should lift (zero when only
-// a finishing attempt can tell). A busy channel is skipped, not cooled.
-func (h *channelHealth) busy(now time.Time) (bool, time.Time) {
+// upstream said a quota is spent (upstream), and when that should lift
+// (zero when only a finishing attempt can tell). A busy channel is skipped,
+// not cooled.
+func (h *channelHealth) busy(now time.Time) (busy bool, until time.Time, upstream bool) {
 	if q := h.quotaUntil.Load(); q > now.UnixNano() {
-		return true, time.Unix(0, q)
+		return true, time.Unix(0, q), true
 	}
-	return h.limits.busy(now)
+	busy, until = h.limits.busy(now)
+	return busy, until, false
+}
+
+// outByReset reports whether the channel is out only because its upstream
+// answered 429 with a time to come back (its cooldown is that wait, no
+// breaker is open, no one disabled it).
+func (h *channelHealth) outByReset(now time.Time) bool {
+	n := now.UnixNano()
+	u := h.until.Load()
+	return !h.disabled.Load() && u > n && h.openUntil.Load() <= n && u <= h.limitedUntil.Load()
 }
 
 // observeQuota reads the anthropic-ratelimit-* headers of an upstream
@@ -442,6 +456,9 @@ func (h *channelHealth) record(v verdict, p cooldownPolicy, now time.Time, first
 		d = p.max
 	}
 	h.extend(now.Add(d))
+	if v.outcome == outcomeRateLimited {
+		raiseTo(&h.limitedUntil, now.Add(d).UnixNano())
+	}
 	return d
 }
 
@@ -466,6 +483,7 @@ func (h *channelHealth) reset() {
 	defer h.mu.Unlock()
 	h.until.Store(0)
 	h.quotaUntil.Store(0)
+	h.limitedUntil.Store(0)
 	h.refused.Store(nil)
 	h.consecutive = 0
 	h.resetBreaker()

@@ -216,6 +216,19 @@ func (q *queued) wait(ctx context.Context, freeAt time.Time) *relayError {
 	return nil
 }
 
+// fits reports whether at comes before the request's class would stop
+// waiting in the queue (its max_wait, from when it entered).
+func (q *queued) fits(at time.Time) bool {
+	if q.g.maxQueue <= 0 {
+		return false
+	}
+	since := q.r.now()
+	if q.w != nil {
+		since = q.w.since
+	}
+	return !at.After(since.Add(q.g.maxWait[q.in.key.prio]))
+}
+
 // leave takes the request out of the queue, if it is in it.
 func (q *queued) leave() {
 	if q.w == nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -282,5 +283,54 @@ func TestQueueWaitTimesOutAndWakes(t *testing.T) {
 	cancel()
 	if _, err := q.wait(ctx, w, time.Time{}, clock.now().Add(time.Hour), clock.now); !errors.Is(err, context.Canceled) {
 		t.Fatalf("canceled: %v", err)
+	}
+}
+
+// onceThen answers the first request with first and the others with then.
+func onceThen(first, then http.HandlerFunc) http.HandlerFunc {
+	var n atomic.Int64
+	return func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1) == 1 {
+			first(w, r)
+			return
+		}
+		then(w, r)
+	}
+}
+
+func TestA429WithAKnownResetQueuesUntilIt(t *testing.T) {
+	up := fakeupstream.New(t, onceThen(
+		fakeupstream.Error(429, "rate_limit_error", "slow down", "Retry-After-Ms", "400"),
+		fakeupstream.Message("after the reset")))
+	startRelay(t, channelBlock("reset-q", up.URL)+
+		"\t\tkey "+clientKey+" reset-q {\n\t\t\tpriority realtime\n\t\t}\n\t\tgroup reset-q {\n\t\t\tchannels reset-q\n\t\t}\n")
+	if r := message(t, simpleBody); r.status != 429 {
+		t.Fatalf("the upstream's 429 should reach the client: %d %s", r.status, r.body)
+	}
+	// the only channel is out until a reset 400ms away, well within the
+	// realtime class's max_wait (10s): the request waits for it
+	start := time.Now()
+	r := message(t, simpleBody)
+	if took := time.Since(start); r.status != 200 || took < 300*time.Millisecond || took > 5*time.Second {
+		t.Errorf("got %d after %v, want 200 once the reset came (about 400ms): %s", r.status, took, r.body)
+	}
+	if up.Hits() != 2 {
+		t.Errorf("upstream hits %d, want 2: nothing before the reset", up.Hits())
+	}
+}
+
+func TestAnUpstreamResetBeyondMaxWaitAnswersAtOnce(t *testing.T) {
+	up := fakeupstream.New(t, fakeupstream.Error(429, "rate_limit_error", "slow down", "Retry-After", "60"))
+	startRelay(t, channelBlock("reset-far", up.URL)+
+		"\t\tkey "+clientKey+" reset-far {\n\t\t\tpriority realtime\n\t\t}\n\t\tgroup reset-far {\n\t\t\tchannels reset-far\n\t\t\tmax_wait realtime 1s\n\t\t}\n")
+	message(t, simpleBody)
+	start := time.Now()
+	r := message(t, simpleBody)
+	wantRelayError(t, r, 503, "relay_error", "no_healthy_channel")
+	if took := time.Since(start); took > 500*time.Millisecond {
+		t.Errorf("a reset 60s away with max_wait 1s: answered after %v, want at once", took)
+	}
+	if ra, _ := strconv.Atoi(r.header.Get("Retry-After")); ra < 55 || ra > 60 {
+		t.Errorf("retry-after %q, want the reset's, about 60", r.header.Get("Retry-After"))
 	}
 }

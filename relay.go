@@ -349,7 +349,7 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 		}
 		p := g.pick(&sel)
 		switch p.reason {
-		case exhausted, cooling, modelRefused:
+		case exhausted, cooling, modelRefused, upstreamReset:
 			// no channel of this model is live: a similar model may serve
 			if next := g.fallbacks[in.model]; in.fallbacks < len(next) {
 				if notLive == nil && p.reason != exhausted {
@@ -365,7 +365,9 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 		case p.reason == picked:
 		case n > 1: // every channel it could use is tried, cooling or busy
 			return &failure{last: last, attempts: n - 1}
-		case p.reason == allBusy:
+		case p.reason == allBusy, p.reason == upstreamReset && q.fits(p.until):
+			// busy channels free up, and an upstream's reset comes, soon
+			// enough to wait for in the queue, best class first
 			if rerr := q.wait(req.Context(), p.until); rerr != nil {
 				return refused(rerr)
 			}

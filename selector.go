@@ -89,6 +89,7 @@ const (
 	noModel                        // no channel of the group serves the model
 	modelRefused                   // every channel that serves it refused the model (403) lately
 	cooling                        // every channel that serves it is cooling down, open or disabled
+	upstreamReset                  // every channel that serves it is out only until its upstream's reset (429, spent quota)
 	noCapability                   // no live channel allows a capability field the request carries
 	allBusy                        // every candidate is at one of its limits
 )
@@ -115,6 +116,8 @@ func (p pickResult) err(s *selection, g *group) *relayError {
 		return errModelRefused(s.model, g.name, p.until)
 	case noCapability:
 		return errCapability(s.caps.String())
+	case upstreamReset:
+		return errRateLimitedUpstream(s.model, untilFrom(p.until, s.now))
 	case allBusy:
 		return errQueue("every channel of group "+strconv.Quote(g.name)+" is at its limit", untilFrom(p.until, s.now))
 	}
@@ -166,18 +169,35 @@ func (g *group) pick(s *selection) pickResult {
 		return pickResult{reason: exhausted}
 	}
 
+	// out until an upstream's reset (a 429's wait, a spent quota), the
+	// earliest; and whether any is out for another reason
+	var reset time.Time
+	earliest := func(t *time.Time, at time.Time) {
+		if !at.IsZero() && (t.IsZero() || at.Before(*t)) {
+			*t = at
+		}
+	}
 	var recovery time.Time
+	otherOut := false
 	cands = filter(cands, func(ch *channel) bool {
 		ok, until := ch.health.available(s.now)
 		if ok && contains(s.skipped, ch) {
 			ok, until = false, s.now.Add(halfOpenRetry)
 		}
-		if !ok && !until.IsZero() && (recovery.IsZero() || until.Before(recovery)) {
-			recovery = until
+		if !ok {
+			earliest(&recovery, until)
+			if ch.health.outByReset(s.now) {
+				earliest(&reset, until)
+			} else {
+				otherOut = true
+			}
 		}
 		return ok
 	})
 	if len(cands) == 0 {
+		if !otherOut {
+			return none(upstreamReset, reset)
+		}
 		return none(cooling, recovery)
 	}
 
@@ -191,19 +211,26 @@ func (g *group) pick(s *selection) pickResult {
 	// a busy channel (at a limit, or out of upstream quota) is skipped but
 	// not cooled; when all are busy the request may queue
 	var freeAt time.Time
-	known := true
+	known, relayBusy := true, false
 	notBusy := filter(cands, func(ch *channel) bool {
-		busy, at := ch.health.busy(s.now)
-		if busy {
-			if at.IsZero() {
-				known = false
-			} else if freeAt.IsZero() || at.Before(freeAt) {
-				freeAt = at
-			}
+		busy, at, upstream := ch.health.busy(s.now)
+		switch {
+		case !busy:
+		case upstream:
+			earliest(&reset, at)
+		case at.IsZero():
+			known, relayBusy = false, true
+		default:
+			relayBusy = true
+			earliest(&freeAt, at)
 		}
 		return !busy
 	})
 	if len(notBusy) == 0 {
+		if !relayBusy && !otherOut {
+			return none(upstreamReset, reset)
+		}
+		earliest(&freeAt, reset)
 		if !known {
 			freeAt = time.Time{} // a slot may free before the earliest known time
 		}
