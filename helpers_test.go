@@ -384,3 +384,22 @@ func needTool(t *testing.T, name, install string) string {
 	t.Skipf("%s is not installed; to run this test: %s", name, install)
 	return ""
 }
+
+// TestMain runs the tests, then checks an invariant no single test can see:
+// every key's and channel's in-flight count, kept by name across all the
+// configs the tests loaded, is never below zero (a slot given back twice).
+func TestMain(m *testing.M) {
+	code := m.Run()
+	negative := func(pool *caddy.UsagePool, of func(any) int64) {
+		pool.Range(func(k, v any) bool {
+			if n := of(v); n < 0 {
+				fmt.Fprintf(os.Stderr, "%v: in flight %d after the tests\n", k, n)
+				code = 1
+			}
+			return true
+		})
+	}
+	negative(keyStates, func(v any) int64 { return v.(*limiter).inflight.Load() })
+	negative(channelStates, func(v any) int64 { return v.(*channelHealth).limits.inflight.Load() })
+	os.Exit(code)
+}

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"bufio"
 	"bytes"
 	"io"
 	"testing"
@@ -28,18 +29,24 @@ func TestLiteralKeyIsHashedInConfig(t *testing.T) {
 
 func TestAKeysSlowClientsWaitForItsSlot(t *testing.T) {
 	up := fakeupstream.New(t, fakeupstream.Message("served"))
+	// a key of its own: key limits are kept by name across configs
+	const key = "sk-slow-slot-client-0123456789"
 	startRelay(t, channelBlock("hostile-slot", up.URL)+
-		"\t\tkey "+clientKey+" hostile-slot {\n\t\t\tconcurrency 1\n\t\t}\n\t\tgroup hostile-slot {\n\t\t\tchannels hostile-slot\n\t\t}\n")
-	conn := slowRequest(t, clientKey, 1<<20)
+		"\t\tkey "+key+" hostile-slot {\n\t\t\tname slow-slot\n\t\t\tconcurrency 1\n\t\t}\n\t\tgroup hostile-slot {\n\t\t\tchannels hostile-slot\n\t\t}\n")
+	conn := slowRequest(t, key, 1<<20)
 	// the slow request holds the key's one slot while its body trickles
 	// in: the next request is refused before its body is read
-	waitFor(t, "a request refused while the slow one holds the slot", 5*time.Second, func() bool {
-		r := message(t, simpleBody)
-		if r.status == 429 {
-			wantRelayError(t, r, 429, "rate_limit_error", "key_rate_limited")
+	var last reply
+	deadline := time.Now().Add(5 * time.Second)
+	for last = send(t, "POST", "/v1/messages", key, simpleBody); last.status != 429; last = send(t, "POST", "/v1/messages", key, simpleBody) {
+		if time.Now().After(deadline) {
+			_ = conn.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+			answer, _ := bufio.NewReader(conn).ReadString('\n')
+			t.Fatalf("no request was refused while the slow one should hold the slot (last %d %s; the slow one got %q)", last.status, last.body, answer)
 		}
-		return r.status == 429
-	})
+		time.Sleep(10 * time.Millisecond)
+	}
+	wantRelayError(t, last, 429, "rate_limit_error", "key_rate_limited")
 	conn.Close() // the slow client gives up: its slot comes back
-	waitFor(t, "the slot back", 5*time.Second, func() bool { return message(t, simpleBody).status == 200 })
+	waitFor(t, "the slot back", 5*time.Second, func() bool { return send(t, "POST", "/v1/messages", key, simpleBody).status == 200 })
 }
