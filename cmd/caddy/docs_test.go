@@ -307,7 +307,10 @@ func TestDocsRunnableBlocks(t *testing.T) {
 	}
 	for _, tool := range []string{"bash", "curl", "jq", "openssl", "go"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Fatalf("the documentation's commands need %s: %v", tool, err)
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("the documentation's commands need %s (CI must have it): %v", tool, err)
+			}
+			t.Skipf("the documentation's commands need %s; install it (apt-get install -y %s) to run this test", tool, tool)
 		}
 	}
 	files := docFiles(t)
