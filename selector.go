@@ -84,14 +84,14 @@ const maxChannelsPerPick = 16
 type pickReason uint8
 
 const (
-	picked       pickReason = iota // a channel
-	exhausted                      // the request tried every channel it could use
-	noModel                        // no channel of the group serves the model
-	modelRefused                   // every channel that serves it refused the model (403) lately
-	cooling                        // every channel that serves it is cooling down, open or disabled
-	upstreamReset                  // every channel that serves it is out only until its upstream's reset (429, spent quota)
-	noCapability                   // no live channel allows a capability field the request carries
-	allBusy                        // every candidate is at one of its limits
+	picked        pickReason = iota // a channel
+	exhausted                       // the request tried every channel it could use
+	noModel                         // no channel of the group serves the model
+	modelRefused                    // every channel that serves it refused the model (403) lately
+	cooling                         // every channel that serves it is cooling down, open or disabled
+	upstreamReset                   // every channel that serves it is out only until its upstream's reset (429, spent quota)
+	noCapability                    // no live channel allows a capability field the request carries
+	allBusy                         // every candidate is at one of its limits
 )
 
 // pickResult is a pick's channel, or why there is none and until when
