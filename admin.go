@@ -38,9 +38,10 @@ func (a adminAPI) Routes() []caddy.AdminRoute {
 	return []caddy.AdminRoute{
 		{Pattern: "/relay/channels", Handler: only(http.MethodGet, a.list)},
 		{Pattern: "/relay/channels/{name}/{action}", Handler: only(http.MethodPost, a.act)},
+		{Pattern: "/relay/fleet", Handler: only(http.MethodGet, a.fleet)},
 		{Pattern: "/relay/", Handler: caddy.AdminHandlerFunc(func(_ http.ResponseWriter, r *http.Request) error {
 			return caddy.APIError{HTTPStatus: http.StatusNotFound,
-				Err: fmt.Errorf("no relay admin route %s (GET /relay/channels, POST /relay/channels/<name>/reset|disable|enable)", r.URL.Path)}
+				Err: fmt.Errorf("no relay admin route %s (GET /relay/channels, POST /relay/channels/<name>/reset|disable|enable, GET /relay/fleet)", r.URL.Path)}
 		})},
 	}
 }
@@ -90,6 +91,7 @@ func (adminAPI) act(w http.ResponseWriter, r *http.Request) error {
 	default:
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("unknown action %q: use reset, disable or enable", action)}
 	}
+	h.announce(healthChange{Kind: action}) // the kinds of change are named as the actions
 	return writeAdminJSON(w, h.status(name, time.Now()))
 }
 

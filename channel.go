@@ -106,7 +106,7 @@ func (r *Relay) provisionChannel(ctx caddy.Context, cfg *Channel) (*channel, err
 	}
 
 	st, _, err := channelStates.LoadOrNew(cfg.Name, func() (caddy.Destructor, error) {
-		return new(channelHealth), nil
+		return &channelHealth{name: cfg.Name}, nil
 	})
 	if err != nil {
 		return nil, err

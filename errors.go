@@ -78,7 +78,7 @@ func errNoHealthyChannel(model string, wait time.Duration) *relayError {
 // its upstream's reset, further off than the request may wait.
 func errRateLimitedUpstream(model string, wait time.Duration) *relayError {
 	return &relayError{status: http.StatusServiceUnavailable, typ: "relay_error", code: "no_healthy_channel",
-		msg: "every channel serving " + strconv.Quote(model) + " is rate-limited by its upstream until its reset; retry later",
+		msg:        "every channel serving " + strconv.Quote(model) + " is rate-limited by its upstream until its reset; retry later",
 		retryAfter: wait, cause: causeRelay}
 }
 
@@ -92,6 +92,14 @@ func errCapability(fields string) *relayError {
 func errQueue(msg string, wait time.Duration) *relayError {
 	return &relayError{status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "queue_timeout",
 		msg: msg, retryAfter: max(wait, time.Second), cause: causeRelay}
+}
+
+// errStorageUnavailable answers a request that a fleet's limits could not
+// admit because their store did not answer in time, when the storage says
+// on_error deny.
+func errStorageUnavailable() *relayError {
+	return &relayError{status: http.StatusServiceUnavailable, typ: "relay_error", code: "storage_unavailable",
+		msg: "the relay's shared state (Redis) did not answer in time; retry later", retryAfter: time.Second, cause: causeRelay}
 }
 
 // errKeyLimited answers a request its key's limit refused.

@@ -64,7 +64,14 @@ type channelHealth struct {
 	// the end of the last cooldown a 429 started: while the cooldown ends
 	// no later, only the upstream's reset keeps the channel out
 	limitedUntil atomic.Int64
-	disabled   atomic.Bool
+	disabled     atomic.Bool
+	// forcing is set while a breaker is opened because another node's
+	// opened: it trips at once, and the change is not published back
+	forcing atomic.Bool
+
+	name  string                // the channel's name
+	fleet atomic.Pointer[fleet] // the fleet the health is shared with; nil: none
+
 	// models the upstream refused (403): model -> until, Unix nanoseconds.
 	// Copied on write, read without the lock on every selection.
 	refused atomic.Pointer[map[string]int64]
@@ -190,6 +197,9 @@ func (h *channelHealth) resetBreaker() {
 		BucketPeriod: s.window / 10,
 		Timeout:      s.openFor,
 		ReadyToTrip: func(c gobreaker.Counts) bool {
+			if h.forcing.Load() {
+				return true
+			}
 			judged := c.TotalSuccesses + c.TotalFailures
 			return judged >= s.minRequests && float64(c.TotalFailures)/float64(judged) >= s.ratio-1e-9
 		},
@@ -197,12 +207,48 @@ func (h *channelHealth) resetBreaker() {
 		// gobreaker keeps its own time (time.Now): the end of an open
 		// state is reckoned on the same clock as its own switch to
 		// half-open. (Tests run it in a testing/synctest bubble.)
-		OnStateChange: func(_ string, _, to gobreaker.State) {
+		OnStateChange: func(_ string, from, to gobreaker.State) {
 			if to == gobreaker.StateOpen {
 				h.openUntil.Store(time.Now().Add(s.openFor).UnixNano())
 			}
+			if h.forcing.Load() {
+				return
+			}
+			switch {
+			case to == gobreaker.StateOpen:
+				h.announce(healthChange{Kind: changeOpen, Open: s.openFor.Milliseconds()})
+			case to == gobreaker.StateClosed && from == gobreaker.StateHalfOpen:
+				h.announce(healthChange{Kind: changeClosed})
+			}
 		},
 	}))
+}
+
+// forceOpen opens the breaker because another node's opened: it fails
+// one attempt on a breaker made to trip at once. A breaker already open or
+// half-open stays as it is.
+func (h *channelHealth) forceOpen() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	b := h.breaker.Load()
+	if b.State() != gobreaker.StateClosed {
+		return
+	}
+	h.forcing.Store(true)
+	defer h.forcing.Store(false)
+	if done, err := b.Allow(); err == nil {
+		done(errBreakerFailure)
+	}
+}
+
+// closeBreaker closes the breaker because another node's closed after its
+// probes succeeded.
+func (h *channelHealth) closeBreaker() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.breaker.Load().State() != gobreaker.StateClosed {
+		h.resetBreaker()
+	}
 }
 
 // What an attempt reports to the breaker: nil is a success.
@@ -278,7 +324,9 @@ func (h *channelHealth) observeQuota(hdr http.Header, now time.Time, limit time.
 		if lim := now.Add(limit); t.After(lim) {
 			t = lim
 		}
-		raiseTo(&h.quotaUntil, t.UnixNano())
+		if raiseTo(&h.quotaUntil, t.UnixNano()) {
+			h.announce(healthChange{Kind: changeCool, Quota: t.Sub(now).Milliseconds()})
+		}
 	}
 }
 
@@ -329,24 +377,26 @@ func (h *channelHealth) refuseModel(model string, now, until time.Time) {
 type ticket struct {
 	h        *channelHealth
 	done     func(error)
-	estimate int64 // tokens charged to the channel's limit at admission
+	grant    grant // what the channel's limits admitted
 	finished bool
 }
 
 // admit takes a slot of the channel's limits and asks the breaker for an
 // attempt. A half-open breaker admits only as many attempts as it has
-// probes; the others skip the channel. A nil ticket says why: busy (another
-// request took the last slot first) or not.
-func (h *channelHealth) admit(now time.Time, estimate int64) (t *ticket, busy bool) {
-	if scope, _ := h.limits.take(now, estimate); scope != scopeNone {
-		return nil, true
+// probes; the others skip the channel. A nil ticket comes with the limit
+// that refused it (another request took the last slot first), or none when
+// the breaker did.
+func (h *channelHealth) admit(now time.Time, estimate int64) (*ticket, limitScope) {
+	g, scope, _ := h.limits.take(now, estimate)
+	if scope != scopeNone {
+		return nil, scope
 	}
 	done, err := h.breaker.Load().Allow()
 	if err != nil {
-		h.limits.done(now, estimate, 0)
-		return nil, false
+		h.limits.done(now, g, 0)
+		return nil, scopeNone
 	}
-	return &ticket{h: h, done: done, estimate: estimate}, false
+	return &ticket{h: h, done: done, grant: g}, scopeNone
 }
 
 // finish records the verdict of the attempt: limits, counters, breaker,
@@ -359,7 +409,7 @@ func (t *ticket) finish(v verdict, p cooldownPolicy, now time.Time, firstByte ti
 	}
 	t.finished = true
 	h := t.h
-	h.limits.done(now, t.estimate, tokens)
+	h.limits.done(now, t.grant, tokens)
 	h.wakeQueues()
 	switch {
 	case v.outcome == outcomeCanceled:
@@ -385,7 +435,7 @@ func (t *ticket) finish(v verdict, p cooldownPolicy, now time.Time, firstByte ti
 func (t *ticket) release(now func() time.Time) {
 	if !t.finished {
 		t.finished = true
-		t.h.limits.done(now(), t.estimate, 0)
+		t.h.limits.done(now(), t.grant, 0)
 		t.done(errBreakerExcluded)
 		t.h.wakeQueues()
 	}
@@ -456,21 +506,28 @@ func (h *channelHealth) record(v verdict, p cooldownPolicy, now time.Time, first
 		d = p.max
 	}
 	h.extend(now.Add(d))
+	c := healthChange{Kind: changeCool, Until: d.Milliseconds(), Error: v.outcome.String(), Reason: v.reason}
 	if v.outcome == outcomeRateLimited {
 		raiseTo(&h.limitedUntil, now.Add(d).UnixNano())
+		c.Limited = c.Until
 	}
+	h.announce(c)
 	return d
 }
 
 // extend moves the end of the cooldown to t unless it already ends later.
 func (h *channelHealth) extend(t time.Time) { raiseTo(&h.until, t.UnixNano()) }
 
-// raiseTo stores n in a unless a already holds more.
-func raiseTo(a *atomic.Int64, n int64) {
+// raiseTo stores n in a unless a already holds as much, and reports
+// whether it did.
+func raiseTo(a *atomic.Int64, n int64) bool {
 	for {
 		cur := a.Load()
-		if n <= cur || a.CompareAndSwap(cur, n) {
-			return
+		if n <= cur {
+			return false
+		}
+		if a.CompareAndSwap(cur, n) {
+			return true
 		}
 	}
 }

@@ -112,6 +112,7 @@ func (r *Relay) provisionKeys() error {
 		r.acquiredKeys = append(r.acquiredKeys, k.name)
 		k.limits = st.(*limiter)
 		k.limits.configure(lim, r.now())
+		k.limits.share(r.fleet, tag("k:", k.name))
 		r.keys[digest] = k
 	}
 	return nil

@@ -75,7 +75,27 @@ type limiter struct {
 	requests *rate.Limiter // nil: no request rate limit
 	tokens   *tokenBucket  // nil: no token limit
 	maxConc  atomic.Int64  // 0: no concurrency limit
-	inflight atomic.Int64
+	inflight atomic.Int64  // this relay's, whoever admitted them
+
+	// shared, when set, is where the limits are kept for the whole fleet;
+	// refusedUntil is when the store last said a refused limit lifts
+	shared       atomic.Pointer[sharedLimit]
+	refusedUntil atomic.Int64
+}
+
+// share keeps the limits in the fleet f, as thing ("k:" and a key's name,
+// "c:" and a channel's), when there are limits to keep (nil f: in this
+// relay alone).
+func (l *limiter) share(f *fleet, thing string) {
+	spec := l.limits()
+	if f == nil || spec == (limits{}) {
+		l.shared.Store(nil)
+		return
+	}
+	if cur := l.shared.Load(); cur != nil && cur.f == f {
+		return
+	}
+	l.shared.Store(newSharedLimit(f, thing))
 }
 
 // configure pushes new limits in, at now.
@@ -117,23 +137,68 @@ const (
 	scopeQueue       limitScope = "queue"
 )
 
-// take admits one request charged estimate tokens, or says which limit
-// refused it and when it may pass (zero when only a release can tell, as
-// for concurrency). An admitted request must be given back with done.
-func (l *limiter) take(now time.Time, estimate int64) (limitScope, time.Duration) {
-	if scope, wait := l.takeSlot(now); scope != scopeNone {
-		return scope, wait
-	}
-	if scope, wait := l.chargeTokens(now, estimate); scope != scopeNone {
-		l.inflight.Add(-1)
-		return scope, wait
-	}
-	return scopeNone, 0
+// grant is what a limiter admitted, to give back with done: where it was
+// taken, so that it goes back there.
+type grant struct {
+	store   *sharedLimit // the fleet's limits that admitted it; nil: this relay's
+	lease   string       // the store's concurrency slot; "" for none
+	tokens  bool         // it is held to the token limit
+	charged int64        // tokens charged so far, corrected by done
 }
 
-// takeSlot admits one request against the concurrency and request rate
-// limits, which need nothing of its body. An admitted request must be given
+// scopeStorage refuses a request because the fleet's store did not answer
+// and the storage says on_error deny.
+const scopeStorage limitScope = "storage"
+
+// take admits one request and charges it estimate tokens, or says which
+// limit refused it and when it may pass (zero when only a release can
+// tell, as for concurrency). The token limit refuses while its bucket is
+// in debt, whatever the estimate: an estimate of 0 (the body is not read
+// yet) only looks, and charge adds the estimate later. estimate < 0 keeps
+// the request out of the token limit. An admitted request must be given
 // back with done.
+func (l *limiter) take(now time.Time, estimate int64) (grant, limitScope, time.Duration) {
+	if s := l.shared.Load(); s != nil {
+		g, scope, wait, err := s.admit(l.limits(), estimate)
+		switch {
+		case err == nil && scope == scopeNone:
+			l.inflight.Add(1)
+			return g, scopeNone, 0
+		case err == nil:
+			l.refusedUntil.Store(now.Add(max(wait, sharedBusyHint)).UnixNano())
+			return grant{}, scope, wait
+		case s.f.deny:
+			return grant{}, scopeStorage, 0
+		}
+		// Redis is down: this relay keeps its own limits meanwhile
+	}
+	if scope, wait := l.takeSlot(now); scope != scopeNone {
+		return grant{}, scope, wait
+	}
+	g := grant{}
+	if estimate >= 0 {
+		l.mu.Lock()
+		tokens := l.tokens
+		l.mu.Unlock()
+		if tokens != nil {
+			if wait := tokens.wait(now); wait > 0 {
+				l.inflight.Add(-1)
+				return grant{}, scopeTokens, wait
+			}
+			tokens.charge(now, estimate)
+			g.tokens, g.charged = true, estimate
+		}
+	}
+	return g, scopeNone, 0
+}
+
+// sharedBusyHint is how long a limit the fleet's store refused is taken
+// as busy when the store gave no time: the selector looks elsewhere
+// meanwhile rather than asking again at once.
+const sharedBusyHint = 50 * time.Millisecond
+
+// takeSlot admits one request against this relay's own concurrency and
+// request rate limits.
 func (l *limiter) takeSlot(now time.Time) (limitScope, time.Duration) {
 	if max := l.maxConc.Load(); max > 0 {
 		for {
@@ -162,26 +227,43 @@ func (l *limiter) takeSlot(now time.Time) (limitScope, time.Duration) {
 	return scopeNone, 0
 }
 
-// chargeTokens charges an admitted request's estimated tokens, or refuses
-// it while the token bucket is empty (the caller then gives its slot back
-// with done, charged nothing).
-func (l *limiter) chargeTokens(now time.Time, estimate int64) (limitScope, time.Duration) {
+// charge adds n tokens to what an admitted request is charged, as its
+// estimate grows once its body is read; it never refuses (take looked at
+// the bucket).
+func (l *limiter) charge(now time.Time, g *grant, n int64) {
+	if !g.tokens || n == 0 {
+		return
+	}
+	g.charged += n
+	if g.store != nil {
+		g.store.correct(l.limits(), n)
+		return
+	}
 	l.mu.Lock()
 	tokens := l.tokens
 	l.mu.Unlock()
-	if tokens == nil {
-		return scopeNone, 0
+	if tokens != nil {
+		tokens.charge(now, n)
 	}
-	if wait := tokens.wait(now); wait > 0 {
-		return scopeTokens, wait
-	}
-	tokens.charge(now, estimate)
-	return scopeNone, 0
+}
+
+// limits is the limiter's spec.
+func (l *limiter) limits() limits {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.spec
 }
 
 // busy reports whether take would refuse now, without taking anything, and
-// when the limit should lift (zero when unknown).
+// when the limit should lift (zero when unknown). For a limit the fleet
+// keeps, it knows only what the store last refused.
 func (l *limiter) busy(now time.Time) (bool, time.Time) {
+	if l.shared.Load() != nil {
+		if u := l.refusedUntil.Load(); u > now.UnixNano() {
+			return true, time.Unix(0, u)
+		}
+		return false, time.Time{}
+	}
 	if max := l.maxConc.Load(); max > 0 && l.inflight.Load() >= max {
 		return true, time.Time{}
 	}
@@ -200,14 +282,22 @@ func (l *limiter) busy(now time.Time) (bool, time.Time) {
 }
 
 // done gives back a request's concurrency slot and corrects its token
-// charge from the estimate to what it really used.
-func (l *limiter) done(now time.Time, estimate, actual int64) {
+// charge to what it really used (actual), where it was taken.
+func (l *limiter) done(now time.Time, g grant, actual int64) {
 	l.inflight.Add(-1)
+	correction := int64(0)
+	if g.tokens {
+		correction = actual - g.charged
+	}
+	if g.store != nil {
+		g.store.giveBack(l.limits(), g.lease, correction)
+		return
+	}
 	l.mu.Lock()
 	tokens := l.tokens
 	l.mu.Unlock()
-	if tokens != nil && actual != estimate {
-		tokens.charge(now, actual-estimate)
+	if tokens != nil && correction != 0 {
+		tokens.charge(now, correction)
 	}
 }
 

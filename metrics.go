@@ -79,6 +79,22 @@ var (
 		Help: "Requests served by a fallback model because no channel of the requested one was live, by group, requested model and fallback.",
 	}, []string{"group", "from", "to"})
 
+	metricStorageUp = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "relay_storage_up",
+		Help: "1 while the fleet's storage (Redis) answers, 0 while the relay serves on its own state; absent without storage.",
+	})
+
+	metricStorageErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "relay_storage_errors_total",
+		Help: "Operations on the fleet's storage (Redis) that failed or timed out, by operation (admit, release, renew, publish, sync, heartbeat, fleet).",
+	}, []string{"op"})
+
+	metricStorageSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "relay_storage_seconds",
+		Help:    "Time of operations on the fleet's storage (Redis), by operation.",
+		Buckets: []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25},
+	}, []string{"op"})
+
 	metricStates = stateCollector{
 		state: prometheus.NewDesc("relay_channel_state",
 			"1 for the state each channel is in (healthy, cooldown, open, half_open, disabled), 0 for the others.", []string{"channel", "state"}, nil),
@@ -95,12 +111,23 @@ var collectors = []prometheus.Collector{
 	metricRateLimited, metricQueueWait, metricQueueDepth, metricFallbacks,
 }
 
+// storageCollectors are registered only by a config with storage.
+var storageCollectors = []prometheus.Collector{metricStorageUp, metricStorageErrors, metricStorageSeconds}
+
+// registerStorageMetrics registers the storage's collectors in a config's
+// registry.
+func registerStorageMetrics(reg prometheus.Registerer) error { return register(reg, storageCollectors) }
+
 // registerMetrics registers the relay's collectors in a config's registry.
-func registerMetrics(reg prometheus.Registerer) error {
+func registerMetrics(reg prometheus.Registerer) error { return register(reg, collectors) }
+
+// register registers cs in reg, once: a registry that has them already
+// (another relay handler of the same config) is fine.
+func register(reg prometheus.Registerer, cs []prometheus.Collector) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range collectors {
+	for _, c := range cs {
 		var dup prometheus.AlreadyRegisteredError
 		if err := reg.Register(c); err != nil && !errors.As(err, &dup) {
 			return err

@@ -60,6 +60,7 @@ func (r *Relay) runProbes(ctx caddy.Context, ch *channel) {
 		case stateCooldown, stateOpen:
 			if r.probeOnce(ctx, ch) {
 				ch.health.reset()
+				ch.health.announce(healthChange{Kind: changeReset})
 				r.logger.Info("probe succeeded; channel back in rotation", zap.String("channel", ch.name))
 			}
 		}

@@ -57,6 +57,12 @@ type Relay struct {
 	// Groups are sets of channels; each key is served by one group.
 	Groups []*Group `json:"groups,omitempty"`
 
+	// Storage, when set, keeps the state a fleet of relays shares (limits,
+	// channel health, heartbeats) in Redis, so that several relays behind
+	// one load balancer act as one. Without it, the relay keeps its state
+	// in memory and needs nothing.
+	Storage *Storage `json:"storage,omitempty"`
+
 	// Pricing sets the price of models, in US dollars per million tokens,
 	// by the model name clients send (a dated snapshot such as
 	// claude-sonnet-4-5-20250929 takes the price of claude-sonnet-4-5). It
@@ -69,6 +75,8 @@ type Relay struct {
 	acquiredGroups     []string   // groupStates entries this instance holds
 	acquiredKeys       []string   // keyStates entries this instance holds
 	acquiredTransports []string   // transports entries this instance holds
+	fleet              *fleet     // the fleet this relay shares state with; nil: none
+	fleetKey           string     // its entry in fleets
 	logger             *zap.Logger
 	prices             pricebook
 	modelNames         map[string]bool // every model a channel lists, for metric labels
@@ -116,6 +124,9 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return err
 	}
+	if err := r.joinFleet(ctx); err != nil {
+		return err
+	}
 	r.prices = newPricebook(r.Pricing)
 	r.modelNames = map[string]bool{}
 	for _, cfg := range r.Channels {
@@ -148,6 +159,7 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 			owner.queues = append(owner.queues, &r.groups[g].state.queue)
 		}
 		ch.health.configure(ch.breaker, ch.limits, owner, r.now())
+		ch.health.share(r.fleet)
 		if ch.probe != nil {
 			go r.runProbes(ctx, ch)
 		}
@@ -181,6 +193,10 @@ func (r *Relay) Cleanup() error {
 	}
 	for _, k := range r.acquiredTransports {
 		_, _ = transports.Delete(k)
+	}
+	if r.fleet != nil {
+		_, _ = fleets.Delete(r.fleetKey)
+		r.fleet = nil
 	}
 	r.acquired, r.acquiredGroups, r.acquiredKeys, r.acquiredTransports = nil, nil, nil, nil
 	return nil
@@ -220,10 +236,10 @@ func (r *Relay) serve(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 	}
 	// the key's slot is taken before the body is read, so a key's slow
 	// clients wait for their turn instead of holding memory
-	if rerr = r.admitKey(in); rerr != nil {
+	if rerr = r.admitKey(in, req.ContentLength); rerr != nil {
 		return refused(rerr)
 	}
-	defer func() { in.key.limits.done(r.now(), in.estimate, in.billed()) }()
+	defer func() { in.key.limits.done(r.now(), in.keyGrant, in.billed()) }()
 	buf, rerr := r.readBody(w, req)
 	if rerr != nil {
 		return refused(rerr)
@@ -233,9 +249,7 @@ func (r *Relay) serve(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 	if rerr = in.inspect(); rerr != nil {
 		return refused(rerr)
 	}
-	if rerr = r.chargeKeyTokens(in); rerr != nil {
-		return refused(rerr)
-	}
+	r.chargeKeyTokens(in)
 	return r.relay(w, req, in)
 }
 
@@ -289,35 +303,39 @@ func (r *Relay) answer(w http.ResponseWriter, in *inbound, f *failure) {
 	_, _ = w.Write(last.body)
 }
 
-// admitKey holds a request to its key's concurrency and request rate,
-// which need nothing of its body.
-func (r *Relay) admitKey(in *inbound) *relayError {
-	scope, wait := in.key.limits.takeSlot(r.now())
-	if scope == scopeNone {
-		return nil
+// admitKey holds a request to its key's limits before its body is read:
+// concurrency, request rate, and a token limit in debt. A message is
+// charged the tokens its Content-Length suggests (none when it has none:
+// chargeKeyTokens charges them once the body is read). In a fleet, this is
+// the request's one round trip to the store before its body.
+func (r *Relay) admitKey(in *inbound, contentLength int64) *relayError {
+	estimate := int64(-1) // other routes are not held to the token limit
+	if in.route == routeMessages {
+		estimate = 0
+		if contentLength > 0 {
+			estimate = contentLength/4 + 1
+		}
 	}
-	return keyLimited(in, scope, wait)
-}
-
-// chargeKeyTokens holds an admitted request to its key's token limit: it
-// is charged an estimate from its body now, corrected when it ends.
-func (r *Relay) chargeKeyTokens(in *inbound) *relayError {
-	if in.route != routeMessages {
+	g, scope, wait := in.key.limits.take(r.now(), estimate)
+	switch scope {
+	case scopeNone:
+		in.keyGrant = g
 		return nil
+	case scopeStorage:
+		return errStorageUnavailable()
 	}
-	estimate := estimateTokens(in.body)
-	scope, wait := in.key.limits.chargeTokens(r.now(), estimate)
-	if scope == scopeNone {
-		in.estimate = estimate
-		return nil
-	}
-	return keyLimited(in, scope, wait)
-}
-
-// keyLimited counts and answers a request a limit of its key refused.
-func keyLimited(in *inbound, scope limitScope, wait time.Duration) *relayError {
 	metricRateLimited.WithLabelValues(in.key.name, string(scope)).Inc()
 	return errKeyLimited(in.key.name, scope, wait)
+}
+
+// chargeKeyTokens brings a message's charge against its key's token limit
+// to the estimate from its body, corrected when it ends.
+func (r *Relay) chargeKeyTokens(in *inbound) {
+	if in.route != routeMessages {
+		return
+	}
+	in.estimate = estimateTokens(in.body)
+	in.key.limits.charge(r.now(), &in.keyGrant, in.estimate-in.keyGrant.charged)
 }
 
 // relay selects a channel and attempts the request on it until one answer
@@ -384,11 +402,17 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 			r.logger.Debug("retry budget exhausted", zap.String("group", g.name), zap.String("request_id", in.id))
 			return &failure{last: last, attempts: n - 1}
 		}
-		t, busy := ch.health.admit(sel.now, in.estimate)
-		if t == nil {
-			if !busy { // its half-open breaker is busy with other probes
-				sel.skipped = append(sel.skipped, ch)
+		t, scope := ch.health.admit(sel.now, in.estimate)
+		switch {
+		case scope == scopeStorage: // the fleet's store is down, and on_error says deny
+			if n > 1 {
+				return &failure{last: last, attempts: n - 1}
 			}
+			return refused(errStorageUnavailable())
+		case t == nil && scope == scopeNone: // its half-open breaker is busy with other probes
+			sel.skipped = append(sel.skipped, ch)
+			continue
+		case t == nil:
 			continue // busy: another request took its last slot; pick again
 		}
 		q.leave()

@@ -158,7 +158,8 @@ type inbound struct {
 	chainBuf   [4]attemptRecord
 	usage      usage
 	incomplete bool  // the answer did not complete: tokens are the ones seen
-	estimate   int64 // input tokens guessed at admission, for the token limits
+	estimate   int64 // input tokens guessed from the body, for the token limits
+	keyGrant   grant // what the key's limits admitted
 	fallbacks  int   // fallback models tried so far
 
 	call    Call          // the current attempt's, for its provider

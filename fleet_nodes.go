@@ -1,0 +1,153 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// The nodes of a fleet. Every node writes a heartbeat every heartbeatEvery
+// into a sorted set of the nodes by when they were last seen (on Redis's
+// clock) and a hash of what they are; GET /relay/fleet lists them. A node
+// not seen for nodeGoneAfter is gone; after nodeForgottenAfter it is
+// forgotten.
+
+// nodeInfo is what a node says of itself.
+type nodeInfo struct {
+	ID      string    `json:"id"`
+	Address string    `json:"address"`
+	Version string    `json:"version"`
+	Started time.Time `json:"started"`
+}
+
+// fleetNode is one row of GET /relay/fleet.
+type fleetNode struct {
+	nodeInfo
+	LastSeen time.Time `json:"last_seen"`
+	// State is up (seen within the last few heartbeats) or gone.
+	State string `json:"state"`
+}
+
+// heartbeatScript records a heartbeat and forgets the nodes long gone.
+// KEYS: the set of nodes by last seen, the hash of their info. ARGV: the
+// node's id, its info, the ms after which a node is forgotten.
+var heartbeatScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+local old = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[3]))
+for _, id in ipairs(old) do redis.call('HDEL', KEYS[2], id) end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[3]))
+return now
+`)
+
+// fleetScript reads the nodes: Redis's time in ms, then each node's id,
+// last seen (ms) and info.
+var fleetScript = redis.NewScript(`
+local t = redis.call('TIME')
+local out = {tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}
+local seen = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+for i = 1, #seen, 2 do
+  table.insert(out, seen[i])
+  table.insert(out, seen[i + 1])
+  table.insert(out, redis.call('HGET', KEYS[2], seen[i]) or '{}')
+end
+return out
+`)
+
+func (f *fleet) nodeKeys() []string {
+	return []string{f.key("nodes", "seen"), f.key("nodes", "info")}
+}
+
+// heartbeat writes this node's heartbeat every heartbeatEvery until ctx
+// ends. While Redis is away, it is also what finds it back.
+func (f *fleet) heartbeat(ctx context.Context) {
+	info, _ := json.Marshal(thisNode())
+	t := time.NewTicker(heartbeatEvery)
+	defer t.Stop()
+	for {
+		_ = f.do("heartbeat", func(ctx context.Context) error {
+			return heartbeatScript.Run(ctx, f.client, f.nodeKeys(), f.node, info, nodeForgottenAfter.Milliseconds()).Err()
+		})
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// nodes lists the fleet's nodes, sorted by id.
+func (f *fleet) nodes() ([]fleetNode, error) {
+	var res []any
+	err := f.do("fleet", func(ctx context.Context) error {
+		var err error
+		res, err = fleetScript.Run(ctx, f.client, f.nodeKeys()).Slice()
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(res) == 0 {
+		return nil, fmt.Errorf("unexpected answer from Redis")
+	}
+	now, _ := res[0].(int64)
+	out := []fleetNode{}
+	for i := 1; i+2 < len(res); i += 3 {
+		id, _ := res[i].(string)
+		seenStr, _ := res[i+1].(string)
+		raw, _ := res[i+2].(string)
+		var n fleetNode
+		_ = json.Unmarshal([]byte(raw), &n.nodeInfo)
+		n.ID = id
+		seenF, _ := strconv.ParseFloat(seenStr, 64)
+		seen := int64(seenF)
+		n.LastSeen = time.UnixMilli(seen).UTC()
+		n.State = "up"
+		if time.Duration(now-seen)*time.Millisecond > nodeGoneAfter {
+			n.State = "gone"
+		}
+		out = append(out, n)
+	}
+	slices.SortFunc(out, func(a, b fleetNode) int { return strings.Compare(a.ID, b.ID) })
+	return out, nil
+}
+
+// fleet answers GET /relay/fleet: the nodes of the fleet this process
+// belongs to, or this process alone when it keeps its state to itself.
+func (adminAPI) fleet(w http.ResponseWriter, _ *http.Request) error {
+	var rows []fleetNode
+	var failed error
+	seen := map[string]bool{}
+	fleets.Range(func(_, v any) bool {
+		nodes, err := v.(*fleet).nodes()
+		if err != nil {
+			failed = err
+			return false
+		}
+		for _, n := range nodes {
+			if !seen[n.ID] {
+				seen[n.ID] = true
+				rows = append(rows, n)
+			}
+		}
+		return true
+	})
+	if failed != nil {
+		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable,
+			Err: fmt.Errorf("the fleet's storage (Redis) did not answer: %v", failed)}
+	}
+	if rows == nil {
+		rows = []fleetNode{{nodeInfo: thisNode(), LastSeen: time.Now().UTC(), State: "up"}}
+	}
+	return writeAdminJSON(w, rows)
+}

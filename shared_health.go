@@ -1,0 +1,358 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Health shared by a fleet. A node that sees a channel fail (a cooldown, a
+// breaker that opens or closes, a spent quota) or that an admin steers
+// (disable, enable, reset) applies the change at once, then publishes it:
+//
+//   - on a Redis pub/sub channel (prefix + "health"), which every node
+//     subscribes to and applies as it arrives, so a cooldown set on one
+//     node holds on the others within milliseconds;
+//   - into a hash per channel ({c:name}:health), for the nodes that join
+//     later or were cut off: a node loads it when it starts, and again each
+//     time its subscription is restored.
+//
+// Times travel as the milliseconds left, and the hash keeps them on Redis's
+// clock (TIME), so the nodes' clocks need not agree. Cooldown ends only
+// move later (a shorter cooldown from another node does not shorten one).
+// A breaker opened on one node is opened on the others (each then probes
+// when it turns half-open); one that closes closes everywhere.
+
+// Kinds of health change.
+const (
+	changeCool    = "cool"    // a cooldown, a 429's reset, or a spent quota: the times that moved
+	changeOpen    = "open"    // the breaker opened
+	changeClosed  = "closed"  // the breaker closed again after its probes
+	changeDisable = "disable" // an admin disabled the channel
+	changeEnable  = "enable"  // an admin enabled it
+	changeReset   = "reset"   // an admin or a probe reset it
+	changeSync    = "sync"    // a node's whole state, when it joins or rejoins
+)
+
+// healthChange is one change of a channel's health, as published. Times
+// are in milliseconds from when it was sent.
+type healthChange struct {
+	Node    string `json:"node"`
+	Channel string `json:"channel"`
+	Kind    string `json:"kind"`
+	Until   int64  `json:"until,omitempty"`   // cooldown
+	Limited int64  `json:"limited,omitempty"` // the part of it a 429's reset set
+	Quota   int64  `json:"quota,omitempty"`   // a spent quota
+	Open    int64  `json:"open,omitempty"`    // the breaker stays open
+	// Error and Reason say why, for the admin API of the other nodes.
+	Error  string `json:"error,omitempty"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// healthScript stores a change in a channel's health hash, and returns the
+// stored state as the milliseconds left of until, limited, quota and open
+// (0 when past), disabled (0 or 1), and the last error and its reason (""
+// when none). KEYS: the hash. ARGV: the kind, the milliseconds left of
+// until, limited, quota and open (0: unchanged), then the error and its
+// reason ("": unchanged). Kind "sync" stores times as "cool" does; it is
+// how a node brings its own state in and takes the fleet's.
+var healthScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local kind = ARGV[1]
+local fields = {'until', 'limited', 'quota', 'open'}
+if kind == 'cool' or kind == 'open' or kind == 'sync' then
+  for i, f in ipairs(fields) do
+    local left = tonumber(ARGV[i + 1])
+    if left > 0 and now + left > (tonumber(redis.call('HGET', KEYS[1], f)) or 0) then
+      redis.call('HSET', KEYS[1], f, now + left)
+    end
+  end
+  if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'error', ARGV[6], 'reason', ARGV[7]) end
+elseif kind == 'closed' then
+  redis.call('HDEL', KEYS[1], 'open')
+elseif kind == 'reset' then
+  redis.call('HDEL', KEYS[1], 'until', 'limited', 'quota', 'open', 'error', 'reason')
+elseif kind == 'disable' then
+  redis.call('HSET', KEYS[1], 'disabled', 1)
+elseif kind == 'enable' then
+  redis.call('HDEL', KEYS[1], 'disabled')
+end
+local h = redis.call('HMGET', KEYS[1], 'until', 'limited', 'quota', 'open', 'disabled', 'error', 'reason')
+local out = {}
+for i = 1, 4 do out[i] = math.max(0, (tonumber(h[i]) or 0) - now) end
+out[5] = tonumber(h[5]) or 0
+out[6] = h[6] or ''
+out[7] = h[7] or ''
+return out
+`)
+
+// share makes the channel's health and limits the fleet's (nil: this
+// relay's own). Limits are kept in Redis only when the channel has some.
+func (h *channelHealth) share(f *fleet) {
+	h.fleet.Store(f)
+	h.limits.share(f, tag("c:", h.name))
+	if f != nil {
+		f.resyncSoon()
+	}
+}
+
+// announce publishes a change this node made to the channel's health, when
+// the channel is shared.
+func (h *channelHealth) announce(c healthChange) {
+	f := h.fleet.Load()
+	if f == nil {
+		return
+	}
+	c.Node, c.Channel = f.node, h.name
+	select {
+	case f.publish <- c:
+	default: // far behind: the next sync brings the state in
+		metricStorageErrors.WithLabelValues("publish").Inc()
+	}
+}
+
+// apply applies a change another node published.
+func (h *channelHealth) apply(c healthChange, now time.Time) {
+	at := func(ms int64) int64 { return now.Add(time.Duration(ms) * time.Millisecond).UnixNano() }
+	switch c.Kind {
+	case changeCool:
+		if c.Until > 0 {
+			raiseTo(&h.until, at(c.Until))
+		}
+		if c.Limited > 0 {
+			raiseTo(&h.limitedUntil, at(c.Limited))
+		}
+		if c.Quota > 0 {
+			raiseTo(&h.quotaUntil, at(c.Quota))
+		}
+		if c.Error != "" {
+			reason := c.Reason // stored ones say by whom already
+			if c.Node != "" {
+				reason += " (seen by " + c.Node + ")"
+			}
+			h.mu.Lock()
+			h.lastError, h.lastReason, h.lastErrorAt = outcomeNamed(c.Error), reason, now
+			h.mu.Unlock()
+		}
+	case changeOpen:
+		h.forceOpen()
+	case changeClosed:
+		h.closeBreaker()
+	case changeDisable:
+		h.disabled.Store(true)
+	case changeEnable:
+		h.disabled.Store(false)
+	case changeReset:
+		h.reset()
+	}
+}
+
+// applyStored brings in the state stored in Redis (as healthScript returns
+// it), when node joins or rejoins. The last error comes with a cooldown
+// still running, so that every node can say why a channel is out, unless
+// node itself saw it.
+func (h *channelHealth) applyStored(st []any, now time.Time, node string) {
+	if len(st) != 7 {
+		return
+	}
+	var ms [5]int64
+	for i := range ms {
+		ms[i], _ = st[i].(int64)
+	}
+	c := healthChange{Kind: changeCool, Until: ms[0], Limited: ms[1], Quota: ms[2]}
+	if reason, _ := st[6].(string); (ms[0] > 0 || ms[2] > 0) && !strings.HasSuffix(reason, "(seen by "+node+")") {
+		c.Error, _ = st[5].(string)
+		c.Reason = reason
+	}
+	h.apply(c, now)
+	if ms[3] > 0 {
+		h.forceOpen()
+	}
+	h.disabled.Store(ms[4] == 1)
+}
+
+// own is the channel's state on this node, as a sync sends it.
+func (h *channelHealth) own(now time.Time) healthChange {
+	left := func(a int64) int64 { return max(0, (a-now.UnixNano())/int64(time.Millisecond)) }
+	return healthChange{Kind: changeSync, Until: left(h.until.Load()), Limited: left(h.limitedUntil.Load()),
+		Quota: left(h.quotaUntil.Load()), Open: left(h.openUntil.Load())}
+}
+
+// outcomeNamed is the outcome called name (success when none is).
+func outcomeNamed(name string) outcome {
+	for i, n := range outcomeNames {
+		if n == name {
+			return outcome(i)
+		}
+	}
+	return outcomeSuccess
+}
+
+// healthKey is the hash that keeps a channel's health.
+func (f *fleet) healthKey(channel string) string { return f.key(tag("c:", channel), "health") }
+
+// healthTopic is the pub/sub channel of health changes.
+func (f *fleet) healthTopic() string { return f.prefix + "health" }
+
+// resyncSoon asks the publisher to bring this node's state in and take the
+// fleet's, for every shared channel.
+func (f *fleet) resyncSoon() {
+	select {
+	case f.resync <- struct{}{}:
+	default:
+	}
+}
+
+// publishHealth sends this node's health changes, as many at once as have
+// queued, and syncs when asked, until ctx ends. Admin changes that could
+// not be sent wait for the next sync; the others need not, as a sync sends
+// the state they left.
+func (f *fleet) publishHealth(ctx context.Context) {
+	pending := map[string]healthChange{} // channel -> its last admin change not yet sent
+	batch := make([]healthChange, 0, 64)
+	for {
+		batch = batch[:0]
+		select {
+		case <-ctx.Done():
+			return
+		case c := <-f.publish:
+			batch = append(batch, c)
+		more:
+			for len(batch) < cap(batch) {
+				select {
+				case c := <-f.publish:
+					batch = append(batch, c)
+				default:
+					break more
+				}
+			}
+			if err := f.send(batch); err != nil {
+				for _, c := range batch {
+					if c.Kind == changeDisable || c.Kind == changeEnable || c.Kind == changeReset {
+						pending[c.Channel] = c
+					}
+				}
+			}
+		case <-f.resync:
+			if len(pending) > 0 {
+				batch = batch[:0]
+				for _, c := range pending {
+					batch = append(batch, c)
+				}
+				if f.send(batch) != nil {
+					continue
+				}
+				clear(pending)
+			}
+			f.sync()
+		}
+	}
+}
+
+// send stores and publishes changes in one round trip.
+func (f *fleet) send(batch []healthChange) error {
+	return f.do("publish", func(ctx context.Context) error {
+		_, err := f.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+			for _, c := range batch {
+				msg, _ := json.Marshal(c)
+				healthScript.Eval(ctx, pipe, []string{f.healthKey(c.Channel)}, c.Kind, c.Until, c.Limited, c.Quota, c.Open, c.Error, c.Reason+" (seen by "+c.Node+")")
+				pipe.Publish(ctx, f.healthTopic(), msg)
+			}
+			return nil
+		})
+		return err
+	})
+}
+
+// sync sends the state of every shared channel of this node to Redis and
+// applies what the fleet holds, in one round trip.
+func (f *fleet) sync() {
+	var names []string
+	var states []*channelHealth
+	channelStates.Range(func(k, v any) bool {
+		if h := v.(*channelHealth); h.fleet.Load() == f {
+			names, states = append(names, k.(string)), append(states, h)
+		}
+		return true
+	})
+	if len(names) == 0 {
+		return
+	}
+	now := time.Now()
+	cmds := make([]*redis.Cmd, len(names))
+	err := f.do("sync", func(ctx context.Context) error {
+		_, err := f.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+			for i, h := range states {
+				c := h.own(now)
+				cmds[i] = healthScript.Eval(ctx, pipe, []string{f.healthKey(names[i])}, c.Kind, c.Until, c.Limited, c.Quota, c.Open, "", "")
+			}
+			return nil
+		})
+		return err
+	})
+	if err != nil {
+		return
+	}
+	now = time.Now()
+	for i, h := range states {
+		if st, err := cmds[i].Slice(); err == nil {
+			h.applyStored(st, now, f.node)
+		}
+	}
+}
+
+// subscribeHealth applies the health changes the other nodes publish,
+// until ctx ends. Each time the subscription is made (again, after Redis
+// was lost), the node syncs: what it missed meanwhile is in the hashes.
+func (f *fleet) subscribeHealth(ctx context.Context) {
+	ps := f.client.Subscribe(ctx, f.healthTopic())
+	stop := context.AfterFunc(ctx, func() { _ = ps.Close() }) // ends a receive under way
+	defer stop()
+	defer ps.Close()
+	for {
+		msg, err := ps.ReceiveTimeout(ctx, heartbeatEvery)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			if isTimeout(err) {
+				// quiet: make sure the connection is alive (a failed ping
+				// makes the next receive reconnect)
+				_ = ps.Ping(ctx)
+				continue
+			}
+			select { // Redis is away: the next receive tries again
+			case <-ctx.Done():
+				return
+			case <-time.After(resubscribeEvery):
+			}
+			continue
+		}
+		switch m := msg.(type) {
+		case *redis.Subscription:
+			f.resyncSoon()
+		case *redis.Message:
+			var c healthChange
+			if json.Unmarshal([]byte(m.Payload), &c) != nil || c.Node == f.node {
+				continue
+			}
+			if h := findChannel(c.Channel); h != nil && h.fleet.Load() == f {
+				h.apply(c, time.Now())
+			}
+		}
+	}
+}
+
+// resubscribeEvery paces the subscriber's attempts while Redis is away.
+const resubscribeEvery = 250 * time.Millisecond
+
+// isTimeout reports whether err is a network timeout.
+func isTimeout(err error) bool {
+	var t interface{ Timeout() bool }
+	return errors.As(err, &t) && t.Timeout()
+}

@@ -1,0 +1,390 @@
+package relay
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"github.com/redis/go-redis/v9"
+	"github.com/sony/gobreaker/v2"
+	"go.uber.org/zap"
+)
+
+// Storage says where the state that a fleet of relays shares is kept.
+// Without it, every relay keeps its own state in memory, which needs
+// nothing and is right for a single relay.
+type Storage struct {
+	// Redis keeps the shared state in Redis or Valkey.
+	Redis *RedisStorage `json:"redis,omitempty"`
+}
+
+// RedisStorage is a Redis (or Valkey) server, cluster or sentinel set that
+// relays share: key and channel limits, channel health, heartbeats.
+type RedisStorage struct {
+	// Address lists the servers as host:port. One address is a single
+	// server; several are a cluster; with MasterName, they are sentinels.
+	// Default: 127.0.0.1:6379.
+	Address []string `json:"address,omitempty"`
+
+	// MasterName is the name of the master the sentinels at Address watch.
+	MasterName string `json:"master_name,omitempty"`
+
+	// Username and Password authenticate to Redis (ACL). Password should be
+	// a placeholder such as {env.REDIS_PASSWORD}: it is resolved when the
+	// config loads and never shows in GET /config/.
+	Username string `json:"username,omitempty"`
+	Password string `json:"password,omitempty"`
+
+	// DB is the database number (single server and sentinel only).
+	DB int `json:"db,omitempty"`
+
+	// TLS, when set, connects with TLS, configured as reverse_proxy's
+	// transport configures it (tls_server_name, CA pools, client
+	// certificates...). An empty object uses the system's roots.
+	TLS *reverseproxy.TLSConfig `json:"tls,omitempty"`
+
+	// Prefix starts every key the relay writes, so several fleets can share
+	// one Redis. Default: relay:.
+	Prefix string `json:"prefix,omitempty"`
+
+	// Timeout bounds each Redis operation on a request's path; past it the
+	// relay goes on with its own state (see OnError). Default: 50ms.
+	Timeout caddy.Duration `json:"timeout,omitempty"`
+
+	// OnError is what a request does when Redis cannot answer in time:
+	// `local` (default) serves on this relay's own state, so limits are
+	// kept per relay until Redis is back; `deny` answers 503 relay_error
+	// storage_unavailable.
+	OnError string `json:"on_error,omitempty"`
+
+	// Lease is how long a concurrency slot held by a relay stays taken if
+	// that relay stops renewing it (it died, or lost Redis): a relay renews
+	// its slots every third of it. Default: 15s.
+	Lease caddy.Duration `json:"lease,omitempty"`
+}
+
+// Storage defaults.
+const (
+	defaultRedisAddress = "127.0.0.1:6379"
+	defaultRedisPrefix  = "relay:"
+	defaultRedisTimeout = 50 * time.Millisecond
+	defaultLease        = 15 * time.Second
+	heartbeatEvery      = 2 * time.Second
+	nodeGoneAfter       = 3 * heartbeatEvery
+	nodeForgottenAfter  = time.Hour
+)
+
+func (s *RedisStorage) validate() error {
+	switch s.OnError {
+	case "", "local", "deny":
+	default:
+		return fmt.Errorf("storage redis: on_error must be local or deny, not %q", s.OnError)
+	}
+	if s.Timeout < 0 || s.Lease < 0 || s.DB < 0 {
+		return fmt.Errorf("storage redis: timeout, lease and db must not be negative")
+	}
+	for _, a := range s.Address {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return fmt.Errorf("storage redis: address %q is not host:port", a)
+		}
+	}
+	if len(s.Address) > 1 && s.DB != 0 && s.MasterName == "" {
+		return fmt.Errorf("storage redis: a cluster (several addresses) has no db")
+	}
+	return nil
+}
+
+// fleets keeps each Redis storage's connection and background work across
+// config reloads, by its config, like channels' transports: a reload that
+// keeps the storage keeps its connections, its leases and its heartbeat.
+var fleets = caddy.NewUsagePool()
+
+// fleet is this relay's membership of a fleet: its Redis client, its node
+// identity, and the background work that keeps the shared state (slot
+// leases, heartbeats, health changes from the other nodes).
+type fleet struct {
+	client  redis.UniversalClient
+	prefix  string
+	timeout time.Duration
+	deny    bool
+	lease   time.Duration
+	node    string // this process's id in the fleet
+
+	breaker *gobreaker.CircuitBreaker[any]
+	up      atomic.Bool
+	logger  atomic.Pointer[zap.Logger]
+
+	leaseMu sync.Mutex
+	leases  map[leaseRef]struct{} // slots this node holds, renewed until given back
+
+	releases chan release       // given back off the request path
+	publish  chan healthChange  // health changes of this node, to publish
+	resync   chan struct{}      // asks for a sync of every shared channel's health
+	closed   atomic.Bool        // Destruct ran: nothing more goes to Redis
+	stop     context.CancelFunc // ends the background work
+	done     sync.WaitGroup
+}
+
+// loadFleet returns the fleet of storage s, from the pool; the caller gives
+// it back with fleets.Delete(key) when its config ends.
+func loadFleet(ctx caddy.Context, s *RedisStorage) (*fleet, string, error) {
+	raw, err := json.Marshal(s)
+	if err != nil {
+		return nil, "", err
+	}
+	key := string(raw)
+	v, _, err := fleets.LoadOrNew(key, func() (caddy.Destructor, error) { return newFleet(ctx, s) })
+	if err != nil {
+		return nil, "", err
+	}
+	f := v.(*fleet)
+	f.logger.Store(ctx.Logger())
+	return f, key, nil
+}
+
+func newFleet(ctx caddy.Context, s *RedisStorage) (*fleet, error) {
+	if err := s.validate(); err != nil {
+		return nil, err
+	}
+	password, err := resolveSecret(s.Password)
+	if err != nil {
+		return nil, fmt.Errorf("storage redis: password: %w", err)
+	}
+	f := &fleet{
+		prefix:   s.Prefix,
+		timeout:  time.Duration(s.Timeout),
+		deny:     s.OnError == "deny",
+		lease:    time.Duration(s.Lease),
+		leases:   map[leaseRef]struct{}{},
+		releases: make(chan release, 4096),
+		publish:  make(chan healthChange, 1024),
+		resync:   make(chan struct{}, 1),
+	}
+	if f.prefix == "" {
+		f.prefix = defaultRedisPrefix
+	}
+	if f.timeout <= 0 {
+		f.timeout = defaultRedisTimeout
+	}
+	if f.lease <= 0 {
+		f.lease = defaultLease
+	}
+	opts := &redis.UniversalOptions{
+		Addrs:      s.Address,
+		MasterName: s.MasterName,
+		Username:   s.Username,
+		Password:   password,
+		DB:         s.DB,
+		// a request never waits on Redis for longer than the timeout, and
+		// never twice
+		DialTimeout:  f.timeout,
+		ReadTimeout:  f.timeout,
+		WriteTimeout: f.timeout,
+		PoolTimeout:  f.timeout,
+		MaxRetries:   -1,
+		// while Redis is away the breaker spaces the attempts; a dial is
+		// not retried within one
+		DialerRetries: 1,
+	}
+	if len(opts.Addrs) == 0 {
+		opts.Addrs = []string{defaultRedisAddress}
+	}
+	if s.TLS != nil {
+		if opts.TLSConfig, err = s.TLS.MakeTLSClientConfig(ctx); err != nil {
+			return nil, fmt.Errorf("storage redis: tls: %v", err)
+		}
+	}
+	redisLogs.Do(func() { redis.SetLogger(redisLogger{}) })
+	f.client = redis.NewUniversalClient(opts)
+	f.node = thisNode().ID
+	f.logger.Store(ctx.Logger())
+	f.up.Store(true)
+	f.breaker = gobreaker.NewCircuitBreaker[any](gobreaker.Settings{
+		Name:        "redis",
+		MaxRequests: 1,
+		Timeout:     time.Second, // open: every operation fails fast for a second, then one tries
+		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= 3 },
+	})
+	work, stop := context.WithCancel(context.Background())
+	f.stop = stop
+	for _, run := range []func(context.Context){f.renewLeases, f.giveBack, f.heartbeat, f.publishHealth, f.subscribeHealth} {
+		f.done.Add(1)
+		go func() {
+			defer f.done.Done()
+			run(work)
+		}()
+	}
+	metricStorageUp.Set(1)
+	return f, nil
+}
+
+// Destruct implements caddy.Destructor: the last config that used the
+// storage is gone. Slots still held are given back, the node leaves.
+func (f *fleet) Destruct() error {
+	f.stop()
+	f.done.Wait()
+	f.closed.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	f.leaseMu.Lock()
+	pipe := f.client.Pipeline()
+	for l := range f.leases {
+		pipe.ZRem(ctx, l.set, l.id)
+	}
+	f.leaseMu.Unlock()
+	_, _ = pipe.Exec(ctx)
+	return f.client.Close()
+}
+
+// redisLogger passes go-redis's own log lines (a failed dial, a lost
+// subscription) to Caddy's log at debug level, instead of its standard
+// error in another format: the relay itself logs an outage once, at error
+// level. go-redis has one logger per process, so this applies to every
+// user of go-redis in the process.
+type redisLogger struct{}
+
+func (redisLogger) Printf(_ context.Context, format string, v ...any) {
+	caddy.Log().Named("redis").Debug(fmt.Sprintf(format, v...))
+}
+
+var redisLogs sync.Once
+
+// errStorageDown says that Redis did not answer, or that its breaker is
+// open after it did not: the relay goes on with its own state.
+var errStorageDown = errors.New("storage unavailable")
+
+// do runs one Redis operation, op naming it in metrics, within the
+// timeout and behind the breaker: while Redis is down, operations fail at
+// once instead of each costing the timeout.
+func (f *fleet) do(op string, fn func(ctx context.Context) error) error {
+	if f.closed.Load() {
+		return errStorageDown
+	}
+	start := time.Now()
+	_, err := f.breaker.Execute(func() (any, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
+		defer cancel()
+		err := fn(ctx)
+		if errors.Is(err, redis.Nil) {
+			err = nil
+		}
+		return nil, err
+	})
+	metricStorageSeconds.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	if err != nil {
+		metricStorageErrors.WithLabelValues(op).Inc()
+		if f.up.CompareAndSwap(true, false) {
+			metricStorageUp.Set(0)
+			then := "serving on this relay's own state until it is back"
+			if f.deny {
+				then = "answering 503 storage_unavailable until it is back"
+			}
+			f.logger.Load().Error("storage unreachable: "+then, zap.String("op", op), zap.Error(err))
+		}
+		return errStorageDown
+	}
+	if f.up.CompareAndSwap(false, true) {
+		metricStorageUp.Set(1)
+		f.logger.Load().Info("storage reachable again: state is shared by the fleet again")
+		f.resyncSoon()
+	}
+	return nil
+}
+
+// thisNode is this process as a node of a fleet: its id (its host and a
+// random part, so two relays on one host are two nodes), the module's
+// version, and an address of its host.
+var thisNode = sync.OnceValue(func() nodeInfo {
+	host, _ := os.Hostname()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return nodeInfo{ID: host + "-" + hex.EncodeToString(b[:]), Address: hostAddress(), Version: relayVersion(), Started: time.Now().UTC()}
+})
+
+// relayVersion is the module's version as built in.
+func relayVersion() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, m := range bi.Deps {
+			if m.Path == "github.com/caddy-relay/relay" {
+				return m.Version
+			}
+		}
+		if bi.Main.Path == "github.com/caddy-relay/relay" {
+			return bi.Main.Version
+		}
+	}
+	return "(devel)"
+}
+
+// hostAddress is an address of this host that others can reach: its first
+// non-loopback IP, else its name.
+func hostAddress() string {
+	if addrs, err := net.InterfaceAddrs(); err == nil {
+		for _, a := range addrs {
+			if ip, ok := a.(*net.IPNet); ok && !ip.IP.IsLoopback() && ip.IP.IsGlobalUnicast() {
+				return ip.IP.String()
+			}
+		}
+	}
+	host, _ := os.Hostname()
+	return host
+}
+
+// leaseID names a new slot of this node.
+func (f *fleet) leaseID() string {
+	return f.node + ":" + strconv.FormatUint(nextLease.Add(1), 36)
+}
+
+// nextLease numbers the slots of this process, whatever fleet they are
+// of: two configs of one process may share one Redis.
+var nextLease atomic.Uint64
+
+// key is a Redis key of the fleet: the prefix, then the thing's hash tag
+// ({k:name} for a key, {c:name} for a channel) so that all of one thing's
+// keys sit in one cluster slot and one script may touch them, then what.
+func (f *fleet) key(thing, what string) string {
+	return f.prefix + "{" + thing + "}:" + what
+}
+
+// digest shortens a name that may be long into a stable tag.
+func digest(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:8])
+}
+
+// Interface guards
+var _ caddy.Destructor = (*fleet)(nil)
+
+// joinFleet connects the relay to its storage's fleet, when it has one.
+func (r *Relay) joinFleet(ctx caddy.Context) error {
+	if r.Storage == nil || r.Storage.Redis == nil {
+		return nil
+	}
+	s := r.Storage.Redis
+	if p := s.Password; p != "" && !strings.Contains(p, "{") {
+		r.logger.Warn("storage redis: the password is written in the config, so GET /config/ shows it; use a placeholder such as {env.REDIS_PASSWORD}")
+	}
+	if err := registerStorageMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return err
+	}
+	f, key, err := loadFleet(ctx, s)
+	if err != nil {
+		return err
+	}
+	r.fleet, r.fleetKey = f, key
+	return nil
+}
