@@ -292,7 +292,8 @@ func BenchmarkAdmitAndSelect(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		k := keys[i%len(keys)]
 		now := time.Now()
-		if scope, _ := k.limits.take(now, 100); scope != scopeNone {
+		g, scope, _ := k.limits.take(now, 100)
+		if scope != scopeNone {
 			b.Fatal("key refused")
 		}
 		sel := selection{model: "claude-sonnet-4-5", tried: triedBuf[:0], rand: defaultRand, now: now}
@@ -305,6 +306,6 @@ func BenchmarkAdmitAndSelect(b *testing.B) {
 			b.Fatal("channel refused")
 		}
 		t.finish(verdict{outcome: outcomeSuccess}, policy, now, 0, 150)
-		k.limits.done(now, 100, 150)
+		k.limits.done(now, g, 150)
 	}
 }

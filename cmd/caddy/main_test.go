@@ -55,7 +55,7 @@ func freePort(t *testing.T) string {
 
 // runCaddy starts `caddy run --config <file>` and returns once Caddy logs
 // that it serves the config; the process is stopped when the test ends.
-func runCaddy(t *testing.T, bin, config string) {
+func runCaddy(t *testing.T, bin, config string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(bin, "run", "--config", config)
 	stderr, err := cmd.StderrPipe()
@@ -88,6 +88,7 @@ func runCaddy(t *testing.T, bin, config string) {
 	case <-time.After(30 * time.Second):
 		t.Fatalf("caddy did not start within 30s:\n%s", log.String())
 	}
+	return cmd
 }
 
 // TestQuickstartServesAnthropicSDK runs the README's first command (the

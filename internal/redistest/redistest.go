@@ -1,0 +1,109 @@
+// Package redistest runs a real redis-server for tests: on a free loopback
+// port, persistence off, killed by PID when the test ends. Tests that need
+// it fail under CI=true when redis-server is missing, and skip elsewhere
+// with a message saying how to install it.
+package redistest
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Install says how to get redis-server.
+const Install = "apt-get install -y redis-server (Debian and Ubuntu), or brew install redis"
+
+// Server is a running redis-server.
+type Server struct {
+	Addr string // 127.0.0.1:<port>
+	bin  string
+	t    testing.TB
+	cmd  *exec.Cmd
+}
+
+// Start starts a redis-server for the test.
+func Start(t testing.TB) *Server {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("redis-server is not installed (CI must have it): %s", Install)
+		}
+		t.Skipf("redis-server is not installed; to run this test: %s", Install)
+	}
+	s := &Server{Addr: freeAddr(t), bin: bin, t: t}
+	s.Restart()
+	t.Cleanup(s.Kill)
+	return s
+}
+
+// Kill kills the server (SIGKILL), as a crash would; its data is gone.
+func (s *Server) Kill() {
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Wait()
+	s.cmd = nil
+}
+
+// Restart starts the server again on the same port (after Kill), empty,
+// and returns once it accepts commands.
+func (s *Server) Restart() {
+	s.t.Helper()
+	_, port, _ := net.SplitHostPort(s.Addr)
+	s.cmd = exec.Command(s.bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", s.t.TempDir(), "--enable-debug-command", "local")
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := s.cmd.Start(); err != nil {
+		s.t.Fatalf("redis-server: %v", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if reply, err := s.Command("PING"); err == nil && reply == "+PONG" {
+			return
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("redis-server on %s did not answer PING within 10s", s.Addr)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Stop freezes the server (SIGSTOP): connections stay open and nothing
+// answers, as in a network partition. Continue ends it.
+func (s *Server) Stop() { _ = s.cmd.Process.Signal(syscall.SIGSTOP) }
+
+// Continue thaws a server Stop froze.
+func (s *Server) Continue() { _ = s.cmd.Process.Signal(syscall.SIGCONT) }
+
+// Command sends one inline command and returns the first line of its
+// reply (such as +PONG, :3 or $5), for checks that need no client.
+func (s *Server) Command(args ...string) (string, error) {
+	c, err := net.DialTimeout("tcp", s.Addr, time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := fmt.Fprintf(c, "%s\r\n", strings.Join(args, " ")); err != nil {
+		return "", err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	return strings.TrimRight(line, "\r\n"), err
+}
+
+func freeAddr(t testing.TB) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}

@@ -1,0 +1,187 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-relay/relay/internal/redistest"
+)
+
+// fleetRelay provisions a relay whose state is shared through the Redis at
+// addr under prefix, with one mock channel named channel.
+func fleetRelay(t *testing.T, addr, prefix, channel string) (*Relay, *channelHealth) {
+	t.Helper()
+	r := &Relay{
+		Storage:  &Storage{Redis: &RedisStorage{Address: []string{addr}, Prefix: prefix}},
+		Keys:     []*Key{{Secret: "sk-fleet-0123456789abcdef-" + channel, Group: channel + "-g"}},
+		Channels: []*Channel{{Name: channel, UpstreamRaw: upstream("mock")}},
+		Groups:   []*Group{{Name: channel + "-g", Channels: []string{channel}}},
+	}
+	provisionHandler(t, r)
+	return r, findChannel(channel)
+}
+
+// publishAs publishes a health change as another node would.
+func publishAs(t *testing.T, rdb *redis.Client, prefix string, c healthChange) {
+	t.Helper()
+	c.Node = "another-node"
+	msg, _ := json.Marshal(c)
+	if err := rdb.Publish(context.Background(), prefix+"health", msg).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestHealthChangesOfOtherNodesApplyAtOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	_, h := fleetRelay(t, srv.Addr, "hp:", "fleet-apply")
+	waitFor(t, "the node subscribes", 2*time.Second, func() bool {
+		n, _ := rdb.PubSubNumSub(context.Background(), "hp:health").Result()
+		return n["hp:health"] == 1
+	})
+
+	sent := time.Now()
+	publishAs(t, rdb, "hp:", healthChange{Channel: "fleet-apply", Kind: changeCool, Until: 5000, Error: "overloaded", Reason: "529 overloaded_error"})
+	waitFor(t, "a cooldown from another node", 250*time.Millisecond, func() bool { return h.state(time.Now()) == stateCooldown })
+	if until := time.Unix(0, h.until.Load()); until.Before(sent.Add(4900*time.Millisecond)) || until.After(time.Now().Add(5*time.Second)) {
+		t.Fatalf("cooldown until %v, want 5s after it was sent", until)
+	}
+	if st := h.status("fleet-apply", time.Now()); st.LastError != "overloaded" || st.LastErrorReason != "529 overloaded_error (seen by another-node)" {
+		t.Fatalf("last error %q %q", st.LastError, st.LastErrorReason)
+	}
+
+	publishAs(t, rdb, "hp:", healthChange{Channel: "fleet-apply", Kind: changeReset})
+	waitFor(t, "a reset from another node", 250*time.Millisecond, func() bool { return h.state(time.Now()) == stateHealthy })
+
+	publishAs(t, rdb, "hp:", healthChange{Channel: "fleet-apply", Kind: changeDisable})
+	waitFor(t, "a disable from another node", 250*time.Millisecond, func() bool { return h.state(time.Now()) == stateDisabled })
+	publishAs(t, rdb, "hp:", healthChange{Channel: "fleet-apply", Kind: changeEnable})
+	waitFor(t, "an enable from another node", 250*time.Millisecond, func() bool { return h.state(time.Now()) == stateHealthy })
+
+	publishAs(t, rdb, "hp:", healthChange{Channel: "fleet-apply", Kind: changeOpen, Open: 30000})
+	waitFor(t, "a breaker opened by another node", 250*time.Millisecond, func() bool { return h.state(time.Now()) == stateOpen })
+	if ok, _ := h.available(time.Now()); ok {
+		t.Fatal("a channel whose breaker another node opened is still available")
+	}
+	publishAs(t, rdb, "hp:", healthChange{Channel: "fleet-apply", Kind: changeClosed})
+	waitFor(t, "a breaker closed by another node", 250*time.Millisecond, func() bool { return h.state(time.Now()) == stateHealthy })
+	if ok, _ := h.available(time.Now()); !ok {
+		t.Fatal("a channel whose breaker another node closed is not available")
+	}
+
+	// its own changes coming back do not apply twice, and garbage is ignored
+	if err := rdb.Publish(context.Background(), "hp:health", "{not json").Err(); err != nil {
+		t.Fatal(err)
+	}
+	publishAs(t, rdb, "hp:", healthChange{Channel: "no-such-channel", Kind: changeDisable})
+}
+
+func TestHealthChangesArePublishedAndStored(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	sub := rdb.Subscribe(context.Background(), "hs:health")
+	defer sub.Close()
+	if _, err := sub.Receive(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	_, h := fleetRelay(t, srv.Addr, "hs:", "fleet-pub")
+	next := func() healthChange {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		for {
+			m, err := sub.ReceiveMessage(ctx)
+			if err != nil {
+				t.Fatalf("no health change published: %v", err)
+			}
+			var c healthChange
+			if err := json.Unmarshal([]byte(m.Payload), &c); err != nil {
+				t.Fatal(err)
+			}
+			if c.Channel == "fleet-pub" {
+				return c
+			}
+		}
+	}
+
+	// a 529 on this node
+	h.record(verdict{outcome: outcomeOverloaded, reason: "529"}, cooldownPolicy{base: 3 * time.Second, max: time.Minute}, time.Now(), 0)
+	c := next()
+	if c.Kind != changeCool || c.Until != 3000 || c.Error != "overloaded" || c.Node != thisNode().ID {
+		t.Fatalf("published %+v", c)
+	}
+	left, err := rdb.HGet(context.Background(), "hs:{c:fleet-pub}:health", "until").Int64()
+	if err != nil {
+		t.Fatal(err)
+	}
+	redisNow, _ := rdb.Time(context.Background()).Result()
+	if d := time.Duration(left-redisNow.UnixMilli()) * time.Millisecond; d < 2*time.Second || d > 3*time.Second {
+		t.Fatalf("stored cooldown ends in %v, want about 3s on Redis's clock", d)
+	}
+	why, _ := rdb.HMGet(context.Background(), "hs:{c:fleet-pub}:health", "error", "reason").Result()
+	if len(why) != 2 || why[0] != "overloaded" || why[1] != "529 (seen by "+thisNode().ID+")" {
+		t.Fatalf("stored why: %v", why)
+	}
+
+	// an admin action
+	req := httptest.NewRequest(http.MethodPost, "/relay/channels/fleet-pub/disable", nil)
+	req.SetPathValue("name", "fleet-pub")
+	req.SetPathValue("action", "disable")
+	if err := (adminAPI{}).act(httptest.NewRecorder(), req); err != nil {
+		t.Fatal(err)
+	}
+	if c := next(); c.Kind != changeDisable {
+		t.Fatalf("published %+v, want disable", c)
+	}
+	if v, _ := rdb.HGet(context.Background(), "hs:{c:fleet-pub}:health", "disabled").Result(); v != "1" {
+		t.Fatalf("stored disabled = %q", v)
+	}
+
+	// a quota the upstream says is spent
+	hdr := http.Header{}
+	hdr.Set("anthropic-ratelimit-requests-remaining", "0")
+	hdr.Set("anthropic-ratelimit-requests-reset", time.Now().Add(20*time.Second).UTC().Format(time.RFC3339))
+	h.observeQuota(hdr, time.Now(), time.Minute)
+	if c := next(); c.Kind != changeCool || c.Quota < 18000 || c.Quota > 20000 {
+		t.Fatalf("published %+v, want the quota's reset", c)
+	}
+}
+
+func TestANodeTakesTheStoredStateWhenItJoins(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	ctx := context.Background()
+	now, _ := rdb.Time(ctx).Result()
+	// what earlier nodes stored: a cooldown for 20s and why, and disabled
+	rdb.HSet(ctx, "hj:{c:fleet-join}:health", "until", now.UnixMilli()+20000, "disabled", 1,
+		"error", "overloaded", "reason", "529 overloaded_error (seen by node-a)")
+	_, h := fleetRelay(t, srv.Addr, "hj:", "fleet-join")
+	waitFor(t, "the stored state applied", 2*time.Second, func() bool { return h.disabled.Load() && h.until.Load() > time.Now().Add(15*time.Second).UnixNano() })
+	if st := h.status("fleet-join", time.Now()); st.LastError != "overloaded" || st.LastErrorReason != "529 overloaded_error (seen by node-a)" {
+		t.Fatalf("a joining node says the channel is out because %q %q", st.LastError, st.LastErrorReason)
+	}
+}
+
+func TestANodeBringsItsStateBackAfterRedisRestarts(t *testing.T) {
+	srv := redistest.Start(t)
+	_, h := fleetRelay(t, srv.Addr, "hr:", "fleet-restart")
+	h.record(verdict{outcome: outcomeOverloaded, reason: "529"}, cooldownPolicy{base: 30 * time.Second, max: time.Minute}, time.Now(), 0)
+
+	srv.Kill() // a crash: the data is gone
+	srv.Restart()
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	waitFor(t, "the cooldown stored again", 5*time.Second, func() bool {
+		v, err := rdb.HGet(context.Background(), "hr:{c:fleet-restart}:health", "until").Int64()
+		return err == nil && v > 0
+	})
+}

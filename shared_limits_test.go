@@ -1,0 +1,212 @@
+package relay
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-relay/relay/internal/redistest"
+)
+
+// testFleet connects to the Redis at addr as one node of a fleet whose
+// keys start with prefix; each call is another node (its own client,
+// leases and background work).
+func testFleet(t *testing.T, addr, prefix string, lease time.Duration) *fleet {
+	t.Helper()
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	f, err := newFleet(ctx, &RedisStorage{Address: []string{addr}, Prefix: prefix, Lease: caddy.Duration(lease), Timeout: caddy.Duration(time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = f.Destruct() })
+	return f
+}
+
+// sharedLimiter is a limiter kept in fleet f under thing.
+func sharedLimiter(t *testing.T, f *fleet, thing string, spec limits) *limiter {
+	t.Helper()
+	l := new(limiter)
+	l.configure(spec, time.Now())
+	l.share(f, thing)
+	if l.shared.Load() == nil {
+		t.Fatal("the limiter is not shared")
+	}
+	return l
+}
+
+func TestSharedConcurrencyAcrossNodes(t *testing.T) {
+	srv := redistest.Start(t)
+	spec := limits{concurrency: 3}
+	nodes := []*limiter{
+		sharedLimiter(t, testFleet(t, srv.Addr, "conc:", 0), "k:a", spec),
+		sharedLimiter(t, testFleet(t, srv.Addr, "conc:", 0), "k:a", spec),
+	}
+	// 16 workers on two nodes take and give back slots as fast as they
+	// can: never more than 3 are held at once, fleet-wide
+	var held, most, admitted atomic.Int64
+	var wg sync.WaitGroup
+	for w := range 16 {
+		wg.Go(func() {
+			l := nodes[w%2]
+			for range 40 {
+				g, scope, _ := l.take(time.Now(), -1)
+				if scope != scopeNone {
+					if scope != scopeConcurrency {
+						t.Errorf("refused by %q, want concurrency", scope)
+					}
+					time.Sleep(time.Millisecond)
+					continue
+				}
+				admitted.Add(1)
+				n := held.Add(1)
+				for cur := most.Load(); n > cur && !most.CompareAndSwap(cur, n); cur = most.Load() {
+				}
+				time.Sleep(500 * time.Microsecond)
+				held.Add(-1)
+				l.done(time.Now(), g, 0)
+			}
+		})
+	}
+	wg.Wait()
+	if most.Load() > 3 {
+		t.Fatalf("%d slots held at once across the nodes, the limit is 3", most.Load())
+	}
+	if admitted.Load() == 0 || most.Load() < 2 {
+		t.Fatalf("admitted %d, at most %d at once: the test did not exercise the limit", admitted.Load(), most.Load())
+	}
+	// every slot is given back (off the request path, so allow a moment)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	waitFor(t, "every lease given back", 2*time.Second, func() bool {
+		n, err := rdb.ZCard(context.Background(), "conc:{k:a}:leases").Result()
+		return err == nil && n == 0
+	})
+}
+
+func TestSharedRateIsExactAcrossNodes(t *testing.T) {
+	srv := redistest.Start(t)
+	spec := limits{rate: rateSpec{n: 10, period: time.Minute}}
+	a := sharedLimiter(t, testFleet(t, srv.Addr, "rate:", 0), "k:r", spec)
+	b := sharedLimiter(t, testFleet(t, srv.Addr, "rate:", 0), "k:r", spec)
+	ok := 0
+	var lastWait time.Duration
+	for i := range 30 {
+		l := a
+		if i%2 == 1 {
+			l = b
+		}
+		g, scope, wait := l.take(time.Now(), -1)
+		switch scope {
+		case scopeNone:
+			ok++
+			l.done(time.Now(), g, 0)
+		case scopeRate:
+			lastWait = wait
+		default:
+			t.Fatalf("refused by %q", scope)
+		}
+	}
+	if ok != 10 {
+		t.Fatalf("admitted %d of 30 with a shared rate of 10/m, want 10", ok)
+	}
+	// the next request is due one emission interval (6s) after the burst
+	if lastWait < 5*time.Second || lastWait > 6*time.Second {
+		t.Fatalf("the refusal said to wait %v, want about 6s", lastWait)
+	}
+}
+
+func TestSharedTokensGoIntoDebtAndAreCorrected(t *testing.T) {
+	srv := redistest.Start(t)
+	spec := limits{tokens: rateSpec{n: 1000, period: time.Hour}}
+	l := sharedLimiter(t, testFleet(t, srv.Addr, "tok:", 0), "k:t", spec)
+
+	// a request larger than what is left passes, and puts the bucket in debt
+	g, scope, _ := l.take(time.Now(), 1500)
+	if scope != scopeNone {
+		t.Fatalf("first request refused by %q", scope)
+	}
+	if _, scope, wait := l.take(time.Now(), 10); scope != scopeTokens || wait < 30*time.Minute {
+		t.Fatalf("in debt: refused by %q with wait %v, want tokens and over 30m", scope, wait)
+	}
+	// it used 100: the correction gives 1400 back, off the request path
+	l.done(time.Now(), g, 100)
+	waitFor(t, "the correction reaches Redis", 2*time.Second, func() bool {
+		g, scope, _ := l.take(time.Now(), 0)
+		if scope == scopeNone {
+			l.done(time.Now(), g, 0)
+		}
+		return scope == scopeNone
+	})
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	level, err := rdb.HGet(context.Background(), "tok:{k:t}:tokens", "level").Float64()
+	if err != nil || level < 899 || level > 901 {
+		t.Fatalf("bucket level %v (%v), want 900: 1000 - 100 used", level, err)
+	}
+
+	// an estimate charged after admission (the body was read later) counts
+	g, scope, _ = l.take(time.Now(), 0)
+	if scope != scopeNone {
+		t.Fatal(scope)
+	}
+	l.charge(time.Now(), &g, 2000)
+	l.done(time.Now(), g, 2000)
+	waitFor(t, "the charge reaches Redis", 2*time.Second, func() bool {
+		_, scope, _ := l.take(time.Now(), 0)
+		return scope == scopeTokens
+	})
+}
+
+func TestLeasesOfADeadNodeExpire(t *testing.T) {
+	srv := redistest.Start(t)
+	const lease = 600 * time.Millisecond
+	spec := limits{concurrency: 2}
+	dying := testFleet(t, srv.Addr, "lease:", lease)
+	a := sharedLimiter(t, dying, "k:l", spec)
+	b := sharedLimiter(t, testFleet(t, srv.Addr, "lease:", lease), "k:l", spec)
+	for range 2 {
+		if _, scope, _ := a.take(time.Now(), -1); scope != scopeNone {
+			t.Fatal(scope)
+		}
+	}
+	// a living node renews its leases: they outlast the lease time
+	time.Sleep(2 * lease)
+	if _, scope, _ := b.take(time.Now(), -1); scope != scopeConcurrency {
+		t.Fatalf("the other node's renewed slots: refused by %q, want concurrency", scope)
+	}
+	// the node dies without giving its slots back
+	dying.stop()
+	dying.done.Wait()
+	died := time.Now()
+	waitFor(t, "the dead node's slots free", 2*lease, func() bool {
+		g, scope, _ := b.take(time.Now(), -1)
+		if scope == scopeNone {
+			b.done(time.Now(), g, 0)
+		}
+		return scope == scopeNone
+	})
+	if took := time.Since(died); took > lease+lease/3+100*time.Millisecond {
+		t.Fatalf("slots freed %v after the node died, lease is %v", took, lease)
+	}
+}
+
+func TestSharedLimitKeysAreTagged(t *testing.T) {
+	f := &fleet{prefix: "p:"}
+	s := newSharedLimit(f, tag("k:", "support"))
+	if s.lease != "p:{k:support}:leases" || s.rate != "p:{k:support}:rate" || s.bkt != "p:{k:support}:tokens" {
+		t.Fatalf("keys %q %q %q", s.lease, s.rate, s.bkt)
+	}
+	// a brace in a name would end the cluster hash tag early
+	if got := tag("c:", "a}b"); got == "c:a}b" || len(got) != len("c:")+16 {
+		t.Fatalf("tag of a name with a brace: %q", got)
+	}
+	if got := f.healthKey("x"); got != "p:{c:x}:health" {
+		t.Fatal(got)
+	}
+}

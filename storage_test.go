@@ -1,0 +1,333 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddytest"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/caddy-relay/relay/internal/redistest"
+)
+
+func TestCaddyfileStorage(t *testing.T) {
+	r, err := parseRelay(t, `relay {
+	key sk-test-0123456789abcdef g
+	channel a {
+		provider mock
+	}
+	group g {
+		channels a
+	}
+	storage redis {
+		address 10.0.0.1:6379 10.0.0.2:6379
+		username relay
+		password {env.REDIS_PASSWORD}
+		prefix team-a:
+		timeout 20ms
+		on_error deny
+		lease 5s
+		tls {
+			server_name redis.internal
+		}
+	}
+}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := r.Storage.Redis
+	if strings.Join(s.Address, ",") != "10.0.0.1:6379,10.0.0.2:6379" || s.Username != "relay" || s.Password != "{env.REDIS_PASSWORD}" ||
+		s.Prefix != "team-a:" || time.Duration(s.Timeout) != 20*time.Millisecond || s.OnError != "deny" ||
+		time.Duration(s.Lease) != 5*time.Second || s.TLS == nil || s.TLS.ServerName != "redis.internal" {
+		t.Fatalf("parsed %+v", s)
+	}
+
+	for src, want := range map[string]string{
+		"storage memcached":                                  `storage "memcached" is not known`,
+		"storage redis {\n\t\ton_error maybe\n\t}":           `on_error must be local or deny`,
+		"storage redis {\n\t\taddress localhost\n\t}":        `not host:port`,
+		"storage redis {\n\t\tpool 10\n\t}":                  `unrecognized storage redis option "pool"`,
+		"storage redis {\n\t\ttls {\n\t\t\tca x\n\t\t}\n\t}": `unrecognized storage redis tls option "ca"`,
+		"storage redis\n\tstorage redis":                     `storage is given twice`,
+		"storage redis {\n\t\ttimeout -1s\n\t}":              `must not be negative`,
+	} {
+		if _, err := parseRelay(t, "relay {\n\t"+src+"\n}"); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: error %v, want %q", src, err, want)
+		}
+	}
+}
+
+// storageRelay is a relay block whose state is in the Redis at addr, with
+// a key limited to rate 3/m and a mock channel.
+func storageRelay(addr, onError, name string) string {
+	return fmt.Sprintf(`		storage redis {
+			address %s
+			prefix %s:
+			timeout 50ms
+			on_error %s
+		}
+		key %s %s-g {
+			name %s-key
+			rate 3/m
+		}
+		channel %s-ch {
+			provider mock
+		}
+		group %s-g {
+			channels %s-ch
+		}
+`, addr, name, onError, clientKey, name, name, name, name, name)
+}
+
+func TestTheFleetSharesAKeysRate(t *testing.T) {
+	srv := redistest.Start(t)
+	startRelay(t, storageRelay(srv.Addr, "local", "fleet-rate"))
+	// another node of the fleet spent two of the key's three requests
+	other := sharedLimiter(t, testFleet(t, srv.Addr, "fleet-rate:", 0), tag("k:", "fleet-rate-key"), limits{rate: rateSpec{n: 3, period: time.Minute}})
+	for range 2 {
+		if _, scope, _ := other.take(time.Now(), -1); scope != scopeNone {
+			t.Fatal(scope)
+		}
+	}
+	if r := message(t, simpleBody); r.status != 200 {
+		t.Fatalf("third request: %d %s", r.status, r.body)
+	}
+	r := message(t, simpleBody)
+	wantRelayError(t, r, 429, "rate_limit_error", "key_rate_limited")
+	mf, _ := scrape(t)
+	if v := value(mf, "relay_storage_up"); v != 1 {
+		t.Fatalf("relay_storage_up = %v, want 1", v)
+	}
+	if v := value(mf, "relay_storage_seconds", "op=admit"); v < 2 {
+		t.Fatalf("relay_storage_seconds{op=admit} counted %v operations, want 2", v)
+	}
+}
+
+func TestStorageDownServesOnLocalState(t *testing.T) {
+	srv := redistest.Start(t)
+	addr := srv.Addr
+	srv.Kill() // nothing listens there: Redis is down from the start
+	startRelay(t, storageRelay(addr, "local", "fleet-down"))
+	// the key's own limit still holds, on this node alone
+	for i := range 4 {
+		r := message(t, simpleBody)
+		if want := 200; i == 3 {
+			wantRelayError(t, r, 429, "rate_limit_error", "key_rate_limited")
+		} else if r.status != want {
+			t.Fatalf("request %d with Redis down: %d %s", i+1, r.status, r.body)
+		}
+	}
+	mf, _ := scrape(t)
+	if v := value(mf, "relay_storage_up"); v != 0 {
+		t.Fatalf("relay_storage_up = %v, want 0", v)
+	}
+	if v := value(mf, "relay_storage_errors_total", "op=admit"); v < 1 {
+		t.Fatalf("relay_storage_errors_total{op=admit} = %v", v)
+	}
+	// the fleet's nodes cannot be listed without Redis
+	resp, err := client.Get(adminURL + "/relay/fleet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 503 || !strings.Contains(string(b), "did not answer") {
+		t.Fatalf("GET /relay/fleet with Redis down: %d %s", resp.StatusCode, b)
+	}
+}
+
+func TestStorageDownWithOnErrorDenyAnswers503(t *testing.T) {
+	srv := redistest.Start(t)
+	addr := srv.Addr
+	srv.Kill()
+	startRelay(t, storageRelay(addr, "deny", "fleet-deny"))
+	r := message(t, simpleBody)
+	wantRelayError(t, r, 503, "relay_error", "storage_unavailable")
+	if r.header.Get("Retry-After") == "" {
+		t.Error("no retry-after")
+	}
+	mf, _ := scrape(t)
+	if v := value(mf, "relay_requests_total", "code=503", "cause=relay"); v < 1 {
+		t.Fatalf("relay_requests_total{code=503,cause=relay} = %v", v)
+	}
+}
+
+// TestAFrozenRedisCostsNoMoreThanTheTimeout freezes Redis (SIGSTOP, as a
+// partition: connections open, no answer): no request waits on it for
+// longer than the timeout, the outage is logged once, and when Redis
+// answers again the node says so once and shares again.
+func TestAFrozenRedisCostsNoMoreThanTheTimeout(t *testing.T) {
+	srv := redistest.Start(t)
+	r := &Relay{
+		Storage:  &Storage{Redis: &RedisStorage{Address: []string{srv.Addr}, Prefix: "frozen:", Timeout: caddy.Duration(50 * time.Millisecond)}},
+		Keys:     []*Key{{Secret: "sk-frozen-0123456789abcdef", Group: "frozen-g", Rate: "1000/s"}},
+		Channels: []*Channel{{Name: "frozen-ch", UpstreamRaw: upstream("mock", "latency", "0s")}},
+		Groups:   []*Group{{Name: "frozen-g", Channels: []string{"frozen-ch"}}},
+	}
+	provisionHandler(t, r)
+	core, logs := observer.New(zapcore.InfoLevel)
+	r.fleet.logger.Store(zap.New(core))
+	serve := func() time.Duration {
+		t.Helper()
+		start := time.Now()
+		w, _ := serveHandler(t, r, newRequest(simpleBody, "sk-frozen-0123456789abcdef"))
+		if w.Code != 200 {
+			t.Fatalf("status %d: %s", w.Code, w.Body)
+		}
+		return time.Since(start)
+	}
+	serve() // warm: connections made
+	srv.Stop()
+	defer srv.Continue()
+	var slowest time.Duration
+	for range 20 {
+		slowest = max(slowest, serve())
+	}
+	// the timeout, plus what the race detector and a noisy machine add
+	if slowest > 50*time.Millisecond+150*time.Millisecond {
+		t.Fatalf("a request took %v with Redis frozen; the timeout is 50ms", slowest)
+	}
+	if n := logs.FilterMessageSnippet("storage unreachable").Len(); n != 1 {
+		t.Fatalf("%d lines say the storage is unreachable, want 1", n)
+	}
+	srv.Continue()
+	waitFor(t, "the node rejoins", 5*time.Second, func() bool {
+		serve()
+		return r.fleet.up.Load()
+	})
+	if n := logs.FilterMessageSnippet("storage reachable again").Len(); n != 1 {
+		t.Fatalf("%d lines say the storage is back, want 1", n)
+	}
+}
+
+func TestFleetRouteListsTheNodes(t *testing.T) {
+	// without storage, the fleet is this node
+	startRelay(t, "\t\tkey "+clientKey+" solo-g\n\t\tchannel solo-ch {\n\t\t\tprovider mock\n\t\t}\n\t\tgroup solo-g {\n\t\t\tchannels solo-ch\n\t\t}\n")
+	nodes := fleetNodes(t)
+	if len(nodes) != 1 || nodes[0].ID != thisNode().ID || nodes[0].State != "up" || nodes[0].Version == "" {
+		t.Fatalf("nodes %+v", nodes)
+	}
+
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	ctx := context.Background()
+	now, _ := rdb.Time(ctx).Result()
+	// a node last seen a minute ago
+	rdb.ZAdd(ctx, "fleet-list:{nodes}:seen", redis.Z{Score: float64(now.Add(-time.Minute).UnixMilli()), Member: "old-node"})
+	rdb.HSet(ctx, "fleet-list:{nodes}:info", "old-node", `{"id":"old-node","address":"10.0.0.9","version":"v0.9.0"}`)
+	startRelay(t, storageRelay(srv.Addr, "local", "fleet-list"))
+	waitFor(t, "this node's heartbeat", 2*time.Second, func() bool { return len(fleetNodes(t)) == 2 })
+	for _, n := range fleetNodes(t) {
+		switch n.ID {
+		case thisNode().ID:
+			if n.State != "up" || n.Address == "" || time.Since(n.LastSeen) > 5*time.Second {
+				t.Errorf("this node: %+v", n)
+			}
+		case "old-node":
+			if n.State != "gone" || n.Address != "10.0.0.9" || n.Version != "v0.9.0" {
+				t.Errorf("the old node: %+v", n)
+			}
+		default:
+			t.Errorf("unknown node %+v", n)
+		}
+	}
+	// the password and the prefix's keys never show in the admin API
+	resp, err := client.Post(adminURL+"/relay/fleet", "application/json", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 405 || resp.Header.Get("Allow") != "GET" {
+		t.Fatalf("POST /relay/fleet: %d Allow %q", resp.StatusCode, resp.Header.Get("Allow"))
+	}
+}
+
+func fleetNodes(t *testing.T) []fleetNode {
+	t.Helper()
+	resp, err := client.Get(adminURL + "/relay/fleet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var nodes []fleetNode
+	if err := json.NewDecoder(resp.Body).Decode(&nodes); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("GET /relay/fleet: %d %v", resp.StatusCode, err)
+	}
+	return nodes
+}
+
+func TestThePasswordStaysAPlaceholder(t *testing.T) {
+	srv := redistest.Start(t)
+	t.Setenv("RELAY_TEST_REDIS_PASSWORD", "s3cret-redis-password")
+	if reply, err := srv.Command("CONFIG", "SET", "requirepass", "s3cret-redis-password"); err != nil || reply != "+OK" {
+		t.Fatalf("requirepass: %q %v", reply, err)
+	}
+	startRelay(t, strings.Replace(storageRelay(srv.Addr, "deny", "fleet-pass"), "prefix", "password {env.RELAY_TEST_REDIS_PASSWORD}\n\t\t\tprefix", 1))
+	// it authenticates (with on_error deny, a wrong password would be a 503)
+	if r := message(t, simpleBody); r.status != 200 {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	resp, err := client.Get(adminURL + "/config/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if strings.Contains(string(b), "s3cret") || !strings.Contains(string(b), "{env.RELAY_TEST_REDIS_PASSWORD}") {
+		t.Fatalf("GET /config/ shows the password or lost its placeholder:\n%s", b)
+	}
+}
+
+// TestReloadsWithStorageLeakNothing reloads a config with storage 50 times,
+// each with other storage options (a new connection each time), and
+// counts goroutines and Redis connections before and after.
+func TestReloadsWithStorageLeakNothing(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	clients := func() int {
+		info, _ := rdb.Info(context.Background(), "clients").Result()
+		var n int
+		for _, l := range strings.Split(info, "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(l), "connected_clients:"); ok {
+				_, _ = fmt.Sscan(v, &n)
+			}
+		}
+		return n
+	}
+	load := func(tester *caddytest.Tester, i int) {
+		block := strings.Replace(storageRelay(srv.Addr, "local", "fleet-reload"), "timeout 50ms", fmt.Sprintf("timeout %dms", 50+i%2), 1)
+		block = strings.Replace(block, "rate 3/m", "rate 1000/m", 1)
+		tester.InitServer(testGlobal+"http://localhost:9080 {\n\trelay {\n"+block+"\n\t}\n}\n", "caddyfile")
+		client.CloseIdleConnections() // the old server closed them
+	}
+	tester := caddytest.NewTester(t)
+	load(tester, 0)
+	if r := message(t, simpleBody); r.status != 200 {
+		t.Fatal(r.status)
+	}
+	baseGoroutines, baseClients := runtime.NumGoroutine(), clients()
+	for i := 1; i <= 50; i++ {
+		load(tester, i)
+		if r := message(t, simpleBody); r.status != 200 { // through Redis: its own connection
+			t.Fatal(r.status)
+		}
+	}
+	if r := message(t, simpleBody); r.status != 200 {
+		t.Fatal(r.status)
+	}
+	waitFor(t, "goroutines and connections back to what one config uses", 5*time.Second, func() bool {
+		return runtime.NumGoroutine() <= baseGoroutines+5 && clients() <= baseClients+1
+	})
+}
