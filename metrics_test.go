@@ -221,7 +221,7 @@ func TestAnUnfilteredAccessLogShowsTheKey(t *testing.T) {
 func TestDashboardAndRulesQueryExistingMetrics(t *testing.T) {
 	exported := map[string]bool{}
 	descs := make(chan *prometheus.Desc, 64)
-	for _, c := range collectors {
+	for _, c := range append(collectors[:len(collectors):len(collectors)], storageCollectors...) {
 		c.Describe(descs)
 	}
 	close(descs)
@@ -298,7 +298,7 @@ func TestRulesFileIsWellFormed(t *testing.T) {
 			alerts[r.Alert] = r.For
 		}
 	}
-	for _, a := range []string{"RelayChannelOpen", "RelayGroupDown", "RelayFailoverRatioHigh", "RelayHigh5xxRatio"} {
+	for _, a := range []string{"RelayChannelOpen", "RelayGroupDown", "RelayFailoverRatioHigh", "RelayHigh5xxRatio", "RelayStorageDown"} {
 		if _, ok := alerts[a]; !ok {
 			t.Errorf("alert %s is missing", a)
 		}
