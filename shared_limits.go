@@ -25,6 +25,11 @@ import (
 //     the time it was last refilled; the estimate is charged at admission
 //     and corrected with the real usage when the request ends.
 //
+// Numbers go to Redis as arguments of redis.call, which writes them in full
+// (Lua's tostring keeps 14 digits: a millisecond timestamp would lose
+// everything under a tenth of a millisecond, and rates over 10,000/s would
+// never advance).
+//
 // A request admitted by Redis is given back to Redis, off its path: its
 // lease is removed and its tokens corrected by a background worker that
 // pipelines what many requests give back.
@@ -65,10 +70,10 @@ if maxc > 0 then
   redis.call('PEXPIRE', KEYS[1], ttl * 2)
 end
 if emission > 0 then
-  redis.call('SET', KEYS[2], tostring(tat + emission), 'PX', math.ceil(tat + emission - now) + 1000)
+  redis.call('SET', KEYS[2], tat + emission, 'PX', math.ceil(tat + emission - now) + 1000)
 end
 if perms > 0 and charge >= 0 then
-  redis.call('HSET', KEYS[3], 'level', tostring(level - charge), 'last', now)
+  redis.call('HSET', KEYS[3], 'level', level - charge, 'last', now)
   redis.call('PEXPIRE', KEYS[3], math.ceil(tburst / perms) + 60000)
 end
 return {0, 0}
@@ -85,7 +90,7 @@ local h = redis.call('HMGET', KEYS[1], 'level', 'last')
 local level = tonumber(h[1]) or tburst
 local last = tonumber(h[2]) or now
 if now > last then level = math.min(tburst, level + (now - last) * perms) end
-redis.call('HSET', KEYS[1], 'level', tostring(math.min(tburst, level - charge)), 'last', now)
+redis.call('HSET', KEYS[1], 'level', math.min(tburst, level - charge), 'last', now)
 redis.call('PEXPIRE', KEYS[1], math.ceil(tburst / perms) + 60000)
 return 0
 `)

@@ -121,6 +121,40 @@ func TestSharedRateIsExactAcrossNodes(t *testing.T) {
 	}
 }
 
+// TestSharedRateKeepsSubMillisecondIntervals runs the admission script
+// back to back with a burst of one request every 20µs (50,000/s): the
+// stored arrival time must keep its fraction of a millisecond, or every
+// request passes.
+func TestSharedRateKeepsSubMillisecondIntervals(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	ctx := context.Background()
+	var cmds []*redis.Cmd
+	start := time.Now()
+	_, err := rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+		for range 50 {
+			// lease, concurrency, lease ms, emission ms, burst, tokens/ms, token burst, charge
+			cmds = append(cmds, admitScript.Eval(ctx, pipe, []string{"fine:l", "fine:r", "fine:t"}, "x", 0, 1000, 0.02, 1, 0, 0, -1))
+		}
+		return nil
+	})
+	took := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admitted := 0
+	for _, c := range cmds {
+		if v, _ := c.Int64Slice(); len(v) == 2 && v[0] == 0 {
+			admitted++
+		}
+	}
+	// one per millisecond the 50 calls spanned, and the first
+	if bound := 2 + int(took/time.Millisecond); admitted > bound {
+		t.Fatalf("%d of 50 calls admitted within %v at one per 20µs with a burst of 1; want at most %d", admitted, took, bound)
+	}
+}
+
 func TestSharedTokensGoIntoDebtAndAreCorrected(t *testing.T) {
 	srv := redistest.Start(t)
 	spec := limits{tokens: rateSpec{n: 1000, period: time.Hour}}
