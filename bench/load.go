@@ -23,26 +23,57 @@ type kind int
 
 const (
 	nonStreaming kind = iota
+	fixedRate         // non-streaming, at a constant request rate
 	streaming
 	idle // streams held open, for their memory
 )
 
-// workload is a kind of request at a concurrency; for idle, the
-// concurrency is the number of streams held open at once.
+// workload is a kind of request at a concurrency (closed loop) or, for
+// fixedRate, at a rate; for idle, the concurrency is the number of streams
+// held open at once.
 type workload struct {
 	kind        kind
 	concurrency int
+	rate        int // requests a second, of fixedRate
 }
 
 // String names the workload in the table.
 func (w workload) String() string {
 	switch w.kind {
+	case fixedRate:
+		return "non-streaming " + strconv.Itoa(w.rate) + " req/s"
 	case streaming:
 		return "streaming c=" + strconv.Itoa(w.concurrency)
 	case idle:
 		return strconv.Itoa(w.concurrency) + " idle streams"
 	}
 	return "non-streaming c=" + strconv.Itoa(w.concurrency)
+}
+
+// Workers of a fixed-rate workload: vegeta starts with fixedRateWorkers
+// and adds one, up to maxFixedRateWorkers, whenever a request is due and
+// every worker waits for a reply, so that a slow reply never delays the
+// next request.
+const (
+	fixedRateWorkers    = 64
+	maxFixedRateWorkers = 1024
+)
+
+// minPace is the share of its rate a fixed-rate workload must send for its
+// row to count: below it, the load generator fell behind and measured
+// something else.
+const minPace = 0.9
+
+// pace returns how w sends its requests, and the workers that send them:
+// closed loop, w.concurrency workers each sending its next request as soon
+// as it has read its last reply; or, for fixedRate, w.rate requests a
+// second whatever the replies do.
+func (w workload) pace() (pacer vegeta.Pacer, workers, maxWorkers uint64) {
+	if w.kind == fixedRate {
+		return vegeta.Rate{Freq: w.rate, Per: time.Second}, fixedRateWorkers, maxFixedRateWorkers
+	}
+	n := uint64(w.concurrency)
+	return vegeta.Rate{Freq: 0}, n, n
 }
 
 // Markers of a complete reply: the end of a message, the end of a stream.
@@ -85,22 +116,20 @@ func messageBody(stream bool) []byte {
 	return b
 }
 
-// attack measures w against url with vegeta, closed loop: w.concurrency
-// workers, each sending its next request as soon as it has read its last
-// reply, for d.
+// attack measures w against url with vegeta for d, paced as w.pace says.
 func attack(ctx context.Context, t *target, url string, w workload, d time.Duration) row {
-	timed := &firstByteTransport{next: keepAliveTransport(w.concurrency)}
+	pacer, workers, maxWorkers := w.pace()
+	timed := &firstByteTransport{next: keepAliveTransport(int(maxWorkers))}
 	defer timed.next.CloseIdleConnections()
-	n := uint64(w.concurrency)
 	atk := vegeta.NewAttacker(
 		vegeta.Client(&http.Client{Transport: timed, Timeout: vegeta.DefaultTimeout}),
-		vegeta.Workers(n), vegeta.MaxWorkers(n))
+		vegeta.Workers(workers), vegeta.MaxWorkers(maxWorkers))
 	defer context.AfterFunc(ctx, func() { atk.Stop() })()
 
 	tgt := vegeta.Target{Method: http.MethodPost, URL: url, Body: messageBody(w.kind == streaming), Header: requestHeader()}
 	var m vegeta.Metrics
 	failedOver := 0
-	for res := range atk.Attack(vegeta.NewStaticTargeter(tgt), vegeta.Rate{Freq: 0}, d, w.String()) {
+	for res := range atk.Attack(vegeta.NewStaticTargeter(tgt), pacer, d, w.String()) {
 		checkReply(res, w.kind == streaming, t.failsOver)
 		if res.Code == http.StatusOK && res.Headers.Get("X-Relay-Attempts") == "2" {
 			failedOver++
@@ -108,13 +137,17 @@ func attack(ctx context.Context, t *target, url string, w workload, d time.Durat
 		m.Add(res)
 	}
 	m.Close()
-	return row{
+	r := row{
 		target: t, workload: w,
 		reqPerSec: m.Throughput, success: m.Success,
 		p50: m.Latencies.P50, p99: m.Latencies.P99, firstByte: timed.p50(),
 		failedOver: float64(failedOver) / float64(max(m.Requests, 1)),
 		errors:     m.Errors,
 	}
+	if w.kind == fixedRate && m.Rate < minPace*float64(w.rate) && ctx.Err() == nil {
+		r.errors = append(r.errors, fmt.Sprintf("sent only %.0f of its %d req/s", m.Rate, w.rate))
+	}
+	return r
 }
 
 // checkReply fails a reply that vegeta would count as a success (any 2xx

@@ -27,7 +27,8 @@ type bench struct {
 	caddy    string // the binary built from ./cmd/caddy
 	fast     *fakeupstream.Upstream
 	idle     *fakeupstream.Upstream
-	deadAddr string // a loopback address that refuses connections
+	deadAddr string       // a loopback address that refuses connections
+	redis    *redisServer // for the targets that need it; nil if none does
 }
 
 // run measures every target with every workload it applies to. A request
@@ -43,6 +44,14 @@ func run(ctx context.Context, o options) (*report, error) {
 	}
 	defer os.RemoveAll(dir)
 	b := &bench{options: o, dir: dir}
+	// first, so that a missing redis-server fails the run at once
+	if need := needRedis(o.targets); len(need) > 0 {
+		o.logf("starting redis-server")
+		if b.redis, err = startRedis(ctx, dir); err != nil {
+			return nil, fmt.Errorf("%s: %w", targetNames(need), err)
+		}
+		defer b.redis.stop()
+	}
 	o.logf("building ./cmd/caddy")
 	if b.caddy, err = buildCaddy(ctx, dir); err != nil {
 		return nil, err
@@ -61,7 +70,8 @@ func run(ctx context.Context, o options) (*report, error) {
 		return nil, err
 	}
 	rep.rows = rows
-	for _, t := range targets {
+	b.logRedis()
+	for _, t := range o.targets {
 		if !t.idle {
 			continue
 		}
@@ -76,13 +86,13 @@ func run(ctx context.Context, o options) (*report, error) {
 
 // measureLoad serves every target in front of the fast upstream at once,
 // each in its own caddy process (idle ones cost no CPU), and measures each
-// workload in rounds, the targets taking turns in an order that rotates
-// every round: on a shared machine, a slow minute then weighs on every
-// target alike instead of on whichever ran during it. A row holds the
-// medians of its rounds.
+// workload in rounds, the targets it applies to taking turns in an order
+// that rotates every round: on a shared machine, a slow minute then weighs
+// on every target alike instead of on whichever ran during it. A row holds
+// the medians of its rounds.
 func (b *bench) measureLoad(ctx context.Context) ([]row, error) {
-	urls := make([]string, len(targets))
-	for i, t := range targets {
+	urls := make(map[*target]string, len(b.targets))
+	for _, t := range b.targets {
 		url, proc, err := b.serve(ctx, t, b.fast)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", t.name, err)
@@ -90,7 +100,7 @@ func (b *bench) measureLoad(ctx context.Context) ([]row, error) {
 		if proc != nil {
 			defer proc.stop()
 		}
-		urls[i] = url
+		urls[t] = url
 		b.logf("%s: warm-up", t.name)
 		attack(ctx, t, url, workload{kind: nonStreaming, concurrency: slices.Max(b.concurrency)}, b.duration/10)
 	}
@@ -99,22 +109,48 @@ func (b *bench) measureLoad(ctx context.Context) ([]row, error) {
 		if w.kind == idle {
 			continue
 		}
-		rounds := make([][]row, len(targets))
+		ts := b.targetsOf(w)
+		rounds := make([][]row, len(ts))
 		for round := 0; round < b.rounds; round++ {
-			for k := range targets {
-				i := (k + round) % len(targets)
-				b.logf("%s: %s, round %d of %d", targets[i].name, w, round+1, b.rounds)
-				rounds[i] = append(rounds[i], attack(ctx, targets[i], urls[i], w, b.duration))
+			for k := range ts {
+				i := (k + round) % len(ts)
+				b.logf("%s: %s, round %d of %d", ts[i].name, w, round+1, b.rounds)
+				rounds[i] = append(rounds[i], attack(ctx, ts[i], urls[ts[i]], w, b.duration))
 				if err := ctx.Err(); err != nil {
 					return nil, err
 				}
 			}
 		}
-		for i := range targets {
+		for i := range ts {
 			rows = append(rows, median(rounds[i]))
 		}
 	}
 	return rows, nil
+}
+
+// targetsOf returns the targets of the run that w applies to, in order.
+func (b *bench) targetsOf(w workload) []*target {
+	var ts []*target
+	for _, t := range b.targets {
+		if t.runs(w) {
+			ts = append(ts, t)
+		}
+	}
+	return ts
+}
+
+// logRedis logs how many commands the redis-server processed, if the run
+// started one: a sign that the targets using it did.
+func (b *bench) logRedis() {
+	if b.redis == nil {
+		return
+	}
+	n, err := b.redis.commandsProcessed()
+	if err != nil {
+		b.logf("redis-server: %v", err)
+		return
+	}
+	b.logf("redis-server processed %d commands", n)
 }
 
 // median merges the rounds of one target and workload: the median of each
@@ -186,12 +222,25 @@ func (b *bench) serve(ctx context.Context, t *target, up *fakeupstream.Upstream)
 		return "", nil, err
 	}
 	_, port, _ := net.SplitHostPort(addr)
-	cfg := strings.NewReplacer("$PORT", port, "$UPSTREAM", upAddr, "$DEAD", b.deadAddr).Replace(t.caddyfile)
+	var redisAddr string
+	if b.redis != nil {
+		redisAddr = b.redis.addr
+	}
+	cfg := strings.NewReplacer("$PORT", port, "$UPSTREAM", upAddr, "$DEAD", b.deadAddr, "$REDIS", redisAddr).Replace(t.caddyfile)
 	proc, err := startCaddy(ctx, b.caddy, b.dir, cfg)
 	if err != nil {
 		return "", nil, err
 	}
 	return "http://127.0.0.1:" + port + messagesPath, proc, nil
+}
+
+// targetNames joins the names of ts.
+func targetNames(ts []*target) string {
+	names := make([]string, len(ts))
+	for i, t := range ts {
+		names[i] = t.name
+	}
+	return strings.Join(names, ", ")
 }
 
 // buildCaddy builds ./cmd/caddy, the binary README.md tells users to run,

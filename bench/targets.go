@@ -17,15 +17,54 @@ import (
 type target struct {
 	name string
 	// caddyfile is the config of its caddy process, with $PORT (the site's
-	// port), $UPSTREAM and $DEAD (host:port) to fill in; empty for the
-	// direct target.
+	// port), $UPSTREAM, $DEAD and $REDIS (host:port) to fill in; empty for
+	// the direct target.
 	caddyfile string
+	// redis says that the caddyfile names $REDIS: the target needs the
+	// redis-server the harness starts.
+	redis bool
 	// failsOver says that requests fail over: their replies carry
 	// x-relay-attempts: 2, or none when the dead channel was still cooling
 	// (for 1ns) as the request picked. Other targets' replies carry none.
 	failsOver bool
 	// idle says whether the idle-stream memory is measured.
 	idle bool
+	// fixedRate says whether the fixed-rate workload is measured.
+	fixedRate bool
+}
+
+// runs reports whether t is measured under w: every target under the
+// closed-loop and streaming workloads, some under the others.
+func (t *target) runs(w workload) bool {
+	switch w.kind {
+	case fixedRate:
+		return t.fixedRate
+	case idle:
+		return t.idle
+	}
+	return true
+}
+
+// needRedis returns the targets of ts that need redis-server.
+func needRedis(ts []*target) []*target {
+	var need []*target
+	for _, t := range ts {
+		if t.redis {
+			need = append(need, t)
+		}
+	}
+	return need
+}
+
+// withoutRedis returns the targets of ts that do not need redis-server.
+func withoutRedis(ts []*target) []*target {
+	var without []*target
+	for _, t := range ts {
+		if !t.redis {
+			without = append(without, t)
+		}
+	}
+	return without
 }
 
 // globalOptions start every Caddyfile: no admin endpoint (readiness is the
@@ -40,13 +79,13 @@ const globalOptions = `{
 var (
 	direct = &target{name: "(a) direct"}
 
-	reverseProxy = &target{name: "(b) reverse_proxy", idle: true, caddyfile: globalOptions + `
+	reverseProxy = &target{name: "(b) reverse_proxy", idle: true, fixedRate: true, caddyfile: globalOptions + `
 :$PORT {
 	reverse_proxy $UPSTREAM
 }
 `}
 
-	relayOne = &target{name: "(c) relay, 1 channel", idle: true, caddyfile: globalOptions + `
+	relayOne = &target{name: "(c) relay, 1 channel", idle: true, fixedRate: true, caddyfile: globalOptions + `
 :$PORT {
 	relay {
 		key sk-bench bench
@@ -118,7 +157,60 @@ var (
 }
 `}
 
-	targets = []*target{direct, reverseProxy, relayOne, relayTiers, relayFailover}
+	// relayKeyLimits is (c) with every limit a key can have, set so high
+	// that none refuses at the harness's load: each request still takes a
+	// concurrency slot, a request from the rate's bucket and its estimated
+	// tokens from the token bucket, and gives back the slot and corrects the
+	// tokens when it ends.
+	relayKeyLimits = &target{name: "(f) relay, key limits", fixedRate: true, caddyfile: globalOptions + `
+:$PORT {
+	relay {
+		key sk-bench bench {
+			rate 1000000/s
+			tokens 1000000000/s
+			concurrency 100000
+		}
+		channel upstream {
+			url http://$UPSTREAM
+			api_key sk-upstream
+		}
+		group bench {
+			channels upstream
+		}
+	}
+}
+`}
+
+	// relayRedis is (f) with its key's limits kept in Redis, as a fleet
+	// keeps them: each admission is a script in Redis, each release is
+	// given back to it. With on_error deny, a request that Redis does not
+	// admit in time fails instead of being admitted on local limits, so a
+	// row of 100% success was all measured through Redis.
+	relayRedis = &target{name: "(g) relay, key limits in Redis", redis: true, fixedRate: true, caddyfile: globalOptions + `
+:$PORT {
+	relay {
+		key sk-bench bench {
+			rate 1000000/s
+			tokens 1000000000/s
+			concurrency 100000
+		}
+		channel upstream {
+			url http://$UPSTREAM
+			api_key sk-upstream
+		}
+		group bench {
+			channels upstream
+		}
+		storage redis {
+			address $REDIS
+			prefix bench:
+			on_error deny
+		}
+	}
+}
+`}
+
+	targets = []*target{direct, reverseProxy, relayOne, relayTiers, relayFailover, relayKeyLimits, relayRedis}
 )
 
 // readyLine is what Caddy logs once it serves the config it was started with.
