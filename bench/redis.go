@@ -1,11 +1,9 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -13,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/caddy-relay/relay/internal/redistest"
 )
 
 // installRedis says how to get redis-server, which the targets keeping
@@ -91,30 +91,8 @@ func (s *redisServer) stop() {
 	<-s.exited
 }
 
-// command sends one inline command and returns its reply: the first line
-// (+PONG, :3, $5...), or for a bulk string the string itself.
-func (s *redisServer) command(args ...string) (string, error) {
-	c, err := net.DialTimeout("tcp", s.addr, time.Second)
-	if err != nil {
-		return "", err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-	if _, err := fmt.Fprintf(c, "%s\r\n", strings.Join(args, " ")); err != nil {
-		return "", err
-	}
-	r := bufio.NewReader(c)
-	line, err := r.ReadString('\n')
-	line = strings.TrimRight(line, "\r\n")
-	n, isBulk := strings.CutPrefix(line, "$")
-	size, convErr := strconv.Atoi(n)
-	if err != nil || !isBulk || convErr != nil || size < 0 {
-		return line, err
-	}
-	bulk := make([]byte, size)
-	_, err = io.ReadFull(r, bulk)
-	return string(bulk), err
-}
+// command sends one inline command and returns its reply.
+func (s *redisServer) command(args ...string) (string, error) { return redistest.Send(s.addr, args...) }
 
 // commandsProcessed is the number of commands the server has processed,
 // total_commands_processed in INFO stats.

@@ -186,29 +186,13 @@ var (
 	// given back to it. With on_error deny, a request that Redis does not
 	// admit in time fails instead of being admitted on local limits, so a
 	// row of 100% success was all measured through Redis.
-	relayRedis = &target{name: "(g) relay, key limits in Redis", redis: true, fixedRate: true, caddyfile: globalOptions + `
-:$PORT {
-	relay {
-		key sk-bench bench {
-			rate 1000000/s
-			tokens 1000000000/s
-			concurrency 100000
-		}
-		channel upstream {
-			url http://$UPSTREAM
-			api_key sk-upstream
-		}
-		group bench {
-			channels upstream
-		}
-		storage redis {
+	relayRedis = &target{name: "(g) relay, key limits in Redis", redis: true, fixedRate: true,
+		caddyfile: strings.Replace(relayKeyLimits.caddyfile, "\t\tgroup bench {", `		storage redis {
 			address $REDIS
 			prefix bench:
 			on_error deny
 		}
-	}
-}
-`}
+		group bench {`, 1)}
 
 	targets = []*target{direct, reverseProxy, relayOne, relayTiers, relayFailover, relayKeyLimits, relayRedis}
 )

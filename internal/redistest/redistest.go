@@ -7,9 +7,11 @@ package redistest
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -83,10 +85,15 @@ func (s *Server) Stop() { _ = s.cmd.Process.Signal(syscall.SIGSTOP) }
 // Continue thaws a server Stop froze.
 func (s *Server) Continue() { _ = s.cmd.Process.Signal(syscall.SIGCONT) }
 
-// Command sends one inline command and returns the first line of its
-// reply (such as +PONG, :3 or $5), for checks that need no client.
-func (s *Server) Command(args ...string) (string, error) {
-	c, err := net.DialTimeout("tcp", s.Addr, time.Second)
+// Command sends one inline command to the server, as Send does.
+func (s *Server) Command(args ...string) (string, error) { return Send(s.Addr, args...) }
+
+// Send sends one inline command to the Redis at addr and returns its
+// reply: the first line (such as +PONG or :3), or for a bulk string the
+// string itself. It is for checks that need no client, in tests and in the
+// benchmark harness.
+func Send(addr string, args ...string) (string, error) {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
 	if err != nil {
 		return "", err
 	}
@@ -95,8 +102,17 @@ func (s *Server) Command(args ...string) (string, error) {
 	if _, err := fmt.Fprintf(c, "%s\r\n", strings.Join(args, " ")); err != nil {
 		return "", err
 	}
-	line, err := bufio.NewReader(c).ReadString('\n')
-	return strings.TrimRight(line, "\r\n"), err
+	r := bufio.NewReader(c)
+	line, err := r.ReadString('\n')
+	line = strings.TrimRight(line, "\r\n")
+	n, isBulk := strings.CutPrefix(line, "$")
+	size, convErr := strconv.Atoi(n)
+	if err != nil || !isBulk || convErr != nil || size < 0 {
+		return line, err
+	}
+	bulk := make([]byte, size)
+	_, err = io.ReadFull(r, bulk)
+	return string(bulk), err
 }
 
 func freeAddr(t testing.TB) string {
