@@ -37,6 +37,9 @@ func (r *Relay) account(in *inbound) {
 	if rates != nil {
 		cost = rates.cost(u)
 	}
+	if in.key != nil {
+		in.key.spend.charge(r.now(), cost, r.logger)
+	}
 	metricRequests.WithLabelValues(group, channel, model, statusLabel(in.status), in.causeLabel()).Inc()
 	metricDuration.WithLabelValues(group, model).Observe(duration.Seconds())
 	if in.route == routeMessages && in.answered != nil {

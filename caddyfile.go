@@ -569,6 +569,8 @@ func parseKey(d *caddyfile.Dispenser, pos positions, at []string) (*Key, error) 
 	opts := options{
 		strings: map[string]*string{"name": &k.Name, "priority": &k.Priority, "rate": &k.Rate, "tokens": &k.Tokens},
 		ints:    map[string]*int{"concurrency": &k.Concurrency},
+		lists:   map[string]*[]string{"budget": &k.Budgets},
+		ratios:  map[string]*float64{"budget_warn": &k.BudgetWarn},
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		pos.line(d, at...)

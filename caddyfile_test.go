@@ -742,6 +742,9 @@ func TestCaddyfileErrorsPointAtTheirLine(t *testing.T) {
 		"a group naming an unknown channel":       base("", "", "\t\tchannels ghost # here\n"),
 		"a bad policy":                            base("", "", "\t\tpolicy roundrobin # here\n"),
 		"a split of no share":                     base("", "", "\t\tsplit a 0 # here\n"),
+		"a budget in euros":                       base("\tkey sk-other-secret-0123456789 prod {\n\t\tbudget 5eur/month # here\n\t}\n", "", ""),
+		"two daily budgets":                       base("\tkey sk-other-secret-0123456789 prod {\n\t\tbudget 1usd/day\n\t\tbudget 2usd/day # here\n\t}\n", "", ""),
+		"a budget_warn over 100%":                 base("\tkey sk-other-secret-0123456789 prod {\n\t\tbudget_warn 120% # here\n\t}\n", "", ""),
 	} {
 		line := 0
 		for i, l := range strings.Split(src, "\n") {

@@ -179,6 +179,12 @@ func (r *Relay) validateConfig() error {
 		if err := checkLimits(k.Rate, k.Tokens, k.Concurrency); err != nil {
 			return within(err, label, key...)
 		}
+		if _, err := parseBudgets(k.Budgets); err != nil {
+			return errAt(append(key, "budget"), "%s: %v", label, err)
+		}
+		if k.BudgetWarn < 0 || k.BudgetWarn > 1 {
+			return errAt(append(key, "budget_warn"), "%s: budget_warn must be a share between 0 and 1 (or 0%% to 100%%)", label)
+		}
 		if k.Name != "" {
 			if j, dup := names[k.Name]; dup {
 				return errAt(append(key, "name"), "keys #%d and #%d have the same name %q", j+1, i+1, k.Name)

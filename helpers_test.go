@@ -389,7 +389,15 @@ func needTool(t *testing.T, name, install string) string {
 // every key's and channel's in-flight count, kept by name across all the
 // configs the tests loaded, is never below zero (a slot given back twice).
 func TestMain(m *testing.M) {
+	// Caddy's storage, where the keys' spend is kept, in a directory of the
+	// tests' own rather than the user's
+	data, err := os.MkdirTemp("", "caddy-relay-data")
+	if err != nil {
+		panic(err)
+	}
+	_ = os.Setenv("XDG_DATA_HOME", data)
 	code := m.Run()
+	_ = os.RemoveAll(data)
 	negative := func(pool *caddy.UsagePool, of func(any) int64) {
 		pool.Range(func(k, v any) bool {
 			if n := of(v); n < 0 {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
@@ -47,6 +48,20 @@ type Key struct {
 
 	// Concurrency limits the key's requests in flight.
 	Concurrency int `json:"concurrency,omitempty"`
+
+	// Budgets cap what the key may spend, each as `<amount>usd/<period>`
+	// with period day, week or month: calendar periods in UTC, weeks from
+	// Monday; at most one per period. Spend is the relay's own accounting of
+	// what each answer cost, charged when a request ends: a request in
+	// flight when a budget runs out finishes, the next ones get 429
+	// rate_limit_error, code budget_exceeded, with a retry-after to the
+	// period's end. A request whose input alone is estimated to cost more
+	// than what remains is refused up front.
+	Budgets []string `json:"budgets,omitempty"`
+
+	// BudgetWarn is the share of a budget at which the relay logs a
+	// warning, once per period. Default: 0.8.
+	BudgetWarn float64 `json:"budget_warn,omitempty"`
 }
 
 // label names a key in errors without revealing its secret.
@@ -64,7 +79,8 @@ type key struct {
 	name   string
 	group  *group
 	prio   priority
-	limits *limiter // kept across reloads by name
+	limits *limiter      // kept across reloads by name
+	spend  *spendAccount // kept across reloads and restarts by name
 }
 
 // authenticate finds the relay key of a request. Keys are looked up by the
@@ -113,6 +129,13 @@ func (r *Relay) provisionKeys() error {
 		k.limits = st.(*limiter)
 		k.limits.configure(lim, r.now())
 		k.limits.share(r.fleet, tag("k:", k.name))
+		if k.spend, err = spend.account(k.name); err != nil {
+			return err
+		}
+		r.acquiredSpend = append(r.acquiredSpend, k.name)
+		caps, _ := parseBudgets(cfg.Budgets) // validated already
+		k.spend.configure(caps, cfg.BudgetWarn, k.name, r.logger, func() time.Time { return r.now() })
+		k.spend.share(r.fleet)
 		r.keys[digest] = k
 	}
 	return nil

@@ -108,7 +108,7 @@ var (
 var collectors = []prometheus.Collector{
 	metricRequests, metricDuration, metricFirstByte, metricAttempts, metricFailovers,
 	metricTokens, metricCost, metricIncomplete, metricDropped, metricStates,
-	metricRateLimited, metricQueueWait, metricQueueDepth, metricFallbacks,
+	metricRateLimited, metricQueueWait, metricQueueDepth, metricFallbacks, metricSpend,
 }
 
 // storageCollectors are registered only by a config with storage.

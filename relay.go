@@ -75,6 +75,8 @@ type Relay struct {
 	acquiredGroups     []string   // groupStates entries this instance holds
 	acquiredKeys       []string   // keyStates entries this instance holds
 	acquiredTransports []string   // transports entries this instance holds
+	acquiredSpend      []string   // spendAccounts entries this instance holds
+	usesSpend          bool       // it took the spend store, to give back
 	fleet              *fleet     // the fleet this relay shares state with; nil: none
 	fleetKey           string     // its entry in fleets
 	logger             *zap.Logger
@@ -127,6 +129,8 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 	if err := r.joinFleet(ctx); err != nil {
 		return err
 	}
+	spend.use(ctx, r.logger)
+	r.usesSpend = true
 	r.prices = newPricebook(r.Pricing)
 	r.modelNames = map[string]bool{}
 	for _, cfg := range r.Channels {
@@ -194,11 +198,19 @@ func (r *Relay) Cleanup() error {
 	for _, k := range r.acquiredTransports {
 		_, _ = transports.Delete(k)
 	}
+	// the fleet goes before the accounts: its last sync adds their spend
 	if r.fleet != nil {
 		_, _ = fleets.Delete(r.fleetKey)
 		r.fleet = nil
 	}
-	r.acquired, r.acquiredGroups, r.acquiredKeys, r.acquiredTransports = nil, nil, nil, nil
+	for _, name := range r.acquiredSpend {
+		_, _ = spendAccounts.Delete(name)
+	}
+	if r.usesSpend {
+		spend.release()
+		r.usesSpend = false
+	}
+	r.acquired, r.acquiredGroups, r.acquiredKeys, r.acquiredTransports, r.acquiredSpend = nil, nil, nil, nil, nil
 	return nil
 }
 
@@ -250,6 +262,9 @@ func (r *Relay) serve(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 		return refused(rerr)
 	}
 	r.chargeKeyTokens(in)
+	if rerr = r.affordable(in); rerr != nil {
+		return refused(rerr)
+	}
 	return r.relay(w, req, in)
 }
 
@@ -311,6 +326,10 @@ func (r *Relay) answer(w http.ResponseWriter, in *inbound, f *failure) {
 func (r *Relay) admitKey(in *inbound, contentLength int64) *relayError {
 	estimate := int64(-1) // other routes are not held to the token limit
 	if in.route == routeMessages {
+		if rerr := in.key.spend.check(r.now(), 0); rerr != nil {
+			metricRateLimited.WithLabelValues(in.key.name, "budget").Inc()
+			return rerr
+		}
 		estimate = 0
 		if contentLength > 0 {
 			estimate = contentLength/4 + 1
@@ -326,6 +345,24 @@ func (r *Relay) admitKey(in *inbound, contentLength int64) *relayError {
 	}
 	metricRateLimited.WithLabelValues(in.key.name, string(scope)).Inc()
 	return errKeyLimited(in.key.name, scope, wait)
+}
+
+// affordable refuses a message whose input alone is estimated to cost more
+// than what remains of a budget of its key, at the list price of the model
+// it asks for.
+func (r *Relay) affordable(in *inbound) *relayError {
+	if in.route != routeMessages {
+		return nil
+	}
+	rates := r.prices.lookup(in.model)
+	if rates == nil {
+		return nil
+	}
+	if rerr := in.key.spend.check(r.now(), rates.cost(usage{input: in.estimate})); rerr != nil {
+		metricRateLimited.WithLabelValues(in.key.name, "budget").Inc()
+		return rerr
+	}
+	return nil
 }
 
 // chargeKeyTokens brings a message's charge against its key's token limit

@@ -134,6 +134,7 @@ type fleet struct {
 	releases chan release       // given back off the request path
 	publish  chan healthChange  // health changes of this node, to publish
 	resync   chan struct{}      // asks for a sync of every shared channel's health
+	spendNow chan struct{}      // asks for a sync of the spend
 	closed   atomic.Bool        // Destruct ran: nothing more goes to Redis
 	stop     context.CancelFunc // ends the background work
 	done     sync.WaitGroup
@@ -173,6 +174,7 @@ func newFleet(ctx caddy.Context, s *RedisStorage) (*fleet, error) {
 		releases: make(chan release, 4096),
 		publish:  make(chan healthChange, 1024),
 		resync:   make(chan struct{}, 1),
+		spendNow: make(chan struct{}, 1),
 	}
 	if f.prefix == "" {
 		f.prefix = defaultRedisPrefix
@@ -221,7 +223,7 @@ func newFleet(ctx caddy.Context, s *RedisStorage) (*fleet, error) {
 	})
 	work, stop := context.WithCancel(context.Background())
 	f.stop = stop
-	for _, run := range []func(context.Context){f.renewLeases, f.giveBack, f.heartbeat, f.publishHealth, f.subscribeHealth} {
+	for _, run := range []func(context.Context){f.renewLeases, f.giveBack, f.heartbeat, f.publishHealth, f.subscribeHealth, f.syncSpend} {
 		f.done.Add(1)
 		go func() {
 			defer f.done.Done()
@@ -233,10 +235,12 @@ func newFleet(ctx caddy.Context, s *RedisStorage) (*fleet, error) {
 }
 
 // Destruct implements caddy.Destructor: the last config that used the
-// storage is gone. Slots still held are given back, the node leaves.
+// storage is gone. Spend not yet added is added, slots still held are given
+// back, the node leaves.
 func (f *fleet) Destruct() error {
 	f.stop()
 	f.done.Wait()
+	f.flushSpend()
 	f.closed.Store(true)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()

@@ -38,6 +38,9 @@ func TestMain(m *testing.M) {
 			os.Exit(1)
 		}
 	}
+	// the relays the tests start keep their data (the keys' spend) in a
+	// directory of their own, not the user's
+	_ = os.Setenv("XDG_DATA_HOME", filepath.Join(dir, "data"))
 	code := m.Run()
 	_ = os.RemoveAll(dir)
 	os.Exit(code)

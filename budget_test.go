@@ -1,0 +1,236 @@
+package relay
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/redistest"
+)
+
+func TestBudgetParsing(t *testing.T) {
+	for in, want := range map[string]budget{
+		"200usd/month": {200, periodMonth},
+		"0.5USD/day":   {0.5, periodDay},
+		"10usd/week":   {10, periodWeek},
+	} {
+		if got, err := parseBudget(in); err != nil || got != want {
+			t.Errorf("%q: %+v %v, want %+v", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"200/month", "200usd", "usd/month", "-1usd/day", "0usd/day", "5usd/year", "5eur/month", "NaNusd/day"} {
+		if _, err := parseBudget(bad); err == nil {
+			t.Errorf("%q should not parse", bad)
+		}
+	}
+	if _, err := parseBudgets([]string{"1usd/day", "2usd/day"}); err == nil || !strings.Contains(err.Error(), "two daily budgets") {
+		t.Errorf("two budgets for one period: %v", err)
+	}
+}
+
+func TestBudgetPeriodsAreCalendarPeriodsInUTC(t *testing.T) {
+	// a Sunday evening in UTC, Monday already in Tokyo
+	at := time.Date(2026, time.November, 29, 22, 30, 0, 0, time.UTC).In(time.FixedZone("JST", 9*3600))
+	for _, c := range []struct {
+		p          budgetPeriod
+		start, end string
+	}{
+		{periodDay, "2026-11-29T00:00:00Z", "2026-11-30T00:00:00Z"},
+		{periodWeek, "2026-11-23T00:00:00Z", "2026-11-30T00:00:00Z"},
+		{periodMonth, "2026-11-01T00:00:00Z", "2026-12-01T00:00:00Z"},
+	} {
+		s := c.p.start(at)
+		if got := s.Format(time.RFC3339); got != c.start {
+			t.Errorf("%s starts %s, want %s", c.p, got, c.start)
+		}
+		if got := c.p.end(s).Format(time.RFC3339); got != c.end {
+			t.Errorf("%s ends %s, want %s", c.p, got, c.end)
+		}
+	}
+	// a month of 31 days, and December into January
+	dec := periodMonth.start(time.Date(2026, time.December, 31, 23, 59, 59, 0, time.UTC))
+	if got := periodMonth.end(dec).Format(time.RFC3339); got != "2027-01-01T00:00:00Z" {
+		t.Errorf("December ends %s", got)
+	}
+}
+
+// budgetRelay is a relay with one key of the given budgets whose upstream
+// reports 200,000 input tokens per answer at $1 per million: $0.20 each.
+func budgetRelay(t *testing.T, name string, budgets []string, hits *atomic.Int64) (*Relay, *fakeClock) {
+	t.Helper()
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		hits.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(fakeupstream.MessageBody("m-budget", "ok", fakeupstream.Usage{InputTokens: 200_000}))
+	}))
+	t.Cleanup(up.Close)
+	key := Key{Secret: "sk-" + name, Group: name, Name: name, Budgets: budgets}
+	ch := &Channel{Name: name + "-ch", UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", "sk-up")}
+	r := &Relay{Keys: []*Key{&key}, Channels: []*Channel{ch}, Groups: []*Group{{Name: name, Channels: []string{ch.Name}}},
+		Pricing: map[string]Price{"m-budget": {Input: 1, Output: 1}}}
+	provisionHandler(t, r)
+	clock := &fakeClock{t: time.Date(2030, time.March, 15, 23, 0, 0, 0, time.UTC)}
+	r.now = clock.now
+	return r, clock
+}
+
+// spendMetric reads one series of the spend collector.
+func spendMetric(t *testing.T, name, key, period string) (float64, bool) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(metricSpend)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["key"] == key && labels["period"] == period {
+				return m.GetGauge().GetValue(), true
+			}
+		}
+	}
+	return 0, false
+}
+
+func TestBudgetIsEnforcedUntilThePeriodEnds(t *testing.T) {
+	var hits atomic.Int64
+	r, clock := budgetRelay(t, "budget-day", []string{"1usd/day", "100usd/month"}, &hits)
+	core, logs := observer.New(zapcore.InfoLevel)
+	r.logger = zap.New(core)
+	send := func() *httptest.ResponseRecorder {
+		w, _ := serveHandler(t, r, newRequest(`{"model":"m-budget","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`, "sk-budget-day"))
+		return w
+	}
+	// five answers of $0.20 reach the $1 daily budget; the fifth starts
+	// with $0.80 spent, so it is served
+	for i := range 5 {
+		if w := send(); w.Code != 200 {
+			t.Fatalf("request %d: %d %s", i+1, w.Code, w.Body)
+		}
+		if i == 3 {
+			if n := logs.FilterMessage("key budget nearly spent").Len(); n != 1 {
+				t.Errorf("at $0.80 of $1: %d warnings, want 1", n)
+			}
+		}
+	}
+	if n := logs.FilterMessageSnippet("key budget spent").Len(); n != 1 {
+		t.Errorf("at $1.00 of $1: %d lines saying the budget is spent, want 1", n)
+	}
+	w := send()
+	var body struct {
+		Error struct{ Type, Code, Message string }
+	}
+	_ = json.Unmarshal(w.Body.Bytes(), &body)
+	if w.Code != 429 || body.Error.Type != "rate_limit_error" || body.Error.Code != "budget_exceeded" {
+		t.Fatalf("over the budget: %d %s", w.Code, w.Body)
+	}
+	if !strings.Contains(body.Error.Message, `"budget-day"`) || !strings.Contains(body.Error.Message, "daily $1.00") {
+		t.Errorf("message %q should name the key and the budget", body.Error.Message)
+	}
+	if ra := w.Header().Get("Retry-After"); ra != "3600" { // to midnight UTC
+		t.Errorf("retry-after %q, want 3600", ra)
+	}
+	if w.Header().Get("X-Should-Retry") != "false" {
+		t.Errorf("x-should-retry %q, want false", w.Header().Get("X-Should-Retry"))
+	}
+	if hits.Load() != 5 {
+		t.Errorf("the upstream was called %d times, want 5", hits.Load())
+	}
+	if v, _ := spendMetric(t, "relay_spend_usd", "budget-day", "day"); v < 0.999 || v > 1.001 {
+		t.Errorf("relay_spend_usd{period=day} = %v, want 1", v)
+	}
+	if v, _ := spendMetric(t, "relay_budget_warn_usd", "budget-day", "day"); v != 0.8 {
+		t.Errorf("relay_budget_warn_usd{period=day} = %v, want 0.8", v)
+	}
+	if _, ok := spendMetric(t, "relay_spend_usd", "budget-day", "week"); ok {
+		t.Error("a week without a budget is exported")
+	}
+
+	// a second before midnight: still refused; at midnight: a new day
+	clock.advance(time.Hour - time.Second)
+	if w := send(); w.Code != 429 {
+		t.Fatalf("a second before midnight: %d", w.Code)
+	}
+	clock.advance(time.Second)
+	if w := send(); w.Code != 200 {
+		t.Fatalf("after midnight: %d %s", w.Code, w.Body)
+	}
+	if v, _ := spendMetric(t, "relay_spend_usd", "budget-day", "month"); v < 1.199 || v > 1.201 {
+		t.Errorf("the month keeps counting: %v, want 1.2", v)
+	}
+}
+
+func TestBudgetRefusesARequestItCannotAffordUpFront(t *testing.T) {
+	var hits atomic.Int64
+	r, _ := budgetRelay(t, "budget-big", []string{"0.01usd/day"}, &hits)
+	// about 25,000 tokens of input at $1 per million: $0.025, over $0.01
+	big := `{"model":"m-budget","max_tokens":8,"messages":[{"role":"user","content":"` + strings.Repeat("word ", 20_000) + `"}]}`
+	w, _ := serveHandler(t, r, newRequest(big, "sk-budget-big"))
+	if w.Code != 429 || !strings.Contains(w.Body.String(), `"code":"budget_exceeded"`) || !strings.Contains(w.Body.String(), "cannot afford") {
+		t.Fatalf("an unaffordable request: %d %s", w.Code, w.Body)
+	}
+	if hits.Load() != 0 {
+		t.Errorf("the upstream was called %d times, want 0", hits.Load())
+	}
+	// a small one is served
+	if w, _ := serveHandler(t, r, newRequest(`{"model":"m-budget","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`, "sk-budget-big")); w.Code != 200 {
+		t.Fatalf("a small request: %d %s", w.Code, w.Body)
+	}
+}
+
+func TestSpendIsSharedByAFleet(t *testing.T) {
+	srv := redistest.Start(t)
+	now := time.Now()
+	// two relays' accounts of one key
+	a, b := &spendAccount{id: "shared-spend"}, &spendAccount{id: "shared-spend"}
+	caps := [numPeriods]float64{periodDay: 1}
+	a.configure(caps, 0, "shared-spend", discardLogger(), nil)
+	b.configure(caps, 0, "shared-spend", discardLogger(), nil)
+	fa, fb := testFleet(t, srv.Addr, "spend:", 0), testFleet(t, srv.Addr, "spend:", 0)
+	a.fleet.Store(fa)
+	b.fleet.Store(fb)
+	spendAccounts.LoadOrStore("test-a", a)
+	spendAccounts.LoadOrStore("test-b", b)
+	t.Cleanup(func() { spendAccounts.Delete("test-a"); spendAccounts.Delete("test-b") })
+
+	a.charge(now, 0.6, discardLogger())
+	b.charge(now, 0.3, discardLogger())
+	fa.flushSpend()
+	fb.flushSpend()
+	fa.flushSpend()
+	for name, acc := range map[string]*spendAccount{"a": a, "b": b} {
+		if usd, _ := acc.spent(now); usd[periodDay] < 0.899 || usd[periodDay] > 0.901 {
+			t.Errorf("relay %s sees %v spent today, want the fleet's 0.90", name, usd[periodDay])
+		}
+	}
+	// each relay's next charge goes over the fleet's budget
+	b.charge(now, 0.2, discardLogger())
+	fb.flushSpend()
+	fa.flushSpend()
+	if err := a.check(now, 0); err == nil || err.code != "budget_exceeded" {
+		t.Errorf("relay a after the fleet spent 1.10 of 1: %v", err)
+	}
+	got, err := srv.Command("GET", "spend:{s:shared-spend}:day:"+periodDay.start(now).Format("20060102"))
+	if n, _ := strconv.ParseInt(got, 10, 64); err != nil || n != 1_100_000_000 {
+		t.Errorf("the day's total in Redis: %q %v, want 1100000000 billionths of a dollar", got, err)
+	}
+}

@@ -1,0 +1,110 @@
+package main
+
+import (
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddy-relay/relay/internal/fakeupstream"
+)
+
+// TestSpendSurvivesARestart runs the binary with a key whose budget holds
+// three answers, stops it gracefully after two and starts it again, then
+// kills it after the third and starts it again: the spend is in Caddy's
+// storage both times, written on the way out and at a checkpoint.
+func TestSpendSurvivesARestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the caddy binary")
+	}
+	up := fakeupstream.New(t, fakeupstream.Message("ok")) // 5 output tokens an answer
+	storage := t.TempDir()
+	site, admin := freePort(t), freePort(t)
+	config := filepath.Join(t.TempDir(), "Caddyfile")
+	// 5 output tokens at $200,000 per million: $1 an answer
+	src := fmt.Sprintf(`{
+	admin %s
+	storage file_system %s
+}
+http://%s {
+	relay {
+		pricing {
+			m-spend input 0 output 200000
+		}
+		key sk-spend-client-0123456789abcdef spend {
+			name spender
+			budget 3usd/month
+		}
+		channel up {
+			url %s
+			api_key sk-ant-upstream
+		}
+		group spend {
+			channels up
+		}
+	}
+}
+`, admin, storage, site, up.URL)
+	if err := os.WriteFile(config, []byte(src), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	send := func() int {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, "http://"+site+"/v1/messages",
+			strings.NewReader(`{"model":"m-spend","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`))
+		req.Header.Set("X-Api-Key", "sk-spend-client-0123456789abcdef")
+		req.Header.Set("Anthropic-Version", "2023-06-01")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	stored := func() string {
+		b, _ := os.ReadFile(filepath.Join(storage, "relay", "spend.json"))
+		return string(b)
+	}
+
+	cmd := runCaddy(t, caddyBin, config)
+	for i := range 2 {
+		if s := send(); s != 200 {
+			t.Fatalf("request %d: %d", i+1, s)
+		}
+	}
+	_ = cmd.Process.Signal(os.Interrupt) // Caddy stops its config: the spend is written
+	_ = cmd.Wait()
+	if !strings.Contains(stored(), `"nano_usd":2000000000`) {
+		t.Fatalf("after a graceful stop, the stored spend is %s, want $2", stored())
+	}
+
+	cmd = runCaddy(t, caddyBin, config)
+	if s := send(); s != 200 {
+		t.Fatalf("the third answer after the restart: %d", s)
+	}
+	if s := send(); s != 429 {
+		t.Fatalf("the fourth, over the $3 budget: %d, want 429", s)
+	}
+	// a crash loses at most what was not checkpointed: wait for the
+	// checkpoint (at most 10s), then kill
+	deadline := time.Now().Add(15 * time.Second)
+	for !strings.Contains(stored(), `"nano_usd":3000000000`) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no checkpoint of the $3 spent within 15s: %s", stored())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+
+	runCaddy(t, caddyBin, config)
+	if s := send(); s != 429 {
+		t.Fatalf("after a crash and a restart: %d, want 429 (the budget is still spent)", s)
+	}
+	if up.Hits() != 3 {
+		t.Errorf("the upstream answered %d times, want 3", up.Hits())
+	}
+}

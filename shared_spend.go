@@ -1,0 +1,135 @@
+package relay
+
+import (
+	"context"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Spend shared by a fleet. Each relay charges its own requests to its
+// accounts at once, as a single relay does, and every spendSyncEvery adds
+// what it charged to the fleet's totals in Redis (INCRBY of billionths of a
+// dollar, one key per
+// account and period) and reads the totals back, in one pipelined round
+// trip for all its accounts. Budgets are then enforced on the fleet's
+// totals as of the last sync plus what this relay charged since: a fleet
+// may overspend a budget by what it spends in about spendSyncEvery, on top
+// of the requests in flight. Nothing of this is on a request's path.
+
+// spendSyncEvery is how often a relay adds its spend to the fleet's.
+const spendSyncEvery = time.Second
+
+// spendKeyTTL is how long a period's total stays in Redis after the period
+// ended, for reports.
+const spendKeyTTL = 35 * 24 * time.Hour
+
+// share makes the account's spend the fleet's (nil: this relay's own).
+func (a *spendAccount) share(f *fleet) {
+	if a.fleet.Swap(f) != f && f != nil {
+		f.spendSoon()
+	}
+}
+
+// spendKey is the Redis key of an account's total for the period that
+// began at start.
+func (f *fleet) spendKey(id string, p budgetPeriod, start time.Time) string {
+	return f.key(tag("s:", id), p.String()+":"+start.Format("20060102"))
+}
+
+// spendSoon asks for a sync of the spend now rather than at the next tick.
+func (f *fleet) spendSoon() {
+	select {
+	case f.spendNow <- struct{}{}:
+	default:
+	}
+}
+
+// syncSpend adds this relay's spend to the fleet's and reads the totals,
+// every spendSyncEvery and when asked, until ctx ends.
+func (f *fleet) syncSpend(ctx context.Context) {
+	t := time.NewTicker(spendSyncEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-f.spendNow:
+		}
+		f.flushSpend()
+	}
+}
+
+// spendSync is one account period's part of a sync.
+type spendSync struct {
+	a       *spendAccount
+	p       budgetPeriod
+	start   time.Time
+	pending nanoUSD
+	cmd     *redis.IntCmd // the total, after adding pending
+	get     *redis.StringCmd
+}
+
+// flushSpend runs one sync of every account this fleet shares.
+func (f *fleet) flushSpend() {
+	var work []*spendSync
+	spendAccounts.Range(func(_, v any) bool {
+		a := v.(*spendAccount)
+		if a.fleet.Load() != f {
+			return true
+		}
+		a.mu.Lock()
+		a.roll(a.clock())
+		for p := range numPeriods {
+			ps := a.periods[p]
+			work = append(work, &spendSync{a: a, p: p, start: ps.start, pending: ps.pending})
+		}
+		a.mu.Unlock()
+		return true
+	})
+	if len(work) == 0 {
+		return
+	}
+	err := f.do("spend", func(ctx context.Context) error {
+		_, err := f.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+			for _, w := range work {
+				k := f.spendKey(w.a.id, w.p, w.start)
+				if w.pending != 0 {
+					w.cmd = pipe.IncrBy(ctx, k, int64(w.pending))
+					pipe.PExpireAt(ctx, k, w.p.end(w.start).Add(spendKeyTTL))
+				} else {
+					w.get = pipe.Get(ctx, k)
+				}
+			}
+			return nil
+		})
+		return err
+	})
+	if err != nil {
+		return // the pending spend waits for the next sync
+	}
+	var crossed []func()
+	for _, w := range work {
+		var total int64
+		switch {
+		case w.cmd != nil:
+			total = w.cmd.Val()
+		default:
+			total, _ = w.get.Int64() // none yet: 0
+		}
+		a := w.a
+		a.mu.Lock()
+		if ps := &a.periods[w.p]; ps.start.Equal(w.start) {
+			ps.pending -= w.pending
+			ps.usd = nanoUSD(total) + ps.pending
+		}
+		if c := a.crossed(); len(c) > 0 {
+			crossed = append(crossed, func() { a.warnOf(c) })
+		}
+		a.mu.Unlock()
+	}
+	for _, warn := range crossed {
+		warn()
+	}
+}

@@ -1,0 +1,438 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io/fs"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/certmagic"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+)
+
+// Spend. Every key has a spend account: what it spent in the current day,
+// week and month, and its budgets. Accounts are kept by the key's name for
+// the whole process, so a reload carries them over, and they survive a
+// restart: without storage, in Caddy's storage (the file system unless the
+// config names another), written at most spendCheckpointEvery apart and
+// when Caddy stops; in a fleet, in Redis, where every relay adds what it
+// charged (shared_spend.go).
+
+// spendAccounts holds each key's account by name, process-wide.
+var spendAccounts = caddy.NewUsagePool()
+
+// spendAccount is one key's spend and budgets.
+type spendAccount struct {
+	id    string // what it is kept by: the key's name
+	label string // what metrics and logs call it
+
+	mu      sync.Mutex
+	periods [numPeriods]periodSpend
+	caps    [numPeriods]nanoUSD // budgets; 0: none
+	warn    float64             // share of a budget that warns
+	now     func() time.Time    // the clock of its relay
+
+	fleet  atomic.Pointer[fleet] // where the fleet's totals are, when shared
+	logger atomic.Pointer[zap.Logger]
+}
+
+// periodSpend is what was spent in one period.
+type periodSpend struct {
+	start   time.Time // of the period these are for
+	usd     nanoUSD   // spent in it, as far as this relay knows
+	pending nanoUSD   // in a fleet: charged here and not yet added in Redis
+	warned  bool      // the warning was logged for this period
+	spent   bool      // and that the budget is spent
+}
+
+// Destruct implements caddy.Destructor: the account's last config is gone.
+// What it spent stays in the spend store, for a key that comes back.
+func (a *spendAccount) Destruct() error {
+	spend.keep(a)
+	return nil
+}
+
+// configure sets the account's budgets.
+func (a *spendAccount) configure(caps [numPeriods]float64, warn float64, label string, logger *zap.Logger, now func() time.Time) {
+	if warn <= 0 {
+		warn = defaultBudgetWarn
+	}
+	a.mu.Lock()
+	for p, c := range caps {
+		a.caps[p] = toNano(c)
+	}
+	a.warn, a.label, a.now = warn, label, now
+	a.mu.Unlock()
+	a.logger.Store(logger)
+}
+
+// roll starts the periods that began since the account last looked, at
+// now. It runs under a.mu.
+func (a *spendAccount) roll(now time.Time) {
+	for p := range numPeriods {
+		if s := p.start(now); !a.periods[p].start.Equal(s) {
+			a.periods[p] = periodSpend{start: s}
+		}
+	}
+}
+
+// check refuses a request when a budget is spent, or when estimate (USD)
+// is more than what remains of one.
+func (a *spendAccount) check(now time.Time, estimate float64) *relayError {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.roll(now)
+	for p := range numPeriods {
+		limit, ps := a.caps[p], a.periods[p]
+		if limit <= 0 {
+			continue
+		}
+		wait := p.end(ps.start).Sub(now)
+		if ps.usd >= limit {
+			return errBudgetExceeded(a.label, p, limit.usd(), ps.usd.usd(), wait, 0)
+		}
+		if estimate > 0 && ps.usd+toNano(estimate) > limit {
+			return errBudgetExceeded(a.label, p, limit.usd(), ps.usd.usd(), wait, estimate)
+		}
+	}
+	return nil
+}
+
+// charge adds what a request cost, at now, and warns in logger once per
+// period when a budget's warning share is crossed.
+func (a *spendAccount) charge(now time.Time, usd float64, logger *zap.Logger) {
+	if usd <= 0 {
+		return
+	}
+	a.logger.Store(logger)
+	shared := a.fleet.Load() != nil
+	n := toNano(usd)
+	a.mu.Lock()
+	a.roll(now)
+	for p := range numPeriods {
+		ps := &a.periods[p]
+		ps.usd += n
+		if shared {
+			ps.pending += n
+		}
+	}
+	crossed := a.crossed()
+	a.mu.Unlock()
+	spend.dirty.Store(true)
+	a.warnOf(crossed)
+}
+
+// warning is a budget whose warning share was crossed.
+type warning struct {
+	period     budgetPeriod
+	spent, cap float64
+}
+
+// crossed marks and returns the budgets whose warning share, or whose
+// whole, the spend has reached since the last time in this period. It runs
+// under a.mu.
+func (a *spendAccount) crossed() []warning {
+	var w []warning
+	for p := range numPeriods {
+		ps, limit := &a.periods[p], a.caps[p]
+		if limit <= 0 {
+			continue
+		}
+		warn, spent := !ps.warned && ps.usd >= toNano(a.warn*limit.usd()), !ps.spent && ps.usd >= limit
+		if warn || spent {
+			ps.warned, ps.spent = ps.warned || warn, ps.spent || spent
+			w = append(w, warning{period: p, spent: ps.usd.usd(), cap: limit.usd()})
+		}
+	}
+	return w
+}
+
+// warnOf logs the budgets that crossed their warning share.
+func (a *spendAccount) warnOf(crossed []warning) {
+	logger := a.logger.Load()
+	if logger == nil {
+		return
+	}
+	for _, w := range crossed {
+		msg := "key budget nearly spent"
+		if w.spent >= w.cap {
+			msg = "key budget spent: its requests are refused until the period ends"
+		}
+		logger.Warn(msg, zap.String("key", a.label), zap.String("period", w.period.String()),
+			zap.Float64("spent_usd", w.spent), zap.Float64("budget_usd", w.cap))
+	}
+}
+
+// spent returns what the account spent in each period as of now (its
+// relay's clock when zero), and its budgets.
+func (a *spendAccount) spent(now time.Time) (usd, caps [numPeriods]float64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if now.IsZero() {
+		now = a.clock()
+	}
+	a.roll(now)
+	for p := range numPeriods {
+		usd[p], caps[p] = a.periods[p].usd.usd(), a.caps[p].usd()
+	}
+	return usd, caps
+}
+
+// clock is the time on the account's relay's clock. It runs under a.mu.
+func (a *spendAccount) clock() time.Time {
+	if a.now == nil {
+		return time.Now()
+	}
+	return a.now()
+}
+
+// nanoUSD is an amount in billionths of a US dollar: spend is summed in
+// integers, so that adding many small costs is exact and a budget is
+// reached when it is, not a rounding error later.
+type nanoUSD int64
+
+func toNano(usd float64) nanoUSD { return nanoUSD(math.Round(usd * 1e9)) }
+
+func (n nanoUSD) usd() float64 { return float64(n) / 1e9 }
+
+// spendCheckpointEvery is the longest time spend goes unwritten: what a
+// crash can lose, at most.
+const spendCheckpointEvery = 10 * time.Second
+
+// spendStorageKey is where the spend is kept in Caddy's storage.
+const spendStorageKey = "relay/spend.json"
+
+// spendRecord is an account as stored: each period's start and spend.
+type spendRecord map[string]storedPeriod
+
+type storedPeriod struct {
+	Start   time.Time `json:"start"`
+	NanoUSD nanoUSD   `json:"nano_usd"` // billionths of a dollar
+}
+
+// spendStore writes the accounts to Caddy's storage, and holds the stored
+// spend of keys that are not loaded now. One per process.
+type spendStore struct {
+	mu      sync.Mutex
+	storage certmagic.Storage
+	logger  *zap.Logger
+	loaded  bool
+	saved   map[string]spendRecord // by account id
+	dirty   atomic.Bool
+	stop    context.CancelFunc
+	done    chan struct{}
+	running int // configs using it
+}
+
+var spend = &spendStore{saved: map[string]spendRecord{}}
+
+// use starts using the store from a config: the first one loads what was
+// stored and starts the checkpoints. Each config gives it back with
+// release.
+func (s *spendStore) use(ctx caddy.Context, logger *zap.Logger) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.storage, s.logger = configStorage(ctx), logger
+	if !s.loaded && s.storage != nil {
+		s.loaded = true
+		s.load()
+	}
+	s.running++
+	if s.running == 1 {
+		work, stop := context.WithCancel(context.Background())
+		s.stop, s.done = stop, make(chan struct{})
+		go s.checkpoints(work, s.done)
+	}
+}
+
+// configStorage is the storage of ctx's config: Caddy's storage module, the
+// file system by default. A context made outside a loaded config, as in a
+// unit test, has none: the spend is then kept in memory only.
+func configStorage(ctx caddy.Context) (s certmagic.Storage) {
+	defer func() {
+		if recover() != nil {
+			s = nil
+		}
+	}()
+	return ctx.Storage()
+}
+
+// release gives the store back; the last config to go writes it.
+func (s *spendStore) release() {
+	s.mu.Lock()
+	s.running--
+	last := s.running == 0
+	stop, done := s.stop, s.done
+	s.mu.Unlock()
+	if last {
+		stop()
+		<-done
+		s.save()
+	}
+}
+
+// load reads the stored spend. It runs under s.mu.
+func (s *spendStore) load() {
+	b, err := s.storage.Load(context.Background(), spendStorageKey)
+	if errors.Is(err, fs.ErrNotExist) {
+		return
+	}
+	if err == nil {
+		err = json.Unmarshal(b, &s.saved)
+	}
+	if err != nil {
+		s.logger.Error("could not read the keys' spend; it starts from zero", zap.String("storage_key", spendStorageKey), zap.Error(err))
+		s.saved = map[string]spendRecord{}
+	}
+}
+
+// account returns the account of id, from the pool, with what was stored
+// for it. The caller gives it back with spendAccounts.Delete(id).
+func (s *spendStore) account(id string) (*spendAccount, error) {
+	v, _, err := spendAccounts.LoadOrNew(id, func() (caddy.Destructor, error) {
+		a := &spendAccount{id: id}
+		s.mu.Lock()
+		rec := s.saved[id]
+		s.mu.Unlock()
+		for p := range numPeriods {
+			if r, ok := rec[p.String()]; ok {
+				a.periods[p] = periodSpend{start: r.Start, usd: r.NanoUSD}
+			}
+		}
+		return a, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v.(*spendAccount), nil
+}
+
+// keep records an account that is being let go, so that it is written and
+// found again if its key comes back.
+func (s *spendStore) keep(a *spendAccount) {
+	rec := a.record()
+	s.mu.Lock()
+	s.saved[a.id] = rec
+	s.mu.Unlock()
+}
+
+// record is the account as stored.
+func (a *spendAccount) record() spendRecord {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	rec := spendRecord{}
+	for p := range numPeriods {
+		if ps := a.periods[p]; !ps.start.IsZero() {
+			rec[p.String()] = storedPeriod{ps.start, ps.usd}
+		}
+	}
+	return rec
+}
+
+// checkpoints writes the spend every spendCheckpointEvery while it
+// changes, until ctx ends.
+func (s *spendStore) checkpoints(ctx context.Context, done chan struct{}) {
+	defer close(done)
+	t := time.NewTicker(spendCheckpointEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if s.dirty.Load() {
+				s.save()
+			}
+		}
+	}
+}
+
+// save writes every account, loaded or kept, dropping the records whose
+// periods have all ended.
+func (s *spendStore) save() {
+	s.dirty.Store(false)
+	now := time.Now()
+	s.mu.Lock()
+	out := make(map[string]spendRecord, len(s.saved))
+	for id, rec := range s.saved {
+		out[id] = rec
+	}
+	storage, logger := s.storage, s.logger
+	s.mu.Unlock()
+	spendAccounts.Range(func(k, v any) bool {
+		out[k.(string)] = v.(*spendAccount).record()
+		return true
+	})
+	for id, rec := range out {
+		current := false
+		for p := range numPeriods {
+			if r, ok := rec[p.String()]; ok && p.end(r.Start).After(now) {
+				current = true
+			}
+		}
+		if !current {
+			delete(out, id)
+		}
+	}
+	if storage == nil {
+		return
+	}
+	b, err := json.Marshal(out)
+	if err == nil {
+		err = storage.Store(context.Background(), spendStorageKey, b)
+	}
+	if err != nil {
+		s.dirty.Store(true) // try again at the next checkpoint
+		logger.Error("could not write the keys' spend", zap.String("storage_key", spendStorageKey), zap.Error(err))
+	}
+}
+
+// spendCollector exports the accounts at each scrape: every key's spend in
+// the current month, and for a key with budgets, its spend, budget and
+// warning threshold in each budgeted period.
+type spendCollector struct {
+	spend, budget, warn *prometheus.Desc
+}
+
+var metricSpend = spendCollector{
+	spend: prometheus.NewDesc("relay_spend_usd",
+		"What a key spent in the current calendar period (UTC), in USD: month for every key, and each period it has a budget for.", []string{"key", "period"}, nil),
+	budget: prometheus.NewDesc("relay_budget_usd",
+		"A key's budget for a calendar period, in USD.", []string{"key", "period"}, nil),
+	warn: prometheus.NewDesc("relay_budget_warn_usd",
+		"The spend at which a key's budget warns (budget times budget_warn), in USD.", []string{"key", "period"}, nil),
+}
+
+// Describe implements prometheus.Collector.
+func (c spendCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.spend
+	ch <- c.budget
+	ch <- c.warn
+}
+
+// Collect implements prometheus.Collector.
+func (c spendCollector) Collect(ch chan<- prometheus.Metric) {
+	spendAccounts.Range(func(_, v any) bool {
+		a := v.(*spendAccount)
+		usd, caps := a.spent(time.Time{})
+		a.mu.Lock()
+		label, warn := a.label, a.warn
+		a.mu.Unlock()
+		for p := range numPeriods {
+			if caps[p] > 0 {
+				ch <- prometheus.MustNewConstMetric(c.budget, prometheus.GaugeValue, caps[p], label, p.String())
+				ch <- prometheus.MustNewConstMetric(c.warn, prometheus.GaugeValue, caps[p]*warn, label, p.String())
+			}
+			if caps[p] > 0 || p == periodMonth {
+				ch <- prometheus.MustNewConstMetric(c.spend, prometheus.GaugeValue, usd[p], label, p.String())
+			}
+		}
+		return true
+	})
+}
