@@ -179,6 +179,9 @@ func (r *Relay) validateConfig() error {
 		if err := checkLimits(k.Rate, k.Tokens, k.Concurrency); err != nil {
 			return within(err, label, key...)
 		}
+		if _, err := parseExpires(k.Expires); err != nil {
+			return errAt(append(key, "expires"), "%s: expires: %v", label, err)
+		}
 		if k.Name != "" {
 			if j, dup := names[k.Name]; dup {
 				return errAt(append(key, "name"), "keys #%d and #%d have the same name %q", j+1, i+1, k.Name)

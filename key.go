@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
@@ -47,6 +48,16 @@ type Key struct {
 
 	// Concurrency limits the key's requests in flight.
 	Concurrency int `json:"concurrency,omitempty"`
+
+	// Expires is when the key stops working, as an RFC 3339 time such as
+	// `2027-01-31T00:00:00Z`. From then on its requests get a 401
+	// authentication_error with code key_expired. Default: never.
+	Expires string `json:"expires,omitempty"`
+
+	// Disabled turns the key off without removing it: its requests get a
+	// 401 authentication_error with code key_disabled, and its limits are
+	// kept for when it is enabled again.
+	Disabled bool `json:"disabled,omitempty"`
 }
 
 // label names a key in errors without revealing its secret.
@@ -61,10 +72,24 @@ const sha256Prefix = "sha256:"
 
 // key is a provisioned relay key.
 type key struct {
-	name   string
-	group  *group
-	prio   priority
-	limits *limiter // kept across reloads by name
+	name     string
+	group    *group
+	prio     priority
+	limits   *limiter  // kept across reloads by name
+	expires  time.Time // zero: never
+	disabled bool
+}
+
+// usable refuses a key that is disabled, or expired at now. The message
+// names the key, never its secret.
+func (k *key) usable(now time.Time) *relayError {
+	switch {
+	case k.disabled:
+		return errKeyDisabled(k.name)
+	case !k.expires.IsZero() && !now.Before(k.expires):
+		return errKeyExpired(k.name, k.expires)
+	}
+	return nil
 }
 
 // authenticate finds the relay key of a request. Keys are looked up by the
@@ -84,6 +109,11 @@ func (r *Relay) authenticate(req *http.Request) (*key, *relayError) {
 	if !ok {
 		return nil, errAuth("invalid relay key")
 	}
+	if k.disabled || !k.expires.IsZero() {
+		if rerr := k.usable(r.now()); rerr != nil {
+			return nil, rerr
+		}
+	}
 	return k, nil
 }
 
@@ -102,8 +132,9 @@ func (r *Relay) provisionKeys() error {
 		if _, dup := r.keys[digest]; dup {
 			return fmt.Errorf("%s has the same secret as an earlier key", cfg.label(i))
 		}
-		k := &key{name: keyName(cfg, digest), group: r.groups[cfg.Group]}
+		k := &key{name: keyName(cfg, digest), group: r.groups[cfg.Group], disabled: cfg.Disabled}
 		k.prio, _ = priorityByName(cfg.Priority)
+		k.expires, _ = parseExpires(cfg.Expires)                     // validated already
 		lim, _ := parseLimits(cfg.Rate, cfg.Tokens, cfg.Concurrency) // validated already
 		st, _, err := keyStates.LoadOrNew(k.name, func() (caddy.Destructor, error) { return new(limiter), nil })
 		if err != nil {
@@ -116,6 +147,18 @@ func (r *Relay) provisionKeys() error {
 		r.keys[digest] = k
 	}
 	return nil
+}
+
+// parseExpires reads a key's expiry; "" is never (the zero time).
+func parseExpires(s string) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	t, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%q is not an RFC 3339 time such as 2027-01-31T00:00:00Z", s)
+	}
+	return t, nil
 }
 
 // keyDigest resolves a key's secret and returns the sha256 it is looked up

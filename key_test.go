@@ -3,7 +3,11 @@ package relay
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -49,4 +53,59 @@ func TestAKeysSlowClientsWaitForItsSlot(t *testing.T) {
 	wantRelayError(t, last, 429, "rate_limit_error", "key_rate_limited")
 	conn.Close() // the slow client gives up: its slot comes back
 	waitFor(t, "the slot back", 5*time.Second, func() bool { return send(t, "POST", "/v1/messages", key, simpleBody).status == 200 })
+}
+
+// recorded turns a recorded response into a reply, for wantRelayError.
+func recorded(w *httptest.ResponseRecorder) reply {
+	return reply{w.Code, w.Header(), w.Body.Bytes()}
+}
+
+func TestAKeyStopsWorkingWhenItExpires(t *testing.T) {
+	up := fakeupstream.New(t, fakeupstream.Message("ok"))
+	expires := time.Unix(1_900_000_000, 0).Add(time.Hour) // the fake clock starts at 1_900_000_000
+	r, clock := limitRelay(t, "kexp", Key{Expires: expires.Format(time.RFC3339)}, up.URL)
+	send := func(path string) *httptest.ResponseRecorder {
+		req := newRequest(simpleBody, "sk-kexp")
+		if path != "" {
+			req = httptest.NewRequest(http.MethodGet, path, nil)
+			req.Header.Set("X-Api-Key", "sk-kexp")
+		}
+		w, _ := serveHandler(t, r, req)
+		return w
+	}
+	if w := send(""); w.Code != 200 {
+		t.Fatalf("before its expiry: %d %s", w.Code, w.Body)
+	}
+	clock.advance(time.Hour - time.Second)
+	if w := send(""); w.Code != 200 {
+		t.Fatalf("a second before its expiry: %d %s", w.Code, w.Body)
+	}
+	clock.advance(time.Second)
+	for _, path := range []string{"", "/v1/models"} {
+		w := send(path)
+		wantRelayError(t, recorded(w), 401, "authentication_error", "key_expired")
+		body := w.Body.String()
+		if !strings.Contains(body, `key \"kexp\" expired at `+expires.UTC().Format(time.RFC3339)) || strings.Contains(body, "sk-kexp") {
+			t.Errorf("%s: the message must name the key and its expiry, never the secret: %s", cmp.Or(path, "/v1/messages"), body)
+		}
+	}
+	if up.Hits() != 2 {
+		t.Errorf("an expired key's request reached the upstream: %d hits", up.Hits())
+	}
+}
+
+func TestADisabledKeyIsRefused(t *testing.T) {
+	up := fakeupstream.New(t, fakeupstream.Message("ok"))
+	r, _ := limitRelay(t, "kdis", Key{Disabled: true}, up.URL)
+	w, _ := serveHandler(t, r, newRequest(simpleBody, "sk-kdis"))
+	wantRelayError(t, recorded(w), 401, "authentication_error", "key_disabled")
+	if body := w.Body.String(); !strings.Contains(body, `key \"kdis\" is disabled`) || strings.Contains(body, "sk-kdis") {
+		t.Errorf("the message must name the key, never the secret: %s", body)
+	}
+	if up.Hits() != 0 {
+		t.Errorf("a disabled key's request reached the upstream")
+	}
+	// a wrong key is still only a wrong key
+	w, _ = serveHandler(t, r, newRequest(simpleBody, "sk-other"))
+	wantRelayError(t, recorded(w), 401, "authentication_error", "")
 }
