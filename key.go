@@ -5,7 +5,9 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -73,12 +75,19 @@ const sha256Prefix = "sha256:"
 // key is a provisioned relay key.
 type key struct {
 	name     string
+	kind     string // kindKey; what GET /relay/keys calls it
 	group    *group
 	prio     priority
 	limits   *limiter  // kept across reloads by name
 	expires  time.Time // zero: never
 	disabled bool
+	rate     string // the configured limits, as written, for GET /relay/keys
+	tokens   string
+	relay    *Relay // the handler that provisioned it: its clock, and whose Cleanup removes it from provisionedKeys
 }
+
+// kindKey is the kind of a relay key in GET /relay/keys.
+const kindKey = "key"
 
 // usable refuses a key that is disabled, or expired at now. The message
 // names the key, never its secret.
@@ -132,7 +141,8 @@ func (r *Relay) provisionKeys() error {
 		if _, dup := r.keys[digest]; dup {
 			return fmt.Errorf("%s has the same secret as an earlier key", cfg.label(i))
 		}
-		k := &key{name: keyName(cfg, digest), group: r.groups[cfg.Group], disabled: cfg.Disabled}
+		k := &key{name: keyName(cfg, digest), kind: kindKey, group: r.groups[cfg.Group],
+			disabled: cfg.Disabled, rate: cfg.Rate, tokens: cfg.Tokens, relay: r}
 		k.prio, _ = priorityByName(cfg.Priority)
 		k.expires, _ = parseExpires(cfg.Expires)                     // validated already
 		lim, _ := parseLimits(cfg.Rate, cfg.Tokens, cfg.Concurrency) // validated already
@@ -145,6 +155,7 @@ func (r *Relay) provisionKeys() error {
 		k.limits.configure(lim, r.now())
 		k.limits.share(r.fleet, tag("k:", k.name))
 		r.keys[digest] = k
+		provisionedKeys.add(k)
 	}
 	return nil
 }
@@ -204,3 +215,48 @@ const weakKeyWarning = "a relay key is weak (under 20 characters, or fewer than 
 // keyStates holds each key's limiter by key name, process-wide, so that a
 // reload does not hand a key a fresh quota.
 var keyStates = caddy.NewUsagePool()
+
+// provisionedKeys holds the keys of every provisioned relay handler, by
+// kind and name, process-wide: GET /relay/keys belongs to no handler and
+// lists them from here. A handler adds its keys as it provisions them and
+// removes them in its Cleanup, so during a reload a name is held by the old
+// config and the new one at once, and the newest wins.
+var provisionedKeys = &keyRegistry{entries: map[string][]*key{}}
+
+// keyRegistry is the type of provisionedKeys.
+type keyRegistry struct {
+	mu      sync.Mutex
+	entries map[string][]*key // kind + " " + name -> the handlers' keys, oldest first
+}
+
+func (g *keyRegistry) add(k *key) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	id := k.kind + " " + k.name
+	g.entries[id] = append(g.entries[id], k)
+}
+
+// remove forgets every key that r provisioned.
+func (g *keyRegistry) remove(r *Relay) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for id, ks := range g.entries {
+		ks = slices.DeleteFunc(ks, func(k *key) bool { return k.relay == r })
+		if len(ks) == 0 {
+			delete(g.entries, id)
+		} else {
+			g.entries[id] = ks
+		}
+	}
+}
+
+// current returns the newest key of each kind and name, in no order.
+func (g *keyRegistry) current() []*key {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make([]*key, 0, len(g.entries))
+	for _, ks := range g.entries {
+		out = append(out, ks[len(ks)-1])
+	}
+	return out
+}

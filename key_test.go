@@ -4,9 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -108,4 +112,101 @@ func TestADisabledKeyIsRefused(t *testing.T) {
 	// a wrong key is still only a wrong key
 	w, _ = serveHandler(t, r, newRequest(simpleBody, "sk-other"))
 	wantRelayError(t, recorded(w), 401, "authentication_error", "")
+}
+
+// keyRows calls GET /relay/keys without a server, by key name.
+func keyRows(t *testing.T) (map[string]keyStatus, string) {
+	t.Helper()
+	w := httptest.NewRecorder()
+	if err := (adminAPI{}).keys(w, httptest.NewRequest(http.MethodGet, "/relay/keys", nil)); err != nil {
+		t.Fatal(err)
+	}
+	var rows []keyStatus
+	if err := json.Unmarshal(w.Body.Bytes(), &rows); err != nil {
+		t.Fatalf("%v: %s", err, w.Body)
+	}
+	out := map[string]keyStatus{}
+	for i, row := range rows {
+		if i > 0 && rows[i-1].Name > row.Name {
+			t.Errorf("rows are not sorted by name: %q before %q", rows[i-1].Name, row.Name)
+		}
+		out[row.Name] = row
+	}
+	return out, w.Body.String()
+}
+
+func TestKeyStatusShowsTheLimitsInUse(t *testing.T) {
+	release := make(chan struct{})
+	evs := fakeupstream.StreamEvents("m", fakeupstream.Usage{InputTokens: 100, OutputTokens: 50}, "held")
+	up := fakeupstream.New(t, http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if strings.Contains(mustRead(req), `"stream":true`) {
+			fakeupstream.Held(evs, 4, release, nil)(w, req)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(fakeupstream.MessageBody("m", "x", fakeupstream.Usage{InputTokens: 100, OutputTokens: 50}))
+	}))
+	start := time.Unix(1_900_000_000, 0)
+	r, clock := limitRelay(t, "kstat", Key{Rate: "3/m", Tokens: "1000/m", Concurrency: 2, Priority: "batch",
+		Expires: start.Add(time.Minute).Format(time.RFC3339)}, up.URL)
+
+	rows, _ := keyRows(t)
+	want := keyStatus{Name: "kstat", Kind: "key", Group: "kstat", Priority: "batch", Limits: limitsStatus{
+		Rate: "3/m", RateRemaining: ptr(int64(3)), Tokens: "1000/m", TokensRemaining: ptr(int64(1000)), Concurrency: 2}}
+	got := rows["kstat"]
+	if got.Expires == nil || !got.Expires.Equal(start.Add(time.Minute)) {
+		t.Errorf("expires = %v", got.Expires)
+	}
+	got.Expires = nil
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("a fresh key:\n got %s\nwant %s", show(got), show(want))
+	}
+
+	// one request done (150 tokens), one stream running
+	if w, _ := serveHandler(t, r, newRequest(simpleBody, "sk-kstat")); w.Code != 200 {
+		t.Fatalf("%d %s", w.Code, w.Body)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w, _ := serveHandler(t, r, newRequest(streamBody, "sk-kstat"))
+		if w.Code != 200 {
+			t.Errorf("stream: %d", w.Code)
+		}
+	}()
+	waitFor(t, "the stream in flight", 5*time.Second, func() bool { rows, _ := keyRows(t); return rows["kstat"].Limits.Inflight == 1 })
+	rows, body := keyRows(t)
+	inUse := rows["kstat"].Limits
+	// the stream is charged its body's estimate until it ends
+	if *inUse.RateRemaining != 1 || *inUse.TokensRemaining >= 850 || *inUse.TokensRemaining < 800 || inUse.Inflight != 1 {
+		t.Errorf("in use: %s", show(inUse))
+	}
+	sum := sha256.Sum256([]byte("sk-kstat"))
+	if strings.Contains(body, "sk-kstat") || strings.Contains(body, hex.EncodeToString(sum[:])) || strings.Contains(body, hex.EncodeToString(sum[:8])) {
+		t.Errorf("GET /relay/keys shows the secret or its digest: %s", body)
+	}
+	close(release)
+	<-done
+
+	// the relay's clock: the rate refills, the key expires
+	clock.advance(time.Minute)
+	rows, _ = keyRows(t)
+	if got := rows["kstat"]; !got.Expired || *got.Limits.RateRemaining != 3 || *got.Limits.TokensRemaining != 1000 || got.Limits.Inflight != 0 {
+		t.Errorf("a minute later: %s", show(got))
+	}
+
+	// a handler's Cleanup takes its keys out
+	if err := r.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if rows, _ := keyRows(t); rows["kstat"].Name != "" {
+		t.Errorf("a cleaned-up handler's key is still listed: %+v", rows["kstat"])
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func show(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
 }
