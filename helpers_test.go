@@ -180,8 +180,14 @@ type streamReader struct {
 
 func openStream(t *testing.T, ctx context.Context, body string) *streamReader {
 	t.Helper()
+	return openStreamAs(t, ctx, clientKey, body)
+}
+
+// openStreamAs is openStream with another key.
+func openStreamAs(t *testing.T, ctx context.Context, key, body string) *streamReader {
+	t.Helper()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, relayURL+"/v1/messages", strings.NewReader(body))
-	req.Header.Set("X-Api-Key", clientKey)
+	req.Header.Set("X-Api-Key", key)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := (&http.Client{}).Do(req)
 	if err != nil {

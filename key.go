@@ -138,6 +138,9 @@ func (r *Relay) provisionKeys() error {
 		if weak {
 			r.logger.Warn(weakKeyWarning, zap.String("key", cfg.label(i)))
 		}
+		if literalSecret(cfg.Secret) {
+			r.logger.Warn(literalKeyWarning, zap.String("key", cfg.label(i)))
+		}
 		if _, dup := r.keys[digest]; dup {
 			return fmt.Errorf("%s has the same secret as an earlier key", cfg.label(i))
 		}
@@ -171,6 +174,17 @@ func parseExpires(s string) (time.Time, error) {
 	}
 	return t, nil
 }
+
+// literalSecret reports whether a key's secret is written in the config as
+// it is: neither its sha256 nor a placeholder. The Caddyfile adapter never
+// leaves one, so such a key came in as JSON (POST /load, the config API),
+// and GET /config/ and every saved copy of the config show it.
+func literalSecret(secret string) bool {
+	return !strings.HasPrefix(secret, sha256Prefix) && !strings.Contains(secret, "{")
+}
+
+const literalKeyWarning = "a relay key's secret is written in the config as it is, so GET /config/ and every saved copy of the config show it; " +
+	"give its sha256 instead (\"secret\": \"sha256:<64 hex digits>\", from: printf %s \"$KEY\" | sha256sum) or a placeholder such as {env.NAME} or {file./path}"
 
 // keyDigest resolves a key's secret and returns the sha256 it is looked up
 // by, and whether the secret is weak (see weakKey); `sha256:<hex>` gives the

@@ -4,18 +4,23 @@ import (
 	"bufio"
 	"bytes"
 	"cmp"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddyserver/caddy/v2/caddytest"
 )
 
 func TestLiteralKeyIsHashedInConfig(t *testing.T) {
@@ -209,4 +214,197 @@ func ptr[T any](v T) *T { return &v }
 func show(v any) string {
 	b, _ := json.Marshal(v)
 	return string(b)
+}
+
+// adminDo sends a request to Caddy's admin API with a JSON body, and
+// returns the status and the answer.
+func adminDo(t *testing.T, method, path, body string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, adminURL+path, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestKeysChangeLiveThroughTheConfigAPI adds, inserts, changes and removes
+// keys through Caddy's config API (by path and by @id) while a stream runs:
+// each change takes effect on the next request, the running stream ends
+// with all its events, and a key that stays keeps its spent rate.
+func TestKeysChangeLiveThroughTheConfigAPI(t *testing.T) {
+	const (
+		stayKey = "sk-live-stay-0123456789abcdef"
+		goneKey = "sk-live-gone-0123456789abcdef"
+		newKey  = "sk-live-new-0123456789abcdef"
+		putKey  = "sk-live-put-0123456789abcdef"
+	)
+	evs := fakeupstream.StreamEvents("claude-sonnet-4-5", fakeupstream.Usage{InputTokens: 5, OutputTokens: 6}, "one ", "two ", "three ", "four")
+	release := make(chan struct{})
+	up := fakeupstream.New(t, http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if !strings.Contains(mustRead(req), `"stream":true`) {
+			fakeupstream.Message("served")(w, req)
+			return
+		}
+		// a slow stream: a first delta, then nothing until released, then
+		// the rest one by one
+		fakeupstream.StartStream(w)
+		for _, ev := range evs[:4] {
+			fakeupstream.WriteEvent(w, ev)
+		}
+		select {
+		case <-release:
+		case <-req.Context().Done():
+			return
+		}
+		for _, ev := range evs[4:] {
+			time.Sleep(20 * time.Millisecond)
+			if !fakeupstream.WriteEvent(w, ev) {
+				return
+			}
+		}
+	}))
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+	keyJSON := func(name, secret string, extra string) string {
+		return fmt.Sprintf(`{"name": %q, "secret": %q, "group": "live"%s}`, name, secret, extra)
+	}
+	tester := caddytest.NewTester(t)
+	tester.InitServer(`{
+	"admin": {"listen": "localhost:2999"},
+	"logging": {"logs": {"default": {"writer": {"output": "file", "filename": "`+logFile+`"}, "encoder": {"format": "json"}}}},
+	"apps": {"http": {"http_port": 9080, "https_port": 9443, "grace_period": 1, "servers": {"srv0": {"listen": [":9080"], "routes": [{"handle": [{
+		"handler": "relay",
+		"@id": "live-relay",
+		"keys": [`+keyJSON("live-stay", sha256Secret(stayKey), `, "rate": "2/m"`)+`, `+keyJSON("live-gone", sha256Secret(goneKey), "")+`],
+		"channels": [{"name": "live-ch", "upstream": {"provider": "anthropic", "url": "`+up.URL+`", "api_key": "`+channelKey+`"}}],
+		"groups": [{"name": "live", "channels": ["live-ch"]}]
+	}]}]}}}}
+}`, "json")
+	if t.Failed() {
+		t.FailNow()
+	}
+	as := func(key string) reply { return send(t, http.MethodPost, "/v1/messages", key, simpleBody) }
+	wantStatus := func(when, key string, status int) reply {
+		t.Helper()
+		r := as(key)
+		if r.status != status {
+			t.Fatalf("%s: %s... got %d, want %d: %s", when, key[:12], r.status, status, r.body)
+		}
+		return r
+	}
+
+	// live-stay spends its rate; live-gone opens a stream that stays open
+	wantStatus("before", stayKey, 200)
+	wantStatus("before", stayKey, 200)
+	wantRelayError(t, as(stayKey), 429, "rate_limit_error", "key_rate_limited")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stream := openStreamAs(t, ctx, goneKey, streamBody)
+	var got strings.Builder
+	for ev := stream.next(t); ; ev = stream.next(t) {
+		got.WriteString(ev)
+		if ev == "" || strings.Contains(ev, `"one "`) {
+			break
+		}
+	}
+	if !strings.Contains(got.String(), `"one "`) {
+		t.Fatalf("the stream did not start: %q", got.String())
+	}
+
+	const byPath = "/config/apps/http/servers/srv0/routes/0/handle/0/keys"
+	// POST appends a key (its secret literal: the log warns), DELETE
+	// removes live-gone, whose stream is still running
+	if code, body := adminDo(t, http.MethodPost, "/id/live-relay/keys", keyJSON("live-new", newKey, "")); code != 200 {
+		t.Fatalf("POST a key: %d %s", code, body)
+	}
+	if code, body := adminDo(t, http.MethodDelete, byPath+"/1", ""); code != 200 {
+		t.Fatalf("DELETE a key: %d %s", code, body)
+	}
+	wantStatus("added by POST", newKey, 200)
+	wantRelayError(t, as(goneKey), 401, "authentication_error", "")
+	wantRelayError(t, as(stayKey), 429, "rate_limit_error", "key_rate_limited")
+
+	// PUT inserts at an index; PATCH replaces a key
+	if code, body := adminDo(t, http.MethodPut, byPath+"/0", keyJSON("live-put", sha256Secret(putKey), "")); code != 200 {
+		t.Fatalf("PUT a key: %d %s", code, body)
+	}
+	wantStatus("inserted by PUT", putKey, 200)
+	if code, body := adminDo(t, http.MethodPatch, "/id/live-relay/keys/2", keyJSON("live-new", newKey, `, "disabled": true`)); code != 200 {
+		t.Fatalf("PATCH a key: %d %s", code, body)
+	}
+	wantRelayError(t, as(newKey), 401, "authentication_error", "key_disabled")
+	wantRelayError(t, as(stayKey), 429, "rate_limit_error", "key_rate_limited")
+
+	// a key the relay cannot load is refused by the API (Caddy answers
+	// 500), naming the key and the field, and the running config stays as
+	// it was
+	code, body := adminDo(t, http.MethodPost, byPath, keyJSON("live-bad", sha256Secret("sk-live-bad-0123456789abcdef"), `, "expires": "soon"`))
+	if code == 200 || !strings.Contains(body, `key \"live-bad\": expires: \"soon\" is not an RFC 3339 time`) {
+		t.Errorf("a bad expires: %d %s", code, body)
+	}
+	wantStatus("after a refused change", putKey, 200)
+
+	// GET /relay/keys follows
+	resp, err := client.Get(adminURL + "/relay/keys")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows []keyStatus
+	err = json.NewDecoder(resp.Body).Decode(&rows)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, row := range rows {
+		if strings.HasPrefix(row.Name, "live-") {
+			names = append(names, row.Name)
+		}
+		switch row.Name {
+		case "live-stay":
+			if row.Limits.Rate != "2/m" || row.Limits.RateRemaining == nil || *row.Limits.RateRemaining != 0 {
+				t.Errorf("live-stay: %s", show(row))
+			}
+		case "live-new":
+			if !row.Disabled {
+				t.Errorf("live-new: %s", show(row))
+			}
+		}
+	}
+	if strings.Join(names, " ") != "live-new live-put live-stay" {
+		t.Errorf("GET /relay/keys lists %v", names)
+	}
+
+	// the stream that ran through five reloads ends with all its events
+	close(release)
+	got.WriteString(stream.rest(t))
+	if got.String() != strings.Join(evs, "") {
+		t.Errorf("the running stream:\n got %q\nwant %q", got.String(), strings.Join(evs, ""))
+	}
+
+	// the literal secret was warned about, by name, and never logged
+	logged, err := os.ReadFile(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	warnings := 0
+	for _, line := range strings.Split(string(logged), "\n") {
+		if strings.Contains(line, "written in the config as it is") {
+			warnings++
+			if !strings.Contains(line, `live-new`) {
+				t.Errorf("the warning must name the key: %s", line)
+			}
+		}
+	}
+	if warnings == 0 {
+		t.Errorf("no warning about the literal secret in the log:\n%s", logged)
+	}
+	for _, secret := range []string{stayKey, goneKey, newKey, putKey} {
+		if strings.Contains(string(logged), secret) {
+			t.Errorf("the log holds a secret")
+		}
+	}
 }
