@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -39,9 +40,10 @@ func (a adminAPI) Routes() []caddy.AdminRoute {
 		{Pattern: "/relay/channels", Handler: only(http.MethodGet, a.list)},
 		{Pattern: "/relay/channels/{name}/{action}", Handler: only(http.MethodPost, a.act)},
 		{Pattern: "/relay/fleet", Handler: only(http.MethodGet, a.fleet)},
+		{Pattern: "/relay/keys", Handler: only(http.MethodGet, a.keys)},
 		{Pattern: "/relay/", Handler: caddy.AdminHandlerFunc(func(_ http.ResponseWriter, r *http.Request) error {
 			return caddy.APIError{HTTPStatus: http.StatusNotFound,
-				Err: fmt.Errorf("no relay admin route %s (GET /relay/channels, POST /relay/channels/<name>/reset|disable|enable, GET /relay/fleet)", r.URL.Path)}
+				Err: fmt.Errorf("no relay admin route %s (GET /relay/channels, POST /relay/channels/<name>/reset|disable|enable, GET /relay/fleet, GET /relay/keys)", r.URL.Path)}
 		})},
 	}
 }
@@ -93,6 +95,20 @@ func (adminAPI) act(w http.ResponseWriter, r *http.Request) error {
 	}
 	h.announce(healthChange{Kind: action}) // the kinds of change are named as the actions
 	return writeAdminJSON(w, h.status(name, time.Now()))
+}
+
+// keys answers GET /relay/keys: every key of every loaded relay handler,
+// its limits and what is in use, sorted by name; never a secret or its
+// digest.
+func (adminAPI) keys(w http.ResponseWriter, r *http.Request) error {
+	rows := []keyStatus{}
+	for _, k := range provisionedKeys.current() {
+		rows = append(rows, k.status(k.relay.now()))
+	}
+	slices.SortFunc(rows, func(a, b keyStatus) int {
+		return cmp.Or(strings.Compare(a.Name, b.Name), strings.Compare(a.Kind, b.Kind))
+	})
+	return writeAdminJSON(w, rows)
 }
 
 // findChannel returns the state of the channel named name, or nil.
@@ -172,6 +188,77 @@ func (h *channelHealth) status(name string, now time.Time) channelStatus {
 	if !h.lastErrorAt.IsZero() {
 		at := h.lastErrorAt
 		st.LastError, st.LastErrorReason, st.LastErrorAt = h.lastError.String(), h.lastReason, &at
+	}
+	return st
+}
+
+// keyStatus is one row of GET /relay/keys. It never holds a secret or its
+// digest: a row is made from a provisioned key, which keeps neither.
+type keyStatus struct {
+	Name     string `json:"name"`
+	Kind     string `json:"kind"` // key
+	Group    string `json:"group"`
+	Priority string `json:"priority"`
+	// Expires is when the key stops working; null: never.
+	Expires  *time.Time   `json:"expires"`
+	Expired  bool         `json:"expired"`
+	Disabled bool         `json:"disabled"`
+	Limits   limitsStatus `json:"limits"`
+	// SpendUSD is what the key spent in the current day, week and month
+	// (calendar periods in UTC); BudgetUSD its budgets, by period, and
+	// RemainingUSD what is left of each.
+	SpendUSD     map[string]float64 `json:"spend_usd"`
+	BudgetUSD    map[string]float64 `json:"budget_usd,omitempty"`
+	RemainingUSD map[string]float64 `json:"remaining_usd,omitempty"`
+}
+
+// limitsStatus is a key's limits as configured, and what is in use now.
+type limitsStatus struct {
+	Rate string `json:"rate,omitempty"`
+	// RateRemaining is how many requests the key may send now; absent when
+	// the key has no rate, or when a fleet keeps it in Redis.
+	RateRemaining *int64 `json:"rate_remaining,omitempty"`
+	Tokens        string `json:"tokens,omitempty"`
+	// TokensRemaining is what is left of the token limit now, negative
+	// while the key is in debt; absent as RateRemaining is.
+	TokensRemaining *int64 `json:"tokens_remaining,omitempty"`
+	Concurrency     int64  `json:"concurrency,omitempty"`
+	// Inflight counts the key's requests running on this relay now.
+	Inflight int64 `json:"inflight"`
+}
+
+// status is the key's row in GET /relay/keys at now. Whatever is added to a
+// key (budgets, spend) shows here.
+func (k *key) status(now time.Time) keyStatus {
+	st := keyStatus{
+		Name:     k.name,
+		Kind:     k.kind,
+		Group:    k.group.name,
+		Priority: k.prio.String(),
+		Expired:  !k.expires.IsZero() && !now.Before(k.expires),
+		Disabled: k.disabled,
+		Limits: limitsStatus{
+			Rate:        k.rate,
+			Tokens:      k.tokens,
+			Concurrency: k.limits.maxConc.Load(),
+			Inflight:    k.limits.inflight.Load(),
+		},
+	}
+	if !k.expires.IsZero() {
+		at := k.expires.UTC()
+		st.Expires = &at
+	}
+	st.Limits.RateRemaining, st.Limits.TokensRemaining = k.limits.remaining(now)
+	spent, caps := k.spend.spent(now)
+	st.SpendUSD = map[string]float64{}
+	for p := range numPeriods {
+		st.SpendUSD[p.String()] = spent[p]
+		if caps[p] > 0 {
+			if st.BudgetUSD == nil {
+				st.BudgetUSD, st.RemainingUSD = map[string]float64{}, map[string]float64{}
+			}
+			st.BudgetUSD[p.String()], st.RemainingUSD[p.String()] = caps[p], max(0, (toNano(caps[p])-toNano(spent[p])).usd())
+		}
 	}
 	return st
 }

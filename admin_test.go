@@ -353,6 +353,8 @@ func TestAdminErrorsAreJSON(t *testing.T) {
 		{http.MethodGet, "/relay/nothing", 404, "", "no relay admin route"},
 		{http.MethodGet, "/relay/channels/admin-json/disable", 405, "POST", "use POST"},
 		{http.MethodPost, "/relay/channels", 405, "GET", "use GET"},
+		{http.MethodDelete, "/relay/keys", 405, "GET", "use GET"},
+		{http.MethodGet, "/relay/keys/admin-json", 404, "", "GET /relay/keys"},
 		{http.MethodPost, "/relay/channels/no-such-channel/reset", 404, "", `unknown channel "no-such-channel"`},
 		{http.MethodPost, "/relay/channels/admin-json/explode", 404, "", `unknown action "explode"`},
 	} {

@@ -164,6 +164,11 @@ func TestBudgetIsEnforcedUntilThePeriodEnds(t *testing.T) {
 	if _, ok := spendMetric(t, "relay_spend_usd", "budget-day", "week"); ok {
 		t.Error("a week without a budget is exported")
 	}
+	rows, _ := keyRows(t)
+	if row := rows["budget-day"]; row.SpendUSD["day"] != 1 || row.BudgetUSD["day"] != 1 || row.RemainingUSD["day"] != 0 ||
+		row.BudgetUSD["month"] != 100 || row.RemainingUSD["month"] != 99 || row.BudgetUSD["week"] != 0 {
+		t.Errorf("GET /relay/keys: %s", show(row))
+	}
 
 	// a second before midnight: still refused; at midnight: a new day
 	clock.advance(time.Hour - time.Second)

@@ -88,6 +88,8 @@ func declareInCaddyfile(state map[string]any, r *Relay, by string) error {
 //			rate        <n>/<period>
 //			tokens      <n>/<period>
 //			concurrency <n>
+//			expires     <RFC 3339 time>
+//			disabled
 //		}
 //
 //		channel <name> {
@@ -567,13 +569,20 @@ func parseKey(d *caddyfile.Dispenser, pos positions, at []string) (*Key, error) 
 		k.Secret = sha256Prefix + hex.EncodeToString(sum[:])
 	}
 	opts := options{
-		strings: map[string]*string{"name": &k.Name, "priority": &k.Priority, "rate": &k.Rate, "tokens": &k.Tokens},
+		strings: map[string]*string{"name": &k.Name, "priority": &k.Priority, "rate": &k.Rate, "tokens": &k.Tokens, "expires": &k.Expires},
 		ints:    map[string]*int{"concurrency": &k.Concurrency},
 		lists:   map[string]*[]string{"budget": &k.Budgets},
 		ratios:  map[string]*float64{"budget_warn": &k.BudgetWarn},
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		pos.line(d, at...)
+		if d.Val() == "disabled" {
+			if d.NextArg() {
+				return nil, d.Err("disabled takes no argument")
+			}
+			k.Disabled = true
+			continue
+		}
 		if ok, err := opts.parse(d); err != nil || !ok {
 			return nil, cmp.Or(err, d.Errf("unrecognized key option %q", d.Val()))
 		}

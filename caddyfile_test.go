@@ -259,6 +259,44 @@ func TestCaddyfileKeySecret(t *testing.T) {
 	}
 }
 
+func TestCaddyfileKeyExpiresAndDisabled(t *testing.T) {
+	r, err := parseRelay(t, `relay {
+	key sk-relay-expiring-0123456789 g {
+		name contractor
+		expires 2027-01-31T00:00:00Z
+	}
+	key sk-relay-switched-off-0123456789 g {
+		name intern
+		disabled
+	}
+	channel a {
+		provider mock
+	}
+	group g {
+		channels a
+	}
+}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k := r.Keys[0]; k.Expires != "2027-01-31T00:00:00Z" || k.Disabled {
+		t.Errorf("contractor = %+v", k)
+	}
+	if k := r.Keys[1]; k.Expires != "" || !k.Disabled {
+		t.Errorf("intern = %+v", k)
+	}
+	b, _ := json.Marshal(r.Keys)
+	if !strings.Contains(string(b), `"expires":"2027-01-31T00:00:00Z"`) || !strings.Contains(string(b), `"disabled":true`) ||
+		strings.Count(string(b), `"disabled"`) != 1 {
+		t.Errorf("JSON: %s", b)
+	}
+
+	_, err = parseRelay(t, caddyfileWith("key sk-test g {\n\texpires tomorrow\n}\n", "", ""))
+	if err == nil || !strings.Contains(err.Error(), `expires: "tomorrow" is not an RFC 3339 time`) {
+		t.Errorf("a bad expires: %v", err)
+	}
+}
+
 // caddyfileWith builds a relay block from a valid one-key, one-channel,
 // one-group config, with parts replaced or added.
 func caddyfileWith(keys, channels, groups string) string {
@@ -735,16 +773,18 @@ func TestCaddyfileErrorsPointAtTheirLine(t *testing.T) {
 			"\tgroup prod {\n\t\tchannels a\n" + group + "\t}\n}\n"
 	}
 	for name, src := range map[string]string{
-		"a key naming an unknown group":           base("\tkey sk-other-secret-0123456789 nowhere # here\n", "", ""),
-		"a channel's bad weight":                  base("", "\t\tweight 2000000 # here\n", ""),
-		"an unknown provider, before its options": base("", "\t\tprovider mok # here\n\t\tlatency 5s\n", ""),
-		"a mock's fail_rate":                      base("", "\t\tprovider mock\n\t\tfail_rate 150% # here\n", ""),
-		"a group naming an unknown channel":       base("", "", "\t\tchannels ghost # here\n"),
-		"a bad policy":                            base("", "", "\t\tpolicy roundrobin # here\n"),
-		"a split of no share":                     base("", "", "\t\tsplit a 0 # here\n"),
-		"a budget in euros":                       base("\tkey sk-other-secret-0123456789 prod {\n\t\tbudget 5eur/month # here\n\t}\n", "", ""),
-		"two daily budgets":                       base("\tkey sk-other-secret-0123456789 prod {\n\t\tbudget 1usd/day\n\t\tbudget 2usd/day # here\n\t}\n", "", ""),
-		"a budget_warn over 100%":                 base("\tkey sk-other-secret-0123456789 prod {\n\t\tbudget_warn 120% # here\n\t}\n", "", ""),
+		"a budget in euros":                        base("\tkey sk-other-secret-0123456789 prod {\n\t\tbudget 5eur/month # here\n\t}\n", "", ""),
+		"two daily budgets":                        base("\tkey sk-other-secret-0123456789 prod {\n\t\tbudget 1usd/day\n\t\tbudget 2usd/day # here\n\t}\n", "", ""),
+		"a budget_warn over 100%":                  base("\tkey sk-other-secret-0123456789 prod {\n\t\tbudget_warn 120% # here\n\t}\n", "", ""),
+		"a key naming an unknown group":            base("\tkey sk-other-secret-0123456789 nowhere # here\n", "", ""),
+		"a channel's bad weight":                   base("", "\t\tweight 2000000 # here\n", ""),
+		"an unknown provider, before its options":  base("", "\t\tprovider mok # here\n\t\tlatency 5s\n", ""),
+		"a mock's fail_rate":                       base("", "\t\tprovider mock\n\t\tfail_rate 150% # here\n", ""),
+		"a group naming an unknown channel":        base("", "", "\t\tchannels ghost # here\n"),
+		"a bad policy":                             base("", "", "\t\tpolicy roundrobin # here\n"),
+		"a key's expires that is no RFC 3339 time": base("\tkey sk-other-secret-0123456789 prod {\n\t\tname other\n\t\texpires 2027-01-31 # here\n\t}\n", "", ""),
+		"disabled given an argument":               base("\tkey sk-other-secret-0123456789 prod {\n\t\tdisabled yes # here\n\t}\n", "", ""),
+		"a split of no share":                      base("", "", "\t\tsplit a 0 # here\n"),
 	} {
 		line := 0
 		for i, l := range strings.Split(src, "\n") {

@@ -185,6 +185,9 @@ func (r *Relay) validateConfig() error {
 		if k.BudgetWarn < 0 || k.BudgetWarn > 1 {
 			return errAt(append(key, "budget_warn"), "%s: budget_warn must be a share between 0 and 1 (or 0%% to 100%%)", label)
 		}
+		if _, err := parseExpires(k.Expires); err != nil {
+			return errAt(append(key, "expires"), "%s: expires: %v", label, err)
+		}
 		if k.Name != "" {
 			if j, dup := names[k.Name]; dup {
 				return errAt(append(key, "name"), "keys #%d and #%d have the same name %q", j+1, i+1, k.Name)

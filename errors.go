@@ -35,6 +35,20 @@ func errAuth(msg string) *relayError {
 	return &relayError{status: http.StatusUnauthorized, typ: "authentication_error", msg: msg}
 }
 
+// errKeyExpired answers a request whose key expired at at.
+func errKeyExpired(name string, at time.Time) *relayError {
+	e := errAuth("key " + strconv.Quote(name) + " expired at " + at.UTC().Format(time.RFC3339))
+	e.code = "key_expired"
+	return e
+}
+
+// errKeyDisabled answers a request whose key is disabled in the config.
+func errKeyDisabled(name string) *relayError {
+	e := errAuth("key " + strconv.Quote(name) + " is disabled")
+	e.code = "key_disabled"
+	return e
+}
+
 func errInvalid(msg string) *relayError {
 	return &relayError{status: http.StatusBadRequest, typ: "invalid_request_error", msg: msg}
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddytest"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/certmagic"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"go.uber.org/zap"
@@ -117,6 +118,11 @@ func do(method, path, key, body string, header ...string) (reply, error) {
 	}
 	req.Header.Set("Anthropic-Version", "2023-06-01")
 	req.Header.Set("Content-Type", "application/json")
+	// a nil value is not sent, but lets the transport send the request
+	// again when the kept-alive connection it picked was closed by the
+	// server of the previous test's config as it stopped (an EOF before
+	// any answer), as an SDK's retry would
+	req.Header["X-Idempotency-Key"] = nil
 	for i := 0; i+1 < len(header); i += 2 {
 		req.Header.Set(header[i], header[i+1])
 	}
@@ -180,8 +186,14 @@ type streamReader struct {
 
 func openStream(t *testing.T, ctx context.Context, body string) *streamReader {
 	t.Helper()
+	return openStreamAs(t, ctx, clientKey, body)
+}
+
+// openStreamAs is openStream with another key.
+func openStreamAs(t *testing.T, ctx context.Context, key, body string) *streamReader {
+	t.Helper()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, relayURL+"/v1/messages", strings.NewReader(body))
-	req.Header.Set("X-Api-Key", clientKey)
+	req.Header.Set("X-Api-Key", key)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := (&http.Client{}).Do(req)
 	if err != nil {
@@ -396,6 +408,7 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	_ = os.Setenv("XDG_DATA_HOME", data)
+	caddy.DefaultStorage = &certmagic.FileStorage{Path: data} // read from the environment before TestMain
 	code := m.Run()
 	_ = os.RemoveAll(data)
 	negative := func(pool *caddy.UsagePool, of func(any) int64) {

@@ -5,7 +5,9 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -62,6 +64,15 @@ type Key struct {
 	// BudgetWarn is the share of a budget at which the relay logs a
 	// warning, once per period. Default: 0.8.
 	BudgetWarn float64 `json:"budget_warn,omitempty"`
+	// Expires is when the key stops working, as an RFC 3339 time such as
+	// `2027-01-31T00:00:00Z`. From then on its requests get a 401
+	// authentication_error with code key_expired. Default: never.
+	Expires string `json:"expires,omitempty"`
+
+	// Disabled turns the key off without removing it: its requests get a
+	// 401 authentication_error with code key_disabled, and its limits are
+	// kept for when it is enabled again.
+	Disabled bool `json:"disabled,omitempty"`
 }
 
 // label names a key in errors without revealing its secret.
@@ -76,11 +87,32 @@ const sha256Prefix = "sha256:"
 
 // key is a provisioned relay key.
 type key struct {
-	name   string
-	group  *group
-	prio   priority
-	limits *limiter      // kept across reloads by name
-	spend  *spendAccount // kept across reloads and restarts by name
+	name     string
+	kind     string // kindKey; what GET /relay/keys calls it
+	group    *group
+	prio     priority
+	limits   *limiter      // kept across reloads by name
+	spend    *spendAccount // kept across reloads and restarts by name
+	expires  time.Time     // zero: never
+	disabled bool
+	rate     string // the configured limits, as written, for GET /relay/keys
+	tokens   string
+	relay    *Relay // the handler that provisioned it: its clock, and whose Cleanup removes it from provisionedKeys
+}
+
+// kindKey is the kind of a relay key in GET /relay/keys.
+const kindKey = "key"
+
+// usable refuses a key that is disabled, or expired at now. The message
+// names the key, never its secret.
+func (k *key) usable(now time.Time) *relayError {
+	switch {
+	case k.disabled:
+		return errKeyDisabled(k.name)
+	case !k.expires.IsZero() && !now.Before(k.expires):
+		return errKeyExpired(k.name, k.expires)
+	}
+	return nil
 }
 
 // authenticate finds the relay key of a request. Keys are looked up by the
@@ -100,6 +132,11 @@ func (r *Relay) authenticate(req *http.Request) (*key, *relayError) {
 	if !ok {
 		return nil, errAuth("invalid relay key")
 	}
+	if k.disabled || !k.expires.IsZero() {
+		if rerr := k.usable(r.now()); rerr != nil {
+			return nil, rerr
+		}
+	}
 	return k, nil
 }
 
@@ -115,11 +152,16 @@ func (r *Relay) provisionKeys() error {
 		if weak {
 			r.logger.Warn(weakKeyWarning, zap.String("key", cfg.label(i)))
 		}
+		if literalSecret(cfg.Secret) {
+			r.logger.Warn(literalKeyWarning, zap.String("key", cfg.label(i)))
+		}
 		if _, dup := r.keys[digest]; dup {
 			return fmt.Errorf("%s has the same secret as an earlier key", cfg.label(i))
 		}
-		k := &key{name: keyName(cfg, digest), group: r.groups[cfg.Group]}
+		k := &key{name: keyName(cfg, digest), kind: kindKey, group: r.groups[cfg.Group],
+			disabled: cfg.Disabled, rate: cfg.Rate, tokens: cfg.Tokens, relay: r}
 		k.prio, _ = priorityByName(cfg.Priority)
+		k.expires, _ = parseExpires(cfg.Expires)                     // validated already
 		lim, _ := parseLimits(cfg.Rate, cfg.Tokens, cfg.Concurrency) // validated already
 		st, _, err := keyStates.LoadOrNew(k.name, func() (caddy.Destructor, error) { return new(limiter), nil })
 		if err != nil {
@@ -137,9 +179,33 @@ func (r *Relay) provisionKeys() error {
 		k.spend.configure(caps, cfg.BudgetWarn, k.name, r.logger, func() time.Time { return r.now() })
 		k.spend.share(r.fleet)
 		r.keys[digest] = k
+		provisionedKeys.add(k)
 	}
 	return nil
 }
+
+// parseExpires reads a key's expiry; "" is never (the zero time).
+func parseExpires(s string) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	t, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%q is not an RFC 3339 time such as 2027-01-31T00:00:00Z", s)
+	}
+	return t, nil
+}
+
+// literalSecret reports whether a key's secret is written in the config as
+// it is: neither its sha256 nor a placeholder. The Caddyfile adapter never
+// leaves one, so such a key came in as JSON (POST /load, the config API),
+// and GET /config/ and every saved copy of the config show it.
+func literalSecret(secret string) bool {
+	return !strings.HasPrefix(secret, sha256Prefix) && !strings.Contains(secret, "{")
+}
+
+const literalKeyWarning = "a relay key's secret is written in the config as it is, so GET /config/ and every saved copy of the config show it; " +
+	"give its sha256 instead (\"secret\": \"sha256:<64 hex digits>\", from: printf %s \"$KEY\" | sha256sum) or a placeholder such as {env.NAME} or {file./path}"
 
 // keyDigest resolves a key's secret and returns the sha256 it is looked up
 // by, and whether the secret is weak (see weakKey); `sha256:<hex>` gives the
@@ -184,3 +250,48 @@ const weakKeyWarning = "a relay key is weak (under 20 characters, or fewer than 
 // keyStates holds each key's limiter by key name, process-wide, so that a
 // reload does not hand a key a fresh quota.
 var keyStates = caddy.NewUsagePool()
+
+// provisionedKeys holds the keys of every provisioned relay handler, by
+// kind and name, process-wide: GET /relay/keys belongs to no handler and
+// lists them from here. A handler adds its keys as it provisions them and
+// removes them in its Cleanup, so during a reload a name is held by the old
+// config and the new one at once, and the newest wins.
+var provisionedKeys = &keyRegistry{entries: map[string][]*key{}}
+
+// keyRegistry is the type of provisionedKeys.
+type keyRegistry struct {
+	mu      sync.Mutex
+	entries map[string][]*key // kind + " " + name -> the handlers' keys, oldest first
+}
+
+func (g *keyRegistry) add(k *key) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	id := k.kind + " " + k.name
+	g.entries[id] = append(g.entries[id], k)
+}
+
+// remove forgets every key that r provisioned.
+func (g *keyRegistry) remove(r *Relay) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for id, ks := range g.entries {
+		ks = slices.DeleteFunc(ks, func(k *key) bool { return k.relay == r })
+		if len(ks) == 0 {
+			delete(g.entries, id)
+		} else {
+			g.entries[id] = ks
+		}
+	}
+}
+
+// current returns the newest key of each kind and name, in no order.
+func (g *keyRegistry) current() []*key {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make([]*key, 0, len(g.entries))
+	for _, ks := range g.entries {
+		out = append(out, ks[len(ks)-1])
+	}
+	return out
+}

@@ -281,6 +281,28 @@ func (l *limiter) busy(now time.Time) (bool, time.Time) {
 	return false, time.Time{}
 }
 
+// remaining is what is left now of the request rate and the token limit,
+// for the admin API: nil for a limit that is not set, or that the fleet
+// keeps (only the store knows). A token limit in debt has less than
+// nothing left.
+func (l *limiter) remaining(now time.Time) (requests, tokens *int64) {
+	if l.shared.Load() != nil {
+		return nil, nil
+	}
+	l.mu.Lock()
+	rl, tb := l.requests, l.tokens
+	l.mu.Unlock()
+	if rl != nil {
+		n := int64(math.Floor(rl.TokensAt(now)))
+		requests = &n
+	}
+	if tb != nil {
+		n := int64(math.Floor(tb.levelAt(now)))
+		tokens = &n
+	}
+	return requests, tokens
+}
+
 // done gives back a request's concurrency slot and corrects its token
 // charge to what it really used (actual), where it was taken.
 func (l *limiter) done(now time.Time, g grant, actual int64) {
@@ -335,6 +357,16 @@ func (b *tokenBucket) wait(now time.Time) time.Duration {
 		return 0
 	}
 	return time.Duration((1 - b.level) / b.perSec * float64(time.Second))
+}
+
+// levelAt is what the bucket holds at now, without taking anything.
+func (b *tokenBucket) levelAt(now time.Time) float64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if now.After(b.last) {
+		return min(b.burst, b.level+now.Sub(b.last).Seconds()*b.perSec)
+	}
+	return b.level
 }
 
 // charge takes n tokens (gives them back when negative).

@@ -195,6 +195,7 @@ func (r *Relay) Cleanup() error {
 	for _, name := range r.acquiredKeys {
 		_, _ = keyStates.Delete(name)
 	}
+	provisionedKeys.remove(r)
 	for _, k := range r.acquiredTransports {
 		_, _ = transports.Delete(k)
 	}
