@@ -47,7 +47,7 @@ func (r *Relay) account(in *inbound) {
 			metricTokens.WithLabelValues(group, channel, served, t.kind).Add(float64(t.n))
 		}
 		if cost > 0 {
-			metricCost.WithLabelValues(group, key, served).Add(cost)
+			metricCost.WithLabelValues(group, channel, served).Add(cost)
 		}
 		if in.incomplete {
 			metricIncomplete.WithLabelValues(group, model).Inc()

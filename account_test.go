@@ -156,7 +156,7 @@ func TestAStreamTheClientLeftIsAccountedAsFarAsItWent(t *testing.T) {
 	}
 	inputBefore, outputBefore, readBefore := tokens("input"), tokens("output"), tokens("cache_read")
 	incompleteBefore := testutil.ToFloat64(metricIncomplete.WithLabelValues("left", labelOther))
-	costBefore := testutil.ToFloat64(metricCost.WithLabelValues("left", "left-key", labelOther))
+	costBefore := testutil.ToFloat64(metricCost.WithLabelValues("left", "left-ch", labelOther))
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -186,7 +186,7 @@ func TestAStreamTheClientLeftIsAccountedAsFarAsItWent(t *testing.T) {
 		t.Errorf("relay_incomplete_total grew by %v, want 1", d)
 	}
 	wantCost := (100*2 + 10*0.1 + 1*10) / 1e6
-	if d := testutil.ToFloat64(metricCost.WithLabelValues("left", "left-key", labelOther)) - costBefore; math.Abs(d-wantCost) > 1e-12 {
+	if d := testutil.ToFloat64(metricCost.WithLabelValues("left", "left-ch", labelOther)) - costBefore; math.Abs(d-wantCost) > 1e-12 {
 		t.Errorf("cost accounted %v, want %v", d, wantCost)
 	}
 	lines := logs.FilterMessage("relayed request").All()

@@ -45,8 +45,8 @@ var (
 
 	metricCost = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "relay_cost_usd_total",
-		Help: "Cost of the tokens at the configured prices, in US dollars, by group, key name and model.",
-	}, []string{"group", "key", "model"})
+		Help: "Cost of the tokens at the configured prices, in US dollars, by group, the channel that served them, and model.",
+	}, []string{"group", "channel", "model"})
 
 	metricIncomplete = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "relay_incomplete_total",
