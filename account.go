@@ -32,11 +32,8 @@ func (r *Relay) account(in *inbound) {
 	model, served := r.modelLabel(in.model), r.modelLabel(in.target)
 
 	u := in.usage
-	var cost float64
-	rates := r.prices.lookup(in.target) // what was served is what is billed
-	if rates != nil {
-		cost = rates.cost(u)
-	}
+	priced := r.price(in)
+	cost := in.cost
 	metricRequests.WithLabelValues(group, channel, model, statusLabel(in.status), in.causeLabel()).Inc()
 	metricDuration.WithLabelValues(group, model).Observe(duration.Seconds())
 	if in.route == routeMessages && in.answered != nil {
@@ -81,10 +78,26 @@ func (r *Relay) account(in *inbound) {
 	if in.target != in.model {
 		fields = append(fields, zap.String("served_model", in.target))
 	}
-	if rates != nil {
+	if priced {
 		fields = append(fields, zap.Float64("cost_usd", cost))
 	}
 	c.Write(fields...)
+}
+
+// price sets in.cost, what the request costs: the list price of the usage
+// its client got, at the price of the model that served it, times the
+// price factor of the channel that answered. It reports whether that model
+// has a price.
+func (r *Relay) price(in *inbound) bool {
+	rates := r.prices.lookup(in.target) // what was served is what is billed
+	if rates == nil {
+		return false
+	}
+	in.cost = 0
+	if in.answered != nil {
+		in.cost = rates.cost(in.usage) * in.answered.priceFactor
+	}
+	return true
 }
 
 // placeholder answers the {http.relay.*} placeholders from what the

@@ -203,3 +203,65 @@ func TestAStreamTheClientLeftIsAccountedAsFarAsItWent(t *testing.T) {
 		t.Errorf("log cost_usd = %v, want %v", f["cost_usd"], wantCost)
 	}
 }
+
+func TestAChannelsPriceFactorScalesItsCost(t *testing.T) {
+	u := fakeupstream.Usage{InputTokens: 1000, OutputTokens: 100}
+	resold := fakeupstream.New(t, fakeupstream.Raw(200, fakeupstream.MessageBody("claude-sonnet-4-5", "hi", u)))
+	list := fakeupstream.New(t, fakeupstream.Raw(200, fakeupstream.MessageBody("claude-sonnet-4-5", "hi", u)))
+	const resoldKey, listKey = "sk-price-factor-resold-0123", "sk-price-factor-list-0123"
+	r := &Relay{
+		Keys: []*Key{{Secret: resoldKey, Group: "pf-a", Name: "pf-a-key"}, {Secret: listKey, Group: "pf-b", Name: "pf-b-key"}},
+		Channels: []*Channel{
+			{Name: "pf-resold", UpstreamRaw: upstream("anthropic", "url", resold.URL, "api_key", "sk-up"), Models: []string{"claude-sonnet-4-5"}, PriceFactor: priceFactor(0.8)},
+			{Name: "pf-list", UpstreamRaw: upstream("anthropic", "url", list.URL, "api_key", "sk-up"), Models: []string{"claude-sonnet-4-5"}},
+		},
+		Groups: []*Group{{Name: "pf-a", Channels: []string{"pf-resold"}}, {Name: "pf-b", Channels: []string{"pf-list"}}},
+	}
+	logs := provisionHandler(t, r)
+	cost := func(group, channel string) float64 {
+		return testutil.ToFloat64(metricCost.WithLabelValues(group, channel, "claude-sonnet-4-5"))
+	}
+	listCost := (1000*3 + 100*15) / 1e6
+	for _, c := range []struct {
+		key, group, channel string
+		want                float64
+	}{
+		{resoldKey, "pf-a", "pf-resold", 0.8 * listCost},
+		{listKey, "pf-b", "pf-list", listCost}, // no factor: the list price
+	} {
+		before := cost(c.group, c.channel)
+		w, _ := serveHandler(t, r, newRequest(simpleBody, c.key))
+		if w.Code != 200 {
+			t.Fatalf("%s: %d %s", c.channel, w.Code, w.Body)
+		}
+		if d := cost(c.group, c.channel) - before; math.Abs(d-c.want) > 1e-12 {
+			t.Errorf("%s: relay_cost_usd_total grew by %v, want %v", c.channel, d, c.want)
+		}
+		lines := logs.FilterMessage("relayed request").All()
+		if got, _ := lines[len(lines)-1].ContextMap()["cost_usd"].(float64); math.Abs(got-c.want) > 1e-12 {
+			t.Errorf("%s: log cost_usd = %v, want %v", c.channel, got, c.want)
+		}
+	}
+
+	// the cost a key's budget is charged is the request's own field
+	in := &inbound{target: "claude-sonnet-4-5", answered: &channel{priceFactor: 0.8}, usage: usage{input: 1000, output: 100}}
+	if !r.price(in) || math.Abs(in.cost-0.8*listCost) > 1e-12 {
+		t.Errorf("in.cost = %v, want %v", in.cost, 0.8*listCost)
+	}
+	// no channel answered: nothing to pay for
+	in = &inbound{target: "claude-sonnet-4-5", usage: usage{input: 1000, output: 100}}
+	if !r.price(in) || in.cost != 0 {
+		t.Errorf("in.cost of a request no channel answered = %v, want 0", in.cost)
+	}
+
+	for _, f := range []float64{0, -1} {
+		bad := &Relay{
+			Keys:     []*Key{{Secret: "sk-x", Group: "g"}},
+			Channels: []*Channel{{Name: "c", UpstreamRaw: upstream("mock"), PriceFactor: priceFactor(f)}},
+			Groups:   []*Group{{Name: "g", Channels: []string{"c"}}},
+		}
+		if err := bad.validateConfig(); err == nil || !strings.Contains(err.Error(), "price_factor must be a number above 0") {
+			t.Errorf("price_factor %v: %v", f, err)
+		}
+	}
+}

@@ -105,6 +105,7 @@ func declareInCaddyfile(state map[string]any, r *Relay, by string) error {
 //			rate        <n>/<period>
 //			tokens      <n>/<period>
 //			concurrency <n>
+//			price_factor <factor>
 //			transport http {
 //				<reverse_proxy's http transport options>
 //			}
@@ -627,6 +628,18 @@ func parseChannel(d *caddyfile.Dispenser, pos positions) (*Channel, error) {
 				d.Prev()
 			}
 			up.take(d)
+		case "price_factor":
+			var f float64
+			if err := parseArg(d, &f, func(v string) (float64, error) {
+				f, err := strconv.ParseFloat(v, 64)
+				if err != nil || !(f > 0) || math.IsInf(f, 0) {
+					return 0, fmt.Errorf("%q is not a number above 0 (the channel's price over the list price: 0.8 for 80%%)", v)
+				}
+				return f, nil
+			}); err != nil {
+				return nil, err
+			}
+			ch.PriceFactor = &f
 		case "probe":
 			p, err := parseProbe(d)
 			if err != nil {

@@ -45,7 +45,7 @@ var (
 
 	metricCost = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "relay_cost_usd_total",
-		Help: "Cost of the tokens at the configured prices, in US dollars, by group, the channel that served them, and model.",
+		Help: "Cost of the tokens at the configured prices times the price factor of the channel that served them, in US dollars, by group, that channel and model.",
 	}, []string{"group", "channel", "model"})
 
 	metricIncomplete = prometheus.NewCounterVec(prometheus.CounterOpts{
