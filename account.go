@@ -81,6 +81,9 @@ func (r *Relay) account(in *inbound) {
 	if priced {
 		fields = append(fields, zap.Float64("cost_usd", cost))
 	}
+	if in.wasted > 0 {
+		fields = append(fields, zap.Int64("wasted_tokens", in.wasted))
+	}
 	c.Write(fields...)
 }
 
@@ -98,6 +101,21 @@ func (r *Relay) price(in *inbound) bool {
 		in.cost = rates.cost(in.usage) * in.answered.priceFactor
 	}
 	return true
+}
+
+// Reasons of relay_wasted_tokens_total.
+const (
+	wasteFailover = "failover"
+	wasteCanceled = "canceled"
+)
+
+// waste counts the input tokens of an abandoned attempt, which the
+// upstream processed for nothing (see attemptResult.accepted).
+func (in *inbound) waste(res attemptResult, reason string) {
+	if res.wasted > 0 {
+		metricWasted.WithLabelValues(res.channel.name, reason).Add(float64(res.wasted))
+		in.wasted += res.wasted
+	}
 }
 
 // placeholder answers the {http.relay.*} placeholders from what the

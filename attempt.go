@@ -2,9 +2,11 @@ package relay
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -25,6 +27,12 @@ type attemptResult struct {
 	status    int
 	header    http.Header
 	body      []byte
+	// accepted says that the upstream took the request and was working on
+	// it when the attempt ended: it timed out after connecting, the client
+	// left meanwhile, or its 2xx answer broke before it proved itself. An
+	// error answer was not accepted. Abandoned, its input is wasted.
+	accepted bool
+	wasted   int64 // the input tokens wasted, once the attempt is abandoned
 }
 
 // try runs one admitted attempt and records its verdict in the channel's
@@ -33,13 +41,21 @@ func (r *Relay) try(w http.ResponseWriter, req *http.Request, in *inbound, ch *c
 	defer t.release(r.now)
 	start := time.Now()
 	res := r.attempt(w, req, in, ch, n)
+	if !res.done {
+		// nothing of it reached the client, whose accounting never has its
+		// tokens; what the upstream processed is wasted if it is abandoned
+		if res.accepted && in.route == routeMessages {
+			res.wasted = cmp.Or(in.usage.prompt(), in.estimate)
+		}
+		in.usage = usage{}
+	}
 	v := res.verdict
 	in.chain = append(in.chain, attemptRecord{channel: ch.name, outcome: v.outcome, duration: time.Since(start)})
 	metricAttempts.WithLabelValues(ch.name, v.outcome.String()).Inc()
 	if res.firstByte > 0 {
 		metricFirstByte.WithLabelValues(ch.name).Observe(res.firstByte.Seconds())
 	}
-	var tokens int64
+	tokens := res.wasted // the channel's quota spent them all the same
 	if in.answered == ch {
 		tokens = in.billed()
 	}
@@ -66,6 +82,9 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 	fail := func(err error) attemptResult {
 		return attemptResult{verdict: classifyError(ctx, req.Context(), err), channel: ch}
 	}
+	// an upstream that never had a connection never had the request
+	var connected atomic.Bool
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { connected.Store(true) }})
 
 	call := in.callFor(ch)
 	upReq, err := ch.provider.NewRequest(ctx, call)
@@ -83,7 +102,9 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 	sent := time.Now()
 	resp, err := ch.rt.RoundTrip(upReq)
 	if err != nil {
-		return fail(err)
+		res := fail(err)
+		res.accepted = connected.Load() && (res.verdict.timeout || res.verdict.outcome == outcomeCanceled)
+		return res
 	}
 	firstByteTime := time.Since(sent) // before a provider reads an error body
 	defer resp.Body.Close()
@@ -120,13 +141,19 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 		return res
 	}
 
+	// a 2xx answer: the upstream has done the work, whatever happens to
+	// its body now
 	buf := bodyPool.Get().(*bytes.Buffer)
 	defer releaseBody(buf)
 	if _, err := buf.ReadFrom(io.LimitReader(resp.Body, r.MaxResponseSize+1)); err != nil {
-		return fail(err)
+		res := fail(err)
+		res.accepted = true
+		return res
 	}
 	if int64(buf.Len()) > r.MaxResponseSize {
-		return fail(errResponseTooLarge)
+		res := fail(errResponseTooLarge)
+		res.accepted = true
+		return res
 	}
 	dl.stop()
 	in.usage.fromMessage(buf.Bytes())

@@ -420,12 +420,16 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 		in.attempts = n
 		if n > 1 {
 			metricFailovers.WithLabelValues(g.name).Inc()
+			in.waste(last, wasteFailover)
 		}
 		res := r.try(w, req, in, ch, n, t)
 		switch {
-		case res.done || res.verdict.outcome == outcomeCanceled:
-			// answered, or the client is gone: nobody is left to fail over
-			// for, and a departure spends no retry budget
+		case res.done:
+			return nil
+		case res.verdict.outcome == outcomeCanceled:
+			// the client is gone: nobody is left to fail over for, and a
+			// departure spends no retry budget
+			in.waste(res, wasteCanceled)
 			return nil
 		case !res.verdict.outcome.retryable() || n > g.retries:
 			return &failure{last: res, attempts: n}

@@ -160,6 +160,7 @@ type inbound struct {
 	incomplete bool    // the answer did not complete: tokens are the ones seen
 	estimate   int64   // input tokens guessed from the body, for the token limits
 	cost       float64 // in USD: list price x price_factor of the channel that answered; set by account (price)
+	wasted     int64   // input tokens of attempts abandoned on the way (relay_wasted_tokens_total)
 	keyGrant   grant   // what the key's limits admitted
 	fallbacks  int     // fallback models tried so far
 
