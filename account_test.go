@@ -308,6 +308,7 @@ func TestWastedTokensOfAttemptsFailedOver(t *testing.T) {
 	goodJSON := fakeupstream.New(t, fakeupstream.Raw(200, fakeupstream.MessageBody(model, "ok", fakeupstream.Usage{InputTokens: 7, OutputTokens: 3})))
 	ch := func(name, url string, priority int) *Channel {
 		return &Channel{Name: name, UpstreamRaw: upstream("anthropic", "url", url, "api_key", "sk-up"), Models: []string{model}, Priority: priority,
+			Tokens: "1000000/100d", // refills a token in about 9s
 			Tuning: Tuning{FirstContentTimeout: caddy.Duration(200 * time.Millisecond), ResponseTimeout: caddy.Duration(200 * time.Millisecond)}}
 	}
 	r := &Relay{
@@ -320,12 +321,13 @@ func TestWastedTokensOfAttemptsFailedOver(t *testing.T) {
 	cases := []struct {
 		name, channel, good, body string
 		want                      int64
+		spent                     int64 // of the channel's token limit: input, cache writes, output
 	}{
-		{"a stream that reported its input and timed out before content", "wf-reported", "wf-good", streamBody, 300 + 50 + 20},
-		{"a stream that reported nothing: the estimate", "wf-unreported", "wf-good", streamBody, estimateTokens([]byte(streamBody))},
-		{"a request that timed out after it was sent: the estimate", "wf-silent", "wf-good-json", simpleBody, estimateTokens([]byte(simpleBody))},
-		{"an error answer wastes nothing", "wf-overloaded", "wf-good", streamBody, 0},
-		{"an upstream never connected wastes nothing", "wf-dead", "wf-good", streamBody, 0},
+		{"a stream that reported its input and timed out before content", "wf-reported", "wf-good", streamBody, 300 + 50 + 20, 300 + 20 + 1},
+		{"a stream that reported nothing: the estimate", "wf-unreported", "wf-good", streamBody, estimateTokens([]byte(streamBody)), estimateTokens([]byte(streamBody))},
+		{"a request that timed out after it was sent: the estimate", "wf-silent", "wf-good-json", simpleBody, estimateTokens([]byte(simpleBody)), estimateTokens([]byte(simpleBody))},
+		{"an error answer wastes nothing", "wf-overloaded", "wf-good", streamBody, 0, 0},
+		{"an upstream never connected wastes nothing", "wf-dead", "wf-good", streamBody, 0, 0},
 	}
 	for i, c := range cases {
 		secret := fmt.Sprintf("sk-wasted-failover-%d-0123456789", i)
@@ -361,6 +363,14 @@ func TestWastedTokensOfAttemptsFailedOver(t *testing.T) {
 			}
 			if got, _ := f["wasted_tokens"].(int64); got != c.want {
 				t.Errorf("log wasted_tokens = %v, want %d", f["wasted_tokens"], c.want)
+			}
+			// the channel's own quota spent them
+			bucket := r.groups[c.channel].channels[0].health.limits.tokens
+			bucket.mu.Lock()
+			level := bucket.level
+			bucket.mu.Unlock()
+			if spent := 1e6 - level; spent < float64(c.spent)-1 || spent > float64(c.spent) {
+				t.Errorf("the channel's token limit was charged %v, want %d", spent, c.spent)
 			}
 		})
 	}

@@ -2,7 +2,6 @@ package relay
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"io"
 	"net/http"
@@ -41,11 +40,19 @@ func (r *Relay) try(w http.ResponseWriter, req *http.Request, in *inbound, ch *c
 	defer t.release(r.now)
 	start := time.Now()
 	res := r.attempt(w, req, in, ch, n)
+	var tokens int64 // what the attempt spent of the channel's token limit
+	if in.answered == ch {
+		tokens = in.billed()
+	}
 	if !res.done {
 		// nothing of it reached the client, whose accounting never has its
-		// tokens; what the upstream processed is wasted if it is abandoned
+		// tokens; what the upstream processed is wasted if the attempt is
+		// abandoned, and the channel's quota spent it all the same
 		if res.accepted && in.route == routeMessages {
-			res.wasted = cmp.Or(in.usage.prompt(), in.estimate)
+			res.wasted, tokens = in.estimate, in.estimate
+			if p := in.usage.prompt(); p > 0 {
+				res.wasted, tokens = p, in.billed()
+			}
 		}
 		in.usage = usage{}
 	}
@@ -54,10 +61,6 @@ func (r *Relay) try(w http.ResponseWriter, req *http.Request, in *inbound, ch *c
 	metricAttempts.WithLabelValues(ch.name, v.outcome.String()).Inc()
 	if res.firstByte > 0 {
 		metricFirstByte.WithLabelValues(ch.name).Observe(res.firstByte.Seconds())
-	}
-	tokens := res.wasted // the channel's quota spent them all the same
-	if in.answered == ch {
-		tokens = in.billed()
 	}
 	if cooled := t.finish(v, ch.cooldown, r.now(), res.firstByte, tokens); cooled > 0 {
 		r.logger.Warn("channel cooling down",
