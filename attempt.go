@@ -206,12 +206,14 @@ func (d *deadline) arm(s stage, limit time.Duration) {
 func (d *deadline) stop() { d.timer.Stop() }
 
 // commitHeaders sets the response headers of a committed answer: the
-// upstream's (without hop-by-hop ones) and the relay's own.
+// upstream's (without hop-by-hop ones, nor its rate limits unless they
+// pass) and the relay's own.
 func (r *Relay) commitHeaders(w http.ResponseWriter, in *inbound, ch *channel, n int, resp *http.Response) {
 	h := w.Header()
-	copyResponseHeaders(h, resp.Header)
+	copyResponseHeaders(h, resp.Header, r.passRatelimit)
 	h.Del("Content-Length")
 	relayHeaders(h, in, ch, n, false)
+	r.ratelimitHeaders(h, in)
 }
 
 // relayHeaders sets the relay's own response headers: the channel that

@@ -66,6 +66,7 @@ func declareInCaddyfile(state map[string]any, r *Relay, by string) error {
 //		max_body_size         <size>
 //		max_response_size     <size>
 //		read_body_timeout     <duration>
+//		upstream_ratelimit_headers replace|pass
 //		first_byte_timeout    <duration>
 //		first_content_timeout <duration>
 //		response_timeout      <duration>
@@ -166,6 +167,10 @@ func (r *Relay) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "read_body_timeout":
 			if err := parseDuration(d, &r.ReadBodyTimeout); err != nil {
 				return err
+			}
+		case "upstream_ratelimit_headers":
+			if !d.AllArgs(&r.UpstreamRatelimitHeaders) {
+				return d.ArgErr()
 			}
 		case "key":
 			at := []string{"key", "#" + strconv.Itoa(len(r.Keys)+1)}

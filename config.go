@@ -119,6 +119,11 @@ func (r *Relay) validateConfig() error {
 	if err := r.Tuning.validate(); err != nil {
 		return err
 	}
+	switch r.UpstreamRatelimitHeaders {
+	case "", ratelimitReplace, ratelimitPass:
+	default:
+		return errAt([]string{"upstream_ratelimit_headers"}, "upstream_ratelimit_headers must be replace or pass, not %q", r.UpstreamRatelimitHeaders)
+	}
 	channels := make(map[string]*Channel, len(r.Channels))
 	for i, ch := range r.Channels {
 		if ch == nil || ch.Name == "" {

@@ -162,6 +162,7 @@ type inbound struct {
 	cost       float64 // in USD: list price x price_factor of the channel that answered; set by account (price)
 	wasted     int64   // input tokens of attempts abandoned on the way (relay_wasted_tokens_total)
 	keyGrant   grant   // what the key's limits admitted
+	keyAsked   bool    // the key's limits were asked (admitted or refused): its rate limit headers are known
 	fallbacks  int     // fallback models tried so far
 
 	call    Call          // the current attempt's, for its provider
