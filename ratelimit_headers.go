@@ -60,10 +60,10 @@ func seconds(s float64) time.Duration {
 	return time.Duration(min(s, maxRetryHint.Seconds()) * float64(time.Second))
 }
 
-// headroom is what the limiter has left at now, as far as a request that
-// holds g knows: the fleet store's answer to it, or this relay's own
-// limits.
-func (l *limiter) headroom(now time.Time, g grant) (limits, headroom) {
+// left is what the limiter has left at now, as far as a request that holds
+// g knows (the fleet store's answer to it, or this relay's own limits),
+// and the limits it has.
+func (l *limiter) left(now time.Time, g grant) (limits, headroom) {
 	l.mu.Lock()
 	spec, requests, tokens := l.spec, l.requests, l.tokens
 	l.mu.Unlock()
@@ -116,6 +116,6 @@ func (r *Relay) ratelimitHeaders(h http.Header, in *inbound) {
 	if r.passRatelimit || !in.keyAsked {
 		return
 	}
-	spec, left := in.key.limits.headroom(r.now(), in.keyGrant)
+	spec, left := in.key.limits.left(r.now(), in.keyGrant)
 	setRatelimitHeaders(h, spec, left)
 }

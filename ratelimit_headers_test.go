@@ -215,7 +215,7 @@ func TestHeadroomOfLocalLimits(t *testing.T) {
 	if scope != scopeNone {
 		t.Fatal(scope)
 	}
-	spec, left := l.headroom(testNow, g)
+	spec, left := l.left(testNow, g)
 	if left.requests != 2 || !left.requestsFull.Equal(testNow.Add(20*time.Second)) || left.tokens != 900 || !left.tokensFull.Equal(testNow.Add(15*time.Second)) {
 		t.Errorf("after one request of 300 tokens: %+v", left)
 	}
@@ -231,7 +231,7 @@ func TestHeadroomOfLocalLimits(t *testing.T) {
 	}
 	// the bucket in debt: nothing remains, full again once the debt is paid
 	l.charge(testNow, &g, 1000)
-	if _, left := l.headroom(testNow, g); left.tokens != 0 || !left.tokensFull.Equal(testNow.Add(65*time.Second)) {
+	if _, left := l.left(testNow, g); left.tokens != 0 || !left.tokensFull.Equal(testNow.Add(65*time.Second)) {
 		t.Errorf("in debt: %+v", left)
 	}
 	// a reset that falls inside a second is rounded up to the next

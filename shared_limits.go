@@ -43,8 +43,8 @@ import (
 // bucket is full again}: scope 0 when admitted, else the limit that refused
 // (1 concurrency, 2 rate, 3 tokens) and wait the ms until it may pass (0:
 // unknown). What is left counts this request when it was admitted, and is 0
-// for a limit the thing does not have; the times are from Redis's clock,
-// which the relays' need not agree with.
+// for a limit the thing does not have; the times are ms from Redis's own
+// now, so the relays' clocks need not agree with it.
 var admitScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
