@@ -32,11 +32,8 @@ func (r *Relay) account(in *inbound) {
 	model, served := r.modelLabel(in.model), r.modelLabel(in.target)
 
 	u := in.usage
-	var cost float64
-	rates := r.prices.lookup(in.target) // what was served is what is billed
-	if rates != nil {
-		cost = rates.cost(u)
-	}
+	priced := r.price(in)
+	cost := in.cost
 	if in.key != nil {
 		in.key.spend.charge(r.now(), cost, r.logger)
 	}
@@ -50,7 +47,7 @@ func (r *Relay) account(in *inbound) {
 			metricTokens.WithLabelValues(group, channel, served, t.kind).Add(float64(t.n))
 		}
 		if cost > 0 {
-			metricCost.WithLabelValues(group, key, served).Add(cost)
+			metricCost.WithLabelValues(group, channel, served).Add(cost)
 		}
 		if in.incomplete {
 			metricIncomplete.WithLabelValues(group, model).Inc()
@@ -84,10 +81,44 @@ func (r *Relay) account(in *inbound) {
 	if in.target != in.model {
 		fields = append(fields, zap.String("served_model", in.target))
 	}
-	if rates != nil {
+	if priced {
 		fields = append(fields, zap.Float64("cost_usd", cost))
 	}
+	if in.wasted > 0 {
+		fields = append(fields, zap.Int64("wasted_tokens", in.wasted))
+	}
 	c.Write(fields...)
+}
+
+// price sets in.cost, what the request costs: the list price of the usage
+// its client got, at the price of the model that served it, times the
+// price factor of the channel that answered. It reports whether that model
+// has a price.
+func (r *Relay) price(in *inbound) bool {
+	rates := r.prices.lookup(in.target) // what was served is what is billed
+	if rates == nil {
+		return false
+	}
+	in.cost = 0
+	if in.answered != nil {
+		in.cost = rates.cost(in.usage) * in.answered.priceFactor
+	}
+	return true
+}
+
+// Reasons of relay_wasted_tokens_total.
+const (
+	wasteFailover = "failover"
+	wasteCanceled = "canceled"
+)
+
+// waste counts the input tokens of an abandoned attempt, which the
+// upstream processed for nothing (see attemptResult.accepted).
+func (in *inbound) waste(res attemptResult, reason string) {
+	if res.wasted > 0 {
+		metricWasted.WithLabelValues(res.channel.name, reason).Add(float64(res.wasted))
+		in.wasted += res.wasted
+	}
 }
 
 // placeholder answers the {http.relay.*} placeholders from what the

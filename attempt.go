@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -25,6 +26,12 @@ type attemptResult struct {
 	status    int
 	header    http.Header
 	body      []byte
+	// accepted says that the upstream took the request and was working on
+	// it when the attempt ended: it timed out after connecting, the client
+	// left meanwhile, or its 2xx answer broke before it proved itself. An
+	// error answer was not accepted. Abandoned, its input is wasted.
+	accepted bool
+	wasted   int64 // the input tokens wasted, once the attempt is abandoned
 }
 
 // try runs one admitted attempt and records its verdict in the channel's
@@ -33,15 +40,27 @@ func (r *Relay) try(w http.ResponseWriter, req *http.Request, in *inbound, ch *c
 	defer t.release(r.now)
 	start := time.Now()
 	res := r.attempt(w, req, in, ch, n)
+	var tokens int64 // what the attempt spent of the channel's token limit
+	if in.answered == ch {
+		tokens = in.billed()
+	}
+	if !res.done {
+		// nothing of it reached the client, whose accounting never has its
+		// tokens; what the upstream processed is wasted if the attempt is
+		// abandoned, and the channel's quota spent it all the same
+		if res.accepted && in.route == routeMessages {
+			res.wasted, tokens = in.estimate, in.estimate
+			if p := in.usage.prompt(); p > 0 {
+				res.wasted, tokens = p, in.billed()
+			}
+		}
+		in.usage = usage{}
+	}
 	v := res.verdict
 	in.chain = append(in.chain, attemptRecord{channel: ch.name, outcome: v.outcome, duration: time.Since(start)})
 	metricAttempts.WithLabelValues(ch.name, v.outcome.String()).Inc()
 	if res.firstByte > 0 {
 		metricFirstByte.WithLabelValues(ch.name).Observe(res.firstByte.Seconds())
-	}
-	var tokens int64
-	if in.answered == ch {
-		tokens = in.billed()
 	}
 	if cooled := t.finish(v, ch.cooldown, r.now(), res.firstByte, tokens); cooled > 0 {
 		r.logger.Warn("channel cooling down",
@@ -66,6 +85,9 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 	fail := func(err error) attemptResult {
 		return attemptResult{verdict: classifyError(ctx, req.Context(), err), channel: ch}
 	}
+	// an upstream that never had a connection never had the request
+	var connected atomic.Bool
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { connected.Store(true) }})
 
 	call := in.callFor(ch)
 	upReq, err := ch.provider.NewRequest(ctx, call)
@@ -83,7 +105,9 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 	sent := time.Now()
 	resp, err := ch.rt.RoundTrip(upReq)
 	if err != nil {
-		return fail(err)
+		res := fail(err)
+		res.accepted = connected.Load() && (res.verdict.timeout || res.verdict.outcome == outcomeCanceled)
+		return res
 	}
 	firstByteTime := time.Since(sent) // before a provider reads an error body
 	defer resp.Body.Close()
@@ -120,13 +144,19 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 		return res
 	}
 
+	// a 2xx answer: the upstream has done the work, whatever happens to
+	// its body now
 	buf := bodyPool.Get().(*bytes.Buffer)
 	defer releaseBody(buf)
 	if _, err := buf.ReadFrom(io.LimitReader(resp.Body, r.MaxResponseSize+1)); err != nil {
-		return fail(err)
+		res := fail(err)
+		res.accepted = true
+		return res
 	}
 	if int64(buf.Len()) > r.MaxResponseSize {
-		return fail(errResponseTooLarge)
+		res := fail(errResponseTooLarge)
+		res.accepted = true
+		return res
 	}
 	dl.stop()
 	in.usage.fromMessage(buf.Bytes())
@@ -176,12 +206,14 @@ func (d *deadline) arm(s stage, limit time.Duration) {
 func (d *deadline) stop() { d.timer.Stop() }
 
 // commitHeaders sets the response headers of a committed answer: the
-// upstream's (without hop-by-hop ones) and the relay's own.
+// upstream's (without hop-by-hop ones, nor its rate limits unless they
+// pass) and the relay's own.
 func (r *Relay) commitHeaders(w http.ResponseWriter, in *inbound, ch *channel, n int, resp *http.Response) {
 	h := w.Header()
-	copyResponseHeaders(h, resp.Header)
+	copyResponseHeaders(h, resp.Header, r.passRatelimit)
 	h.Del("Content-Length")
 	relayHeaders(h, in, ch, n, false)
+	r.ratelimitHeaders(h, in)
 }
 
 // relayHeaders sets the relay's own response headers: the channel that

@@ -66,6 +66,7 @@ func declareInCaddyfile(state map[string]any, r *Relay, by string) error {
 //		max_body_size         <size>
 //		max_response_size     <size>
 //		read_body_timeout     <duration>
+//		upstream_ratelimit_headers replace|pass
 //		first_byte_timeout    <duration>
 //		first_content_timeout <duration>
 //		response_timeout      <duration>
@@ -107,6 +108,7 @@ func declareInCaddyfile(state map[string]any, r *Relay, by string) error {
 //			rate        <n>/<period>
 //			tokens      <n>/<period>
 //			concurrency <n>
+//			price_factor <factor>
 //			transport http {
 //				<reverse_proxy's http transport options>
 //			}
@@ -167,6 +169,10 @@ func (r *Relay) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "read_body_timeout":
 			if err := parseDuration(d, &r.ReadBodyTimeout); err != nil {
 				return err
+			}
+		case "upstream_ratelimit_headers":
+			if !d.AllArgs(&r.UpstreamRatelimitHeaders) {
+				return d.ArgErr()
 			}
 		case "key":
 			at := []string{"key", "#" + strconv.Itoa(len(r.Keys)+1)}
@@ -638,6 +644,18 @@ func parseChannel(d *caddyfile.Dispenser, pos positions) (*Channel, error) {
 				d.Prev()
 			}
 			up.take(d)
+		case "price_factor":
+			var f float64
+			if err := parseArg(d, &f, func(v string) (float64, error) {
+				f, err := strconv.ParseFloat(v, 64)
+				if err != nil || !(f > 0) || math.IsInf(f, 0) {
+					return 0, fmt.Errorf("%q is not a number above 0 (the channel's price over the list price: 0.8 for 80%%)", v)
+				}
+				return f, nil
+			}); err != nil {
+				return nil, err
+			}
+			ch.PriceFactor = &f
 		case "probe":
 			p, err := parseProbe(d)
 			if err != nil {

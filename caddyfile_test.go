@@ -98,6 +98,7 @@ const fullRelayCaddyfile = `relay {
 	channel mock-b {
 		provider mock
 		fail_rate 0.25
+		price_factor 0.8
 	}
 
 	group production {
@@ -114,6 +115,8 @@ const fullRelayCaddyfile = `relay {
 `
 
 func groupRetries(n int) *int { return &n }
+
+func priceFactor(f float64) *float64 { return &f }
 
 func TestCaddyfileFullConfig(t *testing.T) {
 	r, err := parseRelay(t, fullRelayCaddyfile)
@@ -169,7 +172,7 @@ func TestCaddyfileFullConfig(t *testing.T) {
 			{Name: "local-proxy", UpstreamRaw: json.RawMessage(`{"api_key":"{file./run/secrets/proxy}","provider":"anthropic","url":"http://127.0.0.1:9000/anthropic"}`), Priority: 2},
 			{Name: "default-url", UpstreamRaw: json.RawMessage(`{"api_key":"{env.SECOND_KEY}","provider":"anthropic"}`)},
 			{Name: "mock-a", UpstreamRaw: json.RawMessage(`{"fail_rate":0.1,"latency":50000000,"provider":"mock","reply_tokens":32}`), Weight: 3},
-			{Name: "mock-b", UpstreamRaw: json.RawMessage(`{"fail_rate":0.25,"provider":"mock"}`)},
+			{Name: "mock-b", UpstreamRaw: json.RawMessage(`{"fail_rate":0.25,"provider":"mock"}`), PriceFactor: priceFactor(0.8)},
 		},
 		Groups: []*Group{
 			{Name: "production", Channels: []string{"anthropic-main", "local-proxy", "default-url", "mock-a"}, Retries: groupRetries(3), ExposeChannel: true},
@@ -411,6 +414,26 @@ func TestCaddyfileErrors(t *testing.T) {
 			name:  "unknown key option",
 			input: caddyfileWith("key sk-test g {\n\tlabel x\n}\n", "", ""),
 			want:  []string{`unrecognized key option "label"`},
+		},
+		{
+			name:  "a price factor of 0",
+			input: caddyfileWith("", "channel a {\n\tapi_key {env.A}\n\tprice_factor 0\n}\n", ""),
+			want:  []string{"price_factor", `"0" is not a number above 0`},
+		},
+		{
+			name:  "a negative price factor",
+			input: caddyfileWith("", "channel a {\n\tapi_key {env.A}\n\tprice_factor -0.5\n}\n", ""),
+			want:  []string{"price_factor", "not a number above 0"},
+		},
+		{
+			name:  "a price factor that is not a number",
+			input: caddyfileWith("", "channel a {\n\tapi_key {env.A}\n\tprice_factor 80%\n}\n", ""),
+			want:  []string{"price_factor", `"80%" is not a number above 0`},
+		},
+		{
+			name:  "a price factor without a value",
+			input: caddyfileWith("", "channel a {\n\tapi_key {env.A}\n\tprice_factor\n}\n", ""),
+			want:  []string{"wrong argument count"},
 		},
 		{
 			name:  "negative weight",
@@ -785,6 +808,7 @@ func TestCaddyfileErrorsPointAtTheirLine(t *testing.T) {
 		"a key's expires that is no RFC 3339 time": base("\tkey sk-other-secret-0123456789 prod {\n\t\tname other\n\t\texpires 2027-01-31 # here\n\t}\n", "", ""),
 		"disabled given an argument":               base("\tkey sk-other-secret-0123456789 prod {\n\t\tdisabled yes # here\n\t}\n", "", ""),
 		"a split of no share":                      base("", "", "\t\tsplit a 0 # here\n"),
+		"a channel's bad price factor":             base("", "\t\tprice_factor -1 # here\n", ""),
 	} {
 		line := 0
 		for i, l := range strings.Split(src, "\n") {

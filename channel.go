@@ -35,7 +35,8 @@ type channel struct {
 	cooldown     cooldownPolicy
 	breaker      breakerSettings
 	limits       limits
-	probe        *probe // nil: no active probes
+	probe        *probe  // nil: no active probes
+	priceFactor  float64 // its price over the list price
 }
 
 // Defaults of the timeouts and cooldowns.
@@ -75,6 +76,10 @@ func (r *Relay) provisionChannel(ctx caddy.Context, cfg *Channel) (*channel, err
 		name:     cfg.Name,
 		priority: max(cfg.Priority, 1),
 		weight:   cfg.Weight,
+	}
+	ch.priceFactor = 1
+	if cfg.PriceFactor != nil {
+		ch.priceFactor = *cfg.PriceFactor // validated already
 	}
 	if ch.weight == 0 {
 		ch.weight = 1
@@ -353,6 +358,14 @@ type Channel struct {
 	Rate        string `json:"rate,omitempty"`
 	Tokens      string `json:"tokens,omitempty"`
 	Concurrency int    `json:"concurrency,omitempty"`
+
+	// PriceFactor is what this channel's tokens cost relative to the list
+	// price (the `pricing` block or the built-in list): a reseller that
+	// charges 80% of it is 0.8. A request's cost, in relay_cost_usd_total,
+	// the log line's cost_usd and what a key is charged, is its list cost
+	// times the factor of the channel that served it. It must be above 0.
+	// Default: 1.
+	PriceFactor *float64 `json:"price_factor,omitempty"`
 
 	// Probe, when set, probes the channel while it is cooling down or its
 	// breaker is open, and puts it back into rotation as soon as a probe

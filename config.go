@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 
@@ -117,6 +118,11 @@ func (r *Relay) validateConfig() error {
 	}
 	if err := r.Tuning.validate(); err != nil {
 		return err
+	}
+	switch r.UpstreamRatelimitHeaders {
+	case "", ratelimitReplace, ratelimitPass:
+	default:
+		return errAt([]string{"upstream_ratelimit_headers"}, "upstream_ratelimit_headers must be replace or pass, not %q", r.UpstreamRatelimitHeaders)
 	}
 	channels := make(map[string]*Channel, len(r.Channels))
 	for i, ch := range r.Channels {
@@ -379,6 +385,9 @@ func (ch *Channel) validate() error {
 	}
 	if err := checkLimits(ch.Rate, ch.Tokens, ch.Concurrency); err != nil {
 		return err
+	}
+	if f := ch.PriceFactor; f != nil && (!(*f > 0) || math.IsInf(*f, 0)) {
+		return errAt([]string{"price_factor"}, "price_factor must be a number above 0, the channel's price over the list price (0.8 for 80%%), not %v", *f)
 	}
 	if p := ch.Probe; p != nil {
 		probe := []string{"probe"}

@@ -144,6 +144,10 @@ type grant struct {
 	lease   string       // the store's concurrency slot; "" for none
 	tokens  bool         // it is held to the token limit
 	charged int64        // tokens charged so far, corrected by done
+	// left is what the fleet's store said the limits had left when it
+	// admitted (or refused) the request; this relay's own limits are read
+	// when asked instead
+	left headroom
 }
 
 // scopeStorage refuses a request because the fleet's store did not answer
@@ -159,14 +163,14 @@ const scopeStorage limitScope = "storage"
 // back with done.
 func (l *limiter) take(now time.Time, estimate int64) (grant, limitScope, time.Duration) {
 	if s := l.shared.Load(); s != nil {
-		g, scope, wait, err := s.admit(l.limits(), estimate)
+		g, scope, wait, err := s.admit(now, l.limits(), estimate)
 		switch {
 		case err == nil && scope == scopeNone:
 			l.inflight.Add(1)
 			return g, scopeNone, 0
 		case err == nil:
 			l.refusedUntil.Store(now.Add(max(wait, sharedBusyHint)).UnixNano())
-			return grant{}, scope, wait
+			return grant{left: g.left}, scope, wait
 		case s.f.deny:
 			return grant{}, scopeStorage, 0
 		}
@@ -236,7 +240,9 @@ func (l *limiter) charge(now time.Time, g *grant, n int64) {
 	}
 	g.charged += n
 	if g.store != nil {
-		g.store.correct(l.limits(), n)
+		spec := l.limits()
+		g.store.correct(spec, n)
+		g.left.charge(spec.tokens, n)
 		return
 	}
 	l.mu.Lock()
@@ -361,12 +367,16 @@ func (b *tokenBucket) wait(now time.Time) time.Duration {
 
 // levelAt is what the bucket holds at now, without taking anything.
 func (b *tokenBucket) levelAt(now time.Time) float64 {
+	level, _, _ := b.state(now)
+	return level
+}
+
+// state is the bucket's level at now, and its rate and size.
+func (b *tokenBucket) state(now time.Time) (level, perSec, burst float64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if now.After(b.last) {
-		return min(b.burst, b.level+now.Sub(b.last).Seconds()*b.perSec)
-	}
-	return b.level
+	b.refill(now)
+	return b.level, b.perSec, b.burst
 }
 
 // charge takes n tokens (gives them back when negative).

@@ -45,8 +45,13 @@ var (
 
 	metricCost = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "relay_cost_usd_total",
-		Help: "Cost of the tokens at the configured prices, in US dollars, by group, key name and model.",
-	}, []string{"group", "key", "model"})
+		Help: "Cost of the tokens at the configured prices times the price factor of the channel that served them, in US dollars, by group, that channel and model.",
+	}, []string{"group", "channel", "model"})
+
+	metricWasted = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "relay_wasted_tokens_total",
+		Help: "Input tokens (input, cache read and cache write; the request's estimate when the upstream reported none) that an upstream processed in attempts the relay abandoned, by channel and reason: failover (the upstream had the request, a timeout or a stream that broke before its content, and another attempt followed) or canceled (the client left before the attempt's answer reached it). The client is never charged for them.",
+	}, []string{"channel", "reason"})
 
 	metricIncomplete = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "relay_incomplete_total",
@@ -107,7 +112,7 @@ var (
 
 var collectors = []prometheus.Collector{
 	metricRequests, metricDuration, metricFirstByte, metricAttempts, metricFailovers,
-	metricTokens, metricCost, metricIncomplete, metricDropped, metricStates,
+	metricTokens, metricCost, metricWasted, metricIncomplete, metricDropped, metricStates,
 	metricRateLimited, metricQueueWait, metricQueueDepth, metricFallbacks, metricSpend,
 }
 

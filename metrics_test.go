@@ -57,7 +57,8 @@ func TestMetricsAfterAScriptedMix(t *testing.T) {
 		{"relay_tokens_total", []string{"group=mx", "channel=mx-ok", sonnet, "kind=output"}, 22},
 		{"relay_tokens_total", []string{"group=mx", "channel=mx-ok", sonnet, "kind=cache_read"}, 30},
 		{"relay_tokens_total", []string{"group=mx", "channel=mx-ok", sonnet, "kind=cache_write"}, 40},
-		{"relay_cost_usd_total", []string{"group=mx", "key=mx-key", sonnet}, wantCost},
+		{"relay_cost_usd_total", []string{"group=mx", "channel=mx-ok", sonnet}, wantCost},
+		{"relay_cost_usd_total", []string{"group=mx", "channel=mx-bad", sonnet}, -1}, // it answered nothing
 		{"relay_request_duration_seconds", []string{"group=mx", sonnet}, 2},
 		{"relay_upstream_first_byte_seconds", []string{"channel=mx-ok"}, 2},
 		{"relay_upstream_first_byte_seconds", []string{"channel=mx-bad"}, 1},

@@ -193,11 +193,12 @@ var upstreamOnlyHeaders = map[string]bool{
 }
 
 // copyResponseHeaders copies upstream response headers to the client's,
-// without hop-by-hop headers, those the Connection header names, and those
-// that say who the upstream account is.
-func copyResponseHeaders(dst, src http.Header) {
+// without hop-by-hop headers, those the Connection header names, those
+// that say who the upstream account is, and its anthropic-ratelimit-*
+// headers unless keepRatelimit.
+func copyResponseHeaders(dst, src http.Header, keepRatelimit bool) {
 	for k, vs := range src {
-		if hopHeaders[k] || upstreamOnlyHeaders[k] {
+		if hopHeaders[k] || upstreamOnlyHeaders[k] || !keepRatelimit && isRatelimitHeader(k) {
 			continue
 		}
 		dst[k] = vs

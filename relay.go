@@ -63,6 +63,17 @@ type Relay struct {
 	// in memory and needs nothing.
 	Storage *Storage `json:"storage,omitempty"`
 
+	// UpstreamRatelimitHeaders says what clients learn of rate limits.
+	// `replace` (the default): no upstream's anthropic-ratelimit-* header
+	// reaches a client (they describe the upstream organisation, which the
+	// relay's tenants share), and every answer to a key's request carries
+	// anthropic-ratelimit-requests-* and -tokens-* (limit, remaining, reset)
+	// of that key's own `rate` and `tokens` limits, for those it has.
+	// `pass`: the upstream's headers reach the client unchanged, and the
+	// relay adds none. Either way the relay reads the upstream's to stop
+	// before an upstream's limit.
+	UpstreamRatelimitHeaders string `json:"upstream_ratelimit_headers,omitempty"`
+
 	// Pricing sets the price of models, in US dollars per million tokens,
 	// by the model name clients send (a dated snapshot such as
 	// claude-sonnet-4-5-20250929 takes the price of claude-sonnet-4-5). It
@@ -82,6 +93,7 @@ type Relay struct {
 	logger             *zap.Logger
 	prices             pricebook
 	modelNames         map[string]bool // every model a channel lists, for metric labels
+	passRatelimit      bool            // upstream_ratelimit_headers pass
 	rand               randIntN
 	now                func() time.Time
 }
@@ -119,6 +131,7 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 	if err := r.validateConfig(); err != nil {
 		return err
 	}
+	r.passRatelimit = r.UpstreamRatelimitHeaders == ratelimitPass
 	if err := r.declare(ctx); err != nil {
 		return err
 	}
@@ -303,6 +316,7 @@ func (r *Relay) answer(w http.ResponseWriter, in *inbound, f *failure) {
 	}
 	if f.err != nil {
 		in.status, in.cause = f.err.status, cmp.Or(f.err.cause, causeClient)
+		r.ratelimitHeaders(h, in)
 		f.err.write(w, in.id)
 		return
 	}
@@ -310,7 +324,8 @@ func (r *Relay) answer(w http.ResponseWriter, in *inbound, f *failure) {
 	if last.verdict.outcome == outcomeClientError {
 		in.cause = causeClient
 	}
-	copyResponseHeaders(h, last.header)
+	copyResponseHeaders(h, last.header, r.passRatelimit)
+	r.ratelimitHeaders(h, in)
 	if f.attempts > 1 {
 		h.Set("X-Should-Retry", "false")
 	}
@@ -339,11 +354,12 @@ func (r *Relay) admitKey(in *inbound, contentLength int64) *relayError {
 	g, scope, wait := in.key.limits.take(r.now(), estimate)
 	switch scope {
 	case scopeNone:
-		in.keyGrant = g
+		in.keyGrant, in.keyAsked = g, true
 		return nil
 	case scopeStorage:
 		return errStorageUnavailable()
 	}
+	in.keyGrant, in.keyAsked = g, true // what it has left, for the 429's headers
 	metricRateLimited.WithLabelValues(in.key.name, string(scope)).Inc()
 	return errKeyLimited(in.key.name, scope, wait)
 }
@@ -458,12 +474,16 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 		in.attempts = n
 		if n > 1 {
 			metricFailovers.WithLabelValues(g.name).Inc()
+			in.waste(last, wasteFailover)
 		}
 		res := r.try(w, req, in, ch, n, t)
 		switch {
-		case res.done || res.verdict.outcome == outcomeCanceled:
-			// answered, or the client is gone: nobody is left to fail over
-			// for, and a departure spends no retry budget
+		case res.done:
+			return nil
+		case res.verdict.outcome == outcomeCanceled:
+			// the client is gone: nobody is left to fail over for, and a
+			// departure spends no retry budget
+			in.waste(res, wasteCanceled)
 			return nil
 		case !res.verdict.outcome.retryable() || n > g.retries:
 			return &failure{last: res, attempts: n}

@@ -157,10 +157,13 @@ type inbound struct {
 	chain      []attemptRecord
 	chainBuf   [4]attemptRecord
 	usage      usage
-	incomplete bool  // the answer did not complete: tokens are the ones seen
-	estimate   int64 // input tokens guessed from the body, for the token limits
-	keyGrant   grant // what the key's limits admitted
-	fallbacks  int   // fallback models tried so far
+	incomplete bool    // the answer did not complete: tokens are the ones seen
+	estimate   int64   // input tokens guessed from the body, for the token limits
+	cost       float64 // in USD: list price x price_factor of the channel that answered; set by account (price)
+	wasted     int64   // input tokens of attempts abandoned on the way (relay_wasted_tokens_total)
+	keyGrant   grant   // what the key's limits admitted
+	keyAsked   bool    // the key's limits were asked (admitted or refused): its rate limit headers are known
+	fallbacks  int     // fallback models tried so far
 
 	call    Call          // the current attempt's, for its provider
 	bodyBuf *bytes.Buffer // the pooled buffer behind body; nil once released

@@ -38,45 +38,67 @@ import (
 // lease set, the rate's arrival time, the token bucket. ARGV: the lease id,
 // max concurrency (0: none), lease ms, rate emission interval in ms (0:
 // none), rate burst, tokens per ms (0: none), token burst, the tokens to
-// charge (-1: do not look at tokens). It returns {0, 0} when admitted, or
-// the limit that refused (1 concurrency, 2 rate, 3 tokens) and the ms until
-// it may pass (0: unknown).
+// charge (-1: do not hold the request to tokens). It returns {scope, wait,
+// requests left, ms until the rate is full again, tokens left, ms until the
+// bucket is full again}: scope 0 when admitted, else the limit that refused
+// (1 concurrency, 2 rate, 3 tokens) and wait the ms until it may pass (0:
+// unknown). What is left counts this request when it was admitted, and is 0
+// for a limit the thing does not have; the times are ms from Redis's own
+// now, so the relays' clocks need not agree with it.
 var admitScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease, maxc, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local emission, burst = tonumber(ARGV[4]), tonumber(ARGV[5])
 local perms, tburst, charge = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
-if maxc > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-  if redis.call('ZCARD', KEYS[1]) >= maxc then return {1, 0} end
-end
 local tat = now
 if emission > 0 then
   tat = math.max(tonumber(redis.call('GET', KEYS[2]) or 0), now)
-  local allow = tat + emission - burst * emission
-  if now < allow then return {2, math.ceil(allow - now)} end
 end
 local level = 0
-if perms > 0 and charge >= 0 then
+if perms > 0 then
   local h = redis.call('HMGET', KEYS[3], 'level', 'last')
   level = tonumber(h[1]) or tburst
   local last = tonumber(h[2]) or now
   if now > last then level = math.min(tburst, level + (now - last) * perms) end
-  if level < 1 then return {3, math.ceil((1 - level) / perms)} end
+end
+local function answer(scope, wait)
+  local rleft, rfull, tleft, tfull = 0, 0, 0, 0
+  if emission > 0 then
+    rleft = math.max(0, math.floor(burst - (tat - now) / emission))
+    rfull = math.ceil(tat - now)
+  end
+  if perms > 0 then
+    tleft = math.max(0, math.floor(level))
+    tfull = math.max(0, math.ceil((tburst - level) / perms))
+  end
+  return {scope, wait, rleft, rfull, tleft, tfull}
+end
+if maxc > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  if redis.call('ZCARD', KEYS[1]) >= maxc then return answer(1, 0) end
+end
+if emission > 0 then
+  local allow = tat + emission - burst * emission
+  if now < allow then return answer(2, math.ceil(allow - now)) end
+end
+if perms > 0 and charge >= 0 and level < 1 then
+  return answer(3, math.ceil((1 - level) / perms))
 end
 if maxc > 0 then
   redis.call('ZADD', KEYS[1], now + ttl, lease)
   redis.call('PEXPIRE', KEYS[1], ttl * 2)
 end
 if emission > 0 then
-  redis.call('SET', KEYS[2], tat + emission, 'PX', math.ceil(tat + emission - now) + 1000)
+  tat = tat + emission
+  redis.call('SET', KEYS[2], tat, 'PX', math.ceil(tat - now) + 1000)
 end
 if perms > 0 and charge >= 0 then
-  redis.call('HSET', KEYS[3], 'level', level - charge, 'last', now)
+  level = level - charge
+  redis.call('HSET', KEYS[3], 'level', level, 'last', now)
   redis.call('PEXPIRE', KEYS[3], math.ceil(tburst / perms) + 60000)
 end
-return {0, 0}
+return answer(0, 0)
 `)
 
 // chargeScript charges (or, negative, gives back) tokens, whatever the
@@ -133,8 +155,9 @@ type leaseRef struct{ set, id string }
 var scriptScopes = [...]limitScope{scopeNone, scopeConcurrency, scopeRate, scopeTokens}
 
 // admit asks Redis to admit one request under spec, charging estimate
-// tokens when estimate >= 0. With err set, Redis did not answer.
-func (s *sharedLimit) admit(spec limits, estimate int64) (g grant, scope limitScope, wait time.Duration, err error) {
+// tokens when estimate >= 0. With err set, Redis did not answer. Admitted
+// or refused, g.left is what the limits have left, as of now.
+func (s *sharedLimit) admit(now time.Time, spec limits, estimate int64) (g grant, scope limitScope, wait time.Duration, err error) {
 	f := s.f
 	g.store = s
 	if spec.concurrency > 0 {
@@ -160,12 +183,16 @@ func (s *sharedLimit) admit(spec limits, estimate int64) (g grant, scope limitSc
 	if err != nil {
 		return grant{}, scopeNone, 0, err
 	}
-	if len(res) != 2 || res[0] < 0 || res[0] >= int64(len(scriptScopes)) {
+	if len(res) != 6 || res[0] < 0 || res[0] >= int64(len(scriptScopes)) {
 		return grant{}, scopeNone, 0, errStorageDown
 	}
+	left := headroom{known: true,
+		requests: res[2], requestsFull: now.Add(time.Duration(res[3]) * time.Millisecond),
+		tokens: res[4], tokensFull: now.Add(time.Duration(res[5]) * time.Millisecond)}
 	if scope = scriptScopes[res[0]]; scope != scopeNone {
-		return grant{}, scope, time.Duration(res[1]) * time.Millisecond, nil
+		return grant{left: left}, scope, time.Duration(res[1]) * time.Millisecond, nil
 	}
+	g.left = left
 	if g.lease != "" {
 		f.hold(leaseRef{s.lease, g.lease})
 	}

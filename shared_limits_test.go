@@ -145,7 +145,7 @@ func TestSharedRateKeepsSubMillisecondIntervals(t *testing.T) {
 	}
 	admitted := 0
 	for _, c := range cmds {
-		if v, _ := c.Int64Slice(); len(v) == 2 && v[0] == 0 {
+		if v, _ := c.Int64Slice(); len(v) == 6 && v[0] == 0 {
 			admitted++
 		}
 	}

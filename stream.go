@@ -97,7 +97,9 @@ func (s *streamAttempt) hold(rd *sse.Reader, held []byte) (_ []byte, res attempt
 			if err == io.EOF || err == io.ErrUnexpectedEOF {
 				v.reason = "stream ended before any content"
 			}
-			return nil, attemptResult{verdict: v, channel: s.ch}, false
+			// the upstream had begun its answer: it broke, it timed out, or
+			// the client left
+			return nil, attemptResult{verdict: v, channel: s.ch, accepted: true}, false
 		}
 		if !s.wellFormed(ev) {
 			continue
