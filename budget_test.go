@@ -2,8 +2,12 @@ package relay
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -14,6 +18,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
 	"github.com/caddy-relay/relay/internal/redistest"
@@ -237,5 +242,85 @@ func TestSpendIsSharedByAFleet(t *testing.T) {
 	got, err := srv.Command("GET", "spend:{s:shared-spend}:day:"+periodDay.start(now).Format("20060102"))
 	if n, _ := strconv.ParseInt(got, 10, 64); err != nil || n != 1_100_000_000 {
 		t.Errorf("the day's total in Redis: %q %v, want 1100000000 billionths of a dollar", got, err)
+	}
+}
+
+// TestBudgetAlertsOnRealSpend spends two keys' budgets through the relay,
+// one to its warning share and one whole, hands what the relay exports to
+// promtool, and evaluates the shipped budget alerts on it: each fires for
+// its key alone.
+func TestBudgetAlertsOnRealSpend(t *testing.T) {
+	promtool := needTool(t, "promtool", "apt-get install -y prometheus")
+	var hits atomic.Int64
+	for name, answers := range map[string]int{"budget-alert-near": 4, "budget-alert-spent": 5, "budget-alert-low": 1} {
+		r, _ := budgetRelay(t, name, []string{"1usd/day"}, &hits)
+		for range answers {
+			if w, _ := serveHandler(t, r, newRequest(`{"model":"m-budget","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`, "sk-"+name)); w.Code != 200 {
+				t.Fatalf("%s: %d", name, w.Code)
+			}
+		}
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(metricSpend)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var series strings.Builder
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			var pairs []string
+			keep := false
+			for _, l := range m.GetLabel() {
+				pairs = append(pairs, l.GetName()+"="+strconv.Quote(l.GetValue()))
+				keep = keep || l.GetName() == "key" && strings.HasPrefix(l.GetValue(), "budget-alert-")
+			}
+			if keep {
+				fmt.Fprintf(&series, "      - series: '%s{%s}'\n        values: '%gx10'\n", mf.GetName(), strings.Join(pairs, ","), m.GetGauge().GetValue())
+			}
+		}
+	}
+	rules, err := filepath.Abs("examples/prometheus/relay-rules.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(rules)
+	var file struct {
+		Groups []struct {
+			Rules []struct{ Alert, Expr string } `yaml:"rules"`
+		} `yaml:"groups"`
+	}
+	if err := yaml.Unmarshal(b, &file); err != nil {
+		t.Fatal(err)
+	}
+	exprs := map[string]string{}
+	for _, g := range file.Groups {
+		for _, r := range g.Rules {
+			exprs[r.Alert] = strings.TrimSpace(r.Expr)
+		}
+	}
+	test := fmt.Sprintf(`rule_files: [%q]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+%s    promql_expr_test:
+      - expr: %q
+        eval_time: 5m
+        exp_samples:
+          - labels: '{key="budget-alert-near",period="day"}'
+            value: 0.8
+      - expr: %q
+        eval_time: 5m
+        exp_samples:
+          - labels: '{key="budget-alert-spent",period="day"}'
+            value: 1
+`, rules, series.String(), exprs["RelayBudgetNearlySpent"], exprs["RelayBudgetExhausted"])
+	path := filepath.Join(t.TempDir(), "budget.test.yml")
+	if err := os.WriteFile(path, []byte(test), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(promtool, "test", "rules", path).CombinedOutput(); err != nil {
+		t.Errorf("the budget alerts on what the relay exported: %v\n%s\n%s", err, out, test)
 	}
 }
