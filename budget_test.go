@@ -18,7 +18,6 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
-	"go.yaml.in/yaml/v3"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
 	"github.com/caddy-relay/relay/internal/redistest"
@@ -284,21 +283,7 @@ func TestBudgetAlertsOnRealSpend(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, _ := os.ReadFile(rules)
-	var file struct {
-		Groups []struct {
-			Rules []struct{ Alert, Expr string } `yaml:"rules"`
-		} `yaml:"groups"`
-	}
-	if err := yaml.Unmarshal(b, &file); err != nil {
-		t.Fatal(err)
-	}
-	exprs := map[string]string{}
-	for _, g := range file.Groups {
-		for _, r := range g.Rules {
-			exprs[r.Alert] = strings.TrimSpace(r.Expr)
-		}
-	}
+	exprs := alertExprs(t, rules)
 	test := fmt.Sprintf(`rule_files: [%q]
 evaluation_interval: 1m
 tests:

@@ -361,23 +361,7 @@ func TestAlertRulesOnAScriptedMix(t *testing.T) {
 		fmt.Fprintf(&series, "      - series: '%s{%s}'\n        values: '0+%gx20'\n",
 			"relay_requests_total", strings.Join(pairs, ","), m.GetCounter().GetValue())
 	}
-	var file struct {
-		Groups []struct {
-			Rules []struct{ Alert, Expr string } `yaml:"rules"`
-		} `yaml:"groups"`
-	}
-	b, _ := os.ReadFile(rules)
-	if err := yaml.Unmarshal(b, &file); err != nil {
-		t.Fatal(err)
-	}
-	var expr string
-	for _, g := range file.Groups {
-		for _, r := range g.Rules {
-			if r.Alert == "RelayHigh5xxRatio" {
-				expr = strings.TrimSpace(r.Expr)
-			}
-		}
-	}
+	expr := alertExprs(t, rules)["RelayHigh5xxRatio"]
 	if expr == "" {
 		t.Fatal("no RelayHigh5xxRatio in the rules")
 	}
@@ -400,4 +384,30 @@ tests:
 	if out, err := exec.Command(promtool, "test", "rules", path).CombinedOutput(); err != nil {
 		t.Errorf("the alert expression on the scripted mix (the typos group must not appear, the outage must): %v\n%s\n%s", err, out, test)
 	}
+}
+
+// alertExprs reads the expression of each alert of a rules file.
+func alertExprs(t *testing.T, rules string) map[string]string {
+	t.Helper()
+	var file struct {
+		Groups []struct {
+			Rules []struct{ Alert, Expr string } `yaml:"rules"`
+		} `yaml:"groups"`
+	}
+	b, err := os.ReadFile(rules)
+	if err == nil {
+		err = yaml.Unmarshal(b, &file)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	exprs := map[string]string{}
+	for _, g := range file.Groups {
+		for _, r := range g.Rules {
+			if r.Alert != "" {
+				exprs[r.Alert] = strings.TrimSpace(r.Expr)
+			}
+		}
+	}
+	return exprs
 }

@@ -48,14 +48,7 @@ func newProbe(cfg *Channel) *probe {
 // Probes go through the channel's provider and transport like client
 // requests, but count in none of the channel's counters.
 func (r *Relay) runProbes(ctx caddy.Context, ch *channel) {
-	t := time.NewTicker(ch.probe.interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every(ctx, ch.probe.interval, nil, func() {
 		switch ch.health.state(r.now()) {
 		case stateCooldown, stateOpen:
 			if r.probeOnce(ctx, ch) {
@@ -64,7 +57,7 @@ func (r *Relay) runProbes(ctx caddy.Context, ch *channel) {
 				r.logger.Info("probe succeeded; channel back in rotation", zap.String("channel", ch.name))
 			}
 		}
-	}
+	})
 }
 
 // probeOnce sends one probe and reports whether the upstream answered 2xx.

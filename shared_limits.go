@@ -301,31 +301,27 @@ func (f *fleet) flush(batch []release) {
 // renewLeases moves the expiry of every lease this node holds, every third
 // of the lease time, until ctx ends.
 func (f *fleet) renewLeases(ctx context.Context) {
-	t := time.NewTicker(f.lease / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		bySet := map[string][]any{}
-		f.leaseMu.Lock()
-		for l := range f.leases {
-			bySet[l.set] = append(bySet[l.set], l.id)
-		}
-		f.leaseMu.Unlock()
-		if len(bySet) == 0 {
-			continue
-		}
-		_ = f.do("renew", func(ctx context.Context) error {
-			_, err := f.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-				for set, ids := range bySet {
-					renewScript.Eval(ctx, pipe, []string{set}, append([]any{f.lease.Milliseconds()}, ids...)...)
-				}
-				return nil
-			})
-			return err
-		})
+	every(ctx, f.lease/3, nil, f.renew)
+}
+
+// renew moves the expiry of every lease this node holds.
+func (f *fleet) renew() {
+	bySet := map[string][]any{}
+	f.leaseMu.Lock()
+	for l := range f.leases {
+		bySet[l.set] = append(bySet[l.set], l.id)
 	}
+	f.leaseMu.Unlock()
+	if len(bySet) == 0 {
+		return
+	}
+	_ = f.do("renew", func(ctx context.Context) error {
+		_, err := f.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+			for set, ids := range bySet {
+				renewScript.Eval(ctx, pipe, []string{set}, append([]any{f.lease.Milliseconds()}, ids...)...)
+			}
+			return nil
+		})
+		return err
+	})
 }

@@ -48,17 +48,7 @@ func (f *fleet) spendSoon() {
 // syncSpend adds this relay's spend to the fleet's and reads the totals,
 // every spendSyncEvery and when asked, until ctx ends.
 func (f *fleet) syncSpend(ctx context.Context) {
-	t := time.NewTicker(spendSyncEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-f.spendNow:
-		}
-		f.flushSpend()
-	}
+	every(ctx, spendSyncEvery, f.spendNow, f.flushSpend)
 }
 
 // spendSync is one account period's part of a sync.

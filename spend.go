@@ -339,18 +339,11 @@ func (a *spendAccount) record() spendRecord {
 // changes, until ctx ends.
 func (s *spendStore) checkpoints(ctx context.Context, done chan struct{}) {
 	defer close(done)
-	t := time.NewTicker(spendCheckpointEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if s.dirty.Load() {
-				s.save()
-			}
+	every(ctx, spendCheckpointEvery, nil, func() {
+		if s.dirty.Load() {
+			s.save()
 		}
-	}
+	})
 }
 
 // save writes every account, loaded or kept, dropping the records whose
