@@ -247,6 +247,22 @@ func (l *limiter) charge(now time.Time, g *grant, n int64) {
 	}
 }
 
+// settled reports whether the limiter is as a new one would be: nothing in
+// flight, its buckets full. Forgetting a settled limiter forgives nothing.
+// (In a fleet, the store keeps the rest, and lets it expire.)
+func (l *limiter) settled(now time.Time) bool {
+	if l.inflight.Load() != 0 {
+		return false
+	}
+	l.mu.Lock()
+	requests, tokens := l.requests, l.tokens
+	l.mu.Unlock()
+	if requests != nil && requests.TokensAt(now) < float64(requests.Burst()) {
+		return false
+	}
+	return tokens == nil || tokens.full(now)
+}
+
 // limits is the limiter's spec.
 func (l *limiter) limits() limits {
 	l.mu.Lock()
@@ -335,6 +351,14 @@ func (b *tokenBucket) wait(now time.Time) time.Duration {
 		return 0
 	}
 	return time.Duration((1 - b.level) / b.perSec * float64(time.Second))
+}
+
+// full reports whether the bucket has refilled completely.
+func (b *tokenBucket) full(now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.refill(now)
+	return b.level >= b.burst
 }
 
 // charge takes n tokens (gives them back when negative).
