@@ -5,7 +5,11 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
@@ -24,9 +28,19 @@ type Key struct {
 	// Group is the name of the group that serves this key's requests.
 	Group string `json:"group"`
 
+	// KeyOptions are the key's name, class and limits. A user entry takes
+	// the same ones.
+	KeyOptions
+}
+
+// KeyOptions are the options of a key, which a user entry (see User)
+// takes too: a name, a class and limits.
+type KeyOptions struct {
 	// Name identifies the key in logs and metrics, never the secret. Its
 	// limits are kept by name across config reloads. Default: `key-`
-	// followed by the first 16 hex digits of the secret's sha256.
+	// followed by the first 16 hex digits of the secret's sha256; for a
+	// user entry, `user:` followed by its id (`user:*` for every other
+	// identity). A key's name may not start with `user:`.
 	Name string `json:"name,omitempty"`
 
 	// Priority is the key's class when its group's channels are all busy
@@ -47,6 +61,17 @@ type Key struct {
 
 	// Concurrency limits the key's requests in flight.
 	Concurrency int `json:"concurrency,omitempty"`
+
+	// UserRate limits the requests of each end user of the key, told apart
+	// by the `metadata.user_id` of the request body, as `N/period`. Past
+	// it: 429 rate_limit_error, code user_rate_limited. A request without
+	// metadata.user_id is not held to it.
+	UserRate string `json:"user_rate,omitempty"`
+
+	// UserTokens limits the tokens (input, cache writes and output) of
+	// each end user of the key, by `metadata.user_id`, as `N/period`,
+	// charged as Tokens is.
+	UserTokens string `json:"user_tokens,omitempty"`
 }
 
 // label names a key in errors without revealing its secret.
@@ -59,24 +84,106 @@ func (k *Key) label(i int) string {
 
 const sha256Prefix = "sha256:"
 
-// key is a provisioned relay key.
+// key is a provisioned key or user entry: what a request is served as.
 type key struct {
-	name   string
-	group  *group
-	prio   priority
-	limits *limiter // kept across reloads by name
+	name    string // in logs and metrics: the entry's, never a secret, never the identity a user * entry served
+	kind    string // kindKey or kindUser
+	id      string // a user entry's id, anyIdentity for user *
+	stateID string // its state's: the name of a key, user:<id> for a user entry
+	group   *group
+	prio    priority
+	state   *keyState // kept across reloads by stateID
+	limits  *limiter  // state.limits; nil for user *, whose identities each have their own
+	// endUsers are the user_rate and user_tokens of each end user; zero: none
+	endUsers limits
+}
+
+// Kinds of key: a relay key, or a user entry (an identity a Caddy
+// authentication handler established).
+const (
+	kindKey  = "key"
+	kindUser = "user"
+)
+
+// keyState is what a key or a user entry keeps across config reloads, in
+// keyStates by its state id: its limits, its end users' limits and, for
+// user *, each identity's own state (of the same type). It is where state
+// per principal belongs.
+type keyState struct {
+	limits *limiter
+
+	mu          sync.Mutex                           // guards the making of the caches
+	idents      atomic.Pointer[idleCache[*keyState]] // user * only: each identity's state, by identity
+	identSpec   atomic.Pointer[stateSpec]            // what a new identity's limits are
+	endUsers    atomic.Pointer[idleCache[*limiter]]  // by state id and user_id; nil: no end user limits
+	endUserSpec atomic.Pointer[stateSpec]
+}
+
+// stateSpec is the limits a kept state is pushed, and the fleet that
+// shares them.
+type stateSpec struct {
+	limits limits
+	fleet  *fleet
+}
+
+func newKeyState() *keyState { return &keyState{limits: new(limiter)} }
+
+// settled reports whether forgetting the state forgives nothing: a new one
+// would be the same.
+func (s *keyState) settled(now time.Time) bool { return s.limits.settled(now) }
+
+// Destruct implements caddy.Destructor.
+func (*keyState) Destruct() error { return nil }
+
+// takeState takes k's state from the process-wide pool, by its state id,
+// and pushes the options' limits into it (for user *, into every
+// identity's).
+func (r *Relay) takeState(k *key, opts *KeyOptions) error {
+	lim, _ := parseLimits(opts.Rate, opts.Tokens, opts.Concurrency) // validated already
+	k.endUsers, _ = parseLimits(opts.UserRate, opts.UserTokens, 0)
+	k.prio, _ = priorityByName(opts.Priority)
+	st, _, err := keyStates.LoadOrNew(k.stateID, func() (caddy.Destructor, error) { return newKeyState(), nil })
+	if err != nil {
+		return err
+	}
+	r.acquiredKeys = append(r.acquiredKeys, k.stateID)
+	k.state = st.(*keyState)
+	now := r.now()
+	if k.id == anyIdentity {
+		k.state.configureIdentities(stateSpec{lim, r.fleet}, now)
+	} else {
+		k.limits = k.state.limits
+		k.limits.configure(lim, now)
+		k.limits.share(r.fleet, k.fleetTag())
+	}
+	k.state.configureEndUsers(stateSpec{k.endUsers, r.fleet}, now)
+	return nil
+}
+
+// fleetTag is where a fleet keeps k's limits.
+func (k *key) fleetTag() string {
+	if k.kind == kindUser {
+		return tag("u:", boundedID(k.id))
+	}
+	return tag("k:", k.name)
+}
+
+// describe names k in error messages: never a secret.
+func (k *key) describe() string {
+	switch {
+	case k.kind == kindKey:
+		return "key " + strconv.Quote(k.name)
+	case k.id == anyIdentity:
+		return "this identity (user *)"
+	}
+	return "user " + strconv.Quote(k.id)
 }
 
 // authenticate finds the relay key of a request. Keys are looked up by the
 // sha256 of what the client sent, so no comparison ever runs over the
 // secret itself and the time taken says nothing about how close a guess was.
 func (r *Relay) authenticate(req *http.Request) (*key, *relayError) {
-	secret := req.Header.Get("X-Api-Key")
-	if secret == "" {
-		if auth := req.Header.Get("Authorization"); len(auth) > 7 && strings.EqualFold(auth[:7], "bearer ") {
-			secret = strings.TrimSpace(auth[7:])
-		}
-	}
+	secret := relayKeyOf(req)
 	if secret == "" {
 		return nil, errAuth("missing relay key: send it as x-api-key or as Authorization: Bearer")
 	}
@@ -88,7 +195,7 @@ func (r *Relay) authenticate(req *http.Request) (*key, *relayError) {
 }
 
 // provisionKeys resolves the keys' secrets into the digests they are looked
-// up by, and takes their limiters from the process-wide pool.
+// up by, and takes their state from the process-wide pool.
 func (r *Relay) provisionKeys() error {
 	r.keys = make(map[[sha256.Size]byte]*key, len(r.Keys))
 	for i, cfg := range r.Keys {
@@ -102,17 +209,11 @@ func (r *Relay) provisionKeys() error {
 		if _, dup := r.keys[digest]; dup {
 			return fmt.Errorf("%s has the same secret as an earlier key", cfg.label(i))
 		}
-		k := &key{name: keyName(cfg, digest), group: r.groups[cfg.Group]}
-		k.prio, _ = priorityByName(cfg.Priority)
-		lim, _ := parseLimits(cfg.Rate, cfg.Tokens, cfg.Concurrency) // validated already
-		st, _, err := keyStates.LoadOrNew(k.name, func() (caddy.Destructor, error) { return new(limiter), nil })
-		if err != nil {
+		name := keyName(cfg, digest)
+		k := &key{name: name, kind: kindKey, stateID: name, group: r.groups[cfg.Group]}
+		if err := r.takeState(k, &cfg.KeyOptions); err != nil {
 			return err
 		}
-		r.acquiredKeys = append(r.acquiredKeys, k.name)
-		k.limits = st.(*limiter)
-		k.limits.configure(lim, r.now())
-		k.limits.share(r.fleet, tag("k:", k.name))
 		r.keys[digest] = k
 	}
 	return nil
@@ -158,6 +259,7 @@ func weakKey(secret string) bool {
 
 const weakKeyWarning = "a relay key is weak (under 20 characters, or fewer than 10 different ones): it can be guessed; use a long random key such as the output of: openssl rand -hex 24"
 
-// keyStates holds each key's limiter by key name, process-wide, so that a
-// reload does not hand a key a fresh quota.
+// keyStates holds each key's and user entry's state by its state id (a
+// key's name, user:<id>), process-wide, so that a reload does not hand a
+// key a fresh quota.
 var keyStates = caddy.NewUsagePool()
