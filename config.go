@@ -194,8 +194,10 @@ func (r *Relay) validateConfig() error {
 // names are the names of the keys, which theirs may not take.
 func (r *Relay) validateUsers(groups map[string]bool, names map[string]string) error {
 	switch {
-	case r.Identity != "" && !strings.Contains(r.Identity, "{"):
-		return errAt([]string{"identity"}, "identity must be a placeholder that an authentication handler sets, such as {http.auth.user.id}, not %q", r.Identity)
+	case r.Identity != "" && !requestPlaceholder(r.Identity):
+		// anything else could resolve to an identity for a request no
+		// handler authenticated, which would then need no key
+		return errAt([]string{"identity"}, "identity must be one placeholder of the request that an authentication handler sets, such as {http.auth.user.id}, not %q", r.Identity)
 	case r.Identity != "" && len(r.Users) == 0:
 		return errAt([]string{"identity"}, "identity is set but no user entry is: every authenticated request would be refused (add user <id> <group>, or user * <group>)")
 	case r.Identity == "" && len(r.Users) > 0:
@@ -228,6 +230,14 @@ func (r *Relay) validateUsers(groups map[string]bool, names map[string]string) e
 		names[name] = label
 	}
 	return nil
+}
+
+// requestPlaceholder reports whether s is exactly one placeholder of the
+// request ({http.*}), which resolves empty when nothing set it.
+func requestPlaceholder(s string) bool {
+	name, ok := strings.CutPrefix(s, "{")
+	name, closed := strings.CutSuffix(name, "}")
+	return ok && closed && strings.HasPrefix(name, "http.") && !strings.ContainsAny(name, "{}")
 }
 
 // validate checks a key's or a user entry's options, saying which is

@@ -246,7 +246,10 @@ func TestUserConfigErrors(t *testing.T) {
 	}{
 		{"users without identity", Relay{Users: []*User{{ID: "a", Group: "g"}}}, "need identity"},
 		{"identity without users", Relay{Identity: "{http.auth.user.id}", Keys: []*Key{{Secret: "sk-x", Group: "g"}}}, "no user entry"},
-		{"identity that is no placeholder", Relay{Identity: "alice", Users: []*User{{ID: "a", Group: "g"}}}, "must be a placeholder"},
+		{"identity that is no placeholder", Relay{Identity: "alice", Users: []*User{{ID: "a", Group: "g"}}}, "must be one placeholder"},
+		{"identity with text around its placeholder", Relay{Identity: "user-{http.auth.user.id}", Users: []*User{{ID: "a", Group: "g"}}}, "must be one placeholder"},
+		{"identity of a global placeholder", Relay{Identity: "{env.USER}", Users: []*User{{ID: "a", Group: "g"}}}, "must be one placeholder"},
+		{"identity of two placeholders", Relay{Identity: "{http.auth.user.id}{http.auth.user.email}", Users: []*User{{ID: "a", Group: "g"}}}, "must be one placeholder"},
 		{"a user twice", Relay{Identity: "{http.auth.user.id}", Users: []*User{{ID: "a", Group: "g"}, {ID: "a", Group: "g"}}}, "user a is given twice"},
 		{"a user without an id", Relay{Identity: "{http.auth.user.id}", Users: []*User{{Group: "g"}}}, "has no id"},
 		{"a user of an unknown group", Relay{Identity: "{http.auth.user.id}", Users: []*User{{ID: "a", Group: "nope"}}}, `unknown group "nope"`},

@@ -51,9 +51,10 @@ type Relay struct {
 	// Keys are the relay keys clients authenticate with.
 	Keys []*Key `json:"keys,omitempty"`
 
-	// Identity is a placeholder that a Caddy authentication handler running
-	// before the relay sets to who the client is, such as
-	// `{http.auth.user.id}` (basic_auth and most auth modules). When it
+	// Identity is the placeholder that a Caddy authentication handler
+	// running before the relay sets to who the client is, such as
+	// `{http.auth.user.id}` (basic_auth and most auth modules): one
+	// placeholder of the request (`{http.*}`), nothing around it. When it
 	// resolves to a non-empty value, the user entry of that identity (else
 	// the `*` entry, else a 401) serves the request, and the client's relay
 	// key is neither needed nor looked at; when it resolves empty, the
