@@ -15,7 +15,7 @@ import "time"
 // is the request's round trip to the store after its body.
 func (r *Relay) admitEndUser(in *inbound) *relayError {
 	k := in.key
-	if k.endUsers == (limits{}) || in.userID == "" {
+	if k.endUserLimits == (limits{}) || in.userID == "" {
 		return nil
 	}
 	now := r.now()

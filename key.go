@@ -94,8 +94,9 @@ type key struct {
 	prio    priority
 	state   *keyState // kept across reloads by stateID
 	limits  *limiter  // state.limits; nil for user *, whose identities each have their own
-	// endUsers are the user_rate and user_tokens of each end user; zero: none
-	endUsers limits
+	// endUserLimits are the user_rate and user_tokens each end user is
+	// held to; zero: none
+	endUserLimits limits
 }
 
 // Kinds of key: a relay key, or a user entry (an identity a Caddy
@@ -140,7 +141,7 @@ func (*keyState) Destruct() error { return nil }
 // identity's).
 func (r *Relay) takeState(k *key, opts *KeyOptions) error {
 	lim, _ := parseLimits(opts.Rate, opts.Tokens, opts.Concurrency) // validated already
-	k.endUsers, _ = parseLimits(opts.UserRate, opts.UserTokens, 0)
+	k.endUserLimits, _ = parseLimits(opts.UserRate, opts.UserTokens, 0)
 	k.prio, _ = priorityByName(opts.Priority)
 	st, _, err := keyStates.LoadOrNew(k.stateID, func() (caddy.Destructor, error) { return newKeyState(), nil })
 	if err != nil {
@@ -156,7 +157,7 @@ func (r *Relay) takeState(k *key, opts *KeyOptions) error {
 		k.limits.configure(lim, now)
 		k.limits.share(r.fleet, k.fleetTag())
 	}
-	k.state.configureEndUsers(stateSpec{k.endUsers, r.fleet}, now)
+	k.state.configureEndUsers(stateSpec{k.endUserLimits, r.fleet}, now)
 	return nil
 }
 
