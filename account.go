@@ -34,8 +34,8 @@ func (r *Relay) account(in *inbound) {
 	u := in.usage
 	priced := r.price(in)
 	cost := in.cost
-	if in.key != nil {
-		in.key.spend.charge(r.now(), cost, r.logger)
+	if in.state != nil && in.state.spend != nil {
+		in.state.spend.charge(r.now(), cost, r.logger)
 	}
 	metricRequests.WithLabelValues(group, channel, model, statusLabel(in.status), in.causeLabel()).Inc()
 	metricDuration.WithLabelValues(group, model).Observe(duration.Seconds())

@@ -22,7 +22,7 @@ func TestLogLineAndPlaceholders(t *testing.T) {
 	ok := fakeupstream.New(t, fakeupstream.Stream(strings.SplitAfter(usageStream, "\n\n")...))
 	const secret, upstreamKey = "sk-log-test-client", "sk-ant-log-test-upstream"
 	r := &Relay{
-		Keys: []*Key{{Secret: secret, Group: "log-g", Name: "support-bot"}},
+		Keys: []*Key{{Secret: secret, Group: "log-g", KeyOptions: KeyOptions{Name: "support-bot"}}},
 		Channels: []*Channel{
 			{Name: "log-bad", UpstreamRaw: upstream("anthropic", "url", bad.URL, "api_key", upstreamKey), Priority: 1, Models: []string{"claude-sonnet-4-5"}},
 			{Name: "log-ok", UpstreamRaw: upstream("anthropic", "url", ok.URL, "api_key", upstreamKey), Priority: 2, Models: []string{"claude-sonnet-4-5"}},
@@ -148,7 +148,7 @@ func TestAStreamTheClientLeftIsAccountedAsFarAsItWent(t *testing.T) {
 	canceled := make(chan struct{})
 	up := fakeupstream.New(t, fakeupstream.Held(events, 6, nil, canceled)) // message_start, content_block_start, ping, 3 deltas
 	r := &Relay{
-		Keys:     []*Key{{Secret: "sk-left-midway-0123456789", Group: "left", Name: "left-key"}},
+		Keys:     []*Key{{Secret: "sk-left-midway-0123456789", Group: "left", KeyOptions: KeyOptions{Name: "left-key"}}},
 		Channels: []*Channel{{Name: "left-ch", UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", "sk-up")}},
 		Groups:   []*Group{{Name: "left", Channels: []string{"left-ch"}}},
 	}
@@ -213,7 +213,7 @@ func TestAChannelsPriceFactorScalesItsCost(t *testing.T) {
 	list := fakeupstream.New(t, fakeupstream.Raw(200, fakeupstream.MessageBody("claude-sonnet-4-5", "hi", u)))
 	const resoldKey, listKey = "sk-price-factor-resold-0123", "sk-price-factor-list-0123"
 	r := &Relay{
-		Keys: []*Key{{Secret: resoldKey, Group: "pf-a", Name: "pf-a-key"}, {Secret: listKey, Group: "pf-b", Name: "pf-b-key"}},
+		Keys: []*Key{{Secret: resoldKey, Group: "pf-a", KeyOptions: KeyOptions{Name: "pf-a-key"}}, {Secret: listKey, Group: "pf-b", KeyOptions: KeyOptions{Name: "pf-b-key"}}},
 		Channels: []*Channel{
 			{Name: "pf-resold", UpstreamRaw: upstream("anthropic", "url", resold.URL, "api_key", "sk-up"), Models: []string{"claude-sonnet-4-5"}, PriceFactor: priceFactor(0.8)},
 			{Name: "pf-list", UpstreamRaw: upstream("anthropic", "url", list.URL, "api_key", "sk-up"), Models: []string{"claude-sonnet-4-5"}},

@@ -237,19 +237,18 @@ func (k *key) status(now time.Time) keyStatus {
 		Priority: k.prio.String(),
 		Expired:  !k.expires.IsZero() && !now.Before(k.expires),
 		Disabled: k.disabled,
-		Limits: limitsStatus{
-			Rate:        k.rate,
-			Tokens:      k.tokens,
-			Concurrency: k.limits.maxConc.Load(),
-			Inflight:    k.limits.inflight.Load(),
-		},
+		Limits:   limitsStatus{Rate: k.rate, Tokens: k.tokens},
 	}
 	if !k.expires.IsZero() {
 		at := k.expires.UTC()
 		st.Expires = &at
 	}
+	if k.limits == nil || k.state.spend == nil {
+		return st // user *: each identity has its own limits and spend
+	}
+	st.Limits.Concurrency, st.Limits.Inflight = k.limits.maxConc.Load(), k.limits.inflight.Load()
 	st.Limits.RateRemaining, st.Limits.TokensRemaining = k.limits.remaining(now)
-	spent, caps := k.spend.spent(now)
+	spent, caps := k.state.spend.spent(now)
 	st.SpendUSD = map[string]float64{}
 	for p := range numPeriods {
 		st.SpendUSD[p.String()] = spent[p]

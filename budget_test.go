@@ -79,7 +79,7 @@ func budgetRelay(t *testing.T, name string, budgets []string, hits *atomic.Int64
 		_, _ = w.Write(fakeupstream.MessageBody("m-budget", "ok", fakeupstream.Usage{InputTokens: 200_000}))
 	}))
 	t.Cleanup(up.Close)
-	key := Key{Secret: "sk-" + name, Group: name, Name: name, Budgets: budgets}
+	key := Key{Secret: "sk-" + name, Group: name, KeyOptions: KeyOptions{Name: name, Budgets: budgets}}
 	ch := &Channel{Name: name + "-ch", UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", "sk-up")}
 	r := &Relay{Keys: []*Key{&key}, Channels: []*Channel{ch}, Groups: []*Group{{Name: name, Channels: []string{ch.Name}}},
 		Pricing: map[string]Price{"m-budget": {Input: 1, Output: 1}}}
@@ -307,5 +307,44 @@ tests:
 	}
 	if out, err := exec.Command(promtool, "test", "rules", path).CombinedOutput(); err != nil {
 		t.Errorf("the budget alerts on what the relay exported: %v\n%s\n%s", err, out, test)
+	}
+}
+
+// TestBudgetsOfUserStarAreEachIdentitys gives every identity of user * a
+// budget of its own: bob spending his does not stop carol, and the
+// identities' spend is kept but exported as no metric series (whose key
+// label would grow with the identities).
+func TestBudgetsOfUserStarAreEachIdentitys(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(fakeupstream.MessageBody("m-budget", "ok", fakeupstream.Usage{InputTokens: 200_000}))
+	}))
+	t.Cleanup(up.Close)
+	r := &Relay{
+		Identity: "{http.auth.user.id}",
+		Users:    []*User{{ID: "*", Group: "bstar", KeyOptions: KeyOptions{Budgets: []string{"0.3usd/day"}}}},
+		Keys:     []*Key{{Secret: "sk-bstar-key-0123456789abcdef", Group: "bstar", KeyOptions: KeyOptions{Name: "bstar-key"}}},
+		Channels: []*Channel{{Name: "bstar-ch", UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", "sk-up")}},
+		Groups:   []*Group{{Name: "bstar", Channels: []string{"bstar-ch"}}},
+		Pricing:  map[string]Price{"m-budget": {Input: 1, Output: 1}},
+	}
+	provisionHandler(t, r)
+	clock := &fakeClock{t: time.Date(2030, time.March, 15, 12, 0, 0, 0, time.UTC)}
+	r.now = clock.now
+	body := `{"model":"m-budget","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`
+	for i, want := range []int{200, 200, 429} { // $0.20, $0.40: the third starts over $0.30
+		if w, _, _ := serveAs(t, r, "bob-bstar", "", body); w.Code != want {
+			t.Fatalf("bob's request %d: %d, want %d: %s", i+1, w.Code, want, w.Body)
+		}
+	}
+	if w, _, _ := serveAs(t, r, "carol-bstar", "", body); w.Code != 200 {
+		t.Fatalf("carol after bob spent his budget: %d %s", w.Code, w.Body)
+	}
+	if _, ok := spendMetric(t, "relay_spend_usd", "user:*", "day"); ok {
+		t.Error("the spend of user * identities is exported under the label user:*")
+	}
+	clock.advance(12 * time.Hour)
+	if w, _, _ := serveAs(t, r, "bob-bstar", "", body); w.Code != 200 {
+		t.Fatalf("bob on the next day: %d %s", w.Code, w.Body)
 	}
 }

@@ -91,6 +91,13 @@ func declareInCaddyfile(state map[string]any, r *Relay, by string) error {
 //			concurrency <n>
 //			expires     <RFC 3339 time>
 //			disabled
+//			user_rate   <n>/<period>
+//			user_tokens <n>/<period>
+//		}
+//
+//		identity <placeholder>
+//		user <id>|* <group> {
+//			<the options of a key>
 //		}
 //
 //		channel <name> {
@@ -182,6 +189,21 @@ func (r *Relay) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			r.Keys = append(r.Keys, k)
+		case "identity":
+			if r.Identity != "" {
+				return d.Err("identity is given twice")
+			}
+			if !d.AllArgs(&r.Identity) {
+				return d.ArgErr()
+			}
+		case "user":
+			at := []string{"user", "#" + strconv.Itoa(len(r.Users)+1)}
+			pos.line(d, at...)
+			u, err := parseUser(d, pos, at)
+			if err != nil {
+				return err
+			}
+			r.Users = append(r.Users, u)
 		case "channel":
 			ch, err := parseChannel(d, pos)
 			if err != nil {
@@ -574,26 +596,45 @@ func parseKey(d *caddyfile.Dispenser, pos positions, at []string) (*Key, error) 
 		sum := sha256.Sum256([]byte(k.Secret))
 		k.Secret = sha256Prefix + hex.EncodeToString(sum[:])
 	}
+	return k, parseKeyOptions(d, pos, at, "key", &k.KeyOptions)
+}
+
+// parseKeyOptions reads the block of a key or a user entry (what says
+// which, in errors) into o; at locates the entry.
+func parseKeyOptions(d *caddyfile.Dispenser, pos positions, at []string, what string, o *KeyOptions) error {
 	opts := options{
-		strings: map[string]*string{"name": &k.Name, "priority": &k.Priority, "rate": &k.Rate, "tokens": &k.Tokens, "expires": &k.Expires},
-		ints:    map[string]*int{"concurrency": &k.Concurrency},
-		lists:   map[string]*[]string{"budget": &k.Budgets},
-		ratios:  map[string]*float64{"budget_warn": &k.BudgetWarn},
+		strings: map[string]*string{"name": &o.Name, "priority": &o.Priority, "rate": &o.Rate, "tokens": &o.Tokens,
+			"user_rate": &o.UserRate, "user_tokens": &o.UserTokens, "expires": &o.Expires},
+		ints:   map[string]*int{"concurrency": &o.Concurrency},
+		lists:  map[string]*[]string{"budget": &o.Budgets},
+		ratios: map[string]*float64{"budget_warn": &o.BudgetWarn},
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		pos.line(d, at...)
 		if d.Val() == "disabled" {
 			if d.NextArg() {
-				return nil, d.Err("disabled takes no argument")
+				return d.Err("disabled takes no argument")
 			}
-			k.Disabled = true
+			o.Disabled = true
 			continue
 		}
 		if ok, err := opts.parse(d); err != nil || !ok {
-			return nil, cmp.Or(err, d.Errf("unrecognized key option %q", d.Val()))
+			return cmp.Or(err, d.Errf("unrecognized %s option %q", what, d.Val()))
 		}
 	}
-	return k, nil
+	return nil
+}
+
+// parseUser parses `user <id> <group> [{ <the options of a key> }]`.
+func parseUser(d *caddyfile.Dispenser, pos positions, at []string) (*User, error) {
+	u := new(User)
+	if !d.Args(&u.ID, &u.Group) {
+		return nil, d.Errf("user takes an identity (or *) and a group: user <id> <group>")
+	}
+	if d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	return u, parseKeyOptions(d, pos, at, "user", &u.KeyOptions)
 }
 
 func parseChannel(d *caddyfile.Dispenser, pos positions) (*Channel, error) {

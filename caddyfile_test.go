@@ -147,7 +147,7 @@ func TestCaddyfileFullConfig(t *testing.T) {
 			AuthCooldown:        caddy.Duration(30 * time.Minute),
 		},
 		Keys: []*Key{
-			{Secret: "{env.KEY_SUPPORT}", Group: "production", Name: "support"},
+			{Secret: "{env.KEY_SUPPORT}", Group: "production", KeyOptions: KeyOptions{Name: "support"}},
 			{Secret: "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", Group: "free"},
 			{Secret: sha256Secret("sk-relay-literal"), Group: "production"},
 		},

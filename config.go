@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -158,10 +159,10 @@ func (r *Relay) validateConfig() error {
 			return errAt([]string{"pricing", model}, "pricing %q: %v", model, err)
 		}
 	}
-	if len(r.Keys) == 0 {
+	if len(r.Keys) == 0 && len(r.Users) == 0 {
 		return fmt.Errorf("no key is configured: every request would be refused")
 	}
-	names := make(map[string]int, len(r.Keys))
+	names := make(map[string]string, len(r.Keys)+len(r.Users)) // name -> what has it
 	for i, k := range r.Keys {
 		key := []string{"key", "#" + strconv.Itoa(i+1)}
 		if k == nil || k.Secret == "" {
@@ -179,27 +180,95 @@ func (r *Relay) validateConfig() error {
 				return errAt(key, "%s: sha256: must be followed by 64 hex digits", label)
 			}
 		}
-		if _, ok := priorityByName(k.Priority); !ok {
-			return errAt(append(key, "priority"), "%s: priority must be realtime, normal or batch, not %q", label, k.Priority)
-		}
-		if err := checkLimits(k.Rate, k.Tokens, k.Concurrency); err != nil {
+		if err := k.KeyOptions.validate(); err != nil {
 			return within(err, label, key...)
 		}
-		if _, err := parseBudgets(k.Budgets); err != nil {
-			return errAt(append(key, "budget"), "%s: %v", label, err)
-		}
-		if k.BudgetWarn < 0 || k.BudgetWarn > 1 {
-			return errAt(append(key, "budget_warn"), "%s: budget_warn must be a share between 0 and 1 (or 0%% to 100%%)", label)
-		}
-		if _, err := parseExpires(k.Expires); err != nil {
-			return errAt(append(key, "expires"), "%s: expires: %v", label, err)
-		}
 		if k.Name != "" {
-			if j, dup := names[k.Name]; dup {
-				return errAt(append(key, "name"), "keys #%d and #%d have the same name %q", j+1, i+1, k.Name)
+			if strings.HasPrefix(k.Name, userStatePrefix) {
+				return errAt(append(key, "name"), "%s: a key's name may not start with %q, which names user entries", label, userStatePrefix)
 			}
-			names[k.Name] = i
+			if was, dup := names[k.Name]; dup {
+				return errAt(append(key, "name"), "%s and key #%d have the same name %q", was, i+1, k.Name)
+			}
+			names[k.Name] = "key #" + strconv.Itoa(i+1)
 		}
+	}
+	return r.validateUsers(groups, names)
+}
+
+// validateUsers checks the identity placeholder and the user entries;
+// names are the names of the keys, which theirs may not take.
+func (r *Relay) validateUsers(groups map[string]bool, names map[string]string) error {
+	switch {
+	case r.Identity != "" && !requestPlaceholder(r.Identity):
+		// anything else could resolve to an identity for a request no
+		// handler authenticated, which would then need no key
+		return errAt([]string{"identity"}, "identity must be one placeholder of the request that an authentication handler sets, such as {http.auth.user.id}, not %q", r.Identity)
+	case r.Identity != "" && len(r.Users) == 0:
+		return errAt([]string{"identity"}, "identity is set but no user entry is: every authenticated request would be refused (add user <id> <group>, or user * <group>)")
+	case r.Identity == "" && len(r.Users) > 0:
+		return errAt([]string{"user", "#1"}, "user entries need identity <placeholder>, such as identity {http.auth.user.id}, to know who the client is")
+	}
+	ids := make(map[string]bool, len(r.Users))
+	for i, u := range r.Users {
+		at := []string{"user", "#" + strconv.Itoa(i+1)}
+		if u == nil || u.ID == "" {
+			return errAt(at, "user #%d has no id", i+1)
+		}
+		label := u.label()
+		if ids[u.ID] {
+			return errAt(at, "%s is given twice", label)
+		}
+		ids[u.ID] = true
+		if u.Group == "" {
+			return errAt(at, "%s names no group", label)
+		}
+		if !groups[u.Group] {
+			return errAt(append(at, u.Group), "%s names unknown group %q", label, u.Group)
+		}
+		if err := u.KeyOptions.validate(); err != nil {
+			return within(err, label, at...)
+		}
+		name := cmp.Or(u.Name, userStatePrefix+u.ID)
+		if was, dup := names[name]; dup {
+			return errAt(append(at, "name"), "%s and %s have the same name %q", was, label, name)
+		}
+		names[name] = label
+	}
+	return nil
+}
+
+// requestPlaceholder reports whether s is exactly one placeholder of the
+// request ({http.*}), which resolves empty when nothing set it.
+func requestPlaceholder(s string) bool {
+	name, ok := strings.CutPrefix(s, "{")
+	name, closed := strings.CutSuffix(name, "}")
+	return ok && closed && strings.HasPrefix(name, "http.") && !strings.ContainsAny(name, "{}")
+}
+
+// validate checks a key's or a user entry's options, saying which is
+// wrong.
+func (o *KeyOptions) validate() error {
+	if _, ok := priorityByName(o.Priority); !ok {
+		return errAt([]string{"priority"}, "priority must be realtime, normal or batch, not %q", o.Priority)
+	}
+	if err := checkLimits(o.Rate, o.Tokens, o.Concurrency); err != nil {
+		return err
+	}
+	if _, err := parseRateSpec(o.UserRate); err != nil {
+		return errAt([]string{"user_rate"}, "user_rate: %v", err)
+	}
+	if _, err := parseRateSpec(o.UserTokens); err != nil {
+		return errAt([]string{"user_tokens"}, "user_tokens: %v", err)
+	}
+	if _, err := parseBudgets(o.Budgets); err != nil {
+		return errAt([]string{"budget"}, "%v", err)
+	}
+	if o.BudgetWarn < 0 || o.BudgetWarn > 1 {
+		return errAt([]string{"budget_warn"}, "budget_warn must be a share between 0 and 1 (or 0%% to 100%%)")
+	}
+	if _, err := parseExpires(o.Expires); err != nil {
+		return errAt([]string{"expires"}, "expires: %v", err)
 	}
 	return nil
 }

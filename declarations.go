@@ -18,8 +18,8 @@ import (
 // kept by name, process-wide. Two relay handlers of one config (two sites,
 // say) that declare the same name share that state: one upstream credential
 // has one health, however many sites use it. So their declarations must be
-// the same; a config in which two handlers declare a channel, group or key
-// name differently fails to load, naming it and both handlers. A reload is
+// the same; a config in which two handlers declare a channel, group, key
+// name or user id differently fails to load, naming it and both handlers. A reload is
 // not a conflict: the new config's declaration replaces the old one's, and
 // the state carries over.
 
@@ -104,7 +104,7 @@ func (r *Relay) warnAccessLog(ctx caddy.Context) {
 
 // declared lists r's declarations, made by the handler called by: every
 // channel as it takes effect (its tuning merged with the relay's), every
-// group, and every key by its name.
+// group, every key by its name and every user entry by its id.
 func (r *Relay) declared(by string) (map[string]declaration, error) {
 	out := map[string]declaration{}
 	add := func(kind, name string, v any) error {
@@ -137,6 +137,11 @@ func (r *Relay) declared(by string) (map[string]declaration, error) {
 			name = defaultKeyName(hexDigest)
 		}
 		if err := add("key", name, k); err != nil {
+			return nil, err
+		}
+	}
+	for _, u := range r.Users {
+		if err := add("user", u.ID, u); err != nil {
 			return nil, err
 		}
 	}

@@ -116,10 +116,19 @@ func errStorageUnavailable() *relayError {
 		msg: "the relay's shared state (Redis) did not answer in time; retry later", retryAfter: time.Second, cause: causeRelay}
 }
 
-// errKeyLimited answers a request its key's limit refused.
-func errKeyLimited(key string, scope limitScope, wait time.Duration) *relayError {
+// errKeyLimited answers a request its key's (or user entry's) limit
+// refused; who describes the key.
+func errKeyLimited(who string, scope limitScope, wait time.Duration) *relayError {
 	return &relayError{status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "key_rate_limited",
-		msg: "key " + strconv.Quote(key) + " is over its " + string(scope) + " limit", retryAfter: max(wait, time.Second)}
+		msg: who + " is over its " + string(scope) + " limit", retryAfter: max(wait, time.Second)}
+}
+
+// errUserLimited answers a request whose end user (metadata.user_id) is
+// over its key's user_rate or user_tokens; who describes the key. The
+// message does not repeat the client's id.
+func errUserLimited(who string, scope limitScope, wait time.Duration) *relayError {
+	return &relayError{status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "user_rate_limited",
+		msg: "this end user (metadata.user_id) is over the user_" + string(scope) + " limit of " + who, retryAfter: max(wait, time.Second)}
 }
 
 // errUpstreamFailed answers when the last attempt produced no response at all

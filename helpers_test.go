@@ -398,8 +398,9 @@ func needTool(t *testing.T, name, install string) string {
 }
 
 // TestMain runs the tests, then checks an invariant no single test can see:
-// every key's and channel's in-flight count, kept by name across all the
-// configs the tests loaded, is never below zero (a slot given back twice).
+// every key's, identity's, end user's and channel's in-flight count, kept
+// by name across all the configs the tests loaded, is never below zero (a
+// slot given back twice).
 func TestMain(m *testing.M) {
 	// Caddy's storage, where the keys' spend is kept, in a directory of the
 	// tests' own rather than the user's
@@ -420,7 +421,17 @@ func TestMain(m *testing.M) {
 			return true
 		})
 	}
-	negative(keyStates, func(v any) int64 { return v.(*limiter).inflight.Load() })
+	negative(keyStates, func(v any) int64 {
+		st := v.(*keyState)
+		least := st.limits.inflight.Load()
+		if c := st.idents.Load(); c != nil { // user *: each identity's own
+			c.each(func(_ string, id *keyState) { least = min(least, id.limits.inflight.Load()) })
+		}
+		if c := st.endUsers.Load(); c != nil {
+			c.each(func(_ string, l *limiter) { least = min(least, l.inflight.Load()) })
+		}
+		return least
+	})
 	negative(channelStates, func(v any) int64 { return v.(*channelHealth).limits.inflight.Load() })
 	os.Exit(code)
 }

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -27,9 +29,19 @@ type Key struct {
 	// Group is the name of the group that serves this key's requests.
 	Group string `json:"group"`
 
+	// KeyOptions are the key's name, class and limits. A user entry takes
+	// the same ones.
+	KeyOptions
+}
+
+// KeyOptions are the options of a key, which a user entry (see User)
+// takes too: a name, a class and limits.
+type KeyOptions struct {
 	// Name identifies the key in logs and metrics, never the secret. Its
 	// limits are kept by name across config reloads. Default: `key-`
-	// followed by the first 16 hex digits of the secret's sha256.
+	// followed by the first 16 hex digits of the secret's sha256; for a
+	// user entry, `user:` followed by its id (`user:*` for every other
+	// identity). A key's name may not start with `user:`.
 	Name string `json:"name,omitempty"`
 
 	// Priority is the key's class when its group's channels are all busy
@@ -51,6 +63,17 @@ type Key struct {
 	// Concurrency limits the key's requests in flight.
 	Concurrency int `json:"concurrency,omitempty"`
 
+	// UserRate limits the requests of each end user of the key, told apart
+	// by the `metadata.user_id` of the request body, as `N/period`. Past
+	// it: 429 rate_limit_error, code user_rate_limited. A request without
+	// metadata.user_id is not held to it.
+	UserRate string `json:"user_rate,omitempty"`
+
+	// UserTokens limits the tokens (input, cache writes and output) of
+	// each end user of the key, by `metadata.user_id`, as `N/period`,
+	// charged as Tokens is.
+	UserTokens string `json:"user_tokens,omitempty"`
+
 	// Budgets cap what the key may spend, each as `<amount>usd/<period>`
 	// with period day, week or month: calendar periods in UTC, weeks from
 	// Monday; at most one per period. Spend is the relay's own accounting of
@@ -64,6 +87,7 @@ type Key struct {
 	// BudgetWarn is the share of a budget at which the relay logs a
 	// warning, once per period. Default: 0.8.
 	BudgetWarn float64 `json:"budget_warn,omitempty"`
+
 	// Expires is when the key stops working, as an RFC 3339 time such as
 	// `2027-01-31T00:00:00Z`. From then on its requests get a 401
 	// authentication_error with code key_expired. Default: never.
@@ -85,23 +109,118 @@ func (k *Key) label(i int) string {
 
 const sha256Prefix = "sha256:"
 
-// key is a provisioned relay key.
+// key is a provisioned key or user entry: what a request is served as.
 type key struct {
-	name     string
-	kind     string // kindKey; what GET /relay/keys calls it
+	name     string // in logs and metrics: the entry's, never a secret, never the identity a user * entry served
+	kind     string // kindKey or kindUser
+	id       string // a user entry's id, anyIdentity for user *
+	stateID  string // its state's: the name of a key, user:<id> for a user entry
 	group    *group
 	prio     priority
-	limits   *limiter      // kept across reloads by name
-	spend    *spendAccount // kept across reloads and restarts by name
-	expires  time.Time     // zero: never
+	state    *keyState // kept across reloads by stateID
+	limits   *limiter  // state.limits; nil for user *, whose identities each have their own
+	expires  time.Time // zero: never
 	disabled bool
 	rate     string // the configured limits, as written, for GET /relay/keys
 	tokens   string
 	relay    *Relay // the handler that provisioned it: its clock, and whose Cleanup removes it from provisionedKeys
+	// endUserLimits are the user_rate and user_tokens each end user is
+	// held to; zero: none
+	endUserLimits limits
 }
 
-// kindKey is the kind of a relay key in GET /relay/keys.
-const kindKey = "key"
+// Kinds of key: a relay key, or a user entry (an identity a Caddy
+// authentication handler established).
+const (
+	kindKey  = "key"
+	kindUser = "user"
+)
+
+// keyState is what a key or a user entry keeps across config reloads, in
+// keyStates by its state id: its limits, its end users' limits and, for
+// user *, each identity's own state (of the same type). It is where state
+// per principal belongs.
+type keyState struct {
+	limits *limiter
+	spend  *spendAccount // what the principal spent, and its budgets
+
+	mu          sync.Mutex                           // guards the making of the caches
+	idents      atomic.Pointer[idleCache[*keyState]] // user * only: each identity's state, by identity
+	identSpec   atomic.Pointer[stateSpec]            // what a new identity's limits are
+	endUsers    atomic.Pointer[idleCache[*limiter]]  // by state id and user_id; nil: no end user limits
+	endUserSpec atomic.Pointer[stateSpec]
+}
+
+// stateSpec is the limits a kept state is pushed, and the fleet that
+// shares them.
+type stateSpec struct {
+	limits  limits
+	fleet   *fleet
+	budgets budgetSpec // user * only: each identity's budgets
+}
+
+func newKeyState() *keyState { return &keyState{limits: new(limiter)} }
+
+// settled reports whether forgetting the state forgives nothing: a new one
+// would be the same.
+func (s *keyState) settled(now time.Time) bool { return s.limits.settled(now) }
+
+// Destruct implements caddy.Destructor.
+func (*keyState) Destruct() error { return nil }
+
+// takeState takes k's state from the process-wide pool, by its state id,
+// and pushes the options' limits into it (for user *, into every
+// identity's).
+func (r *Relay) takeState(k *key, opts *KeyOptions) error {
+	lim, _ := parseLimits(opts.Rate, opts.Tokens, opts.Concurrency) // validated already
+	k.endUserLimits, _ = parseLimits(opts.UserRate, opts.UserTokens, 0)
+	k.prio, _ = priorityByName(opts.Priority)
+	k.expires, _ = parseExpires(opts.Expires) // validated already
+	k.disabled, k.rate, k.tokens, k.relay = opts.Disabled, opts.Rate, opts.Tokens, r
+	st, _, err := keyStates.LoadOrNew(k.stateID, func() (caddy.Destructor, error) { return newKeyState(), nil })
+	if err != nil {
+		return err
+	}
+	r.acquiredKeys = append(r.acquiredKeys, k.stateID)
+	k.state = st.(*keyState)
+	now := r.now()
+	caps, _ := parseBudgets(opts.Budgets) // validated already
+	budgets := budgetSpec{caps: caps, warn: opts.BudgetWarn, label: k.name, logger: r.logger, now: func() time.Time { return r.now() }}
+	if k.id == anyIdentity {
+		k.state.configureIdentities(stateSpec{limits: lim, fleet: r.fleet, budgets: budgets}, now)
+	} else {
+		k.limits = k.state.limits
+		k.limits.configure(lim, now)
+		k.limits.share(r.fleet, k.fleetTag())
+		if k.state.spend, err = spend.account(k.stateID); err != nil {
+			return err
+		}
+		r.acquiredSpend = append(r.acquiredSpend, k.stateID)
+		budgets.apply(k.state.spend, r.fleet)
+	}
+	k.state.configureEndUsers(stateSpec{limits: k.endUserLimits, fleet: r.fleet}, now)
+	return nil
+}
+
+// fleetTag is where a fleet keeps k's limits.
+func (k *key) fleetTag() string {
+	if k.kind == kindUser {
+		return tag("u:", boundedID(k.id))
+	}
+	return tag("k:", k.name)
+}
+
+// describe names k in error messages: never a secret.
+func (k *key) describe() string {
+	switch {
+	case k.kind == kindKey:
+		return "key " + strconv.Quote(k.name)
+	case k.id == anyIdentity:
+		return "this identity (user *)"
+	}
+	return "user " + strconv.Quote(k.id)
+
+}
 
 // usable refuses a key that is disabled, or expired at now. The message
 // names the key, never its secret.
@@ -119,12 +238,7 @@ func (k *key) usable(now time.Time) *relayError {
 // sha256 of what the client sent, so no comparison ever runs over the
 // secret itself and the time taken says nothing about how close a guess was.
 func (r *Relay) authenticate(req *http.Request) (*key, *relayError) {
-	secret := req.Header.Get("X-Api-Key")
-	if secret == "" {
-		if auth := req.Header.Get("Authorization"); len(auth) > 7 && strings.EqualFold(auth[:7], "bearer ") {
-			secret = strings.TrimSpace(auth[7:])
-		}
-	}
+	secret := relayKeyOf(req)
 	if secret == "" {
 		return nil, errAuth("missing relay key: send it as x-api-key or as Authorization: Bearer")
 	}
@@ -141,7 +255,7 @@ func (r *Relay) authenticate(req *http.Request) (*key, *relayError) {
 }
 
 // provisionKeys resolves the keys' secrets into the digests they are looked
-// up by, and takes their limiters from the process-wide pool.
+// up by, and takes their state from the process-wide pool.
 func (r *Relay) provisionKeys() error {
 	r.keys = make(map[[sha256.Size]byte]*key, len(r.Keys))
 	for i, cfg := range r.Keys {
@@ -158,26 +272,11 @@ func (r *Relay) provisionKeys() error {
 		if _, dup := r.keys[digest]; dup {
 			return fmt.Errorf("%s has the same secret as an earlier key", cfg.label(i))
 		}
-		k := &key{name: keyName(cfg, digest), kind: kindKey, group: r.groups[cfg.Group],
-			disabled: cfg.Disabled, rate: cfg.Rate, tokens: cfg.Tokens, relay: r}
-		k.prio, _ = priorityByName(cfg.Priority)
-		k.expires, _ = parseExpires(cfg.Expires)                     // validated already
-		lim, _ := parseLimits(cfg.Rate, cfg.Tokens, cfg.Concurrency) // validated already
-		st, _, err := keyStates.LoadOrNew(k.name, func() (caddy.Destructor, error) { return new(limiter), nil })
-		if err != nil {
+		name := keyName(cfg, digest)
+		k := &key{name: name, kind: kindKey, stateID: name, group: r.groups[cfg.Group]}
+		if err := r.takeState(k, &cfg.KeyOptions); err != nil {
 			return err
 		}
-		r.acquiredKeys = append(r.acquiredKeys, k.name)
-		k.limits = st.(*limiter)
-		k.limits.configure(lim, r.now())
-		k.limits.share(r.fleet, tag("k:", k.name))
-		if k.spend, err = spend.account(k.name); err != nil {
-			return err
-		}
-		r.acquiredSpend = append(r.acquiredSpend, k.name)
-		caps, _ := parseBudgets(cfg.Budgets) // validated already
-		k.spend.configure(caps, cfg.BudgetWarn, k.name, r.logger, func() time.Time { return r.now() })
-		k.spend.share(r.fleet)
 		r.keys[digest] = k
 		provisionedKeys.add(k)
 	}
@@ -247,8 +346,9 @@ func weakKey(secret string) bool {
 
 const weakKeyWarning = "a relay key is weak (under 20 characters, or fewer than 10 different ones): it can be guessed; use a long random key such as the output of: openssl rand -hex 24"
 
-// keyStates holds each key's limiter by key name, process-wide, so that a
-// reload does not hand a key a fresh quota.
+// keyStates holds each key's and user entry's state by its state id (a
+// key's name, user:<id>), process-wide, so that a reload does not hand a
+// key a fresh quota.
 var keyStates = caddy.NewUsagePool()
 
 // provisionedKeys holds the keys of every provisioned relay handler, by

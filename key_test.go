@@ -72,7 +72,7 @@ func recorded(w *httptest.ResponseRecorder) reply {
 func TestAKeyStopsWorkingWhenItExpires(t *testing.T) {
 	up := fakeupstream.New(t, fakeupstream.Message("ok"))
 	expires := time.Unix(1_900_000_000, 0).Add(time.Hour) // the fake clock starts at 1_900_000_000
-	r, clock := limitRelay(t, "kexp", Key{Expires: expires.Format(time.RFC3339)}, up.URL)
+	r, clock := limitRelay(t, "kexp", Key{KeyOptions: KeyOptions{Expires: expires.Format(time.RFC3339)}}, up.URL)
 	send := func(path string) *httptest.ResponseRecorder {
 		req := newRequest(simpleBody, "sk-kexp")
 		if path != "" {
@@ -105,7 +105,7 @@ func TestAKeyStopsWorkingWhenItExpires(t *testing.T) {
 
 func TestADisabledKeyIsRefused(t *testing.T) {
 	up := fakeupstream.New(t, fakeupstream.Message("ok"))
-	r, _ := limitRelay(t, "kdis", Key{Disabled: true}, up.URL)
+	r, _ := limitRelay(t, "kdis", Key{KeyOptions: KeyOptions{Disabled: true}}, up.URL)
 	w, _ := serveHandler(t, r, newRequest(simpleBody, "sk-kdis"))
 	wantRelayError(t, recorded(w), 401, "authentication_error", "key_disabled")
 	if body := w.Body.String(); !strings.Contains(body, `key \"kdis\" is disabled`) || strings.Contains(body, "sk-kdis") {
@@ -152,8 +152,8 @@ func TestKeyStatusShowsTheLimitsInUse(t *testing.T) {
 		_, _ = w.Write(fakeupstream.MessageBody("m", "x", fakeupstream.Usage{InputTokens: 100, OutputTokens: 50}))
 	}))
 	start := time.Unix(1_900_000_000, 0)
-	r, clock := limitRelay(t, "kstat", Key{Rate: "3/m", Tokens: "1000/m", Concurrency: 2, Priority: "batch",
-		Expires: start.Add(time.Minute).Format(time.RFC3339)}, up.URL)
+	r, clock := limitRelay(t, "kstat", Key{KeyOptions: KeyOptions{Rate: "3/m", Tokens: "1000/m", Concurrency: 2, Priority: "batch",
+		Expires: start.Add(time.Minute).Format(time.RFC3339)}}, up.URL)
 
 	rows, _ := keyRows(t)
 	want := keyStatus{Name: "kstat", Kind: "key", Group: "kstat", Priority: "batch", Limits: limitsStatus{

@@ -253,6 +253,22 @@ func (l *limiter) charge(now time.Time, g *grant, n int64) {
 	}
 }
 
+// settled reports whether the limiter is as a new one would be: nothing in
+// flight, its buckets full. Forgetting a settled limiter forgives nothing.
+// (In a fleet, the store keeps the rest, and lets it expire.)
+func (l *limiter) settled(now time.Time) bool {
+	if l.inflight.Load() != 0 {
+		return false
+	}
+	l.mu.Lock()
+	requests, tokens := l.requests, l.tokens
+	l.mu.Unlock()
+	if requests != nil && requests.TokensAt(now) < float64(requests.Burst()) {
+		return false
+	}
+	return tokens == nil || tokens.full(now)
+}
+
 // limits is the limiter's spec.
 func (l *limiter) limits() limits {
 	l.mu.Lock()
@@ -377,6 +393,14 @@ func (b *tokenBucket) state(now time.Time) (level, perSec, burst float64) {
 	defer b.mu.Unlock()
 	b.refill(now)
 	return b.level, b.perSec, b.burst
+}
+
+// full reports whether the bucket has refilled completely.
+func (b *tokenBucket) full(now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.refill(now)
+	return b.level >= b.burst
 }
 
 // charge takes n tokens (gives them back when negative).

@@ -49,7 +49,7 @@ func limitRelay(t *testing.T, name string, key Key, upstreamURL string) (*Relay,
 }
 
 func TestKeyRateLimitHoldsOverTheWindow(t *testing.T) {
-	r, clock := limitRelay(t, "krate", Key{Rate: "3/m"}, "")
+	r, clock := limitRelay(t, "krate", Key{KeyOptions: KeyOptions{Rate: "3/m"}}, "")
 	send := func() *httptest.ResponseRecorder {
 		w, _ := serveHandler(t, r, newRequest(`{"model":"m"}`, "sk-krate"))
 		return w
@@ -84,7 +84,7 @@ func TestKeyTokenLimitChargesRealUsage(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(fakeupstream.MessageBody("m", "x", fakeupstream.Usage{InputTokens: 10, CacheReadInputTokens: 5000, OutputTokens: 600}))
 	}))
-	r, clock := limitRelay(t, "ktok", Key{Tokens: "1000/m"}, up.URL)
+	r, clock := limitRelay(t, "ktok", Key{KeyOptions: KeyOptions{Tokens: "1000/m"}}, up.URL)
 	send := func() *httptest.ResponseRecorder {
 		w, _ := serveHandler(t, r, newRequest(`{"model":"m"}`, "sk-ktok"))
 		return w
@@ -172,7 +172,7 @@ func TestConcurrencySlotsReturnOnEveryPath(t *testing.T) {
 	}))
 	name := "slots"
 	r := &Relay{
-		Keys:     []*Key{{Secret: "sk-slots", Group: name, Name: name, Concurrency: 3}},
+		Keys:     []*Key{{Secret: "sk-slots", Group: name, KeyOptions: KeyOptions{Name: name, Concurrency: 3}}},
 		Channels: []*Channel{{Name: "slots-ch", UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", "sk-up"), Concurrency: 2, Tuning: Tuning{Cooldown: caddy.Duration(time.Nanosecond), MaxCooldown: caddy.Duration(time.Nanosecond), Breaker: &Breaker{MinRequests: 1000}}}},
 		Groups:   []*Group{{Name: name, Channels: []string{"slots-ch"}}},
 	}
@@ -269,8 +269,8 @@ func benchRelay(b *testing.B) *Relay {
 			grp.Channels = append(grp.Channels, fmt.Sprintf("bench-ch%d", i))
 		}
 		r.Groups = append(r.Groups, grp)
-		r.Keys = append(r.Keys, &Key{Secret: fmt.Sprintf("sk-bench-%d", g), Group: grp.Name, Name: fmt.Sprintf("bench-k%d", g),
-			Rate: "100000000/s", Tokens: "1000000000/s", Concurrency: 1 << 20})
+		r.Keys = append(r.Keys, &Key{Secret: fmt.Sprintf("sk-bench-%d", g), Group: grp.Name, KeyOptions: KeyOptions{Name: fmt.Sprintf("bench-k%d", g),
+			Rate: "100000000/s", Tokens: "1000000000/s", Concurrency: 1 << 20}})
 	}
 	provisionHandler(b, r)
 	return r

@@ -116,6 +116,6 @@ func (r *Relay) ratelimitHeaders(h http.Header, in *inbound) {
 	if r.passRatelimit || !in.keyAsked {
 		return
 	}
-	spec, left := in.key.limits.left(r.now(), in.keyGrant)
+	spec, left := in.state.limits.left(r.now(), in.keyGrant) // the principal's: under user *, the identity's own
 	setRatelimitHeaders(h, spec, left)
 }

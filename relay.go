@@ -51,6 +51,20 @@ type Relay struct {
 	// Keys are the relay keys clients authenticate with.
 	Keys []*Key `json:"keys,omitempty"`
 
+	// Identity is the placeholder that a Caddy authentication handler
+	// running before the relay sets to who the client is, such as
+	// `{http.auth.user.id}` (basic_auth and most auth modules): one
+	// placeholder of the request (`{http.*}`), nothing around it. When it
+	// resolves to a non-empty value, the user entry of that identity (else
+	// the `*` entry, else a 401) serves the request, and the client's relay
+	// key is neither needed nor looked at; when it resolves empty, the
+	// request needs a relay key.
+	Identity string `json:"identity,omitempty"`
+
+	// Users are the identities Identity may resolve to, each served by a
+	// group as a key is; the id `*` serves every other identity.
+	Users []*User `json:"users,omitempty"`
+
 	// Channels are the upstream credentials.
 	Channels []*Channel `json:"channels,omitempty"`
 
@@ -82,14 +96,16 @@ type Relay struct {
 
 	groups             map[string]*group
 	keys               map[[sha256.Size]byte]*key
-	acquired           []*channel // channelStates entries this instance holds
-	acquiredGroups     []string   // groupStates entries this instance holds
-	acquiredKeys       []string   // keyStates entries this instance holds
-	acquiredTransports []string   // transports entries this instance holds
-	acquiredSpend      []string   // spendAccounts entries this instance holds
-	usesSpend          bool       // it took the spend store, to give back
-	fleet              *fleet     // the fleet this relay shares state with; nil: none
-	fleetKey           string     // its entry in fleets
+	users              map[string]*key // user entries by id, but user *
+	anyUser            *key            // user *; nil: none
+	acquired           []*channel      // channelStates entries this instance holds
+	acquiredGroups     []string        // groupStates entries this instance holds
+	acquiredKeys       []string        // keyStates entries this instance holds
+	acquiredTransports []string        // transports entries this instance holds
+	acquiredSpend      []string        // spendAccounts entries this instance holds
+	usesSpend          bool            // it took the spend store, to give back
+	fleet              *fleet          // the fleet this relay shares state with; nil: none
+	fleetKey           string          // its entry in fleets
 	logger             *zap.Logger
 	prices             pricebook
 	modelNames         map[string]bool // every model a channel lists, for metric labels
@@ -164,6 +180,9 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 		return err
 	}
 	if err := r.provisionKeys(); err != nil {
+		return err
+	}
+	if err := r.provisionUsers(); err != nil {
 		return err
 	}
 
@@ -254,7 +273,7 @@ func (r *Relay) serve(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 	if in.route, rerr = routeOf(req); rerr != nil {
 		return refused(rerr)
 	}
-	if in.key, rerr = r.authenticate(req); rerr != nil {
+	if rerr = r.identify(req, in); rerr != nil {
 		return refused(rerr)
 	}
 	if in.route == routeModels || in.route == routeModel {
@@ -265,7 +284,7 @@ func (r *Relay) serve(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 	if rerr = r.admitKey(in, req.ContentLength); rerr != nil {
 		return refused(rerr)
 	}
-	defer func() { in.key.limits.done(r.now(), in.keyGrant, in.billed()) }()
+	defer func() { in.state.limits.done(r.now(), in.keyGrant, in.billed()) }()
 	buf, rerr := r.readBody(w, req)
 	if rerr != nil {
 		return refused(rerr)
@@ -276,6 +295,12 @@ func (r *Relay) serve(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 		return refused(rerr)
 	}
 	r.chargeKeyTokens(in)
+	if rerr = r.admitEndUser(in); rerr != nil {
+		return refused(rerr)
+	}
+	if in.endUser != nil {
+		defer func() { in.endUser.done(r.now(), in.endUserGrant, in.billed()) }()
+	}
 	if rerr = r.affordable(in); rerr != nil {
 		return refused(rerr)
 	}
@@ -334,7 +359,8 @@ func (r *Relay) answer(w http.ResponseWriter, in *inbound, f *failure) {
 	_, _ = w.Write(last.body)
 }
 
-// admitKey holds a request to its key's limits before its body is read:
+// admitKey holds a request to its key's limits (its identity's, for
+// user *) before its body is read:
 // concurrency, request rate, and a token limit in debt. A message is
 // charged the tokens its Content-Length suggests (none when it has none:
 // chargeKeyTokens charges them once the body is read). In a fleet, this is
@@ -342,7 +368,7 @@ func (r *Relay) answer(w http.ResponseWriter, in *inbound, f *failure) {
 func (r *Relay) admitKey(in *inbound, contentLength int64) *relayError {
 	estimate := int64(-1) // other routes are not held to the token limit
 	if in.route == routeMessages {
-		if rerr := in.key.spend.check(r.now(), 0); rerr != nil {
+		if rerr := in.state.spend.check(r.now(), 0); rerr != nil {
 			metricRateLimited.WithLabelValues(in.key.name, "budget").Inc()
 			return rerr
 		}
@@ -351,7 +377,7 @@ func (r *Relay) admitKey(in *inbound, contentLength int64) *relayError {
 			estimate = contentLength/4 + 1
 		}
 	}
-	g, scope, wait := in.key.limits.take(r.now(), estimate)
+	g, scope, wait := in.state.limits.take(r.now(), estimate)
 	switch scope {
 	case scopeNone:
 		in.keyGrant, in.keyAsked = g, true
@@ -361,7 +387,7 @@ func (r *Relay) admitKey(in *inbound, contentLength int64) *relayError {
 	}
 	in.keyGrant, in.keyAsked = g, true // what it has left, for the 429's headers
 	metricRateLimited.WithLabelValues(in.key.name, string(scope)).Inc()
-	return errKeyLimited(in.key.name, scope, wait)
+	return errKeyLimited(in.key.describe(), scope, wait)
 }
 
 // affordable refuses a message whose input alone is estimated to cost more
@@ -375,7 +401,7 @@ func (r *Relay) affordable(in *inbound) *relayError {
 	if rates == nil {
 		return nil
 	}
-	if rerr := in.key.spend.check(r.now(), rates.cost(usage{input: in.estimate})); rerr != nil {
+	if rerr := in.state.spend.check(r.now(), rates.cost(usage{input: in.estimate})); rerr != nil {
 		metricRateLimited.WithLabelValues(in.key.name, "budget").Inc()
 		return rerr
 	}
@@ -389,7 +415,7 @@ func (r *Relay) chargeKeyTokens(in *inbound) {
 		return
 	}
 	in.estimate = estimateTokens(in.body)
-	in.key.limits.charge(r.now(), &in.keyGrant, in.estimate-in.keyGrant.charged)
+	in.state.limits.charge(r.now(), &in.keyGrant, in.estimate-in.keyGrant.charged)
 }
 
 // relay selects a channel and attempts the request on it until one answer

@@ -235,7 +235,7 @@ func benchServe(b *testing.B, body string) {
 		name += "-stream"
 	}
 	r := &Relay{
-		Keys:     []*Key{{Secret: "sk-" + name, Group: name, Name: name}},
+		Keys:     []*Key{{Secret: "sk-" + name, Group: name, KeyOptions: KeyOptions{Name: name}}},
 		Channels: []*Channel{{Name: name, UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", "{env.HOME}"), Models: []string{"claude-sonnet-4-5"}}},
 		Groups:   []*Group{{Name: name, Channels: []string{name}}},
 	}

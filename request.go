@@ -136,34 +136,42 @@ type inbound struct {
 	id       string
 	route    route
 	rawQuery string
-	key      *key
-	header   http.Header
-	body     []byte // the client's body, unchanged; backed by a pooled buffer
-	model    string // as the client asked
-	target   string // the model being served: model, or a fallback of it
-	userID   string // metadata.user_id, for sticky sessions
-	stream   bool
-	caps     capability
+	key      *key // the key or user entry it is served as
+	// stateID names the request's principal, where state per principal
+	// (limits, and whatever else is kept per key) is kept: a key's name,
+	// or user:<id> for an identity (for user *, the identity itself, where
+	// key is the * entry). state is that state.
+	stateID string
+	state   *keyState
+	header  http.Header
+	body    []byte // the client's body, unchanged; backed by a pooled buffer
+	model   string // as the client asked
+	target  string // the model being served: model, or a fallback of it
+	userID  string // metadata.user_id, for sticky sessions
+	stream  bool
+	caps    capability
 	// modelStart and modelEnd delimit the raw model value (quotes included)
 	// in body, so a mapped name is spliced in without re-encoding the JSON.
 	modelStart, modelEnd int
 
-	start      time.Time
-	status     int           // sent to the client; 0 until then
-	cause      string        // of a failure's answer, for the cause label; "" until then
-	attempts   int           // made so far
-	answered   *channel      // the channel whose answer the client got
-	firstByte  time.Duration // until the client's response headers
-	chain      []attemptRecord
-	chainBuf   [4]attemptRecord
-	usage      usage
-	incomplete bool    // the answer did not complete: tokens are the ones seen
-	estimate   int64   // input tokens guessed from the body, for the token limits
-	cost       float64 // in USD: list price x price_factor of the channel that answered; set by account (price)
-	wasted     int64   // input tokens of attempts abandoned on the way (relay_wasted_tokens_total)
-	keyGrant   grant   // what the key's limits admitted
-	keyAsked   bool    // the key's limits were asked (admitted or refused): its rate limit headers are known
-	fallbacks  int     // fallback models tried so far
+	start        time.Time
+	status       int           // sent to the client; 0 until then
+	cause        string        // of a failure's answer, for the cause label; "" until then
+	attempts     int           // made so far
+	answered     *channel      // the channel whose answer the client got
+	firstByte    time.Duration // until the client's response headers
+	chain        []attemptRecord
+	chainBuf     [4]attemptRecord
+	usage        usage
+	incomplete   bool     // the answer did not complete: tokens are the ones seen
+	estimate     int64    // input tokens guessed from the body, for the token limits
+	cost         float64  // in USD: list price x price_factor of the channel that answered; set by account (price)
+	wasted       int64    // input tokens of attempts abandoned on the way (relay_wasted_tokens_total)
+	keyGrant     grant    // what the key's limits admitted
+	keyAsked     bool     // the key's limits were asked (admitted or refused): its rate limit headers are known
+	endUser      *limiter // its end user's limits (user_rate, user_tokens); nil: none
+	endUserGrant grant    // what they admitted
+	fallbacks    int      // fallback models tried so far
 
 	call    Call          // the current attempt's, for its provider
 	bodyBuf *bytes.Buffer // the pooled buffer behind body; nil once released
@@ -372,7 +380,7 @@ func modelIDProblem(s string) string {
 // splits: Claude Code's X-Claude-Code-Session-Id, else the session part of
 // metadata.user_id (Claude Code's `user_<hash>_account_<id>_session_<id>`
 // or its JSON form with session_id; any other user_id as a whole), else the
-// key.
+// principal (the key, or the identity).
 func (in *inbound) sessionID() string {
 	if h := in.header.Get("X-Claude-Code-Session-Id"); h != "" {
 		return h
@@ -388,7 +396,7 @@ func (in *inbound) sessionID() string {
 		}
 		return u
 	}
-	return "key:" + in.key.name
+	return "key:" + in.stateID
 }
 
 // callFor is the Call of an attempt of the request on ch: the request as

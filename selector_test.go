@@ -642,13 +642,18 @@ func TestSessionID(t *testing.T) {
 		{"", "end-user-42", "end-user-42"},
 		{"", "", "key:support"},
 	} {
-		in := &inbound{header: http.Header{}, userID: c.userID, key: &key{name: "support"}}
+		in := &inbound{header: http.Header{}, userID: c.userID, key: &key{name: "support"}, stateID: "support"}
 		if c.header != "" {
 			in.header.Set("X-Claude-Code-Session-Id", c.header)
 		}
 		if got := in.sessionID(); got != c.want {
 			t.Errorf("sessionID(%q, %q) = %q, want %q", c.header, c.userID, got, c.want)
 		}
+	}
+	// under user *, each identity is a session of its own
+	in := &inbound{header: http.Header{}, key: &key{name: "user:*"}, stateID: "user:bob"}
+	if got := in.sessionID(); got != "key:user:bob" {
+		t.Errorf("an identity of user *: sessionID = %q, want key:user:bob", got)
 	}
 }
 

@@ -40,6 +40,24 @@ type spendAccount struct {
 
 	fleet  atomic.Pointer[fleet] // where the fleet's totals are, when shared
 	logger atomic.Pointer[zap.Logger]
+	// perIdentity marks the account of one identity of a user * entry:
+	// not exported as metrics, whose key label would be unbounded
+	perIdentity atomic.Bool
+}
+
+// budgetSpec is what an entry's options say of its spend account.
+type budgetSpec struct {
+	caps   [numPeriods]float64
+	warn   float64
+	label  string
+	logger *zap.Logger
+	now    func() time.Time
+}
+
+// apply configures account a with the spec, shared by fleet f (nil: none).
+func (b budgetSpec) apply(a *spendAccount, f *fleet) {
+	a.configure(b.caps, b.warn, b.label, b.logger, b.now)
+	a.share(f)
 }
 
 // periodSpend is what was spent in one period.
@@ -413,6 +431,9 @@ func (c spendCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c spendCollector) Collect(ch chan<- prometheus.Metric) {
 	spendAccounts.Range(func(_, v any) bool {
 		a := v.(*spendAccount)
+		if a.perIdentity.Load() {
+			return true
+		}
 		usd, caps := a.spent(time.Time{})
 		a.mu.Lock()
 		label, warn := a.label, a.warn

@@ -170,7 +170,7 @@ func TestAFrozenRedisCostsNoMoreThanTheTimeout(t *testing.T) {
 	srv := redistest.Start(t)
 	r := &Relay{
 		Storage:  &Storage{Redis: &RedisStorage{Address: []string{srv.Addr}, Prefix: "frozen:", Timeout: caddy.Duration(50 * time.Millisecond)}},
-		Keys:     []*Key{{Secret: "sk-frozen-0123456789abcdef", Group: "frozen-g", Rate: "1000/s"}},
+		Keys:     []*Key{{Secret: "sk-frozen-0123456789abcdef", Group: "frozen-g", KeyOptions: KeyOptions{Rate: "1000/s"}}},
 		Channels: []*Channel{{Name: "frozen-ch", UpstreamRaw: upstream("mock", "latency", "0s")}},
 		Groups:   []*Group{{Name: "frozen-g", Channels: []string{"frozen-ch"}}},
 	}

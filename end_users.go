@@ -1,0 +1,86 @@
+package relay
+
+import "time"
+
+// End user limits: a key's (or a user entry's) user_rate and user_tokens
+// hold each of its end users, told apart by the metadata.user_id of the
+// request body, to a limit of their own. The id is the client's to choose,
+// so the limiters are kept in an idleCache (bounded in number, dropped
+// when idle), by the principal's state id and the id bounded in length,
+// and never name a metric.
+
+// admitEndUser holds a request to its entry's user_rate and user_tokens.
+// It runs once the body is read, since the end user is named in it; a
+// request without metadata.user_id is not held to them. In a fleet, this
+// is the request's round trip to the store after its body.
+func (r *Relay) admitEndUser(in *inbound) *relayError {
+	k := in.key
+	if k.endUserLimits == (limits{}) || in.userID == "" {
+		return nil
+	}
+	now := r.now()
+	l := k.state.endUser(in.stateID+"\x00"+boundedID(in.userID), now)
+	if l == nil {
+		return nil // a reload is taking the limits away
+	}
+	estimate := int64(-1) // other routes are not held to the token limit
+	if in.route == routeMessages {
+		estimate = in.estimate
+	}
+	g, scope, wait := l.take(now, estimate)
+	switch scope {
+	case scopeNone:
+		in.endUser, in.endUserGrant = l, g
+		return nil
+	case scopeStorage:
+		return errStorageUnavailable()
+	}
+	metricRateLimited.WithLabelValues(k.name, "user_"+string(scope)).Inc()
+	return errUserLimited(k.describe(), scope, wait)
+}
+
+// endUser is the limiter of one end user (by the principal's state id and
+// its bounded user_id), made with the entry's end user limits when it has
+// none; nil when the entry has no such limits.
+func (s *keyState) endUser(id string, now time.Time) *limiter {
+	c := s.endUsers.Load()
+	if c == nil {
+		return nil
+	}
+	return c.get(id, now, func() *limiter {
+		l := new(limiter)
+		if sp := s.endUserSpec.Load(); sp != nil {
+			l.configure(sp.limits, now)
+			l.share(sp.fleet, endUserTag(id))
+		}
+		return l
+	})
+}
+
+// configureEndUsers pushes an entry's end user limits into every end user
+// limiter it keeps, and into those it will make; with none, it forgets
+// them all.
+func (s *keyState) configureEndUsers(sp stateSpec, now time.Time) {
+	s.mu.Lock()
+	if sp.limits == (limits{}) {
+		s.endUsers.Store(nil)
+		s.endUserSpec.Store(nil)
+		s.mu.Unlock()
+		return
+	}
+	c := s.endUsers.Load()
+	if c == nil {
+		c = newIdleCache[*limiter](maxEndUsers, idleAfter)
+		s.endUsers.Store(c)
+	}
+	s.endUserSpec.Store(&sp)
+	s.mu.Unlock()
+	c.each(func(id string, l *limiter) {
+		l.configure(sp.limits, now)
+		l.share(sp.fleet, endUserTag(id))
+	})
+}
+
+// endUserTag is where a fleet keeps an end user's limits: a digest, so the
+// client's id never reaches Redis, and the key stays short.
+func endUserTag(id string) string { return "e:" + digest(id) }

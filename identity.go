@@ -1,0 +1,203 @@
+package relay
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// User is an identity that a Caddy authentication handler, running before
+// the relay, established (basic_auth, or a JWT or OIDC module), and the
+// group that serves it. The relay's Identity placeholder says where the
+// handler put the identity. A request with an identity needs no relay key.
+type User struct {
+	// ID is the identity as Identity resolves it (for basic_auth, the user
+	// name), or `*` for every identity that has no entry of its own: each
+	// of those is held to the entry's limits on its own, while logs and
+	// metrics name the entry.
+	ID string `json:"id"`
+
+	// Group is the name of the group that serves this identity's requests.
+	Group string `json:"group"`
+
+	// KeyOptions are the entry's name, class and limits, as a key's. The
+	// default name is `user:` followed by the id.
+	KeyOptions
+}
+
+// label names a user entry in config errors.
+func (u *User) label() string { return "user " + u.ID }
+
+// anyIdentity is the id of the entry that serves every identity without
+// an entry of its own.
+const anyIdentity = "*"
+
+// userStatePrefix starts the state id of every identity, so that a key's
+// name (its state id) never is one.
+const userStatePrefix = "user:"
+
+// userStateID is the state id of an identity, as kept.
+func userStateID(id string) string { return userStatePrefix + boundedID(id) }
+
+// maxIDLen bounds an identity or an end user's id as the relay keeps it
+// (in memory, in Redis); a longer one is kept as its digest.
+const maxIDLen = 64
+
+// boundedID is s, or its digest when s is longer than maxIDLen: stable, and
+// of bounded length whatever a client sends.
+func boundedID(s string) string {
+	if len(s) <= maxIDLen {
+		return s
+	}
+	sum := sha256.Sum256([]byte(s))
+	return sha256Prefix + hex.EncodeToString(sum[:16])
+}
+
+// provisionUsers takes the user entries' state from the process-wide pool.
+func (r *Relay) provisionUsers() error {
+	r.users = make(map[string]*key, len(r.Users))
+	for _, cfg := range r.Users {
+		k := &key{name: cmp.Or(cfg.Name, userStatePrefix+cfg.ID), kind: kindUser, id: cfg.ID,
+			stateID: userStateID(cfg.ID), group: r.groups[cfg.Group]}
+		if err := r.takeState(k, &cfg.KeyOptions); err != nil {
+			return err
+		}
+		if cfg.ID == anyIdentity {
+			r.anyUser = k
+		} else {
+			r.users[cfg.ID] = k
+		}
+		provisionedKeys.add(k)
+	}
+	return nil
+}
+
+// identify is the request's auth step: it finds what the request is served
+// as (a key or a user entry), and the state of its principal. When the
+// relay's identity placeholder resolves to an identity, that decides: the
+// identity's entry, else `user *`, else 401; the relay key is then not
+// looked at. Otherwise the relay key decides. Either way the client's
+// credentials go no further than this step: no provider, not even one from
+// another package, sees them.
+func (r *Relay) identify(req *http.Request, in *inbound) *relayError {
+	defer stripCredentials(req.Header)
+	if id := r.identityOf(req); id != "" {
+		k := r.users[id]
+		if k == nil {
+			k = r.anyUser
+		}
+		if k == nil {
+			return errAuth("the identity this request was authenticated as has no user entry in the relay, and the relay has no user * entry")
+		}
+		if rerr := k.usable(r.now()); rerr != nil {
+			return rerr
+		}
+		in.key = k
+		in.state, in.stateID = k.principal(id, r.now())
+		return nil
+	}
+	if r.Identity != "" && relayKeyOf(req) == "" {
+		return errAuth("not authenticated: sign in, or send a relay key as x-api-key or as Authorization: Bearer")
+	}
+	k, rerr := r.authenticate(req)
+	if rerr != nil {
+		return rerr
+	}
+	in.key, in.state, in.stateID = k, k.state, k.stateID
+	return nil
+}
+
+// identityOf resolves the relay's identity placeholder for req: "" when it
+// has none, or when no authentication handler set it.
+func (r *Relay) identityOf(req *http.Request) string {
+	if r.Identity == "" {
+		return ""
+	}
+	repl, ok := req.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if !ok {
+		return ""
+	}
+	return repl.ReplaceAll(r.Identity, "")
+}
+
+// stripCredentials removes the client's credentials from its request
+// headers once they have served: whatever a provider copies from
+// Call.Header, they cannot reach an upstream. (Caddy's access log keeps
+// its own copy of the headers, taken before any handler ran.)
+func stripCredentials(h http.Header) {
+	h.Del("Authorization")
+	h.Del("X-Api-Key")
+	h.Del("Proxy-Authorization")
+}
+
+// principal is the state of a request served as k, and its state id: k's
+// own, or for user * the identity's own.
+func (k *key) principal(identity string, now time.Time) (*keyState, string) {
+	if k.id != anyIdentity {
+		return k.state, k.stateID
+	}
+	id := boundedID(identity)
+	return k.state.identity(id, now), userStatePrefix + id
+}
+
+// identity is the state of one identity of a user * entry, made with the
+// entry's limits when it has none (or has been dropped, idle).
+func (s *keyState) identity(id string, now time.Time) *keyState {
+	return s.idents.Load().get(id, now, func() *keyState {
+		st := newKeyState()
+		sp := s.identSpec.Load()
+		st.limits.configure(sp.limits, now)
+		st.limits.share(sp.fleet, tag("u:", id))
+		st.spend = identitySpend(userStatePrefix+id, sp)
+		return st
+	})
+}
+
+// configureIdentities pushes the limits of a user * entry into every
+// identity it keeps, and into those it will make.
+func (s *keyState) configureIdentities(sp stateSpec, now time.Time) {
+	s.mu.Lock()
+	c := s.idents.Load()
+	if c == nil {
+		c = newIdleCache[*keyState](maxIdentities, idleAfter)
+		s.idents.Store(c)
+	}
+	s.identSpec.Store(&sp)
+	s.mu.Unlock()
+	c.each(func(id string, st *keyState) {
+		st.limits.configure(sp.limits, now)
+		st.limits.share(sp.fleet, tag("u:", id))
+		sp.budgets.apply(st.spend, sp.fleet)
+	})
+}
+
+// identitySpend is the spend account of one identity of a user * entry.
+// It stays in the pool once made, past the identity's idle state: what an
+// identity spent must outlive a pause, and identities are the ones an
+// authentication handler let in, not whatever a client sends.
+func identitySpend(stateID string, sp *stateSpec) *spendAccount {
+	a, err := spend.account(stateID)
+	if err != nil { // the pool's constructor does not fail
+		a = &spendAccount{id: stateID}
+	}
+	a.perIdentity.Store(true)
+	sp.budgets.apply(a, sp.fleet)
+	return a
+}
+
+// relayKeyOf is the relay key a request sends: x-api-key, else a bearer
+// token; "" for none.
+func relayKeyOf(req *http.Request) string {
+	if secret := req.Header.Get("X-Api-Key"); secret != "" {
+		return secret
+	}
+	if auth := req.Header.Get("Authorization"); len(auth) > 7 && strings.EqualFold(auth[:7], "bearer ") {
+		return strings.TrimSpace(auth[7:])
+	}
+	return ""
+}
