@@ -377,7 +377,9 @@ func (s *spendStore) save() {
 	storage, logger := s.storage, s.logger
 	s.mu.Unlock()
 	spendAccounts.Range(func(k, v any) bool {
-		out[k.(string)] = v.(*spendAccount).record()
+		if a := v.(*spendAccount); a.fleet.Load() == nil { // a fleet's spend is in Redis
+			out[k.(string)] = a.record()
+		}
 		return true
 	})
 	for id, rec := range out {
