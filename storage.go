@@ -126,6 +126,7 @@ type fleet struct {
 
 	breaker *gobreaker.CircuitBreaker[any]
 	up      atomic.Bool
+	upAt    atomic.Int64 // when Redis last came back (unix ns)
 	logger  atomic.Pointer[zap.Logger]
 
 	leaseMu sync.Mutex
@@ -291,7 +292,9 @@ func (f *fleet) do(op string, fn func(ctx context.Context) error) error {
 	metricStorageSeconds.WithLabelValues(op).Observe(time.Since(start).Seconds())
 	if err != nil {
 		metricStorageErrors.WithLabelValues(op).Inc()
-		if f.up.CompareAndSwap(true, false) {
+		// an operation begun before Redis came back says nothing of now:
+		// it does not start another outage
+		if start.UnixNano() >= f.upAt.Load() && f.up.CompareAndSwap(true, false) {
 			metricStorageUp.Set(0)
 			then := "serving on this relay's own state until it is back"
 			if f.deny {
@@ -300,6 +303,9 @@ func (f *fleet) do(op string, fn func(ctx context.Context) error) error {
 			f.logger.Load().Error("storage unreachable: "+then, zap.String("op", op), zap.Error(err))
 		}
 		return errStorageDown
+	}
+	if !f.up.Load() {
+		f.upAt.Store(time.Now().UnixNano())
 	}
 	if f.up.CompareAndSwap(false, true) {
 		metricStorageUp.Set(1)
