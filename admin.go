@@ -87,8 +87,10 @@ func (adminAPI) act(w http.ResponseWriter, r *http.Request) error {
 	case "reset":
 		h.reset()
 	case "disable":
+		h.steered.Add(1)
 		h.disabled.Store(true)
 	case "enable":
+		h.steered.Add(1)
 		h.disabled.Store(false)
 	default:
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("unknown action %q: use reset, disable or enable", action)}

@@ -68,6 +68,10 @@ type channelHealth struct {
 	// forcing is set while a breaker is opened because another node's
 	// opened: it trips at once, and the change is not published back
 	forcing atomic.Bool
+	// steered counts the changes that can lower or flip the channel's state
+	// (a reset, a breaker closed, disable, enable): a fleet sync that began
+	// before one does not apply the fleet's older state over it
+	steered atomic.Uint64
 
 	name  string                // the channel's name
 	fleet atomic.Pointer[fleet] // the fleet the health is shared with; nil: none
@@ -244,6 +248,7 @@ func (h *channelHealth) forceOpen() {
 // closeBreaker closes the breaker because another node's closed after its
 // probes succeeded.
 func (h *channelHealth) closeBreaker() {
+	h.steered.Add(1)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.breaker.Load().State() != gobreaker.StateClosed {
@@ -536,6 +541,7 @@ func raiseTo(a *atomic.Int64, n int64) bool {
 // failure streak and the breaker: the channel is healthy again (unless
 // disabled).
 func (h *channelHealth) reset() {
+	h.steered.Add(1)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.until.Store(0)

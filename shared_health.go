@@ -144,8 +144,10 @@ func (h *channelHealth) apply(c healthChange, now time.Time) {
 	case changeClosed:
 		h.closeBreaker()
 	case changeDisable:
+		h.steered.Add(1)
 		h.disabled.Store(true)
 	case changeEnable:
+		h.steered.Add(1)
 		h.disabled.Store(false)
 	case changeReset:
 		h.reset()
@@ -285,6 +287,10 @@ func (f *fleet) sync() {
 	}
 	now := time.Now()
 	cmds := make([]*redis.Cmd, len(names))
+	steered := make([]uint64, len(names))
+	for i, h := range states {
+		steered[i] = h.steered.Load()
+	}
 	err := f.do("sync", func(ctx context.Context) error {
 		_, err := f.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 			for i, h := range states {
@@ -300,7 +306,9 @@ func (f *fleet) sync() {
 	}
 	now = time.Now()
 	for i, h := range states {
-		if st, err := cmds[i].Slice(); err == nil {
+		// a reset, enable or disable that came while the sync ran is newer
+		// than what it read; the next sync brings the rest in
+		if st, err := cmds[i].Slice(); err == nil && h.steered.Load() == steered[i] {
 			h.applyStored(st, now, f.node)
 		}
 	}
