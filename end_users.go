@@ -11,8 +11,10 @@ import "time"
 
 // admitEndUser holds a request to its entry's user_rate and user_tokens.
 // It runs once the body is read, since the end user is named in it; a
-// request without metadata.user_id is not held to them. In a fleet, this
-// is the request's round trip to the store after its body.
+// request without metadata.user_id is not held to them. In a fleet, the
+// end user is admitted later, together with the request's first channel
+// (in.endUserPending), so that both take the request's one round trip to
+// the store after its body.
 func (r *Relay) admitEndUser(in *inbound) *relayError {
 	k := in.key
 	if k.endUserLimits == (limits{}) || in.userID == "" {
@@ -27,16 +29,25 @@ func (r *Relay) admitEndUser(in *inbound) *relayError {
 	if in.route == routeMessages {
 		estimate = in.estimate
 	}
+	if l.shared.Load() != nil {
+		in.endUserPending, in.endUserEstimate = l, estimate
+		return nil
+	}
 	g, scope, wait := l.take(now, estimate)
-	switch scope {
-	case scopeNone:
+	if scope == scopeNone {
 		in.endUser, in.endUserGrant = l, g
 		return nil
-	case scopeStorage:
+	}
+	return endUserRefused(in, scope, wait)
+}
+
+// endUserRefused answers a request its end user's limits refused.
+func endUserRefused(in *inbound, scope limitScope, wait time.Duration) *relayError {
+	if scope == scopeStorage {
 		return errStorageUnavailable()
 	}
-	metricRateLimited.WithLabelValues(k.name, "user_"+string(scope)).Inc()
-	return errUserLimited(k.describe(), scope, wait)
+	metricRateLimited.WithLabelValues(in.key.name, "user_"+string(scope)).Inc()
+	return errUserLimited(in.key.describe(), scope, wait)
 }
 
 // endUser is the limiter of one end user (by the principal's state id and

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"fmt"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
@@ -274,5 +276,61 @@ func TestEndUsersAndIdentitiesShareLimitsInAFleet(t *testing.T) {
 	}
 	if len(keys) != 2 || !sawIdentity {
 		t.Errorf("redis keys %v, want an end user's rate and {u:bob-fleet}'s", keys)
+	}
+}
+
+// admitOps counts the admissions the relay has asked Redis for so far.
+func admitOps(t *testing.T) float64 {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(metricStorageSeconds)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	byName := map[string]*dto.MetricFamily{}
+	for _, mf := range mfs {
+		byName[mf.GetName()] = mf
+	}
+	return math.Max(0, value(byName, "relay_storage_seconds", "op=admit"))
+}
+
+// TestAFleetAdmitsAnEndUserWithItsChannel runs requests whose key, end
+// user and channel all have limits that a fleet keeps: each takes two
+// round trips to Redis before its attempt (the key's before the body, the
+// end user's and the channel's together after it), and a request one of
+// them refuses takes nothing from the other.
+func TestAFleetAdmitsAnEndUserWithItsChannel(t *testing.T) {
+	srv := redistest.Start(t)
+	r := &Relay{
+		Storage: &Storage{Redis: &RedisStorage{Address: []string{srv.Addr}, Prefix: "pair:"}},
+		Keys: []*Key{{Secret: "sk-pair-0123456789abcdef", Group: "pair-g",
+			KeyOptions: KeyOptions{Name: "pair-key", Rate: "1000/m", UserRate: "2/m"}}},
+		Channels: []*Channel{{Name: "pair-ch", UpstreamRaw: upstream("mock"), Rate: "3/m"}},
+		Groups:   []*Group{{Name: "pair-g", Channels: []string{"pair-ch"}}},
+	}
+	provisionHandler(t, r)
+	send := func(user string) *httptest.ResponseRecorder {
+		t.Helper()
+		body := `{"model":"m","max_tokens":8,"metadata":{"user_id":"` + user + `"},"messages":[{"role":"user","content":"hi"}]}`
+		w, _ := serveHandler(t, r, newRequest(body, "sk-pair-0123456789abcdef"))
+		return w
+	}
+	before := admitOps(t)
+	for i := range 2 {
+		if w := send("alice-pair"); w.Code != 200 {
+			t.Fatalf("alice's request %d: %d %s", i+1, w.Code, w.Body)
+		}
+	}
+	if ops := admitOps(t) - before; ops != 4 {
+		t.Errorf("two requests asked Redis %v times before their attempts, want 4 (two each)", ops)
+	}
+	// alice is over her user_rate: refused, and the channel's rate keeps
+	// its third request for bob
+	if w := send("alice-pair"); w.Code != 429 || !strings.Contains(w.Body.String(), `"code":"user_rate_limited"`) {
+		t.Fatalf("alice's third request: %d %s", w.Code, w.Body)
+	}
+	if w := send("bob-pair"); w.Code != 200 {
+		t.Fatalf("bob's request, the channel's third of 3/m: %d %s", w.Code, w.Body)
 	}
 }

@@ -404,6 +404,24 @@ func (h *channelHealth) admit(now time.Time, estimate int64) (*ticket, limitScop
 	return &ticket{h: h, done: done, grant: g}, scopeNone
 }
 
+// admitAlong admits an attempt as admit does, and with it the request's
+// end user's limits (user, charged userEstimate tokens), both or neither,
+// in one round trip when the fleet keeps both. byUser says that the end
+// user's limits refused; else a refusal is the channel's, as admit's.
+func (h *channelHealth) admitAlong(now time.Time, estimate int64, user *limiter, userEstimate int64) (t *ticket, userGrant grant, scope limitScope, wait time.Duration, byUser bool) {
+	ug, g, scope, wait, byUser := takeBoth(now, user, userEstimate, &h.limits, estimate)
+	if scope != scopeNone {
+		return nil, grant{}, scope, wait, byUser
+	}
+	done, err := h.breaker.Load().Allow()
+	if err != nil { // its half-open breaker is busy with other probes
+		h.limits.done(now, g, 0)
+		user.done(now, ug, 0)
+		return nil, grant{}, scopeNone, 0, false
+	}
+	return &ticket{h: h, done: done, grant: g}, ug, scopeNone, 0, false
+}
+
 // finish records the verdict of the attempt: limits, counters, breaker,
 // cooldown and latency; tokens is what the attempt used against the
 // channel's token limit. It returns the cooldown it started (zero when

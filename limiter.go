@@ -164,18 +164,74 @@ const scopeStorage limitScope = "storage"
 func (l *limiter) take(now time.Time, estimate int64) (grant, limitScope, time.Duration) {
 	if s := l.shared.Load(); s != nil {
 		g, scope, wait, err := s.admit(now, l.limits(), estimate)
-		switch {
-		case err == nil && scope == scopeNone:
-			l.inflight.Add(1)
-			return g, scopeNone, 0
-		case err == nil:
-			l.refusedUntil.Store(now.Add(max(wait, sharedBusyHint)).UnixNano())
-			return grant{left: g.left}, scope, wait
-		case s.f.deny:
-			return grant{}, scopeStorage, 0
+		if g, scope, wait, ok := l.settle(now, s, g, scope, wait, err); ok {
+			return g, scope, wait
 		}
 		// Redis is down: this relay keeps its own limits meanwhile
 	}
+	return l.takeLocal(now, estimate)
+}
+
+// settle takes in what the fleet's store said of an admission; false when
+// it did not answer and the relay is to use its own limits meanwhile.
+func (l *limiter) settle(now time.Time, s *sharedLimit, g grant, scope limitScope, wait time.Duration, err error) (grant, limitScope, time.Duration, bool) {
+	switch {
+	case err == nil && scope == scopeNone:
+		l.inflight.Add(1)
+		return g, scopeNone, 0, true
+	case err == nil:
+		l.refusedUntil.Store(now.Add(max(wait, sharedBusyHint)).UnixNano())
+		return grant{left: g.left}, scope, wait, true
+	case s.f.deny:
+		return grant{}, scopeStorage, 0, true
+	}
+	return grant{}, scopeNone, 0, false
+}
+
+// takeBoth admits one request against limiters a and b, as take admits it
+// against each, both or neither: in one round trip when one fleet keeps
+// both (a request's end user's limits and its channel's, which then make
+// the request's one round trip to Redis after its body), else one after
+// the other. byA says that a refused, when one did.
+func takeBoth(now time.Time, a *limiter, ea int64, b *limiter, eb int64) (ga, gb grant, scope limitScope, wait time.Duration, byA bool) {
+	sa, sb := a.shared.Load(), b.shared.Load()
+	if sa == nil || sb == nil || sa.f != sb.f || sa.f.cluster {
+		if ga, scope, wait = a.take(now, ea); scope != scopeNone {
+			return grant{}, grant{}, scope, wait, true
+		}
+		if gb, scope, wait = b.take(now, eb); scope != scopeNone {
+			a.done(now, ga, 0)
+			return grant{}, grant{}, scope, wait, false
+		}
+		return ga, gb, scopeNone, 0, false
+	}
+	ga, gb, refused, scope, wait, err := sa.f.admitPair(now, sa.prepare(a.limits(), ea), sb.prepare(b.limits(), eb))
+	switch {
+	case err != nil && sa.f.deny:
+		return grant{}, grant{}, scopeStorage, 0, true
+	case err != nil: // Redis is down: each keeps its own limits meanwhile
+		if ga, scope, wait = a.takeLocal(now, ea); scope != scopeNone {
+			return grant{}, grant{}, scope, wait, true
+		}
+		if gb, scope, wait = b.takeLocal(now, eb); scope != scopeNone {
+			a.done(now, ga, 0)
+			return grant{}, grant{}, scope, wait, false
+		}
+		return ga, gb, scopeNone, 0, false
+	case refused == 1:
+		a.refusedUntil.Store(now.Add(max(wait, sharedBusyHint)).UnixNano())
+		return grant{}, grant{}, scope, wait, true
+	case refused == 2:
+		b.refusedUntil.Store(now.Add(max(wait, sharedBusyHint)).UnixNano())
+		return grant{}, grant{}, scope, wait, false
+	}
+	a.inflight.Add(1)
+	b.inflight.Add(1)
+	return ga, gb, scopeNone, 0, false
+}
+
+// takeLocal admits one request against this relay's own limits.
+func (l *limiter) takeLocal(now time.Time, estimate int64) (grant, limitScope, time.Duration) {
 	if scope, wait := l.takeSlot(now); scope != scopeNone {
 		return grant{}, scope, wait
 	}

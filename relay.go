@@ -298,9 +298,11 @@ func (r *Relay) serve(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 	if rerr = r.admitEndUser(in); rerr != nil {
 		return refused(rerr)
 	}
-	if in.endUser != nil {
-		defer func() { in.endUser.done(r.now(), in.endUserGrant, in.billed()) }()
-	}
+	defer func() { // admitted here, or along with its first channel
+		if in.endUser != nil {
+			in.endUser.done(r.now(), in.endUserGrant, in.billed())
+		}
+	}()
 	if rerr = r.affordable(in); rerr != nil {
 		return refused(rerr)
 	}
@@ -482,7 +484,20 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 			r.logger.Debug("retry budget exhausted", zap.String("group", g.name), zap.String("request_id", in.id))
 			return &failure{last: last, attempts: n - 1}
 		}
-		t, scope := ch.health.admit(sel.now, in.estimate)
+		var t *ticket
+		var scope limitScope
+		if u := in.endUserPending; u != nil { // one round trip for the end user and the channel
+			ug, wait, byUser := grant{}, time.Duration(0), false
+			t, ug, scope, wait, byUser = ch.health.admitAlong(sel.now, in.estimate, u, in.endUserEstimate)
+			if byUser && scope != scopeStorage {
+				return refused(endUserRefused(in, scope, wait))
+			}
+			if t != nil {
+				in.endUser, in.endUserGrant, in.endUserPending = u, ug, nil
+			}
+		} else {
+			t, scope = ch.health.admit(sel.now, in.estimate)
+		}
 		switch {
 		case scope == scopeStorage: // the fleet's store is down, and on_error says deny
 			if n > 1 {

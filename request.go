@@ -171,7 +171,11 @@ type inbound struct {
 	keyAsked     bool     // the key's limits were asked (admitted or refused): its rate limit headers are known
 	endUser      *limiter // its end user's limits (user_rate, user_tokens); nil: none
 	endUserGrant grant    // what they admitted
-	fallbacks    int      // fallback models tried so far
+	// endUserPending, in a fleet, is the end user's limiter to admit along
+	// with the first channel, charged endUserEstimate tokens
+	endUserPending  *limiter
+	endUserEstimate int64
+	fallbacks       int // fallback models tried so far
 
 	call    Call          // the current attempt's, for its provider
 	bodyBuf *bytes.Buffer // the pooled buffer behind body; nil once released

@@ -34,71 +34,92 @@ import (
 // lease is removed and its tokens corrected by a background worker that
 // pipelines what many requests give back.
 
-// admitScript admits one request against a thing's limits. KEYS: the
-// lease set, the rate's arrival time, the token bucket. ARGV: the lease id,
-// max concurrency (0: none), lease ms, rate emission interval in ms (0:
-// none), rate burst, tokens per ms (0: none), token burst, the tokens to
-// charge (-1: do not hold the request to tokens). It returns {scope, wait,
-// requests left, ms until the rate is full again, tokens left, ms until the
-// bucket is full again}: scope 0 when admitted, else the limit that refused
-// (1 concurrency, 2 rate, 3 tokens) and wait the ms until it may pass (0:
-// unknown). What is left counts this request when it was admitted, and is 0
-// for a limit the thing does not have; the times are ms from Redis's own
-// now, so the relays' clocks need not agree with it.
+// admitScript admits one request against the limits of one thing, or of
+// two at once (a request's end user and its channel): all are checked
+// before any is written, so a request one of them refuses takes nothing
+// from the other. KEYS, three per thing: the lease set, the rate's arrival
+// time, the token bucket. ARGV, eight per thing: the lease id, max
+// concurrency (0: none), lease ms, rate emission interval in ms (0: none),
+// rate burst, tokens per ms (0: none), token burst, the tokens to charge
+// (-1: do not hold the request to tokens). It returns, per thing, {scope,
+// wait, requests left, ms until the rate is full again, tokens left, ms
+// until the bucket is full again}: scope 0 for all when admitted, else the
+// limit that refused (1 concurrency, 2 rate, 3 tokens) on the thing it
+// refused, and wait the ms until it may pass (0: unknown). What is left
+// counts this request when it was admitted, and is 0 for a limit the thing
+// does not have; the times are ms from Redis's own now, so the relays'
+// clocks need not agree with it.
 var admitScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local lease, maxc, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local emission, burst = tonumber(ARGV[4]), tonumber(ARGV[5])
-local perms, tburst, charge = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
-local tat = now
-if emission > 0 then
-  tat = math.max(tonumber(redis.call('GET', KEYS[2]) or 0), now)
-end
-local level = 0
-if perms > 0 then
-  local h = redis.call('HMGET', KEYS[3], 'level', 'last')
-  level = tonumber(h[1]) or tburst
-  local last = tonumber(h[2]) or now
-  if now > last then level = math.min(tburst, level + (now - last) * perms) end
-end
-local function answer(scope, wait)
-  local rleft, rfull, tleft, tfull = 0, 0, 0, 0
-  if emission > 0 then
-    rleft = math.max(0, math.floor(burst - (tat - now) / emission))
-    rfull = math.ceil(tat - now)
+local things = {}
+for i = 1, #KEYS / 3 do
+  local k, a = (i - 1) * 3, (i - 1) * 8
+  local th = {lease = ARGV[a + 1], maxc = tonumber(ARGV[a + 2]), ttl = tonumber(ARGV[a + 3]),
+    emission = tonumber(ARGV[a + 4]), burst = tonumber(ARGV[a + 5]),
+    perms = tonumber(ARGV[a + 6]), tburst = tonumber(ARGV[a + 7]), charge = tonumber(ARGV[a + 8]),
+    kl = KEYS[k + 1], kr = KEYS[k + 2], kt = KEYS[k + 3], tat = now, level = 0}
+  if th.emission > 0 then
+    th.tat = math.max(tonumber(redis.call('GET', th.kr) or 0), now)
   end
-  if perms > 0 then
-    tleft = math.max(0, math.floor(level))
-    tfull = math.max(0, math.ceil((tburst - level) / perms))
+  if th.perms > 0 then
+    local h = redis.call('HMGET', th.kt, 'level', 'last')
+    th.level = tonumber(h[1]) or th.tburst
+    local last = tonumber(h[2]) or now
+    if now > last then th.level = math.min(th.tburst, th.level + (now - last) * th.perms) end
   end
-  return {scope, wait, rleft, rfull, tleft, tfull}
+  things[i] = th
 end
-if maxc > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-  if redis.call('ZCARD', KEYS[1]) >= maxc then return answer(1, 0) end
+local function answers(refused, scope, wait)
+  local out = {}
+  for i, th in ipairs(things) do
+    local rleft, rfull, tleft, tfull = 0, 0, 0, 0
+    if th.emission > 0 then
+      rleft = math.max(0, math.floor(th.burst - (th.tat - now) / th.emission))
+      rfull = math.ceil(th.tat - now)
+    end
+    if th.perms > 0 then
+      tleft = math.max(0, math.floor(th.level))
+      tfull = math.max(0, math.ceil((th.tburst - th.level) / th.perms))
+    end
+    if i == refused then
+      out[#out + 1], out[#out + 2] = scope, wait
+    else
+      out[#out + 1], out[#out + 2] = 0, 0
+    end
+    out[#out + 1], out[#out + 2], out[#out + 3], out[#out + 4] = rleft, rfull, tleft, tfull
+  end
+  return out
 end
-if emission > 0 then
-  local allow = tat + emission - burst * emission
-  if now < allow then return answer(2, math.ceil(allow - now)) end
+for i, th in ipairs(things) do
+  if th.maxc > 0 then
+    redis.call('ZREMRANGEBYSCORE', th.kl, '-inf', now)
+    if redis.call('ZCARD', th.kl) >= th.maxc then return answers(i, 1, 0) end
+  end
+  if th.emission > 0 then
+    local allow = th.tat + th.emission - th.burst * th.emission
+    if now < allow then return answers(i, 2, math.ceil(allow - now)) end
+  end
+  if th.perms > 0 and th.charge >= 0 and th.level < 1 then
+    return answers(i, 3, math.ceil((1 - th.level) / th.perms))
+  end
 end
-if perms > 0 and charge >= 0 and level < 1 then
-  return answer(3, math.ceil((1 - level) / perms))
+for _, th in ipairs(things) do
+  if th.maxc > 0 then
+    redis.call('ZADD', th.kl, now + th.ttl, th.lease)
+    redis.call('PEXPIRE', th.kl, th.ttl * 2)
+  end
+  if th.emission > 0 then
+    th.tat = th.tat + th.emission
+    redis.call('SET', th.kr, th.tat, 'PX', math.ceil(th.tat - now) + 1000)
+  end
+  if th.perms > 0 and th.charge >= 0 then
+    th.level = th.level - th.charge
+    redis.call('HSET', th.kt, 'level', th.level, 'last', now)
+    redis.call('PEXPIRE', th.kt, math.ceil(th.tburst / th.perms) + 60000)
+  end
 end
-if maxc > 0 then
-  redis.call('ZADD', KEYS[1], now + ttl, lease)
-  redis.call('PEXPIRE', KEYS[1], ttl * 2)
-end
-if emission > 0 then
-  tat = tat + emission
-  redis.call('SET', KEYS[2], tat, 'PX', math.ceil(tat - now) + 1000)
-end
-if perms > 0 and charge >= 0 then
-  level = level - charge
-  redis.call('HSET', KEYS[3], 'level', level, 'last', now)
-  redis.call('PEXPIRE', KEYS[3], math.ceil(tburst / perms) + 60000)
-end
-return answer(0, 0)
+return answers(0, 0, 0)
 `)
 
 // chargeScript charges (or, negative, gives back) tokens, whatever the
@@ -155,13 +176,70 @@ type leaseRef struct{ set, id string }
 var scriptScopes = [...]limitScope{scopeNone, scopeConcurrency, scopeRate, scopeTokens}
 
 // admit asks Redis to admit one request under spec, charging estimate
-// tokens when estimate >= 0. With err set, Redis did not answer. Admitted
-// or refused, g.left is what the limits have left, as of now.
-func (s *sharedLimit) admit(now time.Time, spec limits, estimate int64) (g grant, scope limitScope, wait time.Duration, err error) {
-	f := s.f
-	g.store = s
+// tokens when estimate >= 0. With err set, Redis did not answer.
+func (s *sharedLimit) admit(now time.Time, spec limits, estimate int64) (grant, limitScope, time.Duration, error) {
+	c := s.prepare(spec, estimate)
+	var res []int64
+	err := s.f.do("admit", func(ctx context.Context) error {
+		var e error
+		res, e = admitScript.Run(ctx, s.f.client, c.keys, c.args...).Int64Slice()
+		return e
+	})
+	if err == nil && len(res) != 6 {
+		err = errStorageDown
+	}
+	if err != nil {
+		return grant{}, scopeNone, 0, err
+	}
+	left, scope, wait := c.read(now, res)
+	if scope != scopeNone {
+		return grant{left: left}, scope, wait, nil
+	}
+	return c.granted(left), scopeNone, 0, nil
+}
+
+// admitPair admits one request against a and b in one round trip, both or
+// neither: refused is 1 or 2 for the one that refused, 0 when both
+// admitted. With err set, Redis did not answer.
+func (f *fleet) admitPair(now time.Time, a, b *admitCall) (ga, gb grant, refused int, scope limitScope, wait time.Duration, err error) {
+	var res []int64
+	err = f.do("admit", func(ctx context.Context) error {
+		var e error
+		res, e = admitScript.Run(ctx, f.client, append(a.keys[:3:3], b.keys...), append(a.args[:8:8], b.args...)...).Int64Slice()
+		return e
+	})
+	if err == nil && len(res) != 12 {
+		err = errStorageDown
+	}
+	if err != nil {
+		return grant{}, grant{}, 0, scopeNone, 0, err
+	}
+	leftA, scopeA, waitA := a.read(now, res[:6])
+	leftB, scopeB, waitB := b.read(now, res[6:])
+	switch {
+	case scopeA != scopeNone:
+		return grant{left: leftA}, grant{left: leftB}, 1, scopeA, waitA, nil
+	case scopeB != scopeNone:
+		return grant{left: leftA}, grant{left: leftB}, 2, scopeB, waitB, nil
+	}
+	return a.granted(leftA), b.granted(leftB), 0, scopeNone, 0, nil
+}
+
+// admitCall is one thing's part of an admission, prepared.
+type admitCall struct {
+	s    *sharedLimit
+	g    grant // what it grants when admitted
+	keys []string
+	args []any
+}
+
+// prepare makes the script's keys and arguments that admit one request
+// under spec, charging estimate tokens when estimate >= 0.
+func (s *sharedLimit) prepare(spec limits, estimate int64) *admitCall {
+	c := &admitCall{s: s}
+	c.g.store = s
 	if spec.concurrency > 0 {
-		g.lease = f.leaseID()
+		c.g.lease = s.f.leaseID()
 	}
 	var emission, perMs float64
 	if spec.rate.n > 0 {
@@ -169,34 +247,36 @@ func (s *sharedLimit) admit(now time.Time, spec limits, estimate int64) (g grant
 	}
 	if spec.tokens.n > 0 && estimate >= 0 {
 		perMs = spec.tokens.n / float64(spec.tokens.period.Milliseconds())
-		g.tokens, g.charged = true, estimate
+		c.g.tokens, c.g.charged = true, estimate
 	} else {
 		estimate = -1
 	}
-	var res []int64
-	err = f.do("admit", func(ctx context.Context) error {
-		var e error
-		res, e = admitScript.Run(ctx, f.client, []string{s.lease, s.rate, s.bkt},
-			g.lease, spec.concurrency, f.lease.Milliseconds(), emission, math.Ceil(spec.rate.n), perMs, spec.tokens.n, estimate).Int64Slice()
-		return e
-	})
-	if err != nil {
-		return grant{}, scopeNone, 0, err
-	}
-	if len(res) != 6 || res[0] < 0 || res[0] >= int64(len(scriptScopes)) {
-		return grant{}, scopeNone, 0, errStorageDown
-	}
+	c.keys = []string{s.lease, s.rate, s.bkt}
+	c.args = []any{c.g.lease, spec.concurrency, s.f.lease.Milliseconds(), emission, math.Ceil(spec.rate.n), perMs, spec.tokens.n, estimate}
+	return c
+}
+
+// read takes one thing's answer of the script: what is left, and the
+// limit that refused (none: scopeNone) with its wait.
+func (c *admitCall) read(now time.Time, res []int64) (headroom, limitScope, time.Duration) {
 	left := headroom{known: true,
 		requests: res[2], requestsFull: now.Add(time.Duration(res[3]) * time.Millisecond),
 		tokens: res[4], tokensFull: now.Add(time.Duration(res[5]) * time.Millisecond)}
-	if scope = scriptScopes[res[0]]; scope != scopeNone {
-		return grant{left: left}, scope, time.Duration(res[1]) * time.Millisecond, nil
+	if res[0] < 0 || res[0] >= int64(len(scriptScopes)) {
+		return left, scopeConcurrency, 0 // not an answer of this script: refuse, do not guess
 	}
+	return left, scriptScopes[res[0]], time.Duration(res[1]) * time.Millisecond
+}
+
+// granted is what an admitted request holds: its lease is this node's to
+// renew until given back.
+func (c *admitCall) granted(left headroom) grant {
+	g := c.g
 	g.left = left
 	if g.lease != "" {
-		f.hold(leaseRef{s.lease, g.lease})
+		c.s.f.hold(leaseRef{c.s.lease, g.lease})
 	}
-	return g, scopeNone, 0, nil
+	return g
 }
 
 // correct charges n more tokens (negative: gives them back), off the

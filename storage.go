@@ -123,6 +123,9 @@ type fleet struct {
 	deny    bool
 	lease   time.Duration
 	node    string // this process's id in the fleet
+	// cluster is set for a Redis Cluster, where one script cannot touch
+	// two things' keys (they hash to different slots)
+	cluster bool
 
 	breaker *gobreaker.CircuitBreaker[any]
 	up      atomic.Bool
@@ -171,6 +174,7 @@ func newFleet(ctx caddy.Context, s *RedisStorage) (*fleet, error) {
 		timeout:  time.Duration(s.Timeout),
 		deny:     s.OnError == "deny",
 		lease:    time.Duration(s.Lease),
+		cluster:  s.MasterName == "" && len(s.Address) > 1,
 		leases:   map[leaseRef]struct{}{},
 		releases: make(chan release, 4096),
 		publish:  make(chan healthChange, 1024),
