@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -284,13 +282,7 @@ func TestBudgetAlertsOnRealSpend(t *testing.T) {
 		t.Fatal(err)
 	}
 	exprs := alertExprs(t, rules)
-	test := fmt.Sprintf(`rule_files: [%q]
-evaluation_interval: 1m
-tests:
-  - interval: 1m
-    input_series:
-%s    promql_expr_test:
-      - expr: %q
+	promtoolTest(t, promtool, rules, series.String(), fmt.Sprintf(`      - expr: %q
         eval_time: 5m
         exp_samples:
           - labels: '{key="budget-alert-near",period="day"}'
@@ -300,14 +292,7 @@ tests:
         exp_samples:
           - labels: '{key="budget-alert-spent",period="day"}'
             value: 1
-`, rules, series.String(), exprs["RelayBudgetNearlySpent"], exprs["RelayBudgetExhausted"])
-	path := filepath.Join(t.TempDir(), "budget.test.yml")
-	if err := os.WriteFile(path, []byte(test), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command(promtool, "test", "rules", path).CombinedOutput(); err != nil {
-		t.Errorf("the budget alerts on what the relay exported: %v\n%s\n%s", err, out, test)
-	}
+`, exprs["RelayBudgetNearlySpent"], exprs["RelayBudgetExhausted"]), "the budget alerts on what the relay exported")
 }
 
 // TestBudgetsOfUserStarAreEachIdentitys gives every identity of user * a

@@ -810,16 +810,23 @@ func TestCaddyfileErrorsPointAtTheirLine(t *testing.T) {
 		"a split of no share":                      base("", "", "\t\tsplit a 0 # here\n"),
 		"a channel's bad price factor":             base("", "\t\tprice_factor -1 # here\n", ""),
 	} {
-		line := 0
-		for i, l := range strings.Split(src, "\n") {
-			if strings.HasSuffix(l, "# here") {
-				line = i + 1
-			}
+		wantErrorAtMarkedLine(t, name, src)
+	}
+}
+
+// wantErrorAtMarkedLine parses a relay block with one mistake, on the line
+// marked "# here", and wants the error to point at that line.
+func wantErrorAtMarkedLine(t *testing.T, name, src string) {
+	t.Helper()
+	line := 0
+	for i, l := range strings.Split(src, "\n") {
+		if strings.HasSuffix(l, "# here") {
+			line = i + 1
 		}
-		src = strings.ReplaceAll(src, " # here", "")
-		_, err := parseRelay(t, src)
-		if want := fmt.Sprintf("Testfile:%d", line); err == nil || !strings.HasSuffix(err.Error(), want) {
-			t.Errorf("%s: error %v, want it at %s", name, err, want)
-		}
+	}
+	src = strings.ReplaceAll(src, " # here", "")
+	_, err := parseRelay(t, src)
+	if want := fmt.Sprintf("Testfile:%d", line); err == nil || !strings.HasSuffix(err.Error(), want) {
+		t.Errorf("%s: error %v, want it at %s", name, err, want)
 	}
 }

@@ -331,18 +331,7 @@ func TestCaddyfileUsers(t *testing.T) {
 		"a user without a group":             "\tidentity {http.auth.user.id}\n\tuser alice # here\n",
 		"identity twice":                     "\tidentity {http.auth.user.id}\n\tuser alice prod\n\tidentity {http.auth.user.email} # here\n",
 	} {
-		src := fmt.Sprintf(base, lines)
-		line := 0
-		for i, l := range strings.Split(src, "\n") {
-			if strings.HasSuffix(l, "# here") {
-				line = i + 1
-			}
-		}
-		src = strings.ReplaceAll(src, " # here", "")
-		_, err := parseRelay(t, src)
-		if want := fmt.Sprintf("Testfile:%d", line); err == nil || !strings.HasSuffix(err.Error(), want) {
-			t.Errorf("%s: error %v, want it at %s", name, err, want)
-		}
+		wantErrorAtMarkedLine(t, name, fmt.Sprintf(base, lines))
 	}
 }
 

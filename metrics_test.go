@@ -365,24 +365,32 @@ func TestAlertRulesOnAScriptedMix(t *testing.T) {
 	if expr == "" {
 		t.Fatal("no RelayHigh5xxRatio in the rules")
 	}
+	promtoolTest(t, promtool, rules, series.String(), fmt.Sprintf(`      - expr: %q
+        eval_time: 10m
+        exp_samples:
+          - labels: '{group="alert-outage"}'
+            value: 1
+`, expr), "the alert expression on the scripted mix (the typos group must not appear, the outage must)")
+}
+
+// promtoolTest runs `promtool test rules` on the rules file with the input
+// series and the expression tests given (YAML, indented as list items of
+// input_series and promql_expr_test), failing with what on error.
+func promtoolTest(t *testing.T, promtool, rules, series, exprTests, what string) {
+	t.Helper()
 	test := fmt.Sprintf(`rule_files: [%q]
 evaluation_interval: 1m
 tests:
   - interval: 1m
     input_series:
 %s    promql_expr_test:
-      - expr: %q
-        eval_time: 10m
-        exp_samples:
-          - labels: '{group="alert-outage"}'
-            value: 1
-`, rules, series.String(), expr)
-	path := filepath.Join(t.TempDir(), "relay-rules.test.yml")
+%s`, rules, series, exprTests)
+	path := filepath.Join(t.TempDir(), "rules.test.yml")
 	if err := os.WriteFile(path, []byte(test), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := exec.Command(promtool, "test", "rules", path).CombinedOutput(); err != nil {
-		t.Errorf("the alert expression on the scripted mix (the typos group must not appear, the outage must): %v\n%s\n%s", err, out, test)
+		t.Errorf("%s: %v\n%s\n%s", what, err, out, test)
 	}
 }
 
