@@ -201,3 +201,19 @@ func relayKeyOf(req *http.Request) string {
 	}
 	return ""
 }
+
+// clientSetsIdentity reports whether the identity placeholder reads a
+// value the client sends itself (a header, a query parameter, a cookie):
+// anyone could then claim any identity, unless a handler before the relay
+// always replaces that value (forward_auth's copy_headers does).
+func clientSetsIdentity(placeholder string) bool {
+	for _, p := range []string{"{http.request.header.", "{http.request.uri.query.", "{http.request.cookie."} {
+		if strings.HasPrefix(placeholder, p) {
+			return true
+		}
+	}
+	return false
+}
+
+const clientIdentityWarning = "identity reads a value the client sends itself: any client can claim any identity with it, unless a handler before the relay always replaces that value (forward_auth with copy_headers does); prefer {http.auth.user.*}, which only authentication handlers set"
+

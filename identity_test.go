@@ -427,3 +427,18 @@ func TestBasicAuthIdentities(t *testing.T) {
 		}
 	}
 }
+
+func TestAnIdentityAClientCanSetIsWarnedAbout(t *testing.T) {
+	for placeholder, want := range map[string]bool{
+		"{http.auth.user.id}":           false,
+		"{http.auth.user.email}":        false,
+		"{http.request.header.X-User}":  true,
+		"{http.request.uri.query.user}": true,
+		"{http.request.cookie.user}":    true,
+		"{http.vars.client_ip}":         false,
+	} {
+		if got := clientSetsIdentity(placeholder); got != want {
+			t.Errorf("%s: client-set %v, want %v", placeholder, got, want)
+		}
+	}
+}

@@ -152,6 +152,9 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 		return err
 	}
 	r.warnAccessLog(ctx)
+	if clientSetsIdentity(r.Identity) {
+		r.logger.Warn(clientIdentityWarning, zap.String("identity", r.Identity))
+	}
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return err
 	}
