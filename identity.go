@@ -216,4 +216,3 @@ func clientSetsIdentity(placeholder string) bool {
 }
 
 const clientIdentityWarning = "identity reads a value the client sends itself: any client can claim any identity with it, unless a handler before the relay always replaces that value (forward_auth with copy_headers does); prefer {http.auth.user.*}, which only authentication handlers set"
-
