@@ -373,8 +373,7 @@ func (r *Relay) answer(w http.ResponseWriter, in *inbound, f *failure) {
 func (r *Relay) admitKey(in *inbound, contentLength int64) *relayError {
 	estimate := int64(-1) // other routes are not held to the token limit
 	if in.route == routeMessages {
-		if rerr := in.state.spend.check(r.now(), 0); rerr != nil {
-			metricRateLimited.WithLabelValues(in.key.name, "budget").Inc()
+		if rerr := r.withinBudget(in, 0); rerr != nil {
 			return rerr
 		}
 		estimate = 0
@@ -399,18 +398,24 @@ func (r *Relay) admitKey(in *inbound, contentLength int64) *relayError {
 // than what remains of a budget of its key, at the list price of the model
 // it asks for.
 func (r *Relay) affordable(in *inbound) *relayError {
-	if in.route != routeMessages {
+	if in.route != routeMessages || !in.state.spend.budgeted.Load() {
 		return nil
 	}
 	rates := r.prices.lookup(in.model)
 	if rates == nil {
 		return nil
 	}
-	if rerr := in.state.spend.check(r.now(), rates.cost(usage{input: in.estimate})); rerr != nil {
+	return r.withinBudget(in, rates.cost(usage{input: in.estimate}))
+}
+
+// withinBudget refuses a request whose principal's budget is spent, or
+// would be by estimate (USD).
+func (r *Relay) withinBudget(in *inbound, estimate float64) *relayError {
+	rerr := in.state.spend.check(r.now(), estimate)
+	if rerr != nil {
 		metricRateLimited.WithLabelValues(in.key.name, "budget").Inc()
-		return rerr
 	}
-	return nil
+	return rerr
 }
 
 // chargeKeyTokens brings a message's charge against its key's token limit

@@ -38,8 +38,9 @@ type spendAccount struct {
 	warn    float64             // share of a budget that warns
 	now     func() time.Time    // the clock of its relay
 
-	fleet  atomic.Pointer[fleet] // where the fleet's totals are, when shared
-	logger atomic.Pointer[zap.Logger]
+	budgeted atomic.Bool           // it has a budget: requests are checked against it
+	fleet    atomic.Pointer[fleet] // where the fleet's totals are, when shared
+	logger   atomic.Pointer[zap.Logger]
 	// perIdentity marks the account of one identity of a user * entry:
 	// not exported as metrics, whose key label would be unbounded
 	perIdentity atomic.Bool
@@ -86,13 +87,18 @@ func (a *spendAccount) configure(caps [numPeriods]float64, warn float64, label s
 		a.caps[p] = toNano(c)
 	}
 	a.warn, a.label, a.now = warn, label, now
+	a.budgeted.Store(a.caps != [numPeriods]nanoUSD{})
 	a.mu.Unlock()
 	a.logger.Store(logger)
 }
 
 // roll starts the periods that began since the account last looked, at
-// now. It runs under a.mu.
+// now. A day lies within its week and its month, so while the day holds,
+// nothing rolls. It runs under a.mu.
 func (a *spendAccount) roll(now time.Time) {
+	if day := a.periods[periodDay].start; !now.Before(day) && now.Before(periodDay.end(day)) {
+		return
+	}
 	for p := range numPeriods {
 		if s := p.start(now); !a.periods[p].start.Equal(s) {
 			a.periods[p] = periodSpend{start: s}
@@ -103,6 +109,9 @@ func (a *spendAccount) roll(now time.Time) {
 // check refuses a request when a budget is spent, or when estimate (USD)
 // is more than what remains of one.
 func (a *spendAccount) check(now time.Time, estimate float64) *relayError {
+	if !a.budgeted.Load() {
+		return nil
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.roll(now)
