@@ -15,7 +15,9 @@ import (
 // trip for all its accounts. Budgets are then enforced on the fleet's
 // totals as of the last sync plus what this relay charged since: a fleet
 // may overspend a budget by what it spends in about spendSyncEvery, on top
-// of the requests in flight. Nothing of this is on a request's path.
+// of the requests in flight. Nothing of this is on a request's path, and a
+// sync touches only what changed here or has a budget: the totals of a key
+// without budgets come back when this relay adds to them.
 
 // spendSyncEvery is how often a relay adds its spend to the fleet's.
 const spendSyncEvery = time.Second
@@ -72,8 +74,11 @@ func (f *fleet) flushSpend() {
 		a.mu.Lock()
 		a.roll(a.clock())
 		for p := range numPeriods {
-			ps := a.periods[p]
-			work = append(work, &spendSync{a: a, p: p, start: ps.start, pending: ps.pending})
+			// what was charged here goes to Redis; totals are read for the
+			// budgets (and come back with every addition)
+			if ps := a.periods[p]; ps.pending != 0 || a.caps[p] > 0 {
+				work = append(work, &spendSync{a: a, p: p, start: ps.start, pending: ps.pending})
+			}
 		}
 		a.mu.Unlock()
 		return true
