@@ -196,37 +196,36 @@ func (l *limiter) settle(now time.Time, s *sharedLimit, g grant, scope limitScop
 func takeBoth(now time.Time, a *limiter, ea int64, b *limiter, eb int64) (ga, gb grant, scope limitScope, wait time.Duration, byA bool) {
 	sa, sb := a.shared.Load(), b.shared.Load()
 	if sa == nil || sb == nil || sa.f != sb.f || sa.f.cluster {
-		if ga, scope, wait = a.take(now, ea); scope != scopeNone {
-			return grant{}, grant{}, scope, wait, true
-		}
-		if gb, scope, wait = b.take(now, eb); scope != scopeNone {
-			a.done(now, ga, 0)
-			return grant{}, grant{}, scope, wait, false
-		}
-		return ga, gb, scopeNone, 0, false
+		return inTurn(now, (*limiter).take, a, ea, b, eb)
 	}
 	ga, gb, refused, scope, wait, err := sa.f.admitPair(now, sa.prepare(a.limits(), ea), sb.prepare(b.limits(), eb))
 	switch {
 	case err != nil && sa.f.deny:
 		return grant{}, grant{}, scopeStorage, 0, true
 	case err != nil: // Redis is down: each keeps its own limits meanwhile
-		if ga, scope, wait = a.takeLocal(now, ea); scope != scopeNone {
-			return grant{}, grant{}, scope, wait, true
-		}
-		if gb, scope, wait = b.takeLocal(now, eb); scope != scopeNone {
-			a.done(now, ga, 0)
-			return grant{}, grant{}, scope, wait, false
-		}
-		return ga, gb, scopeNone, 0, false
+		return inTurn(now, (*limiter).takeLocal, a, ea, b, eb)
 	case refused == 1:
-		a.refusedUntil.Store(now.Add(max(wait, sharedBusyHint)).UnixNano())
+		a.settle(now, sa, ga, scope, wait, nil)
 		return grant{}, grant{}, scope, wait, true
 	case refused == 2:
-		b.refusedUntil.Store(now.Add(max(wait, sharedBusyHint)).UnixNano())
+		b.settle(now, sb, gb, scope, wait, nil)
 		return grant{}, grant{}, scope, wait, false
 	}
-	a.inflight.Add(1)
-	b.inflight.Add(1)
+	a.settle(now, sa, ga, scopeNone, 0, nil)
+	b.settle(now, sb, gb, scopeNone, 0, nil)
+	return ga, gb, scopeNone, 0, false
+}
+
+// inTurn admits one request against a, then b, with take; when b refuses,
+// what a admitted is given back.
+func inTurn(now time.Time, take func(*limiter, time.Time, int64) (grant, limitScope, time.Duration), a *limiter, ea int64, b *limiter, eb int64) (ga, gb grant, scope limitScope, wait time.Duration, byA bool) {
+	if ga, scope, wait = take(a, now, ea); scope != scopeNone {
+		return grant{}, grant{}, scope, wait, true
+	}
+	if gb, scope, wait = take(b, now, eb); scope != scopeNone {
+		a.done(now, ga, 0)
+		return grant{}, grant{}, scope, wait, false
+	}
 	return ga, gb, scopeNone, 0, false
 }
 
