@@ -272,12 +272,14 @@ func TestFleetKeyConcurrencyHoldsAcrossNodes(t *testing.T) {
 	nodes := startFleet(t, 3, fleetConfig{redisAddr: srv.Addr, prefix: "conc:", keyOpts: "\t\t\tconcurrency 2\n", channels: []string{"up=" + up.URL}})
 
 	var wg sync.WaitGroup
+	var answered atomic.Int32
 	statuses := make([]int, 12)
 	for i := range statuses {
-		wg.Go(func() { statuses[i] = nodes[i%3].send(t) })
+		wg.Go(func() { statuses[i] = nodes[i%3].send(t); answered.Add(1) })
 	}
 	within(t, "two requests at the upstream", 5*time.Second, func() bool { return probe.held.Load() == 2 })
-	time.Sleep(100 * time.Millisecond) // the others are answered by now; none may arrive
+	// the other ten are answered while the two are held: none reached it
+	within(t, "the other ten answered", 5*time.Second, func() bool { return answered.Load() == 10 })
 	close(probe.release)
 	wg.Wait()
 	counts := map[int]int{}
@@ -364,14 +366,25 @@ func TestFleetRidesOutARedisRestart(t *testing.T) {
 			}
 		})
 	}
-	time.Sleep(time.Second)
+	// each phase lasts until the nodes have served a few dozen requests in it
+	moreServed := func(what string) {
+		t.Helper()
+		from := served.Load()
+		within(t, what, 10*time.Second, func() bool { return served.Load() >= from+40 })
+	}
+	bothUp := func(up bool) func() bool {
+		return func() bool { return storageUp(t, nodes[0]) == up && storageUp(t, nodes[1]) == up }
+	}
+	moreServed("load before the outage")
 	srv.Kill()
-	time.Sleep(1500 * time.Millisecond)
+	within(t, "both nodes see Redis gone", 10*time.Second, bothUp(false))
+	moreServed("load while Redis is gone")
 	srv.Restart()
-	time.Sleep(1500 * time.Millisecond)
+	within(t, "both nodes back on Redis", 10*time.Second, bothUp(true))
+	moreServed("load after Redis is back")
 	close(stop)
 	wg.Wait()
-	if failed.Load() != 0 || served.Load() < 100 {
+	if failed.Load() != 0 || served.Load() < 120 {
 		t.Fatalf("%d requests failed, %d served", failed.Load(), served.Load())
 	}
 	// the upstream answers at once: what a request took beyond that is
@@ -381,9 +394,6 @@ func TestFleetRidesOutARedisRestart(t *testing.T) {
 	}
 	// the limits are shared again: a key whose rate is 4/m admits 4
 	// requests over the two nodes, not 4 each
-	within(t, "both nodes back on Redis", 10*time.Second, func() bool {
-		return storageUp(t, nodes[0]) && storageUp(t, nodes[1])
-	})
 	ok := 0
 	for i := range 8 {
 		if status, _ := nodes[i%2].sendAs(t, afterKey); status == 200 {
