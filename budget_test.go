@@ -333,3 +333,46 @@ func TestBudgetsOfUserStarAreEachIdentitys(t *testing.T) {
 		t.Fatalf("bob on the next day: %d %s", w.Code, w.Body)
 	}
 }
+
+// TestAnIdleIdentityKeepsItsSpend lets an identity of user * go idle until
+// its state is dropped: its spend account leaves the pool with it, and
+// what it spent comes back with it.
+func TestAnIdleIdentityKeepsItsSpend(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(fakeupstream.MessageBody("m-budget", "ok", fakeupstream.Usage{InputTokens: 200_000}))
+	}))
+	t.Cleanup(up.Close)
+	r := &Relay{
+		Identity: "{http.auth.user.id}",
+		Users:    []*User{{ID: "*", Group: "bidle", KeyOptions: KeyOptions{Budgets: []string{"0.3usd/day"}}}},
+		Keys:     []*Key{{Secret: "sk-bidle-key-0123456789abcdef", Group: "bidle", KeyOptions: KeyOptions{Name: "bidle-key"}}},
+		Channels: []*Channel{{Name: "bidle-ch", UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", "sk-up")}},
+		Groups:   []*Group{{Name: "bidle", Channels: []string{"bidle-ch"}}},
+		Pricing:  map[string]Price{"m-budget": {Input: 1, Output: 1}},
+	}
+	provisionHandler(t, r)
+	clock := &fakeClock{t: time.Date(2030, time.March, 15, 12, 0, 0, 0, time.UTC)}
+	r.now = clock.now
+	body := `{"model":"m-budget","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`
+	held := func(stateID string) bool {
+		held := false
+		spendAccounts.Range(func(k, _ any) bool { held = held || k == stateID; return true })
+		return held
+	}
+	if w, _, _ := serveAs(t, r, "dave-bidle", "", body); w.Code != 200 { // $0.20 of $0.30
+		t.Fatalf("dave: %d %s", w.Code, w.Body)
+	}
+	clock.advance(idleAfter + time.Minute)
+	if w, _, _ := serveAs(t, r, "erin-bidle", "", body); w.Code != 200 { // her request sweeps dave's idle state
+		t.Fatalf("erin: %d %s", w.Code, w.Body)
+	}
+	if held("user:dave-bidle") {
+		t.Fatal("the spend account of an identity whose state was dropped is still held")
+	}
+	for i, want := range []int{200, 429} { // $0.40, then over the budget: his $0.20 came back
+		if w, _, _ := serveAs(t, r, "dave-bidle", "", body); w.Code != want {
+			t.Fatalf("dave's request %d after his pause: %d, want %d: %s", i+1, w.Code, want, w.Body)
+		}
+	}
+}

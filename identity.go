@@ -164,7 +164,7 @@ func (s *keyState) configureIdentities(sp stateSpec, now time.Time) {
 	s.mu.Lock()
 	c := s.idents.Load()
 	if c == nil {
-		c = newIdleCache[*keyState](maxIdentities, idleAfter)
+		c = newIdleCacheDropping(maxIdentities, idleAfter, (*keyState).dropIdentity)
 		s.idents.Store(c)
 	}
 	s.identSpec.Store(&sp)
@@ -176,10 +176,17 @@ func (s *keyState) configureIdentities(sp stateSpec, now time.Time) {
 	})
 }
 
-// identitySpend is the spend account of one identity of a user * entry.
-// It stays in the pool once made, past the identity's idle state: what an
-// identity spent must outlive a pause, and identities are the ones an
-// authentication handler let in, not whatever a client sends.
+// dropIdentity lets go of the spend account of an identity that user *
+// drops: what it spent stays in the spend store (when it spent anything),
+// and comes back with the identity.
+func (s *keyState) dropIdentity() {
+	if s.spend != nil {
+		_, _ = spendAccounts.Delete(s.spend.id)
+	}
+}
+
+// identitySpend is the spend account of one identity of a user * entry,
+// held while the identity's state is kept.
 func identitySpend(stateID string, sp *stateSpec) *spendAccount {
 	a, err := spend.account(stateID)
 	if err != nil { // the pool's constructor does not fail

@@ -53,7 +53,17 @@ const (
 )
 
 func newIdleCache[V settler](size int, idle time.Duration) *idleCache[V] {
-	lru, err := simplelru.NewLRU[string, *idleEntry[V]](size, nil)
+	return newIdleCacheDropping[V](size, idle, nil)
+}
+
+// newIdleCacheDropping is newIdleCache whose states, once dropped (idle,
+// or to make room), are handed to drop (under the cache's lock).
+func newIdleCacheDropping[V settler](size int, idle time.Duration, drop func(V)) *idleCache[V] {
+	var onEvict simplelru.EvictCallback[string, *idleEntry[V]]
+	if drop != nil {
+		onEvict = func(_ string, e *idleEntry[V]) { drop(e.v) }
+	}
+	lru, err := simplelru.NewLRU[string, *idleEntry[V]](size, onEvict)
 	if err != nil {
 		panic(err) // size is a positive constant
 	}

@@ -341,12 +341,19 @@ func (s *spendStore) account(id string) (*spendAccount, error) {
 }
 
 // keep records an account that is being let go, so that it is written and
-// found again if its key comes back.
+// found again if its key comes back; one that spent nothing needs no
+// record (and identities that come and go leave none).
 func (s *spendStore) keep(a *spendAccount) {
 	rec := a.record()
 	s.mu.Lock()
-	s.saved[a.id] = rec
-	s.mu.Unlock()
+	defer s.mu.Unlock()
+	for _, p := range rec {
+		if p.NanoUSD != 0 {
+			s.saved[a.id] = rec
+			return
+		}
+	}
+	delete(s.saved, a.id)
 }
 
 // record is the account as stored.
