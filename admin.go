@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -150,6 +151,10 @@ type channelStatus struct {
 	// RefusedModels are the models the upstream refused (403) on this
 	// channel, set aside until the time given.
 	RefusedModels map[string]time.Time `json:"refused_models,omitempty"`
+	// Lacks are the features the upstream said it does not support (a 400
+	// in its refusal's words, for a request that carried them), set aside
+	// on this channel until the time given.
+	Lacks map[string]time.Time `json:"lacks,omitempty"`
 }
 
 func (h *channelHealth) status(name string, now time.Time) channelStatus {
@@ -170,16 +175,8 @@ func (h *channelHealth) status(name string, now time.Time) channelStatus {
 			st.BusyUntil = &until
 		}
 	}
-	if m := h.refused.Load(); m != nil {
-		for model, until := range *m {
-			if until > now.UnixNano() {
-				if st.RefusedModels == nil {
-					st.RefusedModels = map[string]time.Time{}
-				}
-				st.RefusedModels[model] = time.Unix(0, until).UTC()
-			}
-		}
-	}
+	st.RefusedModels = setAsideUntil(&h.refused, now)
+	st.Lacks = setAsideUntil(&h.lacks, now)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	st.EWMALatencyMs = math.Round(h.latency()*100) / 100
@@ -192,6 +189,23 @@ func (h *channelHealth) status(name string, now time.Time) channelStatus {
 		st.LastError, st.LastErrorReason, st.LastErrorAt = h.lastError.String(), h.lastReason, &at
 	}
 	return st
+}
+
+// setAsideUntil lists the entries of a set-aside map (refused models,
+// lacking features) that have not ended; nil when none.
+func setAsideUntil(m *atomic.Pointer[map[string]int64], now time.Time) map[string]time.Time {
+	var out map[string]time.Time
+	if cur := m.Load(); cur != nil {
+		for name, until := range *cur {
+			if until > now.UnixNano() {
+				if out == nil {
+					out = map[string]time.Time{}
+				}
+				out[name] = time.Unix(0, until).UTC()
+			}
+		}
+	}
+	return out
 }
 
 // keyStatus is one row of GET /relay/keys. It never holds a secret or its

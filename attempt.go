@@ -73,6 +73,22 @@ func (r *Relay) try(w http.ResponseWriter, req *http.Request, in *inbound, ch *c
 	return res
 }
 
+// lacking turns a 400 that says, in the words of ch's provider, that its
+// wire does not support a feature the request carries into the channel's
+// limitation (fail over, and set the feature aside on the channel) when
+// another channel the request could still use supports it. Otherwise the
+// 400 stays the client's answer.
+func (r *Relay) lacking(v *verdict, in *inbound, ch *channel, body []byte) {
+	lacked := lackedFeatures(ch.features.wording, body, &in.needs)
+	if len(lacked) == 0 || in.key == nil || !in.key.group.anotherTakes(&in.sel, ch, lacked) {
+		return
+	}
+	v.outcome, v.reason, v.features = outcomeLacksFeature, "lacks "+strings.Join(lacked, ", "), lacked
+	for _, f := range lacked {
+		metricCapabilityMisses.WithLabelValues(ch.name, featureLabel(f)).Inc()
+	}
+}
+
 // maxErrorBody bounds how much of an upstream error body is read.
 const maxErrorBody = 1 << 20
 
@@ -125,6 +141,9 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 		v := classifyStatus(resp.StatusCode, resp.Header, body, r.now())
 		if refusesModel(resp.StatusCode, body, providerRefusedModel(resp), call.Model) {
 			v.outcome, v.reason, v.model = outcomeModelRefused, "model refused", in.target
+		}
+		if resp.StatusCode == http.StatusBadRequest && v.outcome == outcomeClientError && !in.needs.empty() {
+			r.lacking(&v, in, ch, body)
 		}
 		return attemptResult{verdict: v, channel: ch, firstByte: firstByteTime, status: resp.StatusCode, header: resp.Header, body: body}
 	}

@@ -649,8 +649,9 @@ func parseChannel(d *caddyfile.Dispenser, pos positions) (*Channel, error) {
 	}
 	opts := options{
 		strings: map[string]*string{"rate": &ch.Rate},
-		lists:   map[string]*[]string{"models": &ch.Models, "allow": &ch.Allow},
-		ints:    map[string]*int{"priority": &ch.Priority, "weight": &ch.Weight, "concurrency": &ch.Concurrency},
+		lists: map[string]*[]string{"models": &ch.Models, "allow": &ch.Allow,
+			"supports": &ch.Supports, "lacks": &ch.Lacks, "strip": &ch.Strip},
+		ints: map[string]*int{"priority": &ch.Priority, "weight": &ch.Weight, "concurrency": &ch.Concurrency},
 	}
 	up := providerLines{name: providerAnthropic}
 	var transport caddyfile.Unmarshaler

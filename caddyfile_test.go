@@ -388,7 +388,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{
 			name:  "unknown allow value",
 			input: caddyfileWith("", "channel a {\n\tapi_key {env.A}\n\tallow service_tier temperature\n}\n", ""),
-			want:  []string{`channel "a"`, `unknown field "temperature"`},
+			want:  []string{`channel "a"`, `unknown feature "temperature"`},
 		},
 		{
 			name:  "unknown relay option",

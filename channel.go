@@ -25,7 +25,7 @@ type channel struct {
 	modelNames []string          // the client names, in config order
 	priority   int
 	weight     int
-	allow      capability
+	features   channelFeatures
 	health     *channelHealth
 
 	firstByte    time.Duration
@@ -86,9 +86,6 @@ func (r *Relay) provisionChannel(ctx caddy.Context, cfg *Channel) (*channel, err
 	}
 	ch.models, _ = parseModels(cfg.Models) // validated already
 	ch.modelNames = channelModels(cfg)
-	for _, a := range cfg.Allow {
-		ch.allow |= capabilityByName(a)
-	}
 	t := cfg.Tuning
 	ch.firstByte = pickDuration(t.FirstByteTimeout, r.FirstByteTimeout, defaultFirstByteTimeout)
 	ch.firstContent = pickDuration(t.FirstContentTimeout, r.FirstContentTimeout, defaultFirstContentTimeout)
@@ -105,6 +102,7 @@ func (r *Relay) provisionChannel(ctx caddy.Context, cfg *Channel) (*channel, err
 	if err := r.loadProvider(ctx, cfg, ch); err != nil {
 		return nil, err
 	}
+	ch.features = newChannelFeatures(ch.provider, ch.providerName(), append(cfg.Allow, cfg.Supports...), cfg.Lacks, cfg.Strip)
 
 	if cfg.Probe != nil {
 		ch.probe = newProbe(cfg)
@@ -339,10 +337,28 @@ type Channel struct {
 	// the weights of the others, from 0 to 1000000. Default: 1.
 	Weight int `json:"weight,omitempty"`
 
-	// Allow lists the request fields this channel accepts among
-	// `service_tier`, `inference_geo` and `speed`. A request carrying one of
-	// them only goes to channels that allow it.
+	// Supports lists features this channel's upstream supports beyond what
+	// its provider's wire does by default (the feature table): body fields
+	// (service_tier, inference_geo and speed are opt-in), server tools,
+	// long_context, or anthropic-beta values. A request goes only to
+	// channels that support every feature it carries.
+	Supports []string `json:"supports,omitempty"`
+
+	// Allow is an older spelling of Supports, kept working.
 	Allow []string `json:"allow,omitempty"`
+
+	// Lacks lists features this channel's upstream does not support
+	// although its provider's wire does (a reseller without web search, an
+	// account without the 1M context).
+	Lacks []string `json:"lacks,omitempty"`
+
+	// Strip lists features this channel takes by removing them from the
+	// request: body fields, server tools (their entries of `tools`) and
+	// anthropic-beta values; `unsupported_betas` removes every beta the
+	// channel lacks. A channel that must strip something from a request is
+	// picked only when no channel can serve it whole. Nothing a client sent
+	// is ever removed otherwise.
+	Strip []string `json:"strip,omitempty"`
 
 	// TransportRaw configures the HTTP transport exactly as reverse_proxy's
 	// `transport http { ... }` does (timeouts, keepalive, TLS, versions...).

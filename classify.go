@@ -27,16 +27,17 @@ const (
 	outcomeTransient                   // 5xx, network error, timeout, broken stream
 	outcomeCanceled                    // the client went away: nobody's fault
 	outcomeModelRefused                // the channel may not serve this model: set aside for it alone
+	outcomeLacksFeature                // the channel's wire does not support a feature the request carries: set aside for it alone
 )
 
-var outcomeNames = [...]string{"success", "client_error", "auth", "rate_limited", "overloaded", "transient", "canceled", "model_refused"}
+var outcomeNames = [...]string{"success", "client_error", "auth", "rate_limited", "overloaded", "transient", "canceled", "model_refused", "lacks_feature"}
 
 func (o outcome) String() string { return outcomeNames[o] }
 
 // retryable reports whether another channel should be tried.
 func (o outcome) retryable() bool {
 	switch o {
-	case outcomeAuth, outcomeRateLimited, outcomeOverloaded, outcomeTransient, outcomeModelRefused:
+	case outcomeAuth, outcomeRateLimited, outcomeOverloaded, outcomeTransient, outcomeModelRefused, outcomeLacksFeature:
 		return true
 	}
 	return false
@@ -51,6 +52,9 @@ type verdict struct {
 	timeout bool   // the attempt hit one of the relay's timeouts
 	reason  string // short and secret-free, for logs and the relay's error messages
 	model   string // with outcomeModelRefused: the model set aside (the client's name)
+	// with outcomeLacksFeature: the features the channel lacks, which the
+	// request carried
+	features []string
 }
 
 // classes is the classification table: each upstream status, the error

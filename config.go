@@ -436,6 +436,27 @@ func (t Tuning) validate() error {
 	return nil
 }
 
+// checkFeatures validates the supports, allow, lacks and strip lines: known
+// names, and none on two of them.
+func (ch *Channel) checkFeatures() error {
+	seen := map[string]string{}
+	for _, l := range []struct {
+		opt   string
+		names []string
+	}{{"supports", ch.Supports}, {"allow", ch.Allow}, {"lacks", ch.Lacks}, {"strip", ch.Strip}} {
+		for _, name := range l.names {
+			if err := checkFeatureNames(l.opt, []string{name}); err != nil {
+				return &configError{at: []string{l.opt, name}, err: err}
+			}
+			if prev, ok := seen[name]; ok && prev != l.opt && !(prev == "supports" && l.opt == "allow") {
+				return errAt([]string{l.opt, name}, "%s: %q is on the %s line too: a channel supports, lacks or strips a feature", l.opt, name, prev)
+			}
+			seen[name] = l.opt
+		}
+	}
+	return nil
+}
+
 // validate checks the channel's own options; its provider checks its own.
 func (ch *Channel) validate() error {
 	if _, err := parseModels(ch.Models); err != nil {
@@ -447,10 +468,8 @@ func (ch *Channel) validate() error {
 	if ch.Weight < 0 || ch.Weight > maxWeight {
 		return errAt([]string{"weight"}, "weight must be between 0 and %d", maxWeight)
 	}
-	for _, a := range ch.Allow {
-		if capabilityByName(a) == 0 {
-			return errAt([]string{"allow", a}, "allow: unknown field %q (known: service_tier, inference_geo, speed)", a)
-		}
+	if err := ch.checkFeatures(); err != nil {
+		return err
 	}
 	if err := checkLimits(ch.Rate, ch.Tokens, ch.Concurrency); err != nil {
 		return err

@@ -5,6 +5,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -96,9 +97,17 @@ func errRateLimitedUpstream(model string, wait time.Duration) *relayError {
 		retryAfter: wait, cause: causeRelay}
 }
 
-func errCapability(fields string) *relayError {
+// errCapability answers a request that needs features (missing) no
+// channel of its group supports, or, when together, that each has a
+// channel but none has them all.
+func errCapability(missing []string, together bool, group string) *relayError {
+	what := "supports " + strings.Join(missing, ", ")
+	if together {
+		what = "supports all of " + strings.Join(missing, ", ") + " together"
+	}
 	return &relayError{status: http.StatusServiceUnavailable, typ: "relay_error", code: "capability_not_available",
-		msg: "no live channel of this group allows " + fields, noRetry: true}
+		msg: "this request needs a feature no channel of group " + strconv.Quote(group) + " can serve: none " + what +
+			" (features are body fields, server tools, anthropic-beta values and a long context)", noRetry: true}
 }
 
 // errQueue answers a request that could not wait for a busy channel: the

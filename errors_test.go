@@ -94,7 +94,7 @@ func TestRelayErrorWrite(t *testing.T) {
 		},
 		{
 			name:       "capability not available tells the SDK not to retry",
-			err:        errCapability("service_tier"),
+			err:        errCapability([]string{"service_tier"}, false, "g"),
 			wantStatus: 503,
 			wantHeader: map[string]string{"X-Should-Retry": "false"},
 		},

@@ -79,6 +79,9 @@ type channelHealth struct {
 	// models the upstream refused (403): model -> until, Unix nanoseconds.
 	// Copied on write, read without the lock on every selection.
 	refused atomic.Pointer[map[string]int64]
+	// features the upstream said it does not support (a 400 in its
+	// refusal's words): feature -> until, Unix nanoseconds, as refused
+	lacks atomic.Pointer[map[string]int64]
 
 	limits   limiter       // the channel's rate, tokens and concurrency; counts in-flight attempts
 	requests atomic.Uint64 // finished attempts, client traffic only
@@ -335,9 +338,9 @@ func (h *channelHealth) observeQuota(hdr http.Header, now time.Time, limit time.
 	}
 }
 
-// maxRefusedModels bounds the models remembered as refused per channel:
-// on a channel that serves every model, clients choose the names.
-const maxRefusedModels = 256
+// maxSetAside bounds the models remembered as refused, and the features
+// as lacking, per channel: clients choose the names.
+const maxSetAside = 256
 
 // refuses reports whether the upstream refused model on this channel, and
 // until when it stays set aside.
@@ -352,19 +355,19 @@ func (h *channelHealth) refuses(model string, now time.Time) (bool, time.Time) {
 	return false, time.Time{}
 }
 
-// refuseModel sets model aside on the channel until until. Expired entries
-// go; when the map is full, the entry that ends first makes room. h.mu is
-// held.
-func (h *channelHealth) refuseModel(model string, now, until time.Time) {
+// setAside adds name to the map m (refused models, lacking features)
+// until until. Expired entries go; when the map is full, the entry that
+// ends first makes room. h.mu is held.
+func setAside(m *atomic.Pointer[map[string]int64], name string, now, until time.Time) {
 	next := map[string]int64{}
-	if cur := h.refused.Load(); cur != nil {
+	if cur := m.Load(); cur != nil {
 		for k, v := range *cur {
 			if v > now.UnixNano() {
 				next[k] = v
 			}
 		}
 	}
-	if _, ok := next[model]; !ok && len(next) >= maxRefusedModels {
+	if _, ok := next[name]; !ok && len(next) >= maxSetAside {
 		first := ""
 		for k, v := range next {
 			if first == "" || v < next[first] {
@@ -373,8 +376,8 @@ func (h *channelHealth) refuseModel(model string, now, until time.Time) {
 		}
 		delete(next, first)
 	}
-	next[model] = until.UnixNano()
-	h.refused.Store(&next)
+	next[name] = until.UnixNano()
+	m.Store(&next)
 }
 
 // ticket is one admitted attempt on a channel. It must be finished, or
@@ -447,7 +450,7 @@ func (t *ticket) finish(v verdict, p cooldownPolicy, now time.Time, firstByte ti
 	if v.outcome != outcomeCanceled {
 		h.requests.Add(1)
 	}
-	if v.outcome.retryable() && v.outcome != outcomeModelRefused {
+	if v.outcome.retryable() && v.outcome != outcomeModelRefused && v.outcome != outcomeLacksFeature {
 		h.failures.Add(1)
 	}
 	return h.record(v, p, now, firstByte)
@@ -508,8 +511,16 @@ func (h *channelHealth) record(v verdict, p cooldownPolicy, now time.Time, first
 	case outcomeModelRefused:
 		// the request chose the model: only that model is set aside, and
 		// the channel stays as healthy as it was
-		h.refuseModel(v.model, now, now.Add(p.capability))
+		setAside(&h.refused, v.model, now, now.Add(p.capability))
 		h.lastError, h.lastReason, h.lastErrorAt = v.outcome, v.reason+": "+v.model, now
+		return 0
+	case outcomeLacksFeature:
+		// the request carried the feature: the channel stays as healthy
+		// as it was, and requests without it still come
+		for _, f := range v.features {
+			setAside(&h.lacks, f, now, now.Add(p.capability))
+		}
+		h.lastError, h.lastReason, h.lastErrorAt = v.outcome, v.reason, now
 		return 0
 	case outcomeAuth:
 		d = p.auth
@@ -566,6 +577,7 @@ func (h *channelHealth) reset() {
 	h.quotaUntil.Store(0)
 	h.limitedUntil.Store(0)
 	h.refused.Store(nil)
+	h.lacks.Store(nil)
 	h.consecutive = 0
 	h.resetBreaker()
 }

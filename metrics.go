@@ -84,6 +84,11 @@ var (
 		Help: "Requests served by a fallback model because no channel of the requested one was live, by group, requested model and fallback.",
 	}, []string{"group", "from", "to"})
 
+	metricCapabilityMisses = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "relay_capability_misses_total",
+		Help: "Attempts a channel's upstream refused for a feature its wire does not support (the relay failed over and set the feature aside on the channel), by channel and feature (a name of the feature table, or other).",
+	}, []string{"channel", "feature"})
+
 	metricStorageUp = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "relay_storage_up",
 		Help: "1 while the fleet's storage (Redis) answers, 0 while the relay serves on its own state; absent without storage.",
@@ -114,6 +119,7 @@ var collectors = []prometheus.Collector{
 	metricRequests, metricDuration, metricFirstByte, metricAttempts, metricFailovers,
 	metricTokens, metricCost, metricWasted, metricIncomplete, metricDropped, metricStates,
 	metricRateLimited, metricQueueWait, metricQueueDepth, metricFallbacks, metricSpend,
+	metricCapabilityMisses,
 }
 
 // storageCollectors are registered only by a config with storage.

@@ -74,7 +74,8 @@ type Call struct {
 	// RawQuery is the client's query string, without '?'.
 	RawQuery string
 	// Header holds the client's request headers (ForwardHeaders copies
-	// the ones an upstream may see).
+	// the ones an upstream may see), without the anthropic-beta values
+	// the channel strips.
 	Header http.Header
 	// Model is the model id the upstream knows: the client's model, or a
 	// fallback of it, after the channel's mapping.
@@ -83,24 +84,36 @@ type Call struct {
 	Stream bool
 
 	in     *inbound
-	mapped []byte // Body, once made
+	strip  featureSet // the features the channel removes from this request
+	mapped []byte     // Body, once made
 }
 
-// Body is the client's body with its model replaced by Model, every other
-// byte as the client sent it. It may share the client's pooled buffer: it
-// must not be changed, and it is only sent safely through NewRequest.
+// Body is the client's body with its model replaced by Model, and without
+// the features the channel's config says to strip; every other byte is as
+// the client sent it. It may share the client's pooled buffer: it must not
+// be changed, and it is only sent safely through NewRequest.
 func (c *Call) Body() []byte {
 	in := c.in
-	if c.Model == in.model {
+	if c.Model == in.model && c.strip == 0 {
 		return in.body
 	}
 	if c.mapped == nil {
-		out := make([]byte, 0, len(in.body)+len(c.Model)-len(in.model))
-		out = append(out, in.body[:in.modelStart]...)
-		out = append(out, '"')
-		out = append(out, c.Model...)
-		out = append(out, '"')
-		c.mapped = append(out, in.body[in.modelEnd:]...)
+		out := in.body
+		if c.Model != in.model {
+			out = make([]byte, 0, len(in.body)+len(c.Model)-len(in.model))
+			out = append(out, in.body[:in.modelStart]...)
+			out = append(out, '"')
+			out = append(out, c.Model...)
+			out = append(out, '"')
+			out = append(out, in.body[in.modelEnd:]...)
+		}
+		if c.strip != 0 {
+			// the body is valid JSON (inspect checked): this cannot fail
+			if stripped, err := stripBody(out, c.strip); err == nil {
+				out = stripped
+			}
+		}
+		c.mapped = out
 	}
 	return c.mapped
 }
@@ -231,15 +244,13 @@ func cloudBody(body []byte, version string, drop []string) ([]byte, error) {
 	return sjson.SetBytes(out, "anthropic_version", version)
 }
 
-// betasFor splits the client's anthropic-beta headers (comma-separated,
-// possibly repeated) and keeps the flags allowed: all of them when allowed
-// holds "*".
-func betasFor(h http.Header, allowed []string) []string {
+// betasFor splits the anthropic-beta headers (comma-separated, possibly
+// repeated) into their distinct flags.
+func betasFor(h http.Header) []string {
 	var out []string
 	for _, v := range h.Values("Anthropic-Beta") {
-		for _, flag := range strings.Split(v, ",") {
-			flag = strings.TrimSpace(flag)
-			if flag != "" && !slices.Contains(out, flag) && (slices.Contains(allowed, "*") || slices.Contains(allowed, flag)) {
+		for flag := range strings.SplitSeq(v, ",") {
+			if flag = strings.TrimSpace(flag); flag != "" && !slices.Contains(out, flag) {
 				out = append(out, flag)
 			}
 		}

@@ -71,6 +71,12 @@ func (p *AnthropicProvider) check() error {
 	return checkURL(p.URL)
 }
 
+// Supports implements FeatureSupport: the feature table's Anthropic
+// column.
+func (*AnthropicProvider) Supports(name string) Support {
+	return anthropicColumn.lookup(name, otherBetas.anthropic)
+}
+
 // BaseURL implements Provider.
 func (p *AnthropicProvider) BaseURL() string {
 	return strings.TrimSuffix(cmp.Or(p.URL, defaultAnthropicURL), "/")

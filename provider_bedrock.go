@@ -31,22 +31,6 @@ import (
 // Bedrock defaults.
 const bedrockVersion = "bedrock-2023-05-31"
 
-// defaultBedrockBetas are the anthropic-beta flags known to be accepted by
-// Bedrock's InvokeModel (Envoy AI Gateway's probe-verified list): Bedrock
-// refuses a whole request for one flag it does not know.
-var defaultBedrockBetas = []string{
-	"computer-use-2024-10-22", "computer-use-2025-01-24", "context-1m-2025-08-07",
-	"context-management-2025-06-27", "dev-full-thinking-2025-05-14", "fine-grained-tool-streaming-2025-05-14",
-	"interleaved-thinking-2025-05-14", "mcp-client-2025-04-04", "mcp-client-2025-11-20",
-	"model-context-window-exceeded-2025-08-26", "output-128k-2025-02-19", "pdfs-2024-09-25",
-	"search-results-2025-06-09", "token-counting-2024-11-01", "token-efficient-tools-2025-02-19",
-	"tool-search-tool-2025-10-19", "web-search-2025-03-05",
-}
-
-// defaultBedrockStrip are Anthropic-only top-level fields InvokeModel
-// rejects with "Extra inputs are not permitted".
-var defaultBedrockStrip = []string{"service_tier", "inference_geo", "speed", "container", "mcp_servers", "cache_control"}
-
 func init() {
 	caddy.RegisterModule(BedrockProvider{})
 }
@@ -80,16 +64,17 @@ type BedrockProvider struct {
 	// request has none. Default: bedrock-2023-05-31.
 	AnthropicVersion string `json:"anthropic_version,omitempty"`
 
-	// Betas is the allow-list of anthropic-beta flags forwarded (in the
-	// body, as anthropic_beta); others are dropped, since Bedrock rejects a
-	// request with a flag it does not know. `*` forwards every flag.
-	// Default: the flags known to work on Bedrock.
+	// Betas lists the anthropic-beta flags this channel supports, in place
+	// of the feature table's Bedrock column (`*`: every flag). A request
+	// carrying another flag goes to another channel, or gets
+	// capability_not_available: Bedrock refuses a whole request for a flag
+	// it does not know. Supported flags go in the body, as anthropic_beta.
 	Betas []string `json:"betas,omitempty"`
 
-	// StripFields lists top-level body fields removed, since Bedrock
-	// rejects fields it does not know. Default: service_tier,
-	// inference_geo, speed, container, mcp_servers and a top-level
-	// cache_control.
+	// StripFields lists top-level body fields removed from every request
+	// on this channel (the channel's `strip` line says the same for the
+	// feature table's fields). Default: none; nothing a client sent is
+	// removed unless configured.
 	StripFields []string `json:"strip_fields,omitempty"`
 
 	endpoint string                  // scheme://host of the runtime API
@@ -97,8 +82,7 @@ type BedrockProvider struct {
 	apiKey   string
 	signer   *v4.Signer
 	version  string
-	betas    []string
-	drop     []string // body fields removed: model, stream and the stripped ones
+	drop     []string // body fields removed: model, stream and strip_fields
 }
 
 // CaddyModule returns the Caddy module information.
@@ -136,14 +120,7 @@ func (p *BedrockProvider) Provision(ctx caddy.Context) error {
 	p.endpoint = p.BaseURL()
 	p.signer = v4.NewSigner()
 	p.version = cmp.Or(p.AnthropicVersion, bedrockVersion)
-	p.betas = p.Betas
-	if len(p.betas) == 0 {
-		p.betas = defaultBedrockBetas
-	}
 	p.drop = append([]string{"model", "stream"}, p.StripFields...)
-	if len(p.StripFields) == 0 {
-		p.drop = append(p.drop, defaultBedrockStrip...)
-	}
 	var err error
 	switch {
 	case p.APIKey != "":
@@ -172,6 +149,12 @@ func (p *BedrockProvider) Provision(ctx caddy.Context) error {
 	return err
 }
 
+// Supports implements FeatureSupport: the feature table's Bedrock column,
+// with the channel's betas and strip_fields in place of its own.
+func (p *BedrockProvider) Supports(name string) Support {
+	return wireSupport(name, bedrockColumn, otherBetas.bedrock, p.Betas, p.StripFields)
+}
+
 // NewRequest implements Provider.
 func (p *BedrockProvider) NewRequest(ctx context.Context, c *Call) (*http.Request, error) {
 	id := c.Model
@@ -179,7 +162,9 @@ func (p *BedrockProvider) NewRequest(ctx context.Context, c *Call) (*http.Reques
 	if err != nil {
 		return nil, err
 	}
-	if betas := betasFor(c.Header, p.betas); len(betas) > 0 && !gjson.GetBytes(body, "anthropic_beta").Exists() {
+	// the betas the selection let through (the client may not send the
+	// body's anthropic_beta itself: inspect refuses it)
+	if betas := betasFor(c.Header); len(betas) > 0 {
 		if body, err = sjson.SetBytes(body, "anthropic_beta", betas); err != nil {
 			return nil, err
 		}

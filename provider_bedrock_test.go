@@ -168,7 +168,8 @@ func bedrockChannel(t *testing.T, name, url string, opts ...string) string {
 
 func TestBedrockInvokeIsSignedAndTranslated(t *testing.T) {
 	fb := newFakeBedrock(t, fakeupstream.Raw(200, fakeupstream.MessageBody("claude-sonnet-4-5-20250929", "from bedrock", fakeupstream.Usage{InputTokens: 7, OutputTokens: 2})))
-	startRelay(t, bedrockChannel(t, "br-invoke", fb.URL)+keyAndGroup("br-invoke", "br-invoke"))
+	// the channel says to strip what Bedrock lacks: nothing else goes
+	startRelay(t, bedrockChannel(t, "br-invoke", fb.URL, "strip mcp_servers prompt-caching-2024-07-31")+keyAndGroup("br-invoke", "br-invoke"))
 
 	body := `{"model":"claude-sonnet-4-5","max_tokens":64,"mcp_servers":[{"type":"url","url":"https://mcp.example","name":"x"}],"messages":[{"role":"user","content":[{"type":"text","text":"Hi","cache_control":{"type":"ephemeral"}}]}],"metadata":{"user_id":"u-1"}}`
 	r := message(t, body, "Anthropic-Beta", "interleaved-thinking-2025-05-14, prompt-caching-2024-07-31")
@@ -181,7 +182,7 @@ func TestBedrockInvokeIsSignedAndTranslated(t *testing.T) {
 	}
 	want := `{"max_tokens":64,"messages":[{"role":"user","content":[{"type":"text","text":"Hi","cache_control":{"type":"ephemeral"}}]}],"metadata":{"user_id":"u-1"},"anthropic_version":"bedrock-2023-05-31","anthropic_beta":["interleaved-thinking-2025-05-14"]}`
 	if string(got.Body) != want {
-		t.Errorf("Bedrock received\n %s\nwant\n %s\n(no model, stream or mcp_servers; betas filtered into the body; every other byte unchanged)", got.Body, want)
+		t.Errorf("Bedrock received\n %s\nwant\n %s\n(no model or stream; mcp_servers and a beta stripped as the channel says; betas in the body; every other byte unchanged)", got.Body, want)
 	}
 	if got.Header.Get("X-Amz-Security-Token") != awsSession || got.Header.Get("X-Api-Key") != "" || got.Header.Get("Anthropic-Beta") != "" {
 		t.Errorf("headers: %v", got.Header)

@@ -74,6 +74,12 @@ func (p *MockProvider) Provision(caddy.Context) error {
 // as its own upstream host.
 func (*MockProvider) BaseURL() string { return "http://mock.invalid" }
 
+// Supports implements FeatureSupport: the mock imitates Anthropic's API,
+// and its wire is Anthropic's column of the feature table.
+func (*MockProvider) Supports(name string) Support {
+	return anthropicColumn.lookup(name, otherBetas.anthropic)
+}
+
 // Transport implements Transporter: the answers are made in-process.
 func (p *MockProvider) Transport() http.RoundTripper { return p.transport }
 

@@ -32,9 +32,6 @@ const (
 	vertexTokenTimeout = 30 * time.Second
 )
 
-// defaultVertexStrip are the top-level fields Vertex does not know.
-var defaultVertexStrip = []string{"service_tier", "inference_geo", "speed"}
-
 func init() {
 	caddy.RegisterModule(VertexProvider{})
 }
@@ -63,20 +60,22 @@ type VertexProvider struct {
 	// request has none. Default: vertex-2023-10-16.
 	AnthropicVersion string `json:"anthropic_version,omitempty"`
 
-	// Betas is the allow-list of anthropic-beta flags forwarded; `*`
-	// forwards every flag. Default: every flag.
+	// Betas lists the anthropic-beta flags this channel supports, in place
+	// of the feature table's Vertex column (`*`: every flag). A request
+	// carrying another flag goes to another channel, or gets
+	// capability_not_available.
 	Betas []string `json:"betas,omitempty"`
 
-	// StripFields lists top-level body fields removed, since Vertex
-	// rejects fields it does not know. Default: service_tier,
-	// inference_geo and speed.
+	// StripFields lists top-level body fields removed from every request
+	// on this channel (the channel's `strip` line says the same for the
+	// feature table's fields). Default: none; nothing a client sent is
+	// removed unless configured.
 	StripFields []string `json:"strip_fields,omitempty"`
 
 	models      string   // .../publishers/anthropic/models/, to which {model}:{method} is appended
 	version     string   // anthropic_version when the body has none
-	strip       []string // removed from every body
+	strip       []string // removed from every body: strip_fields
 	stripModels []string // removed from Messages bodies: model, then strip
-	betas       []string // anthropic-beta flags allowed; "*": all
 	auth        *vertexAuth
 }
 
@@ -118,13 +117,6 @@ func (p *VertexProvider) Provision(ctx caddy.Context) error {
 	}
 	p.auth = auth
 	p.strip = p.StripFields
-	if len(p.strip) == 0 {
-		p.strip = defaultVertexStrip
-	}
-	p.betas = p.Betas
-	if len(p.betas) == 0 {
-		p.betas = []string{"*"}
-	}
 	p.models = p.BaseURL() + "/v1/projects/" + url.PathEscape(p.Project) + "/locations/" + url.PathEscape(p.Region) +
 		"/publishers/anthropic/models/"
 	p.version = cmp.Or(p.AnthropicVersion, vertexVersion)
@@ -212,11 +204,17 @@ func (p *VertexProvider) NewRequest(ctx context.Context, c *Call) (*http.Request
 	}
 	c.ForwardHeaders(req.Header)
 	req.Header.Del("Anthropic-Beta")
-	if betas := betasFor(c.Header, p.betas); len(betas) > 0 {
+	if betas := betasFor(c.Header); len(betas) > 0 { // the selection let them through
 		req.Header.Set("Anthropic-Beta", strings.Join(betas, ","))
 	}
 	req.Header.Set("Authorization", "Bearer "+token)
 	return req, nil
+}
+
+// Supports implements FeatureSupport: the feature table's Vertex column,
+// with the channel's betas and strip_fields in place of its own.
+func (p *VertexProvider) Supports(name string) Support {
+	return wireSupport(name, vertexColumn, otherBetas.vertex, p.Betas, p.StripFields)
 }
 
 // vertexCountBody gives count-tokens its model: Vertex counts for the model

@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/tidwall/gjson"
 )
 
 const vertexTestEmail = "relay-test@p.iam.gserviceaccount.com"
@@ -268,7 +269,7 @@ func TestVertexRelaysMessagesStreamsAndCountsTokens(t *testing.T) {
 		}
 	})
 	startRelay(t, vertexBlock("vx-main", vertex.URL, g.serviceAccountFile(t),
-		"models claude-sonnet-4-5=claude-sonnet-4-5@20250929", "allow service_tier")+keyAndGroup("vx", "vx-main"))
+		"models claude-sonnet-4-5=claude-sonnet-4-5@20250929", "strip service_tier")+keyAndGroup("vx", "vx-main"))
 	if n := g.hits.Load(); n != 0 {
 		t.Fatalf("provisioning fetched %d tokens; it must fetch none (caddy validate runs offline)", n)
 	}
@@ -278,8 +279,8 @@ func TestVertexRelaysMessagesStreamsAndCountsTokens(t *testing.T) {
 	}
 	before := map[string]float64{"input": tokens("input"), "output": tokens("output"), "cache_read": tokens("cache_read")}
 
-	// non-streaming: the model moves into the URL, service_tier leaves,
-	// anthropic_version joins, every other byte stays
+	// non-streaming: the model moves into the URL, service_tier leaves (the
+	// channel strips it), anthropic_version joins, every other byte stays
 	body := `{"model":"claude-sonnet-4-5","max_tokens":16,"service_tier":"auto","messages":[{"role":"user","content":[{"type":"text","text":"Hi é","cache_control":{"type":"ephemeral"}}]}],"x_unknown":{"n":[1,2.50, 3e0]}}`
 	r := send(t, http.MethodPost, "/v1/messages?beta=true", clientKey, body, "Anthropic-Beta", "a-2025-01-01, b-2025-02-02")
 	if r.status != 200 || !strings.Contains(string(r.body), `"text":"hi"`) {
@@ -353,20 +354,27 @@ func TestVertexBetaAllowListAndModelAliases(t *testing.T) {
 		"anthropic_version vertex-2099-01-01", "strip_fields metadata")+keyAndGroup("vx-beta", "vx-beta"))
 
 	body := `{"model":"claude-sonnet-4-6","max_tokens":16,"metadata":{"user_id":"u"},"messages":[{"role":"user","content":"Hi"}]}`
-	if r := message(t, body, "Anthropic-Beta", "interleaved-thinking-2025-05-14,unknown-2030-01-01,context-1m-2025-08-07"); r.status != 200 {
+	// a flag the channel's betas do not list is not dropped: the request
+	// cannot be served as sent
+	r := message(t, body, "Anthropic-Beta", "interleaved-thinking-2025-05-14,unknown-2030-01-01,context-1m-2025-08-07")
+	wantRelayError(t, r, 503, "relay_error", "capability_not_available")
+	if !strings.Contains(gjson.GetBytes(r.body, "error.message").String(), "unknown-2030-01-01") || vertex.Hits() != 0 {
+		t.Fatalf("the error should name the flag, and nothing reach Vertex: %s (%d hits)", r.body, vertex.Hits())
+	}
+	if r := message(t, body, "Anthropic-Beta", "interleaved-thinking-2025-05-14,context-1m-2025-08-07"); r.status != 200 {
 		t.Fatalf("status %d: %s", r.status, r.body)
 	}
 	got := vertex.Last(t)
 	if got.Header.Get("Anthropic-Beta") != "interleaved-thinking-2025-05-14,context-1m-2025-08-07" {
-		t.Errorf("anthropic-beta upstream = %q, want the allowed flags only", got.Header.Get("Anthropic-Beta"))
+		t.Errorf("anthropic-beta upstream = %q, want the client's flags", got.Header.Get("Anthropic-Beta"))
 	}
 	if got.Path != vertexModelPath+"claude-sonnet-4-6@default:rawPredict" ||
 		string(got.Body) != `{"max_tokens":16,"messages":[{"role":"user","content":"Hi"}],"anthropic_version":"vertex-2099-01-01"}` {
 		t.Errorf("upstream got %s %s", got.Path, got.Body)
 	}
 
-	// no allowed flag: no header at all
-	if r := message(t, body, "Anthropic-Beta", "unknown-2030-01-01"); r.status != 200 {
+	// no flag: no header at all
+	if r := message(t, body); r.status != 200 {
 		t.Fatalf("status %d: %s", r.status, r.body)
 	}
 	if h := vertex.Last(t).Header; h.Values("Anthropic-Beta") != nil {
@@ -374,7 +382,7 @@ func TestVertexBetaAllowListAndModelAliases(t *testing.T) {
 	}
 
 	// count-tokens refuses the @default alias: the dated model name without it
-	r := send(t, http.MethodPost, "/v1/messages/count_tokens", clientKey, `{"model":"claude-sonnet-4-6","messages":[]}`)
+	r = send(t, http.MethodPost, "/v1/messages/count_tokens", clientKey, `{"model":"claude-sonnet-4-6","messages":[]}`)
 	if r.status != 200 || string(r.body) != `{"input_tokens":7}` {
 		t.Fatalf("count_tokens: %d %s", r.status, r.body)
 	}

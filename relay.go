@@ -436,8 +436,11 @@ func (r *Relay) chargeKeyTokens(in *inbound) {
 func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) *failure {
 	g := in.key.group
 	g.state.budget.request(r.now())
-	var triedBuf [4]*channel
-	sel := selection{model: in.model, caps: in.caps, tried: triedBuf[:0], rand: r.rand}
+	in.sel = selection{model: in.model, tried: in.triedBuf[:0], rand: r.rand}
+	sel := &in.sel
+	if !in.needs.empty() {
+		sel.needs = &in.needs
+	}
 	if g.policy == policySticky || len(g.splits) > 0 {
 		sel.session = in.sessionID()
 	}
@@ -455,13 +458,13 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 			}
 			continue
 		}
-		p := g.pick(&sel)
+		p := g.pick(sel)
 		switch p.reason {
 		case exhausted, cooling, modelRefused, upstreamReset:
 			// no channel of this model is live: a similar model may serve
 			if next := g.fallbacks[in.model]; in.fallbacks < len(next) {
 				if notLive == nil && p.reason != exhausted {
-					notLive = p.err(&sel, g)
+					notLive = p.err(sel, g)
 				}
 				metricFallbacks.WithLabelValues(g.name, r.modelLabel(sel.model), r.modelLabel(next[in.fallbacks])).Inc()
 				in.target, sel.model = next[in.fallbacks], next[in.fallbacks]
@@ -485,7 +488,7 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 		case notLive != nil:
 			return refused(notLive) // the fallbacks could not serve either: say why the model could not
 		default:
-			return refused(p.err(&sel, g))
+			return refused(p.err(sel, g))
 		}
 		ch := p.ch
 		if n > 1 && !g.state.budget.allowRetry(sel.now, g.budgetRatio, g.budgetFloor) {

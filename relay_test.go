@@ -278,6 +278,21 @@ func BenchmarkInspect(b *testing.B) {
 	}
 }
 
+// BenchmarkInspectFeatures is the same scan of a 10 KB request that needs
+// features: a server tool among its tools, a feature field and two betas.
+func BenchmarkInspectFeatures(b *testing.B) {
+	body := []byte(strings.Replace(benchBody, `"metadata"`, `"context_management":{"edits":[]},"tools":[{"name":"get_weather","description":"Get the weather","input_schema":{"type":"object","properties":{"city":{"type":"string"}}}},{"type":"web_search_20250305","name":"web_search","max_uses":3}],"metadata"`, 1))
+	h := http.Header{"Anthropic-Beta": {"context-management-2025-06-27,interleaved-thinking-2025-05-14"}}
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for i := 0; i < b.N; i++ {
+		in := inbound{body: body, header: h}
+		if err := in.inspect(); err != nil || in.needs.set == 0 || len(in.needs.betas) != 2 {
+			b.Fatal(err)
+		}
+	}
+}
+
 // BenchmarkStreamCopy is the SSE path of one attempt: hold until content,
 // commit, forward and flush each of 20 events, read the usage.
 func BenchmarkStreamCopy(b *testing.B) {

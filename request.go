@@ -141,15 +141,17 @@ type inbound struct {
 	// (limits, and whatever else is kept per key) is kept: a key's name,
 	// or user:<id> for an identity (for user *, the identity itself, where
 	// key is the * entry). state is that state.
-	stateID string
-	state   *keyState
-	header  http.Header
-	body    []byte // the client's body, unchanged; backed by a pooled buffer
-	model   string // as the client asked
-	target  string // the model being served: model, or a fallback of it
-	userID  string // metadata.user_id, for sticky sessions
-	stream  bool
-	caps    capability
+	stateID  string
+	state    *keyState
+	header   http.Header
+	body     []byte // the client's body, unchanged; backed by a pooled buffer
+	model    string // as the client asked
+	target   string // the model being served: model, or a fallback of it
+	userID   string // metadata.user_id, for sticky sessions
+	stream   bool
+	needs    needs     // the features it carries
+	sel      selection // its channels, as the relay picks them
+	triedBuf [4]*channel
 	// modelStart and modelEnd delimit the raw model value (quotes included)
 	// in body, so a mapped name is spliced in without re-encoding the JSON.
 	modelStart, modelEnd int
@@ -246,7 +248,9 @@ var scanners = sync.Pool{New: func() any { return new(bodyScanner) }}
 const maxModelLen = 256
 
 // inspect reads the fields routing needs in one strict pass over the body:
-// model, stream, metadata.user_id and the capability fields. The body must
+// model, stream, metadata.user_id and the features it needs (the feature
+// fields, the types of its tools; and its anthropic-beta values and
+// whether its prompt needs a long context). The body must
 // be exactly one valid JSON object, with no data after it and no key twice
 // in any object: a parser that kept the first of two "model" keys, or read
 // only the first of two objects, would otherwise serve another model than
@@ -276,10 +280,12 @@ func (in *inbound) inspect() *relayError {
 		if err != nil {
 			return errBodyJSON(err)
 		}
-		field := fieldName(name)
-		if field == "" && len(name) > 2 { // escaped: compare what it means
-			b, _ := jsontext.AppendUnquote(nil, name)
-			field = string(b)
+		field := jsonString(name)
+		if field == "tools" && dec.PeekKind() == '[' {
+			if err := in.scanTools(dec); err != nil {
+				return errBodyJSON(err)
+			}
+			continue
 		}
 		v, err := dec.ReadValue()
 		if err != nil {
@@ -296,9 +302,11 @@ func (in *inbound) inspect() *relayError {
 			if u := gjson.Get(unsafe.String(unsafe.SliceData(v), len(v)), "user_id"); u.Type == gjson.String && v.Kind() == '{' {
 				in.userID = strings.Clone(u.Str)
 			}
+		case "anthropic_beta":
+			return errInvalid("anthropic_beta: betas go in the anthropic-beta header, which the relay routes on")
 		default:
-			if c := capabilityByName(field); c != 0 && v.Kind() != 'n' {
-				in.caps |= c
+			if f := fieldFeature(field); f != 0 && v.Kind() != 'n' {
+				in.needs.set |= f
 			}
 		}
 	}
@@ -315,17 +323,70 @@ func (in *inbound) inspect() *relayError {
 	if model.Kind() != '"' || len(model) == 2 {
 		return errInvalid("model: must be a non-empty string")
 	}
-	name := fieldName(model)
-	if name == "" {
-		b, _ := jsontext.AppendUnquote(nil, model) // valid: the scan checked it
-		name = string(b)
-	}
+	name := jsonString(model) // valid: the scan checked it
 	if msg := modelIDProblem(name); msg != "" {
 		return errInvalid("model: " + msg)
 	}
 	in.model = strings.Clone(name)
 	in.target = in.model
+	if in.route == routeMessages && estimateTokens(in.body) > longContextTokens {
+		in.needs.set |= featLongContext
+	}
+	if _, ok := in.header["Anthropic-Beta"]; ok {
+		in.needs.betas = make([]string, 0, 4)
+		if !in.needs.readBetas(in.header) {
+			return errInvalid("anthropic-beta: more than " + strconv.Itoa(maxBetas) + " values")
+		}
+	}
 	return nil
+}
+
+// scanTools reads a `tools` array, noting the server tools among them by
+// the type of each: the same strict pass, one level deeper.
+func (in *inbound) scanTools(dec *jsontext.Decoder) error {
+	if _, err := dec.ReadToken(); err != nil { // [
+		return err
+	}
+	for dec.PeekKind() != ']' {
+		if dec.PeekKind() != '{' {
+			if _, err := dec.ReadValue(); err != nil {
+				return err
+			}
+			continue
+		}
+		if _, err := dec.ReadToken(); err != nil { // {
+			return err
+		}
+		for dec.PeekKind() == '"' {
+			name, err := dec.ReadValue()
+			if err != nil {
+				return err
+			}
+			v, err := dec.ReadValue()
+			if err != nil {
+				return err
+			}
+			if v.Kind() == '"' && jsonString(name) == "type" {
+				in.needs.set |= toolFeature(jsonString(v))
+			}
+		}
+		if _, err := dec.ReadToken(); err != nil { // }
+			return err
+		}
+	}
+	_, err := dec.ReadToken() // ]
+	return err
+}
+
+// jsonString is the string a raw JSON string holds: shared with the body
+// when it has no escape sequence (compare it, never keep it), decoded
+// when it has.
+func jsonString(raw []byte) string {
+	if s := fieldName(raw); s != "" || len(raw) == 2 {
+		return s
+	}
+	b, _ := jsontext.AppendUnquote(nil, raw)
+	return string(b)
 }
 
 // fieldName is the name a raw JSON object key holds when it has no escape
@@ -409,6 +470,13 @@ func (in *inbound) sessionID() string {
 func (in *inbound) callFor(ch *channel) *Call {
 	in.call = Call{Channel: ch.name, Path: in.route.upstreamPath(), RawQuery: in.rawQuery, Header: in.header,
 		Model: ch.upstreamModel(in.target), Stream: in.stream, in: in}
+	if !in.needs.empty() {
+		set, betas := ch.stripFor(&in.needs, in.sel.now)
+		in.call.strip = set
+		if len(betas) > 0 {
+			in.call.Header = stripBetas(in.header, betas)
+		}
+	}
 	return &in.call
 }
 

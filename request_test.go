@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime/metrics"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -27,7 +28,9 @@ func TestInboundInspect(t *testing.T) {
 		body       string
 		wantModel  string
 		wantStream bool
-		wantCaps   capability
+		header     http.Header
+		route      route
+		wantNeeds  []string
 	}{
 		{
 			name:      "model only",
@@ -54,7 +57,7 @@ func TestInboundInspect(t *testing.T) {
 			name:      "service_tier is a capability",
 			body:      `{"model":"m","service_tier":"auto"}`,
 			wantModel: "m",
-			wantCaps:  capServiceTier,
+			wantNeeds: []string{"service_tier"},
 		},
 		{
 			name:      "a null service_tier does not count",
@@ -65,11 +68,47 @@ func TestInboundInspect(t *testing.T) {
 			name:      "every capability field",
 			body:      `{"speed":"fast","model":"m","inference_geo":"us","service_tier":"standard_only"}`,
 			wantModel: "m",
-			wantCaps:  capServiceTier | capInferenceGeo | capSpeed,
+			wantNeeds: []string{"service_tier", "inference_geo", "speed"},
 		},
 		{
 			name:      "capability fields nested in other objects do not count",
 			body:      `{"model":"m","metadata":{"service_tier":"auto","speed":"fast"},"messages":[{"inference_geo":"eu"}]}`,
+			wantModel: "m",
+		},
+		{
+			name:      "every feature field, server tools by their type, and betas",
+			body:      `{"model":"m","mcp_servers":[{"type":"url","url":"https://x"}],"container":"c","context_management":{"edits":[]},"cache_control":{"type":"ephemeral"},"output_config":{},"tools":[{"name":"f","input_schema":{"type":"object"}},{"type":"web_search_20250305","name":"web_search"},{"name":"web_fetch","type":"web_fetch_20250910"},{"type":"code_execution_20250825","name":"code_execution"},{"type":"tool_search_tool_regex_20251119","name":"s"}]}`,
+			header:    http.Header{"Anthropic-Beta": {"mcp-client-2025-11-20, files-api-2025-04-14", "mcp-client-2025-11-20,,compact-2026-01-12"}},
+			wantModel: "m",
+			wantNeeds: []string{"mcp_servers", "container", "context_management", "cache_control", "output_config", "web_search", "web_fetch", "code_execution", "tool_search", "mcp-client-2025-11-20", "files-api-2025-04-14", "compact-2026-01-12"},
+		},
+		{
+			name:      "an escaped tool type is what it means",
+			body:      `{"model":"m","tools":[{"t\u0079pe":"web\u005ffetch_20250910"},"not an object",{"type":7},{"type":"custom"},{"type":"bash_20250124"}]}`,
+			wantModel: "m",
+			wantNeeds: []string{"web_fetch"},
+		},
+		{
+			name:      "tools that are not an array are skipped (the upstream says what is wrong)",
+			body:      `{"model":"m","tools":{"type":"web_search_20250305"}}`,
+			wantModel: "m",
+		},
+		{
+			name:      "server tool types nested deeper do not count",
+			body:      `{"model":"m","tools":[{"name":"f","input_schema":{"type":"web_search_20250305"}}],"messages":[{"role":"user","content":[{"type":"web_fetch_20250910"}]}]}`,
+			wantModel: "m",
+		},
+		{
+			name:      "a prompt estimated above 200k tokens needs a long context",
+			body:      `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 4*longContextTokens+8) + `"}]}`,
+			route:     routeMessages,
+			wantModel: "m",
+			wantNeeds: []string{"long_context"},
+		},
+		{
+			name:      "counting tokens needs no long context",
+			body:      `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 4*longContextTokens+8) + `"}]}`,
+			route:     routeCountTokens,
 			wantModel: "m",
 		},
 		{
@@ -108,7 +147,7 @@ func TestInboundInspect(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			in := &inbound{body: []byte(tt.body)}
+			in := &inbound{body: []byte(tt.body), header: tt.header, route: tt.route}
 			if rerr := in.inspect(); rerr != nil {
 				t.Fatalf("inspect: %d %s", rerr.status, rerr.msg)
 			}
@@ -118,8 +157,8 @@ func TestInboundInspect(t *testing.T) {
 			if in.stream != tt.wantStream {
 				t.Errorf("stream = %v, want %v", in.stream, tt.wantStream)
 			}
-			if in.caps != tt.wantCaps {
-				t.Errorf("caps = %v, want %v", in.caps, tt.wantCaps)
+			if got := in.needs.names(); !slices.Equal(got, tt.wantNeeds) {
+				t.Errorf("needs = %q, want %q", got, tt.wantNeeds)
 			}
 		})
 	}
@@ -173,10 +212,24 @@ func TestInboundInspectRejects(t *testing.T) {
 		{"model with a space", `{"model":"claude sonnet"}`, "not a model id"},
 		{"model with a slash-escaped quote", `{"model":"a\"b"}`, "not a model id"},
 		{"model too long", `{"model":"` + strings.Repeat("m", 257) + `"}`, "longer than 256"},
+		// the relay routes on the header's betas: a beta in the body would
+		// reach Bedrock without being routed on
+		{"betas in the body", `{"model":"m","anthropic_beta":["files-api-2025-04-14"]}`, "anthropic-beta header"},
+		{"duplicate key in a tool", `{"model":"m","tools":[{"type":"custom","type":"web_search_20250305"}]}`, `duplicate key "type"`},
+		{"malformed tools", `{"model":"m","tools":[{"type":"web_search_20250305",]}`, "not valid JSON"},
+		{"truncated tools", `{"model":"m","tools":[{"type":"x"}`, "not valid JSON"},
+		{"too many betas", `{"model":"m"}` + strings.Repeat(" ", 0), "more than 64"},
+	}
+	manyBetas := make([]string, 65)
+	for i := range manyBetas {
+		manyBetas[i] = fmt.Sprintf("b-%d", i)
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			in := &inbound{body: []byte(tt.body)}
+			if tt.name == "too many betas" {
+				in.header = http.Header{"Anthropic-Beta": {strings.Join(manyBetas, ",")}}
+			}
 			rerr := in.inspect()
 			if rerr == nil {
 				t.Fatalf("accepted; model %q", in.model)
@@ -487,6 +540,8 @@ func FuzzInspect(f *testing.F) {
 		`{"model":"claude\u002dsonnet","metadata":{"user_id":"u"},"service_tier":"auto"}`,
 		`{"model":".."}`,
 		` {"speed":null,"model":"m"} `,
+		`{"model":"m","tools":[{"type":"web_search_20250305"},{"t\u0079pe":"web_fetch_1"},7,{"type":null}],"mcp_servers":[]}`,
+		`{"model":"m","tools":{"type":"code_execution_1"},"container":null}`,
 		`[]`, `{}`, ``, `{"model":`,
 	} {
 		f.Add([]byte(seed))
@@ -509,6 +564,29 @@ func FuzzInspect(f *testing.F) {
 		}
 		if modelIDProblem(in.model) != "" {
 			t.Fatalf("accepted model %q", in.model)
+		}
+		// the features it routes on are the ones a JSON parser reads
+		var top map[string]json.RawMessage
+		_ = json.Unmarshal(body, &top)
+		var want featureSet
+		for name, v := range top {
+			if string(v) != "null" {
+				want |= fieldFeature(name)
+			}
+		}
+		var tools []json.RawMessage
+		if json.Unmarshal(top["tools"], &tools) == nil {
+			for _, tool := range tools {
+				var fields map[string]any // keys exactly, as the API reads them
+				if json.Unmarshal(tool, &fields) == nil {
+					if typ, ok := fields["type"].(string); ok {
+						want |= toolFeature(typ)
+					}
+				}
+			}
+		}
+		if in.needs.set != want {
+			t.Fatalf("the relay routes on features %q, a JSON parser reads %q", in.needs.set.names(), want.names())
 		}
 	})
 }

@@ -9,50 +9,6 @@ import (
 	"github.com/cespare/xxhash/v2"
 )
 
-// capability is a body field that only some channels accept; a request that
-// carries one may only go to a channel that `allow`s it.
-type capability uint8
-
-const (
-	capServiceTier capability = 1 << iota
-	capInferenceGeo
-	capSpeed
-)
-
-// capabilities names each capability by its body field, which is also the
-// value `allow` takes.
-var capabilities = []struct {
-	name string
-	bit  capability
-}{
-	{"service_tier", capServiceTier},
-	{"inference_geo", capInferenceGeo},
-	{"speed", capSpeed},
-}
-
-// capabilityByName returns the bit of a capability name, or 0.
-func capabilityByName(name string) capability {
-	for _, c := range capabilities {
-		if c.name == name {
-			return c.bit
-		}
-	}
-	return 0
-}
-
-func (c capability) String() string {
-	s := ""
-	for _, cp := range capabilities {
-		if c&cp.bit != 0 {
-			if s != "" {
-				s += ", "
-			}
-			s += cp.name
-		}
-	}
-	return s
-}
-
 // randIntN is the selector's source of randomness; tests replace it on the
 // Relay to make picks deterministic.
 type randIntN func(n int) int
@@ -64,7 +20,7 @@ var defaultRand randIntN = rand.IntN
 type selection struct {
 	model     string
 	session   string // for sticky picks and canary splits: the session, else the key
-	caps      capability
+	needs     *needs // the features the request carries; nil: none
 	tried     []*channel
 	skipped   []*channel // picked, but their half-open breaker had no slot left
 	avoidHost string     // after a 529: prefer a channel on another upstream host
@@ -90,7 +46,7 @@ const (
 	modelRefused                    // every channel that serves it refused the model (403) lately
 	cooling                         // every channel that serves it is cooling down, open or disabled
 	upstreamReset                   // every channel that serves it is out only until its upstream's reset (429, spent quota)
-	noCapability                    // no live channel allows a capability field the request carries
+	noCapability                    // no channel of the group supports every feature the request needs
 	allBusy                         // every candidate is at one of its limits
 )
 
@@ -100,9 +56,11 @@ const (
 // busy channel should free (allBusy, zero when only a finishing attempt can
 // tell).
 type pickResult struct {
-	ch     *channel
-	reason pickReason
-	until  time.Time
+	ch       *channel
+	reason   pickReason
+	until    time.Time
+	missing  []string // noCapability: the features no channel supports
+	together bool     // noCapability: each has a channel, but none has them all
 }
 
 // err is the relay's answer to a request that found no channel for this
@@ -115,7 +73,7 @@ func (p pickResult) err(s *selection, g *group) *relayError {
 	case modelRefused:
 		return errModelRefused(s.model, g.name, p.until)
 	case noCapability:
-		return errCapability(s.caps.String())
+		return errCapability(p.missing, p.together, g.name)
 	case upstreamReset:
 		return errRateLimitedUpstream(s.model, untilFrom(p.until, s.now))
 	case allBusy:
@@ -133,8 +91,10 @@ func untilFrom(t, now time.Time) time.Duration {
 }
 
 // pick chooses the channel for the next attempt of a request in group g:
-// model filter, then untried, then health, then capability, then the best
-// priority tier, then weighted random.
+// model filter, then capability, then untried, then health, then limits,
+// then the channels that serve the request whole over those that would
+// strip a feature from it, then the best priority tier, then weighted
+// random.
 func (g *group) pick(s *selection) pickResult {
 	var buf [maxChannelsPerPick]*channel
 	cands := buf[:0]
@@ -162,6 +122,19 @@ func (g *group) pick(s *selection) pickResult {
 			return none(modelRefused, refusedUntil)
 		}
 		return pickResult{reason: noModel}
+	}
+
+	needsSome := s.needs != nil && !s.needs.empty()
+	if needsSome {
+		model := cands // intact when nothing is kept: filter writes only what it keeps
+		cands = filter(cands, func(ch *channel) bool { ok, _ := ch.takes(s.needs, s.now); return ok })
+		if len(cands) == 0 {
+			if len(s.tried) > 0 {
+				return pickResult{reason: exhausted}
+			}
+			missing, together := missingFeatures(model, s.needs, s.now)
+			return pickResult{reason: noCapability, missing: missing, together: together}
+		}
 	}
 
 	cands = filter(cands, func(ch *channel) bool { return !contains(s.tried, ch) })
@@ -201,13 +174,6 @@ func (g *group) pick(s *selection) pickResult {
 		return none(cooling, recovery)
 	}
 
-	if s.caps != 0 {
-		cands = filter(cands, func(ch *channel) bool { return ch.allow&s.caps == s.caps })
-		if len(cands) == 0 {
-			return none(noCapability, time.Time{})
-		}
-	}
-
 	// a busy channel (at a limit, or out of upstream quota) is skipped but
 	// not cooled; when all are busy the request may queue
 	var freeAt time.Time
@@ -238,6 +204,11 @@ func (g *group) pick(s *selection) pickResult {
 	}
 	cands = notBusy
 
+	if needsSome {
+		if whole := filter(cands, func(ch *channel) bool { _, strips := ch.takes(s.needs, s.now); return !strips }); len(whole) > 0 {
+			cands = whole
+		}
+	}
 	if s.avoidHost != "" {
 		if other := filter(cands, func(ch *channel) bool { return ch.host != s.avoidHost }); len(other) > 0 {
 			cands = other
@@ -258,6 +229,30 @@ func (g *group) pick(s *selection) pickResult {
 		ch = weighted(tier, s.rand)
 	}
 	return pickResult{ch: ch, reason: picked}
+}
+
+// anotherTakes reports whether a channel of g other than ch, and not yet
+// tried, serves the selection's model and supports every feature it needs
+// (by config and what it learned; healthy or not), and knows it supports
+// the betas among lacked: the feature table or its config names them. (A
+// beta nobody names is most likely a client's typo, which every channel
+// refuses alike: its 400 goes to the client at once.)
+func (g *group) anotherTakes(s *selection, ch *channel, lacked []string) bool {
+	if s.needs == nil {
+		return false
+	}
+	for _, c := range g.channels {
+		if c == ch || contains(s.tried, c) || !c.serves(s.model) {
+			continue
+		}
+		if refused, _ := c.health.refuses(s.model, s.now); refused {
+			continue
+		}
+		if ok, _ := c.takes(s.needs, s.now); ok && c.features.names(lacked) {
+			return true
+		}
+	}
+	return false
 }
 
 // groupSplit is a canary: a share of sessions that goes to one channel.

@@ -17,6 +17,7 @@ import (
 // serving every model, healthy, on its own host.
 func testChannel(name string, opts ...func(*channel)) *channel {
 	ch := &channel{name: name, priority: 1, weight: 1, host: name + ".example", health: new(channelHealth)}
+	ch.features = newChannelFeatures(&AnthropicProvider{}, "anthropic", nil, nil, nil)
 	for _, o := range opts {
 		o(ch)
 	}
@@ -31,10 +32,33 @@ func withModels(m ...string) func(*channel) {
 		}
 	}
 }
-func withPriority(p int) func(*channel)     { return func(ch *channel) { ch.priority = p } }
-func withWeight(w int) func(*channel)       { return func(ch *channel) { ch.weight = w } }
-func withHost(h string) func(*channel)      { return func(ch *channel) { ch.host = h } }
-func withAllow(c capability) func(*channel) { return func(ch *channel) { ch.allow = c } }
+func withPriority(p int) func(*channel) { return func(ch *channel) { ch.priority = p } }
+func withWeight(w int) func(*channel)   { return func(ch *channel) { ch.weight = w } }
+func withHost(h string) func(*channel)  { return func(ch *channel) { ch.host = h } }
+func withFeatures(supports, lacks, strip []string) func(*channel) {
+	return func(ch *channel) {
+		ch.features = newChannelFeatures(&AnthropicProvider{}, "anthropic", supports, lacks, strip)
+	}
+}
+func withSupports(names ...string) func(*channel) { return withFeatures(names, nil, nil) }
+func withLacks(names ...string) func(*channel)    { return withFeatures(nil, names, nil) }
+func withStrip(names ...string) func(*channel)    { return withFeatures(nil, nil, names) }
+func withLearnedLack(name string, d time.Duration) func(*channel) {
+	return func(ch *channel) { setAside(&ch.health.lacks, name, testNow, testNow.Add(d)) }
+}
+
+// needing is the needs of a request that carries the named features.
+func needing(names ...string) needs {
+	var n needs
+	for _, name := range names {
+		if b := bitOf(name); b != 0 {
+			n.set |= b
+		} else {
+			n.betas = append(n.betas, name)
+		}
+	}
+	return n
+}
 func withCooldown(d time.Duration) func(*channel) {
 	return func(ch *channel) { ch.health.extend(testNow.Add(d)) }
 }
@@ -56,7 +80,7 @@ func TestGroupPick(t *testing.T) {
 		name      string
 		channels  []*channel
 		model     string
-		caps      capability
+		needs     needs
 		tried     []string
 		avoidHost string
 		rand      randIntN
@@ -127,29 +151,83 @@ func TestGroupPick(t *testing.T) {
 			want:     want{code: "no_healthy_channel", retryAfter: time.Hour},
 		},
 		{
-			name:     "capability filter keeps the channels that allow it",
-			channels: []*channel{testChannel("a"), testChannel("b", withAllow(capServiceTier|capSpeed))},
-			caps:     capServiceTier,
+			name:     "capability filter keeps the channels that support it",
+			channels: []*channel{testChannel("a"), testChannel("b", withSupports("service_tier", "speed"))},
+			needs:    needing("service_tier"),
 			want:     want{channel: "b"},
 		},
 		{
-			name:     "every requested capability must be allowed",
-			channels: []*channel{testChannel("a", withAllow(capServiceTier)), testChannel("b", withAllow(capSpeed))},
-			caps:     capServiceTier | capSpeed,
+			name:     "every needed feature must be supported by one channel",
+			channels: []*channel{testChannel("a", withSupports("service_tier")), testChannel("b", withSupports("speed"))},
+			needs:    needing("service_tier", "speed"),
 			want:     want{code: "capability_not_available"},
 		},
 		{
-			name:     "capability allowed only by a cooling channel",
-			channels: []*channel{testChannel("a"), testChannel("b", withAllow(capInferenceGeo), withCooldown(time.Minute))},
-			caps:     capInferenceGeo,
-			want:     want{code: "capability_not_available"},
+			name:     "a feature supported only by a cooling channel: it is the channel's health that fails",
+			channels: []*channel{testChannel("a"), testChannel("b", withSupports("inference_geo"), withCooldown(time.Minute))},
+			needs:    needing("inference_geo"),
+			want:     want{code: "no_healthy_channel", retryAfter: time.Minute},
 		},
 		{
-			name:     "capability allowed only by a tried channel: nothing left",
-			channels: []*channel{testChannel("a"), testChannel("b", withAllow(capInferenceGeo))},
-			caps:     capInferenceGeo,
+			name:     "a feature supported only by a tried channel: nothing left",
+			channels: []*channel{testChannel("a"), testChannel("b", withSupports("inference_geo"))},
+			needs:    needing("inference_geo"),
 			tried:    []string{"b"},
 			want:     want{},
+		},
+		{
+			name:     "a channel that lacks a field is passed over",
+			channels: []*channel{testChannel("a", withLacks("mcp_servers")), testChannel("b", withWeight(0))},
+			needs:    needing("mcp_servers"),
+			want:     want{channel: "b"},
+		},
+		{
+			name:     "a channel that lacks a beta is passed over, for that beta only",
+			channels: []*channel{testChannel("a", withLacks("files-api-2025-04-14")), testChannel("b", withPriority(2))},
+			needs:    needing("files-api-2025-04-14", "web_search"),
+			want:     want{channel: "b"},
+		},
+		{
+			name:     "a learned lack sets the channel aside for that feature",
+			channels: []*channel{testChannel("a", withLearnedLack("context_management", time.Minute)), testChannel("b", withPriority(2))},
+			needs:    needing("context_management"),
+			want:     want{channel: "b"},
+		},
+		{
+			name:     "a learned lack that ended sets nothing aside",
+			channels: []*channel{testChannel("a", withLearnedLack("context_management", -time.Second)), testChannel("b", withPriority(2))},
+			needs:    needing("context_management"),
+			want:     want{channel: "a"},
+		},
+		{
+			name:     "a learned lack of a beta does not touch requests without it",
+			channels: []*channel{testChannel("a", withLearnedLack("x-beta-2030-01-01", time.Minute)), testChannel("b", withPriority(2))},
+			needs:    needing("mcp_servers"),
+			want:     want{channel: "a"},
+		},
+		{
+			name:     "a channel that serves the request whole beats one that would strip, whatever the tier",
+			channels: []*channel{testChannel("a", withStrip("mcp_servers")), testChannel("b", withPriority(2))},
+			needs:    needing("mcp_servers"),
+			want:     want{channel: "b"},
+		},
+		{
+			name:     "a channel that strips serves when no other can",
+			channels: []*channel{testChannel("a", withStrip("mcp_servers", "claude-code-20250219")), testChannel("b", withLacks("mcp_servers"))},
+			needs:    needing("mcp_servers", "claude-code-20250219"),
+			want:     want{channel: "a"},
+		},
+		{
+			name:     "strip unsupported_betas takes the betas the channel lacks",
+			channels: []*channel{testChannel("a", withFeatures(nil, []string{"x-beta-2030-01-01"}, []string{"unsupported_betas"}))},
+			needs:    needing("x-beta-2030-01-01"),
+			want:     want{channel: "a"},
+		},
+		{
+			name:     "opt-in fields and lacked tools name what is missing",
+			channels: []*channel{testChannel("a", withLacks("web_fetch"))},
+			needs:    needing("web_fetch", "speed"),
+			want:     want{code: "capability_not_available"},
 		},
 		{
 			name:     "the best tier wins even if a lower tier has more weight",
@@ -202,7 +280,7 @@ func TestGroupPick(t *testing.T) {
 			for _, ch := range tt.channels {
 				byName[ch.name] = ch
 			}
-			s := &selection{model: tt.model, caps: tt.caps, avoidHost: tt.avoidHost, now: testNow, rand: tt.rand}
+			s := &selection{model: tt.model, needs: &tt.needs, avoidHost: tt.avoidHost, now: testNow, rand: tt.rand}
 			if s.model == "" {
 				s.model = "claude-sonnet-4-5"
 			}
@@ -323,27 +401,6 @@ func TestGroupPickManyChannels(t *testing.T) {
 	}
 	if g.channels[0].name != "ch00" || g.channels[39].name != "ch39" {
 		t.Errorf("pick reordered the group's channels")
-	}
-}
-
-func TestCapabilityNames(t *testing.T) {
-	tests := []struct {
-		name string
-		bit  capability
-	}{
-		{"service_tier", capServiceTier},
-		{"inference_geo", capInferenceGeo},
-		{"speed", capSpeed},
-		{"temperature", 0},
-		{"", 0},
-	}
-	for _, tt := range tests {
-		if got := capabilityByName(tt.name); got != tt.bit {
-			t.Errorf("capabilityByName(%q) = %d, want %d", tt.name, got, tt.bit)
-		}
-	}
-	if s := (capServiceTier | capSpeed).String(); s != "service_tier, speed" {
-		t.Errorf("String() = %q", s)
 	}
 }
 

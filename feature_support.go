@@ -1,0 +1,373 @@
+package relay
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
+)
+
+// stripOtherBetas is the `strip` value that drops, instead of refusing,
+// the betas a channel lacks.
+const stripOtherBetas = "unsupported_betas"
+
+// channelFeatures is what a channel does with each feature: its provider's
+// wire says (the feature table, or the provider's own answer), then the
+// channel's `supports`, `lacks` and `strip` lines, which win.
+type channelFeatures struct {
+	takes  featureSet         // known features it takes as sent
+	strips featureSet         // known features it removes
+	betas  map[string]Support // betas the table or the config names: Supported, Unsupported or Strip
+	// provider answers for the betas nothing names; nil: every one is
+	// supported
+	provider        FeatureSupport
+	stripOtherBetas bool     // `strip unsupported_betas`
+	wording         []string // the starts of the provider's refusal messages, see lackedFeatures
+}
+
+// newChannelFeatures resolves a channel's features from its provider and
+// its lines (validated already).
+func newChannelFeatures(p Provider, providerName string, supports, lacks, strip []string) channelFeatures {
+	f := channelFeatures{betas: map[string]Support{}, wording: anthropicWording}
+	if providerName == "bedrock" {
+		f.wording = bedrockWording
+	}
+	fs, _ := p.(FeatureSupport)
+	f.provider = fs
+	wire := func(name string) Support {
+		if fs == nil {
+			return Supported
+		}
+		return fs.Supports(name)
+	}
+	for i, r := range featureTable {
+		s := wire(r.name)
+		if s == OptIn {
+			s = Unsupported
+		}
+		if r.kind == kindBeta {
+			f.betas[r.name] = s
+			continue
+		}
+		switch s {
+		case Supported:
+			f.takes |= 1 << i
+		case Strip:
+			f.strips |= 1 << i
+		}
+	}
+	set := func(names []string, s Support) {
+		for _, name := range names {
+			if name == stripOtherBetas {
+				f.stripOtherBetas = true
+				continue
+			}
+			if b := bitOf(name); b != 0 {
+				f.takes &^= b
+				f.strips &^= b
+				switch s {
+				case Supported:
+					f.takes |= b
+				case Strip:
+					f.strips |= b
+				}
+				continue
+			}
+			f.betas[name] = s
+		}
+	}
+	set(supports, Supported)
+	set(lacks, Unsupported)
+	set(strip, Strip)
+	return f
+}
+
+// beta is what the channel's config and wire do with an anthropic-beta
+// value.
+func (f *channelFeatures) beta(flag string) Support {
+	s, ok := f.betas[flag]
+	if !ok {
+		s = Supported
+		if f.provider != nil {
+			if s = f.provider.Supports(flag); s == OptIn {
+				s = Unsupported
+			}
+		}
+	}
+	if s == Unsupported && f.stripOtherBetas {
+		return Strip
+	}
+	return s
+}
+
+// names reports whether the table or the channel's config names each beta
+// among features (the other features are all in the table) as one the
+// channel takes.
+func (f *channelFeatures) names(features []string) bool {
+	for _, name := range features {
+		if bitOf(name) != 0 {
+			continue
+		}
+		if s, ok := f.betas[name]; !ok || s == Unsupported {
+			return false
+		}
+	}
+	return true
+}
+
+// checkFeatureNames validates the names of a `supports`, `lacks` or
+// `strip` line (the option's name is opt).
+func checkFeatureNames(opt string, names []string) error {
+	for _, name := range names {
+		switch {
+		case name == stripOtherBetas && opt == "strip":
+		case bitOf(name) == featLongContext && opt == "strip":
+			return fmt.Errorf("strip: long_context cannot be stripped: a long prompt stays long")
+		case bitOf(name) != 0, isBetaName(name):
+		default:
+			return fmt.Errorf("%s: unknown feature %q: a body field, server tool or context of the feature table (%s), or an anthropic-beta value", opt, name, strings.Join(knownFeatureNames(), ", "))
+		}
+	}
+	return nil
+}
+
+// knownFeatureNames lists the bit-numbered features.
+func knownFeatureNames() []string { return (featureSet(1)<<numKnown - 1).names() }
+
+// takes reports whether ch can serve a request with needs n, by its
+// config and what its upstream taught it, and whether it would strip
+// something to do so.
+func (ch *channel) takes(n *needs, now time.Time) (ok, strips bool) {
+	f := &ch.features
+	if n.set&^(f.takes|f.strips) != 0 {
+		return false, false
+	}
+	strips = n.set&f.strips != 0
+	for _, b := range n.betas {
+		switch f.beta(b) {
+		case Unsupported:
+			return false, false
+		case Strip:
+			strips = true
+		}
+	}
+	if m := ch.health.lacks.Load(); m != nil {
+		at := now.UnixNano()
+		learned := func(name string) bool { until, ok := (*m)[name]; return ok && until > at }
+		for s := n.set &^ f.strips; s != 0; s &= s - 1 {
+			if learned(featureTable[lowBit(s)].name) {
+				return false, false
+			}
+		}
+		for _, b := range n.betas {
+			if f.beta(b) != Strip && learned(b) {
+				if !f.stripOtherBetas {
+					return false, false
+				}
+				strips = true
+			}
+		}
+	}
+	return true, strips
+}
+
+// stripFor is what ch removes from a request with needs n: known
+// features, and betas.
+func (ch *channel) stripFor(n *needs, now time.Time) (featureSet, []string) {
+	f := &ch.features
+	set := n.set & f.strips
+	var betas []string
+	m := ch.health.lacks.Load()
+	for _, b := range n.betas {
+		s := f.beta(b)
+		if s == Supported && f.stripOtherBetas && m != nil {
+			if until, ok := (*m)[b]; ok && until > now.UnixNano() {
+				s = Strip
+			}
+		}
+		if s == Strip {
+			betas = append(betas, b)
+		}
+	}
+	return set, betas
+}
+
+// lowBit is the index of the lowest bit of a non-empty set.
+func lowBit(s featureSet) int {
+	i := 0
+	for s&1 == 0 {
+		s >>= 1
+		i++
+	}
+	return i
+}
+
+// missingFeatures lists the needed features that no channel of chans
+// takes by itself, or, when each has a taker but none takes them all, all
+// of them (together).
+func missingFeatures(chans []*channel, n *needs, now time.Time) (missing []string, together bool) {
+	for _, name := range n.names() {
+		one := needs{set: bitOf(name)}
+		if one.set == 0 {
+			one.betas = []string{name}
+		}
+		if !slices.ContainsFunc(chans, func(ch *channel) bool { ok, _ := ch.takes(&one, now); return ok }) {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) == 0 {
+		return n.names(), true
+	}
+	return missing, false
+}
+
+// stripBody removes the known features of set from a Messages body: top-level
+// fields, and server tools from `tools` (which goes when none is left).
+func stripBody(body []byte, set featureSet) ([]byte, error) {
+	out := body
+	var err error
+	for s := set; s != 0; s &= s - 1 {
+		r := &featureTable[lowBit(s)]
+		switch r.kind {
+		case kindField:
+			if out, err = sjson.DeleteBytes(out, r.name); err != nil {
+				return nil, err
+			}
+		case kindTool:
+			if out, err = stripTools(out, r.prefix); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return out, nil
+}
+
+// stripTools removes the tools whose type starts with prefix.
+func stripTools(body []byte, prefix string) ([]byte, error) {
+	tools := gjson.GetBytes(body, "tools")
+	if !tools.IsArray() {
+		return body, nil
+	}
+	kept := make([]byte, 0, len(tools.Raw))
+	kept = append(kept, '[')
+	n := 0
+	tools.ForEach(func(_, t gjson.Result) bool {
+		if !strings.HasPrefix(t.Get("type").String(), prefix) {
+			if n > 0 {
+				kept = append(kept, ',')
+			}
+			kept = append(kept, t.Raw...)
+			n++
+		}
+		return true
+	})
+	if n == 0 {
+		return sjson.DeleteBytes(body, "tools")
+	}
+	return sjson.SetRawBytes(body, "tools", append(kept, ']'))
+}
+
+// stripBetas returns a copy of h whose anthropic-beta values leave out
+// drop.
+func stripBetas(h http.Header, drop []string) http.Header {
+	out := h.Clone()
+	var keep []string
+	for _, v := range h.Values("Anthropic-Beta") {
+		for flag := range strings.SplitSeq(v, ",") {
+			if flag = strings.TrimSpace(flag); flag != "" && !slices.Contains(drop, flag) && !slices.Contains(keep, flag) {
+				keep = append(keep, flag)
+			}
+		}
+	}
+	out.Del("Anthropic-Beta")
+	if len(keep) > 0 {
+		out.Set("Anthropic-Beta", strings.Join(keep, ","))
+	}
+	return out
+}
+
+// The starts of the messages with which a provider's wire refuses a
+// feature it does not support; the rest of the message names it. Only the
+// start counts, and only a feature the request carried is learned: a
+// client cannot write its way into another channel's list.
+const (
+	wordExtraInput  = ": Extra inputs are not permitted"                                           // anthropic: "<field>: Extra inputs are not permitted"
+	wordUnexpected  = "Unexpected value(s) "                                                       // anthropic: "Unexpected value(s) `a`, `b` for the `anthropic-beta` header..."
+	wordBetaHeader  = " for the `anthropic-beta` header"                                           //
+	wordToolTag     = ": Input tag '"                                                              // anthropic: "tools.<i>: Input tag '<type>' found using 'type' does not match..."
+	wordBedrockKey  = "bedrock: ValidationException: Malformed input request: #: extraneous key [" // "...[<field>] is not permitted"
+	wordBedrockBeta = "bedrock: ValidationException: invalid beta flag"
+)
+
+var (
+	anthropicWording = []string{wordExtraInput, wordUnexpected, wordToolTag}
+	bedrockWording   = []string{wordBedrockKey, wordBedrockBeta}
+)
+
+// lackedFeatures returns the features that a 400 error body from a
+// channel with the given wording says its wire does not support, among
+// the features n carries; none when the message is anything else. The
+// names it returns share no memory with the body or the request (they are
+// kept for capability_ttl), and a beta's is at most maxBetaName bytes.
+func lackedFeatures(wording []string, body []byte, n *needs) []string {
+	msg := gjson.GetBytes(body, "error.message").String()
+	field := func(name string) []string {
+		if b := bitOf(name); b != 0 && featureTable[lowBit(b)].kind == kindField && n.set&b != 0 {
+			return []string{featureTable[lowBit(b)].name}
+		}
+		return nil
+	}
+	beta := func(out []string, flag string) []string {
+		if len(flag) <= maxBetaName && n.hasBeta(flag) && !slices.Contains(out, flag) {
+			out = append(out, strings.Clone(flag))
+		}
+		return out
+	}
+	if slices.Equal(wording, bedrockWording) {
+		if rest, ok := strings.CutPrefix(msg, wordBedrockKey); ok {
+			name, _, found := strings.Cut(rest, "] is not permitted")
+			if found {
+				return field(name)
+			}
+			return nil
+		}
+		if strings.HasPrefix(msg, wordBedrockBeta) {
+			// Bedrock does not say which flag: every one the request carried
+			var out []string
+			for _, b := range n.betas {
+				out = beta(out, b)
+			}
+			return out
+		}
+		return nil
+	}
+	if name, _, ok := strings.Cut(msg, wordExtraInput); ok {
+		return field(name) // the message starts with the field's name
+	}
+	if rest, ok := strings.CutPrefix(msg, wordUnexpected); ok {
+		values, _, found := strings.Cut(rest, wordBetaHeader)
+		if !found {
+			return nil
+		}
+		var out []string
+		for v := range strings.SplitSeq(values, ",") {
+			out = beta(out, strings.Trim(strings.TrimSpace(v), "`"))
+		}
+		return out
+	}
+	if at, rest, ok := strings.Cut(msg, wordToolTag); ok && strings.HasPrefix(at, "tools.") {
+		if _, err := strconv.Atoi(at[len("tools."):]); err != nil {
+			return nil
+		}
+		typ, _, found := strings.Cut(rest, "'")
+		if b := toolFeature(typ); found && b != 0 && n.set&b != 0 {
+			return []string{featureTable[lowBit(b)].name}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,369 @@
+package relay
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/tidwall/gjson"
+)
+
+// TestFeatureTable checks the table against the code that reads requests:
+// every field row is found by fieldFeature, every tool row by its prefix,
+// the known rows come first and fit the set, and every beta row has a
+// beta's shape.
+func TestFeatureTable(t *testing.T) {
+	if numKnown > 32 {
+		t.Fatalf("%d known features do not fit a featureSet", numKnown)
+	}
+	seen := map[string]bool{}
+	for i, r := range featureTable {
+		if seen[r.name] {
+			t.Errorf("%s is in the table twice", r.name)
+		}
+		seen[r.name] = true
+		if (i < numKnown) != (r.kind != kindBeta) {
+			t.Errorf("%s: the known features must come before the betas", r.name)
+		}
+		switch r.kind {
+		case kindField:
+			if fieldFeature(r.name) != 1<<i {
+				t.Errorf("fieldFeature(%q) = %b, want bit %d", r.name, fieldFeature(r.name), i)
+			}
+		case kindTool:
+			if toolFeature(r.prefix+"20250101") != 1<<i || !strings.HasSuffix(r.prefix, "_") {
+				t.Errorf("toolFeature of %s's prefix %q is not its bit", r.name, r.prefix)
+			}
+		case kindBeta:
+			if !isBetaName(r.name) {
+				t.Errorf("%s has not the shape of a beta", r.name)
+			}
+		}
+		if r.kind != kindBeta && isBetaName(r.name) {
+			t.Errorf("%s looks like a beta", r.name)
+		}
+	}
+	for _, name := range []string{"model", "stream", "metadata", "tools", "temperature", "messages"} {
+		if fieldFeature(name) != 0 {
+			t.Errorf("%s is no feature", name)
+		}
+	}
+	if toolFeature("custom") != 0 || toolFeature("bash_20250124") != 0 || toolFeature("web_search") != 0 {
+		t.Error("only a server tool's versioned type is a feature")
+	}
+}
+
+func TestReadBetas(t *testing.T) {
+	var n needs
+	h := http.Header{"Anthropic-Beta": {" a-1 ,b-2,, a-1", "c-3"}}
+	if !n.readBetas(h) || !slices.Equal(n.betas, []string{"a-1", "b-2", "c-3"}) {
+		t.Errorf("betas = %q, want a-1 b-2 c-3, each once", n.betas)
+	}
+	if !n.has("b-2") || n.has("d-4") || n.has("speed") {
+		t.Error("has is wrong")
+	}
+}
+
+func TestChannelFeaturesByProvider(t *testing.T) {
+	tests := []struct {
+		name                   string
+		p                      Provider
+		supports, lacks, strip []string
+		need                   []string
+		wantOK, wantStrips     bool
+	}{
+		{name: "anthropic takes mcp_servers", p: &AnthropicProvider{}, need: []string{"mcp_servers", "web_fetch", "any-beta-2030"}, wantOK: true},
+		{name: "service_tier is opt-in", p: &AnthropicProvider{}, need: []string{"service_tier"}},
+		{name: "supports turns an opt-in on", p: &AnthropicProvider{}, supports: []string{"service_tier"}, need: []string{"service_tier"}, wantOK: true},
+		{name: "lacks wins over the wire", p: &AnthropicProvider{}, lacks: []string{"long_context"}, need: []string{"long_context"}},
+		{name: "bedrock lacks mcp_servers", p: &BedrockProvider{}, need: []string{"mcp_servers"}},
+		{name: "bedrock takes context_management with its beta", p: &BedrockProvider{}, need: []string{"context_management", "compact-2026-01-12"}, wantOK: true},
+		{name: "bedrock lacks betas it does not know", p: &BedrockProvider{}, need: []string{"some-new-beta-2031-01-01"}},
+		{name: "bedrock's betas list replaces its column", p: &BedrockProvider{Betas: []string{"some-new-beta-2031-01-01"}}, need: []string{"some-new-beta-2031-01-01"}, wantOK: true},
+		{name: "bedrock's betas list drops the column's", p: &BedrockProvider{Betas: []string{"some-new-beta-2031-01-01"}}, need: []string{"compact-2026-01-12"}},
+		{name: "bedrock's strip_fields strip", p: &BedrockProvider{StripFields: []string{"mcp_servers"}}, need: []string{"mcp_servers"}, wantOK: true, wantStrips: true},
+		{name: "the channel's strip", p: &BedrockProvider{}, strip: []string{"container", "files-api-2025-04-14"}, need: []string{"container", "files-api-2025-04-14"}, wantOK: true, wantStrips: true},
+		{name: "vertex forwards betas it does not know", p: &VertexProvider{}, need: []string{"some-new-beta-2031-01-01", "web_search"}, wantOK: true},
+		{name: "vertex lacks web_fetch", p: &VertexProvider{}, need: []string{"web_fetch"}},
+		{name: "a provider module without a table takes everything", p: stubProvider{}, need: []string{"speed", "mcp_servers", "x-y"}, wantOK: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ch := testChannel("c")
+			ch.features = newChannelFeatures(tt.p, "", tt.supports, tt.lacks, tt.strip)
+			n := needing(tt.need...)
+			ok, strips := ch.takes(&n, testNow)
+			if ok != tt.wantOK || strips != tt.wantStrips {
+				t.Errorf("takes = %v (strips %v), want %v (strips %v)", ok, strips, tt.wantOK, tt.wantStrips)
+			}
+		})
+	}
+}
+
+// stubProvider is a provider module from elsewhere, which says nothing of
+// features.
+type stubProvider struct{ Provider }
+
+func TestLackedFeatures(t *testing.T) {
+	carried := needing("mcp_servers", "context_management", "web_fetch", "files-api-2025-04-14", "b-2030")
+	body := func(msg string) []byte {
+		return []byte(`{"type":"error","error":{"type":"invalid_request_error","message":` + strconv.Quote(msg) + `}}`)
+	}
+	tests := []struct {
+		name    string
+		wording []string
+		msg     string
+		want    []string
+	}{
+		{"an unknown field", anthropicWording, "mcp_servers: Extra inputs are not permitted", []string{"mcp_servers"}},
+		{"a nested unknown field is the request's", anthropicWording, "mcp_servers.0.bogus: Extra inputs are not permitted", nil},
+		{"a field the request did not carry", anthropicWording, "container: Extra inputs are not permitted", nil},
+		{"the wording elsewhere than the start", anthropicWording, "messages.0.content: 'mcp_servers: Extra inputs are not permitted'", nil},
+		{"betas", anthropicWording, "Unexpected value(s) `files-api-2025-04-14`, `zzz` for the `anthropic-beta` header. Please consult our documentation at platform.claude.com/docs or try again without the header.", []string{"files-api-2025-04-14"}},
+		{"a server tool", anthropicWording, "tools.2: Input tag 'web_fetch_20250910' found using 'type' does not match any of the expected tags: 'custom', 'bash_20250124'", []string{"web_fetch"}},
+		{"a tool tag the request's tool is not", anthropicWording, "tools.2: Input tag 'custom_x' found using 'type' does not match", nil},
+		{"another 400", anthropicWording, "max_tokens: Field required", nil},
+		{"the credit balance", anthropicWording, "Your credit balance is too low to access the Anthropic API.", nil},
+		{"bedrock's unknown key", bedrockWording, "bedrock: ValidationException: Malformed input request: #: extraneous key [context_management] is not permitted, please reformat your input and try again.", []string{"context_management"}},
+		{"bedrock's betas: every one carried", bedrockWording, "bedrock: ValidationException: invalid beta flag", []string{"files-api-2025-04-14", "b-2030"}},
+		{"anthropic's words from bedrock mean nothing", bedrockWording, "mcp_servers: Extra inputs are not permitted", nil},
+		{"bedrock's words from anthropic mean nothing", anthropicWording, "bedrock: ValidationException: invalid beta flag", nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := lackedFeatures(tt.wording, body(tt.msg), &carried); !slices.Equal(got, tt.want) {
+				t.Errorf("lackedFeatures = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestStripBody(t *testing.T) {
+	body := []byte(`{"model":"m","mcp_servers":[{"url":"u"}],"tools":[{"type":"web_search_20250305","name":"w"},{"name":"f","input_schema":{}},{"type":"web_fetch_20250910"}],"max_tokens":1}`)
+	out, err := stripBody(body, bitOf("mcp_servers")|bitOf("web_search")|bitOf("web_fetch"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"model":"m","tools":[{"name":"f","input_schema":{}}],"max_tokens":1}`; string(out) != want {
+		t.Errorf("stripped:\n%s\nwant\n%s", out, want)
+	}
+	out, _ = stripBody(out, bitOf("web_search")|bitOf("mcp_servers"))
+	if want := `{"model":"m","tools":[{"name":"f","input_schema":{}}],"max_tokens":1}`; string(out) != want {
+		t.Errorf("stripping what is not there changed the body: %s", out)
+	}
+	only := []byte(`{"model":"m","tools":[{"type":"code_execution_20250825","name":"c"}]}`)
+	if out, _ := stripBody(only, bitOf("code_execution")); string(out) != `{"model":"m"}` {
+		t.Errorf("a tools array left empty goes: %s", out)
+	}
+	h := stripBetas(http.Header{"Anthropic-Beta": {"a-1,b-2", "c-3, b-2"}, "X-Api-Key": {"k"}}, []string{"b-2"})
+	if got := h.Values("Anthropic-Beta"); !slices.Equal(got, []string{"a-1,c-3"}) || h.Get("X-Api-Key") != "k" {
+		t.Errorf("stripped header = %v", h)
+	}
+}
+
+// lacking answers as an Anthropic-shaped upstream whose wire does not know
+// the body field field or the beta beta: the 400 Anthropic's API sends for
+// each, and a message otherwise.
+func lacking(text, field, beta string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		switch {
+		case field != "" && gjson.GetBytes(body, field).Exists():
+			fakeupstream.Error(400, "invalid_request_error", field+": Extra inputs are not permitted")(w, r)
+		case beta != "" && strings.Contains(r.Header.Get("Anthropic-Beta"), beta):
+			fakeupstream.Error(400, "invalid_request_error", "Unexpected value(s) `"+beta+"` for the `anthropic-beta` header. Please consult our documentation at platform.claude.com/docs or try again without the header.")(w, r)
+		default:
+			fakeupstream.Message(text)(w, r)
+		}
+	}
+}
+
+func TestFeatureRoutesPastBedrockByteIdentical(t *testing.T) {
+	fb := newFakeBedrock(t, fakeupstream.Raw(200, fakeupstream.MessageBody("claude-sonnet-4-5", "from bedrock", fakeupstream.Usage{InputTokens: 7, OutputTokens: 2})))
+	direct := fakeupstream.New(t, fakeupstream.Message("from anthropic"))
+	startRelay(t, bedrockChannel(t, "fid-bedrock", fb.URL, "priority 1")+
+		channelBlock("fid-direct", direct.URL, "priority 2")+
+		keyAndGroup("fid", "fid-bedrock fid-direct"))
+
+	body := `{"model":"claude-sonnet-4-5","max_tokens":64,"mcp_servers":[{"type":"url","url":"https://mcp.example/sse","name":"x"}],"messages":[{"role":"user","content":"Hi"}]}`
+	r := message(t, body, "Anthropic-Beta", "mcp-client-2025-11-20")
+	if r.status != 200 || !bytes.Contains(r.body, []byte("from anthropic")) {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	if fb.Hits() != 0 {
+		t.Errorf("Bedrock, which lacks mcp_servers, got the request (%d hits)", fb.Hits())
+	}
+	got := direct.Last(t)
+	if string(got.Body) != body || got.Header.Get("Anthropic-Beta") != "mcp-client-2025-11-20" {
+		t.Errorf("Anthropic got\n %s (beta %q)\nwant the client's bytes\n %s", got.Body, got.Header.Get("Anthropic-Beta"), body)
+	}
+	// a request without the feature takes the preferred channel as before
+	if r := message(t, `{"model":"claude-sonnet-4-5","max_tokens":8,"messages":[]}`); r.status != 200 || fb.Hits() != 1 {
+		t.Errorf("a plain request: %d, Bedrock hits %d; want it on Bedrock", r.status, fb.Hits())
+	}
+}
+
+func TestFeatureNoChannelSupportsIt(t *testing.T) {
+	fb := newFakeBedrock(t, fakeupstream.Raw(200, fakeupstream.MessageBody("claude-sonnet-4-5", "from bedrock", fakeupstream.Usage{InputTokens: 7, OutputTokens: 2})))
+	startRelay(t, bedrockChannel(t, "fid-only-bedrock", fb.URL)+keyAndGroup("fid-only", "fid-only-bedrock"))
+
+	r := message(t, `{"model":"claude-sonnet-4-5","max_tokens":64,"mcp_servers":[{"type":"url","url":"https://mcp.example/sse","name":"x"}],"messages":[]}`)
+	wantRelayError(t, r, 503, "relay_error", "capability_not_available")
+	msg := gjson.GetBytes(r.body, "error.message").String()
+	if !strings.Contains(msg, "mcp_servers") || !strings.Contains(msg, `"fid-only"`) || r.header.Get("X-Should-Retry") != "false" {
+		t.Errorf("the error should name the feature and the group, and say not to retry: %s %v", r.body, r.header)
+	}
+	r = message(t, `{"model":"claude-sonnet-4-5","max_tokens":64,"tools":[{"type":"web_fetch_20250910","name":"web_fetch"}],"messages":[]}`, "Anthropic-Beta", "context-1m-2025-08-07,files-api-2025-04-14")
+	wantRelayError(t, r, 503, "relay_error", "capability_not_available")
+	if msg := gjson.GetBytes(r.body, "error.message").String(); !strings.Contains(msg, "web_fetch, files-api-2025-04-14") || strings.Contains(msg, "context-1m") {
+		t.Errorf("the error should name exactly the missing features: %s", msg)
+	}
+	if fb.Hits() != 0 {
+		t.Errorf("Bedrock got %d requests it cannot serve", fb.Hits())
+	}
+}
+
+func TestFeatureLearnedFromTheUpstreamsRefusal(t *testing.T) {
+	first := fakeupstream.New(t, lacking("first", "context_management", "files-api-2025-04-14"))
+	second := fakeupstream.New(t, fakeupstream.Message("second"))
+	startRelay(t, channelBlock("learn-first", first.URL, "priority 1")+channelBlock("learn-second", second.URL, "priority 2")+
+		keyAndGroup("learn", "learn-first learn-second"))
+	misses := func(feature string) float64 {
+		mf, _ := scrape(t)
+		return max(value(mf, "relay_capability_misses_total", "channel=learn-first", "feature="+feature), 0)
+	}
+	before := misses("context_management")
+
+	withFeature := `{"model":"m","max_tokens":8,"context_management":{"edits":[{"type":"clear_tool_uses_20250919"}]},"messages":[]}`
+	r := message(t, withFeature)
+	if r.status != 200 || !bytes.Contains(r.body, []byte("second")) || first.Hits() != 1 || second.Hits() != 1 {
+		t.Fatalf("first request: %d %s, hits %d/%d; want a failover to the second channel", r.status, r.body, first.Hits(), second.Hits())
+	}
+	if got := misses("context_management") - before; got != 1 {
+		t.Errorf("relay_capability_misses_total grew by %v, want 1", got)
+	}
+	st := channels(t)["learn-first"]
+	if _, ok := st.Lacks["context_management"]; !ok || st.State != "healthy" {
+		t.Errorf("GET /relay/channels: lacks %v, state %s; want context_management set aside on a healthy channel", st.Lacks, st.State)
+	}
+	// set aside for that feature only
+	if r := message(t, withFeature); r.status != 200 || first.Hits() != 1 || second.Hits() != 2 {
+		t.Errorf("second request with the feature: %d, hits %d/%d; want it straight on the second channel", r.status, first.Hits(), second.Hits())
+	}
+	if r := message(t, `{"model":"m","max_tokens":8,"messages":[]}`); r.status != 200 || first.Hits() != 2 {
+		t.Errorf("a request without the feature: %d, first hits %d; want the preferred channel", r.status, first.Hits())
+	}
+
+	// a beta is a feature as well
+	r = message(t, `{"model":"m","max_tokens":8,"messages":[]}`, "Anthropic-Beta", "files-api-2025-04-14")
+	if r.status != 200 || !bytes.Contains(r.body, []byte("second")) || first.Hits() != 3 {
+		t.Fatalf("beta request: %d %s; want a failover", r.status, r.body)
+	}
+	if _, ok := channels(t)["learn-first"].Lacks["files-api-2025-04-14"]; !ok {
+		t.Errorf("the beta is not set aside on the channel: %v", channels(t)["learn-first"].Lacks)
+	}
+	if r := message(t, `{"model":"m","max_tokens":8,"messages":[]}`, "Anthropic-Beta", "files-api-2025-04-14"); r.status != 200 || first.Hits() != 3 {
+		t.Errorf("the beta's second request reached the channel that lacks it")
+	}
+
+	// an operator's reset forgets what was learned
+	if code, _ := adminPost(t, "learn-first", "reset"); code != 200 {
+		t.Fatalf("reset: %d", code)
+	}
+	if l := channels(t)["learn-first"].Lacks; len(l) != 0 {
+		t.Errorf("lacks after a reset: %v", l)
+	}
+}
+
+func TestFeatureRefusalWithNoOtherChannelReachesTheClient(t *testing.T) {
+	only := fakeupstream.New(t, lacking("only", "context_management", ""))
+	other := fakeupstream.New(t, fakeupstream.Message("other"))
+	startRelay(t, channelBlock("refuse-only", only.URL)+channelBlock("refuse-other", other.URL, "lacks context_management")+
+		keyAndGroup("refuse", "refuse-only refuse-other"))
+
+	r := message(t, `{"model":"m","max_tokens":8,"context_management":{},"messages":[]}`)
+	if r.status != 400 || gjson.GetBytes(r.body, "error.message").String() != "context_management: Extra inputs are not permitted" {
+		t.Errorf("want the upstream's 400 unchanged, got %d %s", r.status, r.body)
+	}
+	if only.Hits() != 1 || other.Hits() != 0 {
+		t.Errorf("hits %d/%d: the channel configured to lack the feature is no candidate", only.Hits(), other.Hits())
+	}
+	if l := channels(t)["refuse-only"].Lacks; len(l) != 0 {
+		t.Errorf("with no other candidate, nothing is learned: %v", l)
+	}
+	// a refusal of a feature the request did not carry is the request's
+	only.SetHandler(fakeupstream.Error(400, "invalid_request_error", "container: Extra inputs are not permitted"))
+	r = message(t, `{"model":"m","max_tokens":8,"context_management":{},"messages":[]}`)
+	if r.status != 400 || only.Hits() != 2 || other.Hits() != 0 || len(channels(t)["refuse-only"].Lacks) != 0 {
+		t.Errorf("a 400 about a feature the request did not carry: %d, hits %d/%d, lacks %v", r.status, only.Hits(), other.Hits(), channels(t)["refuse-only"].Lacks)
+	}
+}
+
+// TestFeatureTableMatchesDocs reads the feature table of
+// docs/providers.md: the same rows, in the same order, saying the same as
+// the code's table.
+func TestFeatureTableMatchesDocs(t *testing.T) {
+	doc, err := os.ReadFile("docs/providers.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, table, ok := strings.Cut(string(doc), "<!-- feature table start -->\n")
+	table, _, ok2 := strings.Cut(table, "<!-- feature table end -->")
+	if !ok || !ok2 {
+		t.Fatal("docs/providers.md has no feature table between its markers")
+	}
+	var rows [][]string
+	for _, line := range strings.Split(strings.TrimSpace(table), "\n")[2:] {
+		cells := strings.Split(strings.Trim(line, "| "), " | ")
+		if len(cells) != 6 || strings.TrimSpace(cells[5]) == "" {
+			t.Fatalf("row %q: want 6 cells and a source", line)
+		}
+		rows = append(rows, cells)
+	}
+	want := func(r featureRow) []string {
+		return []string{"`" + r.name + "`", r.kind.String(), r.anthropic.String(), r.bedrock.String(), r.vertex.String()}
+	}
+	var code [][]string
+	for _, r := range featureTable {
+		code = append(code, want(r))
+	}
+	code = append(code, []string{"(other betas)", kindBeta.String(), otherBetas.anthropic.String(), otherBetas.bedrock.String(), otherBetas.vertex.String()})
+	if len(rows) != len(code) {
+		t.Errorf("the docs list %d features, the code %d", len(rows), len(code))
+	}
+	for i := range min(len(rows), len(code)) {
+		if got := rows[i][:5]; !slices.Equal(got, code[i]) {
+			t.Errorf("row %d: the docs say %q, the code %q", i+1, got, code[i])
+		}
+	}
+}
+
+func TestFeatureStripOnAnAnthropicChannel(t *testing.T) {
+	up := fakeupstream.New(t, fakeupstream.Message("stripped"))
+	startRelay(t, channelBlock("strip-a", up.URL, "lacks old-beta-2024-01-01", "strip web_fetch unsupported_betas")+
+		keyAndGroup("strip", "strip-a"))
+
+	body := `{"model":"m","max_tokens":8,"tools":[{"type":"web_fetch_20250910","name":"web_fetch"},{"name":"f","input_schema":{}}],"messages":[]}`
+	r := message(t, body, "Anthropic-Beta", "old-beta-2024-01-01,new-beta-2031-01-01")
+	if r.status != 200 {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	got := up.Last(t)
+	if want := `{"model":"m","max_tokens":8,"tools":[{"name":"f","input_schema":{}}],"messages":[]}`; string(got.Body) != want {
+		t.Errorf("upstream body\n %s\nwant\n %s", got.Body, want)
+	}
+	if got.Header.Get("Anthropic-Beta") != "new-beta-2031-01-01" {
+		t.Errorf("anthropic-beta upstream = %q, want the flag the channel does not lack", got.Header.Get("Anthropic-Beta"))
+	}
+	// a request without them is sent byte for byte
+	plain := `{"model":"m","max_tokens":8,"messages":[]}`
+	if r := message(t, plain, "Anthropic-Beta", "new-beta-2031-01-01"); r.status != 200 || string(up.Last(t).Body) != plain {
+		t.Errorf("plain request: %d, upstream got %s", r.status, up.Last(t).Body)
+	}
+}
