@@ -63,6 +63,9 @@ const fullRelayCaddyfile = `relay {
 		weight 10
 		allow service_tier inference_geo
 		allow speed
+		supports web-search-2025-03-05
+		lacks long_context
+		strip mcp_servers unsupported_betas
 		transport http {
 			dial_timeout 5s
 		}
@@ -159,6 +162,9 @@ func TestCaddyfileFullConfig(t *testing.T) {
 				Priority:    1,
 				Weight:      10,
 				Allow:       []string{"service_tier", "inference_geo", "speed"},
+				Supports:    []string{"web-search-2025-03-05"},
+				Lacks:       []string{"long_context"},
+				Strip:       []string{"mcp_servers", "unsupported_betas"},
 				Tuning: Tuning{
 					FirstByteTimeout:    caddy.Duration(10 * time.Second),
 					FirstContentTimeout: caddy.Duration(20 * time.Second),
@@ -389,6 +395,21 @@ func TestCaddyfileErrors(t *testing.T) {
 			name:  "unknown allow value",
 			input: caddyfileWith("", "channel a {\n\tapi_key {env.A}\n\tallow service_tier temperature\n}\n", ""),
 			want:  []string{`channel "a"`, `unknown feature "temperature"`},
+		},
+		{
+			name:  "unknown feature on its own line",
+			input: caddyfileWith("", "channel a {\n\tapi_key {env.A}\n\tlacks mcp_servers\n\tsupports web_search mcp-servers\n}\n", ""),
+			want:  []string{`channel "a"`, `supports: unknown feature "mcp-servers"`, "Testfile:6"},
+		},
+		{
+			name:  "a feature on two lines",
+			input: caddyfileWith("", "channel a {\n\tapi_key {env.A}\n\tsupports mcp_servers\n\tstrip mcp_servers\n}\n", ""),
+			want:  []string{`channel "a"`, `strip: "mcp_servers" is on the supports line too`},
+		},
+		{
+			name:  "a long context cannot be stripped",
+			input: caddyfileWith("", "channel a {\n\tapi_key {env.A}\n\tstrip long_context\n}\n", ""),
+			want:  []string{`channel "a"`, "long_context cannot be stripped"},
 		},
 		{
 			name:  "unknown relay option",

@@ -319,6 +319,29 @@ func isBetaName(name string) bool {
 	return true
 }
 
+// datedBeta reports whether name has the shape of an anthropic-beta value
+// and ends with its date (-2025-08-07, or -20250219): the config takes only
+// those, so that a misspelt field (mcp-servers) is an error, not a beta.
+func datedBeta(name string) bool {
+	if !isBetaName(name) {
+		return false
+	}
+	digits := func(s string) bool {
+		for _, c := range []byte(s) {
+			if c < '0' || c > '9' {
+				return false
+			}
+		}
+		return s != ""
+	}
+	if n := len(name); n > 11 && name[n-11] == '-' && name[n-6] == '-' && name[n-3] == '-' &&
+		digits(name[n-10:n-6]) && digits(name[n-5:n-3]) && digits(name[n-2:]) {
+		return true
+	}
+	i := strings.LastIndexByte(name, '-')
+	return len(name)-i-1 == 8 && digits(name[i+1:])
+}
+
 // featureLabel is the value of the feature label of a metric: a name from
 // the table, or "other", so that clients cannot grow the label's values.
 func featureLabel(name string) string {

@@ -128,9 +128,9 @@ func checkFeatureNames(opt string, names []string) error {
 		case name == stripOtherBetas && opt == "strip":
 		case bitOf(name) == featLongContext && opt == "strip":
 			return fmt.Errorf("strip: long_context cannot be stripped: a long prompt stays long")
-		case bitOf(name) != 0, isBetaName(name):
+		case bitOf(name) != 0, datedBeta(name):
 		default:
-			return fmt.Errorf("%s: unknown feature %q: a body field, server tool or context of the feature table (%s), or an anthropic-beta value", opt, name, strings.Join(knownFeatureNames(), ", "))
+			return fmt.Errorf("%s: unknown feature %q: a body field, server tool or context of the feature table (%s), or an anthropic-beta value, which ends with its date (context-1m-2025-08-07)", opt, name, strings.Join(knownFeatureNames(), ", "))
 		}
 	}
 	return nil

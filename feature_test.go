@@ -41,7 +41,7 @@ func TestFeatureTable(t *testing.T) {
 				t.Errorf("toolFeature of %s's prefix %q is not its bit", r.name, r.prefix)
 			}
 		case kindBeta:
-			if !isBetaName(r.name) {
+			if !datedBeta(r.name) {
 				t.Errorf("%s has not the shape of a beta", r.name)
 			}
 		}
@@ -56,6 +56,18 @@ func TestFeatureTable(t *testing.T) {
 	}
 	if toolFeature("custom") != 0 || toolFeature("bash_20250124") != 0 || toolFeature("web_search") != 0 {
 		t.Error("only a server tool's versioned type is a feature")
+	}
+}
+
+func TestDatedBeta(t *testing.T) {
+	for name, want := range map[string]bool{
+		"context-1m-2025-08-07": true, "claude-code-20250219": true, "x-2030-01-01": true,
+		"mcp-servers": false, "context-1m-2025-08": false, "context-1m-2025-08-0x": false, "a-2025021": false,
+		"Context-1m-2025-08-07": false, "-2025-08-07": false, "2025-08-07": false, "web_search": false,
+	} {
+		if got := datedBeta(name); got != want {
+			t.Errorf("datedBeta(%q) = %v, want %v", name, got, want)
+		}
 	}
 }
 

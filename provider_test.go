@@ -43,6 +43,14 @@ func (tokenProvider) CaddyModule() caddy.ModuleInfo {
 
 func (p *tokenProvider) BaseURL() string { return p.URL }
 
+// Supports says the token upstream's wire has no MCP connector.
+func (*tokenProvider) Supports(name string) relay.Support {
+	if name == "mcp_servers" {
+		return relay.Unsupported
+	}
+	return relay.Supported
+}
+
 func (p *tokenProvider) NewRequest(ctx context.Context, c *relay.Call) (*http.Request, error) {
 	req, err := c.NewRequest(ctx, http.MethodPost, p.URL+c.Path, c.Body())
 	if err != nil {
@@ -139,6 +147,11 @@ func TestAProviderFromAnotherPackage(t *testing.T) {
 	}
 	if got := ok.Last(t).Header.Get("X-Token"); got != "t-two" || ok.Last(t).Header.Get("Anthropic-Version") != "2023-06-01" {
 		t.Errorf("the second channel sent %v", ok.Last(t).Header)
+	}
+	// what its wire lacks, no channel of its kind is sent
+	resp, body = post(t, `{"model":"claude-sonnet-4-5","max_tokens":8,"mcp_servers":[],"messages":[]}`)
+	if resp.StatusCode != 503 || !strings.Contains(body, "capability_not_available") || !strings.Contains(body, "mcp_servers") {
+		t.Errorf("a feature the provider lacks: %d %s", resp.StatusCode, body)
 	}
 	// the translated refusal set the model aside on that channel alone
 	resp, err := http.Get("http://localhost:2999/relay/channels")
