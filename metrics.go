@@ -84,6 +84,16 @@ var (
 		Help: "Requests served by a fallback model because no channel of the requested one was live, by group, requested model and fallback.",
 	}, []string{"group", "from", "to"})
 
+	metricResources = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "relay_resource_requests_total",
+		Help: "Successful calls of the Message Batches and Files APIs, by group, the channel that holds the item (none for a list, which asks them all), resource (batches, files) and operation (create, list, get, delete, cancel, results, content). Files cost nothing; this is how they are counted.",
+	}, []string{"group", "channel", "resource", "op"})
+
+	metricBatchResultsAccounted = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "relay_batch_results_accounted_total",
+		Help: "Batches whose results were accounted (tokens, cost at the batch price, the key's spend and token limit), by group and channel: once per batch, at its first read.",
+	}, []string{"group", "channel"})
+
 	metricStorageUp = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "relay_storage_up",
 		Help: "1 while the fleet's storage (Redis) answers, 0 while the relay serves on its own state; absent without storage.",
@@ -114,6 +124,7 @@ var collectors = []prometheus.Collector{
 	metricRequests, metricDuration, metricFirstByte, metricAttempts, metricFailovers,
 	metricTokens, metricCost, metricWasted, metricIncomplete, metricDropped, metricStates,
 	metricRateLimited, metricQueueWait, metricQueueDepth, metricFallbacks, metricSpend,
+	metricResources, metricBatchResultsAccounted,
 }
 
 // storageCollectors are registered only by a config with storage.
