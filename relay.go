@@ -126,9 +126,9 @@ type Relay struct {
 	fleetKey           string          // its entry in fleets
 	logger             *zap.Logger
 	prices             pricebook
-	modelNames         map[string]bool // every model a channel lists, for metric labels
-	passRatelimit      bool            // upstream_ratelimit_headers pass
-	secret             *resourceSecret // keys the MAC of batch and file ids
+	modelNames         map[string]bool   // every model a channel lists, for metric labels
+	passRatelimit      bool              // upstream_ratelimit_headers pass
+	secret             *resourceSecret   // keys the MAC of batch and file ids
 	storage            certmagic.Storage // Caddy's storage; nil in a unit test's context
 	rand               randIntN
 	now                func() time.Time

@@ -234,7 +234,7 @@ func (s *Store) createBatch(w http.ResponseWriter, r *http.Request) {
 	}
 	obj := map[string]any{"id": id, "type": "message_batch", "processing_status": "ended",
 		"request_counts": map[string]int{"processing": 0, "succeeded": len(req.Requests), "errored": 0, "canceled": 0, "expired": 0},
-		"created_at": at, "ended_at": at, "expires_at": at, "archived_at": nil, "cancel_initiated_at": nil,
+		"created_at":     at, "ended_at": at, "expires_at": at, "archived_at": nil, "cancel_initiated_at": nil,
 		"results_url": "https://api.anthropic.com/v1/messages/batches/" + id + "/results"}
 	s.batches = append(s.batches, &storedBatch{obj: obj, results: []byte(results.String())})
 	writeJSON(w, 200, obj)
