@@ -6,7 +6,6 @@
 package relay
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"crypto/sha256"
@@ -328,7 +327,7 @@ func (r *Relay) serve(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 	if rerr = in.inspect(); rerr != nil {
 		return refused(rerr)
 	}
-	if bytes.Contains(in.body, fileIDKey) { // it may use uploaded files: only their channel has them
+	if mayReferenceFiles(in.body) { // it may use uploaded files: only their channel has them
 		if rerr = r.pinToFiles(in); rerr != nil {
 			return refused(rerr)
 		}

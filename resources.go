@@ -538,7 +538,7 @@ func (c *resourceCtx) create() *failure {
 		if len(models) == 0 {
 			return refused(errInvalid("requests: field required, with params.model in each"))
 		}
-		if bytes.Contains(body, fileIDKey) {
+		if mayReferenceFiles(body) {
 			b, ch, rerr := c.r.pinFiles(c.secret, c.group, body)
 			if rerr != nil {
 				return refused(rerr)

@@ -453,10 +453,50 @@ func TestItemIDsAndCursorsRoundTrip(t *testing.T) {
 	}
 }
 
+func TestMayReferenceFiles(t *testing.T) {
+	code := strings.Repeat("snake_case_name = other_name\n", 40)
+	for body, want := range map[string]bool{
+		`{"a":"b"}`:                        false,
+		`{"file_id":"x"}`:                  true,
+		`{"user_id":"file_id"}`:            true, // a value: findFileIDs looks closer
+		`{"x":"` + code + `","file_id":1}`: true,
+		`{"x":"` + code + `"}`:             false,
+		`"file_id"`:                        true,
+		`file_id"`:                         false,
+	} {
+		if got := mayReferenceFiles([]byte(body)); got != want {
+			t.Errorf("mayReferenceFiles(%.40q) = %v", body, got)
+		}
+	}
+}
+
 func TestFindFileIDs(t *testing.T) {
 	body := []byte(`{"model":"m","file_id":1,"messages":[{"content":[{"type":"document","source":{"type":"file","file_id":"file_a"}},{"type":"text","text":"\"file_id\":\"no\""},{"type":"container_upload","file_id":"file_b"}]}]}`)
 	refs, err := findFileIDs(body)
 	if err != nil || len(refs) != 2 || string(body[refs[0].start:refs[0].end]) != `"file_a"` || string(body[refs[1].start:refs[1].end]) != `"file_b"` {
 		t.Fatalf("%v %+v", err, refs)
+	}
+}
+
+// BenchmarkFileIDCheck is what the plain Messages path pays for file
+// references: one scan of the body for "file_id".
+func BenchmarkFileIDCheck(b *testing.B) {
+	body := []byte(benchBody)
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		if mayReferenceFiles(body) {
+			b.Fatal("found")
+		}
+	}
+}
+
+// BenchmarkRouteOf is the route step, which now also knows the batch and
+// file paths.
+func BenchmarkRouteOf(b *testing.B) {
+	req, _ := http.NewRequest(http.MethodPost, "http://relay/v1/messages", nil)
+	for b.Loop() {
+		if rt, _ := routeOf(req); rt != routeMessages {
+			b.Fatal(rt)
+		}
 	}
 }
