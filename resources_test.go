@@ -500,3 +500,45 @@ func BenchmarkRouteOf(b *testing.B) {
 		}
 	}
 }
+
+func TestResourceOptionsInTheCaddyfile(t *testing.T) {
+	const rest = "\tchannel c {\n\t\tprovider mock\n\t}\n\tkey sk-relay-options-test-0123456789 g\n\tgroup g {\n\t\tchannels c\n\t}\n}"
+	r, err := parseRelay(t, "relay {\n\tresource_secret {env.RELAY_RESOURCE_SECRET}\n\tmax_upload_size 1GB\n\tpricing {\n\t\tm input 3 output 15 batch 0.4\n\t}\n"+rest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.ResourceSecret != "{env.RELAY_RESOURCE_SECRET}" || r.MaxUploadSize != 1_000_000_000 || r.Pricing["m"].Batch == nil || *r.Pricing["m"].Batch != 0.4 {
+		t.Errorf("parsed %q %d %+v", r.ResourceSecret, r.MaxUploadSize, r.Pricing["m"])
+	}
+	if newPricebook(r.Pricing).lookup("m").batch != 0.4 || newPricebook(nil).lookup("claude-sonnet-4-5").batch != 0.5 {
+		t.Error("the batch factor is not in the rates")
+	}
+	for _, bad := range []string{"relay {\n\tresource_secret\n", "relay {\n\tmax_upload_size lots\n", "relay {\n\tpricing {\n\t\tm input 1 batch -1\n\t}\n"} {
+		if _, err := parseRelay(t, bad+rest); err == nil {
+			t.Errorf("%q parsed", bad)
+		}
+	}
+}
+
+func TestResourceSecretIsResolvedAndNeverShown(t *testing.T) {
+	t.Setenv("RELAY_TEST_RESOURCE_SECRET", "resource-s3cret-value")
+	up, _ := storeUpstream(t, "a")
+	startRelay(t, "\t\tresource_secret {env.RELAY_TEST_RESOURCE_SECRET}\n"+channelBlock("secret-a", up.URL)+keyAndGroup("g", "secret-a"))
+	r := send(t, http.MethodPost, "/v1/messages/batches", clientKey, `{"requests":[{"custom_id":"x","params":{"model":"claude-sonnet-4-5","max_tokens":1,"messages":[]}}]}`)
+	var b struct{ ID string }
+	if err := json.Unmarshal(r.body, &b); err != nil || r.status != 200 {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	if ch, up, ok := parseItemID([]byte("resource-s3cret-value"), kindBatch, "g", b.ID); !ok || ch != "secret-a" || up != "msgbatch_a0001" {
+		t.Errorf("the id is not sealed with resource_secret: %q %q %v", ch, up, ok)
+	}
+	resp, err := client.Get(adminURL + "/config/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if strings.Contains(string(cfg), "resource-s3cret-value") || !strings.Contains(string(cfg), "{env.RELAY_TEST_RESOURCE_SECRET}") {
+		t.Errorf("GET /config/ shows the secret or lost its placeholder")
+	}
+}
