@@ -65,6 +65,8 @@ func declareInCaddyfile(state map[string]any, r *Relay, by string) error {
 //	relay [<matcher>] {
 //		max_body_size         <size>
 //		max_response_size     <size>
+//		max_upload_size       <size>
+//		resource_secret       <secret|{env.NAME}|{file./path}>
 //		read_body_timeout     <duration>
 //		upstream_ratelimit_headers replace|pass
 //		first_byte_timeout    <duration>
@@ -129,7 +131,7 @@ func declareInCaddyfile(state map[string]any, r *Relay, by string) error {
 //		}
 //
 //		pricing {
-//			<model> input <usd> output <usd> [cache_read <usd>] [cache_write <usd>] [cache_write_1h <usd>] [above <tokens> input <usd> ...]
+//			<model> input <usd> output <usd> [cache_read <usd>] [cache_write <usd>] [cache_write_1h <usd>] [batch <factor>] [above <tokens> input <usd> ...]
 //		}
 //
 //		group <name> {
@@ -172,6 +174,14 @@ func (r *Relay) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "max_response_size":
 			if err := parseSize(d, &r.MaxResponseSize); err != nil {
 				return err
+			}
+		case "max_upload_size":
+			if err := parseSize(d, &r.MaxUploadSize); err != nil {
+				return err
+			}
+		case "resource_secret":
+			if !d.AllArgs(&r.ResourceSecret) {
+				return d.ArgErr()
 			}
 		case "read_body_timeout":
 			if err := parseDuration(d, &r.ReadBodyTimeout); err != nil {
@@ -352,9 +362,10 @@ func parseBlock(d *caddyfile.Dispenser, what string, o options) error {
 
 // parsePricing parses a `pricing { ... }` block: one line per model,
 //
-//	<model> input <usd> output <usd> [cache_read <usd>] [cache_write <usd>] [cache_write_1h <usd>] [above <tokens> input <usd> output <usd> ...]
+//	<model> input <usd> output <usd> [cache_read <usd>] [cache_write <usd>] [cache_write_1h <usd>] [batch <factor>] [above <tokens> input <usd> output <usd> ...]
 //
-// in US dollars per million tokens; the pairs after `above` price the
+// in US dollars per million tokens (batch: the fraction of them Message
+// Batches cost, default 0.5); the pairs after `above` price the
 // requests whose prompt is larger than that many tokens.
 func parsePricing(d *caddyfile.Dispenser, r *Relay) error {
 	if d.NextArg() {
@@ -397,8 +408,13 @@ func parsePricing(d *caddyfile.Dispenser, r *Relay) error {
 				cur.CacheWrite = &f
 			case "cache_write_1h":
 				cur.CacheWrite1h = &f
+			case "batch":
+				if cur != &p || f < 0 {
+					return d.Errf("pricing %s: batch is a factor of the whole price, not negative, before above", model)
+				}
+				cur.Batch = &f
 			default:
-				return d.Errf("pricing %s: unknown price %q (input, output, cache_read, cache_write, cache_write_1h, above)", model, name)
+				return d.Errf("pricing %s: unknown price %q (input, output, cache_read, cache_write, cache_write_1h, batch, above)", model, name)
 			}
 		}
 		if _, dup := r.Pricing[model]; dup {

@@ -88,6 +88,15 @@ var (
 		Name: "relay_capability_misses_total",
 		Help: "Attempts a channel's upstream refused for a feature its wire does not support (the relay failed over and set the feature aside on the channel), by channel and feature (a name of the feature table, or other).",
 	}, []string{"channel", "feature"})
+	metricResources = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "relay_resource_requests_total",
+		Help: "Successful calls of the Message Batches and Files APIs, by group, the channel that holds the item (none for a list, which asks them all), resource (batches, files) and operation (create, list, get, delete, cancel, results, content). Files cost nothing; this is how they are counted.",
+	}, []string{"group", "channel", "resource", "op"})
+
+	metricBatchResultsAccounted = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "relay_batch_results_accounted_total",
+		Help: "Batches whose results were accounted (tokens, cost at the batch price, the key's spend and token limit), by group and channel: once per batch, at its first read.",
+	}, []string{"group", "channel"})
 
 	metricStorageUp = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "relay_storage_up",
@@ -120,6 +129,7 @@ var collectors = []prometheus.Collector{
 	metricTokens, metricCost, metricWasted, metricIncomplete, metricDropped, metricStates,
 	metricRateLimited, metricQueueWait, metricQueueDepth, metricFallbacks, metricSpend,
 	metricCapabilityMisses,
+	metricResources, metricBatchResultsAccounted,
 }
 
 // storageCollectors are registered only by a config with storage.

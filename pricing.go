@@ -24,6 +24,10 @@ type Price struct {
 	// with the 1-hour TTL. Default: 2 times Input.
 	CacheWrite1h *float64 `json:"cache_write_1h,omitempty"`
 
+	// Batch is the fraction of these prices that the results of Message
+	// Batches cost, as Anthropic bills them at half price. Default: 0.5.
+	Batch *float64 `json:"batch,omitempty"`
+
 	// LongPrompt, when set, is the price of every token of a request whose
 	// prompt (input, cache reads and cache writes together) is larger than
 	// LongPrompt.Above tokens, as Anthropic bills long prompts on some
@@ -39,9 +43,14 @@ type LongPromptPrice struct {
 	Price
 }
 
+// defaultBatchFactor is the part of the list price that Message Batches
+// cost.
+const defaultBatchFactor = 0.5
+
 // rates is a Price with every default filled in, per token.
 type rates struct {
 	input, output, cacheRead, cacheWrite, cacheWrite1h float64
+	batch                                              float64 // the fraction of the prices a batch's results cost
 	above                                              int64
 	long                                               *rates
 }
@@ -60,6 +69,7 @@ func (p Price) rates() *rates {
 		cacheRead:    or(p.CacheRead, p.Input*0.1) * perToken,
 		cacheWrite:   or(p.CacheWrite, p.Input*1.25) * perToken,
 		cacheWrite1h: or(p.CacheWrite1h, p.Input*2) * perToken,
+		batch:        or(p.Batch, defaultBatchFactor),
 	}
 	if p.LongPrompt != nil {
 		r.above = p.LongPrompt.Above

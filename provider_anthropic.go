@@ -93,12 +93,17 @@ func (p *AnthropicProvider) NewRequest(ctx context.Context, c *Call) (*http.Requ
 		return nil, err
 	}
 	c.ForwardHeaders(req.Header)
+	p.authorize(req)
+	return req, nil
+}
+
+// authorize sets the channel's credential on an upstream request.
+func (p *AnthropicProvider) authorize(req *http.Request) {
 	if p.Auth == "bearer" {
 		req.Header.Set("Authorization", "Bearer "+p.apiKey)
 	} else {
 		req.Header.Set("X-Api-Key", p.apiKey)
 	}
-	return req, nil
 }
 
 // Response implements Provider: Anthropic's answers are Anthropic's.
@@ -201,6 +206,32 @@ func optionOwners(opt string) string {
 // Interface guards
 var (
 	_ Provider              = (*AnthropicProvider)(nil)
+	_ ResourceProvider      = (*AnthropicProvider)(nil)
 	_ caddy.Provisioner     = (*AnthropicProvider)(nil)
 	_ caddyfile.Unmarshaler = (*AnthropicProvider)(nil)
 )
+
+// ServesResource implements ResourceProvider: Anthropic serves Message
+// Batches and Files.
+func (*AnthropicProvider) ServesResource(resource string) bool {
+	return resource == ResourceBatches || resource == ResourceFiles
+}
+
+// NewResourceRequest implements ResourceProvider.
+func (p *AnthropicProvider) NewResourceRequest(ctx context.Context, c *ResourceCall) (*http.Request, error) {
+	u := p.base + c.Path
+	if c.RawQuery != "" {
+		u += "?" + c.RawQuery
+	}
+	req, err := http.NewRequestWithContext(ctx, c.Method, u, c.Body)
+	if err != nil {
+		return nil, err
+	}
+	req.ContentLength = c.ContentLength
+	if c.Body == nil {
+		req.ContentLength = 0
+	}
+	c.ForwardHeaders(req.Header)
+	p.authorize(req)
+	return req, nil
+}

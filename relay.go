@@ -17,6 +17,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/certmagic"
 	"go.uber.org/zap"
 )
 
@@ -44,6 +45,22 @@ type Relay struct {
 	// Streams are forwarded event by event and bounded per event only.
 	// Default: 64 MiB.
 	MaxResponseSize int64 `json:"max_response_size,omitempty"`
+
+	// MaxUploadSize is the largest file a client may upload through the
+	// Files API, in bytes; a larger one gets a 413 request_too_large.
+	// Uploads stream to the upstream without being held in memory, so they
+	// fail over to another channel only before their first byte is sent.
+	// Default: 500 MB, Anthropic's own limit.
+	MaxUploadSize int64 `json:"max_upload_size,omitempty"`
+
+	// ResourceSecret keys the MAC of the batch and file ids the relay
+	// gives clients (an id names the channel that holds the item, and
+	// cannot be forged or used from another group). Use a placeholder
+	// such as {env.RELAY_RESOURCE_SECRET}. Without it, the relay generates
+	// a secret once and keeps it in Caddy's storage, or, in fleet mode, in
+	// Redis, so every relay of a fleet reads the others' ids. Changing it
+	// makes every id given before unknown.
+	ResourceSecret string `json:"resource_secret,omitempty"`
 
 	// Tuning holds the default timeouts and cooldowns of every channel.
 	Tuning
@@ -108,8 +125,10 @@ type Relay struct {
 	fleetKey           string          // its entry in fleets
 	logger             *zap.Logger
 	prices             pricebook
-	modelNames         map[string]bool // every model a channel lists, for metric labels
-	passRatelimit      bool            // upstream_ratelimit_headers pass
+	modelNames         map[string]bool   // every model a channel lists, for metric labels
+	passRatelimit      bool              // upstream_ratelimit_headers pass
+	secret             *resourceSecret   // keys the MAC of batch and file ids
+	storage            certmagic.Storage // Caddy's storage; nil in a unit test's context
 	rand               randIntN
 	now                func() time.Time
 }
@@ -117,6 +136,7 @@ type Relay struct {
 const (
 	defaultMaxBodySize     = 32 << 20
 	defaultMaxResponseSize = 64 << 20
+	defaultMaxUploadSize   = 500_000_000
 	defaultReadBodyTimeout = 30 * time.Second
 	defaultRetries         = 2
 )
@@ -141,6 +161,9 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 	if r.MaxResponseSize == 0 {
 		r.MaxResponseSize = defaultMaxResponseSize
 	}
+	if r.MaxUploadSize == 0 {
+		r.MaxUploadSize = defaultMaxUploadSize
+	}
 	if r.ReadBodyTimeout == 0 {
 		r.ReadBodyTimeout = caddy.Duration(defaultReadBodyTimeout)
 	}
@@ -160,6 +183,10 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 	}
 	if err := r.joinFleet(ctx); err != nil {
 		return err
+	}
+	r.storage = configStorage(ctx)
+	if err := r.provisionResourceSecret(ctx); err != nil {
+		return fmt.Errorf("resource_secret: %w", err)
 	}
 	spend.use(ctx, r.logger)
 	r.usesSpend = true
@@ -282,6 +309,9 @@ func (r *Relay) serve(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 	if in.route == routeModels || in.route == routeModel {
 		return refused(serveModels(w, req, in))
 	}
+	if in.route == routeResource {
+		return r.serveResource(w, req, in)
+	}
 	// the key's slot is taken before the body is read, so a key's slow
 	// clients wait for their turn instead of holding memory
 	if rerr = r.admitKey(in, req.ContentLength); rerr != nil {
@@ -296,6 +326,11 @@ func (r *Relay) serve(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 	defer in.releaseBody()
 	if rerr = in.inspect(); rerr != nil {
 		return refused(rerr)
+	}
+	if mayReferenceFiles(in.body) { // it may use uploaded files: only their channel has them
+		if rerr = r.pinToFiles(in); rerr != nil {
+			return refused(rerr)
+		}
 	}
 	r.chargeKeyTokens(in)
 	if rerr = r.admitEndUser(in); rerr != nil {
@@ -435,6 +470,9 @@ func (r *Relay) chargeKeyTokens(in *inbound) {
 // its answer or is gone.
 func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) *failure {
 	g := in.key.group
+	if in.pinned != nil {
+		g = in.pinned
+	}
 	g.state.budget.request(r.now())
 	in.sel = selection{model: in.model, tried: in.triedBuf[:0], rand: r.rand}
 	sel := &in.sel

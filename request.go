@@ -28,7 +28,8 @@ const (
 	routeMessages route = iota + 1
 	routeCountTokens
 	routeModels
-	routeModel // GET /v1/models/{id}
+	routeModel    // GET /v1/models/{id}
+	routeResource // the Message Batches and Files APIs (resources.go)
 	routeCount
 )
 
@@ -65,6 +66,8 @@ func routeOf(req *http.Request) (route, *relayError) {
 		rt = routeModels
 	case strings.HasPrefix(p, "/v1/models/") && len(p) > len("/v1/models/") && !strings.Contains(p[len("/v1/models/"):], "/"):
 		rt = routeModel
+	case isResourcePath(p):
+		return routeResource, nil // its methods are checked with its operation
 	default:
 		return 0, errNotFound(p)
 	}
@@ -178,6 +181,9 @@ type inbound struct {
 	endUserPending  *limiter
 	endUserEstimate int64
 	fallbacks       int // fallback models tried so far
+	// pinned, for a message that references files, is its group with only
+	// the channel that holds them
+	pinned *group
 
 	call    Call          // the current attempt's, for its provider
 	bodyBuf *bytes.Buffer // the pooled buffer behind body; nil once released

@@ -372,7 +372,8 @@ func TestRouteOf(t *testing.T) {
 		{"DELETE", "/v1/models/claude-sonnet-4-5", 0, 405, "GET"},
 		{"POST", "/v1/complete", 0, 404, ""},
 		{"POST", "/v1/messages/", 0, 404, ""},
-		{"POST", "/v1/messages/batches", 0, 404, ""},
+		{"POST", "/v1/messages/batches", routeResource, 0, ""}, // its operation and method are checked by serveResource
+		{"POST", "/v1/messages/batchesx", 0, 404, ""},
 		{"GET", "/v1/models/", 0, 404, ""},
 		{"GET", "/v1/models/a/b", 0, 404, ""},
 		{"GET", "/", 0, 404, ""},
