@@ -80,7 +80,7 @@ func (r *Relay) try(w http.ResponseWriter, req *http.Request, in *inbound, ch *c
 // 400 stays the client's answer.
 func (r *Relay) lacking(v *verdict, in *inbound, ch *channel, body []byte) {
 	lacked := lackedFeatures(ch.features.wording, body, &in.needs)
-	if len(lacked) == 0 || in.key == nil || !in.key.group.anotherTakes(&in.sel, ch, lacked) {
+	if len(lacked) == 0 || in.key == nil || !in.group().anotherTakes(&in.sel, ch, lacked) {
 		return
 	}
 	v.outcome, v.reason, v.features = outcomeLacksFeature, "lacks "+strings.Join(lacked, ", "), lacked

@@ -469,10 +469,7 @@ func (r *Relay) chargeKeyTokens(in *inbound) {
 // to answer when no upstream answer was committed, nil when the client has
 // its answer or is gone.
 func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) *failure {
-	g := in.key.group
-	if in.pinned != nil {
-		g = in.pinned
-	}
+	g := in.group()
 	g.state.budget.request(r.now())
 	in.sel = selection{model: in.model, tried: in.triedBuf[:0], rand: r.rand}
 	sel := &in.sel

@@ -193,6 +193,15 @@ type inbound struct {
 	writing atomic.Int32
 }
 
+// group is the group whose channels serve the request: its key's, or only
+// the channel that holds the files it references (pinned).
+func (in *inbound) group() *group {
+	if in.pinned != nil {
+		return in.pinned
+	}
+	return in.key.group
+}
+
 // billed is what the request used against token limits.
 func (in *inbound) billed() int64 { return billedTokens(in.usage) }
 
