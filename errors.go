@@ -23,7 +23,7 @@ type relayError struct {
 
 func errNotFound(path string) *relayError {
 	return &relayError{status: http.StatusNotFound, typ: "not_found_error",
-		msg: "no such endpoint: " + path + " (the relay serves POST /v1/messages, POST /v1/messages/count_tokens and GET /v1/models)"}
+		msg: "no such endpoint: " + path + " (the relay serves POST /v1/messages, POST /v1/messages/count_tokens, POST /v1/chat/completions and GET /v1/models)"}
 }
 
 func errMethod(method, allow string) *relayError {

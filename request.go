@@ -61,6 +61,8 @@ func routeOf(req *http.Request) (route, *relayError) {
 	rt := routeByPath(p)
 	switch {
 	case rt != 0:
+	case p == PathChatCompletions:
+		rt = routeMessages // translated to a message (openai.go)
 	case p == "/v1/models":
 		rt = routeModels
 	case strings.HasPrefix(p, "/v1/models/") && len(p) > len("/v1/models/") && !strings.Contains(p[len("/v1/models/"):], "/"):
@@ -149,6 +151,7 @@ type inbound struct {
 	target  string // the model being served: model, or a fallback of it
 	userID  string // metadata.user_id, for sticky sessions
 	stream  bool
+	chat    *chat // a Chat Completions request, translated; nil for Anthropic's routes
 	caps    capability
 	// modelStart and modelEnd delimit the raw model value (quotes included)
 	// in body, so a mapped name is spliced in without re-encoding the JSON.
