@@ -228,7 +228,6 @@ func (e *chatError) Error() string { return e.msg }
 
 func badParam(param, msg string) *chatError { return &chatError{param: param, msg: param + ": " + msg} }
 
-
 // translateChat writes to dst the Messages body that is relayed in place
 // of a Chat Completions body. Every parameter is either carried over,
 // accepted at a value that asks for nothing, or refused with a 400 naming

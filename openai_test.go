@@ -169,12 +169,12 @@ func TestChatCompletionTools(t *testing.T) {
 	}
 	body := up.Last(t).Body
 	for path, want := range map[string]string{
-		"messages.1.content.0":     `{"type":"tool_use","id":"call_a","name":"get_weather","input":{"city":"Rome"}}`,
-		"messages.2.content.0":     `{"type":"tool_result","tool_use_id":"call_a","content":[{"type":"text","text":"Sunny"}]}`,
-		"tools.0":                  `{"name":"get_weather","description":"Weather of a city","input_schema":{"properties":{"city":{"type":"string"}},"type":"object"}}`,
-		"tool_choice":              `{"type":"any","disable_parallel_tool_use":true}`,
-		"messages.2.role":          `"user"`,
-		"messages.#":               `3`,
+		"messages.1.content.0":      `{"type":"tool_use","id":"call_a","name":"get_weather","input":{"city":"Rome"}}`,
+		"messages.2.content.0":      `{"type":"tool_result","tool_use_id":"call_a","content":[{"type":"text","text":"Sunny"}]}`,
+		"tools.0":                   `{"name":"get_weather","description":"Weather of a city","input_schema":{"properties":{"city":{"type":"string"}},"type":"object"}}`,
+		"tool_choice":               `{"type":"any","disable_parallel_tool_use":true}`,
+		"messages.2.role":           `"user"`,
+		"messages.#":                `3`,
 		"messages.0.content.0.text": `"Weather in Paris and Rome?"`,
 	} {
 		if got := gjson.GetBytes(body, path).Raw; got != want {
