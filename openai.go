@@ -147,16 +147,16 @@ type chatFormat struct {
 type msgRequest struct {
 	Model         string           `json:"model"`
 	MaxTokens     int64            `json:"max_tokens"`
-	System        []msgBlock       `json:"system,omitempty"`
+	System        []msgBlock       `json:"system,omitzero"`
 	Messages      []msgMessage     `json:"messages"`
-	StopSequences []string         `json:"stop_sequences,omitempty"`
-	Temperature   *float64         `json:"temperature,omitempty"`
-	TopP          *float64         `json:"top_p,omitempty"`
-	Tools         []msgTool        `json:"tools,omitempty"`
-	ToolChoice    *msgToolChoice   `json:"tool_choice,omitempty"`
-	Thinking      *msgThinking     `json:"thinking,omitempty"`
-	OutputConfig  *msgOutputConfig `json:"output_config,omitempty"`
-	Metadata      *msgMetadata     `json:"metadata,omitempty"`
+	StopSequences []string         `json:"stop_sequences,omitzero"`
+	Temperature   *float64         `json:"temperature,omitzero"`
+	TopP          *float64         `json:"top_p,omitzero"`
+	Tools         []msgTool        `json:"tools,omitzero"`
+	ToolChoice    *msgToolChoice   `json:"tool_choice,omitzero"`
+	Thinking      *msgThinking     `json:"thinking,omitzero"`
+	OutputConfig  *msgOutputConfig `json:"output_config,omitzero"`
+	Metadata      *msgMetadata     `json:"metadata,omitzero"`
 	Stream        bool             `json:"stream,omitzero"`
 }
 
@@ -168,42 +168,42 @@ type msgMessage struct {
 // msgBlock is a content block of any type: the fields of its type are set.
 type msgBlock struct {
 	Type      string         `json:"type"`
-	Text      *string        `json:"text,omitempty"`
-	Source    *msgSource     `json:"source,omitempty"`
-	ID        string         `json:"id,omitempty"`
-	Name      string         `json:"name,omitempty"`
-	Input     jsontext.Value `json:"input,omitempty"`
-	ToolUseID string         `json:"tool_use_id,omitempty"`
-	Content   []msgBlock     `json:"content,omitempty"`
+	Text      *string        `json:"text,omitzero"`
+	Source    *msgSource     `json:"source,omitzero"`
+	ID        string         `json:"id,omitzero"`
+	Name      string         `json:"name,omitzero"`
+	Input     jsontext.Value `json:"input,omitzero"`
+	ToolUseID string         `json:"tool_use_id,omitzero"`
+	Content   []msgBlock     `json:"content,omitzero"`
 }
 
 type msgSource struct {
 	Type      string `json:"type"`
-	MediaType string `json:"media_type,omitempty"`
-	Data      string `json:"data,omitempty"`
-	URL       string `json:"url,omitempty"`
+	MediaType string `json:"media_type,omitzero"`
+	Data      string `json:"data,omitzero"`
+	URL       string `json:"url,omitzero"`
 }
 
 type msgTool struct {
 	Name        string         `json:"name"`
-	Description string         `json:"description,omitempty"`
+	Description string         `json:"description,omitzero"`
 	InputSchema jsontext.Value `json:"input_schema"`
-	Strict      *bool          `json:"strict,omitempty"`
+	Strict      *bool          `json:"strict,omitzero"`
 }
 
 type msgToolChoice struct {
 	Type                   string `json:"type"`
-	Name                   string `json:"name,omitempty"`
-	DisableParallelToolUse bool   `json:"disable_parallel_tool_use,omitempty"`
+	Name                   string `json:"name,omitzero"`
+	DisableParallelToolUse bool   `json:"disable_parallel_tool_use,omitzero"`
 }
 
 type msgThinking struct {
 	Type         string `json:"type"`
-	BudgetTokens int64  `json:"budget_tokens,omitempty"`
+	BudgetTokens int64  `json:"budget_tokens,omitzero"`
 }
 
 type msgOutputConfig struct {
-	Format *msgFormat `json:"format,omitempty"`
+	Format *msgFormat `json:"format,omitzero"`
 }
 
 type msgFormat struct {
