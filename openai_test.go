@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/anthropics/anthropic-sdk-go/v2"
 	"github.com/caddy-relay/relay/internal/fakeupstream"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
@@ -363,6 +364,17 @@ func TestModelsListServesBothSDKs(t *testing.T) {
 	m, err := c.Models.Get(context.Background(), "claude-haiku-4-5")
 	if err != nil || m.ID != "claude-haiku-4-5" {
 		t.Errorf("model = %+v, %v", m, err)
+	}
+
+	// the Anthropic SDK reads the same list, and pages through it
+	sdk := anthropicSDK()
+	pager := sdk.Models.ListAutoPaging(context.Background(), anthropic.ModelListParams{Limit: anthropic.Int(1)})
+	var ids []string
+	for pager.Next() {
+		ids = append(ids, pager.Current().ID)
+	}
+	if err := pager.Err(); err != nil || strings.Join(ids, " ") != "claude-sonnet-4-5 claude-haiku-4-5" {
+		t.Errorf("anthropic SDK: %v, %v", ids, err)
 	}
 }
 

@@ -306,3 +306,40 @@ func TestOpenAIProviderRefusesWhatItCannotCarry(t *testing.T) {
 		t.Errorf("simple message: %d %s", r.status, r.body)
 	}
 }
+
+func TestOpenAIProviderCaddyfile(t *testing.T) {
+	cfg, err := parseRelay(t, "relay {\n\tkey sk-client-secret-0123456789 prod\n\tchannel o {\n\t\tprovider openai\n\t\turl https://llm.example/v1/\n\t\tapi_key {env.RESELLER}\n\t\tmodels claude-sonnet-4-5=anthropic/claude-sonnet-4.5\n\t}\n\tgroup prod {\n\t\tchannels o\n\t}\n}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := string(cfg.Channels[0].UpstreamRaw)
+	if up != `{"api_key":"{env.RESELLER}","provider":"openai","url":"https://llm.example/v1/"}` {
+		t.Errorf("upstream = %s", up)
+	}
+	if got := (&OpenAIProvider{URL: "https://llm.example/v1/"}).BaseURL(); got != "https://llm.example/v1" {
+		t.Errorf("base URL = %s", got)
+	}
+	if (&OpenAIProvider{}).BaseURL() != defaultOpenAIURL {
+		t.Error("no default URL")
+	}
+	_, err = parseRelay(t, "relay {\n\tkey sk-client-secret-0123456789 prod\n\tchannel o {\n\t\tprovider openai\n\t}\n\tgroup prod {\n\t\tchannels o\n\t}\n}\n")
+	if err == nil || !strings.Contains(err.Error(), "no api_key") {
+		t.Errorf("without api_key: %v", err)
+	}
+}
+
+// TestChatCompletionThroughAnOpenAIChannel: an OpenAI client served by an
+// OpenAI-format upstream goes through both translations and gets its
+// answer, stream and usage.
+func TestChatCompletionThroughAnOpenAIChannel(t *testing.T) {
+	up := fakeupstream.New(t, answerChat(chatReply))
+	startRelay(t, openaiChannel("oai-both", up.URL)+keyAndGroup("oai-both", "oai-both"))
+	r := send(t, http.MethodPost, "/v1/chat/completions", clientKey, `{"model":"claude-sonnet-4-5","messages":[{"role":"user","content":"Hi"}],"max_tokens":20}`)
+	if r.status != 200 || gjson.GetBytes(r.body, "choices.0.message.content").Str != "Hello there" ||
+		gjson.GetBytes(r.body, "usage.prompt_tokens").Int() != 12 || gjson.GetBytes(r.body, "usage.prompt_tokens_details.cached_tokens").Int() != 4 {
+		t.Errorf("%d %s", r.status, r.body)
+	}
+	if got := string(up.Last(t).Body); got != `{"model":"claude-sonnet-4-5","messages":[{"role":"user","content":[{"type":"text","text":"Hi"}]}],"max_tokens":20}` {
+		t.Errorf("upstream body %s", got)
+	}
+}
