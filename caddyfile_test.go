@@ -382,8 +382,8 @@ func TestCaddyfileErrors(t *testing.T) {
 		},
 		{
 			name:  "unknown provider",
-			input: caddyfileWith("", "channel a {\n\tprovider openai\n\tapi_key {env.A}\n}\n", ""),
-			want:  []string{`channel "a"`, `unknown provider "openai"`},
+			input: caddyfileWith("", "channel a {\n\tprovider azure\n\tapi_key {env.A}\n}\n", ""),
+			want:  []string{`channel "a"`, `unknown provider "azure"`},
 		},
 		{
 			name:  "unknown allow value",
