@@ -2,7 +2,9 @@ package relay
 
 import (
 	"bytes"
+	"cmp"
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptrace"
@@ -108,6 +110,12 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 	call := in.callFor(ch)
 	upReq, err := ch.provider.NewRequest(ctx, call)
 	if err != nil {
+		var ue UpstreamError
+		if errors.As(err, &ue) { // the provider answers for its upstream
+			body := (&relayError{typ: anthropicType(ue.Status), msg: ue.Message}).body(cmp.Or(ue.RequestID, in.id))
+			h := http.Header{"Content-Type": {"application/json"}}
+			return attemptResult{verdict: classifyStatus(ue.Status, h, body, r.now()), channel: ch, status: ue.Status, header: h, body: body}
+		}
 		return fail(err)
 	}
 	dl := &deadline{cancel: cancel}

@@ -103,7 +103,7 @@ func declareInCaddyfile(state map[string]any, r *Relay, by string) error {
 //		}
 //
 //		channel <name> {
-//			provider  anthropic|bedrock|vertex|mock|<another registered provider> [{
+//			provider  anthropic|bedrock|vertex|openai|mock|<another registered provider> [{
 //				<the provider's options>
 //			}]
 //			# the provider's options may also stand on the channel's own

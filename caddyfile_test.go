@@ -388,8 +388,8 @@ func TestCaddyfileErrors(t *testing.T) {
 		},
 		{
 			name:  "unknown provider",
-			input: caddyfileWith("", "channel a {\n\tprovider openai\n\tapi_key {env.A}\n}\n", ""),
-			want:  []string{`channel "a"`, `unknown provider "openai"`},
+			input: caddyfileWith("", "channel a {\n\tprovider azure\n\tapi_key {env.A}\n}\n", ""),
+			want:  []string{`channel "a"`, `unknown provider "azure"`},
 		},
 		{
 			name:  "unknown allow value",
@@ -830,6 +830,7 @@ func TestCaddyfileErrorsPointAtTheirLine(t *testing.T) {
 		"disabled given an argument":               base("\tkey sk-other-secret-0123456789 prod {\n\t\tdisabled yes # here\n\t}\n", "", ""),
 		"a split of no share":                      base("", "", "\t\tsplit a 0 # here\n"),
 		"a channel's bad price factor":             base("", "\t\tprice_factor -1 # here\n", ""),
+		"an openai channel's bedrock option":       base("", "\t\tprovider openai\n\t\tregion us-east-1 # here\n", ""),
 	} {
 		wantErrorAtMarkedLine(t, name, src)
 	}

@@ -8,17 +8,23 @@ import (
 	"strings"
 )
 
-// modelInfo is one entry of GET /v1/models, in Anthropic's shape.
+// modelInfo is one entry of GET /v1/models, in Anthropic's shape and
+// OpenAI's at once: each SDK reads its own fields and ignores the others'.
 type modelInfo struct {
 	Type        string `json:"type"`
 	ID          string `json:"id"`
 	DisplayName string `json:"display_name"`
-	// CreatedAt is required by the SDKs; the relay does not know a model's
-	// release date, so it reports the Unix epoch.
+	// CreatedAt (Anthropic's) and Created (OpenAI's) are required by the
+	// SDKs; the relay does not know a model's release date, so they are
+	// the Unix epoch.
 	CreatedAt string `json:"created_at"`
+	Object    string `json:"object"`
+	Created   int64  `json:"created"`
+	OwnedBy   string `json:"owned_by"`
 }
 
 type modelList struct {
+	Object  string      `json:"object"` // OpenAI's "list"
 	Data    []modelInfo `json:"data"`
 	HasMore bool        `json:"has_more"`
 	FirstID *string     `json:"first_id"`
@@ -69,7 +75,7 @@ func serveModels(w http.ResponseWriter, req *http.Request, in *inbound) *relayEr
 			}
 		}
 	}
-	list := modelList{Data: make([]modelInfo, 0, min(limit, len(page)))}
+	list := modelList{Object: "list", Data: make([]modelInfo, 0, min(limit, len(page)))}
 	if len(page) > limit {
 		page, list.HasMore = page[:limit], true
 	}
@@ -85,7 +91,7 @@ func serveModels(w http.ResponseWriter, req *http.Request, in *inbound) *relayEr
 }
 
 func info(id string) modelInfo {
-	return modelInfo{Type: "model", ID: id, DisplayName: id, CreatedAt: "1970-01-01T00:00:00Z"}
+	return modelInfo{Type: "model", ID: id, DisplayName: id, CreatedAt: "1970-01-01T00:00:00Z", Object: "model", OwnedBy: "anthropic"}
 }
 
 func writeJSON(w http.ResponseWriter, v any) {

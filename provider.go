@@ -154,6 +154,12 @@ type UpstreamError struct {
 	RefusesModel bool
 }
 
+// Error makes an UpstreamError an error a provider's NewRequest may
+// return: the attempt then ends as if the upstream had answered it, so a
+// request the provider cannot carry is the client's 400, not a failure of
+// the channel.
+func (e UpstreamError) Error() string { return e.Message }
+
 // Response replaces resp with the Anthropic error, keeping resp's headers,
 // so the classification table and the client see what Anthropic would
 // send.

@@ -289,6 +289,12 @@ func (r *Relay) ServeHTTP(w http.ResponseWriter, req *http.Request, _ caddyhttp.
 		repl.Map(in.placeholder)
 	}
 	defer r.account(in)
+	if req.URL.Path == PathChatCompletions {
+		in.chat = new(chat)
+		cw := newChatWriter(w, in)
+		defer cw.finish()
+		w = cw
+	}
 	w.Header().Set("X-Relay-Request-Id", in.id)
 	if f := r.serve(w, req, in); f != nil {
 		r.answer(w, in, f)
@@ -324,6 +330,11 @@ func (r *Relay) serve(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 	}
 	in.bodyBuf, in.body = buf, buf.Bytes()
 	defer in.releaseBody()
+	if in.chat != nil {
+		if rerr = in.translateChat(); rerr != nil {
+			return refused(rerr)
+		}
+	}
 	if rerr = in.inspect(); rerr != nil {
 		return refused(rerr)
 	}

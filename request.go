@@ -62,6 +62,8 @@ func routeOf(req *http.Request) (route, *relayError) {
 	rt := routeByPath(p)
 	switch {
 	case rt != 0:
+	case p == PathChatCompletions:
+		rt = routeMessages // translated to a message (openai.go)
 	case p == "/v1/models":
 		rt = routeModels
 	case strings.HasPrefix(p, "/v1/models/") && len(p) > len("/v1/models/") && !strings.Contains(p[len("/v1/models/"):], "/"):
@@ -152,6 +154,7 @@ type inbound struct {
 	target   string // the model being served: model, or a fallback of it
 	userID   string // metadata.user_id, for sticky sessions
 	stream   bool
+	chat     *chat     // a Chat Completions request, translated; nil for Anthropic's routes
 	needs    needs     // the features it carries
 	sel      selection // its channels, as the relay picks them
 	triedBuf [4]*channel
@@ -295,7 +298,7 @@ func (in *inbound) inspect() *relayError {
 		if err != nil {
 			return errBodyJSON(err)
 		}
-		field := jsonString(name)
+		field := unquoteJSON(name)
 		if field == "tools" && dec.PeekKind() == '[' {
 			if err := in.scanTools(dec); err != nil {
 				return errBodyJSON(err)
@@ -338,7 +341,7 @@ func (in *inbound) inspect() *relayError {
 	if model.Kind() != '"' || len(model) == 2 {
 		return errInvalid("model: must be a non-empty string")
 	}
-	name := jsonString(model) // valid: the scan checked it
+	name := unquoteJSON(model) // valid: the scan checked it
 	if msg := modelIDProblem(name); msg != "" {
 		return errInvalid("model: " + msg)
 	}
@@ -381,8 +384,8 @@ func (in *inbound) scanTools(dec *jsontext.Decoder) error {
 			if err != nil {
 				return err
 			}
-			if v.Kind() == '"' && jsonString(name) == "type" {
-				in.needs.set |= toolFeature(jsonString(v))
+			if v.Kind() == '"' && unquoteJSON(name) == "type" {
+				in.needs.set |= toolFeature(unquoteJSON(v))
 			}
 		}
 		if _, err := dec.ReadToken(); err != nil { // }
@@ -393,10 +396,10 @@ func (in *inbound) scanTools(dec *jsontext.Decoder) error {
 	return err
 }
 
-// jsonString is the string a raw JSON string holds: shared with the body
+// unquoteJSON is the string a raw JSON string holds: shared with the body
 // when it has no escape sequence (compare it, never keep it), decoded
 // when it has.
-func jsonString(raw []byte) string {
+func unquoteJSON(raw []byte) string {
 	if s := fieldName(raw); s != "" || len(raw) == 2 {
 		return s
 	}

@@ -1,0 +1,537 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/anthropics/anthropic-sdk-go/v2"
+	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/shared"
+	"github.com/tidwall/gjson"
+)
+
+// openaiClient is the official OpenAI SDK pointed at the relay, without
+// its own retries.
+func openaiClient(opts ...option.RequestOption) openai.Client {
+	return openai.NewClient(append([]option.RequestOption{
+		option.WithBaseURL(relayURL + "/v1/"), option.WithAPIKey(clientKey), option.WithMaxRetries(0),
+	}, opts...)...)
+}
+
+// wantOpenAIError checks that err is the SDK's API error with status,
+// type, code and param.
+func wantOpenAIError(t *testing.T, err error, status int, typ, code, param string) *openai.Error {
+	t.Helper()
+	var apiErr *openai.Error
+	if !errors.As(err, &apiErr) {
+		t.Fatalf("error = %v, want an *openai.Error", err)
+	}
+	if apiErr.StatusCode != status || apiErr.Type != typ || apiErr.Code != code || apiErr.Param != param {
+		t.Fatalf("error = %d %q %q %q, want %d %q %q %q (%s)", apiErr.StatusCode, apiErr.Type, apiErr.Code, apiErr.Param, status, typ, code, param, apiErr.Message)
+	}
+	return apiErr
+}
+
+func TestChatCompletionWithTheOpenAISDK(t *testing.T) {
+	up := fakeupstream.New(t, fakeupstream.Raw(http.StatusOK, []byte(`{"id":"msg_1","type":"message","role":"assistant","model":"claude-sonnet-4-5",`+
+		`"content":[{"type":"text","text":"Bonjour"}],"stop_reason":"end_turn","stop_sequence":null,`+
+		`"usage":{"input_tokens":7,"cache_read_input_tokens":20,"cache_creation_input_tokens":3,"output_tokens":4}}`)))
+	startRelay(t, channelBlock("oai-basic", up.URL)+keyAndGroup("oai-basic", "oai-basic"))
+
+	c := openaiClient()
+	resp, err := c.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{
+		Model: "claude-sonnet-4-5",
+		Messages: []openai.ChatCompletionMessageParamUnion{
+			openai.SystemMessage("Be brief."),
+			openai.DeveloperMessage("Answer in French."),
+			openai.UserMessage("Hello"),
+		},
+		MaxCompletionTokens: openai.Int(100),
+		Temperature:         openai.Float(0.5),
+		Stop:                openai.ChatCompletionNewParamsStopUnion{OfStringArray: []string{"END"}},
+		User:                openai.String("user-42"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := resp.Choices[0].Message.Content; got != "Bonjour" {
+		t.Errorf("content = %q, want Bonjour", got)
+	}
+	if resp.Choices[0].FinishReason != "stop" || resp.Object != "chat.completion" || resp.Model != "claude-sonnet-4-5" {
+		t.Errorf("finish_reason %q, object %q, model %q", resp.Choices[0].FinishReason, resp.Object, resp.Model)
+	}
+	if u := resp.Usage; u.PromptTokens != 30 || u.CompletionTokens != 4 || u.TotalTokens != 34 || u.PromptTokensDetails.CachedTokens != 20 {
+		t.Errorf("usage = %+v, want 30 prompt (20 cached), 4 completion", u)
+	}
+
+	got := up.Last(t)
+	if got.Path != "/v1/messages" {
+		t.Fatalf("upstream path = %s", got.Path)
+	}
+	want := `{"model":"claude-sonnet-4-5","max_tokens":100,"system":[{"type":"text","text":"Be brief."},{"type":"text","text":"Answer in French."}],` +
+		`"messages":[{"role":"user","content":[{"type":"text","text":"Hello"}]}],"stop_sequences":["END"],"temperature":0.5,"metadata":{"user_id":"user-42"}}`
+	if string(got.Body) != want {
+		t.Errorf("upstream body\n got %s\nwant %s", got.Body, want)
+	}
+	if got.Header.Get("Authorization") != "" || got.Header.Get("X-Api-Key") != channelKey {
+		t.Errorf("upstream credentials: authorization %q, x-api-key %q", got.Header.Get("Authorization"), got.Header.Get("X-Api-Key"))
+	}
+}
+
+func TestChatCompletionStreamWithUsage(t *testing.T) {
+	up := fakeupstream.New(t, fakeupstream.Stream(fakeupstream.StreamEvents("claude-sonnet-4-5",
+		fakeupstream.Usage{InputTokens: 5, CacheReadInputTokens: 100, OutputTokens: 9}, "Hel", "lo \"world\"")...))
+	startRelay(t, channelBlock("oai-stream", up.URL)+keyAndGroup("oai-stream", "oai-stream"))
+
+	c := openaiClient()
+	stream := c.Chat.Completions.NewStreaming(context.Background(), openai.ChatCompletionNewParams{
+		Model:         "claude-sonnet-4-5",
+		Messages:      []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Hi")},
+		StreamOptions: openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)},
+	})
+	var acc openai.ChatCompletionAccumulator
+	chunks := 0
+	for stream.Next() {
+		acc.AddChunk(stream.Current())
+		chunks++
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got := acc.Choices[0].Message.Content; got != `Hello "world"` {
+		t.Errorf("content = %q", got)
+	}
+	if acc.Choices[0].FinishReason != "stop" {
+		t.Errorf("finish_reason = %q", acc.Choices[0].FinishReason)
+	}
+	if u := acc.Usage; u.PromptTokens != 105 || u.CompletionTokens != 9 || u.PromptTokensDetails.CachedTokens != 100 {
+		t.Errorf("usage = %+v", u)
+	}
+	if chunks != 5 { // role, two deltas, finish, usage
+		t.Errorf("%d chunks, want 5", chunks)
+	}
+	if !gjson.GetBytes(up.Last(t).Body, "stream").Bool() {
+		t.Errorf("upstream body does not stream: %s", up.Last(t).Body)
+	}
+}
+
+// toolReply is a Messages answer that calls a tool after a sentence.
+const toolReply = `{"id":"msg_t","type":"message","role":"assistant","model":"claude-sonnet-4-5","content":[` +
+	`{"type":"text","text":"Let me look."},{"type":"tool_use","id":"toolu_1","name":"get_weather","input":{"city":"Paris"}}],` +
+	`"stop_reason":"tool_use","stop_sequence":null,"usage":{"input_tokens":50,"output_tokens":20}}`
+
+func toolStreamEvents() []string {
+	return []string{
+		fakeupstream.Event("message_start", `{"type":"message_start","message":{"id":"msg_t","type":"message","role":"assistant","model":"claude-sonnet-4-5","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":50,"output_tokens":1}}}`),
+		fakeupstream.Event("content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"toolu_1","name":"get_weather","input":{}}}`),
+		fakeupstream.Event("content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"{\"city\":"}}`),
+		fakeupstream.Event("content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"\"Paris\"}"}}`),
+		fakeupstream.Event("content_block_stop", `{"type":"content_block_stop","index":0}`),
+		fakeupstream.Event("message_delta", `{"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"output_tokens":20}}`),
+		fakeupstream.Event("message_stop", `{"type":"message_stop"}`),
+	}
+}
+
+func TestChatCompletionTools(t *testing.T) {
+	up := fakeupstream.New(t, fakeupstream.Raw(http.StatusOK, []byte(toolReply)))
+	startRelay(t, channelBlock("oai-tools", up.URL)+keyAndGroup("oai-tools", "oai-tools"))
+	c := openaiClient()
+	params := openai.ChatCompletionNewParams{
+		Model: "claude-sonnet-4-5",
+		Messages: []openai.ChatCompletionMessageParamUnion{
+			openai.UserMessage("Weather in Paris and Rome?"),
+			{OfAssistant: &openai.ChatCompletionAssistantMessageParam{ToolCalls: []openai.ChatCompletionMessageToolCallUnionParam{
+				{OfFunction: &openai.ChatCompletionMessageFunctionToolCallParam{ID: "call_a", Function: openai.ChatCompletionMessageFunctionToolCallFunctionParam{Name: "get_weather", Arguments: `{"city":"Rome"}`}}},
+			}}},
+			openai.ToolMessage("Sunny", "call_a"),
+		},
+		Tools: []openai.ChatCompletionToolUnionParam{openai.ChatCompletionFunctionTool(shared.FunctionDefinitionParam{
+			Name: "get_weather", Description: openai.String("Weather of a city"),
+			Parameters: shared.FunctionParameters{"type": "object", "properties": map[string]any{"city": map[string]any{"type": "string"}}},
+		})},
+		ToolChoice:        openai.ChatCompletionToolChoiceOptionUnionParam{OfAuto: openai.String("required")},
+		ParallelToolCalls: openai.Bool(false),
+	}
+	resp, err := c.Chat.Completions.New(context.Background(), params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := resp.Choices[0].Message
+	if resp.Choices[0].FinishReason != "tool_calls" || m.Content != "Let me look." || len(m.ToolCalls) != 1 {
+		t.Fatalf("answer = %+v, finish %q", m, resp.Choices[0].FinishReason)
+	}
+	if tc := m.ToolCalls[0]; tc.ID != "toolu_1" || tc.Function.Name != "get_weather" || tc.Function.Arguments != `{"city":"Paris"}` {
+		t.Errorf("tool call = %+v", tc)
+	}
+	body := up.Last(t).Body
+	for path, want := range map[string]string{
+		"messages.1.content.0":      `{"type":"tool_use","id":"call_a","name":"get_weather","input":{"city":"Rome"}}`,
+		"messages.2.content.0":      `{"type":"tool_result","tool_use_id":"call_a","content":[{"type":"text","text":"Sunny"}]}`,
+		"tools.0":                   `{"name":"get_weather","description":"Weather of a city","input_schema":{"properties":{"city":{"type":"string"}},"type":"object"}}`,
+		"tool_choice":               `{"type":"any","disable_parallel_tool_use":true}`,
+		"messages.2.role":           `"user"`,
+		"messages.#":                `3`,
+		"messages.0.content.0.text": `"Weather in Paris and Rome?"`,
+	} {
+		if got := gjson.GetBytes(body, path).Raw; got != want {
+			t.Errorf("upstream %s = %s, want %s", path, got, want)
+		}
+	}
+
+	// streamed, the call arrives in pieces and the accumulator joins them
+	up.SetHandler(fakeupstream.Stream(toolStreamEvents()...))
+	stream := c.Chat.Completions.NewStreaming(context.Background(), params)
+	var acc openai.ChatCompletionAccumulator
+	var finished *openai.FinishedChatCompletionToolCall
+	for stream.Next() {
+		acc.AddChunk(stream.Current())
+		if tc, ok := acc.JustFinishedToolCall(); ok {
+			finished = &tc
+		}
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if acc.Choices[0].FinishReason != "tool_calls" || len(acc.Choices[0].Message.ToolCalls) != 1 {
+		t.Fatalf("streamed answer = %+v", acc.Choices[0])
+	}
+	if tc := acc.Choices[0].Message.ToolCalls[0]; tc.ID != "toolu_1" || tc.Function.Name != "get_weather" || tc.Function.Arguments != `{"city":"Paris"}` {
+		t.Errorf("streamed tool call = %+v", tc)
+	}
+	if finished == nil || finished.Arguments != `{"city":"Paris"}` {
+		t.Errorf("JustFinishedToolCall = %+v", finished)
+	}
+}
+
+func TestChatCompletionImages(t *testing.T) {
+	up := fakeupstream.New(t, fakeupstream.Message("a cat"))
+	startRelay(t, channelBlock("oai-img", up.URL)+keyAndGroup("oai-img", "oai-img"))
+	c := openaiClient()
+	_, err := c.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{
+		Model: "claude-sonnet-4-5",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage([]openai.ChatCompletionContentPartUnionParam{
+			openai.TextContentPart("What is this?"),
+			openai.ImageContentPart(openai.ChatCompletionContentPartImageImageURLParam{URL: "data:image/png;base64,iVBORw0KGgo=", Detail: "high"}),
+			openai.ImageContentPart(openai.ChatCompletionContentPartImageImageURLParam{URL: "https://example.com/cat.jpg"}),
+		})},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	content := gjson.GetBytes(up.Last(t).Body, "messages.0.content").Raw
+	want := `[{"type":"text","text":"What is this?"},{"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBORw0KGgo="}},{"type":"image","source":{"type":"url","url":"https://example.com/cat.jpg"}}]`
+	if content != want {
+		t.Errorf("upstream content\n got %s\nwant %s", content, want)
+	}
+
+	// a URL Claude cannot fetch is the client's error, before any upstream
+	hits := up.Hits()
+	_, err = c.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{
+		Model: "claude-sonnet-4-5",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage([]openai.ChatCompletionContentPartUnionParam{
+			openai.ImageContentPart(openai.ChatCompletionContentPartImageImageURLParam{URL: "ftp://example.com/cat.jpg"}),
+		})},
+	})
+	wantOpenAIError(t, err, 400, "invalid_request_error", "", "messages[0].content[0].image_url.url")
+	if up.Hits() != hits {
+		t.Error("a refused request reached the upstream")
+	}
+}
+
+func TestChatCompletionErrors(t *testing.T) {
+	up := fakeupstream.New(t, fakeupstream.Error(http.StatusTooManyRequests, "rate_limit_error", "slow down", "Retry-After", "7"))
+	startRelay(t, channelBlock("oai-err", up.URL)+keyAndGroup("oai-err", "oai-err"))
+	c := openaiClient()
+	hi := []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Hi")}
+
+	// refused by the translation: the parameter is named
+	_, err := c.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "claude-sonnet-4-5", Messages: hi, N: openai.Int(2)})
+	wantOpenAIError(t, err, 400, "invalid_request_error", "", "n")
+	_, err = c.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "claude-sonnet-4-5", Messages: hi},
+		option.WithJSONSet("best_of", 3))
+	wantOpenAIError(t, err, 400, "invalid_request_error", "", "best_of")
+	if up.Hits() != 0 {
+		t.Fatalf("refused requests reached the upstream %d times", up.Hits())
+	}
+
+	// a wrong key
+	bad := openaiClient(option.WithAPIKey("sk-wrong"))
+	_, err = bad.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "claude-sonnet-4-5", Messages: hi})
+	wantOpenAIError(t, err, 401, "invalid_request_error", "invalid_api_key", "")
+
+	// the upstream's 429, passed through with its wait, in OpenAI's shape
+	var raw *http.Response
+	_, err = c.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "claude-sonnet-4-5", Messages: hi}, option.WithResponseInto(&raw))
+	e := wantOpenAIError(t, err, 429, "rate_limit_error", "rate_limit_exceeded", "")
+	if e.Message != "slow down" || raw.Header.Get("Retry-After") != "7" {
+		t.Errorf("message %q, retry-after %q", e.Message, raw.Header.Get("Retry-After"))
+	}
+
+	// the relay's own refusal keeps its code
+	if code, b := adminPost(t, "oai-err", "disable"); code != http.StatusOK {
+		t.Fatalf("disable: %d %s", code, b)
+	}
+	_, err = c.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "claude-sonnet-4-5", Messages: hi})
+	wantOpenAIError(t, err, 503, "server_error", "no_healthy_channel", "")
+
+	// a wrong method on the route
+	r := send(t, http.MethodGet, "/v1/chat/completions", clientKey, "")
+	if r.status != 405 || gjson.GetBytes(r.body, "error.type").Str != "invalid_request_error" || gjson.GetBytes(r.body, "type").Exists() {
+		t.Errorf("GET: %d %s", r.status, r.body)
+	}
+}
+
+func TestChatCompletionFailsOverBeforeTheCommitPoint(t *testing.T) {
+	// the first channel answers 200 and then overloaded before any content
+	broken := fakeupstream.New(t, fakeupstream.Stream(
+		fakeupstream.StreamEvents("claude-sonnet-4-5", fakeupstream.Usage{InputTokens: 5, OutputTokens: 1})[0],
+		fakeupstream.Event("error", string(fakeupstream.ErrorBody("overloaded_error", "Overloaded")))))
+	good := fakeupstream.New(t, fakeupstream.Stream(fakeupstream.StreamEvents("claude-sonnet-4-5", fakeupstream.Usage{InputTokens: 5, OutputTokens: 2}, "fine")...))
+	startRelay(t, channelBlock("oai-fo-a", broken.URL, "priority 1")+channelBlock("oai-fo-b", good.URL, "priority 2")+
+		keyAndGroup("oai-fo", "oai-fo-a oai-fo-b"))
+
+	c := openaiClient()
+	var raw *http.Response
+	stream := c.Chat.Completions.NewStreaming(context.Background(), openai.ChatCompletionNewParams{
+		Model: "claude-sonnet-4-5", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Hi")},
+	}, option.WithResponseInto(&raw))
+	var acc openai.ChatCompletionAccumulator
+	for stream.Next() {
+		acc.AddChunk(stream.Current())
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if acc.Choices[0].Message.Content != "fine" || broken.Hits() != 1 || good.Hits() != 1 {
+		t.Errorf("content %q, hits %d and %d", acc.Choices[0].Message.Content, broken.Hits(), good.Hits())
+	}
+	if raw.Header.Get("X-Relay-Attempts") != "2" {
+		t.Errorf("x-relay-attempts = %q", raw.Header.Get("X-Relay-Attempts"))
+	}
+}
+
+func TestChatCompletionStreamBrokenAfterTheCommitPoint(t *testing.T) {
+	evs := fakeupstream.StreamEvents("claude-sonnet-4-5", fakeupstream.Usage{InputTokens: 5, OutputTokens: 2}, "partial")
+	up := fakeupstream.New(t, fakeupstream.StreamThenCut(evs[:4]...)) // cut after the first delta
+	startRelay(t, channelBlock("oai-cut", up.URL)+keyAndGroup("oai-cut", "oai-cut"))
+
+	r := send(t, http.MethodPost, "/v1/chat/completions", clientKey, `{"model":"claude-sonnet-4-5","stream":true,"messages":[{"role":"user","content":"Hi"}]}`)
+	if r.status != 200 {
+		t.Fatalf("status %d: %s", r.status, r.body)
+	}
+	body := string(r.body)
+	if strings.Contains(body, "[DONE]") || !strings.Contains(body, `"content":"partial"`) {
+		t.Fatalf("stream:\n%s", body)
+	}
+	last := body[strings.LastIndex(strings.TrimSpace(body), "\n\n")+2:]
+	if e := gjson.Get(strings.TrimPrefix(strings.TrimSpace(last), "data: "), "error"); e.Get("type").Str != "server_error" || !strings.Contains(e.Get("message").Str, "after the response started") {
+		t.Errorf("last event = %q", last)
+	}
+
+	// the SDK raises it (the channel cools after the break: bring it back)
+	if code, b := adminPost(t, "oai-cut", "reset"); code != http.StatusOK {
+		t.Fatalf("reset: %d %s", code, b)
+	}
+	c := openaiClient()
+	stream := c.Chat.Completions.NewStreaming(context.Background(), openai.ChatCompletionNewParams{
+		Model: "claude-sonnet-4-5", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Hi")},
+	})
+	for stream.Next() {
+	}
+	if err := stream.Err(); err == nil || !strings.Contains(err.Error(), "after the response started") {
+		t.Errorf("stream error = %v", err)
+	}
+}
+
+func TestModelsListServesBothSDKs(t *testing.T) {
+	up := fakeupstream.New(t, fakeupstream.Message("x"))
+	startRelay(t, channelBlock("oai-models", up.URL, "models claude-sonnet-4-5 claude-haiku-4-5")+keyAndGroup("oai-models", "oai-models"))
+	c := openaiClient()
+	page, err := c.Models.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(page.Data) != 2 || page.Data[0].ID != "claude-sonnet-4-5" || page.Data[0].Object != "model" || page.Data[0].OwnedBy != "anthropic" {
+		t.Errorf("models = %+v", page.Data)
+	}
+	m, err := c.Models.Get(context.Background(), "claude-haiku-4-5")
+	if err != nil || m.ID != "claude-haiku-4-5" {
+		t.Errorf("model = %+v, %v", m, err)
+	}
+
+	// the Anthropic SDK reads the same list, and pages through it
+	sdk := anthropicSDK()
+	pager := sdk.Models.ListAutoPaging(context.Background(), anthropic.ModelListParams{Limit: anthropic.Int(1)})
+	var ids []string
+	for pager.Next() {
+		ids = append(ids, pager.Current().ID)
+	}
+	if err := pager.Err(); err != nil || strings.Join(ids, " ") != "claude-sonnet-4-5 claude-haiku-4-5" {
+		t.Errorf("anthropic SDK: %v, %v", ids, err)
+	}
+}
+
+// TestTranslateChat checks each translated parameter: the Messages body
+// fields it becomes, or the 400 that names it.
+func TestTranslateChat(t *testing.T) {
+	const hi = `"messages":[{"role":"user","content":"Hi"}]`
+	for _, tc := range []struct {
+		name  string
+		body  string // the members after model
+		want  map[string]string
+		param string // a refusal's parameter; "" when the body translates
+	}{
+		{"model and a default max_tokens", hi, map[string]string{"model": `"claude-x"`, "max_tokens": `8192`, "stream": ``}, ""},
+		{"system message", `"messages":[{"role":"system","content":"S"},{"role":"user","content":"Hi"}]`, map[string]string{"system": `[{"type":"text","text":"S"}]`, "messages.#": `1`}, ""},
+		{"developer message, text parts", `"messages":[{"role":"developer","content":[{"type":"text","text":"D"}]},{"role":"user","content":"Hi"}]`, map[string]string{"system": `[{"type":"text","text":"D"}]`}, ""},
+		{"system message later on", `"messages":[{"role":"user","content":"Hi"},{"role":"system","content":"S"}]`, map[string]string{"system.0.text": `"S"`, "messages.#": `1`}, ""},
+		{"system with an image", `"messages":[{"role":"system","content":[{"type":"image_url","image_url":{"url":"https://x/y.png"}}]},{"role":"user","content":"Hi"}]`, nil, "messages[0].content[0]"},
+		{"text parts", `"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]`, map[string]string{"messages.0.content": `[{"type":"text","text":"a"},{"type":"text","text":"b"}]`}, ""},
+		{"data URL image", `"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/jpeg;base64,AAAA"}}]}]`, map[string]string{"messages.0.content.0.source": `{"type":"base64","media_type":"image/jpeg","data":"AAAA"}`}, ""},
+		{"https image", `"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://x/y.png","detail":"low"}}]}]`, map[string]string{"messages.0.content.0.source": `{"type":"url","url":"https://x/y.png"}`}, ""},
+		{"data URL that is not base64", `"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png,abc"}}]}]`, nil, "messages[0].content[0].image_url.url"},
+		{"audio part", `"messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"x","format":"wav"}}]}]`, nil, "messages[0].content[0].input_audio"},
+		{"file part", `"messages":[{"role":"user","content":[{"type":"file"}]}]`, nil, "messages[0].content[0].type"},
+		{"assistant tool call and tool result", `"messages":[{"role":"user","content":"Hi"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},{"role":"tool","tool_call_id":"c1","content":"42"}]`,
+			map[string]string{"messages.1": `{"role":"assistant","content":[{"type":"tool_use","id":"c1","name":"f","input":{"a":1}}]}`, "messages.2": `{"role":"user","content":[{"type":"tool_result","tool_use_id":"c1","content":[{"type":"text","text":"42"}]}]}`}, ""},
+		{"two tool results and a user message make one turn", `"messages":[{"role":"user","content":"Hi"},{"role":"assistant","tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":""}},{"id":"c2","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c1","content":"1"},{"role":"tool","tool_call_id":"c2","content":"2"},{"role":"user","content":"and?"}]`,
+			map[string]string{"messages.#": `3`, "messages.1.content.0.input": `{}`, "messages.2.content.#.type": `["tool_result","tool_result","text"]`}, ""},
+		{"tool arguments that are not an object", `"messages":[{"role":"user","content":"Hi"},{"role":"assistant","tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"[1]"}}]}]`, nil, "messages[1].tool_calls[0].function.arguments"},
+		{"tool message without its call", `"messages":[{"role":"tool","content":"x"}]`, nil, "messages[0].tool_call_id"},
+		{"assistant refusal", `"messages":[{"role":"user","content":"Hi"},{"role":"assistant","content":null,"refusal":"no"}]`, map[string]string{"messages.1.content.0.text": `"no"`}, ""},
+		{"function role", `"messages":[{"role":"function","name":"f","content":"x"}]`, nil, "messages[0].role"},
+		{"only a system message", `"messages":[{"role":"system","content":"S"}]`, nil, "messages"},
+		{"tools", hi + `,"tools":[{"type":"function","function":{"name":"f","description":"d","parameters":{"type":"object"},"strict":true}},{"type":"function","function":{"name":"g"}}]`,
+			map[string]string{"tools": `[{"name":"f","description":"d","input_schema":{"type":"object"},"strict":true},{"name":"g","input_schema":{"type":"object","properties":{}}}]`}, ""},
+		{"custom tool", hi + `,"tools":[{"type":"custom","custom":{"name":"x"}}]`, nil, "tools[0].type"},
+		{"tool_choice none", hi + `,"tool_choice":"none"`, map[string]string{"tool_choice": `{"type":"none"}`}, ""},
+		{"tool_choice auto", hi + `,"tool_choice":"auto"`, map[string]string{"tool_choice": `{"type":"auto"}`}, ""},
+		{"tool_choice required", hi + `,"tool_choice":"required"`, map[string]string{"tool_choice": `{"type":"any"}`}, ""},
+		{"tool_choice function", hi + `,"tool_choice":{"type":"function","function":{"name":"f"}}`, map[string]string{"tool_choice": `{"type":"tool","name":"f"}`}, ""},
+		{"tool_choice allowed_tools", hi + `,"tool_choice":{"type":"allowed_tools","allowed_tools":{}}`, nil, "tool_choice"},
+		{"parallel_tool_calls false", hi + `,"tools":[{"type":"function","function":{"name":"f"}}],"parallel_tool_calls":false`, map[string]string{"tool_choice": `{"type":"auto","disable_parallel_tool_use":true}`}, ""},
+		{"parallel_tool_calls true", hi + `,"tools":[{"type":"function","function":{"name":"f"}}],"parallel_tool_calls":true`, map[string]string{"tool_choice": ``}, ""},
+		{"max_tokens", hi + `,"max_tokens":50`, map[string]string{"max_tokens": `50`}, ""},
+		{"max_completion_tokens wins", hi + `,"max_tokens":50,"max_completion_tokens":70`, map[string]string{"max_tokens": `70`}, ""},
+		{"max_tokens zero", hi + `,"max_tokens":0`, nil, "max_tokens"},
+		{"max_tokens not a number", hi + `,"max_tokens":"x"`, nil, "max_tokens"},
+		{"stop string", hi + `,"stop":"END"`, map[string]string{"stop_sequences": `["END"]`}, ""},
+		{"stop array", hi + `,"stop":["a","b"]`, map[string]string{"stop_sequences": `["a","b"]`}, ""},
+		{"stop null", hi + `,"stop":null`, map[string]string{"stop_sequences": ``}, ""},
+		{"stop number", hi + `,"stop":3`, nil, "stop"},
+		{"temperature", hi + `,"temperature":0.2`, map[string]string{"temperature": `0.2`}, ""},
+		{"temperature above Claude's", hi + `,"temperature":1.5`, nil, "temperature"},
+		{"top_p", hi + `,"top_p":0.9`, map[string]string{"top_p": `0.9`}, ""},
+		{"top_p out of range", hi + `,"top_p":2`, nil, "top_p"},
+		{"json_schema", hi + `,"response_format":{"type":"json_schema","json_schema":{"name":"x","strict":true,"schema":{"type":"object","properties":{"a":{"type":"string"}}}}}`,
+			map[string]string{"output_config": `{"format":{"type":"json_schema","schema":{"type":"object","properties":{"a":{"type":"string"}}}}}`}, ""},
+		{"json_schema without a schema", hi + `,"response_format":{"type":"json_schema","json_schema":{"name":"x"}}`, nil, "response_format.json_schema.schema"},
+		{"json_object", hi + `,"response_format":{"type":"json_object"}`, nil, "response_format"},
+		{"text format", hi + `,"response_format":{"type":"text"}`, map[string]string{"output_config": ``}, ""},
+		{"reasoning_effort", hi + `,"reasoning_effort":"medium"`, map[string]string{"thinking": `{"type":"enabled","budget_tokens":8192}`, "max_tokens": `16384`}, ""},
+		{"reasoning_effort within max_completion_tokens", hi + `,"reasoning_effort":"high","max_completion_tokens":4000`, map[string]string{"thinking": `{"type":"enabled","budget_tokens":3999}`, "max_tokens": `4000`}, ""},
+		{"reasoning_effort none", hi + `,"reasoning_effort":"none"`, map[string]string{"thinking": ``}, ""},
+		{"reasoning_effort without room", hi + `,"reasoning_effort":"low","max_tokens":500`, nil, "reasoning_effort"},
+		{"reasoning_effort unknown", hi + `,"reasoning_effort":"huge"`, nil, "reasoning_effort"},
+		{"user", hi + `,"user":"u1"`, map[string]string{"metadata": `{"user_id":"u1"}`}, ""},
+		{"safety_identifier", hi + `,"safety_identifier":"s1"`, map[string]string{"metadata": `{"user_id":"s1"}`}, ""},
+		{"stream", hi + `,"stream":true,"stream_options":{"include_usage":true}`, map[string]string{"stream": `true`}, ""},
+		{"n 1", hi + `,"n":1`, map[string]string{"model": `"claude-x"`}, ""},
+		{"n 2", hi + `,"n":2`, nil, "n"},
+		{"neutral penalties", hi + `,"frequency_penalty":0,"presence_penalty":0,"logprobs":false,"logit_bias":{}`, map[string]string{"model": `"claude-x"`}, ""},
+		{"frequency_penalty", hi + `,"frequency_penalty":0.5`, nil, "frequency_penalty"},
+		{"presence_penalty", hi + `,"presence_penalty":0.5`, nil, "presence_penalty"},
+		{"logprobs", hi + `,"logprobs":true`, nil, "logprobs"},
+		{"top_logprobs", hi + `,"top_logprobs":3`, nil, "top_logprobs"},
+		{"logit_bias", hi + `,"logit_bias":{"1":5}`, nil, "logit_bias"},
+		{"audio modality", hi + `,"modalities":["text","audio"]`, nil, "modalities"},
+		{"ignored: store, metadata, seed, service_tier", hi + `,"store":true,"metadata":{"a":"b"},"seed":7,"service_tier":"auto","prompt_cache_key":"k"`, map[string]string{"metadata": ``, "seed": ``}, ""},
+		{"unknown member", hi + `,"functions":[]`, nil, "functions"},
+		{"unknown member of a message", `"messages":[{"role":"user","content":"Hi","audio":{}}]`, nil, "messages[0].audio"},
+		{"no messages", `"messages":[]`, nil, "messages"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			_, err := translateChat(&buf, []byte(`{"model":"claude-x",`+tc.body+`}`))
+			if tc.param != "" {
+				if err == nil || err.param != tc.param {
+					t.Fatalf("err = %+v, want a refusal of %s; body %s", err, tc.param, buf.Bytes())
+				}
+				if !strings.HasPrefix(err.msg, tc.param+": ") {
+					t.Errorf("message %q does not name %s", err.msg, tc.param)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("refused: %s", err.msg)
+			}
+			if !json.Valid(buf.Bytes()) {
+				t.Fatalf("not JSON: %s", buf.Bytes())
+			}
+			for path, want := range tc.want {
+				if got := gjson.GetBytes(buf.Bytes(), path).Raw; got != want {
+					t.Errorf("%s = %s, want %s\n(body %s)", path, got, want, buf.Bytes())
+				}
+			}
+		})
+	}
+}
+
+// TestTranslateChatIsStrict: a body another parser could read otherwise
+// than the relay is refused.
+func TestTranslateChatIsStrict(t *testing.T) {
+	for _, body := range []string{
+		`{"model":"a","model":"b","messages":[{"role":"user","content":"Hi"}]}`,
+		`{"model":"a","messages":[{"role":"user","content":"Hi"}]} {}`,
+		`{"model":"a","Messages":[{"role":"user","content":"Hi"}]}`,
+		`[1]`,
+		``,
+	} {
+		var buf bytes.Buffer
+		if _, err := translateChat(&buf, []byte(body)); err == nil {
+			t.Errorf("%s: translated to %s", body, buf.Bytes())
+		}
+	}
+}
+
+// BenchmarkTranslateChat measures the translation of a 10 KB chat
+// completion (a system prompt, a conversation, a tool).
+func BenchmarkTranslateChat(b *testing.B) {
+	body := chatBody(10 << 10)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	var buf bytes.Buffer
+	for b.Loop() {
+		buf.Reset()
+		if _, err := translateChat(&buf, body); err != nil {
+			b.Fatal(err.msg)
+		}
+	}
+}
+
+// chatBody is a chat completion of about size bytes.
+func chatBody(size int) []byte {
+	var msgs []string
+	msgs = append(msgs, `{"role":"system","content":"You are a helpful assistant. Answer briefly."}`)
+	line := strings.Repeat("The quick brown fox jumps over the lazy dog. ", 10)
+	for n := 0; n < size-1000; n += len(line) + 40 {
+		role := "user"
+		if len(msgs)%2 == 0 {
+			role = "assistant"
+		}
+		msgs = append(msgs, `{"role":"`+role+`","content":"`+line+`"}`)
+	}
+	if len(msgs)%2 == 0 {
+		msgs = append(msgs, `{"role":"user","content":"And the weather?"}`)
+	}
+	return []byte(`{"model":"claude-sonnet-4-5","max_completion_tokens":1024,"temperature":0.3,"stream":true,"stream_options":{"include_usage":true},` +
+		`"tools":[{"type":"function","function":{"name":"get_weather","description":"Weather of a city","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}],` +
+		`"messages":[` + strings.Join(msgs, ",") + `]}`)
+}
