@@ -79,13 +79,22 @@ func (r *Relay) try(w http.ResponseWriter, req *http.Request, in *inbound, ch *c
 // wire does not support a feature the request carries into the channel's
 // limitation (fail over, and set the feature aside on the channel) when
 // another channel the request could still use supports it. Otherwise the
-// 400 stays the client's answer.
+// 400 stays the client's answer. When the refusal does not say which of
+// several features it means (Bedrock's beta flags), the request fails
+// over but nothing is set aside: a client must not be able to take a
+// feature from a shared channel by pairing it with one the channel lacks.
 func (r *Relay) lacking(v *verdict, in *inbound, ch *channel, body []byte) {
-	lacked := lackedFeatures(ch.features.wording, body, &in.needs)
+	lacked, certain := lackedFeatures(ch.features.wording, body, &in.needs)
 	if len(lacked) == 0 || in.key == nil || !in.group().anotherTakes(&in.sel, ch, lacked) {
 		return
 	}
-	v.outcome, v.reason, v.features = outcomeLacksFeature, "lacks "+strings.Join(lacked, ", "), lacked
+	v.outcome, v.reason = outcomeLacksFeature, "lacks "+strings.Join(lacked, ", ")
+	if !certain {
+		v.reason = "lacks one of " + strings.Join(lacked, ", ")
+		metricCapabilityMisses.WithLabelValues(ch.name, "other").Inc()
+		return
+	}
+	v.features = lacked
 	for _, f := range lacked {
 		metricCapabilityMisses.WithLabelValues(ch.name, featureLabel(f)).Inc()
 	}

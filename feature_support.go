@@ -314,7 +314,9 @@ var (
 // the features n carries; none when the message is anything else. The
 // names it returns share no memory with the body or the request (they are
 // kept for capability_ttl), and a beta's is at most maxBetaName bytes.
-func lackedFeatures(wording []string, body []byte, n *needs) []string {
+// certain says that the message names them; when it does not (Bedrock's
+// beta flags), they are the candidates among which one is refused.
+func lackedFeatures(wording []string, body []byte, n *needs) (lacked []string, certain bool) {
 	msg := gjson.GetBytes(body, "error.message").String()
 	field := func(name string) []string {
 		if b := bitOf(name); b != 0 && featureTable[lowBit(b)].kind == kindField && n.set&b != 0 {
@@ -331,43 +333,45 @@ func lackedFeatures(wording []string, body []byte, n *needs) []string {
 	if slices.Equal(wording, bedrockWording) {
 		if rest, ok := strings.CutPrefix(msg, wordBedrockKey); ok {
 			name, _, found := strings.Cut(rest, "] is not permitted")
-			if found {
-				return field(name)
+			if f := field(name); found && f != nil {
+				return f, true
 			}
-			return nil
+			return nil, false
 		}
 		if strings.HasPrefix(msg, wordBedrockBeta) {
-			// Bedrock does not say which flag: every one the request carried
+			// Bedrock does not say which flag: one of those the request
+			// carried, certain only when it carried one
 			var out []string
 			for _, b := range n.betas {
 				out = beta(out, b)
 			}
-			return out
+			return out, len(out) == 1
 		}
-		return nil
+		return nil, false
 	}
 	if name, _, ok := strings.Cut(msg, wordExtraInput); ok {
-		return field(name) // the message starts with the field's name
+		f := field(name) // the message starts with the field's name
+		return f, f != nil
 	}
 	if rest, ok := strings.CutPrefix(msg, wordUnexpected); ok {
 		values, _, found := strings.Cut(rest, wordBetaHeader)
 		if !found {
-			return nil
+			return nil, false
 		}
 		var out []string
 		for v := range strings.SplitSeq(values, ",") {
 			out = beta(out, strings.Trim(strings.TrimSpace(v), "`"))
 		}
-		return out
+		return out, out != nil
 	}
 	if at, rest, ok := strings.Cut(msg, wordToolTag); ok && strings.HasPrefix(at, "tools.") {
 		if _, err := strconv.Atoi(at[len("tools."):]); err != nil {
-			return nil
+			return nil, false
 		}
 		typ, _, found := strings.Cut(rest, "'")
 		if b := toolFeature(typ); found && b != 0 && n.set&b != 0 {
-			return []string{featureTable[lowBit(b)].name}
+			return []string{featureTable[lowBit(b)].name}, true
 		}
 	}
-	return nil
+	return nil, false
 }

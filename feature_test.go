@@ -143,16 +143,62 @@ func TestLackedFeatures(t *testing.T) {
 		{"another 400", anthropicWording, "max_tokens: Field required", nil},
 		{"the credit balance", anthropicWording, "Your credit balance is too low to access the Anthropic API.", nil},
 		{"bedrock's unknown key", bedrockWording, "bedrock: ValidationException: Malformed input request: #: extraneous key [context_management] is not permitted, please reformat your input and try again.", []string{"context_management"}},
-		{"bedrock's betas: every one carried", bedrockWording, "bedrock: ValidationException: invalid beta flag", []string{"files-api-2025-04-14", "b-2030"}},
+		{"bedrock's betas: one of every one carried", bedrockWording, "bedrock: ValidationException: invalid beta flag", []string{"files-api-2025-04-14", "b-2030"}},
 		{"anthropic's words from bedrock mean nothing", bedrockWording, "mcp_servers: Extra inputs are not permitted", nil},
 		{"bedrock's words from anthropic mean nothing", anthropicWording, "bedrock: ValidationException: invalid beta flag", nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := lackedFeatures(tt.wording, body(tt.msg), &carried); !slices.Equal(got, tt.want) {
-				t.Errorf("lackedFeatures = %q, want %q", got, tt.want)
+			got, certain := lackedFeatures(tt.wording, body(tt.msg), &carried)
+			if !slices.Equal(got, tt.want) || certain != (len(got) > 0 && !strings.Contains(tt.name, "every one carried")) {
+				t.Errorf("lackedFeatures = %q (certain %v), want %q", got, certain, tt.want)
 			}
 		})
+	}
+}
+
+func TestBedrockBetaRefusalIsCertainOnlyForOneFlag(t *testing.T) {
+	one := needing("effort-2025-11-24")
+	msg := []byte(`{"type":"error","error":{"type":"invalid_request_error","message":"bedrock: ValidationException: invalid beta flag"}}`)
+	if got, certain := lackedFeatures(bedrockWording, msg, &one); !slices.Equal(got, []string{"effort-2025-11-24"}) || !certain {
+		t.Errorf("one flag: %q certain %v", got, certain)
+	}
+}
+
+func TestFeatureBedrockBetaRefusal(t *testing.T) {
+	fb := newFakeBedrock(t, func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if strings.Contains(gjson.GetBytes(body, "anthropic_beta").Raw, "effort-2025-11-24") {
+			bedrockFailure(400, "ValidationException", "invalid beta flag")(w, r)
+			return
+		}
+		fakeupstream.Raw(200, fakeupstream.MessageBody("claude-sonnet-4-5", "from bedrock", fakeupstream.Usage{InputTokens: 7, OutputTokens: 2}))(w, r)
+	})
+	direct := fakeupstream.New(t, fakeupstream.Message("from anthropic"))
+	startRelay(t, bedrockChannel(t, "brbeta-bedrock", fb.URL, "priority 1")+channelBlock("brbeta-direct", direct.URL, "priority 2")+
+		keyAndGroup("brbeta", "brbeta-bedrock brbeta-direct"))
+	body := `{"model":"claude-sonnet-4-5","max_tokens":8,"messages":[]}`
+
+	// two flags: Bedrock does not say which it refuses; fail over, learn nothing
+	r := message(t, body, "Anthropic-Beta", "effort-2025-11-24,interleaved-thinking-2025-05-14")
+	if r.status != 200 || !bytes.Contains(r.body, []byte("from anthropic")) || fb.Hits() != 1 {
+		t.Fatalf("%d %s (bedrock hits %d)", r.status, r.body, fb.Hits())
+	}
+	if l := channels(t)["brbeta-bedrock"].Lacks; len(l) != 0 {
+		t.Errorf("an ambiguous refusal set features aside: %v", l)
+	}
+	if r := message(t, body, "Anthropic-Beta", "interleaved-thinking-2025-05-14"); r.status != 200 || fb.Hits() != 2 || !bytes.Contains(r.body, []byte("from bedrock")) {
+		t.Errorf("the other flag alone should still reach Bedrock: %d %s", r.status, r.body)
+	}
+	// one flag: that one
+	if r := message(t, body, "Anthropic-Beta", "effort-2025-11-24"); r.status != 200 || fb.Hits() != 3 {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	if _, ok := channels(t)["brbeta-bedrock"].Lacks["effort-2025-11-24"]; !ok {
+		t.Errorf("the one flag Bedrock refused is not set aside: %v", channels(t)["brbeta-bedrock"].Lacks)
+	}
+	if r := message(t, body, "Anthropic-Beta", "effort-2025-11-24"); r.status != 200 || fb.Hits() != 3 {
+		t.Errorf("the flag set aside reached Bedrock again")
 	}
 }
 
