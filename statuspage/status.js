@@ -161,7 +161,7 @@
 			const t = cell(tr, new Date(r.at).toLocaleTimeString());
 			t.title = r.at;
 			cell(tr, r.id, "mono");
-			cell(tr, r.key, "mono");
+			cell(tr, r.key, "mono key");
 			cell(tr, r.model + (r.served ? " → " + r.served : ""), "mono model");
 			cell(tr, r.chain.join(" → "), "mono");
 			cell(tr, r.attempts, "num");
