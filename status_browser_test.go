@@ -109,8 +109,9 @@ func TestStatusPageInABrowser(t *testing.T) {
 	up := fakeupstream.New(t, fakeupstream.Message("hello"))
 	// model names are model ids (a name with markup is refused), so what
 	// carries markup is a key's name, which the page shows in two tables
-	startRelayWith(t, statusSite, channelBlock("st-browser", up.URL, "cooldown 30s")+
-		"\t\tkey "+clientKey+" stg {\n\t\t\tname \""+hostile+"\"\n\t\t}\n\t\tgroup stg {\n\t\t\tchannels st-browser\n\t\t\tretries 0\n\t\t}\n")
+	block := channelBlock("st-browser", up.URL, "cooldown 30s") +
+		"\t\tkey " + clientKey + " stg {\n\t\t\tname \"" + hostile + "\"\n\t\t}\n\t\tgroup stg {\n\t\t\tchannels st-browser\n\t\t\tretries 0\n\t\t}\n"
+	startRelayWith(t, statusSite, block)
 
 	var mu sync.Mutex
 	var urls []string
@@ -214,6 +215,31 @@ func TestStatusPageInABrowser(t *testing.T) {
 		waitInPage(t, ctx, "the disabled badge", 3*time.Second,
 			`document.querySelector('tr[data-channel="st-browser"] .badge').dataset.state === "disabled"`)
 		adminPost(t, "st-browser", "enable")
+	})
+
+	t.Run("the page reconnects after a reload", func(t *testing.T) {
+		eval[bool](t, ctx, `window.__sameDocument = true`)
+		streams := func() int {
+			mu.Lock()
+			defer mu.Unlock()
+			n := 0
+			for _, u := range urls {
+				if u == relayURL+"/status/events" {
+					n++
+				}
+			}
+			return n
+		}
+		before := streams()
+		startRelayWith(t, statusSite, strings.Replace(block, "retries 0", "retries 1", 1))
+		waitFor(t, "a new event stream", 5*time.Second, func() bool { return streams() > before })
+		r := message(t, `{"model":"claude-sonnet-4-5","max_tokens":8,"messages":[{"role":"user","content":"after the reload"}]}`)
+		id := r.header.Get("X-Relay-Request-Id")
+		waitInPage(t, ctx, "the row of a request after the reload", 5*time.Second,
+			`[...document.querySelectorAll("#requests tbody tr")].some(tr => tr.dataset.id === `+jsString(id)+`) && document.getElementById("live").textContent === "live"`)
+		if !eval[bool](t, ctx, `window.__sameDocument === true`) {
+			t.Error("the page was reloaded")
+		}
 	})
 }
 
