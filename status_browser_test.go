@@ -275,7 +275,12 @@ func TestStatusScreenshot(t *testing.T) {
 		}
 		key `+clientKey+` shots {
 			name team-a
-			budget 5/day
+			budget 0.05usd/day
+		}
+		key sk-status-screenshot-second-key-0123 shots {
+			name batch-jobs
+			priority batch
+			budget 20usd/month
 		}
 		group shots {
 			channels shot-primary shot-flaky shot-fallback
@@ -291,7 +296,7 @@ func TestStatusScreenshot(t *testing.T) {
 	}
 	adminPost(t, "shot-fallback", "disable")
 	defer adminPost(t, "shot-fallback", "enable")
-	send(t, http.MethodPost, "/v1/messages", clientKey, `{"model":"claude-sonnet-4-5","max_tokens":99999999999,"messages":"x"}`)
+	send(t, http.MethodPost, "/v1/messages", "sk-not-a-key-of-this-relay-000", `{"model":"claude-sonnet-4-5","max_tokens":8,"messages":[]}`)
 	inBrowser(t, ctx, 20*time.Second,
 		chromedp.Navigate(relayURL+"/status/"),
 		chromedp.WaitVisible(chromedp.CSS(`tr[data-channel="shot-flaky"]`)),
