@@ -113,7 +113,9 @@ type requestRow struct {
 	Input       int64     `json:"input_tokens"`
 	Output      int64     `json:"output_tokens"`
 	CostUSD     float64   `json:"cost_usd"`
-	Code        string    `json:"code,omitempty"`
+	// Code is the error code of the relay's own answer, or how the last
+	// attempt ended when an upstream's failure was passed on.
+	Code string `json:"code,omitempty"`
 }
 
 func (s *recentRequest) row() requestRow {
@@ -126,10 +128,15 @@ func (s *recentRequest) row() requestRow {
 	if s.served != s.model {
 		r.Served = s.served
 	}
+	n := 0
 	for i := range min(s.attempts, chainSize) {
 		if s.chain[i] != "" {
 			r.Chain = append(r.Chain, s.chain[i]+":"+s.outcomes[i].String())
+			n = i + 1
 		}
+	}
+	if r.Code == "" && s.status >= 400 && n > 0 {
+		r.Code = s.outcomes[n-1].String() // an upstream's failure passed on: how the last attempt ended
 	}
 	return r
 }

@@ -215,3 +215,16 @@ func TestStatusCaddyfile(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkStatusRecord is the request path's share of the status page:
+// writing one ring slot.
+func BenchmarkStatusRecord(b *testing.B) {
+	g := new(requestRing)
+	ch := &channel{name: "ring-ch"}
+	in := &inbound{id: "req", model: "m", target: "m", start: time.Unix(100, 0), answered: ch, status: 200, attempts: 1}
+	in.chain = append(in.chainBuf[:0], attemptRecord{channel: "ring-ch", outcome: outcomeSuccess})
+	b.ReportAllocs()
+	for b.Loop() {
+		g.record(in, time.Millisecond, 0.5)
+	}
+}
