@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/redistest"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 )
 
@@ -226,5 +227,17 @@ func BenchmarkStatusRecord(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		g.record(in, time.Millisecond, 0.5)
+	}
+}
+
+func TestStatusShowsTheFleet(t *testing.T) {
+	srv := redistest.Start(t)
+	up := fakeupstream.New(t, fakeupstream.Message("hello"))
+	startRelayWith(t, statusSite, "\t\tstorage redis {\n\t\t\taddress "+srv.Addr+"\n\t\t\tprefix status-fleet:\n\t\t}\n"+
+		channelBlock("st-fleet", up.URL)+keyAndGroup("stg", "st-fleet"))
+	message(t, `{"model":"claude-sonnet-4-5","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`)
+	events := readEvents(t)
+	if !strings.Contains(events, `"fleet":[{"id":"`+thisNode().ID+`"`) || !strings.Contains(events, `"state":"up"`) {
+		t.Fatalf("the events do not list this node in the fleet:\n%s", events)
 	}
 }
