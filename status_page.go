@@ -123,7 +123,7 @@ func (s *StatusPage) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyht
 	}
 	asset, ok := statusAssets[last]
 	if !ok {
-		h.Set("Location", last+"/") // relative: the path as the browser sees it
+		h.Set("Location", "./"+last+"/") // relative to the path as the browser sees it (a prefix stripped or not)
 		w.WriteHeader(http.StatusFound)
 		return nil
 	}

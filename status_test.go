@@ -241,3 +241,27 @@ func TestStatusShowsTheFleet(t *testing.T) {
 		t.Fatalf("the events do not list this node in the fleet:\n%s", events)
 	}
 }
+
+func TestStatusPagePaths(t *testing.T) {
+	up := fakeupstream.New(t, fakeupstream.Message("hello"))
+	startStatusRelay(t, "st-paths", up.URL)
+	noRedirect := &http.Client{Timeout: 10 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := noRedirect.Get(relayURL + "/status/board")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusFound || resp.Header.Get("Location") != "./board/" {
+		t.Errorf("a path without its slash: %d, Location %q", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	for path, mime := range map[string]string{"/status/": "text/html", "/status/board/": "text/html", "/status/status.js": "text/javascript", "/status/status.css": "text/css"} {
+		status, h, _ := get(t, path)
+		if status != 200 || !strings.HasPrefix(h.Get("Content-Type"), mime) || h.Get("X-Content-Type-Options") != "nosniff" || h.Get("Content-Security-Policy") != statusCSP {
+			t.Errorf("%s: %d %q %q", path, status, h.Get("Content-Type"), h.Get("Content-Security-Policy"))
+		}
+	}
+	// the relay still answers the rest of the site
+	if status, _, _ := get(t, "/v1/models"); status != http.StatusUnauthorized {
+		t.Errorf("the relay beside the page: %d", status)
+	}
+}
