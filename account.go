@@ -54,6 +54,8 @@ func (r *Relay) account(in *inbound) {
 		}
 	}
 
+	recentRequests.record(in, duration, cost)
+
 	c := r.logger.Check(zap.InfoLevel, "relayed request")
 	if c == nil {
 		return

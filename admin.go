@@ -76,13 +76,23 @@ func (adminAPI) list(w http.ResponseWriter, r *http.Request) error {
 }
 
 // act answers POST /relay/channels/<name>/reset|disable|enable with the
-// channel's new status. Disabling drains: attempts in flight finish, new
-// requests skip the channel.
+// channel's new status.
 func (adminAPI) act(w http.ResponseWriter, r *http.Request) error {
-	name, action := r.PathValue("name"), r.PathValue("action")
+	st, err := steerChannel(r.PathValue("name"), r.PathValue("action"))
+	if err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: err}
+	}
+	return writeAdminJSON(w, st)
+}
+
+// steerChannel resets, disables or enables the channel named name, and
+// returns its new status; the error says which of the two is unknown.
+// Disabling drains: attempts in flight finish, new requests skip the
+// channel. The admin API and the status page both steer through here.
+func steerChannel(name, action string) (channelStatus, error) {
 	h := findChannel(name)
 	if h == nil {
-		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("unknown channel %q", name)}
+		return channelStatus{}, fmt.Errorf("unknown channel %q", name)
 	}
 	switch action {
 	case "reset":
@@ -94,10 +104,10 @@ func (adminAPI) act(w http.ResponseWriter, r *http.Request) error {
 		h.steered.Add(1)
 		h.disabled.Store(false)
 	default:
-		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("unknown action %q: use reset, disable or enable", action)}
+		return channelStatus{}, fmt.Errorf("unknown action %q: use reset, disable or enable", action)
 	}
 	h.announce(healthChange{Kind: action}) // the kinds of change are named as the actions
-	return writeAdminJSON(w, h.status(name, time.Now()))
+	return h.status(name, time.Now()), nil
 }
 
 // keys answers GET /relay/keys: every key of every loaded relay handler,

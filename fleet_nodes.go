@@ -125,6 +125,16 @@ func (f *fleet) nodes() ([]fleetNode, error) {
 // fleet answers GET /relay/fleet: the nodes of the fleet this process
 // belongs to, or this process alone when it keeps its state to itself.
 func (adminAPI) fleet(w http.ResponseWriter, _ *http.Request) error {
+	rows, err := fleetRows()
+	if err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: err}
+	}
+	return writeAdminJSON(w, rows)
+}
+
+// fleetRows lists the nodes of every fleet of the loaded configs, or this
+// node alone when none has storage.
+func fleetRows() ([]fleetNode, error) {
 	var rows []fleetNode
 	var failed error
 	seen := map[string]bool{}
@@ -143,11 +153,10 @@ func (adminAPI) fleet(w http.ResponseWriter, _ *http.Request) error {
 		return true
 	})
 	if failed != nil {
-		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable,
-			Err: fmt.Errorf("the fleet's storage (Redis) did not answer: %v", failed)}
+		return nil, fmt.Errorf("the fleet's storage (Redis) did not answer: %v", failed)
 	}
 	if rows == nil {
 		rows = []fleetNode{{nodeInfo: thisNode(), LastSeen: time.Now().UTC(), State: "up"}}
 	}
-	return writeAdminJSON(w, rows)
+	return rows, nil
 }

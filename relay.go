@@ -392,6 +392,7 @@ func (r *Relay) answer(w http.ResponseWriter, in *inbound, f *failure) {
 	}
 	if f.err != nil {
 		in.status, in.cause = f.err.status, cmp.Or(f.err.cause, causeClient)
+		in.errCode = cmp.Or(f.err.code, f.err.typ)
 		r.ratelimitHeaders(h, in)
 		f.err.write(w, in.id)
 		return

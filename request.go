@@ -165,6 +165,7 @@ type inbound struct {
 	start        time.Time
 	status       int           // sent to the client; 0 until then
 	cause        string        // of a failure's answer, for the cause label; "" until then
+	errCode      string        // of the relay's own error answer: its error.code, else its type; "" none
 	attempts     int           // made so far
 	answered     *channel      // the channel whose answer the client got
 	firstByte    time.Duration // until the client's response headers

@@ -1,0 +1,289 @@
+package relay
+
+import (
+	"bytes"
+	"embed"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+func init() {
+	caddy.RegisterModule(StatusPage{})
+	httpcaddyfile.RegisterHandlerDirective("relay_status", parseStatusCaddyfile)
+	httpcaddyfile.RegisterDirectiveOrder("relay_status", httpcaddyfile.After, "metrics")
+}
+
+// statusFiles are the page, its script and its style: no CDN, no build.
+//
+//go:embed statuspage
+var statusFiles embed.FS
+
+// The page's files, by the last segment of the path they are served at.
+var statusAssets = map[string]struct{ file, mime string }{
+	"":           {"statuspage/index.html", "text/html; charset=utf-8"},
+	"status.js":  {"statuspage/status.js", "text/javascript; charset=utf-8"},
+	"status.css": {"statuspage/status.css", "text/css; charset=utf-8"},
+}
+
+// statusCSP is the page's Content-Security-Policy: its own script and
+// style only, no inline code, no other origin, no frame.
+const statusCSP = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+
+// How often an open page's event stream looks for changes, reads the
+// fleet's nodes, and says it is alive.
+const (
+	statusTick      = 500 * time.Millisecond
+	statusFleetTick = 5 * time.Second
+	statusKeepalive = 15 * time.Second
+)
+
+// StatusPage is the `http.handlers.relay_status` module: a live page of
+// every relay handler of the running config (channels, groups' queues,
+// keys' spend, fleet nodes, this node's last 1,000 requests), served
+// wherever it is mounted, with same-origin actions that disable, enable
+// or reset a channel. It has no options: put it in a loopback site, or
+// behind Caddy's basic_auth or forward_auth.
+type StatusPage struct {
+	ctx   caddy.Context
+	nodes *fleetCache
+}
+
+// fleetCache is the fleet's nodes as last read.
+type fleetCache struct {
+	mu    sync.Mutex
+	at    time.Time
+	nodes []fleetNode
+	err   error
+}
+
+// CaddyModule returns the Caddy module information.
+func (StatusPage) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.relay_status",
+		New: func() caddy.Module { return new(StatusPage) },
+	}
+}
+
+// Provision keeps the config's context: its end closes the page's event
+// streams, which reconnect to the config that follows.
+func (s *StatusPage) Provision(ctx caddy.Context) error {
+	s.ctx, s.nodes = ctx, new(fleetCache)
+	return nil
+}
+
+// UnmarshalCaddyfile reads `relay_status`, which takes no argument.
+func (s *StatusPage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // the directive's name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	if d.NextBlock(0) {
+		return d.Errf("relay_status takes no options, found %q", d.Val())
+	}
+	return nil
+}
+
+func parseStatusCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	s := new(StatusPage)
+	err := s.UnmarshalCaddyfile(h.Dispenser)
+	return s, err
+}
+
+// ServeHTTP serves the page at the path it is mounted on (a path that does
+// not end in / is sent to the same with /, so the page's relative links
+// hold), its files and `events` beside it, and
+// POST channels/<name>/<action>.
+func (s *StatusPage) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
+	h := w.Header()
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("Cache-Control", "no-store")
+	segs := strings.Split(r.URL.EscapedPath(), "/")
+	n := len(segs)
+	if n >= 4 && segs[n-3] == "channels" {
+		return s.act(w, r, segs[n-2], segs[n-1])
+	}
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		h.Set("Allow", "GET, HEAD")
+		return statusError(w, http.StatusMethodNotAllowed, "method "+r.Method+" is not allowed here")
+	}
+	last := segs[n-1]
+	if last == "events" {
+		return s.events(w, r)
+	}
+	asset, ok := statusAssets[last]
+	if !ok {
+		h.Set("Location", "./"+last+"/") // relative to the path as the browser sees it (a prefix stripped or not)
+		w.WriteHeader(http.StatusFound)
+		return nil
+	}
+	b, err := statusFiles.ReadFile(asset.file)
+	if err != nil {
+		return err
+	}
+	h.Set("Content-Type", asset.mime)
+	h.Set("Content-Security-Policy", statusCSP)
+	h.Set("X-Frame-Options", "DENY")
+	h.Set("Cross-Origin-Resource-Policy", "same-origin")
+	if r.Method == http.MethodHead {
+		return nil
+	}
+	_, err = w.Write(b)
+	return err
+}
+
+// act steers a channel as the admin API's POST does, for a POST from the
+// page's own origin only.
+func (s *StatusPage) act(w http.ResponseWriter, r *http.Request, name, action string) error {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		return statusError(w, http.StatusMethodNotAllowed, "use POST")
+	}
+	if !sameOrigin(r) {
+		return statusError(w, http.StatusForbidden, "cross-origin request refused")
+	}
+	name, err := url.PathUnescape(name)
+	if err != nil {
+		return statusError(w, http.StatusBadRequest, "bad channel name")
+	}
+	st, err := steerChannel(name, action)
+	if err != nil {
+		return statusError(w, http.StatusNotFound, err.Error())
+	}
+	w.Header().Set("Content-Type", "application/json")
+	return json.NewEncoder(w).Encode(st)
+}
+
+// sameOrigin reports whether a browser sent r from a page of r's own
+// origin: Sec-Fetch-Site says same-origin, or Origin names r's host. A
+// request that carries neither is refused too: the page's fetch always
+// sends them.
+func sameOrigin(r *http.Request) bool {
+	site := r.Header.Get("Sec-Fetch-Site")
+	if site != "" && site != "same-origin" {
+		return false
+	}
+	origin := r.Header.Get("Origin")
+	if origin == "" {
+		return site == "same-origin"
+	}
+	u, err := url.Parse(origin)
+	return err == nil && u.Host != "" && strings.EqualFold(u.Host, r.Host)
+}
+
+func statusError(w http.ResponseWriter, status int, msg string) error {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	return json.NewEncoder(w).Encode(map[string]string{"error": msg})
+}
+
+// events streams the page's picture: a `state` event when it changes
+// (looked at every statusTick), `requests` events with the rows the ring
+// gained. It ends with the client, or with the config that serves it.
+func (s *StatusPage) events(w http.ResponseWriter, r *http.Request) error {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	if r.Method == http.MethodHead {
+		return nil
+	}
+	rc := http.NewResponseController(w)
+	if _, err := w.Write([]byte("retry: 1000\n\n")); err != nil {
+		return nil
+	}
+	var (
+		last    []byte
+		seq     uint64
+		rows    []recentRequest // this stream's copy of the ring, the oldest first
+		buf     bytes.Buffer
+		quiet   = time.Now()
+		ticker  = time.NewTicker(statusTick)
+		stopped = s.ctx.Done()
+	)
+	defer ticker.Stop()
+	for {
+		buf.Reset()
+		var fresh []recentRequest
+		fresh, seq = recentRequests.since(seq)
+		rows = append(rows, fresh...)
+		if len(rows) > recentSize {
+			rows = append(rows[:0], rows[len(rows)-recentSize:]...)
+		}
+		now := time.Now()
+		state, err := json.Marshal(snapshot(now, rows, s.fleet))
+		if err != nil {
+			return err
+		}
+		if !bytes.Equal(state, last) {
+			last = state
+			fmt.Fprintf(&buf, "event: state\ndata: {\"now\":%q,\"state\":%s}\n\n", now.UTC().Format(time.RFC3339Nano), state)
+		}
+		if len(fresh) > 0 {
+			out := make([]requestRow, len(fresh))
+			for i := range fresh {
+				out[i] = fresh[i].row()
+			}
+			b, err := json.Marshal(out)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(&buf, "event: requests\ndata: %s\n\n", b)
+		}
+		if buf.Len() == 0 && now.Sub(quiet) >= statusKeepalive {
+			buf.WriteString(": alive\n\n")
+		}
+		if buf.Len() > 0 {
+			quiet = now
+			if _, err := w.Write(buf.Bytes()); err != nil {
+				return nil
+			}
+			if err := rc.Flush(); err != nil {
+				return nil
+			}
+		}
+		select {
+		case <-r.Context().Done():
+			return nil
+		case <-stopped:
+			return nil
+		case <-ticker.C:
+		}
+	}
+}
+
+// fleet lists the fleet's nodes, read at most every statusFleetTick; nil
+// when no relay handler has storage.
+func (s *StatusPage) fleet() ([]fleetNode, error) {
+	has := false
+	fleets.Range(func(_, _ any) bool { has = true; return false })
+	if !has {
+		return nil, nil
+	}
+	c := s.nodes
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if time.Since(c.at) >= statusFleetTick {
+		c.nodes, c.err = fleetRows()
+		c.at = time.Now()
+	}
+	return c.nodes, c.err
+}
+
+// Interface guards
+var (
+	_ caddy.Module                = (*StatusPage)(nil)
+	_ caddy.Provisioner           = (*StatusPage)(nil)
+	_ caddyhttp.MiddlewareHandler = (*StatusPage)(nil)
+	_ caddyfile.Unmarshaler       = (*StatusPage)(nil)
+)

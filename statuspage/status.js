@@ -1,0 +1,220 @@
+// caddy-relay status page. Everything from clients and upstreams goes into
+// the page as text (textContent), never as markup.
+"use strict";
+(function () {
+	const $ = (id) => document.getElementById(id);
+	let offset = 0; // server clock minus ours, in ms
+	let state = null;
+	let rows = []; // the requests, the oldest first
+	let es = null;
+
+	function el(tag, text, cls) {
+		const e = document.createElement(tag);
+		if (text !== undefined && text !== null) e.textContent = String(text);
+		if (cls) e.className = cls;
+		return e;
+	}
+	function cell(tr, text, cls) { const td = el("td", text, cls); tr.appendChild(td); return td; }
+	function fill(tbody, items, render) {
+		const frag = document.createDocumentFragment();
+		for (const it of items) frag.appendChild(render(it));
+		tbody.replaceChildren(frag);
+	}
+	function money(v) { return v === undefined || v === null ? "" : "$" + Number(v).toFixed(v < 1 ? 4 : 2); }
+	function msText(v) { return v > 0 ? (v >= 1000 ? (v / 1000).toFixed(2) + " s" : Math.round(v) + " ms") : ""; }
+	function left(until) {
+		if (!until) return "";
+		const s = Math.ceil((Date.parse(until) - (Date.now() + offset)) / 1000);
+		if (s <= 0) return "";
+		return s >= 60 ? Math.floor(s / 60) + "m " + (s % 60) + "s" : s + "s";
+	}
+
+	const svgNS = "http://www.w3.org/2000/svg";
+	function spark(counts, errors) {
+		const svg = document.createElementNS(svgNS, "svg");
+		svg.setAttribute("class", "spark");
+		svg.setAttribute("viewBox", "0 0 90 20");
+		const top = Math.max(1, ...counts);
+		const line = (vals, cls) => {
+			const p = document.createElementNS(svgNS, "polyline");
+			p.setAttribute("points", vals.map((v, i) => (i * 10) + "," + (19 - (v / top) * 18).toFixed(1)).join(" "));
+			if (cls) p.setAttribute("class", cls);
+			svg.appendChild(p);
+		};
+		line(counts, "");
+		if (errors.some((v) => v > 0)) line(errors, "err");
+		const t = document.createElementNS(svgNS, "title");
+		t.textContent = "attempts per minute: " + counts.join(" ") + "; failed: " + errors.join(" ");
+		svg.appendChild(t);
+		return svg;
+	}
+
+	function act(name, action) {
+		if (!window.confirm(action + " channel " + name + "?")) return;
+		fetch("channels/" + encodeURIComponent(name) + "/" + action, { method: "POST", credentials: "same-origin" })
+			.then((r) => r.ok ? null : r.json().then((b) => { throw new Error(b.error || r.statusText); }))
+			.catch((e) => window.alert(action + " " + name + ": " + e.message));
+	}
+
+	function renderChannels() {
+		fill($("channels").tBodies[0], state.channels, (c) => {
+			const tr = el("tr");
+			tr.dataset.channel = c.name;
+			const name = cell(tr, c.name, "mono");
+			name.title = c.provider || "";
+			let shown = c.state;
+			if (shown === "healthy" && c.busy) shown = "busy";
+			const b = el("span", shown.replace("_", " "), "badge " + shown);
+			b.dataset.state = c.state;
+			cell(tr, "").appendChild(b);
+			const cd = cell(tr, left(c.cooldown_until || c.busy_until), "num countdown");
+			cd.dataset.until = c.cooldown_until || c.busy_until || "";
+			cell(tr, c.inflight, "num");
+			const r = c.recent;
+			cell(tr, r.per_minute[r.per_minute.length - 1], "num");
+			cell(tr, r.error_ratio > 0 ? Math.round(r.error_ratio * 100) + "%" : "0%", "num" + (r.error_ratio > 0.2 ? " bad" : ""));
+			cell(tr, msText(r.first_byte_p50_ms), "num");
+			cell(tr, "").appendChild(spark(r.per_minute, r.errors_per_minute));
+			const err = c.last_error ? c.last_error + (c.last_error_reason ? ": " + c.last_error_reason : "") : "";
+			const e = cell(tr, err, "wrap");
+			if (c.last_error_at) e.title = c.last_error_at;
+			cell(tr, (c.groups || []).join(" "));
+			const btns = cell(tr, "");
+			for (const a of [c.state === "disabled" ? "enable" : "disable", "reset"]) {
+				const bt = el("button", a);
+				bt.type = "button";
+				bt.dataset.action = a;
+				bt.addEventListener("click", () => act(c.name, a));
+				btns.appendChild(bt);
+			}
+			return tr;
+		});
+	}
+
+	function renderGroups() {
+		fill($("groups").tBodies[0], state.groups, (g) => {
+			const tr = el("tr");
+			cell(tr, g.name, "mono");
+			for (const p of ["realtime", "normal", "batch"]) cell(tr, g.queue[p] || 0, "num" + (g.queue[p] > 0 ? " warn" : ""));
+			return tr;
+		});
+	}
+
+	function renderKeys() {
+		fill($("keys").tBodies[0], state.keys, (k) => {
+			const tr = el("tr");
+			cell(tr, k.name, "mono");
+			cell(tr, k.group);
+			cell(tr, k.priority);
+			cell(tr, k.limits ? k.limits.inflight : "", "num");
+			for (const p of ["day", "week", "month"]) {
+				const spent = k.spend_usd ? k.spend_usd[p] : undefined;
+				const cap = k.budget_usd ? k.budget_usd[p] : undefined;
+				const td = cell(tr, "", "num");
+				td.appendChild(el("span", money(spent) + (cap ? " / " + money(cap) : "")));
+				if (cap) {
+					const m = el("meter");
+					m.min = 0; m.max = cap; m.low = cap * 0.75; m.high = cap * 0.9; m.optimum = 0;
+					m.value = Math.min(spent || 0, cap);
+					td.appendChild(document.createTextNode(" "));
+					td.appendChild(m);
+				}
+			}
+			cell(tr, k.disabled ? "disabled" : k.expired ? "expired" : "", "bad");
+			return tr;
+		});
+	}
+
+	function renderFleet() {
+		const box = $("fleet-box");
+		box.hidden = !state.fleet && !state.fleet_error;
+		$("fleet-error").hidden = !state.fleet_error;
+		$("fleet-error").textContent = state.fleet_error || "";
+		fill($("fleet").tBodies[0], state.fleet || [], (n) => {
+			const tr = el("tr");
+			cell(tr, n.id + (n.id === state.node ? " (this)" : ""), "mono");
+			cell(tr, "").appendChild(el("span", n.state, "badge " + (n.state === "up" ? "healthy" : "open")));
+			cell(tr, n.address, "mono");
+			cell(tr, n.version);
+			cell(tr, n.last_seen);
+			return tr;
+		});
+	}
+
+	function matches(r, q, only) {
+		if (only === "errors" && r.status < 400) return false;
+		if (only === "ok" && r.status >= 400) return false;
+		if (!q) return true;
+		return r.id.toLowerCase().includes(q) || r.key.toLowerCase().includes(q) ||
+			r.model.toLowerCase().includes(q) || r.chain.some((c) => c.toLowerCase().includes(q));
+	}
+
+	function renderRequests() {
+		const q = $("search").value.trim().toLowerCase();
+		const only = $("only").value;
+		const shown = [];
+		for (let i = rows.length - 1; i >= 0; i--) if (matches(rows[i], q, only)) shown.push(rows[i]);
+		$("count").textContent = shown.length === rows.length ? "(" + rows.length + ")" : "(" + shown.length + " of " + rows.length + ")";
+		fill($("requests").tBodies[0], shown, (r) => {
+			const tr = el("tr");
+			tr.dataset.id = r.id;
+			const t = cell(tr, new Date(r.at).toLocaleTimeString());
+			t.title = r.at;
+			cell(tr, r.id, "mono");
+			cell(tr, r.key, "mono key");
+			cell(tr, r.model + (r.served ? " → " + r.served : ""), "mono model");
+			cell(tr, r.chain.join(" → "), "mono");
+			cell(tr, r.attempts, "num");
+			cell(tr, r.status, "num" + (r.status >= 400 ? " bad" : ""));
+			cell(tr, msText(r.first_byte_ms), "num");
+			cell(tr, r.input_tokens + " / " + r.output_tokens, "num");
+			cell(tr, r.cost_usd > 0 ? money(r.cost_usd) : "", "num");
+			cell(tr, r.code || "", "bad");
+			return tr;
+		});
+	}
+
+	function tick() {
+		for (const td of document.querySelectorAll("td.countdown")) td.textContent = left(td.dataset.until);
+	}
+
+	function connect() {
+		es = new EventSource("events");
+		es.addEventListener("open", () => {
+			rows = []; // the stream starts with every row it has
+			$("live").textContent = "live";
+			$("live").className = "live on";
+		});
+		es.addEventListener("state", (ev) => {
+			const m = JSON.parse(ev.data);
+			offset = Date.parse(m.now) - Date.now();
+			state = m.state;
+			$("node").textContent = "node " + state.node;
+			renderChannels();
+			renderGroups();
+			renderKeys();
+			renderFleet();
+		});
+		es.addEventListener("requests", (ev) => {
+			const add = JSON.parse(ev.data);
+			rows = rows.concat(add);
+			if (rows.length > 1000) rows = rows.slice(rows.length - 1000);
+			renderRequests();
+		});
+		es.addEventListener("error", () => {
+			$("live").textContent = "reconnecting";
+			$("live").className = "live off";
+			if (es.readyState === EventSource.CLOSED) { // the browser gave up: start over
+				es.close();
+				setTimeout(connect, 2000);
+			}
+		});
+	}
+
+	document.addEventListener("DOMContentLoaded", () => {
+		$("search").addEventListener("input", renderRequests);
+		$("only").addEventListener("change", renderRequests);
+		setInterval(tick, 1000);
+		connect();
+	});
+})();
