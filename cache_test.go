@@ -247,3 +247,30 @@ func TestCacheBounded(t *testing.T) {
 		t.Errorf("flights keep %d bytes", b)
 	}
 }
+
+// The Caddyfile's dedup options and a group's cache block, and their
+// errors at the offending line.
+func TestCaddyfileDedupAndCache(t *testing.T) {
+	r, err := parseRelay(t, "relay {\n\tdedup_window 0\n\tdedup_grace 2s\n\tkey {env.K} g\n\tchannel a {\n\t\tprovider mock\n\t}\n\tgroup g {\n\t\tchannels a\n\t\tcache {\n\t\t\tttl 5m\n\t\t\tstale 1h\n\t\t\tmax_size 64MiB\n\t\t}\n\t}\n}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.DedupWindow == nil || *r.DedupWindow != 0 || r.DedupGrace != caddy.Duration(2*time.Second) {
+		t.Errorf("dedup_window %v, dedup_grace %v", r.DedupWindow, r.DedupGrace)
+	}
+	want := ResponseCache{TTL: caddy.Duration(5 * time.Minute), Stale: caddy.Duration(time.Hour), MaxSize: 64 << 20}
+	if c := r.Groups[0].Cache; c == nil || *c != want {
+		t.Errorf("cache = %+v, want %+v", c, want)
+	}
+	for input, msg := range map[string]string{
+		"relay {\n\tdedup_window -1s\n}":                                    "Testfile:2",
+		"relay {\n\tgroup g {\n\t\tcache {\n\t\t\tttl soon\n\t\t}\n\t}\n}":  "Testfile:4",
+		"relay {\n\tgroup g {\n\t\tcache {\n\t\t\tsize 1MiB\n\t\t}\n\t}\n}": "unrecognized cache option",
+		"relay {\n\tgroup g {\n\t\tcache\n\t\tcache\n\t}\n}":                "cache is given twice",
+		"relay {\n\tgroup g {\n\t\tcache {\n\t\t\tstale -1m\n\t\t}\n\t}\n}": "negative",
+	} {
+		if _, err := parseRelay(t, input); err == nil || !strings.Contains(err.Error(), msg) {
+			t.Errorf("%q: error %v, want one with %q", input, err, msg)
+		}
+	}
+}

@@ -64,7 +64,9 @@ func dedupFollowers() int {
 }
 
 // forgetDedups empties the dedup table, so a test starts from nothing.
-func forgetDedups(t *testing.T) {
+func forgetDedups(t *testing.T) { forgetDedupsB(t) }
+
+func forgetDedupsB(t testing.TB) {
 	t.Helper()
 	clear := func() {
 		dedups.mu.Lock()
