@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"net/http"
@@ -40,20 +41,19 @@ const (
 type bodyDigest [sha256.Size]byte
 
 func requestDigest(in *inbound) bodyDigest {
-	h := sha256.New()
-	h.Write([]byte(in.route.upstreamPath()))
+	buf := bodyPool.Get().(*bytes.Buffer)
+	defer releaseBody(buf)
+	buf.WriteString(in.route.upstreamPath())
 	for _, name := range [...]string{"Anthropic-Version", "Anthropic-Beta"} {
-		h.Write([]byte{0})
+		buf.WriteByte(0)
 		for _, v := range in.header[name] {
-			h.Write([]byte(v))
-			h.Write([]byte{','})
+			buf.WriteString(v)
+			buf.WriteByte(',')
 		}
 	}
-	h.Write([]byte{0})
-	h.Write(in.body)
-	var d bodyDigest
-	h.Sum(d[:0])
-	return d
+	buf.WriteByte(0)
+	buf.Write(in.body)
+	return sha256.Sum256(buf.Bytes())
 }
 
 // retryMarks reads the headers by which an SDK's request says it may be
@@ -95,7 +95,7 @@ func (b *byteBudget) give(n int64) { b.used.Add(-n) }
 // replay from the first byte and then live.
 type flight struct {
 	mu        sync.Mutex
-	wake      chan struct{} // closed, and replaced, when the flight changes
+	wake      chan struct{} // closed when the flight changes; nil: nobody waits
 	status    int
 	header    http.Header // as the client got it, less what is its own
 	stream    bool
@@ -110,11 +110,23 @@ type flight struct {
 	kept      int64   // bytes counted in sharedBytes
 }
 
-func newFlight() *flight { return &flight{wake: make(chan struct{})} }
+func newFlight() *flight { return new(flight) }
 
+// changed wakes those waiting for f to change; f.mu is held. A flight that
+// nobody follows allocates nothing.
 func (f *flight) changed() {
-	close(f.wake)
-	f.wake = make(chan struct{})
+	if f.wake != nil {
+		close(f.wake)
+		f.wake = nil
+	}
+}
+
+// waiter returns the channel closed at f's next change; f.mu is held.
+func (f *flight) waiter() <-chan struct{} {
+	if f.wake == nil {
+		f.wake = make(chan struct{})
+	}
+	return f.wake
 }
 
 // begin records the status and headers of the answer.
@@ -128,6 +140,11 @@ func (f *flight) begin(status int, h http.Header) {
 	}
 	f.mu.Lock()
 	f.status, f.header, f.stream = status, kept, isEventStream(h)
+	if n, err := strconv.Atoi(h.Get("Content-Length")); err == nil && n > 0 && n <= maxSharedAnswer {
+		f.buf = make([]byte, 0, n)
+	} else if f.stream {
+		f.buf = make([]byte, 0, 8<<10)
+	}
 	f.changed()
 	f.mu.Unlock()
 }
@@ -408,7 +425,7 @@ func (r *Relay) replay(w http.ResponseWriter, ctx context.Context, in *inbound, 
 	f.mu.Lock()
 	// a stream is replayed from its headers on; any other answer once whole
 	for !f.dropped && !f.done && (f.status == 0 || !f.stream) {
-		wake := f.wake
+		wake := f.waiter()
 		f.mu.Unlock()
 		select {
 		case <-wake:
@@ -435,7 +452,11 @@ func (r *Relay) replay(w http.ResponseWriter, ctx context.Context, in *inbound, 
 	rc := http.NewResponseController(w)
 	for pos := 0; ; {
 		f.mu.Lock()
-		chunk, done, dropped, wake := f.buf[pos:len(f.buf)], f.done, f.dropped, f.wake
+		chunk, done, dropped := f.buf[pos:len(f.buf)], f.done, f.dropped
+		var wake <-chan struct{}
+		if !done && !dropped {
+			wake = f.waiter()
+		}
 		ok, saved, usd := f.ok, f.saved, f.savedUSD
 		f.mu.Unlock()
 		if dropped { // the leader's answer outgrew what is kept
