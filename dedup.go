@@ -204,11 +204,18 @@ func (f *flight) followed() bool {
 }
 
 // dedupKey is a request as a retry must repeat it: the same principal, the
-// same idempotency key (or none) and the same request.
+// same idempotency key (or none) and the same request. The client's key is
+// kept as a digest, whatever its length.
 type dedupKey struct {
 	state  string
-	idem   string
-	digest bodyDigest
+	digest bodyDigest // of the request, and of its idempotency key if any
+}
+
+func newDedupKey(state, idem string, d bodyDigest) dedupKey {
+	if idem != "" {
+		d = sha256.Sum256(append(d[:], idem...))
+	}
+	return dedupKey{state: state, digest: d}
 }
 
 // dedupTable holds the flights of the requests that may be retried, per
@@ -350,7 +357,7 @@ func (r *Relay) share(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 			return nil
 		}
 	}
-	dk := dedupKey{state: in.stateID, idem: idem, digest: d}
+	dk := newDedupKey(in.stateID, idem, d)
 	if retry {
 		if f := dedups.find(dk, now, r.dedupWindow); f != nil && r.replay(w, req.Context(), in, f, sharedDedup) {
 			metricDedup.WithLabelValues(g).Inc()

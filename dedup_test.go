@@ -290,3 +290,61 @@ func TestDedupBounded(t *testing.T) {
 		t.Errorf("a %d-byte answer was kept", maxSharedAnswer+1)
 	}
 }
+
+// When the client of a first attempt leaves, its upstream attempt runs on
+// for dedup_grace; the SDK's retry attaches to it and gets the whole
+// stream, and the upstream is called once.
+func TestDedupGraceKeepsTheAttemptForTheRetry(t *testing.T) {
+	forgetDedups(t)
+	release, canceled := make(chan struct{}), make(chan struct{})
+	evs := fakeupstream.StreamEvents("claude-sonnet-4-5", fakeupstream.Usage{InputTokens: 10, OutputTokens: 3}, "one", "two")
+	up := fakeupstream.New(t, fakeupstream.Held(evs, 4, release, canceled))
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free)
+	startRelay(t, channelBlock("dd-grace", up.URL, "models claude-sonnet-4-5")+keyAndGroup("dd-grace", "dd-grace"))
+
+	ctx, leave := context.WithCancel(context.Background())
+	first := postStream(t, ctx, clientKey, streamBody, "X-Stainless-Retry-Count", "0")
+	readEvents(t, bufio.NewReader(first.Body), 4)
+	leave() // the SDK's timeout
+
+	retry := postStream(t, context.Background(), clientKey, streamBody, "X-Stainless-Retry-Count", "1")
+	rr := bufio.NewReader(retry.Body)
+	head := readEvents(t, rr, 4)
+	free()
+	rest, _ := io.ReadAll(rr)
+	if got, want := head+string(rest), strings.Join(evs, ""); got != want {
+		t.Fatalf("retry got\n%q\nwant\n%q", got, want)
+	}
+	select {
+	case <-canceled:
+		t.Error("the upstream attempt was canceled")
+	default:
+	}
+	if n := up.Hits(); n != 1 {
+		t.Errorf("upstream calls = %d, want 1", n)
+	}
+}
+
+// Without a retry, the attempt of a client that left ends after
+// dedup_grace.
+func TestDedupGraceEnds(t *testing.T) {
+	forgetDedups(t)
+	release, canceled := make(chan struct{}), make(chan struct{})
+	evs := fakeupstream.StreamEvents("claude-sonnet-4-5", fakeupstream.Usage{InputTokens: 10, OutputTokens: 3}, "one", "two")
+	up := fakeupstream.New(t, fakeupstream.Held(evs, 4, release, canceled))
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	startRelay(t, "\t\tdedup_grace 100ms\n"+channelBlock("dd-grace-end", up.URL, "models claude-sonnet-4-5")+keyAndGroup("dd-grace-end", "dd-grace-end"))
+
+	ctx, leave := context.WithCancel(context.Background())
+	first := postStream(t, ctx, clientKey, streamBody, "X-Stainless-Retry-Count", "0")
+	readEvents(t, bufio.NewReader(first.Body), 4)
+	leave()
+	select {
+	case <-canceled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the upstream attempt was not canceled after dedup_grace")
+	}
+}
