@@ -250,11 +250,12 @@ func (t *dedupTable) find(k dedupKey, now time.Time, window time.Duration) *flig
 }
 
 // put records f as the flight of k, in place of an earlier one; when the
-// table is full of live entries, f is not recorded.
+// table is full of live entries, f is not recorded. The table is swept at
+// most once a second, so a full table costs a request nothing more.
 func (t *dedupTable) put(k dedupKey, f *flight, now time.Time, window time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if len(t.m) >= maxDedupEntries || now.Sub(t.lastSweep) > window {
+	if now.Sub(t.lastSweep) >= min(window, time.Second) {
 		t.sweep(now, window)
 	}
 	if old := t.m[k]; old != nil {
