@@ -193,7 +193,7 @@ func (r *Relay) revalidate(req *http.Request, in *inbound, c *responseCache, d b
 				r.logger.Error("cache revalidation panicked", zap.Any("panic", p), zap.String("request_id", bg.id))
 			}
 		}()
-		if fail := r.lead(discard{header: http.Header{}}, bgReq, bg, f); fail != nil {
+		if fail := r.lead(discard{header: http.Header{}}, bgReq, bg, f, 0); fail != nil {
 			bg.status = http.StatusBadGateway
 			if fail.err != nil {
 				bg.status = fail.err.status

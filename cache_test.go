@@ -274,3 +274,28 @@ func TestCaddyfileDedupAndCache(t *testing.T) {
 		}
 	}
 }
+
+// A cache miss that no SDK will retry ends with its client, as any request
+// does, when nothing follows it.
+func TestCacheLeaderEndsWithItsClient(t *testing.T) {
+	release, canceled := make(chan struct{}), make(chan struct{})
+	evs := fakeupstream.StreamEvents("claude-sonnet-4-5", fakeupstream.Usage{InputTokens: 10, OutputTokens: 3}, "one", "two")
+	up := fakeupstream.New(t, fakeupstream.Held(evs, 4, release, canceled))
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	startRelay(t, channelBlock("ca-leave", up.URL, "models claude-sonnet-4-5")+keyAndGroup("ca-leave", "ca-leave", cacheBlock))
+
+	ctx, leave := context.WithCancel(context.Background())
+	first := postStream(t, ctx, clientKey, streamBody)
+	readEvents(t, bufio.NewReader(first.Body), 4)
+	leave()
+	select {
+	case <-canceled:
+	case <-time.After(defaultDedupGrace / 2):
+		t.Fatal("the upstream attempt outlived its client")
+	}
+	d := requestDigest(&inbound{route: routeMessages, header: http.Header{"Anthropic-Version": {"2023-06-01"}}, body: []byte(streamBody)})
+	if e, _ := groupCache(t, "ca-leave").get(d, time.Now()); e != nil {
+		t.Error("a broken answer was cached")
+	}
+}

@@ -382,7 +382,11 @@ func (r *Relay) share(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 	} else {
 		defer f.release() // nobody finds it once its cache entry is stored
 	}
-	fail := r.lead(w, req, in, f)
+	grace := time.Duration(0) // a request no SDK will retry ends with its client, unless followed
+	if marked {
+		grace = r.dedupGrace
+	}
+	fail := r.lead(w, req, in, f, grace)
 	if c != nil && f.ok {
 		c.store(d, f, r.now())
 	}
@@ -391,11 +395,10 @@ func (r *Relay) share(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 
 // lead relays the request, writing its answer into f too. The attempt no
 // longer ends with its client: when the client leaves, it runs on for
-// dedup_grace, and to its end when another request follows it by then.
-func (r *Relay) lead(w http.ResponseWriter, req *http.Request, in *inbound, f *flight) *failure {
+// grace, and to its end when another request follows it by then.
+func (r *Relay) lead(w http.ResponseWriter, req *http.Request, in *inbound, f *flight, grace time.Duration) *failure {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(req.Context()))
 	defer cancel()
-	grace := r.dedupGrace
 	stop := context.AfterFunc(req.Context(), func() {
 		time.AfterFunc(grace, func() {
 			if !f.followed() {
