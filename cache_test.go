@@ -299,3 +299,37 @@ func TestCacheLeaderEndsWithItsClient(t *testing.T) {
 		t.Error("a broken answer was cached")
 	}
 }
+
+// A cached answer costs its key nothing, and its log line says where it
+// came from.
+func TestCacheAccounting(t *testing.T) {
+	up := fakeupstream.New(t, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(fakeupstream.MessageBody("m-cache", "ok", fakeupstream.Usage{InputTokens: 1_000_000}))
+	}))
+	ch := &Channel{Name: "ca-acct", UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", channelKey)}
+	r := &Relay{Keys: []*Key{{Secret: clientKey, Group: "ca-acct", KeyOptions: KeyOptions{Name: "ca-acct"}}}, Channels: []*Channel{ch},
+		Groups:  []*Group{{Name: "ca-acct", Channels: []string{ch.Name}, Cache: &ResponseCache{}}},
+		Pricing: map[string]Price{"m-cache": {Input: 3, Output: 15}}}
+	logs := provisionHandler(t, r)
+	body := `{"model":"m-cache","max_tokens":16,"messages":[{"role":"user","content":"Hi"}]}`
+	for range 2 {
+		if w, _ := serveHandler(t, r, newRequest(body, clientKey)); w.Code != 200 {
+			t.Fatalf("status %d: %s", w.Code, w.Body)
+		}
+	}
+	lines := logs.FilterMessage("relayed request").All()
+	if len(lines) != 2 {
+		t.Fatalf("%d log lines", len(lines))
+	}
+	first, second := lines[0].ContextMap(), lines[1].ContextMap()
+	if first["cost_usd"] != 3.0 || first["shared"] != nil {
+		t.Errorf("first: cost %v, shared %v; want 3 and none", first["cost_usd"], first["shared"])
+	}
+	if second["cost_usd"] != 0.0 || second["shared"] != "cache" || second["input_tokens"] != int64(0) {
+		t.Errorf("second: cost %v, shared %v, input %v; want 0, cache, 0", second["cost_usd"], second["shared"], second["input_tokens"])
+	}
+	if up.Hits() != 1 {
+		t.Errorf("upstream calls = %d", up.Hits())
+	}
+}
