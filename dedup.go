@@ -463,10 +463,14 @@ func (r *Relay) replay(w http.ResponseWriter, ctx context.Context, in *inbound, 
 	rc := http.NewResponseController(w)
 	for pos := 0; ; {
 		f.mu.Lock()
-		chunk, done, dropped := f.buf[pos:len(f.buf)], f.done, f.dropped
+		done, dropped := f.done, f.dropped
+		var chunk []byte
 		var wake <-chan struct{}
-		if !done && !dropped {
-			wake = f.waiter()
+		if !dropped { // a dropped flight has let go of its bytes
+			chunk = f.buf[pos:len(f.buf)]
+			if !done {
+				wake = f.waiter()
+			}
 		}
 		ok, saved, usd := f.ok, f.saved, f.savedUSD
 		f.mu.Unlock()

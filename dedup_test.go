@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -346,5 +347,40 @@ func TestDedupGraceEnds(t *testing.T) {
 	case <-canceled:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the upstream attempt was not canceled after dedup_grace")
+	}
+}
+
+// A follower replaying a stream whose answer then outgrows what is kept
+// ends with an event: error, never a clean-looking truncated stream; one
+// that attaches to a flight already dropped is relayed itself.
+func TestDedupFollowerOfADroppedAnswer(t *testing.T) {
+	forgetDedups(t)
+	r := &Relay{}
+	f := newFlight()
+	f.begin(200, http.Header{"Content-Type": {"text/event-stream"}})
+	f.add([]byte("event: ping\ndata: {}\n\n"))
+	w := httptest.NewRecorder()
+	done := make(chan bool)
+	go func() {
+		done <- r.replay(w, context.Background(), &inbound{id: "relay_test"}, f, sharedDedup)
+	}()
+	waitFor(t, "the follower waits", 5*time.Second, func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return f.wake != nil
+	})
+	f.add(make([]byte, maxSharedAnswer)) // over the cap
+	if !<-done {
+		t.Fatal("the follower had begun: it must end its stream itself")
+	}
+	body := w.Body.String()
+	if !strings.HasPrefix(body, "event: ping\ndata: {}\n\n") || !strings.Contains(body, "event: error") {
+		t.Errorf("follower got %q", body)
+	}
+	if sharedBytes.used.Load() != 0 {
+		t.Errorf("a dropped flight keeps %d bytes", sharedBytes.used.Load())
+	}
+	if r.replay(httptest.NewRecorder(), context.Background(), &inbound{}, f, sharedDedup) {
+		t.Error("a follower attached to a dropped flight was answered from it")
 	}
 }
