@@ -249,21 +249,31 @@ func (t *dedupTable) find(k dedupKey, now time.Time, window time.Duration) *flig
 	return f
 }
 
-// put records f as the flight of k, in place of an earlier one; when the
-// table is full of live entries, f is not recorded. The table is swept at
-// most once a second, so a full table costs a request nothing more.
-func (t *dedupTable) put(k dedupKey, f *flight, now time.Time, window time.Duration) {
+// put records f as the flight of k, in place of an earlier one that has
+// ended, and reports whether it did: an identical request still in flight
+// keeps its place (its retries are as well answered by it), and a table
+// full of live entries takes no more. The table is swept at most once a
+// second, so a full table costs a request nothing more. A flight the table
+// holds gives its bytes back when it leaves the table, after it ended.
+func (t *dedupTable) put(k dedupKey, f *flight, now time.Time, window time.Duration) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if now.Sub(t.lastSweep) >= min(window, time.Second) {
 		t.sweep(now, window)
 	}
 	if old := t.m[k]; old != nil {
+		old.mu.Lock()
+		ended := old.done || old.dropped
+		old.mu.Unlock()
+		if !ended {
+			return false
+		}
 		old.release()
 	} else if len(t.m) >= maxDedupEntries {
-		return
+		return false
 	}
 	t.m[k] = f
+	return true
 }
 
 // sweep forgets the flights that ended more than window ago, and dropped
@@ -377,9 +387,7 @@ func (r *Relay) share(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 		}
 		metricCache.WithLabelValues(g, cacheMiss).Inc()
 	}
-	if marked {
-		dedups.put(dk, f, now, r.dedupWindow)
-	} else {
+	if !marked || !dedups.put(dk, f, now, r.dedupWindow) {
 		defer f.release() // nobody finds it once its cache entry is stored
 	}
 	grace := time.Duration(0) // a request no SDK will retry ends with its client, unless followed

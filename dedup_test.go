@@ -283,6 +283,25 @@ func TestDedupBounded(t *testing.T) {
 	if n, b := dedups.len(), sharedBytes.used.Load(); n != 0 || b != 0 {
 		t.Errorf("after the window: %d entries, %d bytes", n, b)
 	}
+	// an identical request while the first is in flight leaves it in its
+	// place, and every byte is given back in the end
+	k := dedupKey{state: "k"}
+	first, second := newFlight(), newFlight()
+	if !dedups.put(k, first, now, time.Minute) || dedups.put(k, second, now, time.Minute) {
+		t.Fatal("the second identical request in flight replaced the first")
+	}
+	first.add(piece)
+	second.add(piece)
+	second.release() // as share does for a flight the table did not take
+	first.add(piece)
+	first.finish(true, usage{}, 0, now)
+	dedups.mu.Lock()
+	dedups.sweep(now.Add(2*time.Minute), time.Minute)
+	dedups.mu.Unlock()
+	if b := sharedBytes.used.Load(); b != 0 {
+		t.Errorf("%d bytes still counted", b)
+	}
+
 	// an answer over the per-answer cap is not kept
 	f := newFlight()
 	f.begin(200, http.Header{})
