@@ -86,6 +86,9 @@ func (r *Relay) account(in *inbound) {
 	if priced {
 		fields = append(fields, zap.Float64("cost_usd", cost))
 	}
+	if in.shared != "" {
+		fields = append(fields, zap.String("shared", in.shared))
+	}
 	if in.wasted > 0 {
 		fields = append(fields, zap.Int64("wasted_tokens", in.wasted))
 	}

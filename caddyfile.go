@@ -9,6 +9,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -69,6 +70,8 @@ func declareInCaddyfile(state map[string]any, r *Relay, by string) error {
 //		resource_secret       <secret|{env.NAME}|{file./path}>
 //		read_body_timeout     <duration>
 //		upstream_ratelimit_headers replace|pass
+//		dedup_window          <duration>
+//		dedup_grace           <duration>
 //		first_byte_timeout    <duration>
 //		first_content_timeout <duration>
 //		response_timeout      <duration>
@@ -145,6 +148,11 @@ func declareInCaddyfile(state map[string]any, r *Relay, by string) error {
 //			split     <channel> <share|percent>
 //			fallback  <model> <fallback model>...
 //			expose_channel
+//			cache {
+//				ttl      <duration>
+//				stale    <duration>
+//				max_size <size>
+//			}
 //		}
 //	}
 //
@@ -190,6 +198,22 @@ func (r *Relay) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "upstream_ratelimit_headers":
 			if !d.AllArgs(&r.UpstreamRatelimitHeaders) {
 				return d.ArgErr()
+			}
+		case "dedup_window":
+			var w caddy.Duration
+			if err := parseDuration(d, &w); err != nil {
+				return err
+			}
+			if w < 0 {
+				return d.Errf("dedup_window: %s is negative (0 turns dedup off)", time.Duration(w))
+			}
+			r.DedupWindow = &w
+		case "dedup_grace":
+			if err := parseDuration(d, &r.DedupGrace); err != nil {
+				return err
+			}
+			if r.DedupGrace < 0 {
+				return d.Errf("dedup_grace: %s is negative", time.Duration(r.DedupGrace))
 			}
 		case "key":
 			at := []string{"key", "#" + strconv.Itoa(len(r.Keys)+1)}
@@ -917,6 +941,15 @@ func parseGroup(d *caddyfile.Dispenser, pos positions) (*Group, error) {
 				g.Fallbacks = map[string][]string{}
 			}
 			g.Fallbacks[args[0]] = append(g.Fallbacks[args[0]], args[1:]...)
+		case "cache":
+			if g.Cache != nil {
+				return nil, d.Err("cache is given twice")
+			}
+			c, err := parseCache(d)
+			if err != nil {
+				return nil, err
+			}
+			g.Cache = c
 		case "max_wait":
 			var class, dur string
 			if !d.AllArgs(&class, &dur) {
@@ -935,6 +968,34 @@ func parseGroup(d *caddyfile.Dispenser, pos positions) (*Group, error) {
 		}
 	}
 	return g, nil
+}
+
+// parseCache parses a group's cache block: cache { ttl; stale; max_size }.
+func parseCache(d *caddyfile.Dispenser) (*ResponseCache, error) {
+	c := new(ResponseCache)
+	if d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		var err error
+		switch d.Val() {
+		case "ttl":
+			err = parseDuration(d, &c.TTL)
+		case "stale":
+			err = parseDuration(d, &c.Stale)
+		case "max_size":
+			err = parseSize(d, &c.MaxSize)
+		default:
+			return nil, d.Errf("unrecognized cache option %q: ttl, stale or max_size", d.Val())
+		}
+		if err != nil {
+			return nil, err
+		}
+		if c.TTL < 0 || c.Stale < 0 {
+			return nil, d.Errf("cache: %s is negative", d.Val())
+		}
+	}
+	return c, nil
 }
 
 // Interface guard

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -69,6 +70,10 @@ type Group struct {
 	// wait up to this long for the first to recover, instead of getting
 	// the 503 no_healthy_channel at once. Default: 0 (no wait).
 	WaitForRecovery caddy.Duration `json:"wait_for_recovery,omitempty"`
+
+	// Cache turns on the group's response cache: identical requests are
+	// answered from it, byte for byte, without an upstream. Off by default.
+	Cache *ResponseCache `json:"cache,omitempty"`
 }
 
 // Policies.
@@ -94,6 +99,7 @@ type group struct {
 	policy      string
 	splits      []groupSplit
 	fallbacks   map[string][]string // model -> the models that may serve it
+	cache       *responseCache      // nil: none
 }
 
 // provisionGroups builds the groups and takes their state (retry budget,
@@ -130,6 +136,9 @@ func (r *Relay) provisionGroups(channels map[string]*channel) error {
 		}
 		r.acquiredGroups = append(r.acquiredGroups, cfg.Name)
 		g.state = st.(*groupState)
+		if cfg.Cache != nil {
+			g.cache = g.state.cacheFor(*cfg.Cache)
+		}
 		for _, name := range cfg.Channels {
 			ch := channels[name]
 			g.channels = append(g.channels, ch)
@@ -164,6 +173,19 @@ var groupStates = caddy.NewUsagePool()
 type groupState struct {
 	budget retryBudget
 	queue  waitQueue
+	mu     sync.Mutex
+	cache  *responseCache // the last config's, kept while its settings stay
+}
+
+// cacheFor returns the group's response cache for cfg: the one it has
+// when its settings are the same, so a reload keeps the answers.
+func (s *groupState) cacheFor(cfg ResponseCache) *responseCache {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cache == nil || s.cache.cfg != cfg {
+		s.cache = newResponseCache(cfg)
+	}
+	return s.cache
 }
 
 // Destruct implements caddy.Destructor.

@@ -58,6 +58,26 @@ var (
 		Help: "Requests whose answer did not complete (client gone, stream broken); their tokens are the ones seen.",
 	}, []string{"group", "model"})
 
+	metricDedup = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "relay_dedup_total",
+		Help: "Retries answered from the request they repeat (in flight or answered within dedup_window) instead of an upstream, by group.",
+	}, []string{"group"})
+
+	metricCache = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "relay_cache_total",
+		Help: "Messages requests of groups with a response cache, by group and result: hit (a fresh answer, or an identical miss in flight), stale (a stale answer while one request revalidates it), miss, bypass (the client sent cache-control: no-cache).",
+	}, []string{"group", "result"})
+
+	metricSavedTokens = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "relay_saved_tokens_total",
+		Help: "Tokens (input, output, cache read and cache write) of the answers given from the response cache or to attached retries, which no upstream was paid for again, by group.",
+	}, []string{"group"})
+
+	metricSavedUSD = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "relay_saved_usd_total",
+		Help: "What those answers would have cost, in US dollars at the price of the answer they repeat, by group.",
+	}, []string{"group"})
+
 	metricDropped = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "relay_dropped_events_total",
 		Help: "Upstream SSE events dropped because their data was not JSON, by channel.",
@@ -129,6 +149,7 @@ var collectors = []prometheus.Collector{
 	metricTokens, metricCost, metricWasted, metricIncomplete, metricDropped, metricStates,
 	metricRateLimited, metricQueueWait, metricQueueDepth, metricFallbacks, metricSpend,
 	metricCapabilityMisses,
+	metricDedup, metricCache, metricSavedTokens, metricSavedUSD,
 	metricResources, metricBatchResultsAccounted,
 }
 

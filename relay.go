@@ -62,6 +62,20 @@ type Relay struct {
 	// makes every id given before unknown.
 	ResourceSecret string `json:"resource_secret,omitempty"`
 
+	// DedupWindow is how long after its answer a request that may be
+	// retried (it carries x-stainless-retry-count or idempotency-key)
+	// answers its retries: a retry (x-stainless-retry-count 1 or more, or
+	// an idempotency-key) from the same key with the same request, while
+	// the first attempt is in flight or within this window, is answered
+	// from it, and the upstream is called once. Per node. 0 turns this
+	// off. Default: 60s.
+	DedupWindow *caddy.Duration `json:"dedup_window,omitempty"`
+
+	// DedupGrace is how long the upstream attempt of a request that may be
+	// retried goes on after its client leaves, so the SDK's retry can
+	// attach to it; its cost is the key's. Default: 5s.
+	DedupGrace caddy.Duration `json:"dedup_grace,omitempty"`
+
 	// Tuning holds the default timeouts and cooldowns of every channel.
 	Tuning
 
@@ -129,6 +143,8 @@ type Relay struct {
 	passRatelimit      bool              // upstream_ratelimit_headers pass
 	secret             *resourceSecret   // keys the MAC of batch and file ids
 	storage            certmagic.Storage // Caddy's storage; nil in a unit test's context
+	dedupWindow        time.Duration     // 0: retries are not attached
+	dedupGrace         time.Duration
 	rand               randIntN
 	now                func() time.Time
 }
@@ -166,6 +182,10 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 	}
 	if r.ReadBodyTimeout == 0 {
 		r.ReadBodyTimeout = caddy.Duration(defaultReadBodyTimeout)
+	}
+	r.dedupWindow, r.dedupGrace = defaultDedupWindow, cmp.Or(time.Duration(r.DedupGrace), defaultDedupGrace)
+	if r.DedupWindow != nil {
+		r.dedupWindow = max(time.Duration(*r.DedupWindow), 0)
 	}
 	if err := r.validateConfig(); err != nil {
 		return err
@@ -355,7 +375,7 @@ func (r *Relay) serve(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 	if rerr = r.affordable(in); rerr != nil {
 		return refused(rerr)
 	}
-	return r.relay(w, req, in)
+	return r.share(w, req, in)
 }
 
 // failure is the answer of a request that did not commit an upstream

@@ -227,17 +227,21 @@ func (d *discardWriter) WriteHeader(int)             {}
 func (d *discardWriter) Flush()                      {}
 
 // benchServe runs ServeHTTP b.N times against a fast in-process upstream.
-func benchServe(b *testing.B, body string) {
+func benchServe(b *testing.B, body string) { benchServeWith(b, body, "", nil) }
+
+// benchServeWith is benchServe for a group with the given cache, requests
+// with the given headers, and names with suffix.
+func benchServeWith(b *testing.B, body, suffix string, cache *ResponseCache, header ...string) {
 	up := fakeupstream.Start(fakeupstream.Fast(), false)
 	defer up.Close()
-	name := "bench-serve"
+	name := "bench-serve" + suffix
 	if strings.Contains(body, `"stream":true`) {
 		name += "-stream"
 	}
 	r := &Relay{
 		Keys:     []*Key{{Secret: "sk-" + name, Group: name, KeyOptions: KeyOptions{Name: name}}},
 		Channels: []*Channel{{Name: name, UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", "{env.HOME}"), Models: []string{"claude-sonnet-4-5"}}},
-		Groups:   []*Group{{Name: name, Channels: []string{name}}},
+		Groups:   []*Group{{Name: name, Channels: []string{name}, Cache: cache}},
 	}
 	provisionHandler(b, r)
 	srv := &caddyhttp.Server{}
@@ -248,6 +252,9 @@ func benchServe(b *testing.B, body string) {
 		req := httptest.NewRequest(http.MethodPost, "/v1/messages", strings.NewReader(body))
 		req.Header.Set("X-Api-Key", "sk-"+name)
 		req.Header.Set("Anthropic-Version", "2023-06-01")
+		for i := 0; i+1 < len(header); i += 2 {
+			req.Header.Set(header[i], header[i+1])
+		}
 		w := &discardWriter{h: http.Header{}}
 		req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), w, srv)
 		if err := r.ServeHTTP(w, req, nil); err != nil {
@@ -263,6 +270,25 @@ func BenchmarkServeHTTP(b *testing.B) { benchServe(b, benchBody) }
 // BenchmarkServeHTTPStream is the same for a 20-event stream.
 func BenchmarkServeHTTPStream(b *testing.B) {
 	benchServe(b, strings.Replace(benchBody, `"max_tokens":64`, `"max_tokens":64,"stream":true`, 1))
+}
+
+// BenchmarkServeHTTPCacheHit is BenchmarkServeHTTP answered from the
+// group's response cache (every request after the first).
+func BenchmarkServeHTTPCacheHit(b *testing.B) {
+	benchServeWith(b, benchBody, "-cache", &ResponseCache{})
+}
+
+// BenchmarkServeHTTPStreamCacheHit is the same for the stream.
+func BenchmarkServeHTTPStreamCacheHit(b *testing.B) {
+	benchServeWith(b, strings.Replace(benchBody, `"max_tokens":64`, `"max_tokens":64,"stream":true`, 1), "-cache", &ResponseCache{})
+}
+
+// BenchmarkServeHTTPStreamMarked is BenchmarkServeHTTPStream for an SDK's
+// first attempt (x-stainless-retry-count: 0), whose answer is kept for its
+// retries: the dedup table and the tee into its flight.
+func BenchmarkServeHTTPStreamMarked(b *testing.B) {
+	forgetDedupsB(b)
+	benchServeWith(b, strings.Replace(benchBody, `"max_tokens":64`, `"max_tokens":64,"stream":true`, 1), "-marked", nil, "X-Stainless-Retry-Count", "0")
 }
 
 // BenchmarkInspect is the one-pass scan of a 10 KB body.

@@ -188,6 +188,7 @@ type inbound struct {
 	// pinned, for a message that references files, is its group with only
 	// the channel that holds them
 	pinned *group
+	shared string // what answered it instead of an upstream (dedup.go); "": none
 
 	call    Call          // the current attempt's, for its provider
 	bodyBuf *bytes.Buffer // the pooled buffer behind body; nil once released

@@ -46,9 +46,9 @@ func get(t *testing.T, path string) (int, http.Header, string) {
 	return resp.StatusCode, resp.Header, string(b)
 }
 
-// readEvents reads the page's event stream until it has seen a requests
+// readStatusEvents reads the page's event stream until it has seen a requests
 // event and a state event, and returns what it read.
-func readEvents(t *testing.T) string {
+func readStatusEvents(t *testing.T) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -103,7 +103,7 @@ func TestStatusPageShowsNoSecret(t *testing.T) {
 	if !strings.Contains(script, "EventSource") || !strings.Contains(style, "prefers-color-scheme") {
 		t.Fatal("script or style not served")
 	}
-	events := readEvents(t)
+	events := readStatusEvents(t)
 	if !strings.Contains(events, `"st-secret"`) || !strings.Contains(events, `"claude-sonnet-4-5"`) {
 		t.Fatalf("the events lack the channel or the request:\n%s", events)
 	}
@@ -236,7 +236,7 @@ func TestStatusShowsTheFleet(t *testing.T) {
 	startRelayWith(t, statusSite, "\t\tstorage redis {\n\t\t\taddress "+srv.Addr+"\n\t\t\tprefix status-fleet:\n\t\t}\n"+
 		channelBlock("st-fleet", up.URL)+keyAndGroup("stg", "st-fleet"))
 	message(t, `{"model":"claude-sonnet-4-5","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`)
-	events := readEvents(t)
+	events := readStatusEvents(t)
 	if !strings.Contains(events, `"fleet":[{"id":"`+thisNode().ID+`"`) || !strings.Contains(events, `"state":"up"`) {
 		t.Fatalf("the events do not list this node in the fleet:\n%s", events)
 	}

@@ -1,0 +1,216 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/maypok86/otter/v2"
+	"go.uber.org/zap"
+)
+
+// ResponseCache is a group's opt-in cache of Messages answers: an answer
+// is kept by its request (the body byte for byte, anthropic-version and
+// anthropic-beta) and served again, byte for byte, to any key of the group
+// that sends the same request. Only complete, successful answers are kept.
+// A cached answer costs its key nothing. Identical requests get identical
+// answers: leave it off for groups whose requests sample (temperature
+// above 0) and expect a new answer each time.
+type ResponseCache struct {
+	// TTL is how long an answer is served as fresh. Default: 10m.
+	TTL caddy.Duration `json:"ttl,omitempty"`
+
+	// Stale is how long after TTL an answer is still served while one
+	// request in the background fetches a new one. Default: 0 (none).
+	Stale caddy.Duration `json:"stale,omitempty"`
+
+	// MaxSize bounds the bytes the group's cache holds (bodies and
+	// headers); the least useful answers leave first. Default: 256 MiB.
+	MaxSize int64 `json:"max_size,omitempty"`
+}
+
+const (
+	defaultCacheTTL     = 10 * time.Minute
+	defaultCacheMaxSize = 256 << 20
+)
+
+// Results of relay_cache_total.
+const (
+	cacheHit    = "hit"
+	cacheMiss   = "miss"
+	cacheStale  = "stale"
+	cacheBypass = "bypass"
+)
+
+// cached is one answer of the cache.
+type cached struct {
+	status   int
+	header   http.Header
+	body     []byte
+	stored   time.Time
+	saved    usage
+	savedUSD float64
+}
+
+// weight is what an entry counts against max_size.
+func (e *cached) weight() uint32 {
+	n := len(e.body) + 64
+	for k, vs := range e.header {
+		n += len(k)
+		for _, v := range vs {
+			n += len(v)
+		}
+	}
+	return uint32(n)
+}
+
+// responseCache is a provisioned ResponseCache: the answers, and the
+// flights of the misses being fetched, so identical misses share one.
+type responseCache struct {
+	cfg     ResponseCache
+	ttl     time.Duration
+	stale   time.Duration
+	entries *otter.Cache[bodyDigest, *cached]
+	mu      sync.Mutex
+	flights map[bodyDigest]*flight
+}
+
+func newResponseCache(cfg ResponseCache) *responseCache {
+	c := &responseCache{cfg: cfg, ttl: time.Duration(cfg.TTL), stale: time.Duration(cfg.Stale), flights: map[bodyDigest]*flight{}}
+	if c.ttl <= 0 {
+		c.ttl = defaultCacheTTL
+	}
+	size := cfg.MaxSize
+	if size <= 0 {
+		size = defaultCacheMaxSize
+	}
+	c.entries = otter.Must(&otter.Options[bodyDigest, *cached]{
+		MaximumWeight:    uint64(size),
+		Weigher:          func(_ bodyDigest, e *cached) uint32 { return e.weight() },
+		ExpiryCalculator: otter.ExpiryWriting[bodyDigest, *cached](c.ttl + c.stale),
+	})
+	return c
+}
+
+// get returns the answer to serve, fresh (hit) or stale, if there is one.
+func (c *responseCache) get(d bodyDigest, now time.Time) (*cached, string) {
+	e, ok := c.entries.GetIfPresent(d)
+	if !ok {
+		return nil, ""
+	}
+	switch age := now.Sub(e.stored); {
+	case age < c.ttl:
+		return e, cacheHit
+	case age < c.ttl+c.stale:
+		return e, cacheStale
+	}
+	return nil, ""
+}
+
+// join makes f the flight of d, or returns the one already fetching it.
+func (c *responseCache) join(d bodyDigest, f *flight) *flight {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if other := c.flights[d]; other != nil {
+		other.follow()
+		return other
+	}
+	c.flights[d] = f
+	return nil
+}
+
+func (c *responseCache) leave(d bodyDigest, f *flight) {
+	c.mu.Lock()
+	if c.flights[d] == f {
+		delete(c.flights, d)
+	}
+	c.mu.Unlock()
+}
+
+// store keeps f's answer, when it is complete and successful.
+func (c *responseCache) store(d bodyDigest, f *flight, now time.Time) {
+	f.mu.Lock()
+	e := &cached{status: f.status, header: f.header, body: f.buf, stored: now, saved: f.saved, savedUSD: f.savedUSD}
+	ok := f.ok
+	f.mu.Unlock()
+	if !ok || e.status < 200 || e.status > 299 {
+		return
+	}
+	c.entries.Set(d, e)
+}
+
+// noCache reports whether the client asks for an answer from the upstream.
+func noCache(h http.Header) bool {
+	for _, v := range h["Cache-Control"] {
+		for _, d := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(d), "no-cache") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// serveStored writes a cached answer, byte for byte.
+func (r *Relay) serveStored(w http.ResponseWriter, in *inbound, e *cached, result string) {
+	in.shared, in.status, in.firstByte = sharedCache, e.status, time.Since(in.start)
+	h := w.Header()
+	for k, vs := range e.header {
+		h[k] = vs
+	}
+	h.Set("X-Relay-Cache", result)
+	r.ratelimitHeaders(h, in)
+	w.WriteHeader(e.status)
+	_, _ = w.Write(e.body)
+	r.saved(in, e.saved, e.savedUSD)
+}
+
+// revalidate fetches a stale answer again, in the background, once at a
+// time: the request that found it stale gets it at once, and its key pays
+// for the new one (the log line of the fetch has shared: revalidation).
+func (r *Relay) revalidate(req *http.Request, in *inbound, c *responseCache, d bodyDigest) {
+	f := newFlight()
+	if other := c.join(d, f); other != nil {
+		return // being fetched already
+	}
+	bg := &inbound{id: newRequestID(), start: time.Now(), route: in.route, rawQuery: in.rawQuery,
+		key: in.key, stateID: in.stateID, state: in.state, header: in.header.Clone(),
+		body: bytes.Clone(in.body), model: in.model, target: in.model, userID: in.userID, stream: in.stream,
+		needs: in.needs, modelStart: in.modelStart, modelEnd: in.modelEnd, estimate: in.estimate,
+		pinned: in.pinned, shared: sharedRevalidation}
+	bg.chain = bg.chainBuf[:0]
+	bgReq := req.WithContext(context.WithoutCancel(req.Context())) // the client's leaving ends nothing
+	go func() {
+		defer c.leave(d, f)
+		defer f.release()
+		defer r.account(bg)
+		defer func() {
+			if p := recover(); p != nil {
+				r.logger.Error("cache revalidation panicked", zap.Any("panic", p), zap.String("request_id", bg.id))
+			}
+		}()
+		if fail := r.lead(discard{header: http.Header{}}, bgReq, bg, f, 0); fail != nil {
+			bg.status = http.StatusBadGateway
+			if fail.err != nil {
+				bg.status = fail.err.status
+			} else if fail.last.status != 0 {
+				bg.status = fail.last.status
+			}
+		}
+		if f.ok {
+			c.store(d, f, r.now())
+		}
+	}()
+}
+
+// discard is the writer of a request without a client.
+type discard struct{ header http.Header }
+
+func (d discard) Header() http.Header       { return d.header }
+func (discard) WriteHeader(int)             {}
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+func (discard) FlushError() error           { return nil }

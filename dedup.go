@@ -1,0 +1,525 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Duplicate requests. The official SDKs retry a request that timed out or
+// lost its connection, while the upstream may still be working on the first
+// attempt: a retry (x-stainless-retry-count >= 1, or an idempotency-key)
+// with the same principal and the same request as one in flight, or
+// answered within dedup_window, is answered from it instead of paying the
+// upstream again. A first attempt is never answered from another request,
+// but one that may be retried (it carries either header) is recorded so
+// that its retries can attach. The same flight, a broadcast buffer the
+// leading request writes into and followers replay, coalesces identical
+// misses of a group's response cache (cache.go).
+
+const (
+	defaultDedupWindow = 60 * time.Second
+	defaultDedupGrace  = 5 * time.Second
+
+	// maxSharedAnswer bounds the bytes kept of one answer; a larger answer
+	// is not kept, and its retries (or coalesced misses) go upstream.
+	maxSharedAnswer = 4 << 20
+	// maxSharedBytes bounds the bytes kept by all flights of the process
+	// together (in flight, and answered ones within dedup_window).
+	maxSharedBytes = 64 << 20
+	// maxDedupEntries bounds the requests the dedup table remembers.
+	maxDedupEntries = 10_000
+)
+
+// requestDigest identifies a request for dedup and the cache: its route, its
+// anthropic-version and anthropic-beta headers and its body.
+type bodyDigest [sha256.Size]byte
+
+func requestDigest(in *inbound) bodyDigest {
+	buf := bodyPool.Get().(*bytes.Buffer)
+	defer releaseBody(buf)
+	buf.WriteString(in.route.upstreamPath())
+	for _, name := range [...]string{"Anthropic-Version", "Anthropic-Beta"} {
+		buf.WriteByte(0)
+		for _, v := range in.header[name] {
+			buf.WriteString(v)
+			buf.WriteByte(',')
+		}
+	}
+	buf.WriteByte(0)
+	buf.Write(in.body)
+	return sha256.Sum256(buf.Bytes())
+}
+
+// retryMarks reads the headers by which an SDK's request says it may be
+// retried (marked) and that it is a retry.
+func retryMarks(h http.Header) (idem string, marked, retry bool) {
+	count, hasCount := h["X-Stainless-Retry-Count"]
+	keys, hasKey := h["Idempotency-Key"]
+	if !hasCount && !hasKey {
+		return "", false, false
+	}
+	if hasKey && len(keys) > 0 {
+		idem, retry = keys[0], true
+	}
+	if hasCount && len(count) > 0 {
+		if n, err := strconv.Atoi(count[0]); err == nil && n >= 1 {
+			retry = true
+		}
+	}
+	return idem, true, retry
+}
+
+// sharedBytes counts the bytes all flights keep, against maxSharedBytes.
+var sharedBytes byteBudget
+
+type byteBudget struct{ used atomic.Int64 }
+
+func (b *byteBudget) take(n, limit int64) bool {
+	if b.used.Add(n) > limit {
+		b.used.Add(-n)
+		return false
+	}
+	return true
+}
+
+func (b *byteBudget) give(n int64) { b.used.Add(-n) }
+
+// flight is one upstream answer as the leading request writes it to its
+// client: status, headers and every byte of the body, which followers
+// replay from the first byte and then live.
+type flight struct {
+	mu        sync.Mutex
+	wake      chan struct{} // closed when the flight changes; nil: nobody waits
+	status    int
+	header    http.Header // as the client got it, less what is its own
+	stream    bool
+	buf       []byte
+	done      bool
+	ok        bool // done, complete and successful: it may be replayed
+	dropped   bool // it outgrew its bounds: nobody may follow it
+	followers int
+	ended     time.Time
+	saved     usage   // what the answer cost upstream
+	savedUSD  float64 // and in US dollars
+	kept      int64   // bytes counted in sharedBytes
+}
+
+func newFlight() *flight { return new(flight) }
+
+// changed wakes those waiting for f to change; f.mu is held. A flight that
+// nobody follows allocates nothing.
+func (f *flight) changed() {
+	if f.wake != nil {
+		close(f.wake)
+		f.wake = nil
+	}
+}
+
+// waiter returns the channel closed at f's next change; f.mu is held.
+func (f *flight) waiter() <-chan struct{} {
+	if f.wake == nil {
+		f.wake = make(chan struct{})
+	}
+	return f.wake
+}
+
+// begin records the status and headers of the answer.
+func (f *flight) begin(status int, h http.Header) {
+	kept := make(http.Header, len(h))
+	for k, vs := range h {
+		if k == "X-Relay-Request-Id" || isRatelimitHeader(k) {
+			continue
+		}
+		kept[k] = vs
+	}
+	f.mu.Lock()
+	f.status, f.header, f.stream = status, kept, isEventStream(h)
+	if n, err := strconv.Atoi(h.Get("Content-Length")); err == nil && n > 0 && n <= maxSharedAnswer {
+		f.buf = make([]byte, 0, n)
+	} else if f.stream {
+		f.buf = make([]byte, 0, 8<<10)
+	}
+	f.changed()
+	f.mu.Unlock()
+}
+
+// add appends a piece of the body, or drops the flight when it outgrows
+// its bounds.
+func (f *flight) add(p []byte) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.dropped {
+		return
+	}
+	n := int64(len(p))
+	if int64(len(f.buf))+n > maxSharedAnswer || !sharedBytes.take(n, maxSharedBytes) {
+		f.drop()
+		return
+	}
+	f.kept += n
+	f.buf = append(f.buf, p...)
+	f.changed()
+}
+
+// drop lets go of the body; f.mu is held.
+func (f *flight) drop() {
+	f.dropped, f.buf = true, nil
+	sharedBytes.give(f.kept)
+	f.kept = 0
+	f.changed()
+}
+
+// finish ends the flight; ok says its answer may be replayed.
+func (f *flight) finish(ok bool, u usage, usd float64, now time.Time) {
+	f.mu.Lock()
+	f.done, f.ok, f.saved, f.savedUSD, f.ended = true, ok && !f.dropped && f.status != 0, u, usd, now
+	f.changed()
+	f.mu.Unlock()
+}
+
+// release gives back the bytes f counts.
+func (f *flight) release() {
+	f.mu.Lock()
+	sharedBytes.give(f.kept)
+	f.kept = 0
+	f.mu.Unlock()
+}
+
+func (f *flight) follow() {
+	f.mu.Lock()
+	f.followers++
+	f.mu.Unlock()
+}
+
+func (f *flight) followed() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.followers > 0
+}
+
+// dedupKey is a request as a retry must repeat it: the same principal, the
+// same idempotency key (or none) and the same request. The client's key is
+// kept as a digest, whatever its length.
+type dedupKey struct {
+	state  string
+	digest bodyDigest // of the request, and of its idempotency key if any
+}
+
+func newDedupKey(state, idem string, d bodyDigest) dedupKey {
+	if idem != "" {
+		d = sha256.Sum256(append(d[:], idem...))
+	}
+	return dedupKey{state: state, digest: d}
+}
+
+// dedupTable holds the flights of the requests that may be retried, per
+// node, bounded in entries (and, with the flights, in bytes).
+type dedupTable struct {
+	mu        sync.Mutex
+	m         map[dedupKey]*flight
+	lastSweep time.Time
+}
+
+var dedups = &dedupTable{m: map[dedupKey]*flight{}}
+
+// find returns the flight a retry may attach to: in flight, or answered
+// successfully within window.
+func (t *dedupTable) find(k dedupKey, now time.Time, window time.Duration) *flight {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	f := t.m[k]
+	if f == nil {
+		return nil
+	}
+	f.mu.Lock()
+	live := !f.dropped && (!f.done || f.ok && now.Sub(f.ended) <= window)
+	if live {
+		f.followers++
+	}
+	f.mu.Unlock()
+	if !live {
+		return nil
+	}
+	return f
+}
+
+// put records f as the flight of k, in place of an earlier one that has
+// ended, and reports whether it did: an identical request still in flight
+// keeps its place (its retries are as well answered by it), and a table
+// full of live entries takes no more. The table is swept at most once a
+// second, so a full table costs a request nothing more. A flight the table
+// holds gives its bytes back when it leaves the table, after it ended.
+func (t *dedupTable) put(k dedupKey, f *flight, now time.Time, window time.Duration) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if now.Sub(t.lastSweep) >= min(window, time.Second) {
+		t.sweep(now, window)
+	}
+	if old := t.m[k]; old != nil {
+		old.mu.Lock()
+		ended := old.done || old.dropped
+		old.mu.Unlock()
+		if !ended {
+			return false
+		}
+		old.release()
+	} else if len(t.m) >= maxDedupEntries {
+		return false
+	}
+	t.m[k] = f
+	return true
+}
+
+// sweep forgets the flights that ended more than window ago, and dropped
+// ones; t.mu is held.
+func (t *dedupTable) sweep(now time.Time, window time.Duration) {
+	t.lastSweep = now
+	for k, f := range t.m {
+		f.mu.Lock()
+		gone := f.dropped || f.done && (!f.ok || now.Sub(f.ended) > window)
+		f.mu.Unlock()
+		if gone {
+			f.release()
+			delete(t.m, k)
+		}
+	}
+}
+
+// len and bytes are the table's own accounting, for tests and the admin.
+func (t *dedupTable) len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.m)
+}
+
+// teeWriter is the leading request's writer: what its client gets goes to
+// the flight as well. When the client leaves, the answer goes on into the
+// flight alone, for as long as the attempt's context lets it run.
+type teeWriter struct {
+	http.ResponseWriter
+	f    *flight
+	gone bool
+}
+
+func (t *teeWriter) WriteHeader(code int) {
+	t.f.begin(code, t.ResponseWriter.Header())
+	t.ResponseWriter.WriteHeader(code)
+}
+
+func (t *teeWriter) Write(p []byte) (int, error) {
+	if t.f.status == 0 { // read by this goroutine only, which sets it
+		t.WriteHeader(http.StatusOK)
+	}
+	t.f.add(p)
+	if !t.gone {
+		if _, err := t.ResponseWriter.Write(p); err != nil {
+			t.gone = true
+		}
+	}
+	return len(p), nil
+}
+
+// FlushError is what http.ResponseController calls to flush.
+func (t *teeWriter) FlushError() error {
+	if !t.gone {
+		if err := http.NewResponseController(t.ResponseWriter).Flush(); err != nil {
+			t.gone = true
+		}
+	}
+	return nil
+}
+
+func (t *teeWriter) Unwrap() http.ResponseWriter { return t.ResponseWriter }
+
+// share answers a Messages request from an answer the relay has or is
+// getting for the same request (a retry attached to its first attempt, the
+// group's response cache, an identical miss in flight), or relays it while
+// keeping its answer for those that follow. Requests that neither may be
+// retried nor use a cache go straight to relay.
+func (r *Relay) share(w http.ResponseWriter, req *http.Request, in *inbound) *failure {
+	c := in.group().cache
+	idem, marked, retry := "", false, false
+	if r.dedupWindow > 0 {
+		idem, marked, retry = retryMarks(in.header)
+	}
+	if in.route != routeMessages || c == nil && !marked {
+		return r.relay(w, req, in)
+	}
+	d := requestDigest(in)
+	g := in.group().name
+	if c != nil && noCache(in.header) {
+		metricCache.WithLabelValues(g, cacheBypass).Inc()
+		c = nil
+	}
+	now := r.now()
+	if c != nil {
+		if e, result := c.get(d, now); e != nil {
+			metricCache.WithLabelValues(g, result).Inc()
+			if result == cacheStale {
+				r.revalidate(req, in, c, d)
+			}
+			r.serveStored(w, in, e, result)
+			return nil
+		}
+	}
+	dk := newDedupKey(in.stateID, idem, d)
+	if retry {
+		if f := dedups.find(dk, now, r.dedupWindow); f != nil && r.replay(w, req.Context(), in, f, sharedDedup) {
+			metricDedup.WithLabelValues(g).Inc()
+			return nil
+		}
+	}
+	f := newFlight()
+	if c != nil {
+		if other := c.join(d, f); other != nil {
+			if r.replay(w, req.Context(), in, other, sharedCoalesced) {
+				metricCache.WithLabelValues(g, cacheHit).Inc()
+				return nil
+			}
+		} else {
+			defer c.leave(d, f)
+		}
+		metricCache.WithLabelValues(g, cacheMiss).Inc()
+	}
+	if !marked || !dedups.put(dk, f, now, r.dedupWindow) {
+		defer f.release() // nobody finds it once its cache entry is stored
+	}
+	grace := time.Duration(0) // a request no SDK will retry ends with its client, unless followed
+	if marked {
+		grace = r.dedupGrace
+	}
+	fail := r.lead(w, req, in, f, grace)
+	if c != nil && f.ok {
+		c.store(d, f, r.now())
+	}
+	return fail
+}
+
+// lead relays the request, writing its answer into f too. The attempt no
+// longer ends with its client: when the client leaves, it runs on for
+// grace, and to its end when another request follows it by then.
+func (r *Relay) lead(w http.ResponseWriter, req *http.Request, in *inbound, f *flight, grace time.Duration) *failure {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(req.Context()))
+	defer cancel()
+	stop := context.AfterFunc(req.Context(), func() {
+		time.AfterFunc(grace, func() {
+			if !f.followed() {
+				cancel()
+			}
+		})
+	})
+	defer stop()
+	fail := r.relay(&teeWriter{ResponseWriter: w, f: f}, req.WithContext(ctx), in)
+	ok := fail == nil && in.answered != nil && !in.incomplete && in.status >= 200 && in.status <= 299
+	var usd float64
+	if ok {
+		if rates := r.prices.lookup(in.target); rates != nil {
+			usd = rates.cost(in.usage) * in.answered.priceFactor
+		}
+	}
+	f.finish(ok, in.usage, usd, r.now())
+	return fail
+}
+
+// What answered a request that no upstream answered for it: the log
+// line's `shared` field.
+const (
+	sharedDedup        = "dedup"     // a retry, attached to its first attempt
+	sharedCache        = "cache"     // the group's response cache
+	sharedCoalesced    = "coalesced" // an identical cache miss in flight
+	sharedRevalidation = "revalidation"
+)
+
+// replay writes f to the client: from its first byte, then live as the
+// leading request gets it. It reports false when nothing was written
+// because f failed (or outgrew its bounds) first: the request is then
+// relayed itself, since a failed answer is never replayed.
+func (r *Relay) replay(w http.ResponseWriter, ctx context.Context, in *inbound, f *flight, how string) bool {
+	f.mu.Lock()
+	// a stream is replayed from its headers on; any other answer once whole
+	for !f.dropped && !f.done && (f.status == 0 || !f.stream) {
+		wake := f.waiter()
+		f.mu.Unlock()
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			in.shared = how
+			return true // the client is gone
+		}
+		f.mu.Lock()
+	}
+	if f.dropped || f.done && !f.ok {
+		f.mu.Unlock()
+		return false
+	}
+	status, header := f.status, f.header
+	f.mu.Unlock()
+
+	in.shared, in.status, in.firstByte = how, status, time.Since(in.start)
+	h := w.Header()
+	for k, vs := range header {
+		h[k] = vs
+	}
+	r.ratelimitHeaders(h, in)
+	w.WriteHeader(status)
+	rc := http.NewResponseController(w)
+	for pos := 0; ; {
+		f.mu.Lock()
+		done, dropped := f.done, f.dropped
+		var chunk []byte
+		var wake <-chan struct{}
+		if !dropped { // a dropped flight has let go of its bytes
+			chunk = f.buf[pos:len(f.buf)]
+			if !done {
+				wake = f.waiter()
+			}
+		}
+		ok, saved, usd := f.ok, f.saved, f.savedUSD
+		f.mu.Unlock()
+		if dropped { // the leader's answer outgrew what is kept
+			_, _ = w.Write(sseError("api_error", "the answer this retry attached to grew too large to replay", in.id))
+			in.incomplete = true
+			_ = rc.Flush()
+			return true
+		}
+		if len(chunk) > 0 {
+			if _, err := w.Write(chunk); err != nil {
+				in.incomplete = true
+				return true
+			}
+			pos += len(chunk)
+			_ = rc.Flush()
+		}
+		if done {
+			in.incomplete = !ok
+			if ok {
+				r.saved(in, saved, usd)
+			}
+			return true
+		}
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			in.incomplete = true
+			return true
+		}
+	}
+}
+
+// saved counts what an answer that reached the client without an
+// upstream would have cost.
+func (r *Relay) saved(in *inbound, u usage, usd float64) {
+	g := in.group().name
+	if t := u.input + u.output + u.cacheRead + u.cacheWrite; t > 0 {
+		metricSavedTokens.WithLabelValues(g).Add(float64(t))
+	}
+	if usd > 0 {
+		metricSavedUSD.WithLabelValues(g).Add(usd)
+	}
+}
