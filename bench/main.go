@@ -95,11 +95,15 @@ func main() {
 	flag.IntVar(&o.rounds, "rounds", o.rounds, "rounds of every workload; rows are the medians")
 	flag.IntVar(&o.idleStreams, "idle", o.idleStreams, "idle streams opened at once for the memory measurement")
 	flag.IntVar(&o.rate, "rate", o.rate, "req/s of the fixed-rate workload")
+	flag.BoolVar(&o.idleOnly, "idle-only", false, "measure only the idle streams (targets b and c), not the load")
+	flag.StringVar(&o.profileDir, "profile", "", "write heap and goroutine profiles of each caddy process holding the idle streams to this directory")
 	smoke := flag.Bool("smoke", false, "a quick check of the harness itself (overrides -duration, -rounds, -idle and -rate)")
 	out := flag.String("out", "", "also write the markdown table to this file")
 	flag.Parse()
 	if *smoke {
+		idleOnly, profileDir := o.idleOnly, o.profileDir
 		o = smokeRun()
+		o.idleOnly, o.profileDir = idleOnly, profileDir
 	}
 	o.logf = log.New(os.Stderr, "bench: ", 0).Printf
 	if err := runAndPrint(o, *out); err != nil {
@@ -139,13 +143,15 @@ type options struct {
 	rate              int           // req/s of the fixed-rate workload
 	streamConcurrency int           // of the streaming workload
 	idleStreams       int           // held open at once for the memory measurement
+	idleOnly          bool          // measure the idle streams only
+	profileDir        string        // if set, profiles of the caddy processes holding the idle streams
 	logf              func(format string, args ...any)
 }
 
 // fullRun is the run the issue asks for.
 func fullRun() options {
 	return options{targets: targets, duration: 5 * time.Second, rounds: 3, concurrency: []int{1, 10, 100}, rate: 2000,
-		streamConcurrency: 10, idleStreams: 2000}
+		streamConcurrency: 10, idleStreams: 10000}
 }
 
 // smokeRun runs every target and workload, briefly.
