@@ -97,6 +97,8 @@ func main() {
 	flag.IntVar(&o.rate, "rate", o.rate, "req/s of the fixed-rate workload")
 	flag.BoolVar(&o.idleOnly, "idle-only", false, "measure only the idle streams (targets b and c), not the load")
 	flag.StringVar(&o.profileDir, "profile", "", "write heap and goroutine profiles of each caddy process holding the idle streams to this directory")
+	reload := flag.Duration("reload", 0, "instead of the rest, run the reload-under-load mode for this long (60s for the full check)")
+	reloadRate := flag.Int("reload-rate", 100, "req/s of the reload-under-load mode, half of them streams")
 	smoke := flag.Bool("smoke", false, "a quick check of the harness itself (overrides -duration, -rounds, -idle and -rate)")
 	out := flag.String("out", "", "also write the markdown table to this file")
 	flag.Parse()
@@ -106,6 +108,14 @@ func main() {
 		o.idleOnly, o.profileDir = idleOnly, profileDir
 	}
 	o.logf = log.New(os.Stderr, "bench: ", 0).Printf
+	if *reload > 0 {
+		ro := reloadOptions{duration: *reload, rate: *reloadRate, streamLength: 2 * time.Second, logf: o.logf}
+		if err := runReloadAndPrint(ro, *out); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := runAndPrint(o, *out); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
@@ -170,4 +180,24 @@ func (o options) workloads() []workload {
 		workload{kind: fixedRate, rate: o.rate},
 		workload{kind: streaming, concurrency: o.streamConcurrency},
 		workload{kind: idle, concurrency: o.idleStreams})
+}
+
+// runReloadAndPrint runs the reload-under-load mode until done or
+// interrupted, prints its report and writes it to out, if named. It fails
+// when a check failed.
+func runReloadAndPrint(o reloadOptions, out string) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	res, err := runReload(ctx, o)
+	if err != nil {
+		return err
+	}
+	text := reloadReport(o, res)
+	fmt.Print(text)
+	if out != "" {
+		if err := os.WriteFile(out, []byte(text), 0o644); err != nil {
+			return err
+		}
+	}
+	return res.ok()
 }
