@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
@@ -28,9 +29,13 @@ type reloadOptions struct {
 
 // reloadResult is what the reload-under-load mode measured.
 type reloadResult struct {
-	requests, streams   uint64   // sent, of which streams
-	failed              []string // failed or cut replies, by error
-	failedCount         uint64
+	requests, streams uint64   // sent, of which streams
+	failed            []string // failed or cut replies, by error
+	failedCount       uint64
+	// requests sent again after their connection failed before any
+	// response, as the Anthropic SDKs do: a kept-alive connection that
+	// Caddy closes as a reload replaces its server
+	retried             int64
 	reloads, badReloads int      // config loads, and those that failed
 	reloadErrors        []string // why they failed
 	// upstream connections opened during the load, after the warm-up
@@ -38,6 +43,31 @@ type reloadResult struct {
 	// goroutines of the caddy process at rest before the load (after the
 	// warm-up) and after it
 	goroutinesBefore, goroutinesAfter int
+}
+
+// retryBeforeResponse sends a request once more when its round trip
+// failed before any response (a connection reset or closed as the request
+// went out), as the Anthropic SDKs retry connection errors; a reply cut
+// after its headers is not retried, and fails the run.
+type retryBeforeResponse struct {
+	next    http.RoundTripper
+	retried *atomic.Int64
+}
+
+// RoundTrip implements http.RoundTripper.
+func (t *retryBeforeResponse) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := t.next.RoundTrip(r)
+	if err == nil || r.GetBody == nil || r.Context().Err() != nil {
+		return resp, err
+	}
+	body, gerr := r.GetBody()
+	if gerr != nil {
+		return nil, err
+	}
+	again := r.Clone(r.Context())
+	again.Body = body
+	t.retried.Add(1)
+	return t.next.RoundTrip(again)
 }
 
 // goroutineSlack is how many more goroutines the caddy process may hold
@@ -72,8 +102,8 @@ func (r reloadResult) ok() error {
 
 // String renders the result for the log and docs/performance.md.
 func (r reloadResult) String() string {
-	return fmt.Sprintf("%d requests (%d streams), %d failed or cut; %d reloads, %d failed; %d upstream connections opened; goroutines at rest %d before, %d after",
-		r.requests, r.streams, r.failedCount, r.reloads, r.badReloads, r.upstreamConns, r.goroutinesBefore, r.goroutinesAfter)
+	return fmt.Sprintf("%d requests (%d streams), %d failed or cut, %d sent again after a connection error before any response; %d reloads, %d failed; %d upstream connections opened; goroutines at rest %d before, %d after",
+		r.requests, r.streams, r.failedCount, r.retried, r.reloads, r.badReloads, r.upstreamConns, r.goroutinesBefore, r.goroutinesAfter)
 }
 
 // reloadCaddyfile is the relay of target (c) with an admin endpoint to load
@@ -217,11 +247,13 @@ func runReload(ctx context.Context, o reloadOptions) (reloadResult, error) {
 func mixedLoad(ctx context.Context, url string, rate int, d time.Duration, res *reloadResult) {
 	var mu sync.Mutex
 	var wg sync.WaitGroup
+	var retried atomic.Int64
 	for _, stream := range []bool{false, true} {
 		wg.Go(func() {
 			client := keepAliveTransport(maxFixedRateWorkers)
 			defer client.CloseIdleConnections()
-			atk := vegeta.NewAttacker(vegeta.Client(&http.Client{Transport: client, Timeout: vegeta.DefaultTimeout}),
+			rt := &retryBeforeResponse{next: client, retried: &retried}
+			atk := vegeta.NewAttacker(vegeta.Client(&http.Client{Transport: rt, Timeout: vegeta.DefaultTimeout}),
 				vegeta.Workers(fixedRateWorkers), vegeta.MaxWorkers(maxFixedRateWorkers))
 			defer context.AfterFunc(ctx, func() { atk.Stop() })()
 			tgt := vegeta.Target{Method: http.MethodPost, URL: url, Body: messageBody(stream), Header: requestHeader()}
@@ -244,6 +276,7 @@ func mixedLoad(ctx context.Context, url string, rate int, d time.Duration, res *
 		})
 	}
 	wg.Wait()
+	res.retried += retried.Load()
 	select {
 	case <-ctx.Done():
 	case <-time.After(500 * time.Millisecond):
