@@ -8,6 +8,8 @@
 //	go run ./bench                 # the full run, table on stdout
 //	go run ./bench -out bench.md   # the table also written to bench.md
 //	go run ./bench -smoke          # a few seconds: short runs, few streams
+//	go run ./bench -idle-only      # only the idle streams of (b) and (c)
+//	go run ./bench -reload 60s     # only the reload under load (see reload.go)
 //
 // It builds ./cmd/caddy once into a temporary directory, starts an
 // in-process fake Anthropic upstream (internal/fakeupstream: Fast answers at
@@ -49,10 +51,14 @@
 //   - streaming: the same body with "stream":true (20 events) at concurrency
 //     10; p50/p99 are to the last byte, "first byte" is until the response
 //     headers, which the relay sends at its commit point;
-//   - idle streams (targets b and c): -idle streams (default 2000) opened at
-//     once to an upstream that pings every 30s, each read until its first
-//     content_block_delta and held open; the caddy process's VmRSS growth
-//     divided by the streams is the memory per idle stream.
+//   - idle streams (targets b and c): -idle streams (default 10000, fewer
+//     if the open-file limit cannot be raised enough: each holds two
+//     sockets in caddy and two here) opened at once to an upstream that
+//     pings every 30s, each read until its first content_block_delta and
+//     held open; the caddy process's VmRSS growth divided by the streams
+//     is the memory per idle stream. With -profile DIR, the caddy process
+//     gets an admin endpoint and its heap and goroutine profiles are saved
+//     in DIR while it holds the streams.
 //
 // The load generator is the vegeta library, closed loop but for the fixed
 // rate: as many workers as the concurrency, each sending its next request
