@@ -72,15 +72,15 @@ func positive(x row) bool {
 	return x.reqPerSec > 0 && x.p50 > 0 && x.p99 > 0
 }
 
-// TestReloadSmoke runs the reload-under-load mode for a few seconds: every
-// request, streams spanning reloads included, must succeed, every reload
-// must load, and the relay must keep its upstream connections and its
-// goroutine count.
+// TestReloadSmoke runs the reload-under-load mode for a few seconds, with
+// its chaos channel: every request, streams spanning reloads and requests
+// failed over included, must succeed, every reload must load, and the
+// relay must keep its upstream connections and its goroutine count.
 func TestReloadSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds cmd/caddy and runs it under load")
 	}
-	o := reloadOptions{duration: 4 * time.Second, rate: 40, streamLength: 1500 * time.Millisecond, logf: t.Logf}
+	o := reloadOptions{duration: 4 * time.Second, rate: 40, streamLength: 1500 * time.Millisecond, chaos: true, logf: t.Logf}
 	res, err := runReload(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)

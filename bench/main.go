@@ -105,6 +105,7 @@ func main() {
 	flag.StringVar(&o.profileDir, "profile", "", "write heap and goroutine profiles of each caddy process holding the idle streams to this directory")
 	reload := flag.Duration("reload", 0, "instead of the rest, run the reload-under-load mode for this long (60s for the full check)")
 	reloadRate := flag.Int("reload-rate", 100, "req/s of the reload-under-load mode, half of them streams")
+	chaos := flag.Bool("chaos", false, "in the reload-under-load mode, a second channel fails every fifth request before its content (-reload 1h -chaos is the long run)")
 	smoke := flag.Bool("smoke", false, "a quick check of the harness itself (overrides -duration, -rounds, -idle and -rate)")
 	out := flag.String("out", "", "also write the markdown table to this file")
 	flag.Parse()
@@ -115,7 +116,7 @@ func main() {
 	}
 	o.logf = log.New(os.Stderr, "bench: ", 0).Printf
 	if *reload > 0 {
-		ro := reloadOptions{duration: *reload, rate: *reloadRate, streamLength: 2 * time.Second, logf: o.logf}
+		ro := reloadOptions{duration: *reload, rate: *reloadRate, streamLength: 2 * time.Second, chaos: *chaos, logf: o.logf}
 		if err := runReloadAndPrint(ro, *out); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
 			os.Exit(1)

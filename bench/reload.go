@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -24,7 +26,12 @@ type reloadOptions struct {
 	duration     time.Duration
 	rate         int
 	streamLength time.Duration
-	logf         func(format string, args ...any)
+	// chaos adds a second channel, never left cooling nor broken open,
+	// whose upstream fails every fifth request before its content (a 529,
+	// or a stream cut after message_start), which the relay must fail
+	// over from invisibly (but for x-relay-attempts: 2)
+	chaos bool
+	logf  func(format string, args ...any)
 }
 
 // reloadResult is what the reload-under-load mode measured.
@@ -43,7 +50,16 @@ type reloadResult struct {
 	// goroutines of the caddy process at rest before the load (after the
 	// warm-up) and after it
 	goroutinesBefore, goroutinesAfter int
+	// the caddy process's resident memory, sampled every 10s under load:
+	// the first sample and the last
+	rssFirst, rssLast int64
+	chaosFailures     int64 // failures the chaos upstream served
 }
+
+// rssGrowth is how much the caddy process's resident memory may grow from
+// its first sample under load to its last: the heap settles in the first
+// minutes, so a long run that grows more than this is leaking.
+const rssGrowth = 1.5
 
 // retryBeforeResponse sends a request once more when its round trip
 // failed before any response (a connection reset or closed as the request
@@ -94,6 +110,9 @@ func (r reloadResult) ok() error {
 	if r.upstreamConns > int64(r.requests/5)+10 {
 		why = append(why, fmt.Sprintf("%d upstream connections opened for %d requests: reloads drop them", r.upstreamConns, r.requests))
 	}
+	if r.rssFirst > 0 && float64(r.rssLast) > rssGrowth*float64(r.rssFirst) {
+		why = append(why, fmt.Sprintf("resident memory grew from %d MB to %d MB under the same load", r.rssFirst>>10, r.rssLast>>10))
+	}
 	if len(why) == 0 {
 		return nil
 	}
@@ -102,8 +121,12 @@ func (r reloadResult) ok() error {
 
 // String renders the result for the log and docs/performance.md.
 func (r reloadResult) String() string {
-	return fmt.Sprintf("%d requests (%d streams), %d failed or cut, %d sent again after a connection error before any response; %d reloads, %d failed; %d upstream connections opened; goroutines at rest %d before, %d after",
-		r.requests, r.streams, r.failedCount, r.retried, r.reloads, r.badReloads, r.upstreamConns, r.goroutinesBefore, r.goroutinesAfter)
+	chaos := ""
+	if r.chaosFailures > 0 {
+		chaos = fmt.Sprintf(", %d upstream failures failed over", r.chaosFailures)
+	}
+	return fmt.Sprintf("%d requests (%d streams), %d failed or cut, %d sent again after a connection error before any response%s; %d reloads, %d failed; %d upstream connections opened; goroutines at rest %d before, %d after; resident memory under load %d MB first, %d MB last",
+		r.requests, r.streams, r.failedCount, r.retried, chaos, r.reloads, r.badReloads, r.upstreamConns, r.goroutinesBefore, r.goroutinesAfter, r.rssFirst>>10, r.rssLast>>10)
 }
 
 // reloadCaddyfile is the relay of target (c) with an admin endpoint to load
@@ -127,6 +150,49 @@ const reloadCaddyfile = `{
 	}
 }
 `
+
+// chaosChannel is the second channel of the chaos mode, and what its group
+// becomes: a retry a request, whatever the retry budget.
+const (
+	chaosChannel = `		channel flaky {
+			url http://$FLAKY
+			api_key sk-upstream
+			cooldown 1ns
+			max_cooldown 1ns
+			breaker {
+				min_requests 1000000000
+			}
+		}
+		group bench {`
+	chaosGroup = `			channels upstream flaky
+			retries 1
+			retry_budget 100% 1000000/s`
+)
+
+// flakyUpstream is pacedUpstream failing every fifth request before its
+// content: with a 529 overloaded error, or for a stream, by ending it
+// after message_start. failures counts them.
+func flakyUpstream(streamLength time.Duration, failures *atomic.Int64) http.HandlerFunc {
+	paced := pacedUpstream(streamLength)
+	start := fakeupstream.StreamEvents("claude-sonnet-4-5", fakeupstream.Usage{InputTokens: 1})[0]
+	var n atomic.Int64
+	return func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1)%5 != 0 {
+			paced(w, r)
+			return
+		}
+		failures.Add(1)
+		body, _ := io.ReadAll(r.Body)
+		if bytes.Contains(body, []byte(`"stream":true`)) {
+			fakeupstream.StartStream(w)
+			fakeupstream.WriteEvent(w, start)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(529)
+		_, _ = io.WriteString(w, `{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`)
+	}
+}
 
 // pacedUpstream answers non-streaming requests at once and streams over
 // streamLength: the 20 events of Fast, spread evenly, so that a stream
@@ -184,6 +250,15 @@ func runReload(ctx context.Context, o reloadOptions) (reloadResult, error) {
 	}
 	up := fakeupstream.Start(pacedUpstream(o.streamLength), false)
 	defer up.Close()
+	var chaosFailures atomic.Int64
+	template := reloadCaddyfile
+	flakyAddr := ""
+	if o.chaos {
+		flaky := fakeupstream.Start(flakyUpstream(o.streamLength, &chaosFailures), false)
+		defer flaky.Close()
+		flakyAddr = flaky.Listener.Addr().String()
+		template = strings.Replace(template, "\t\tgroup bench {\n\t\t\tchannels upstream", chaosChannel+"\n"+chaosGroup, 1)
+	}
 	siteAddr, err := freeAddr()
 	if err != nil {
 		return res, err
@@ -195,7 +270,7 @@ func runReload(ctx context.Context, o reloadOptions) (reloadResult, error) {
 	_, port, _ := strings.Cut(siteAddr, ":")
 	config := func(gen int) string {
 		return strings.NewReplacer("$ADMIN", adminAddr, "$PORT", port, "$UPSTREAM", up.Listener.Addr().String(),
-			"$GEN", strconv.Itoa(gen%2)).Replace(reloadCaddyfile)
+			"$FLAKY", flakyAddr, "$GEN", strconv.Itoa(gen%2)).Replace(template)
 	}
 	proc, err := startCaddy(ctx, bin, dir, config(0))
 	if err != nil {
@@ -206,7 +281,7 @@ func runReload(ctx context.Context, o reloadOptions) (reloadResult, error) {
 
 	warmUp := min(3*time.Second, o.duration)
 	o.logf("warm-up: %s at %d req/s", warmUp, o.rate)
-	mixedLoad(ctx, url, o.rate, warmUp, &reloadResult{})
+	mixedLoad(ctx, url, o.rate, warmUp, o.chaos, &reloadResult{})
 	if res.goroutinesBefore, err = goroutines(ctx, adminAddr); err != nil {
 		return res, err
 	}
@@ -216,13 +291,19 @@ func runReload(ctx context.Context, o reloadOptions) (reloadResult, error) {
 	loadDone := make(chan struct{})
 	go func() {
 		defer close(loadDone)
-		mixedLoad(ctx, url, o.rate, o.duration, &res)
+		mixedLoad(ctx, url, o.rate, o.duration, o.chaos, &res)
 	}()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for gen := 1; ; gen++ {
 		select {
 		case <-tick.C:
+			if gen%10 == 0 {
+				if rss, err := proc.rssKiB(); err == nil {
+					res.rssFirst = cmp.Or(res.rssFirst, rss)
+					res.rssLast = rss
+				}
+			}
 			res.reloads++
 			if err := loadConfig(ctx, adminAddr, config(gen)); err != nil {
 				res.badReloads++
@@ -234,6 +315,10 @@ func runReload(ctx context.Context, o reloadOptions) (reloadResult, error) {
 		break
 	}
 	res.upstreamConns = up.Conns() - connsBefore
+	res.chaosFailures = chaosFailures.Load()
+	if o.chaos && res.chaosFailures == 0 {
+		return res, errors.New("chaos: the flaky channel served no failure")
+	}
 	if res.goroutinesAfter, err = goroutines(ctx, adminAddr); err != nil {
 		return res, err
 	}
@@ -244,7 +329,7 @@ func runReload(ctx context.Context, o reloadOptions) (reloadResult, error) {
 // streams, and adds what it sent and what failed to res. Both halves go
 // out over their own kept-alive connections, which it closes at the end,
 // and it waits a moment for the caddy process to let go of them.
-func mixedLoad(ctx context.Context, url string, rate int, d time.Duration, res *reloadResult) {
+func mixedLoad(ctx context.Context, url string, rate int, d time.Duration, failsOver bool, res *reloadResult) {
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	var retried atomic.Int64
@@ -259,7 +344,7 @@ func mixedLoad(ctx context.Context, url string, rate int, d time.Duration, res *
 			tgt := vegeta.Target{Method: http.MethodPost, URL: url, Body: messageBody(stream), Header: requestHeader()}
 			pacer := vegeta.Rate{Freq: max(1, rate/2), Per: time.Second}
 			for r := range atk.Attack(vegeta.NewStaticTargeter(tgt), pacer, d, "reload") {
-				checkReply(r, stream, false)
+				checkReply(r, stream, failsOver)
 				mu.Lock()
 				res.requests++
 				if stream {
@@ -268,7 +353,7 @@ func mixedLoad(ctx context.Context, url string, rate int, d time.Duration, res *
 				if r.Code != http.StatusOK {
 					res.failedCount++
 					if len(res.failed) < 10 {
-						res.failed = append(res.failed, cmpOr(r.Error, "status "+strconv.Itoa(int(r.Code))))
+						res.failed = append(res.failed, cmp.Or(r.Error, "status "+strconv.Itoa(int(r.Code))))
 					}
 				}
 				mu.Unlock()
@@ -281,13 +366,6 @@ func mixedLoad(ctx context.Context, url string, rate int, d time.Duration, res *
 	case <-ctx.Done():
 	case <-time.After(500 * time.Millisecond):
 	}
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // loadConfig loads a Caddyfile through the admin endpoint at adminAddr,
