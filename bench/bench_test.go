@@ -93,3 +93,20 @@ func TestReloadSmoke(t *testing.T) {
 		t.Fatalf("%d reloads and %d streams: the smoke did not exercise reloads under load", res.reloads, res.streams)
 	}
 }
+
+// TestBigConfigSmoke runs the big-config mode on a small config: caddy
+// must load it from JSON, reload it through the admin endpoint and report
+// its memory.
+func TestBigConfigSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds cmd/caddy and runs it")
+	}
+	res, err := runBigConfig(context.Background(), bigConfigOptions{channels: 10, keys: 100, reloads: 1, logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(res)
+	if res.firstLoad <= 0 || res.reload <= 0 || res.rssKiB <= 0 || res.heapKiB <= 0 {
+		t.Errorf("a figure is not positive: %+v", res)
+	}
+}

@@ -106,6 +106,9 @@ func main() {
 	reload := flag.Duration("reload", 0, "instead of the rest, run the reload-under-load mode for this long (60s for the full check)")
 	reloadRate := flag.Int("reload-rate", 100, "req/s of the reload-under-load mode, half of them streams")
 	chaos := flag.Bool("chaos", false, "in the reload-under-load mode, a second channel fails every fifth request before its content (-reload 1h -chaos is the long run)")
+	bigConfig := flag.Bool("big-config", false, "instead of the rest, load a big config into caddy and reload it: -channels channels in 50 groups, -keys keys")
+	bigChannels := flag.Int("channels", 1000, "channels of the -big-config mode")
+	bigKeys := flag.Int("keys", 100000, "keys of the -big-config mode")
 	smoke := flag.Bool("smoke", false, "a quick check of the harness itself (overrides -duration, -rounds, -idle and -rate)")
 	out := flag.String("out", "", "also write the markdown table to this file")
 	flag.Parse()
@@ -115,6 +118,17 @@ func main() {
 		o.idleOnly, o.profileDir = idleOnly, profileDir
 	}
 	o.logf = log.New(os.Stderr, "bench: ", 0).Printf
+	if *bigConfig {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+		res, err := runBigConfig(ctx, bigConfigOptions{channels: *bigChannels, keys: *bigKeys, reloads: 3, logf: o.logf})
+		stop()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		fmt.Printf("Big config, %d channels in 50 groups, %d keys: %s.\n", *bigChannels, *bigKeys, res)
+		return
+	}
 	if *reload > 0 {
 		ro := reloadOptions{duration: *reload, rate: *reloadRate, streamLength: 2 * time.Second, chaos: *chaos, logf: o.logf}
 		if err := runReloadAndPrint(ro, *out); err != nil {
