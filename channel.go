@@ -208,8 +208,8 @@ var transports = caddy.NewUsagePool()
 // upstreamWriteBuffer is the write buffer of a channel's upstream
 // connections unless its transport sets write_buffer_size: net/http's 4 KiB
 // is held by every open connection, a stream's for as long as it lasts,
-// though only the request headers go through it (a body larger than the
-// buffer is written past it).
+// though it only carries the request headers and the start of the body
+// (the rest of a larger body is written past it).
 const upstreamWriteBuffer = 1 << 10
 
 // pooledTransport is a transport of the pool; the last config to release
