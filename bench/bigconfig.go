@@ -21,6 +21,7 @@ import (
 type bigConfigOptions struct {
 	channels, keys int
 	reloads        int
+	profileDir     string // if set, profiles of the caddy process after the reloads
 	logf           func(format string, args ...any)
 }
 
@@ -126,6 +127,11 @@ func runBigConfig(ctx context.Context, o bigConfigOptions) (bigConfigResult, err
 	}
 	if res.heapKiB, err = heapAfterGC(ctx, adminAddr); err != nil {
 		return res, err
+	}
+	if o.profileDir != "" {
+		if err := saveProfiles(ctx, adminAddr, filepath.Join(o.profileDir, "big")); err != nil {
+			return res, err
+		}
 	}
 	res.rssKiB, err = proc.rssKiB()
 	return res, err

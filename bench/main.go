@@ -10,6 +10,7 @@
 //	go run ./bench -smoke          # a few seconds: short runs, few streams
 //	go run ./bench -idle-only      # only the idle streams of (b) and (c)
 //	go run ./bench -reload 60s     # only the reload under load (see reload.go)
+//	go run ./bench -big-config     # only a big config's load and reloads (bigconfig.go)
 //
 // It builds ./cmd/caddy once into a temporary directory, starts an
 // in-process fake Anthropic upstream (internal/fakeupstream: Fast answers at
@@ -109,6 +110,7 @@ func main() {
 	bigConfig := flag.Bool("big-config", false, "instead of the rest, load a big config into caddy and reload it: -channels channels in 50 groups, -keys keys")
 	bigChannels := flag.Int("channels", 1000, "channels of the -big-config mode")
 	bigKeys := flag.Int("keys", 100000, "keys of the -big-config mode")
+	bigReloads := flag.Int("reloads", 3, "reloads of the -big-config mode")
 	smoke := flag.Bool("smoke", false, "a quick check of the harness itself (overrides -duration, -rounds, -idle and -rate)")
 	out := flag.String("out", "", "also write the markdown table to this file")
 	flag.Parse()
@@ -120,7 +122,7 @@ func main() {
 	o.logf = log.New(os.Stderr, "bench: ", 0).Printf
 	if *bigConfig {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-		res, err := runBigConfig(ctx, bigConfigOptions{channels: *bigChannels, keys: *bigKeys, reloads: 3, logf: o.logf})
+		res, err := runBigConfig(ctx, bigConfigOptions{channels: *bigChannels, keys: *bigKeys, reloads: *bigReloads, profileDir: o.profileDir, logf: o.logf})
 		stop()
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
