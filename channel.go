@@ -205,13 +205,6 @@ func resolveBreaker(channel, relay *Breaker) breakerSettings {
 // sessions) instead of dialing anew.
 var transports = caddy.NewUsagePool()
 
-// upstreamWriteBuffer is the write buffer of a channel's upstream
-// connections unless its transport sets write_buffer_size: net/http's 4 KiB
-// is held by every open connection, a stream's for as long as it lasts,
-// though it only carries the request headers and the start of the body
-// (the rest of a larger body is written past it).
-const upstreamWriteBuffer = 1 << 10
-
 // pooledTransport is a transport of the pool; the last config to release
 // it closes its idle connections.
 type pooledTransport struct{ *reverseproxy.HTTPTransport }
@@ -234,9 +227,6 @@ func (r *Relay) loadTransport(ctx caddy.Context, cfg *Channel, https bool) (http
 		}
 	}
 	if t := poolableTransport(raw); t != nil {
-		if t.WriteBufferSize == 0 {
-			t.WriteBufferSize = upstreamWriteBuffer
-		}
 		key := cfg.Name + "\x00" + string(raw)
 		v, _, err := transports.LoadOrNew(key, func() (caddy.Destructor, error) {
 			if err := t.Provision(ctx); err != nil {

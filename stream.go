@@ -20,7 +20,7 @@ const (
 	maxEvent = 16 << 20
 )
 
-// readers and heldBufs pool the per-stream buffers: an SSE reader (1 KiB
+// readers and heldBufs pool the per-stream buffers: an SSE reader (8 KiB
 // plus its event buffers) and the events held back before the commit point.
 var (
 	readers  = sync.Pool{New: func() any { return sse.NewReader(nil, maxEvent) }}

@@ -37,15 +37,9 @@ type Reader struct {
 	nameLen int
 }
 
-// bufSize is the read buffer: small, since every line is copied out of it
-// into the event's own buffer anyway, and the stream it reads (an HTTP
-// response body) is itself buffered by its transport. A reader that waits
-// on an idle stream holds it the whole time.
-const bufSize = 1 << 10
-
 // NewReader returns a Reader for r that refuses events larger than max bytes.
 func NewReader(r io.Reader, max int) *Reader {
-	return &Reader{br: bufio.NewReaderSize(r, bufSize), max: max}
+	return &Reader{br: bufio.NewReaderSize(r, 4<<10), max: max}
 }
 
 // Reset makes r read from rd, keeping its buffers, so readers can be
