@@ -182,10 +182,35 @@ func (s *streamAttempt) pump(rd *sse.Reader) attemptResult {
 		}
 		switch string(ev.Name) {
 		case "message_stop":
+			s.drain(rd)
 			return done(verdict{outcome: outcomeSuccess, reason: "message_stop"})
 		case "error":
 			return done(classifyStreamError(ev.Data))
 		}
+	}
+}
+
+// After message_stop, drain waits up to drainTimeout for the upstream to
+// end its response, reading at most maxDrain bytes: a response body closed
+// before its end closes its connection, so without this wait the next
+// request would dial anew (with TLS, a handshake) whenever the end of the
+// response was a moment behind its last event.
+const (
+	drainTimeout = 100 * time.Millisecond
+	maxDrain     = 4 << 10
+)
+
+// drain reads the rest of an ended stream until the upstream ends its
+// response, within drainTimeout and maxDrain: its connection then goes
+// back to the transport's pool. The client has had the whole stream.
+func (s *streamAttempt) drain(rd *sse.Reader) {
+	s.deadline.arm(stageIdle, drainTimeout)
+	for n := 0; n <= maxDrain; {
+		ev, err := rd.Next()
+		if err != nil {
+			return
+		}
+		n += len(ev.Raw)
 	}
 }
 

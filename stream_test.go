@@ -205,3 +205,29 @@ func TestStreamTimeouts(t *testing.T) {
 		}
 	})
 }
+
+// An upstream that ends its response a moment after message_stop keeps its
+// connection: the relay waits for the end instead of closing the body, so
+// the next stream does not dial anew.
+func TestStreamKeepsUpstreamConnection(t *testing.T) {
+	evs := fakeupstream.StreamEvents("claude-sonnet-4-5", fakeupstream.Usage{InputTokens: 1, OutputTokens: 1}, "hi")
+	up := fakeupstream.New(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fakeupstream.StartStream(w)
+		for _, ev := range evs {
+			fakeupstream.WriteEvent(w, ev)
+		}
+		time.Sleep(20 * time.Millisecond) // the response ends after its last event
+	}))
+	startRelay(t, channelBlock("keep-a", up.URL)+keyAndGroup("keep", "keep-a"))
+	for i := range 2 {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		got := openStream(t, ctx, streamBody).rest(t)
+		cancel()
+		if !strings.HasSuffix(got, evs[len(evs)-1]) {
+			t.Fatalf("stream %d did not end with message_stop:\n%s", i+1, got)
+		}
+	}
+	if n := up.Conns(); n != 1 {
+		t.Errorf("two streams one after the other took %d upstream connections, want 1", n)
+	}
+}

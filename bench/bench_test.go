@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"testing"
+	"time"
 )
 
 // TestHarnessSmoke runs every target and workload of the harness briefly,
@@ -69,4 +70,43 @@ func positive(x row) bool {
 		}
 	}
 	return x.reqPerSec > 0 && x.p50 > 0 && x.p99 > 0
+}
+
+// TestReloadSmoke runs the reload-under-load mode for a few seconds, with
+// its chaos channel: every request, streams spanning reloads and requests
+// failed over included, must succeed, every reload must load, and the
+// relay must keep its upstream connections and its goroutine count.
+func TestReloadSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds cmd/caddy and runs it under load")
+	}
+	o := reloadOptions{duration: 4 * time.Second, rate: 40, streamLength: 1500 * time.Millisecond, chaos: true, logf: t.Logf}
+	res, err := runReload(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(reloadReport(o, res))
+	if err := res.ok(); err != nil {
+		t.Fatal(err)
+	}
+	if res.reloads < 3 || res.streams == 0 {
+		t.Fatalf("%d reloads and %d streams: the smoke did not exercise reloads under load", res.reloads, res.streams)
+	}
+}
+
+// TestBigConfigSmoke runs the big-config mode on a small config: caddy
+// must load it from JSON, reload it through the admin endpoint and report
+// its memory.
+func TestBigConfigSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds cmd/caddy and runs it")
+	}
+	res, err := runBigConfig(context.Background(), bigConfigOptions{channels: 10, keys: 100, reloads: 1, logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(res)
+	if res.firstLoad <= 0 || res.reload <= 0 || res.rssKiB <= 0 || res.heapKiB <= 0 {
+		t.Errorf("a figure is not positive: %+v", res)
+	}
 }

@@ -8,6 +8,9 @@
 //	go run ./bench                 # the full run, table on stdout
 //	go run ./bench -out bench.md   # the table also written to bench.md
 //	go run ./bench -smoke          # a few seconds: short runs, few streams
+//	go run ./bench -idle-only      # only the idle streams of (b) and (c)
+//	go run ./bench -reload 60s     # only the reload under load (see reload.go)
+//	go run ./bench -big-config     # only a big config's load and reloads (bigconfig.go)
 //
 // It builds ./cmd/caddy once into a temporary directory, starts an
 // in-process fake Anthropic upstream (internal/fakeupstream: Fast answers at
@@ -49,10 +52,14 @@
 //   - streaming: the same body with "stream":true (20 events) at concurrency
 //     10; p50/p99 are to the last byte, "first byte" is until the response
 //     headers, which the relay sends at its commit point;
-//   - idle streams (targets b and c): -idle streams (default 2000) opened at
-//     once to an upstream that pings every 30s, each read until its first
-//     content_block_delta and held open; the caddy process's VmRSS growth
-//     divided by the streams is the memory per idle stream.
+//   - idle streams (targets b and c): -idle streams (default 10000, fewer
+//     if the open-file limit cannot be raised enough: each holds two
+//     sockets in caddy and two here) opened at once to an upstream that
+//     pings every 30s, each read until its first content_block_delta and
+//     held open; the caddy process's VmRSS growth divided by the streams
+//     is the memory per idle stream. With -profile DIR, the caddy process
+//     gets an admin endpoint and its heap and goroutine profiles are saved
+//     in DIR while it holds the streams.
 //
 // The load generator is the vegeta library, closed loop but for the fixed
 // rate: as many workers as the concurrency, each sending its next request
@@ -95,13 +102,43 @@ func main() {
 	flag.IntVar(&o.rounds, "rounds", o.rounds, "rounds of every workload; rows are the medians")
 	flag.IntVar(&o.idleStreams, "idle", o.idleStreams, "idle streams opened at once for the memory measurement")
 	flag.IntVar(&o.rate, "rate", o.rate, "req/s of the fixed-rate workload")
+	flag.BoolVar(&o.idleOnly, "idle-only", false, "measure only the idle streams (targets b and c), not the load")
+	flag.StringVar(&o.profileDir, "profile", "", "write heap and goroutine profiles of each caddy process holding the idle streams to this directory")
+	reload := flag.Duration("reload", 0, "instead of the rest, run the reload-under-load mode for this long (60s for the full check)")
+	reloadRate := flag.Int("reload-rate", 100, "req/s of the reload-under-load mode, half of them streams")
+	chaos := flag.Bool("chaos", false, "in the reload-under-load mode, a second channel fails every fifth request before its content (-reload 1h -chaos is the long run)")
+	bigConfig := flag.Bool("big-config", false, "instead of the rest, load a big config into caddy and reload it: -channels channels in 50 groups, -keys keys")
+	bigChannels := flag.Int("channels", 1000, "channels of the -big-config mode")
+	bigKeys := flag.Int("keys", 100000, "keys of the -big-config mode")
+	bigReloads := flag.Int("reloads", 3, "reloads of the -big-config mode")
 	smoke := flag.Bool("smoke", false, "a quick check of the harness itself (overrides -duration, -rounds, -idle and -rate)")
 	out := flag.String("out", "", "also write the markdown table to this file")
 	flag.Parse()
 	if *smoke {
+		idleOnly, profileDir := o.idleOnly, o.profileDir
 		o = smokeRun()
+		o.idleOnly, o.profileDir = idleOnly, profileDir
 	}
 	o.logf = log.New(os.Stderr, "bench: ", 0).Printf
+	if *bigConfig {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+		res, err := runBigConfig(ctx, bigConfigOptions{channels: *bigChannels, keys: *bigKeys, reloads: *bigReloads, profileDir: o.profileDir, logf: o.logf})
+		stop()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		fmt.Printf("Big config, %d channels in 50 groups, %d keys: %s.\n", *bigChannels, *bigKeys, res)
+		return
+	}
+	if *reload > 0 {
+		ro := reloadOptions{duration: *reload, rate: *reloadRate, streamLength: 2 * time.Second, chaos: *chaos, logf: o.logf}
+		if err := runReloadAndPrint(ro, *out); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := runAndPrint(o, *out); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
@@ -139,13 +176,15 @@ type options struct {
 	rate              int           // req/s of the fixed-rate workload
 	streamConcurrency int           // of the streaming workload
 	idleStreams       int           // held open at once for the memory measurement
+	idleOnly          bool          // measure the idle streams only
+	profileDir        string        // if set, profiles of the caddy processes holding the idle streams
 	logf              func(format string, args ...any)
 }
 
 // fullRun is the run the issue asks for.
 func fullRun() options {
 	return options{targets: targets, duration: 5 * time.Second, rounds: 3, concurrency: []int{1, 10, 100}, rate: 2000,
-		streamConcurrency: 10, idleStreams: 2000}
+		streamConcurrency: 10, idleStreams: 10000}
 }
 
 // smokeRun runs every target and workload, briefly.
@@ -164,4 +203,24 @@ func (o options) workloads() []workload {
 		workload{kind: fixedRate, rate: o.rate},
 		workload{kind: streaming, concurrency: o.streamConcurrency},
 		workload{kind: idle, concurrency: o.idleStreams})
+}
+
+// runReloadAndPrint runs the reload-under-load mode until done or
+// interrupted, prints its report and writes it to out, if named. It fails
+// when a check failed.
+func runReloadAndPrint(o reloadOptions, out string) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	res, err := runReload(ctx, o)
+	if err != nil {
+		return err
+	}
+	text := reloadReport(o, res)
+	fmt.Print(text)
+	if out != "" {
+		if err := os.WriteFile(out, []byte(text), 0o644); err != nil {
+			return err
+		}
+	}
+	return res.ok()
 }

@@ -150,7 +150,7 @@ func (r *report) goals() []string {
 		goal("p50 <= 1.10x reverse_proxy", times(p50), p50At, p50 <= 1.10),
 		goal("p99 <= 1.10x reverse_proxy", times(p99), p99At, p99 <= 1.10),
 		goal("streaming first byte within 1 ms of reverse_proxy", signedMillis(time.Duration(firstByte)), firstByteAt, firstByte < float64(time.Millisecond)),
-		goal("< 64 KiB resident memory per idle stream", fmt.Sprintf("%.1f KiB", mem), memAt, mem < 64),
+		goal("<= 48 KiB resident memory per idle stream", fmt.Sprintf("%.1f KiB", mem), memAt, mem <= 48),
 		goal("failover overhead (p50 of (e) minus p50 of (c)) < 5 ms", millis(failover),
 			fmt.Sprintf("%s, where %.2f%% of (e)'s requests failed over", failoverAt, 100*failedOver), failover < 5*time.Millisecond),
 	}, r.fleetGoals()...)

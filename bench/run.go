@@ -43,6 +43,13 @@ func run(ctx context.Context, o options) (*report, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
+	if room := maxIdleStreams(); o.idleStreams > room {
+		o.logf("the open-file limit leaves room for %d idle streams, not %d: measuring %d", room, o.idleStreams, room)
+		o.idleStreams = room
+	}
+	if o.idleOnly {
+		o.targets = slices.DeleteFunc(slices.Clone(o.targets), func(t *target) bool { return !t.idle })
+	}
 	b := &bench{options: o, dir: dir}
 	// first, so that a missing redis-server fails the run at once
 	if need := needRedis(o.targets); len(need) > 0 {
@@ -65,12 +72,14 @@ func run(ctx context.Context, o options) (*report, error) {
 	defer b.idle.Close()
 
 	rep := &report{machine: describeMachine(), options: o}
-	rows, err := b.measureLoad(ctx)
-	if err != nil {
-		return nil, err
+	if !o.idleOnly {
+		rows, err := b.measureLoad(ctx)
+		if err != nil {
+			return nil, err
+		}
+		rep.rows = rows
+		b.logRedis()
 	}
-	rep.rows = rows
-	b.logRedis()
 	for _, t := range o.targets {
 		if !t.idle {
 			continue
@@ -184,7 +193,18 @@ func median(rounds []row) row {
 func (b *bench) measureIdle(ctx context.Context, t *target) (row, error) {
 	w := workload{kind: idle, concurrency: b.idleStreams}
 	b.logf("%s: %s", t.name, w)
-	url, proc, err := b.serve(ctx, t, b.idle)
+	var adminAddr string
+	tt := t
+	if b.profileDir != "" {
+		var err error
+		if adminAddr, err = freeAddr(); err != nil {
+			return row{}, err
+		}
+		copied := *t
+		copied.caddyfile = strings.Replace(t.caddyfile, "admin off", "admin "+adminAddr, 1)
+		tt = &copied
+	}
+	url, proc, err := b.serve(ctx, tt, b.idle)
 	if err != nil {
 		return row{}, err
 	}
@@ -198,6 +218,11 @@ func (b *bench) measureIdle(ctx context.Context, t *target) (row, error) {
 	after, err := proc.rssKiB()
 	if err != nil {
 		return row{}, err
+	}
+	if adminAddr != "" {
+		if err := saveProfiles(ctx, adminAddr, filepath.Join(b.profileDir, profileName(t))); err != nil {
+			return row{}, err
+		}
 	}
 	r := row{target: t, workload: w, success: float64(held.opened()) / float64(w.concurrency)}
 	if n := held.opened(); n > 0 {
@@ -246,7 +271,8 @@ func targetNames(ts []*target) string {
 // buildCaddy builds ./cmd/caddy, the binary README.md tells users to run,
 // into dir.
 func buildCaddy(ctx context.Context, dir string) (string, error) {
-	bin := filepath.Join(dir, "caddy")
+	// not dir/caddy: that is where Caddy keeps its data (XDG_DATA_HOME)
+	bin := filepath.Join(dir, "caddy-relay")
 	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/caddy-relay/relay/cmd/caddy").CombinedOutput()
 	if err != nil {
 		return "", fmt.Errorf("go build ./cmd/caddy: %v\n%s", err, out)
@@ -266,16 +292,39 @@ func freeAddr() (string, error) {
 	return "127.0.0.1:" + port, nil
 }
 
-// raiseFileLimit lifts the soft open-file limit to the hard one: thousands
-// of idle streams hold two sockets each here and in caddy. Setting it
-// explicitly makes the caddy processes inherit it.
+// wantFiles is the open-file limit the harness asks for: 10,000 idle
+// streams hold two sockets each in caddy (client and upstream) and two
+// here (the client's end and the in-process upstream's).
+const wantFiles = 1 << 16
+
+// raiseFileLimit lifts the open-file limit, which the caddy processes
+// inherit: the hard limit to wantFiles where the process may (root may
+// raise it, up to fs.nr_open), then the soft limit to the hard one.
+// maxIdleStreams says how many idle streams the limit leaves room for.
 func raiseFileLimit() error {
 	var lim syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
 		return err
 	}
+	if lim.Max < wantFiles {
+		raised := syscall.Rlimit{Cur: wantFiles, Max: wantFiles}
+		if syscall.Setrlimit(syscall.RLIMIT_NOFILE, &raised) == nil {
+			return nil
+		}
+	}
 	lim.Cur = lim.Max
 	return syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
+}
+
+// maxIdleStreams is how many idle streams the open-file limit leaves room
+// for, with a margin for everything else the processes hold open: where the
+// hard limit is 20,000 and cannot be raised (no CAP_SYS_RESOURCE), 9,900.
+func maxIdleStreams() int {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return 0
+	}
+	return max(0, (int(lim.Cur)-200)/2)
 }
 
 // describeMachine names the CPU, the cores, Go and the date.

@@ -197,6 +197,9 @@ var (
 	targets = []*target{direct, reverseProxy, relayOne, relayTiers, relayFailover, relayKeyLimits, relayRedis}
 )
 
+// startTimeout bounds a caddy process's start, a big config's included.
+const startTimeout = time.Minute
+
 // readyLine is what Caddy logs once it serves the config it was started with.
 const readyLine = "serving initial configuration"
 
@@ -220,8 +223,14 @@ func startCaddy(ctx context.Context, bin, dir, config string) (*caddyProcess, er
 	if err := f.Close(); err != nil {
 		return nil, err
 	}
+	return startCaddyArgs(ctx, bin, dir, "run", "--adapter", "caddyfile", "--config", f.Name())
+}
+
+// startCaddyArgs runs caddy with args and returns once Caddy serves its
+// config.
+func startCaddyArgs(ctx context.Context, bin, dir string, args ...string) (*caddyProcess, error) {
 	startup := &startupLog{ready: make(chan struct{})}
-	cmd := exec.Command(bin, "run", "--adapter", "caddyfile", "--config", f.Name())
+	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+dir, "XDG_DATA_HOME="+dir)
 	cmd.Stderr = startup
 	if err := cmd.Start(); err != nil {
@@ -232,15 +241,16 @@ func startCaddy(ctx context.Context, bin, dir, config string) (*caddyProcess, er
 		_ = cmd.Wait()
 		close(p.exited)
 	}()
-	timeout := time.NewTimer(30 * time.Second)
+	timeout := time.NewTimer(startTimeout)
 	defer timeout.Stop()
+	var err error
 	select {
 	case <-startup.ready:
 		return p, nil
 	case <-p.exited:
 		err = errors.New("caddy exited before serving")
 	case <-timeout.C:
-		err = errors.New("caddy did not serve within 30s")
+		err = fmt.Errorf("caddy did not serve within %s", startTimeout)
 	case <-ctx.Done():
 		err = ctx.Err()
 	}
