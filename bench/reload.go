@@ -305,7 +305,7 @@ func runReload(ctx context.Context, o reloadOptions) (reloadResult, error) {
 				}
 			}
 			res.reloads++
-			if err := loadConfig(ctx, adminAddr, config(gen)); err != nil {
+			if err := postLoad(ctx, adminAddr, "text/caddyfile", []byte(config(gen))); err != nil {
 				res.badReloads++
 				res.reloadErrors = append(res.reloadErrors, err.Error())
 			}
@@ -366,28 +366,6 @@ func mixedLoad(ctx context.Context, url string, rate int, d time.Duration, fails
 	case <-ctx.Done():
 	case <-time.After(500 * time.Millisecond):
 	}
-}
-
-// loadConfig loads a Caddyfile through the admin endpoint at adminAddr,
-// as `caddy reload` does.
-func loadConfig(ctx context.Context, adminAddr, caddyfile string) error {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+adminAddr+"/load", strings.NewReader(caddyfile))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "text/caddyfile")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("POST /load: status %d: %s", resp.StatusCode, body)
-	}
-	return nil
 }
 
 // goroutines is the number of goroutines of the caddy process whose admin
