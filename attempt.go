@@ -84,7 +84,7 @@ func (r *Relay) try(w http.ResponseWriter, req *http.Request, in *inbound, ch *c
 // over but nothing is set aside: a client must not be able to take a
 // feature from a shared channel by pairing it with one the channel lacks.
 func (r *Relay) lacking(v *verdict, in *inbound, ch *channel, body []byte) {
-	lacked, certain := lackedFeatures(ch.features.wording, body, &in.needs)
+	lacked, certain := lackedFeatures(ch.features.bedrockWords, body, &in.needs)
 	if len(lacked) == 0 || in.key == nil || !in.group().anotherTakes(&in.sel, ch, lacked) {
 		return
 	}

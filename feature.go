@@ -1,7 +1,6 @@
 package relay
 
 import (
-	"math/bits"
 	"net/http"
 	"slices"
 	"strings"
@@ -211,7 +210,7 @@ var (
 func (s featureSet) names() []string {
 	var out []string
 	for s != 0 {
-		i := bits.TrailingZeros32(uint32(s))
+		i := lowBit(s)
 		out = append(out, featureTable[i].name)
 		s &^= 1 << i
 	}
@@ -261,19 +260,6 @@ func (n *needs) empty() bool { return n.set == 0 && len(n.betas) == 0 }
 // names lists every needed feature: the known ones in table order, then
 // the betas.
 func (n *needs) names() []string { return append(n.set.names(), n.betas...) }
-
-// has reports whether the request needs the feature named name.
-func (n *needs) has(name string) bool {
-	if b := bitOf(name); b != 0 {
-		return n.set&b != 0
-	}
-	for _, b := range n.betas {
-		if b == name {
-			return true
-		}
-	}
-	return false
-}
 
 // readBetas adds the request's anthropic-beta values (comma-separated,
 // possibly repeated headers) to n, each once. The strings share the

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"fmt"
+	"math/bits"
 	"net/http"
 	"slices"
 	"strconv"
@@ -26,17 +27,14 @@ type channelFeatures struct {
 	// provider answers for the betas nothing names; nil: every one is
 	// supported
 	provider        FeatureSupport
-	stripOtherBetas bool     // `strip unsupported_betas`
-	wording         []string // the starts of the provider's refusal messages, see lackedFeatures
+	stripOtherBetas bool // `strip unsupported_betas`
+	bedrockWords    bool // its provider refuses in Bedrock's words, not Anthropic's (see lackedFeatures)
 }
 
 // newChannelFeatures resolves a channel's features from its provider and
 // its lines (validated already).
 func newChannelFeatures(p Provider, providerName string, supports, lacks, strip []string) channelFeatures {
-	f := channelFeatures{betas: map[string]Support{}, wording: anthropicWording}
-	if providerName == "bedrock" {
-		f.wording = bedrockWording
-	}
+	f := channelFeatures{betas: map[string]Support{}, bedrockWords: providerName == "bedrock"}
 	fs, _ := p.(FeatureSupport)
 	f.provider = fs
 	wire := func(name string) Support {
@@ -198,14 +196,7 @@ func (ch *channel) stripFor(n *needs, now time.Time) (featureSet, []string) {
 }
 
 // lowBit is the index of the lowest bit of a non-empty set.
-func lowBit(s featureSet) int {
-	i := 0
-	for s&1 == 0 {
-		s >>= 1
-		i++
-	}
-	return i
-}
+func lowBit(s featureSet) int { return bits.TrailingZeros32(uint32(s)) }
 
 // missingFeatures lists the needed features that no channel of chans
 // takes by itself, or, when each has a taker but none takes them all, all
@@ -304,19 +295,14 @@ const (
 	wordBedrockBeta = "bedrock: ValidationException: invalid beta flag"
 )
 
-var (
-	anthropicWording = []string{wordExtraInput, wordUnexpected, wordToolTag}
-	bedrockWording   = []string{wordBedrockKey, wordBedrockBeta}
-)
-
 // lackedFeatures returns the features that a 400 error body from a
-// channel with the given wording says its wire does not support, among
+// channel says, in its provider's words (Bedrock's, or Anthropic's), its wire does not support, among
 // the features n carries; none when the message is anything else. The
 // names it returns share no memory with the body or the request (they are
 // kept for capability_ttl), and a beta's is at most maxBetaName bytes.
 // certain says that the message names them; when it does not (Bedrock's
 // beta flags), they are the candidates among which one is refused.
-func lackedFeatures(wording []string, body []byte, n *needs) (lacked []string, certain bool) {
+func lackedFeatures(bedrockWords bool, body []byte, n *needs) (lacked []string, certain bool) {
 	msg := gjson.GetBytes(body, "error.message").String()
 	field := func(name string) []string {
 		if b := bitOf(name); b != 0 && featureTable[lowBit(b)].kind == kindField && n.set&b != 0 {
@@ -330,7 +316,7 @@ func lackedFeatures(wording []string, body []byte, n *needs) (lacked []string, c
 		}
 		return out
 	}
-	if slices.Equal(wording, bedrockWording) {
+	if bedrockWords {
 		if rest, ok := strings.CutPrefix(msg, wordBedrockKey); ok {
 			name, _, found := strings.Cut(rest, "] is not permitted")
 			if f := field(name); found && f != nil {

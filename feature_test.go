@@ -77,8 +77,8 @@ func TestReadBetas(t *testing.T) {
 	if !n.readBetas(h) || !slices.Equal(n.betas, []string{"a-1", "b-2", "c-3"}) {
 		t.Errorf("betas = %q, want a-1 b-2 c-3, each once", n.betas)
 	}
-	if !n.has("b-2") || n.has("d-4") || n.has("speed") {
-		t.Error("has is wrong")
+	if !n.hasBeta("b-2") || n.hasBeta("d-4") {
+		t.Error("hasBeta is wrong")
 	}
 }
 
@@ -129,27 +129,27 @@ func TestLackedFeatures(t *testing.T) {
 	}
 	tests := []struct {
 		name    string
-		wording []string
+		bedrock bool // in Bedrock's words
 		msg     string
 		want    []string
 	}{
-		{"an unknown field", anthropicWording, "mcp_servers: Extra inputs are not permitted", []string{"mcp_servers"}},
-		{"a nested unknown field is the request's", anthropicWording, "mcp_servers.0.bogus: Extra inputs are not permitted", nil},
-		{"a field the request did not carry", anthropicWording, "container: Extra inputs are not permitted", nil},
-		{"the wording elsewhere than the start", anthropicWording, "messages.0.content: 'mcp_servers: Extra inputs are not permitted'", nil},
-		{"betas", anthropicWording, "Unexpected value(s) `files-api-2025-04-14`, `zzz` for the `anthropic-beta` header. Please consult our documentation at platform.claude.com/docs or try again without the header.", []string{"files-api-2025-04-14"}},
-		{"a server tool", anthropicWording, "tools.2: Input tag 'web_fetch_20250910' found using 'type' does not match any of the expected tags: 'custom', 'bash_20250124'", []string{"web_fetch"}},
-		{"a tool tag the request's tool is not", anthropicWording, "tools.2: Input tag 'custom_x' found using 'type' does not match", nil},
-		{"another 400", anthropicWording, "max_tokens: Field required", nil},
-		{"the credit balance", anthropicWording, "Your credit balance is too low to access the Anthropic API.", nil},
-		{"bedrock's unknown key", bedrockWording, "bedrock: ValidationException: Malformed input request: #: extraneous key [context_management] is not permitted, please reformat your input and try again.", []string{"context_management"}},
-		{"bedrock's betas: one of every one carried", bedrockWording, "bedrock: ValidationException: invalid beta flag", []string{"files-api-2025-04-14", "b-2030"}},
-		{"anthropic's words from bedrock mean nothing", bedrockWording, "mcp_servers: Extra inputs are not permitted", nil},
-		{"bedrock's words from anthropic mean nothing", anthropicWording, "bedrock: ValidationException: invalid beta flag", nil},
+		{"an unknown field", false, "mcp_servers: Extra inputs are not permitted", []string{"mcp_servers"}},
+		{"a nested unknown field is the request's", false, "mcp_servers.0.bogus: Extra inputs are not permitted", nil},
+		{"a field the request did not carry", false, "container: Extra inputs are not permitted", nil},
+		{"the wording elsewhere than the start", false, "messages.0.content: 'mcp_servers: Extra inputs are not permitted'", nil},
+		{"betas", false, "Unexpected value(s) `files-api-2025-04-14`, `zzz` for the `anthropic-beta` header. Please consult our documentation at platform.claude.com/docs or try again without the header.", []string{"files-api-2025-04-14"}},
+		{"a server tool", false, "tools.2: Input tag 'web_fetch_20250910' found using 'type' does not match any of the expected tags: 'custom', 'bash_20250124'", []string{"web_fetch"}},
+		{"a tool tag the request's tool is not", false, "tools.2: Input tag 'custom_x' found using 'type' does not match", nil},
+		{"another 400", false, "max_tokens: Field required", nil},
+		{"the credit balance", false, "Your credit balance is too low to access the Anthropic API.", nil},
+		{"bedrock's unknown key", true, "bedrock: ValidationException: Malformed input request: #: extraneous key [context_management] is not permitted, please reformat your input and try again.", []string{"context_management"}},
+		{"bedrock's betas: one of every one carried", true, "bedrock: ValidationException: invalid beta flag", []string{"files-api-2025-04-14", "b-2030"}},
+		{"anthropic's words from bedrock mean nothing", true, "mcp_servers: Extra inputs are not permitted", nil},
+		{"bedrock's words from anthropic mean nothing", false, "bedrock: ValidationException: invalid beta flag", nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, certain := lackedFeatures(tt.wording, body(tt.msg), &carried)
+			got, certain := lackedFeatures(tt.bedrock, body(tt.msg), &carried)
 			if !slices.Equal(got, tt.want) || certain != (len(got) > 0 && !strings.Contains(tt.name, "every one carried")) {
 				t.Errorf("lackedFeatures = %q (certain %v), want %q", got, certain, tt.want)
 			}
@@ -160,7 +160,7 @@ func TestLackedFeatures(t *testing.T) {
 func TestBedrockBetaRefusalIsCertainOnlyForOneFlag(t *testing.T) {
 	one := needing("effort-2025-11-24")
 	msg := []byte(`{"type":"error","error":{"type":"invalid_request_error","message":"bedrock: ValidationException: invalid beta flag"}}`)
-	if got, certain := lackedFeatures(bedrockWording, msg, &one); !slices.Equal(got, []string{"effort-2025-11-24"}) || !certain {
+	if got, certain := lackedFeatures(true, msg, &one); !slices.Equal(got, []string{"effort-2025-11-24"}) || !certain {
 		t.Errorf("one flag: %q certain %v", got, certain)
 	}
 }
