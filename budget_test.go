@@ -295,11 +295,12 @@ func TestBudgetAlertsOnRealSpend(t *testing.T) {
 `, exprs["RelayBudgetNearlySpent"], exprs["RelayBudgetExhausted"]), "the budget alerts on what the relay exported")
 }
 
-// TestBudgetsOfUserStarAreEachIdentitys gives every identity of user * a
-// budget of its own: bob spending his does not stop carol, and the
-// identities' spend is kept but exported as no metric series (whose key
-// label would grow with the identities).
-func TestBudgetsOfUserStarAreEachIdentitys(t *testing.T) {
+// userStarBudget provisions a relay whose user * entry of group name gives
+// each identity a budget of $0.30 a day, on an upstream whose every answer
+// costs $0.20 (200,000 input tokens at $1/MTok), stepped by an injected
+// clock; body is a request for that priced model.
+func userStarBudget(t *testing.T, name string) (*Relay, *fakeClock, string) {
+	t.Helper()
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(fakeupstream.MessageBody("m-budget", "ok", fakeupstream.Usage{InputTokens: 200_000}))
@@ -307,16 +308,24 @@ func TestBudgetsOfUserStarAreEachIdentitys(t *testing.T) {
 	t.Cleanup(up.Close)
 	r := &Relay{
 		Identity: "{http.auth.user.id}",
-		Users:    []*User{{ID: "*", Group: "bstar", KeyOptions: KeyOptions{Budgets: []string{"0.3usd/day"}}}},
-		Keys:     []*Key{{Secret: "sk-bstar-key-0123456789abcdef", Group: "bstar", KeyOptions: KeyOptions{Name: "bstar-key"}}},
-		Channels: []*Channel{{Name: "bstar-ch", UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", "sk-up")}},
-		Groups:   []*Group{{Name: "bstar", Channels: []string{"bstar-ch"}}},
+		Users:    []*User{{ID: "*", Group: name, KeyOptions: KeyOptions{Budgets: []string{"0.3usd/day"}}}},
+		Keys:     []*Key{{Secret: "sk-" + name + "-key-0123456789abcdef", Group: name, KeyOptions: KeyOptions{Name: name + "-key"}}},
+		Channels: []*Channel{{Name: name + "-ch", UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", "sk-up")}},
+		Groups:   []*Group{{Name: name, Channels: []string{name + "-ch"}}},
 		Pricing:  map[string]Price{"m-budget": {Input: 1, Output: 1}},
 	}
 	provisionHandler(t, r)
 	clock := &fakeClock{t: time.Date(2030, time.March, 15, 12, 0, 0, 0, time.UTC)}
 	r.now = clock.now
-	body := `{"model":"m-budget","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`
+	return r, clock, `{"model":"m-budget","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`
+}
+
+// TestBudgetsOfUserStarAreEachIdentitys gives every identity of user * a
+// budget of its own: bob spending his does not stop carol, and the
+// identities' spend is kept but exported as no metric series (whose key
+// label would grow with the identities).
+func TestBudgetsOfUserStarAreEachIdentitys(t *testing.T) {
+	r, clock, body := userStarBudget(t, "bstar")
 	for i, want := range []int{200, 200, 429} { // $0.20, $0.40: the third starts over $0.30
 		if w, _, _ := serveAs(t, r, "bob-bstar", "", body); w.Code != want {
 			t.Fatalf("bob's request %d: %d, want %d: %s", i+1, w.Code, want, w.Body)
@@ -338,23 +347,7 @@ func TestBudgetsOfUserStarAreEachIdentitys(t *testing.T) {
 // its state is dropped: its spend account leaves the pool with it, and
 // what it spent comes back with it.
 func TestAnIdleIdentityKeepsItsSpend(t *testing.T) {
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write(fakeupstream.MessageBody("m-budget", "ok", fakeupstream.Usage{InputTokens: 200_000}))
-	}))
-	t.Cleanup(up.Close)
-	r := &Relay{
-		Identity: "{http.auth.user.id}",
-		Users:    []*User{{ID: "*", Group: "bidle", KeyOptions: KeyOptions{Budgets: []string{"0.3usd/day"}}}},
-		Keys:     []*Key{{Secret: "sk-bidle-key-0123456789abcdef", Group: "bidle", KeyOptions: KeyOptions{Name: "bidle-key"}}},
-		Channels: []*Channel{{Name: "bidle-ch", UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", "sk-up")}},
-		Groups:   []*Group{{Name: "bidle", Channels: []string{"bidle-ch"}}},
-		Pricing:  map[string]Price{"m-budget": {Input: 1, Output: 1}},
-	}
-	provisionHandler(t, r)
-	clock := &fakeClock{t: time.Date(2030, time.March, 15, 12, 0, 0, 0, time.UTC)}
-	r.now = clock.now
-	body := `{"model":"m-budget","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`
+	r, clock, body := userStarBudget(t, "bidle")
 	held := func(stateID string) bool {
 		held := false
 		spendAccounts.Range(func(k, _ any) bool { held = held || k == stateID; return true })

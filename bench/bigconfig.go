@@ -76,13 +76,10 @@ func bigConfigJSON(o bigConfigOptions, port, adminAddr string) ([]byte, error) {
 // through the admin endpoint and measures both, and the process's memory.
 func runBigConfig(ctx context.Context, o bigConfigOptions) (bigConfigResult, error) {
 	var res bigConfigResult
-	dir, err := os.MkdirTemp("", "relay-bench-")
-	if err != nil {
-		return res, err
+	dir, bin, err := buildInTemp(ctx, o.logf)
+	if dir != "" {
+		defer os.RemoveAll(dir)
 	}
-	defer os.RemoveAll(dir)
-	o.logf("building ./cmd/caddy")
-	bin, err := buildCaddy(ctx, dir)
 	if err != nil {
 		return res, err
 	}

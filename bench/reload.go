@@ -238,13 +238,10 @@ func runReload(ctx context.Context, o reloadOptions) (reloadResult, error) {
 	if err := raiseFileLimit(); err != nil {
 		return res, err
 	}
-	dir, err := os.MkdirTemp("", "relay-bench-")
-	if err != nil {
-		return res, err
+	dir, bin, err := buildInTemp(ctx, o.logf)
+	if dir != "" {
+		defer os.RemoveAll(dir)
 	}
-	defer os.RemoveAll(dir)
-	o.logf("building ./cmd/caddy")
-	bin, err := buildCaddy(ctx, dir)
 	if err != nil {
 		return res, err
 	}

@@ -280,6 +280,18 @@ func buildCaddy(ctx context.Context, dir string) (string, error) {
 	return bin, nil
 }
 
+// buildInTemp makes a temporary directory and builds ./cmd/caddy into it;
+// the caller removes dir when done (also when err is set and dir is not
+// empty).
+func buildInTemp(ctx context.Context, logf func(string, ...any)) (dir, bin string, err error) {
+	if dir, err = os.MkdirTemp("", "relay-bench-"); err != nil {
+		return "", "", err
+	}
+	logf("building ./cmd/caddy")
+	bin, err = buildCaddy(ctx, dir)
+	return dir, bin, err
+}
+
 // freeAddr returns a loopback address nothing listens on: free for a caddy
 // site, or refusing connections for the dead channel.
 func freeAddr() (string, error) {
