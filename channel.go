@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -229,7 +230,7 @@ func (r *Relay) loadTransport(ctx caddy.Context, cfg *Channel, https bool) (http
 	if t := poolableTransport(raw); t != nil {
 		key := cfg.Name + "\x00" + string(raw)
 		v, _, err := transports.LoadOrNew(key, func() (caddy.Destructor, error) {
-			if err := t.Provision(ctx); err != nil {
+			if err := t.Provision(transportContext()); err != nil {
 				return nil, err
 			}
 			return pooledTransport{t}, nil
@@ -252,15 +253,31 @@ func (r *Relay) loadTransport(ctx caddy.Context, cfg *Channel, https bool) (http
 	return rt, nil
 }
 
+// transportContext is what the pooled transports are provisioned with: a
+// context of no config. Caddy's transport keeps the context it is
+// provisioned with in its dialer, and a pooled transport outlives the config
+// that made it, so the config's own context would keep that whole config
+// (its keys, channels and state) in memory for as long as the transport
+// lives. The settings that need the config's context (its logger) are not
+// pooled; see poolableTransport.
+var transportContext = sync.OnceValue(func() caddy.Context {
+	ctx, _ := caddy.NewContext(caddy.Context{Context: context.Background()})
+	return ctx
+})
+
 // poolableTransport decodes an http transport config that has no
-// config-bound sub-modules; nil otherwise.
+// config-bound sub-modules, and no setting whose connections log through the
+// config's logger (proxy_protocol, read_timeout, write_timeout); nil
+// otherwise.
 func poolableTransport(raw json.RawMessage) *reverseproxy.HTTPTransport {
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &fields); err != nil || string(fields["protocol"]) != `"http"` {
 		return nil
 	}
-	if fields["network_proxy"] != nil || fields["forward_proxy_url"] != nil {
-		return nil
+	for _, f := range []string{"network_proxy", "forward_proxy_url", "proxy_protocol", "read_timeout", "write_timeout"} {
+		if fields[f] != nil {
+			return nil
+		}
 	}
 	if tlsRaw := fields["tls"]; tlsRaw != nil {
 		var tlsFields map[string]json.RawMessage

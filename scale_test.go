@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -10,6 +11,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -195,4 +197,38 @@ func rssKiB() int64 {
 		}
 	}
 	return 0
+}
+
+// TestAReloadLetsGoOfTheConfigBefore: once a reload has replaced a config
+// and cleaned it up, nothing the new one shares with it (its pooled
+// transports, the states kept by name) keeps it in memory: with many keys
+// it is hundreds of megabytes. The relay is loaded as Caddy loads it, as a
+// module of a config's context.
+func TestAReloadLetsGoOfTheConfigBefore(t *testing.T) {
+	channels, groups, keys := scaleConfig(4, 10, func(i int) json.RawMessage {
+		return upstream("anthropic", "url", "http://127.0.0.1:1", "api_key", "sk-upstream-"+strconv.Itoa(i))
+	})
+	raw, err := json.Marshal(map[string]any{"channels": channels, "groups": groups, "keys": keys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	load := func() (*Relay, func()) {
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		m, err := ctx.LoadModuleByID("http.handlers.relay", raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m.(*Relay), cancel // cancel cleans up the config's modules
+	}
+	old, unloadOld := load()
+	var freed atomic.Bool
+	runtime.AddCleanup(old, func(*atomic.Bool) { freed.Store(true) }, &freed)
+	old = nil
+	_, unloadNew := load()
+	defer unloadNew()
+	unloadOld()
+	waitFor(t, "the config before the reload is collected", 10*time.Second, func() bool {
+		runtime.GC()
+		return freed.Load()
+	})
 }
