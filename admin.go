@@ -269,12 +269,21 @@ func (k *key) status(now time.Time) keyStatus {
 		at := k.expires.UTC()
 		st.Expires = &at
 	}
-	if k.limits == nil || k.state.spend == nil {
-		return st // user *: each identity has its own limits and spend
+	var limits *limiter
+	var account *spendAccount
+	if k.active.Load() {
+		if k.limits == nil || k.state.spend == nil {
+			return st // user *: each identity has its own limits and spend
+		}
+		limits, account = k.limits, k.state.spend
+	} else {
+		limits, account = k.dormant(now)
 	}
-	st.Limits.Concurrency, st.Limits.Inflight = k.limits.maxConc.Load(), k.limits.inflight.Load()
-	st.Limits.RateRemaining, st.Limits.TokensRemaining = k.limits.remaining(now)
-	spent, caps := k.state.spend.spent(now)
+	st.Limits.Concurrency, st.Limits.Inflight = limits.maxConc.Load(), limits.inflight.Load()
+	if k.active.Load() || k.relay.fleet == nil {
+		st.Limits.RateRemaining, st.Limits.TokensRemaining = limits.remaining(now)
+	} // else what is left is the fleet's, not shown, as for a key in use
+	spent, caps := account.spent(now)
 	st.SpendUSD = map[string]float64{}
 	for p := range numPeriods {
 		st.SpendUSD[p.String()] = spent[p]
@@ -286,6 +295,16 @@ func (k *key) status(now time.Time) keyStatus {
 		}
 	}
 	return st
+}
+
+// dormant is the state a key that has served no request yet would take:
+// its limits untouched, and what it spent before, as stored. (A key with
+// budgets takes its state when its config loads.)
+func (k *key) dormant(now time.Time) (*limiter, *spendAccount) {
+	lim, _ := parseLimits(k.opts.Rate, k.opts.Tokens, k.opts.Concurrency) // validated already
+	l := new(limiter)
+	l.configure(lim, now)
+	return l, spend.stored(k.stateID)
 }
 
 // Interface guards

@@ -99,6 +99,7 @@ func declareInCaddyfile(state map[string]any, r *Relay, by string) error {
 //			user_rate   <n>/<period>
 //			user_tokens <n>/<period>
 //		}
+//		keys_file <path>
 //
 //		identity <placeholder>
 //		user <id>|* <group> {
@@ -223,6 +224,13 @@ func (r *Relay) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			r.Keys = append(r.Keys, k)
+		case "keys_file":
+			if r.KeysFile != "" {
+				return d.Err("keys_file is given twice")
+			}
+			if !d.AllArgs(&r.KeysFile) {
+				return d.ArgErr()
+			}
 		case "identity":
 			if r.Identity != "" {
 				return d.Err("identity is given twice")

@@ -2,7 +2,6 @@ package relay
 
 import (
 	"cmp"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -159,34 +158,16 @@ func (r *Relay) validateConfig() error {
 			return errAt([]string{"pricing", model}, "pricing %q: %v", model, err)
 		}
 	}
-	if len(r.Keys) == 0 && len(r.Users) == 0 {
+	if len(r.Keys) == 0 && len(r.Users) == 0 && r.KeysFile == "" {
 		return fmt.Errorf("no key is configured: every request would be refused")
 	}
 	names := make(map[string]string, len(r.Keys)+len(r.Users)) // name -> what has it
 	for i, k := range r.Keys {
 		key := []string{"key", "#" + strconv.Itoa(i+1)}
-		if k == nil || k.Secret == "" {
-			return errAt(key, "key #%d has no secret", i+1)
-		}
-		label := k.label(i)
-		if k.Group == "" {
-			return errAt(key, "%s names no group", label)
-		}
-		if !groups[k.Group] {
-			return errAt(append(key, k.Group), "%s names unknown group %q", label, k.Group)
-		}
-		if strings.HasPrefix(k.Secret, sha256Prefix) {
-			if b, err := hex.DecodeString(strings.TrimPrefix(k.Secret, sha256Prefix)); err != nil || len(b) != 32 {
-				return errAt(key, "%s: sha256: must be followed by 64 hex digits", label)
-			}
-		}
-		if err := k.KeyOptions.validate(); err != nil {
-			return within(err, label, key...)
+		if err := k.check(i, groups); err != nil {
+			return within(err, "", key...)
 		}
 		if k.Name != "" {
-			if strings.HasPrefix(k.Name, userStatePrefix) {
-				return errAt(append(key, "name"), "%s: a key's name may not start with %q, which names user entries", label, userStatePrefix)
-			}
 			if was, dup := names[k.Name]; dup {
 				return errAt(append(key, "name"), "%s and key #%d have the same name %q", was, i+1, k.Name)
 			}
@@ -194,6 +175,33 @@ func (r *Relay) validateConfig() error {
 		}
 	}
 	return r.validateUsers(groups, names)
+}
+
+// check checks the key at i of the config or of the keys file, but for the
+// names it shares with the others. Where an error is, is relative to the
+// key.
+func (k *Key) check(i int, groups map[string]bool) error {
+	if k == nil || k.Secret == "" {
+		return errAt(nil, "key #%d has no secret", i+1)
+	}
+	if k.Group == "" {
+		return errAt(nil, "%s names no group", k.label(i))
+	}
+	if !groups[k.Group] {
+		return errAt([]string{k.Group}, "%s names unknown group %q", k.label(i), k.Group)
+	}
+	if hexDigest, ok := strings.CutPrefix(k.Secret, sha256Prefix); ok {
+		if _, ok := decodeDigest(hexDigest); !ok {
+			return errAt(nil, "%s: sha256: must be followed by 64 hex digits", k.label(i))
+		}
+	}
+	if err := k.KeyOptions.validate(); err != nil {
+		return within(err, k.label(i))
+	}
+	if strings.HasPrefix(k.Name, userStatePrefix) {
+		return errAt([]string{"name"}, "%s: a key's name may not start with %q, which names user entries", k.label(i), userStatePrefix)
+	}
+	return nil
 }
 
 // validateUsers checks the identity placeholder and the user entries;

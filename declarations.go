@@ -34,8 +34,9 @@ type declaration struct {
 // loaded config.
 type configDeclarations struct {
 	handlers  int
-	names     map[string]declaration // "channel main" -> its declaration
-	accessLog bool                   // the access log warning was given
+	names     map[string]declaration        // "channel main" -> its declaration
+	fileKeys  map[string]fileKeyDeclaration // the keys of keys files, by name: there may be many
+	accessLog bool                          // the access log warning was given
 }
 
 // declarations holds the declarations of every config being loaded or
@@ -64,6 +65,7 @@ func (r *Relay) declare(ctx caddy.Context) error {
 	}
 	c.handlers++
 	by := fmt.Sprintf("relay handler #%d", c.handlers)
+	r.declaredAs = by
 	own, err := r.declared(by)
 	if err != nil {
 		return err
@@ -72,11 +74,61 @@ func (r *Relay) declare(ctx caddy.Context) error {
 		if err := conflict(name, c.names[name], d); err != nil {
 			return err
 		}
+		if f, ok := c.fileKeys[strings.TrimPrefix(name, "key ")]; ok && strings.HasPrefix(name, "key ") {
+			return fileKeyConflict(name, f.by+" (in its keys file)", by)
+		}
 	}
 	for name, d := range own {
 		c.names[name] = d
 	}
 	return nil
+}
+
+// fileKeyDeclaration is what a handler says about a key of its keys file:
+// its entry as written (a hash of it), so that two handlers that read one
+// file agree.
+type fileKeyDeclaration struct {
+	by  string
+	sum uint64
+}
+
+// fileKeyDecl is a key of the keys file, by its name, to be declared.
+type fileKeyDecl struct {
+	name string
+	sum  uint64
+}
+
+// declareFileKeys records the keys of r's keys file in its config's
+// declarations, once their names are known (a key's default name comes
+// from its secret), and fails when another handler of the config declared
+// one of them differently.
+func (r *Relay) declareFileKeys(ctx caddy.Context, keys []fileKeyDecl) error {
+	declarations.Lock()
+	defer declarations.Unlock()
+	c := declarations.configs[ctx.Done()]
+	if c == nil || len(keys) == 0 {
+		return nil
+	}
+	if c.fileKeys == nil {
+		c.fileKeys = make(map[string]fileKeyDeclaration, len(keys))
+	}
+	for _, k := range keys {
+		if was, ok := c.names["key "+k.name]; ok {
+			return fileKeyConflict("key "+k.name, was.by, r.declaredAs+" (in its keys file)")
+		}
+		if was, ok := c.fileKeys[k.name]; ok && was.sum != k.sum && was.by != r.declaredAs {
+			return fileKeyConflict("key "+k.name, was.by+" (in its keys file)", r.declaredAs+" (in its keys file)")
+		}
+		c.fileKeys[k.name] = fileKeyDeclaration{by: r.declaredAs, sum: k.sum}
+	}
+	return nil
+}
+
+// fileKeyConflict is the error of a key that two handlers declare
+// differently, one of them or both in a keys file.
+func fileKeyConflict(name, was, now string) error {
+	return fmt.Errorf("%s is declared by %s and differently by %s: handlers of one config that use the same name share its state, so they must declare it the same; give one of them another name",
+		name, was, now)
 }
 
 // warnAccessLog warns, once per config, when the server that r serves in
@@ -190,5 +242,5 @@ func keyName(cfg *Key, digest [32]byte) string {
 	if cfg.Name != "" {
 		return cfg.Name
 	}
-	return defaultKeyName(hex.EncodeToString(digest[:]))
+	return defaultKeyName(hex.EncodeToString(digest[:8]))
 }

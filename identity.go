@@ -60,11 +60,14 @@ func boundedID(s string) string {
 
 // provisionUsers takes the user entries' state from the process-wide pool.
 func (r *Relay) provisionUsers() error {
+	r.keysMu.Lock()
+	defer r.keysMu.Unlock()
 	r.users = make(map[string]*key, len(r.Users))
 	for _, cfg := range r.Users {
 		k := &key{name: cmp.Or(cfg.Name, userStatePrefix+cfg.ID), kind: kindUser, id: cfg.ID,
 			stateID: userStateID(cfg.ID), group: r.groups[cfg.Group]}
-		if err := r.takeState(k, &cfg.KeyOptions); err != nil {
+		k.setOptions(&cfg.KeyOptions, r)
+		if err := r.takeState(k, k.opts); err != nil {
 			return err
 		}
 		if cfg.ID == anyIdentity {
@@ -72,7 +75,6 @@ func (r *Relay) provisionUsers() error {
 		} else {
 			r.users[cfg.ID] = k
 		}
-		provisionedKeys.add(k)
 	}
 	return nil
 }

@@ -117,9 +117,11 @@ type key struct {
 	stateID  string // its state's: the name of a key, user:<id> for a user entry
 	group    *group
 	prio     priority
-	state    *keyState // kept across reloads by stateID
-	limits   *limiter  // state.limits; nil for user *, whose identities each have their own
-	expires  time.Time // zero: never
+	opts     *KeyOptions // what its state is configured with when it is taken
+	active   atomic.Bool // its state is taken (state and limits are set): at its first request, or at provisioning
+	state    *keyState   // kept across reloads by stateID
+	limits   *limiter    // state.limits; nil for user *, whose identities each have their own
+	expires  time.Time   // zero: never
 	disabled bool
 	rate     string // the configured limits, as written, for GET /relay/keys
 	tokens   string
@@ -168,15 +170,21 @@ func (s *keyState) settled(now time.Time) bool { return s.limits.settled(now) }
 // Destruct implements caddy.Destructor.
 func (*keyState) Destruct() error { return nil }
 
+// setOptions sets what k's options say, but for its state: at
+// provisioning, before any request can read them.
+func (k *key) setOptions(opts *KeyOptions, r *Relay) {
+	k.opts, k.relay = opts, r
+	k.prio, _ = priorityByName(opts.Priority)
+	k.expires, _ = parseExpires(opts.Expires) // validated already
+	k.disabled, k.rate, k.tokens = opts.Disabled, opts.Rate, opts.Tokens
+}
+
 // takeState takes k's state from the process-wide pool, by its state id,
 // and pushes the options' limits into it (for user *, into every
-// identity's).
+// identity's). It runs under r.keysMu.
 func (r *Relay) takeState(k *key, opts *KeyOptions) error {
 	lim, _ := parseLimits(opts.Rate, opts.Tokens, opts.Concurrency) // validated already
 	k.endUserLimits, _ = parseLimits(opts.UserRate, opts.UserTokens, 0)
-	k.prio, _ = priorityByName(opts.Priority)
-	k.expires, _ = parseExpires(opts.Expires) // validated already
-	k.disabled, k.rate, k.tokens, k.relay = opts.Disabled, opts.Rate, opts.Tokens, r
 	st, _, err := keyStates.LoadOrNew(k.stateID, func() (caddy.Destructor, error) { return newKeyState(), nil })
 	if err != nil {
 		return err
@@ -199,7 +207,29 @@ func (r *Relay) takeState(k *key, opts *KeyOptions) error {
 		budgets.apply(k.state.spend, r.fleet)
 	}
 	k.state.configureEndUsers(stateSpec{limits: k.endUserLimits, fleet: r.fleet}, now)
+	k.active.Store(true)
 	return nil
+}
+
+// activate takes the state of a key that has none yet, at its first
+// request: a key costs its record only until it serves one, so a config of
+// many keys loads quickly and small. Keys whose state was taken already, by
+// the config before a reload, take it at provisioning (see provisionKeys),
+// so a reload never hands a key a fresh quota.
+func (r *Relay) activate(k *key) {
+	r.keysMu.Lock()
+	defer r.keysMu.Unlock()
+	if k.active.Load() {
+		return
+	}
+	_ = r.takeState(k, k.opts) // the pool's constructors do not fail
+	if r.cleanedUp {
+		// a request of an unloaded config: the key keeps the state, which
+		// no longer belongs to the pool (the config that follows takes its
+		// own)
+		_, _ = keyStates.Delete(k.stateID)
+		_, _ = spendAccounts.Delete(k.stateID)
+	}
 }
 
 // fleetTag is where a fleet keeps k's limits.
@@ -252,36 +282,68 @@ func (r *Relay) authenticate(req *http.Request) (*key, *relayError) {
 			return nil, rerr
 		}
 	}
+	if !k.active.Load() {
+		r.activate(k)
+	}
 	return k, nil
 }
 
-// provisionKeys resolves the keys' secrets into the digests they are looked
-// up by, and takes their state from the process-wide pool.
-func (r *Relay) provisionKeys() error {
-	r.keys = make(map[[sha256.Size]byte]*key, len(r.Keys))
-	for i, cfg := range r.Keys {
+// provisionKeys resolves the keys' secrets, of the config and of the keys
+// file, into the digests they are looked up by. A key takes its state from
+// the process-wide pool here if the config before this one had taken it,
+// or if it has budgets (its spend is read, and in a fleet shared); the
+// others take it at their first request (see activate).
+func (r *Relay) provisionKeys() ([]fileKeyDecl, error) {
+	r.keysMu.Lock()
+	defer r.keysMu.Unlock()
+	r.keys = make(map[[sha256.Size]byte]*key, len(r.Keys)+len(r.fileKeys))
+	add := func(cfg *Key, i, line int) (string, error) {
+		label := func() string {
+			if line > 0 {
+				return fmt.Sprintf("keys_file, line %d: %s", line, cfg.label(i))
+			}
+			return cfg.label(i)
+		}
 		digest, weak, err := keyDigest(cfg.Secret)
 		if err != nil {
-			return fmt.Errorf("%s: %w", cfg.label(i), err)
+			return "", fmt.Errorf("%s: %w", label(), err)
 		}
 		if weak {
-			r.logger.Warn(weakKeyWarning, zap.String("key", cfg.label(i)))
-		}
-		if literalSecret(cfg.Secret) {
-			r.logger.Warn(literalKeyWarning, zap.String("key", cfg.label(i)))
+			r.logger.Warn(weakKeyWarning, zap.String("key", label()))
 		}
 		if _, dup := r.keys[digest]; dup {
-			return fmt.Errorf("%s has the same secret as an earlier key", cfg.label(i))
+			return "", fmt.Errorf("%s has the same secret as an earlier key", label())
 		}
 		name := keyName(cfg, digest)
 		k := &key{name: name, kind: kindKey, stateID: name, group: r.groups[cfg.Group]}
-		if err := r.takeState(k, &cfg.KeyOptions); err != nil {
-			return err
+		k.setOptions(&cfg.KeyOptions, r)
+		if n, _ := keyStates.References(k.stateID); n > 0 || len(cfg.Budgets) > 0 {
+			if err := r.takeState(k, k.opts); err != nil {
+				return "", err
+			}
 		}
 		r.keys[digest] = k
-		provisionedKeys.add(k)
+		return name, nil
 	}
-	return nil
+	for i, cfg := range r.Keys {
+		if literalSecret(cfg.Secret) {
+			r.logger.Warn(literalKeyWarning, zap.String("key", cfg.label(i)))
+		}
+		if _, err := add(cfg, i, 0); err != nil {
+			return nil, err
+		}
+	}
+	decls := make([]fileKeyDecl, len(r.fileKeys))
+	for i, fk := range r.fileKeys {
+		name, err := add(fk.Key, i, fk.line)
+		if err != nil {
+			return nil, err
+		}
+		decls[i] = fileKeyDecl{name: name, sum: fk.sum}
+		fk.Secret = "" // its digest is the map's key: the file's secrets are not kept
+	}
+	r.fileKeys = nil
+	return decls, nil
 }
 
 // parseExpires reads a key's expiry; "" is never (the zero time).
@@ -312,11 +374,10 @@ const literalKeyWarning = "a relay key's secret is written in the config as it i
 // digest directly, which cannot be judged.
 func keyDigest(secret string) (d [sha256.Size]byte, weak bool, err error) {
 	if hexDigest, ok := strings.CutPrefix(secret, sha256Prefix); ok {
-		b, err := hex.DecodeString(hexDigest)
-		if err != nil || len(b) != sha256.Size {
+		d, ok := decodeDigest(hexDigest)
+		if !ok {
 			return d, false, fmt.Errorf("sha256: must be followed by 64 hex digits")
 		}
-		copy(d[:], b)
 		return d, false, nil
 	}
 	v, err := resolveSecret(secret)
@@ -324,6 +385,18 @@ func keyDigest(secret string) (d [sha256.Size]byte, weak bool, err error) {
 		return d, false, err
 	}
 	return sha256.Sum256([]byte(v)), weakKey(v), nil
+}
+
+// decodeDigest reads 64 hex digits, without allocating: a keys file has
+// many.
+func decodeDigest(hexDigest string) (d [sha256.Size]byte, ok bool) {
+	var buf [2 * sha256.Size]byte
+	if len(hexDigest) != len(buf) {
+		return d, false
+	}
+	copy(buf[:], hexDigest)
+	_, err := hex.Decode(d[:], buf[:])
+	return d, err == nil
 }
 
 // weakKey reports whether a key secret is guessable: shorter than 20
@@ -352,47 +425,55 @@ const weakKeyWarning = "a relay key is weak (under 20 characters, or fewer than 
 // key a fresh quota.
 var keyStates = caddy.NewUsagePool()
 
-// provisionedKeys holds the keys of every provisioned relay handler, by
-// kind and name, process-wide: GET /relay/keys belongs to no handler and
-// lists them from here. A handler adds its keys as it provisions them and
-// removes them in its Cleanup, so during a reload a name is held by the old
-// config and the new one at once, and the newest wins.
-var provisionedKeys = &keyRegistry{entries: map[string][]*key{}}
+// provisionedKeys holds every provisioned relay handler, for their keys:
+// GET /relay/keys belongs to no handler and lists them from here. A
+// handler is added once it has provisioned its keys and removed in its
+// Cleanup, so during a reload a name is held by the old config and the new
+// one at once, and the newest wins.
+var provisionedKeys = &keyRegistry{}
 
 // keyRegistry is the type of provisionedKeys.
 type keyRegistry struct {
-	mu      sync.Mutex
-	entries map[string][]*key // kind + " " + name -> the handlers' keys, oldest first
+	mu     sync.Mutex
+	relays []*Relay // oldest first
 }
 
-func (g *keyRegistry) add(k *key) {
+func (g *keyRegistry) add(r *Relay) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	id := k.kind + " " + k.name
-	g.entries[id] = append(g.entries[id], k)
+	g.relays = append(g.relays, r)
 }
 
-// remove forgets every key that r provisioned.
+// remove forgets r's keys.
 func (g *keyRegistry) remove(r *Relay) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	for id, ks := range g.entries {
-		ks = slices.DeleteFunc(ks, func(k *key) bool { return k.relay == r })
-		if len(ks) == 0 {
-			delete(g.entries, id)
-		} else {
-			g.entries[id] = ks
-		}
-	}
+	g.relays = slices.DeleteFunc(g.relays, func(x *Relay) bool { return x == r })
 }
 
 // current returns the newest key of each kind and name, in no order.
 func (g *keyRegistry) current() []*key {
 	g.mu.Lock()
-	defer g.mu.Unlock()
-	out := make([]*key, 0, len(g.entries))
-	for _, ks := range g.entries {
-		out = append(out, ks[len(ks)-1])
+	relays := slices.Clone(g.relays)
+	g.mu.Unlock()
+	var out []*key
+	seen := map[string]bool{}
+	take := func(k *key) {
+		if id := k.kind + " " + k.name; !seen[id] {
+			seen[id] = true
+			out = append(out, k)
+		}
+	}
+	for _, r := range slices.Backward(relays) {
+		for _, k := range r.keys {
+			take(k)
+		}
+		for _, k := range r.users {
+			take(k)
+		}
+		if r.anyUser != nil {
+			take(r.anyUser)
+		}
 	}
 	return out
 }

@@ -178,6 +178,7 @@ func TestConcurrencySlotsReturnOnEveryPath(t *testing.T) {
 	}
 	provisionHandler(t, r)
 	k := r.keys[keyDigestMust(t, "sk-slots")]
+	r.activate(k) // as its first request does
 	ch := r.groups[name].channels[0]
 	check := func(path string) {
 		t.Helper()

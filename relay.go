@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -82,6 +83,15 @@ type Relay struct {
 	// Keys are the relay keys clients authenticate with.
 	Keys []*Key `json:"keys,omitempty"`
 
+	// KeysFile is a file of more relay keys, read whenever the config
+	// loads: a JSON array of objects of the same form as Keys, or one such
+	// object after another (one a line). It keeps a large number of keys out
+	// of Caddy's config, which Caddy re-encodes at every load and serves at
+	// GET /config/. A reload reads it again (`caddy reload --force` when only
+	// the file changed); a file that fails to read fails the load, so the
+	// running config stays. Placeholders such as {env.KEYS} are resolved.
+	KeysFile string `json:"keys_file,omitempty"`
+
 	// Identity is the placeholder that a Caddy authentication handler
 	// running before the relay sets to who the client is, such as
 	// `{http.auth.user.id}` (basic_auth and most auth modules): one
@@ -127,6 +137,10 @@ type Relay struct {
 
 	groups             map[string]*group
 	keys               map[[sha256.Size]byte]*key
+	fileKeys           []fileKey       // read from KeysFile, until they are provisioned
+	declaredAs         string          // the handler\'s name in its config\'s declarations
+	keysMu             *sync.Mutex     // guards taking keys' state after provisioning, and the acquired lists
+	cleanedUp          bool            // Cleanup ran: state taken from now on is not given back
 	users              map[string]*key // user entries by id, but user *
 	anyUser            *key            // user *; nil: none
 	acquired           []*channel      // channelStates entries this instance holds
@@ -168,6 +182,7 @@ func (Relay) CaddyModule() caddy.ModuleInfo {
 // Provision resolves secrets, loads transports and takes the channels'
 // health state from the process-wide pool.
 func (r *Relay) Provision(ctx caddy.Context) error {
+	r.keysMu = new(sync.Mutex)
 	r.logger = ctx.Logger()
 	r.rand = defaultRand
 	r.now = time.Now
@@ -191,6 +206,9 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 		return err
 	}
 	r.passRatelimit = r.UpstreamRatelimitHeaders == ratelimitPass
+	if err := r.readKeysFile(); err != nil {
+		return err
+	}
 	if err := r.declare(ctx); err != nil {
 		return err
 	}
@@ -229,12 +247,17 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 	if err := r.provisionGroups(channels); err != nil {
 		return err
 	}
-	if err := r.provisionKeys(); err != nil {
+	fileDecls, err := r.provisionKeys()
+	if err != nil {
+		return err
+	}
+	if err := r.declareFileKeys(ctx, fileDecls); err != nil {
 		return err
 	}
 	if err := r.provisionUsers(); err != nil {
 		return err
 	}
+	provisionedKeys.add(r)
 
 	// push this config's settings into the channels' surviving state, and
 	// start their probes
@@ -274,10 +297,15 @@ func (r *Relay) Cleanup() error {
 	for _, name := range r.acquiredGroups {
 		_, _ = groupStates.Delete(name)
 	}
+	provisionedKeys.remove(r)
+	if r.keysMu != nil {
+		r.keysMu.Lock()
+		defer r.keysMu.Unlock()
+	}
+	r.cleanedUp = true
 	for _, name := range r.acquiredKeys {
 		_, _ = keyStates.Delete(name)
 	}
-	provisionedKeys.remove(r)
 	for _, k := range r.acquiredTransports {
 		_, _ = transports.Delete(k)
 	}

@@ -422,6 +422,8 @@ func TestRouteUpstreamPath(t *testing.T) {
 func TestAuthenticate(t *testing.T) {
 	support := &key{name: "support"}
 	free := &key{name: "free"}
+	support.active.Store(true) // made here, with no state to take
+	free.active.Store(true)
 	r := &Relay{keys: map[[sha256.Size]byte]*key{
 		sha256.Sum256([]byte("sk-relay-support")): support,
 		sha256.Sum256([]byte("sk-relay-free")):    free,

@@ -322,22 +322,26 @@ func (s *spendStore) load() {
 // account returns the account of id, from the pool, with what was stored
 // for it. The caller gives it back with spendAccounts.Delete(id).
 func (s *spendStore) account(id string) (*spendAccount, error) {
-	v, _, err := spendAccounts.LoadOrNew(id, func() (caddy.Destructor, error) {
-		a := &spendAccount{id: id}
-		s.mu.Lock()
-		rec := s.saved[id]
-		s.mu.Unlock()
-		for p := range numPeriods {
-			if r, ok := rec[p.String()]; ok {
-				a.periods[p] = periodSpend{start: r.Start, usd: r.NanoUSD}
-			}
-		}
-		return a, nil
-	})
+	v, _, err := spendAccounts.LoadOrNew(id, func() (caddy.Destructor, error) { return s.stored(id), nil })
 	if err != nil {
 		return nil, err
 	}
 	return v.(*spendAccount), nil
+}
+
+// stored is a new account of id with what was stored for it, outside the
+// pool.
+func (s *spendStore) stored(id string) *spendAccount {
+	a := &spendAccount{id: id}
+	s.mu.Lock()
+	rec := s.saved[id]
+	s.mu.Unlock()
+	for p := range numPeriods {
+		if r, ok := rec[p.String()]; ok {
+			a.periods[p] = periodSpend{start: r.Start, usd: r.NanoUSD}
+		}
+	}
+	return a
 }
 
 // keep records an account that is being let go, so that it is written and
