@@ -143,12 +143,20 @@ func (s *recentRequest) row() requestRow {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
+// statusMaxKeys bounds the keys of a snapshot, which every viewer of the
+// page is sent each time it changes: a relay may have a hundred thousand.
+const statusMaxKeys = 500
+
 // statusSnapshot is everything the page shows but the requests.
 type statusSnapshot struct {
 	Node     string          `json:"node"`
 	Channels []statusChannel `json:"channels"`
 	Groups   []statusGroup   `json:"groups"`
-	Keys     []keyStatus     `json:"keys"`
+	// Keys are the keys that have served a request since their config
+	// loaded, at most statusMaxKeys of them (those that spent most this
+	// month); KeysTotal counts every key. GET /relay/keys lists them all.
+	Keys      []keyStatus `json:"keys"`
+	KeysTotal int         `json:"keys_total"`
 	// Fleet lists the fleet's nodes when a relay handler has storage;
 	// FleetError says why it could not be read.
 	Fleet      []fleetNode `json:"fleet,omitempty"`
@@ -212,8 +220,16 @@ func snapshot(now time.Time, rows []recentRequest, fleet func() ([]fleetNode, er
 	})
 	slices.SortFunc(snap.Groups, func(a, b statusGroup) int { return strings.Compare(a.Name, b.Name) })
 
-	for _, k := range provisionedKeys.current() {
-		snap.Keys = append(snap.Keys, k.status(k.relay.now()))
+	keys := provisionedKeys.current()
+	snap.KeysTotal = len(keys)
+	for _, k := range keys {
+		if k.active.Load() { // a key that has served nothing has nothing to show
+			snap.Keys = append(snap.Keys, k.status(k.relay.now()))
+		}
+	}
+	if len(snap.Keys) > statusMaxKeys { // those that spent most this month
+		slices.SortFunc(snap.Keys, func(a, b keyStatus) int { return cmp.Compare(b.SpendUSD["month"], a.SpendUSD["month"]) })
+		snap.Keys = snap.Keys[:statusMaxKeys]
 	}
 	slices.SortFunc(snap.Keys, func(a, b keyStatus) int {
 		return cmp.Or(strings.Compare(a.Name, b.Name), strings.Compare(a.Kind, b.Kind))

@@ -265,3 +265,38 @@ func TestStatusPagePaths(t *testing.T) {
 		t.Errorf("the relay beside the page: %d", status)
 	}
 }
+
+// TestStatusPageShowsTheKeysInUse: the status page is sent to every viewer
+// each time it changes, so it lists the keys that have served a request, at
+// most statusMaxKeys of them, and counts the others.
+func TestStatusPageShowsTheKeysInUse(t *testing.T) {
+	var lines []string
+	for i := range statusMaxKeys + 100 {
+		lines = append(lines, fmt.Sprintf(`{"secret": "sk-many-%04d-0123456789abcdef", "group": "many", "name": "many-%04d"}`, i, i))
+	}
+	r := &Relay{KeysFile: writeKeysFile(t, strings.Join(lines, "\n")),
+		Channels: []*Channel{{Name: "many-ch", UpstreamRaw: upstream("mock")}},
+		Groups:   []*Group{{Name: "many", Channels: []string{"many-ch"}}}}
+	provisionHandler(t, r)
+	mine := func(snap statusSnapshot) (n int) {
+		for _, k := range snap.Keys {
+			if strings.HasPrefix(k.Name, "many-") {
+				n++
+			}
+		}
+		return n
+	}
+	if w, _ := serveHandler(t, r, newRequest(simpleBody, "sk-many-0007-0123456789abcdef")); w.Code != 200 {
+		t.Fatalf("%d %s", w.Code, w.Body)
+	}
+	snap := snapshot(time.Now(), nil, nil)
+	if mine(snap) != 1 || snap.KeysTotal < statusMaxKeys+100 {
+		t.Fatalf("after one key's request: %d of the keys shown, %d keys counted", mine(snap), snap.KeysTotal)
+	}
+	for _, k := range r.keys {
+		r.activate(k)
+	}
+	if snap := snapshot(time.Now(), nil, nil); len(snap.Keys) != statusMaxKeys {
+		t.Errorf("with every key in use: %d keys shown, want %d", len(snap.Keys), statusMaxKeys)
+	}
+}

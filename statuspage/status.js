@@ -101,6 +101,8 @@
 	}
 
 	function renderKeys() {
+		const shown = (state.keys || []).length, total = state.keys_total || 0;
+		$("keys-count").textContent = shown < total ? "(" + shown + " of " + total + " keys: those in use)" : "";
 		fill($("keys").tBodies[0], state.keys, (k) => {
 			const tr = el("tr");
 			cell(tr, k.name, "mono");
