@@ -101,12 +101,17 @@ func TestBigConfigSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds cmd/caddy and runs it")
 	}
-	res, err := runBigConfig(context.Background(), bigConfigOptions{channels: 10, keys: 100, reloads: 1, logf: t.Logf})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Log(res)
-	if res.firstLoad <= 0 || res.reload <= 0 || res.rssKiB <= 0 || res.heapKiB <= 0 {
-		t.Errorf("a figure is not positive: %+v", res)
+	for _, inFile := range []bool{false, true} {
+		res, err := runBigConfig(context.Background(), bigConfigOptions{channels: 10, keys: 100, keysFile: inFile, reloads: 1, logf: t.Logf})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Log(res)
+		if res.firstLoad <= 0 || res.reload <= 0 || res.rssKiB <= 0 || res.heapKiB <= 0 {
+			t.Errorf("a figure is not positive: %+v", res)
+		}
+		if (res.keysFileBytes > 0) != inFile {
+			t.Errorf("keys in a file: %v, but the keys file has %d bytes", inFile, res.keysFileBytes)
+		}
 	}
 }

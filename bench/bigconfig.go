@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -20,6 +21,7 @@ import (
 // channels in 50 groups of 4 and keys keys, each with a rate limit.
 type bigConfigOptions struct {
 	channels, keys int
+	keysFile       bool // the keys in a keys file, not in the config
 	reloads        int
 	profileDir     string // if set, profiles of the caddy process after the reloads
 	logf           func(format string, args ...any)
@@ -27,19 +29,22 @@ type bigConfigOptions struct {
 
 // bigConfigResult is what the big-config mode measured.
 type bigConfigResult struct {
-	configBytes int
-	firstLoad   time.Duration // from starting caddy to its serving the config
-	reload      time.Duration // the median of the reloads through POST /load
-	rssKiB      int64         // the caddy process's resident memory after the reloads
-	heapKiB     int64         // its heap in use after the reloads and a GC
+	configBytes   int
+	keysFileBytes int           // 0: the keys are in the config
+	firstLoad     time.Duration // from starting caddy to its serving the config
+	reload        time.Duration // the median of the reloads through POST /load
+	rssKiB        int64         // the caddy process's resident memory after the reloads
+	heapKiB       int64         // its heap in use after the reloads and a GC
 }
 
 // bigConfigJSON is a Caddy JSON config whose relay has o.channels anthropic
 // channels (to an address nothing listens on: nothing is sent) in 50
 // groups of 4 and o.keys keys spread over the groups, each with a rate
 // limit, their secrets given as sha256 digests as the Caddyfile adapter
-// writes them; served on port, with an admin endpoint at adminAddr.
-func bigConfigJSON(o bigConfigOptions, port, adminAddr string) ([]byte, error) {
+// writes them; served on port, with an admin endpoint at adminAddr. With
+// o.keysFile the keys are in keysFile, one a line, which it writes, and the
+// config names it.
+func bigConfigJSON(o bigConfigOptions, port, adminAddr, keysFile string) ([]byte, error) {
 	channels := make([]map[string]any, o.channels)
 	for i := range channels {
 		channels[i] = map[string]any{"name": "ch" + strconv.Itoa(i), "priority": 1 + i%2, "weight": 1 + i%3,
@@ -62,12 +67,26 @@ func bigConfigJSON(o bigConfigOptions, port, adminAddr string) ([]byte, error) {
 		d := sha256.Sum256(fmt.Appendf(nil, "sk-scale-%010d-abcdefghijklmnop", i))
 		keys[i] = map[string]any{"secret": "sha256:" + hex.EncodeToString(d[:]), "group": "g" + strconv.Itoa(i%groupCount), "rate": "1000000/s"}
 	}
+	handler := map[string]any{"handler": "relay", "channels": channels, "groups": groups, "keys": keys}
+	if o.keysFile {
+		var lines bytes.Buffer
+		enc := json.NewEncoder(&lines)
+		for _, k := range keys {
+			if err := enc.Encode(k); err != nil {
+				return nil, err
+			}
+		}
+		if err := os.WriteFile(keysFile, lines.Bytes(), 0o600); err != nil {
+			return nil, err
+		}
+		delete(handler, "keys")
+		handler["keys_file"] = keysFile
+	}
 	return json.Marshal(map[string]any{
 		"admin": map[string]any{"listen": adminAddr, "config": map[string]any{"persist": false}},
 		"apps": map[string]any{"http": map[string]any{"servers": map[string]any{"scale": map[string]any{
 			"listen": []string{"127.0.0.1:" + port},
-			"routes": []any{map[string]any{"handle": []any{map[string]any{
-				"handler": "relay", "channels": channels, "groups": groups, "keys": keys}}}},
+			"routes": []any{map[string]any{"handle": []any{handler}}},
 		}}}},
 	})
 }
@@ -92,16 +111,20 @@ func runBigConfig(ctx context.Context, o bigConfigOptions) (bigConfigResult, err
 		return res, err
 	}
 	_, port, _ := strings.Cut(siteAddr, ":")
-	cfg, err := bigConfigJSON(o, port, adminAddr)
+	keysFile := filepath.Join(dir, "keys.jsonl")
+	cfg, err := bigConfigJSON(o, port, adminAddr, keysFile)
 	if err != nil {
 		return res, err
 	}
 	res.configBytes = len(cfg)
+	if info, err := os.Stat(keysFile); err == nil {
+		res.keysFileBytes = int(info.Size())
+	}
 	file := filepath.Join(dir, "big.json")
 	if err := os.WriteFile(file, cfg, 0o644); err != nil {
 		return res, err
 	}
-	o.logf("loading %d channels and %d keys (%d MB of JSON)", o.channels, o.keys, len(cfg)>>20)
+	o.logf("loading %d channels and %d keys (%d MB of JSON, keys file %d MB)", o.channels, o.keys, len(cfg)>>20, res.keysFileBytes>>20)
 	start := time.Now()
 	proc, err := startCaddyFile(ctx, bin, dir, file)
 	if err != nil {
@@ -195,6 +218,10 @@ func heapAfterGC(ctx context.Context, adminAddr string) (int64, error) {
 
 // String renders the result for the log and docs/performance.md.
 func (r bigConfigResult) String() string {
-	return fmt.Sprintf("%d MB of JSON; first load (caddy started to serving) %.2fs, reload (median) %.2fs; resident memory %d MB, heap in use after a GC %d MB",
-		r.configBytes>>20, r.firstLoad.Seconds(), r.reload.Seconds(), r.rssKiB>>10, r.heapKiB>>10)
+	where := fmt.Sprintf("%.1f MB of JSON", float64(r.configBytes)/(1<<20))
+	if r.keysFileBytes > 0 {
+		where = fmt.Sprintf("%.1f MB of JSON config and a %.1f MB keys file", float64(r.configBytes)/(1<<20), float64(r.keysFileBytes)/(1<<20))
+	}
+	return fmt.Sprintf("%s; first load (caddy started to serving) %.2fs, reload (median) %.2fs; resident memory %d MB, heap in use after a GC %d MB",
+		where, r.firstLoad.Seconds(), r.reload.Seconds(), r.rssKiB>>10, r.heapKiB>>10)
 }

@@ -111,6 +111,7 @@ func main() {
 	bigChannels := flag.Int("channels", 1000, "channels of the -big-config mode")
 	bigKeys := flag.Int("keys", 100000, "keys of the -big-config mode")
 	bigReloads := flag.Int("reloads", 3, "reloads of the -big-config mode")
+	keysIn := flag.String("keys-in", "file", "where the -big-config mode keeps its keys: file (a keys file) or config")
 	smoke := flag.Bool("smoke", false, "a quick check of the harness itself (overrides -duration, -rounds, -idle and -rate)")
 	out := flag.String("out", "", "also write the markdown table to this file")
 	flag.Parse()
@@ -122,13 +123,17 @@ func main() {
 	o.logf = log.New(os.Stderr, "bench: ", 0).Printf
 	if *bigConfig {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-		res, err := runBigConfig(ctx, bigConfigOptions{channels: *bigChannels, keys: *bigKeys, reloads: *bigReloads, profileDir: o.profileDir, logf: o.logf})
+		if *keysIn != "file" && *keysIn != "config" {
+			fmt.Fprintln(os.Stderr, "bench: -keys-in is file or config")
+			os.Exit(2)
+		}
+		res, err := runBigConfig(ctx, bigConfigOptions{channels: *bigChannels, keys: *bigKeys, keysFile: *keysIn == "file", reloads: *bigReloads, profileDir: o.profileDir, logf: o.logf})
 		stop()
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
 			os.Exit(1)
 		}
-		fmt.Printf("Big config, %d channels in 50 groups, %d keys: %s.\n", *bigChannels, *bigKeys, res)
+		fmt.Printf("Big config, %d channels in 50 groups, %d keys in the %s: %s.\n", *bigChannels, *bigKeys, *keysIn, res)
 		return
 	}
 	if *reload > 0 {

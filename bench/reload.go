@@ -61,29 +61,46 @@ type reloadResult struct {
 // minutes, so a long run that grows more than this is leaking.
 const rssGrowth = 1.5
 
-// retryBeforeResponse sends a request once more when its round trip
-// failed before any response (a connection reset or closed as the request
-// went out), as the Anthropic SDKs retry connection errors; a reply cut
-// after its headers is not retried, and fails the run.
+// retryBeforeResponse sends a request again, at most twice, when its
+// round trip failed before any response (a connection reset or closed as
+// the request went out), after half a second and then a second, as the
+// Anthropic SDKs retry connection errors (two retries, from 0.5s, doubling):
+// a reload closes every idle kept-alive connection at once, so a retry sent
+// at once would take the next dying one. A reply cut after its headers is
+// not retried, and fails the run.
 type retryBeforeResponse struct {
 	next    http.RoundTripper
 	retried *atomic.Int64
 }
 
+// sdkRetries and sdkRetryDelay are the Anthropic SDKs' defaults.
+const (
+	sdkRetries    = 2
+	sdkRetryDelay = 500 * time.Millisecond
+)
+
 // RoundTrip implements http.RoundTripper.
 func (t *retryBeforeResponse) RoundTrip(r *http.Request) (*http.Response, error) {
 	resp, err := t.next.RoundTrip(r)
-	if err == nil || r.GetBody == nil || r.Context().Err() != nil {
-		return resp, err
+	for i := range sdkRetries {
+		if err == nil || r.GetBody == nil {
+			break
+		}
+		select {
+		case <-r.Context().Done():
+			return nil, err
+		case <-time.After(sdkRetryDelay << i):
+		}
+		body, gerr := r.GetBody()
+		if gerr != nil {
+			return nil, err
+		}
+		again := r.Clone(r.Context())
+		again.Body = body
+		t.retried.Add(1)
+		resp, err = t.next.RoundTrip(again)
 	}
-	body, gerr := r.GetBody()
-	if gerr != nil {
-		return nil, err
-	}
-	again := r.Clone(r.Context())
-	again.Body = body
-	t.retried.Add(1)
-	return t.next.RoundTrip(again)
+	return resp, err
 }
 
 // goroutineSlack is how many more goroutines the caddy process may hold
