@@ -147,7 +147,9 @@ func (r *Reader) wait() error {
 
 // Next returns the next complete event. At the end of the stream it returns
 // io.EOF when the stream ended between events, and io.ErrUnexpectedEOF when
-// it ended inside one: a truncated event is never returned.
+// it ended inside one: a truncated event is never returned. Once the stream
+// has returned an error, every later read gets it again without asking the
+// stream.
 func (r *Reader) Next() (Event, error) {
 	if !r.Buffered() {
 		if err := r.wait(); err != nil {
