@@ -197,8 +197,10 @@ func median(rounds []row) row {
 }
 
 // measureIdle opens the idle streams of w through t and reports the caddy
-// process's resident memory per stream, and the connections the upstream
-// accepted for them: one a stream over HTTP/1.1, a few in all over HTTP/2.
+// process's resident memory per stream, and how many upstream connections
+// the streams hold open: one a stream over HTTP/1.1, a few in all over
+// HTTP/2 (where the log also says how many the upstream accepted: clients
+// that dial at once for a new host keep one connection and close the rest).
 func (b *bench) measureIdle(ctx context.Context, t *target, w workload) (row, error) {
 	b.logf("%s: %s", t.name, w)
 	up, profile := b.idle, profileName(t)
