@@ -65,14 +65,21 @@ func (r *Relay) try(w http.ResponseWriter, req *http.Request, in *inbound, ch *c
 		metricFirstByte.WithLabelValues(ch.name).Observe(res.firstByte.Seconds())
 	}
 	if cooled := t.finish(v, ch.cooldown, r.now(), res.firstByte, tokens); cooled > 0 {
-		r.logger.Warn("channel cooling down",
-			zap.String("channel", ch.name),
-			zap.String("outcome", v.outcome.String()),
-			zap.String("reason", v.reason),
-			zap.Duration("cooldown", cooled),
-			zap.String("request_id", in.id))
+		r.logCooling(in, ch, &v, cooled)
 	}
 	return res
+}
+
+// logCooling logs that an attempt's verdict cools its channel down. Apart
+// from try, so that the log fields take no room in try's frame, which a
+// stream keeps on its goroutine's stack while it lasts.
+func (r *Relay) logCooling(in *inbound, ch *channel, v *verdict, cooled time.Duration) {
+	r.logger.Warn("channel cooling down",
+		zap.String("channel", ch.name),
+		zap.String("outcome", v.outcome.String()),
+		zap.String("reason", v.reason),
+		zap.Duration("cooldown", cooled),
+		zap.String("request_id", in.id))
 }
 
 // lacking turns a 400 that says, in the words of ch's provider, that its
@@ -104,14 +111,15 @@ func (r *Relay) lacking(v *verdict, in *inbound, ch *channel, body []byte) {
 const maxErrorBody = 1 << 20
 
 // attempt sends the request to ch once and, when the answer proves itself,
-// commits it to the client.
+// commits it to the client. A stream is relayed from inside it, for as
+// long as the stream lasts, so it keeps its frame small: every answer but
+// a stream's is handled by a function of its own, whose locals are gone
+// by the time a stream runs (a handler's goroutine whose stack outgrows
+// 16 KiB keeps 32 KiB for as long as its stream is open).
 func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, ch *channel, n int) attemptResult {
 	ctx, cancel := context.WithCancelCause(req.Context())
 	defer cancel(nil)
 	in.usage = usage{} // only the answer that reaches the client counts
-	fail := func(err error) attemptResult {
-		return attemptResult{verdict: classifyError(ctx, req.Context(), err), channel: ch}
-	}
 	// an upstream that never had a connection never had the request
 	var connected atomic.Bool
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { connected.Store(true) }})
@@ -119,13 +127,7 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 	call := in.callFor(ch)
 	upReq, err := ch.provider.NewRequest(ctx, call)
 	if err != nil {
-		var ue UpstreamError
-		if errors.As(err, &ue) { // the provider answers for its upstream
-			body := (&relayError{typ: anthropicType(ue.Status), msg: ue.Message}).body(cmp.Or(ue.RequestID, in.id))
-			h := http.Header{"Content-Type": {"application/json"}}
-			return attemptResult{verdict: classifyStatus(ue.Status, h, body, r.now()), channel: ch, status: ue.Status, header: h, body: body}
-		}
-		return fail(err)
+		return r.notSent(ctx, req, in, ch, err)
 	}
 	dl := &deadline{cancel: cancel}
 	if in.stream {
@@ -138,59 +140,91 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 	sent := time.Now()
 	resp, err := ch.rt.RoundTrip(upReq)
 	if err != nil {
-		res := fail(err)
-		res.accepted = connected.Load() && (res.verdict.timeout || res.verdict.outcome == outcomeCanceled)
-		return res
+		return sendFailed(ctx, req, ch, err, connected.Load())
 	}
 	firstByteTime := time.Since(sent) // before a provider reads an error body
 	defer resp.Body.Close()
 	if resp, err = ch.provider.Response(resp, call); err != nil {
-		return fail(err)
+		return failed(ctx, req, ch, err)
 	}
 	defer resp.Body.Close() // the provider may have replaced it
 	ch.health.observeQuota(resp.Header, r.now(), ch.cooldown.max)
 
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		body, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
-		if err != nil {
-			return fail(err)
-		}
-		v := classifyStatus(resp.StatusCode, resp.Header, body, r.now())
-		if refusesModel(resp.StatusCode, body, providerRefusedModel(resp), call.Model) {
-			v.outcome, v.reason, v.model = outcomeModelRefused, "model refused", in.target
-		}
-		if resp.StatusCode == http.StatusBadRequest && v.outcome == outcomeClientError && !in.needs.empty() {
-			r.lacking(&v, in, ch, body)
-		}
-		return attemptResult{verdict: v, channel: ch, firstByte: firstByteTime, status: resp.StatusCode, header: resp.Header, body: body}
+	switch {
+	case resp.StatusCode < 200 || resp.StatusCode > 299:
+		return r.errorStatus(ctx, req, in, ch, call, resp, firstByteTime)
+	case !isEventStream(resp.Header):
+		return r.message(ctx, w, req, in, ch, n, resp, dl, firstByteTime)
 	}
-
-	if isEventStream(resp.Header) {
-		// until the first event, both its limit (from sending) and the first
-		// content limit (from these headers) run; the tighter one applies
-		dl.headers = time.Now()
-		if left := ch.firstByte - firstByteTime; left < ch.firstContent {
-			dl.arm(stageFirstByte, left)
-		} else {
-			dl.arm(stageFirstContent, ch.firstContent)
-		}
-		s := &streamAttempt{r: r, w: w, in: in, ch: ch, n: n, ctx: ctx, clientCtx: req.Context(), deadline: dl, resp: resp}
-		res := s.run()
-		res.firstByte = firstByteTime
-		return res
+	// until the first event, both its limit (from sending) and the first
+	// content limit (from these headers) run; the tighter one applies
+	dl.headers = time.Now()
+	if left := ch.firstByte - firstByteTime; left < ch.firstContent {
+		dl.arm(stageFirstByte, left)
+	} else {
+		dl.arm(stageFirstContent, ch.firstContent)
 	}
+	s := &streamAttempt{r: r, w: w, in: in, ch: ch, n: n, ctx: ctx, clientCtx: req.Context(), deadline: dl, resp: resp}
+	res := s.run()
+	res.firstByte = firstByteTime
+	return res
+}
 
-	// a 2xx answer: the upstream has done the work, whatever happens to
-	// its body now
+// failed is an attempt that failed with err.
+func failed(ctx context.Context, req *http.Request, ch *channel, err error) attemptResult {
+	return attemptResult{verdict: classifyError(ctx, req.Context(), err), channel: ch}
+}
+
+// sendFailed is an attempt whose request got no answer, for err. With
+// connected (the upstream had a connection), one that timed out or whose
+// client left was accepted: the upstream was working on it.
+func sendFailed(ctx context.Context, req *http.Request, ch *channel, err error, connected bool) attemptResult {
+	res := failed(ctx, req, ch, err)
+	res.accepted = connected && (res.verdict.timeout || res.verdict.outcome == outcomeCanceled)
+	return res
+}
+
+// notSent is an attempt whose provider could not make its request: it
+// failed, or it answers for its upstream (an UpstreamError).
+func (r *Relay) notSent(ctx context.Context, req *http.Request, in *inbound, ch *channel, err error) attemptResult {
+	var ue UpstreamError
+	if !errors.As(err, &ue) {
+		return failed(ctx, req, ch, err)
+	}
+	body := (&relayError{typ: anthropicType(ue.Status), msg: ue.Message}).body(cmp.Or(ue.RequestID, in.id))
+	h := http.Header{"Content-Type": {"application/json"}}
+	return attemptResult{verdict: classifyStatus(ue.Status, h, body, r.now()), channel: ch, status: ue.Status, header: h, body: body}
+}
+
+// errorStatus is an attempt the upstream answered with an error status:
+// its answer is classified, and kept for the client in case no other
+// attempt follows.
+func (r *Relay) errorStatus(ctx context.Context, req *http.Request, in *inbound, ch *channel, call *Call, resp *http.Response, firstByte time.Duration) attemptResult {
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	if err != nil {
+		return failed(ctx, req, ch, err)
+	}
+	v := classifyStatus(resp.StatusCode, resp.Header, body, r.now())
+	if refusesModel(resp.StatusCode, body, providerRefusedModel(resp), call.Model) {
+		v.outcome, v.reason, v.model = outcomeModelRefused, "model refused", in.target
+	}
+	if resp.StatusCode == http.StatusBadRequest && v.outcome == outcomeClientError && !in.needs.empty() {
+		r.lacking(&v, in, ch, body)
+	}
+	return attemptResult{verdict: v, channel: ch, firstByte: firstByte, status: resp.StatusCode, header: resp.Header, body: body}
+}
+
+// message commits a 2xx answer that is not a stream, once it is whole.
+func (r *Relay) message(ctx context.Context, w http.ResponseWriter, req *http.Request, in *inbound, ch *channel, n int, resp *http.Response, dl *deadline, firstByte time.Duration) attemptResult {
+	// the upstream has done the work, whatever happens to its body now
 	buf := bodyPool.Get().(*bytes.Buffer)
 	defer releaseBody(buf)
-	if _, err := buf.ReadFrom(io.LimitReader(resp.Body, r.MaxResponseSize+1)); err != nil {
-		res := fail(err)
-		res.accepted = true
-		return res
+	_, err := buf.ReadFrom(io.LimitReader(resp.Body, r.MaxResponseSize+1))
+	if err == nil && int64(buf.Len()) > r.MaxResponseSize {
+		err = errResponseTooLarge
 	}
-	if int64(buf.Len()) > r.MaxResponseSize {
-		res := fail(errResponseTooLarge)
+	if err != nil {
+		res := failed(ctx, req, ch, err)
 		res.accepted = true
 		return res
 	}
@@ -201,7 +235,7 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
 	w.WriteHeader(resp.StatusCode)
 	_, _ = w.Write(buf.Bytes())
-	return attemptResult{verdict: verdict{outcome: outcomeSuccess, reason: "status " + strconv.Itoa(resp.StatusCode)}, done: true, firstByte: firstByteTime}
+	return attemptResult{verdict: verdict{outcome: outcomeSuccess, reason: "status " + strconv.Itoa(resp.StatusCode)}, done: true, firstByte: firstByte}
 }
 
 // stage is a part of an attempt with its own time limit.

@@ -587,7 +587,7 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 		}
 		ch := p.ch
 		if n > 1 && !g.state.budget.allowRetry(sel.now, g.budgetRatio, g.budgetFloor) {
-			r.logger.Debug("retry budget exhausted", zap.String("group", g.name), zap.String("request_id", in.id))
+			r.logBudgetExhausted(g, in)
 			return &failure{last: last, attempts: n - 1}
 		}
 		var t *ticket
@@ -641,6 +641,13 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 		}
 		n++
 	}
+}
+
+// logBudgetExhausted logs that the retry budget stopped a failover. Apart
+// from relay, so that the log fields take no room in relay's frame, which
+// a stream keeps on its goroutine's stack while it lasts.
+func (r *Relay) logBudgetExhausted(g *group, in *inbound) {
+	r.logger.Debug("retry budget exhausted", zap.String("group", g.name), zap.String("request_id", in.id))
 }
 
 // recoveryPoll bounds one wait for a recovering channel, so that a channel

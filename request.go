@@ -132,6 +132,11 @@ func (r *Relay) readBody(w http.ResponseWriter, req *http.Request) (*bytes.Buffe
 		releaseBody(buf)
 		return nil, errTooLarge(limit)
 	}
+	// read to its end: closed now, net/http knows it has nothing left to
+	// discard when the response's headers go out, and does not look (a read
+	// deep in the stack of a stream's first flush, which would grow the
+	// goroutine's stack for as long as the stream lasts)
+	_ = req.Body.Close()
 	return buf, nil
 }
 

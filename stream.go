@@ -20,8 +20,10 @@ const (
 	maxEvent = 16 << 20
 )
 
-// readers and heldBufs pool the per-stream buffers: an SSE reader (8 KiB
-// plus its event buffers) and the events held back before the commit point.
+// readers and heldBufs pool the per-stream buffers: an SSE reader (its
+// event buffers; its read buffer comes from a pool of its own while it has
+// bytes to give, so an idle stream holds none) and the events held back
+// before the commit point.
 var (
 	readers  = sync.Pool{New: func() any { return sse.NewReader(nil, maxEvent) }}
 	heldBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}

@@ -35,6 +35,10 @@ type workload struct {
 	kind        kind
 	concurrency int
 	rate        int // requests a second, of fixedRate
+	// h2 says, of idle, that the upstream speaks HTTP/2 over TLS, as
+	// Anthropic's API, Bedrock and Vertex do, instead of plain HTTP/1.1:
+	// the streams then share upstream connections.
+	h2 bool
 }
 
 // String names the workload in the table.
@@ -45,7 +49,10 @@ func (w workload) String() string {
 	case streaming:
 		return "streaming c=" + strconv.Itoa(w.concurrency)
 	case idle:
-		return strconv.Itoa(w.concurrency) + " idle streams"
+		if w.h2 {
+			return strconv.Itoa(w.concurrency) + " idle streams, h2 upstream"
+		}
+		return strconv.Itoa(w.concurrency) + " idle streams, HTTP/1.1 upstream"
 	}
 	return "non-streaming c=" + strconv.Itoa(w.concurrency)
 }

@@ -19,7 +19,7 @@
 // port:
 //
 //	(a) direct             the fake upstream itself, no Caddy
-//	(b) reverse_proxy      `reverse_proxy 127.0.0.1:<upstream>`, Caddy's defaults
+//	(b) reverse_proxy      `reverse_proxy http://127.0.0.1:<upstream>`, Caddy's defaults
 //	(c) relay, 1 channel   one channel, one key, one group
 //	(d) relay, 3 channels  two priority-1 channels and a priority-2 one
 //	(e) relay, failover    the priority-1 channel refuses connections (cooldown
@@ -57,9 +57,15 @@
 //     sockets in caddy and two here) opened at once to an upstream that
 //     pings every 30s, each read until its first content_block_delta and
 //     held open; the caddy process's VmRSS growth divided by the streams
-//     is the memory per idle stream. With -profile DIR, the caddy process
-//     gets an admin endpoint and its heap and goroutine profiles are saved
-//     in DIR while it holds the streams.
+//     is the memory per idle stream. Twice: to a plain HTTP/1.1 upstream
+//     (a connection a stream), and to one speaking HTTP/2 over TLS as
+//     Anthropic's API, Bedrock and Vertex do (streams share connections;
+//     its certificate is self-signed, which both targets' transports are
+//     told to accept); each row says how many connections the upstream
+//     accepted. With -profile DIR, the caddy process gets an admin
+//     endpoint and its heap and goroutine profiles are saved in DIR while
+//     it holds the streams, as b-* and c-* (HTTP/1.1) and b-h2-* and
+//     c-h2-* (HTTP/2).
 //
 // The load generator is the vegeta library, closed loop but for the fixed
 // rate: as many workers as the concurrency, each sending its next request
@@ -207,7 +213,8 @@ func (o options) workloads() []workload {
 	return append(ws,
 		workload{kind: fixedRate, rate: o.rate},
 		workload{kind: streaming, concurrency: o.streamConcurrency},
-		workload{kind: idle, concurrency: o.idleStreams})
+		workload{kind: idle, concurrency: o.idleStreams},
+		workload{kind: idle, concurrency: o.idleStreams, h2: true})
 }
 
 // runReloadAndPrint runs the reload-under-load mode until done or

@@ -8,15 +8,16 @@ import (
 
 // row is one measurement: a workload against a target.
 type row struct {
-	target       *target
-	workload     workload
-	reqPerSec    float64       // successful replies per second
-	success      float64       // share of successful replies (of opened streams, for idle)
-	p50, p99     time.Duration // to the last byte
-	firstByte    time.Duration // p50 until the response headers
-	kibPerStream float64       // resident memory per idle stream
-	failedOver   float64       // share of the requests that failed over
-	errors       []string      // the distinct errors of failed requests
+	target        *target
+	workload      workload
+	reqPerSec     float64       // successful replies per second
+	success       float64       // share of successful replies (of opened streams, for idle)
+	p50, p99      time.Duration // to the last byte
+	firstByte     time.Duration // p50 until the response headers
+	kibPerStream  float64       // resident memory per idle stream
+	upstreamConns int64         // upstream connections the idle streams hold open
+	failedOver    float64       // share of the requests that failed over
+	errors        []string      // the distinct errors of failed requests
 }
 
 // report is the result of a run.
@@ -74,7 +75,7 @@ func (r *report) markdown() string {
 func (r *report) line(x row) string {
 	var reqs, p50, p99, firstByte, memory, reqsVs, p50Vs, p99Vs string
 	if x.workload.kind == idle {
-		memory = fmt.Sprintf("%.1f KiB", x.kibPerStream)
+		memory = fmt.Sprintf("%.1f KiB (%d upstream connections)", x.kibPerStream, x.upstreamConns)
 	} else {
 		reqs, p50, p99 = fmt.Sprintf("%.0f", x.reqPerSec), millis(x.p50), millis(x.p99)
 	}

@@ -26,9 +26,10 @@ type bench struct {
 	dir      string // temporary: the caddy binary and the Caddyfiles
 	caddy    string // the binary built from ./cmd/caddy
 	fast     *fakeupstream.Upstream
-	idle     *fakeupstream.Upstream
-	deadAddr string       // a loopback address that refuses connections
-	redis    *redisServer // for the targets that need it; nil if none does
+	idle     *fakeupstream.Upstream // HTTP/1.1
+	idleH2   *fakeupstream.Upstream // HTTP/2 over TLS
+	deadAddr string                 // a loopback address that refuses connections
+	redis    *redisServer           // for the targets that need it; nil if none does
 }
 
 // run measures every target with every workload it applies to. A request
@@ -70,6 +71,8 @@ func run(ctx context.Context, o options) (*report, error) {
 	defer b.fast.Close()
 	b.idle = fakeupstream.Start(fakeupstream.Idle(idlePing), false)
 	defer b.idle.Close()
+	b.idleH2 = fakeupstream.StartTLS(fakeupstream.Idle(idlePing), false)
+	defer b.idleH2.Close()
 
 	rep := &report{machine: describeMachine(), options: o}
 	if !o.idleOnly {
@@ -80,15 +83,20 @@ func run(ctx context.Context, o options) (*report, error) {
 		rep.rows = rows
 		b.logRedis()
 	}
-	for _, t := range o.targets {
-		if !t.idle {
+	for _, w := range o.workloads() {
+		if w.kind != idle {
 			continue
 		}
-		r, err := b.measureIdle(ctx, t)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", t.name, err)
+		for _, t := range o.targets {
+			if !t.idle {
+				continue
+			}
+			r, err := b.measureIdle(ctx, t, w)
+			if err != nil {
+				return nil, fmt.Errorf("%s, %s: %w", t.name, w, err)
+			}
+			rep.rows = append(rep.rows, r)
 		}
-		rep.rows = append(rep.rows, r)
 	}
 	return rep, nil
 }
@@ -188,11 +196,17 @@ func median(rounds []row) row {
 	return m
 }
 
-// measureIdle opens the idle streams through t and reports the caddy
-// process's resident memory per stream.
-func (b *bench) measureIdle(ctx context.Context, t *target) (row, error) {
-	w := workload{kind: idle, concurrency: b.idleStreams}
+// measureIdle opens the idle streams of w through t and reports the caddy
+// process's resident memory per stream, and how many upstream connections
+// the streams hold open: one a stream over HTTP/1.1, a few in all over
+// HTTP/2 (where the log also says how many the upstream accepted: clients
+// that dial at once for a new host keep one connection and close the rest).
+func (b *bench) measureIdle(ctx context.Context, t *target, w workload) (row, error) {
 	b.logf("%s: %s", t.name, w)
+	up, profile := b.idle, profileName(t)
+	if w.h2 {
+		up, profile = b.idleH2, profile+"-h2"
+	}
 	var adminAddr string
 	tt := t
 	if b.profileDir != "" {
@@ -204,7 +218,7 @@ func (b *bench) measureIdle(ctx context.Context, t *target) (row, error) {
 		copied.caddyfile = strings.Replace(t.caddyfile, "admin off", "admin "+adminAddr, 1)
 		tt = &copied
 	}
-	url, proc, err := b.serve(ctx, tt, b.idle)
+	url, proc, err := b.serve(ctx, tt, up)
 	if err != nil {
 		return row{}, err
 	}
@@ -213,6 +227,7 @@ func (b *bench) measureIdle(ctx context.Context, t *target) (row, error) {
 	if err != nil {
 		return row{}, err
 	}
+	accepted, open := up.Conns(), up.OpenConns()
 	held := openIdleStreams(ctx, url, w.concurrency)
 	defer held.close()
 	after, err := proc.rssKiB()
@@ -220,11 +235,12 @@ func (b *bench) measureIdle(ctx context.Context, t *target) (row, error) {
 		return row{}, err
 	}
 	if adminAddr != "" {
-		if err := saveProfiles(ctx, adminAddr, filepath.Join(b.profileDir, profileName(t))); err != nil {
+		if err := saveProfiles(ctx, adminAddr, filepath.Join(b.profileDir, profile)); err != nil {
 			return row{}, err
 		}
 	}
-	r := row{target: t, workload: w, success: float64(held.opened()) / float64(w.concurrency)}
+	r := row{target: t, workload: w, success: float64(held.opened()) / float64(w.concurrency), upstreamConns: up.OpenConns() - open}
+	b.logf("%s: %s: %d held open over %d upstream connections (%d accepted)", t.name, w, held.opened(), r.upstreamConns, up.Conns()-accepted)
 	if n := held.opened(); n > 0 {
 		r.kibPerStream = float64(after-before) / float64(n)
 	}
@@ -236,9 +252,14 @@ func (b *bench) measureIdle(ctx context.Context, t *target) (row, error) {
 
 // serve starts a caddy process serving t in front of up and returns the
 // URL of its messages endpoint; the direct target is up itself, with no
-// process.
+// process. Over TLS (up's self-signed certificate), the Caddyfile's
+// transport skips verifying the upstream's certificate.
 func (b *bench) serve(ctx context.Context, t *target, up *fakeupstream.Upstream) (string, *caddyProcess, error) {
 	upAddr := up.Listener.Addr().String()
+	upURL, upTLS := "http://"+upAddr, ""
+	if up.TLS != nil {
+		upURL, upTLS = "https://"+upAddr, "transport http {\n\t\t\ttls_insecure_skip_verify\n\t\t}"
+	}
 	if t.caddyfile == "" {
 		return "http://" + upAddr + messagesPath, nil, nil
 	}
@@ -251,7 +272,8 @@ func (b *bench) serve(ctx context.Context, t *target, up *fakeupstream.Upstream)
 	if b.redis != nil {
 		redisAddr = b.redis.addr
 	}
-	cfg := strings.NewReplacer("$PORT", port, "$UPSTREAM", upAddr, "$DEAD", b.deadAddr, "$REDIS", redisAddr).Replace(t.caddyfile)
+	// $UPSTREAM_URL and $UPSTREAM_TLS first: $UPSTREAM is a prefix of both
+	cfg := strings.NewReplacer("$UPSTREAM_URL", upURL, "$UPSTREAM_TLS", upTLS, "$PORT", port, "$UPSTREAM", upAddr, "$DEAD", b.deadAddr, "$REDIS", redisAddr).Replace(t.caddyfile)
 	proc, err := startCaddy(ctx, b.caddy, b.dir, cfg)
 	if err != nil {
 		return "", nil, err

@@ -17,8 +17,11 @@ import (
 type target struct {
 	name string
 	// caddyfile is the config of its caddy process, with $PORT (the site's
-	// port), $UPSTREAM, $DEAD and $REDIS (host:port) to fill in; empty for
-	// the direct target.
+	// port), $UPSTREAM, $DEAD and $REDIS (host:port) to fill in, and for
+	// the targets whose idle streams are measured over both HTTP/1.1 and
+	// HTTP/2, $UPSTREAM_URL (with its scheme) and $UPSTREAM_TLS (the
+	// transport block that trusts the upstream's self-signed certificate,
+	// or nothing); empty for the direct target.
 	caddyfile string
 	// redis says that the caddyfile names $REDIS: the target needs the
 	// redis-server the harness starts.
@@ -81,7 +84,9 @@ var (
 
 	reverseProxy = &target{name: "(b) reverse_proxy", idle: true, fixedRate: true, caddyfile: globalOptions + `
 :$PORT {
-	reverse_proxy $UPSTREAM
+	reverse_proxy $UPSTREAM_URL {
+		$UPSTREAM_TLS
+	}
 }
 `}
 
@@ -90,8 +95,9 @@ var (
 	relay {
 		key sk-bench bench
 		channel upstream {
-			url http://$UPSTREAM
+			url $UPSTREAM_URL
 			api_key sk-upstream
+			$UPSTREAM_TLS
 		}
 		group bench {
 			channels upstream

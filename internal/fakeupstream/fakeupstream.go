@@ -38,6 +38,7 @@ type Upstream struct {
 	reqs    []Request
 	record  bool
 	conns   atomic.Int64
+	open    atomic.Int64
 }
 
 // New starts an upstream answering with h on 127.0.0.1 and stops it when the
@@ -51,19 +52,44 @@ func New(t testing.TB, h http.Handler) *Upstream {
 // Start starts an upstream answering with h on 127.0.0.1; the caller closes
 // it. With record false it keeps no copy of the requests, for benchmarks.
 func Start(h http.Handler, record bool) *Upstream {
+	u := unstarted(h, record)
+	u.Server.Start()
+	return u
+}
+
+// StartTLS starts an upstream answering with h on 127.0.0.1 over TLS, with
+// a self-signed certificate, offering HTTP/2 by ALPN as Anthropic's API
+// does: a client that negotiates it sends its requests as streams of
+// shared connections. The caller closes it.
+func StartTLS(h http.Handler, record bool) *Upstream {
+	u := unstarted(h, record)
+	u.Server.EnableHTTP2 = true
+	u.Server.StartTLS()
+	return u
+}
+
+func unstarted(h http.Handler, record bool) *Upstream {
 	u := &Upstream{handler: h, record: record}
 	u.Server = httptest.NewUnstartedServer(http.HandlerFunc(u.serve))
 	u.Server.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
+		switch s {
+		case http.StateNew:
 			u.conns.Add(1)
+			u.open.Add(1)
+		case http.StateClosed, http.StateHijacked:
+			u.open.Add(-1)
 		}
 	}
-	u.Server.Start()
 	return u
 }
 
 // Conns is the number of TCP connections the upstream accepted so far.
 func (u *Upstream) Conns() int64 { return u.conns.Load() }
+
+// OpenConns is the number of TCP connections open now. Over HTTP/2 it may
+// be well below Conns: clients that dial at once for requests to a new
+// host keep one of the connections and close the others.
+func (u *Upstream) OpenConns() int64 { return u.open.Load() }
 
 func (u *Upstream) serve(w http.ResponseWriter, r *http.Request) {
 	if !u.record {
@@ -335,12 +361,17 @@ func Fast() http.HandlerFunc {
 	}
 }
 
-// Idle starts a stream (message_start, content_block_start, one delta),
-// then sends a ping every interval until the client goes away: a long
-// generation that holds a connection and little else.
+// Idle reads the request, starts a stream (message_start,
+// content_block_start, one delta), then sends a ping every interval until
+// the client goes away: a long generation that holds a connection and
+// little else. Reading the whole request first, as Anthropic's API does,
+// matters over HTTP/2: a request body left unread keeps its share of the
+// connection's flow-control window, and the streams of a connection stop
+// sending once it is spent.
 func Idle(interval time.Duration) http.HandlerFunc {
 	evs := StreamEvents("claude-sonnet-4-5", Usage{InputTokens: 1}, "first")
 	return func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
 		StartStream(w)
 		for _, ev := range evs[:4] {
 			WriteEvent(w, ev)

@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"sync"
 )
 
 // ErrEventTooLarge is returned when one event grows past the reader's limit.
@@ -28,8 +29,18 @@ type Event struct {
 
 // Reader splits a stream into events. It allocates only while its buffers
 // grow to the size of the largest event seen.
+//
+// Its read buffer is held only while it has bytes to give: a reader that
+// has returned every byte read so far gives the buffer back to a pool and
+// waits for the next event with a one-byte read, taking a buffer again
+// when the byte arrives. A stream idle between events (a long generation
+// between two pings) thus holds no read buffer, while a busy one reads
+// exactly the same bytes per read as with a buffer held throughout (the
+// byte, then what else the stream has, up to the buffer's size), so
+// Buffered, and what a caller flushes on it, are unchanged.
 type Reader struct {
-	br      *bufio.Reader
+	br      *bufio.Reader // nil while no byte waits in the reader
+	src     source
 	max     int
 	raw     []byte
 	data    []byte
@@ -37,30 +48,114 @@ type Reader struct {
 	nameLen int
 }
 
-// NewReader returns a Reader for r that refuses events larger than max bytes.
-func NewReader(r io.Reader, max int) *Reader {
-	return &Reader{br: bufio.NewReaderSize(r, 4<<10), max: max}
+// bufSize is the size of a reader's read buffer.
+const bufSize = 4 << 10
+
+// buffers pools the read buffers of the readers that hold bytes.
+var buffers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, bufSize) }}
+
+// source is the stream as a reader's buffer reads it: first the byte read
+// while the reader held no buffer, then the rest. An error of the stream is
+// kept and returned again to every read that follows, after that byte.
+type source struct {
+	r   io.Reader
+	one [1]byte
+	has bool // one holds a byte not yet given to the buffer
+	err error
 }
 
-// Reset makes r read from rd, keeping its buffers, so readers can be
-// pooled.
+func (s *source) Read(p []byte) (int, error) {
+	if s.has {
+		if len(p) == 0 {
+			return 0, nil
+		}
+		p[0], s.has = s.one[0], false
+		return 1, nil
+	}
+	if s.err != nil {
+		return 0, s.err
+	}
+	n, err := s.r.Read(p)
+	if err != nil {
+		s.err = err
+	}
+	return n, err
+}
+
+// maxEmptyReads bounds the reads in a row that return no byte and no error
+// before a reader gives up on the stream, as bufio does.
+const maxEmptyReads = 100
+
+// NewReader returns a Reader for r that refuses events larger than max bytes.
+func NewReader(r io.Reader, max int) *Reader {
+	return &Reader{src: source{r: r}, max: max}
+}
+
+// Reset makes r read from rd, keeping its event buffers, so readers can be
+// pooled; its read buffer, if it held one, goes back to its pool.
 func (r *Reader) Reset(rd io.Reader) {
-	r.br.Reset(rd)
+	r.release()
+	r.src = source{r: rd}
 	r.raw, r.data = r.raw[:0], r.data[:0]
 }
 
 // Buffered reports whether data already read from the stream waits in the
 // reader: when it does not, the next event has yet to arrive.
-func (r *Reader) Buffered() bool { return r.br.Buffered() > 0 }
+func (r *Reader) Buffered() bool { return r.br != nil && r.br.Buffered() > 0 }
 
-// Size is the memory the reader's buffers hold, to keep oversized readers
-// out of a pool.
-func (r *Reader) Size() int { return r.br.Size() + cap(r.raw) + cap(r.data) }
+// Size is the memory the reader's own buffers hold, to keep oversized
+// readers out of a pool (the read buffer goes back to its pool apart).
+func (r *Reader) Size() int { return cap(r.raw) + cap(r.data) }
+
+// release gives the read buffer back to its pool.
+func (r *Reader) release() {
+	if r.br != nil {
+		r.br.Reset(nil)
+		buffers.Put(r.br)
+		r.br = nil
+	}
+}
+
+// wait gives the read buffer back and blocks until the stream has a byte
+// for the next event (or an error), then takes a buffer again to read it
+// and the rest.
+func (r *Reader) wait() error {
+	r.release()
+	if r.src.err != nil {
+		return r.src.err
+	}
+	for i := 0; ; i++ {
+		n, err := r.src.r.Read(r.src.one[:])
+		if err != nil {
+			r.src.err = err
+		}
+		if n > 0 {
+			r.src.has = true
+			break
+		}
+		if err != nil {
+			return err
+		}
+		if i == maxEmptyReads {
+			return io.ErrNoProgress
+		}
+	}
+	r.br = buffers.Get().(*bufio.Reader)
+	r.br.Reset(&r.src)
+	return nil
+}
 
 // Next returns the next complete event. At the end of the stream it returns
 // io.EOF when the stream ended between events, and io.ErrUnexpectedEOF when
-// it ended inside one: a truncated event is never returned.
+// it ended inside one: a truncated event is never returned. Once the stream
+// has returned an error, every later read gets it again without asking the
+// stream.
 func (r *Reader) Next() (Event, error) {
+	if !r.Buffered() {
+		if err := r.wait(); err != nil {
+			return Event{}, err
+		}
+	}
 	r.raw, r.data = r.raw[:0], r.data[:0]
 	r.nameOff, r.nameLen = 0, 0
 	fields, dataLines := 0, 0

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -345,6 +346,55 @@ func TestReaderSlicesPointIntoRaw(t *testing.T) {
 	i := bytes.Index(ev.Raw, []byte("content_block_delta"))
 	if i < 0 || len(ev.Name) == 0 || &ev.Raw[i] != &ev.Name[0] {
 		t.Errorf("Name does not point into Raw")
+	}
+}
+
+// burstReader returns one burst of the stream per read, as much of it as
+// the read takes, and records the size of every read it is asked for.
+type burstReader struct {
+	bursts []string
+	asked  []int
+}
+
+func (b *burstReader) Read(p []byte) (int, error) {
+	b.asked = append(b.asked, len(p))
+	if len(b.bursts) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, b.bursts[0])
+	if b.bursts[0] = b.bursts[0][n:]; b.bursts[0] == "" {
+		b.bursts = b.bursts[1:]
+	}
+	return n, nil
+}
+
+// TestReaderWaitsWithoutItsBuffer checks that a reader with nothing left to
+// give waits for the next event with a one-byte read (holding no read
+// buffer meanwhile), then reads the rest of what the stream has at once, so
+// a burst of events is still one buffer's worth and Buffered tells where it
+// ends.
+func TestReaderWaitsWithoutItsBuffer(t *testing.T) {
+	a, b, c := "event: a\ndata: 1\n\n", "event: b\ndata: 2\n\n", "event: c\ndata: 3\n\n"
+	src := &burstReader{bursts: []string{a + b, c}}
+	rd := sse.NewReader(src, 1<<20)
+	var buffered []bool
+	for {
+		_, err := rd.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		buffered = append(buffered, rd.Buffered())
+	}
+	// a wait of one byte, then the rest of the burst (a and b) into the
+	// other 4095 bytes of the buffer; a wait for c, and c; a wait for the end
+	if want := []int{1, 4<<10 - 1, 1, 4<<10 - 1, 1}; !slices.Equal(src.asked, want) {
+		t.Errorf("reads of %v bytes, want %v", src.asked, want)
+	}
+	if want := []bool{true, false, false}; !slices.Equal(buffered, want) {
+		t.Errorf("buffered after each event: %v, want %v", buffered, want)
 	}
 }
 
