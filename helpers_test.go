@@ -127,6 +127,15 @@ func do(method, path, key, body string, header ...string) (reply, error) {
 		req.Header.Set(header[i], header[i+1])
 	}
 	resp, err := client.Do(req)
+	for retry := 0; err != nil && retry < 2; retry++ {
+		// a connection the server closed before any answer: the server
+		// of the previous config accepted it as it stopped. The SDKs send
+		// such a request again after a moment, and so does this client.
+		time.Sleep(100 * time.Millisecond)
+		again := req.Clone(context.Background())
+		again.Body, _ = req.GetBody()
+		resp, err = client.Do(again)
+	}
 	if err != nil {
 		return reply{}, fmt.Errorf("%s %s: %v", method, path, err)
 	}
