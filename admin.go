@@ -258,12 +258,12 @@ type limitsStatus struct {
 func (k *key) status(now time.Time) keyStatus {
 	st := keyStatus{
 		Name:     k.name,
-		Kind:     k.kind,
+		Kind:     k.kind(),
 		Group:    k.group.name,
 		Priority: k.prio.String(),
 		Expired:  !k.expires.IsZero() && !now.Before(k.expires),
 		Disabled: k.disabled,
-		Limits:   limitsStatus{Rate: k.rate, Tokens: k.tokens},
+		Limits:   limitsStatus{Rate: k.opts.Rate, Tokens: k.opts.Tokens},
 	}
 	if !k.expires.IsZero() {
 		at := k.expires.UTC()

@@ -17,7 +17,7 @@ import "time"
 // the store after its body.
 func (r *Relay) admitEndUser(in *inbound) *relayError {
 	k := in.key
-	if k.endUserLimits == (limits{}) || in.userID == "" {
+	if !k.endUsers || in.userID == "" {
 		return nil
 	}
 	now := r.now()

@@ -64,7 +64,7 @@ func (r *Relay) provisionUsers() error {
 	defer r.keysMu.Unlock()
 	r.users = make(map[string]*key, len(r.Users))
 	for _, cfg := range r.Users {
-		k := &key{name: cmp.Or(cfg.Name, userStatePrefix+cfg.ID), kind: kindUser, id: cfg.ID,
+		k := &key{name: cmp.Or(cfg.Name, userStatePrefix+cfg.ID), id: cfg.ID,
 			stateID: userStateID(cfg.ID), group: r.groups[cfg.Group]}
 		k.setOptions(&cfg.KeyOptions, r)
 		if err := r.takeState(k, k.opts); err != nil {

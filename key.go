@@ -112,23 +112,26 @@ const sha256Prefix = "sha256:"
 // key is a provisioned key or user entry: what a request is served as.
 type key struct {
 	name     string // in logs and metrics: the entry's, never a secret, never the identity a user * entry served
-	kind     string // kindKey or kindUser
-	id       string // a user entry's id, anyIdentity for user *
+	id       string // a user entry's id, anyIdentity for user *; "" for a relay key
 	stateID  string // its state's: the name of a key, user:<id> for a user entry
 	group    *group
 	prio     priority
-	opts     *KeyOptions // what its state is configured with when it is taken
+	opts     *KeyOptions // as configured: its limits are pushed into its state when it is taken
 	active   atomic.Bool // its state is taken (state and limits are set): at its first request, or at provisioning
-	state    *keyState   // kept across reloads by stateID
-	limits   *limiter    // state.limits; nil for user *, whose identities each have their own
-	expires  time.Time   // zero: never
 	disabled bool
-	rate     string // the configured limits, as written, for GET /relay/keys
-	tokens   string
-	relay    *Relay // the handler that provisioned it: its clock, and whose Cleanup removes it from provisionedKeys
-	// endUserLimits are the user_rate and user_tokens each end user is
-	// held to; zero: none
-	endUserLimits limits
+	endUsers bool      // it has user_rate or user_tokens
+	state    *keyState // kept across reloads by stateID
+	limits   *limiter  // state.limits; nil for user *, whose identities each have their own
+	expires  time.Time // zero: never
+	relay    *Relay    // the handler that provisioned it: its clock, and whose Cleanup removes it from provisionedKeys
+}
+
+// kind is kindKey or kindUser.
+func (k *key) kind() string {
+	if k.id == "" {
+		return kindKey
+	}
+	return kindUser
 }
 
 // Kinds of key: a relay key, or a user entry (an identity a Caddy
@@ -176,7 +179,8 @@ func (k *key) setOptions(opts *KeyOptions, r *Relay) {
 	k.opts, k.relay = opts, r
 	k.prio, _ = priorityByName(opts.Priority)
 	k.expires, _ = parseExpires(opts.Expires) // validated already
-	k.disabled, k.rate, k.tokens = opts.Disabled, opts.Rate, opts.Tokens
+	k.disabled = opts.Disabled
+	k.endUsers = opts.UserRate != "" || opts.UserTokens != ""
 }
 
 // takeState takes k's state from the process-wide pool, by its state id,
@@ -184,7 +188,7 @@ func (k *key) setOptions(opts *KeyOptions, r *Relay) {
 // identity's). It runs under r.keysMu.
 func (r *Relay) takeState(k *key, opts *KeyOptions) error {
 	lim, _ := parseLimits(opts.Rate, opts.Tokens, opts.Concurrency) // validated already
-	k.endUserLimits, _ = parseLimits(opts.UserRate, opts.UserTokens, 0)
+	endUserLimits, _ := parseLimits(opts.UserRate, opts.UserTokens, 0)
 	st, _, err := keyStates.LoadOrNew(k.stateID, func() (caddy.Destructor, error) { return newKeyState(), nil })
 	if err != nil {
 		return err
@@ -206,7 +210,7 @@ func (r *Relay) takeState(k *key, opts *KeyOptions) error {
 		r.acquiredSpend = append(r.acquiredSpend, k.stateID)
 		budgets.apply(k.state.spend, r.fleet)
 	}
-	k.state.configureEndUsers(stateSpec{limits: k.endUserLimits, fleet: r.fleet}, now)
+	k.state.configureEndUsers(stateSpec{limits: endUserLimits, fleet: r.fleet}, now)
 	k.active.Store(true)
 	return nil
 }
@@ -234,7 +238,7 @@ func (r *Relay) activate(k *key) {
 
 // fleetTag is where a fleet keeps k's limits.
 func (k *key) fleetTag() string {
-	if k.kind == kindUser {
+	if k.kind() == kindUser {
 		return tag("u:", boundedID(k.id))
 	}
 	return tag("k:", k.name)
@@ -243,7 +247,7 @@ func (k *key) fleetTag() string {
 // describe names k in error messages: never a secret.
 func (k *key) describe() string {
 	switch {
-	case k.kind == kindKey:
+	case k.kind() == kindKey:
 		return "key " + strconv.Quote(k.name)
 	case k.id == anyIdentity:
 		return "this identity (user *)"
@@ -315,7 +319,7 @@ func (r *Relay) provisionKeys() ([]fileKeyDecl, error) {
 			return "", fmt.Errorf("%s has the same secret as an earlier key", label())
 		}
 		name := keyName(cfg, digest)
-		k := &key{name: name, kind: kindKey, stateID: name, group: r.groups[cfg.Group]}
+		k := &key{name: name, stateID: name, group: r.groups[cfg.Group]}
 		k.setOptions(&cfg.KeyOptions, r)
 		if n, _ := keyStates.References(k.stateID); n > 0 || len(cfg.Budgets) > 0 {
 			if err := r.takeState(k, k.opts); err != nil {
@@ -459,7 +463,7 @@ func (g *keyRegistry) current() []*key {
 	var out []*key
 	seen := map[string]bool{}
 	take := func(k *key) {
-		if id := k.kind + " " + k.name; !seen[id] {
+		if id := k.kind() + " " + k.name; !seen[id] {
 			seen[id] = true
 			out = append(out, k)
 		}
