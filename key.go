@@ -301,6 +301,7 @@ func (r *Relay) provisionKeys() ([]fileKeyDecl, error) {
 	r.keysMu.Lock()
 	defer r.keysMu.Unlock()
 	r.keys = make(map[[sha256.Size]byte]*key, len(r.Keys)+len(r.fileKeys))
+	weakInFile, firstWeak := 0, "" // a file's weak keys are told once
 	add := func(cfg *Key, i, line int) (string, error) {
 		label := func() string {
 			if line > 0 {
@@ -312,8 +313,13 @@ func (r *Relay) provisionKeys() ([]fileKeyDecl, error) {
 		if err != nil {
 			return "", fmt.Errorf("%s: %w", label(), err)
 		}
-		if weak {
+		if weak && line == 0 {
 			r.logger.Warn(weakKeyWarning, zap.String("key", label()))
+		} else if weak {
+			if weakInFile == 0 {
+				firstWeak = label()
+			}
+			weakInFile++
 		}
 		if _, dup := r.keys[digest]; dup {
 			return "", fmt.Errorf("%s has the same secret as an earlier key", label())
@@ -347,6 +353,9 @@ func (r *Relay) provisionKeys() ([]fileKeyDecl, error) {
 		fk.Secret = "" // its digest is the map's key: the file's secrets are not kept
 	}
 	r.fileKeys = nil
+	if weakInFile > 0 {
+		r.logger.Warn(weakKeyWarning, zap.String("key", firstWeak), zap.Int("weak_keys_in_keys_file", weakInFile))
+	}
 	return decls, nil
 }
 
