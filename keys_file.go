@@ -29,7 +29,7 @@ import (
 type fileKey struct {
 	*Key
 	line int    // where its entry starts, for errors
-	sum  uint64 // of its entry as written: what it declares (see declare)
+	sum  uint64 // of its entry as written: what it declares (see declareFileKeys)
 }
 
 // maxKeysFileSize bounds the keys file: it is read whole.
@@ -75,7 +75,7 @@ func (r *Relay) readKeysFile() error {
 		taken[cmp.Or(u.Name, userStatePrefix+u.ID)] = u.label()
 	}
 
-	var keys []fileKey
+	keys := make([]fileKey, 0, bytes.Count(b, []byte{'\n'})+1) // a key a line, usually
 	literal := 0
 	interned := map[string]string{}
 	intern := func(s string) string {
