@@ -147,9 +147,10 @@ func bigCaddyConfig(tb testing.TB, n, k int) []byte {
 // process), then reloads it b.N times: ns/op is one reload (the new config
 // provisioned, the old one cleaned up). It reports the first load's time
 // (first-load-ms), the heap the loaded config holds after a GC (heap-MB)
-// and the process's resident memory (rss-MB).
+// and the process's resident memory (rss-MB). The config of 1,000 channels
+// and 10 keys measures what the channels cost by themselves.
 func BenchmarkLoadBigConfig(b *testing.B) {
-	for _, size := range []struct{ channels, keys int }{{100, 1000}, {1000, 100000}} {
+	for _, size := range []struct{ channels, keys int }{{100, 1000}, {1000, 10}, {1000, 100000}} {
 		b.Run(fmt.Sprintf("channels=%d/keys=%d", size.channels, size.keys), func(b *testing.B) {
 			cfg := bigCaddyConfig(b, size.channels, size.keys)
 			before := heapInuse()
