@@ -226,9 +226,19 @@ func (r *Relay) loadTransport(ctx caddy.Context, cfg *Channel, https bool) (http
 			raw = json.RawMessage(`{"protocol":"http","tls":{}}`)
 		}
 	}
-	if t := poolableTransport(raw); t != nil {
-		key := cfg.Name + "\x00" + string(raw)
+	// a transport the pool holds already is not decoded again: a reload of
+	// a big config would decode every channel's only to drop it
+	key := cfg.Name + "\x00" + string(raw)
+	var t *reverseproxy.HTTPTransport
+	_, pooled := transports.References(key)
+	if !pooled {
+		t = poolableTransport(raw)
+	}
+	if pooled || t != nil {
 		v, _, err := transports.LoadOrNew(key, func() (caddy.Destructor, error) {
+			if t == nil { // the pool's was released since: the same raw decodes the same
+				t = poolableTransport(raw)
+			}
 			if err := t.Provision(ctx); err != nil {
 				return nil, err
 			}
