@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"reflect"
 	"strings"
 	"time"
 
@@ -439,6 +440,9 @@ func (ch *Channel) UnmarshalJSON(b []byte) error {
 		return err
 	}
 	*ch = Channel(both.current)
+	if reflect.ValueOf(both.legacyChannel).IsZero() {
+		return nil // the usual case: no field of an earlier version
+	}
 	legacy, err := json.Marshal(both.legacyChannel)
 	if err != nil || string(legacy) == "{}" {
 		return err
