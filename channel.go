@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"reflect"
 	"strings"
 	"sync"
 	"time"
@@ -227,9 +228,19 @@ func (r *Relay) loadTransport(ctx caddy.Context, cfg *Channel, https bool) (http
 			raw = json.RawMessage(`{"protocol":"http","tls":{}}`)
 		}
 	}
-	if t := poolableTransport(raw); t != nil {
-		key := cfg.Name + "\x00" + string(raw)
+	// a transport the pool holds already is not decoded again: a reload of
+	// a big config would decode every channel's only to drop it
+	key := cfg.Name + "\x00" + string(raw)
+	var t *reverseproxy.HTTPTransport
+	_, pooled := transports.References(key)
+	if !pooled {
+		t = poolableTransport(raw)
+	}
+	if pooled || t != nil {
 		v, _, err := transports.LoadOrNew(key, func() (caddy.Destructor, error) {
+			if t == nil { // the pool's was released since: the same raw decodes the same
+				t = poolableTransport(raw)
+			}
 			if err := t.Provision(transportContext()); err != nil {
 				return nil, err
 			}
@@ -446,6 +457,9 @@ func (ch *Channel) UnmarshalJSON(b []byte) error {
 		return err
 	}
 	*ch = Channel(both.current)
+	if reflect.ValueOf(both.legacyChannel).IsZero() {
+		return nil // the usual case: no field of an earlier version
+	}
 	legacy, err := json.Marshal(both.legacyChannel)
 	if err != nil || string(legacy) == "{}" {
 		return err

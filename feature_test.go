@@ -101,6 +101,10 @@ func TestChannelFeaturesByProvider(t *testing.T) {
 		{name: "bedrock's betas list drops the column's", p: &BedrockProvider{Betas: []string{"some-new-beta-2031-01-01"}}, need: []string{"compact-2026-01-12"}},
 		{name: "bedrock's strip_fields strip", p: &BedrockProvider{StripFields: []string{"mcp_servers"}}, need: []string{"mcp_servers"}, wantOK: true, wantStrips: true},
 		{name: "the channel's strip", p: &BedrockProvider{}, strip: []string{"container", "files-api-2025-04-14"}, need: []string{"container", "files-api-2025-04-14"}, wantOK: true, wantStrips: true},
+		{name: "supports names a beta the table does not list", p: &BedrockProvider{}, supports: []string{"some-new-beta-2031-01-01"}, need: []string{"some-new-beta-2031-01-01"}, wantOK: true},
+		{name: "lacks names a beta of the table", p: &AnthropicProvider{}, lacks: []string{"files-api-2025-04-14"}, need: []string{"files-api-2025-04-14"}},
+		{name: "lacks names a beta the table does not list", p: &VertexProvider{}, lacks: []string{"some-new-beta-2031-01-01"}, need: []string{"some-new-beta-2031-01-01"}},
+		{name: "strip names a beta the table does not list", p: &VertexProvider{}, strip: []string{"some-new-beta-2031-01-01"}, need: []string{"some-new-beta-2031-01-01", "other-beta-2031-01-01"}, wantOK: true, wantStrips: true},
 		{name: "vertex forwards betas it does not know", p: &VertexProvider{}, need: []string{"some-new-beta-2031-01-01", "web_search"}, wantOK: true},
 		{name: "vertex lacks web_fetch", p: &VertexProvider{}, need: []string{"web_fetch"}},
 		{name: "a provider module without a table takes everything", p: stubProvider{}, need: []string{"speed", "mcp_servers", "x-y"}, wantOK: true},
@@ -115,6 +119,22 @@ func TestChannelFeaturesByProvider(t *testing.T) {
 				t.Errorf("takes = %v (strips %v), want %v (strips %v)", ok, strips, tt.wantOK, tt.wantStrips)
 			}
 		})
+	}
+}
+
+// A beta that bears the name of a feature of the table that is not a beta
+// is a beta the table does not list: its provider answers for it.
+func TestBetaNamedAsAFeature(t *testing.T) {
+	for _, tt := range []struct {
+		p    Provider
+		want bool
+	}{{&AnthropicProvider{}, true}, {&BedrockProvider{}, false}} {
+		ch := testChannel("c")
+		ch.features = newChannelFeatures(tt.p, "", nil, nil, nil)
+		n := needs{betas: []string{"web_fetch"}}
+		if ok, _ := ch.takes(&n, testNow); ok != tt.want {
+			t.Errorf("%T: takes the beta web_fetch = %v, want %v", tt.p, ok, tt.want)
+		}
 	}
 }
 
@@ -423,5 +443,21 @@ func TestFeatureStripOnAnAnthropicChannel(t *testing.T) {
 	plain := `{"model":"m","max_tokens":8,"messages":[]}`
 	if r := message(t, plain, "Anthropic-Beta", "new-beta-2031-01-01"); r.status != 200 || string(up.Last(t).Body) != plain {
 		t.Errorf("plain request: %d, upstream got %s", r.status, up.Last(t).Body)
+	}
+}
+
+// BenchmarkTakesBetas is what selection asks of each candidate channel for
+// a request that carries betas: a Bedrock channel (whose wire refuses the
+// betas it does not list) asked about a field, two betas of the table and
+// one the table does not list, which its config names.
+func BenchmarkTakesBetas(b *testing.B) {
+	ch := testChannel("bedrock")
+	ch.features = newChannelFeatures(&BedrockProvider{}, "bedrock", []string{"dev-tools-2026-01-01"}, nil, nil)
+	n := needing("context_management", "interleaved-thinking-2025-05-14", "context-1m-2025-08-07", "dev-tools-2026-01-01")
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		if ok, _ := ch.takes(&n, testNow); !ok {
+			b.Fatal("refused")
+		}
 	}
 }

@@ -153,15 +153,23 @@ func (r *Relay) provisionGroups(channels map[string]*channel) error {
 	return nil
 }
 
-// groupsOf lists the groups of the config that name a channel.
-func (r *Relay) groupsOf(channel string) []string {
-	groups := []string{}
+// groupsOf lists, for each channel of the config, the groups that name it,
+// in config order; a channel no group names has none (an empty list). It
+// walks the groups once: asked channel by channel, a config of thousands of
+// channels in hundreds of groups walked every group for every channel.
+func (r *Relay) groupsOf() map[string][]string {
+	out := make(map[string][]string, len(r.Channels))
+	for _, cfg := range r.Channels {
+		out[cfg.Name] = []string{}
+	}
 	for _, g := range r.Groups {
-		if slices.Contains(g.Channels, channel) {
-			groups = append(groups, g.Name)
+		for _, name := range g.Channels {
+			if gs := out[name]; len(gs) == 0 || gs[len(gs)-1] != g.Name {
+				out[name] = append(gs, g.Name)
+			}
 		}
 	}
-	return groups
+	return out
 }
 
 // groupStates holds each group's retry budget and queue by group name,

@@ -261,9 +261,10 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 
 	// push this config's settings into the channels' surviving state, and
 	// start their probes
+	groupsOf := r.groupsOf()
 	for _, cfg := range r.Channels {
 		ch := channels[cfg.Name]
-		owner := channelOwner{relay: r, provider: ch.providerName(), groups: r.groupsOf(cfg.Name)}
+		owner := channelOwner{relay: r, provider: ch.providerName(), groups: groupsOf[cfg.Name]}
 		for _, g := range owner.groups {
 			owner.queues = append(owner.queues, &r.groups[g].state.queue)
 		}
