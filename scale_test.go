@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -8,6 +9,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -125,12 +127,26 @@ func BenchmarkAuthAndSelect(b *testing.B) {
 // channels (each with its own transport, to an address nothing listens
 // on: nothing is sent) and k keys, served on a free loopback port, with no
 // admin endpoint and nothing saved.
-func bigCaddyConfig(tb testing.TB, n, k int) []byte {
+func bigCaddyConfig(tb testing.TB, n, k int, keysFile string) []byte {
 	tb.Helper()
 	channels, groups, keys := scaleConfig(n, k, func(i int) json.RawMessage {
 		return upstream("anthropic", "url", "http://127.0.0.1:1", "api_key", "sk-upstream-"+strconv.Itoa(i))
 	})
 	handler := map[string]any{"handler": "relay", "channels": channels, "groups": groups, "keys": keys}
+	if keysFile != "" { // the keys in a keys file, one a line
+		var lines bytes.Buffer
+		enc := json.NewEncoder(&lines)
+		for _, key := range keys {
+			if err := enc.Encode(key); err != nil {
+				tb.Fatal(err)
+			}
+		}
+		if err := os.WriteFile(keysFile, lines.Bytes(), 0o600); err != nil {
+			tb.Fatal(err)
+		}
+		delete(handler, "keys")
+		handler["keys_file"] = keysFile
+	}
 	cfg := map[string]any{
 		"admin": map[string]any{"disabled": true, "config": map[string]any{"persist": false}},
 		"apps": map[string]any{"http": map[string]any{"servers": map[string]any{"scale": map[string]any{
@@ -150,11 +166,23 @@ func bigCaddyConfig(tb testing.TB, n, k int) []byte {
 // provisioned, the old one cleaned up). It reports the first load's time
 // (first-load-ms), the heap the loaded config holds after a GC (heap-MB)
 // and the process's resident memory (rss-MB). The config of 1,000 channels
-// and 10 keys measures what the channels cost by themselves.
+// and 10 keys measures what the channels cost by themselves; the last one
+// has its keys in a keys file.
 func BenchmarkLoadBigConfig(b *testing.B) {
-	for _, size := range []struct{ channels, keys int }{{100, 1000}, {1000, 10}, {1000, 100000}} {
-		b.Run(fmt.Sprintf("channels=%d/keys=%d", size.channels, size.keys), func(b *testing.B) {
-			cfg := bigCaddyConfig(b, size.channels, size.keys)
+	for _, size := range []struct {
+		channels, keys int
+		file           bool
+	}{{100, 1000, false}, {1000, 10, false}, {1000, 100000, false}, {1000, 100000, true}} {
+		name := fmt.Sprintf("channels=%d/keys=%d", size.channels, size.keys)
+		if size.file {
+			name += "/keys_file"
+		}
+		b.Run(name, func(b *testing.B) {
+			file := ""
+			if size.file {
+				file = filepath.Join(b.TempDir(), "keys.jsonl")
+			}
+			cfg := bigCaddyConfig(b, size.channels, size.keys, file)
 			before := heapInuse()
 			start := time.Now()
 			if err := caddy.Load(cfg, true); err != nil {
