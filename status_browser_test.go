@@ -175,7 +175,8 @@ func TestStatusPageInABrowser(t *testing.T) {
 			message(t, `{"model":"claude-sonnet-4-5","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`)
 		}
 		waitInPage(t, ctx, "four rows", 3*time.Second, `document.querySelectorAll("#requests tbody tr").length >= 4`)
-		inBrowser(t, ctx, 5*time.Second, chromedp.SendKeys(chromedp.ID("search"), hostileID[:len(hostileID)-2]))
+		// one round trip to the browser a key: on a loaded machine, seconds
+		inBrowser(t, ctx, 20*time.Second, chromedp.SendKeys(chromedp.ID("search"), hostileID[:len(hostileID)-2]))
 		ids := eval[[]string](t, ctx, `[...document.querySelectorAll("#requests tbody tr")].map(tr => tr.dataset.id)`)
 		if len(ids) != 1 || ids[0] != hostileID {
 			t.Fatalf("rows found for %s: %v", hostileID, ids)
