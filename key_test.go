@@ -218,11 +218,14 @@ func show(v any) string {
 }
 
 // adminDo sends a request to Caddy's admin API with a JSON body, and
-// returns the status and the answer.
-func adminDo(t *testing.T, method, path, body string) (int, string) {
+// returns the status and the answer; header pairs follow the body.
+func adminDo(t *testing.T, method, path, body string, header ...string) (int, string) {
 	t.Helper()
 	req, _ := http.NewRequest(method, adminURL+path, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
 	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)

@@ -2,9 +2,7 @@ package relay
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -31,26 +29,11 @@ func writeKeysFile(t *testing.T, content string) string {
 // when told to.
 func reloadForced(t *testing.T) (int, string) {
 	t.Helper()
-	resp, err := client.Get(adminURL + "/config/")
-	if err != nil {
-		t.Fatal(err)
+	code, cfg := adminDo(t, http.MethodGet, "/config/", "")
+	if code != 200 {
+		t.Fatalf("GET /config/: %d %s", code, cfg)
 	}
-	var cfg json.RawMessage
-	err = json.NewDecoder(resp.Body).Decode(&cfg)
-	resp.Body.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	req, _ := http.NewRequest(http.MethodPost, adminURL+"/load", strings.NewReader(string(cfg)))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Cache-Control", "must-revalidate")
-	resp, err = client.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return adminDo(t, http.MethodPost, "/load", cfg, "Cache-Control", "must-revalidate")
 }
 
 func TestKeysFileServesItsKeysAndAReloadReadsItAgain(t *testing.T) {
