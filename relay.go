@@ -138,7 +138,7 @@ type Relay struct {
 	groups             map[string]*group
 	keys               map[[sha256.Size]byte]*key
 	fileKeys           []fileKey       // read from KeysFile, until they are provisioned
-	declaredAs         string          // the handler\'s name in its config\'s declarations
+	declaredAs         string          // the handler's name in its config's declarations
 	keysMu             *sync.Mutex     // guards taking keys' state after provisioning, and the acquired lists
 	cleanedUp          bool            // Cleanup ran: state taken from now on is not given back
 	users              map[string]*key // user entries by id, but user *
