@@ -470,9 +470,13 @@ func (g *keyRegistry) current() []*key {
 	relays := slices.Clone(g.relays)
 	g.mu.Unlock()
 	var out []*key
-	seen := map[string]bool{}
+	type id struct {
+		user bool
+		name string
+	}
+	seen := map[id]bool{} // the status page asks each second: no string made a key
 	take := func(k *key) {
-		if id := k.kind() + " " + k.name; !seen[id] {
+		if id := (id{k.id != "", k.name}); !seen[id] {
 			seen[id] = true
 			out = append(out, k)
 		}
