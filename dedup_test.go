@@ -311,17 +311,26 @@ func TestDedupBounded(t *testing.T) {
 	}
 }
 
+// heldStream is an upstream whose stream stops after its first 4 events
+// until free is called (at the latest when the test ends); canceled closes
+// when its attempt is canceled.
+func heldStream(t *testing.T) (evs []string, up *fakeupstream.Upstream, free func(), canceled chan struct{}) {
+	release := make(chan struct{})
+	canceled = make(chan struct{})
+	evs = fakeupstream.StreamEvents("claude-sonnet-4-5", fakeupstream.Usage{InputTokens: 10, OutputTokens: 3}, "one", "two")
+	up = fakeupstream.New(t, fakeupstream.Held(evs, 4, release, canceled))
+	var once sync.Once
+	free = func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free)
+	return evs, up, free, canceled
+}
+
 // When the client of a first attempt leaves, its upstream attempt runs on
 // for dedup_grace; the SDK's retry attaches to it and gets the whole
 // stream, and the upstream is called once.
 func TestDedupGraceKeepsTheAttemptForTheRetry(t *testing.T) {
 	forgetDedups(t)
-	release, canceled := make(chan struct{}), make(chan struct{})
-	evs := fakeupstream.StreamEvents("claude-sonnet-4-5", fakeupstream.Usage{InputTokens: 10, OutputTokens: 3}, "one", "two")
-	up := fakeupstream.New(t, fakeupstream.Held(evs, 4, release, canceled))
-	var once sync.Once
-	free := func() { once.Do(func() { close(release) }) }
-	t.Cleanup(free)
+	evs, up, free, canceled := heldStream(t)
 	startRelay(t, channelBlock("dd-grace", up.URL, "models claude-sonnet-4-5")+keyAndGroup("dd-grace", "dd-grace"))
 
 	ctx, leave := context.WithCancel(context.Background())
@@ -351,11 +360,7 @@ func TestDedupGraceKeepsTheAttemptForTheRetry(t *testing.T) {
 // dedup_grace.
 func TestDedupGraceEnds(t *testing.T) {
 	forgetDedups(t)
-	release, canceled := make(chan struct{}), make(chan struct{})
-	evs := fakeupstream.StreamEvents("claude-sonnet-4-5", fakeupstream.Usage{InputTokens: 10, OutputTokens: 3}, "one", "two")
-	up := fakeupstream.New(t, fakeupstream.Held(evs, 4, release, canceled))
-	var once sync.Once
-	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	_, up, _, canceled := heldStream(t)
 	startRelay(t, "\t\tdedup_grace 100ms\n"+channelBlock("dd-grace-end", up.URL, "models claude-sonnet-4-5")+keyAndGroup("dd-grace-end", "dd-grace-end"))
 
 	ctx, leave := context.WithCancel(context.Background())
