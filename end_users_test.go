@@ -204,6 +204,48 @@ func TestBoundedID(t *testing.T) {
 	if len(b) > maxIDLen || b != boundedID(long) || b == boundedID(long+"b") {
 		t.Errorf("a long id must become a short, stable digest of it: %q", b)
 	}
+	// a client may send a digest as its id: it is never kept as itself
+	if got := boundedID(b); got == b || !strings.HasPrefix(got, sha256Prefix) || len(got) > maxIDLen {
+		t.Errorf("the id %q, spelled as a digest, is kept as %q: it must be a digest of its own", b, got)
+	}
+	if got := boundedID("sha256:x"); got == "sha256:x" {
+		t.Errorf("a short id that looks like a digest is kept as it is")
+	}
+}
+
+// TestAnIdSpelledAsAnothersDigestIsNotThatOne: a client that picks its
+// identity, or its metadata.user_id, sends the digest under which a long id
+// of another is kept; it must get limits of its own, not share the other's.
+func TestAnIdSpelledAsAnothersDigestIsNotThatOne(t *testing.T) {
+	victim := "victim-" + strings.Repeat("v", 100) // kept as its digest
+	spelled := boundedID(victim)
+
+	t.Run("identity", func(t *testing.T) {
+		r, _ := identityRelay(t, "digid", &User{ID: "*", Group: "digid-free", KeyOptions: KeyOptions{Rate: "1/m"}})
+		if w, _, _ := serveAs(t, r, victim, "", simpleBody); w.Code != 200 {
+			t.Fatalf("the victim: %d %s", w.Code, w.Body)
+		}
+		if w, _, _ := serveAs(t, r, spelled, "", simpleBody); w.Code != 200 {
+			t.Errorf("an identity spelled as the victim's digest shares its rate: %d %s", w.Code, w.Body)
+		}
+		if w, _, _ := serveAs(t, r, victim, "", simpleBody); w.Code != 429 {
+			t.Errorf("the victim's own second request in the minute: %d, want 429", w.Code)
+		}
+	})
+	t.Run("end user", func(t *testing.T) {
+		r, _ := limitRelay(t, "digeu", Key{KeyOptions: KeyOptions{UserRate: "1/m"}}, "")
+		send := func(id string) *httptest.ResponseRecorder {
+			w, _ := serveHandler(t, r, newRequest(endUserBody(id), "sk-digeu"))
+			return w
+		}
+		if w := send(victim); w.Code != 200 {
+			t.Fatalf("the victim: %d %s", w.Code, w.Body)
+		}
+		if w := send(spelled); w.Code != 200 {
+			t.Errorf("a metadata.user_id spelled as the victim's digest shares its rate: %d %s", w.Code, w.Body)
+		}
+		wantLimited(t, send(victim), "user_rate_limited")
+	})
 }
 
 func TestALoadWithoutEndUserLimitsForgetsThem(t *testing.T) {

@@ -49,9 +49,13 @@ func userStateID(id string) string { return userStatePrefix + boundedID(id) }
 const maxIDLen = 64
 
 // boundedID is s, or its digest when s is longer than maxIDLen: stable, and
-// of bounded length whatever a client sends.
+// of bounded length whatever a client sends. A digest starts with
+// sha256Prefix and no id kept as it is does: an id that starts so is kept
+// as its digest too, whatever its length. Otherwise a client that picks its
+// identity (a header, metadata.user_id) could send the digest of another's
+// long id as its own and share that one's limits, budget and spend.
 func boundedID(s string) string {
-	if len(s) <= maxIDLen {
+	if len(s) <= maxIDLen && !strings.HasPrefix(s, sha256Prefix) {
 		return s
 	}
 	sum := sha256.Sum256([]byte(s))
