@@ -12,9 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddytest"
+
 	"github.com/caddy-relay/relay/internal/fakeupstream"
 	"github.com/caddy-relay/relay/internal/redistest"
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 )
 
 // statusSite mounts the status page at /status/ of the test site.
@@ -141,6 +143,7 @@ func TestStatusActionsAreSameOriginPOSTs(t *testing.T) {
 		{"another port", []string{"Origin", "http://localhost:9081"}},
 		{"cross-site fetch", []string{"Sec-Fetch-Site", "cross-site", "Origin", "http://localhost:9080"}},
 		{"same-site fetch", []string{"Sec-Fetch-Site", "same-site"}},
+		{"same-origin fetch without an origin", []string{"Sec-Fetch-Site", "same-origin"}},
 		{"no origin at all", nil},
 		{"opaque origin", []string{"Origin", "null"}},
 	} {
@@ -157,7 +160,7 @@ func TestStatusActionsAreSameOriginPOSTs(t *testing.T) {
 	if st := channels(t)["st-act"].State; st != stateDisabled {
 		t.Fatalf("after disable: %s", st)
 	}
-	if got := post("/status/channels/st-act/enable", "Sec-Fetch-Site", "same-origin"); got != 200 || channels(t)["st-act"].State != stateHealthy {
+	if got := post("/status/channels/st-act/enable", "Origin", relayURL); got != 200 || channels(t)["st-act"].State != stateHealthy {
 		t.Fatalf("same-origin enable: %d %s", got, channels(t)["st-act"].State)
 	}
 	if got := post("/status/channels/nope/disable", "Origin", relayURL); got != 404 {
@@ -171,6 +174,59 @@ func TestStatusActionsAreSameOriginPOSTs(t *testing.T) {
 	}
 	if got := post("/status/", "Origin", relayURL); got != http.StatusMethodNotAllowed {
 		t.Errorf("POST of the page: %d", got)
+	}
+}
+
+// TestStatusPageAnswersOnlyItsOwnHosts is a DNS-rebinding page: a name
+// of the attacker's that resolves to 127.0.0.1 makes the browser send the
+// page's own origin, with the attacker's name as Host and Origin. A site
+// that names no host serves the page's data and actions to loopback names
+// only; a site that names its host, to that host.
+func TestStatusPageAnswersOnlyItsOwnHosts(t *testing.T) {
+	up := fakeupstream.New(t, fakeupstream.Message("hello"))
+	tester := caddytest.NewTester(t)
+	tester.InitServer(testGlobal+"http://localhost:9080 {\n\trelay {\n"+channelBlock("st-host", up.URL)+keyAndGroup("sth", "st-host")+"\t}\n}\n"+
+		"http://:9081 {\n\tbind 127.0.0.1\n\trelay_status\n}\n"+
+		"http://status.example:9082 {\n\tbind 127.0.0.1\n\trelay_status\n}\n", "caddyfile")
+	// served says whether the page answered: its action's JSON, or its
+	// event stream
+	served := func(method, addr, host, path string) bool {
+		t.Helper()
+		req, _ := http.NewRequest(method, "http://"+addr+path, nil)
+		req.Host = host
+		req.Header.Set("Origin", "http://"+host)
+		req.Header.Set("Sec-Fetch-Site", "same-origin")
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close() // an event stream ends here, after its headers
+		ct := resp.Header.Get("Content-Type")
+		return resp.StatusCode == 200 && (ct == "text/event-stream" || ct == "application/json")
+	}
+	for _, c := range []struct {
+		addr, host string
+		want       bool
+	}{
+		{"127.0.0.1:9081", "rebind.attacker.example:9081", false},
+		{"127.0.0.1:9081", "rebind.attacker.example", false},
+		{"127.0.0.1:9082", "rebind.attacker.example:9082", false}, // Caddy routes it nowhere
+		{"127.0.0.1:9081", "localhost:9081", true},
+		{"127.0.0.1:9081", "127.0.0.1:9081", true},
+		{"127.0.0.1:9081", "[::1]:9081", true},
+		{"127.0.0.1:9082", "status.example:9082", true},
+	} {
+		if got := served(http.MethodGet, c.addr, c.host, "/events"); got != c.want {
+			t.Errorf("events with Host %s: served %v, want %v", c.host, got, c.want)
+		}
+		got := served(http.MethodPost, c.addr, c.host, "/channels/st-host/disable")
+		disabled := channels(t)["st-host"].State == stateDisabled
+		if got != c.want || disabled != c.want {
+			t.Errorf("disable with Host %s: served %v, channel disabled %v; want %v", c.host, got, disabled, c.want)
+		}
+		if _, err := steerChannel("st-host", "enable"); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
