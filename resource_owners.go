@@ -37,11 +37,15 @@ import (
 //     upstream's ids and whose values are the owners' group names, so the
 //     owners of one upstream page of a list are one HMGET;
 //   - otherwise in Caddy's storage: one small JSON record per item, at
-//     relay/owners/<files|batches>/<sha256 of channel and upstream id>.
+//     relay/owners/<files|batches>/<hex>, where hex is the first 16 bytes
+//     of the sha256 of the channel's name, a zero byte and the upstream's
+//     id.
 //
 // A record is written once and never changed; it is removed when the item
-// is deleted through the relay, or when the upstream answers 404 for it.
-// That lets a bounded in-memory cache keep what it has read. In Caddy's
+// is deleted through the relay, or when the upstream answers a get or a
+// delete of it with 404 not_found_error. That lets a bounded in-memory
+// cache (one per relay handler, empty again after a reload) keep what it
+// has read. In Caddy's
 // storage, where each look-up is a read of its own, the cache also
 // remembers for a minute that an item has no record, so that a list that
 // scans many items made outside the relay does not read them all again on
