@@ -125,7 +125,7 @@ var (
 
 	metricStorageErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "relay_storage_errors_total",
-		Help: "Operations on the fleet's storage (Redis) that failed or timed out, by operation (admit, release, renew, publish, sync, heartbeat, fleet).",
+		Help: "Operations on the fleet's storage (Redis) that failed or timed out, by operation (admit, release, renew, publish, sync, heartbeat, fleet, owners).",
 	}, []string{"op"})
 
 	metricStorageSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{

@@ -156,6 +156,7 @@ type Relay struct {
 	modelNames         map[string]bool   // every model a channel lists, for metric labels
 	passRatelimit      bool              // upstream_ratelimit_headers pass
 	secret             *resourceSecret   // keys the MAC of batch and file ids
+	owners             *ownerStore       // which group made each batch and file
 	storage            certmagic.Storage // Caddy's storage; nil in a unit test's context
 	dedupWindow        time.Duration     // 0: retries are not attached
 	dedupGrace         time.Duration
@@ -226,6 +227,7 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 	if err := r.provisionResourceSecret(ctx); err != nil {
 		return fmt.Errorf("resource_secret: %w", err)
 	}
+	r.owners = newOwnerStore(r.fleet, r.storage, func() time.Time { return r.now() })
 	spend.use(ctx, r.logger)
 	r.usesSpend = true
 	r.prices = newPricebook(r.Pricing)
@@ -388,7 +390,7 @@ func (r *Relay) serve(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 		return refused(rerr)
 	}
 	if mayReferenceFiles(in.body) { // it may use uploaded files: only their channel has them
-		if rerr = r.pinToFiles(in); rerr != nil {
+		if rerr = r.pinToFiles(req.Context(), in); rerr != nil {
 			return refused(rerr)
 		}
 	}

@@ -2,8 +2,10 @@ package relay
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 
 	"github.com/go-json-experiment/json/jsontext"
@@ -12,8 +14,10 @@ import (
 // A message (or a batch) whose content references an uploaded file (a
 // document or image block with a source of type "file", a
 // container_upload) can only be served by the channel that holds the file:
-// the relay finds every "file_id" in the body, sends the request to that
-// channel alone, and puts the upstream's ids in place of the client's.
+// the relay finds every "file_id" in the body, checks that the group made
+// each file (resource_owners.go), sends the request to that channel alone,
+// and puts the upstream's ids in place of the client's. Only bodies that
+// hold "file_id" pay for this.
 
 // fileIDKey is what a body that references a file holds. Bodies without it
 // (nearly all) are not scanned again.
@@ -47,9 +51,11 @@ type fileRef struct {
 
 // pinFiles resolves the file ids of body (from group) to the one channel
 // that holds them all, and returns the body with the upstream's ids. An id
-// that is not the group's is a 404 not_found_error; files held by
-// different channels, a 400.
-func (r *Relay) pinFiles(secret []byte, g *group, body []byte) ([]byte, *channel, *relayError) {
+// that is not the group's (sealed for another group, or naming a file the
+// group did not make) is a 404 not_found_error, as an id that does not
+// exist; files held by different channels, a 400. The owners of the files
+// are one look-up per channel they name (one, unless the 400 follows).
+func (r *Relay) pinFiles(ctx context.Context, secret []byte, g *group, body []byte) ([]byte, *channel, *relayError) {
 	refs, err := findFileIDs(body)
 	if err != nil {
 		return nil, nil, errBodyJSON(err)
@@ -57,33 +63,47 @@ func (r *Relay) pinFiles(secret []byte, g *group, body []byte) ([]byte, *channel
 	if len(refs) == 0 {
 		return body, nil, nil
 	}
-	var owner *channel
+	ids := make([]string, len(refs))
+	var channels []string
 	for i := range refs {
 		ref := &refs[i]
 		raw, err := jsontext.AppendUnquote(nil, body[ref.start:ref.end])
 		if err != nil {
 			return nil, nil, errInvalid("file_id must be a string")
 		}
-		id := string(raw)
-		name, up, ok := parseItemID(secret, kindFile, g.name, id)
+		ids[i] = string(raw)
+		name, up, ok := parseItemID(secret, kindFile, g.name, ids[i])
 		if !ok {
-			return nil, nil, errResourceNotFound(kindFile, id)
-		}
-		if owner != nil && owner.name != name {
-			return nil, nil, errInvalid("the files this request references are held by different channels (" +
-				strconv.Quote(owner.name) + " and " + strconv.Quote(name) + "); one request can only use files uploaded through one channel")
-		}
-		if owner == nil {
-			for _, ch := range g.channels {
-				if _, serves := servesResource(ch, kindFile); serves && ch.name == name {
-					owner = ch
-				}
-			}
-			if owner == nil {
-				return nil, nil, errOwnerGone(kindFile, name, g.name)
-			}
+			return nil, nil, errResourceNotFound(kindFile, ids[i])
 		}
 		ref.channel, ref.up = name, up
+		if !slices.Contains(channels, name) {
+			channels = append(channels, name)
+		}
+	}
+	for _, name := range channels {
+		var ups, of []string
+		for i, ref := range refs {
+			if ref.channel == name {
+				ups, of = append(ups, ref.up), append(of, ids[i])
+			}
+		}
+		if rerr := r.checkOwners(ctx, kindFile, g.name, name, ups, of); rerr != nil {
+			return nil, nil, rerr
+		}
+	}
+	if len(channels) > 1 {
+		return nil, nil, errInvalid("the files this request references are held by different channels (" +
+			strconv.Quote(channels[0]) + " and " + strconv.Quote(channels[1]) + "); one request can only use files uploaded through one channel")
+	}
+	var owner *channel
+	for _, ch := range g.channels {
+		if _, serves := servesResource(ch, kindFile); serves && ch.name == channels[0] {
+			owner = ch
+		}
+	}
+	if owner == nil {
+		return nil, nil, errOwnerGone(kindFile, channels[0], g.name)
 	}
 	out := make([]byte, 0, len(body))
 	at := 0
@@ -127,13 +147,13 @@ func findFileIDs(body []byte) ([]fileRef, error) {
 // pinToFiles sends a message that references files to the channel that
 // holds them: the request's body gets the upstream's file ids, and its
 // group becomes that channel alone.
-func (r *Relay) pinToFiles(in *inbound) *relayError {
+func (r *Relay) pinToFiles(ctx context.Context, in *inbound) *relayError {
 	secret, ok := r.secret.get()
 	if !ok {
 		return errStorageUnavailable()
 	}
 	g := in.key.group
-	body, ch, rerr := r.pinFiles(secret, g, in.body)
+	body, ch, rerr := r.pinFiles(ctx, secret, g, in.body)
 	if rerr != nil || ch == nil {
 		return rerr
 	}

@@ -21,10 +21,11 @@ import (
 // A batch or a file lives at the upstream organisation of the channel that
 // made it. The id a client sees names that channel and the upstream's own
 // id, and carries a MAC over both and the key's group, so that the relay
-// needs no database to route a later call, and a client can neither forge
+// needs no look-up to route a later call, and a client can neither forge
 // an id nor use another group's: any change to the id, or its use from
 // another group, fails the MAC and is answered as an id that does not
-// exist.
+// exist. Who made the item is recorded besides (resource_owners.go), and
+// a call must pass both checks.
 //
 // An item id is the kind's own prefix (msgbatch_, file_, so SDKs that look
 // at prefixes are content), then, in unpadded URL-safe base64:

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tidwall/gjson"
+	"go.uber.org/zap"
 )
 
 // A list of batches or files merges the lists of the group's channels that
@@ -17,7 +18,7 @@ import (
 // client gets (last_id, and next_page for files) is the relay's own: it
 // holds, sealed as ids are, where each channel's list stands, in that
 // channel's own terms (after an id, or a page token and how many of that
-// page were shown), so the next page asks each channel for what follows.
+// page were passed), so the next page asks each channel for what follows.
 // Lists page forward only (after_id, page): before_id is refused, since a
 // merged list has no single place to go back from.
 
@@ -26,14 +27,14 @@ type listPos struct {
 	channel string
 	mode    byte   // posStart, posAfter, posPage or posDone
 	value   string // the upstream's id (posAfter) or page token (posPage, "" for its first page)
-	skip    int    // posPage: how many of that page were shown already
+	skip    int    // posPage: how many of that page were passed already
 }
 
 const (
-	posStart = 's' // nothing shown yet
-	posAfter = 'a' // shown up to the item value
-	posPage  = 'p' // shown up to skip items into the page value
-	posDone  = 'd' // all shown
+	posStart = 's' // nothing passed yet
+	posAfter = 'a' // passed up to the item value
+	posPage  = 'p' // passed up to skip items into the page value
+	posDone  = 'd' // all passed
 )
 
 // sealCursor encodes the positions as a cursor of kind for group.
@@ -87,15 +88,82 @@ func openCursor(secret []byte, kind resourceKind, group, s string) ([]listPos, b
 	return out, true
 }
 
-// listed is one channel's page, as fetched.
+// A group sees only its own items (resource_owners.go), so a channel's
+// list is scanned: the relay reads the channel's upstream list page after
+// page, keeps the group's items, and stops once it holds a page's worth
+// (limit), the upstream has no more, or it has read listScanPages pages
+// of that channel for this request. Each upstream page's owners are one
+// look-up (one HMGET in a fleet). The cursor records where the scan of
+// each channel stands in the upstream's own terms, past the other groups'
+// items it skipped, so the next page starts after them.
+//
+// A page shows the group's items newest first. An item older than what a
+// channel's scan reached is held back while that channel may still hold
+// newer ones (its scan ended at the bound), unless the page would
+// otherwise be empty: the SDKs stop paging at an empty page, so a page
+// shows what was found, even if a later page then holds a newer item of
+// another channel. A page comes back empty with has_more true only when
+// no channel found any of the group's items within the bound; its cursor
+// continues past everything scanned.
+
+// Bounds of a list's scan.
+const (
+	// listScanPages bounds the upstream pages one list request reads from
+	// one channel: the first of the client's limit, the others of
+	// listScanPageSize, so at most limit+4,000 items a channel.
+	listScanPages = 5
+	// listScanPageSize is the size of the upstream pages read after the
+	// first, Anthropic's largest.
+	listScanPageSize = 1000
+)
+
+// listed is one channel's part of a merged page: the group's items its
+// scan found, and where the channel's list stands before each of them and
+// after the scan.
 type listed struct {
-	ch       *channel
+	ch    *channel
+	items []gjson.Result // the group's items, newest first
+	times []time.Time
+	at    []listPos // at[i]: the position whose next item is items[i]
+	end   listPos   // the position after all that was scanned; posDone: there is no more
+	floor time.Time // unless end is posDone: the created_at of the oldest item scanned, which no unscanned item is newer than
+	shown int       // how many of items the merged page shows
+}
+
+// listPage is one page of a channel's upstream list, as fetched.
+type listPage struct {
 	items    []gjson.Result // newest first, without those shown before
 	times    []time.Time
-	shown    int    // how many of items the merged page shows
 	pageMode bool   // the upstream pages with page tokens
 	next     string // its next page token, or the id to list after; "" when there is none
 	hasMore  bool
+}
+
+// before is the position whose next item is items[i] of the page fetched
+// at p: past every item before it, whoever's.
+func (pg *listPage) before(p listPos, i int) listPos {
+	if pg.pageMode {
+		q := listPos{channel: p.channel, mode: posPage, skip: i}
+		if p.mode == posPage {
+			q.value, q.skip = p.value, p.skip+i
+		}
+		return q
+	}
+	if i == 0 {
+		return p
+	}
+	return listPos{channel: p.channel, mode: posAfter, value: pg.items[i-1].Get("id").Str}
+}
+
+// after is the position past the whole page fetched at p.
+func (pg *listPage) after(p listPos) listPos {
+	switch {
+	case pg.pageMode && pg.next != "":
+		return listPos{channel: p.channel, mode: posPage, value: pg.next}
+	case !pg.pageMode && pg.hasMore && len(pg.items) > 0:
+		return listPos{channel: p.channel, mode: posAfter, value: pg.items[len(pg.items)-1].Get("id").Str}
+	}
+	return listPos{channel: p.channel, mode: posDone}
 }
 
 // list serves GET /v1/messages/batches and GET /v1/files for the group.
@@ -130,10 +198,14 @@ func (c *resourceCtx) list() *failure {
 	if cursor != "" {
 		got, ok := openCursor(c.secret, kind, c.group.name, cursor)
 		if !ok {
-			// a plain item id pages a single channel's list
+			// a plain item id (of the group's own) pages a single
+			// channel's list
 			name, up, isItem := parseItemID(c.secret, kind, c.group.name, cursor)
 			if !isItem || len(chans) != 1 || chans[0].name != name {
 				return refused(errResourceNotFound(kind, cursor))
+			}
+			if rerr := c.r.checkOwners(c.req.Context(), kind, c.group.name, name, []string{up}, []string{cursor}); rerr != nil {
+				return refused(rerr)
 			}
 			got = []listPos{{channel: name, mode: posAfter, value: up}}
 		}
@@ -156,7 +228,7 @@ func (c *resourceCtx) list() *failure {
 		if pos[i].mode == posDone {
 			continue
 		}
-		l, f := c.fetchList(ch, pos[i], q, limit)
+		l, f := c.scanList(ch, pos[i], q, limit)
 		if f != nil {
 			return f
 		}
@@ -180,6 +252,9 @@ func (c *resourceCtx) list() *failure {
 			break
 		}
 		l := pages[best]
+		if len(data) > 0 && heldBack(l.times[l.shown], pages) {
+			break
+		}
 		item := c.rewriteItem([]byte(l.items[l.shown].Raw), l.ch.name)
 		if len(data) == 0 {
 			firstID = gjson.GetBytes(item, "id").Str
@@ -193,26 +268,12 @@ func (c *resourceCtx) list() *failure {
 		if l == nil {
 			continue
 		}
-		p := &pos[i]
-		switch {
-		case l.shown < len(l.items) && l.pageMode:
-			if p.mode != posPage {
-				p.value, p.skip = "", 0
-			}
-			p.mode, p.skip = posPage, p.skip+l.shown
-		case l.shown < len(l.items):
-			if l.shown > 0 {
-				p.mode, p.value = posAfter, l.items[l.shown-1].Get("id").Str
-			}
-		case l.hasMore && l.next != "":
-			p.mode, p.value, p.skip = posAfter, l.next, 0
-			if l.pageMode {
-				p.mode = posPage
-			}
-		default:
-			p.mode = posDone
+		if l.shown < len(l.items) {
+			pos[i] = l.at[l.shown]
+		} else {
+			pos[i] = l.end
 		}
-		if p.mode != posDone {
+		if pos[i].mode != posDone {
 			hasMore = true
 		}
 	}
@@ -246,17 +307,70 @@ func (c *resourceCtx) list() *failure {
 	return nil
 }
 
-// fetchList asks one channel for the page of its list after p.
-func (c *resourceCtx) fetchList(ch *channel, p listPos, query url.Values, limit int) (*listed, *failure) {
+// heldBack reports whether an item created at t must wait for a later
+// page: a channel whose scan stopped short may still hold newer items.
+func heldBack(t time.Time, pages []*listed) bool {
+	for _, l := range pages {
+		if l != nil && l.end.mode != posDone && !l.floor.IsZero() && t.Before(l.floor) {
+			return true
+		}
+	}
+	return false
+}
+
+// scanList reads ch's list from p until it holds limit of the group's
+// items, the upstream has no more, or listScanPages pages were read.
+func (c *resourceCtx) scanList(ch *channel, p listPos, query url.Values, limit int) (*listed, *failure) {
 	if rerr := c.waitForOwner(ch); rerr != nil {
 		return nil, refused(rerr)
 	}
+	l := &listed{ch: ch}
+	for n := 0; ; n++ {
+		size := limit
+		if n > 0 {
+			size = listScanPageSize
+		}
+		pg, f := c.fetchList(ch, p, query, size)
+		if f != nil {
+			return nil, f
+		}
+		ids := make([]string, len(pg.items))
+		for i, it := range pg.items {
+			ids[i] = it.Get("id").Str
+		}
+		owners, err := c.r.owners.lookup(c.req.Context(), c.rq.kind, ch.name, ids, true)
+		if err != nil {
+			if c.r.fleet == nil {
+				c.r.logger.Warn("could not read the owners of batches or files", zap.String("channel", ch.name), zap.Error(err))
+			}
+			return nil, refused(errOwnersUnavailable("the relay could not read who owns the " + c.rq.kind.String() + " of a list from its storage; retry later"))
+		}
+		for i, it := range pg.items {
+			if owners[i] == c.group.name {
+				l.items = append(l.items, it)
+				l.times = append(l.times, pg.times[i])
+				l.at = append(l.at, pg.before(p, i))
+			}
+		}
+		if len(pg.items) > 0 {
+			l.floor = pg.times[len(pg.times)-1]
+		}
+		p = pg.after(p)
+		if p.mode == posDone || len(l.items) >= limit || n+1 >= listScanPages {
+			l.end = p
+			return l, nil
+		}
+	}
+}
+
+// fetchList asks one channel for the page of its list at p, of size items.
+func (c *resourceCtx) fetchList(ch *channel, p listPos, query url.Values, size int) (*listPage, *failure) {
 	rp, _ := servesResource(ch, c.rq.kind)
 	q := url.Values{}
 	for k, vs := range query {
 		q[k] = vs
 	}
-	n := limit
+	n := size
 	switch p.mode {
 	case posAfter:
 		q.Set("after_id", p.value)
@@ -264,7 +378,7 @@ func (c *resourceCtx) fetchList(ch *channel, p listPos, query url.Values, limit 
 		if p.value != "" {
 			q.Set("page", p.value)
 		}
-		n = min(limit+p.skip, 1000)
+		n = min(size+p.skip, 1000)
 	}
 	q.Set("limit", strconv.Itoa(n))
 	path := pathFiles
@@ -284,24 +398,24 @@ func (c *resourceCtx) fetchList(ch *channel, p listPos, query url.Values, limit 
 		a.end(v)
 		return nil, &failure{last: attemptResult{verdict: v, channel: ch}, attempts: 1}
 	}
-	l := &listed{ch: ch}
+	pg := &listPage{}
 	items := gjson.GetBytes(body, "data").Array()
 	if p.mode == posPage {
 		items = items[min(p.skip, len(items)):]
 	}
-	l.items = items
+	pg.items = items
 	for _, it := range items {
 		t, _ := time.Parse(time.RFC3339Nano, it.Get("created_at").Str)
-		l.times = append(l.times, t)
+		pg.times = append(pg.times, t)
 	}
 	if np := gjson.GetBytes(body, "next_page"); np.Exists() {
-		l.pageMode = true
-		l.next, l.hasMore = np.Str, np.Str != ""
+		pg.pageMode = true
+		pg.next, pg.hasMore = np.Str, np.Str != ""
 	} else {
-		l.hasMore = gjson.GetBytes(body, "has_more").Bool()
+		pg.hasMore = gjson.GetBytes(body, "has_more").Bool()
 		if len(items) > 0 {
-			l.next = items[len(items)-1].Get("id").Str
+			pg.next = items[len(items)-1].Get("id").Str
 		}
 	}
-	return l, nil
+	return pg, nil
 }

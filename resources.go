@@ -226,11 +226,17 @@ func errOwnerGone(kind resourceKind, channel, group string) *relayError {
 		msg: "the channel that holds this " + kind.noun() + ", " + strconv.Quote(channel) + ", is no longer a channel of group " + strconv.Quote(group) + " that serves " + kind.String()}
 }
 
-// owner resolves a client's item id to its channel and the upstream's id.
+// owner resolves a client's item id to its channel and the upstream's id:
+// the id must be sealed for the group, and the item recorded as made by
+// it. An item of another group, or of none, is answered as an id that
+// does not exist.
 func (c *resourceCtx) owner(kind resourceKind, id string) (*channel, ResourceProvider, string, *relayError) {
 	name, up, ok := parseItemID(c.secret, kind, c.group.name, id)
 	if !ok {
 		return nil, nil, "", errResourceNotFound(kind, id)
+	}
+	if rerr := c.r.checkOwners(c.req.Context(), kind, c.group.name, name, []string{up}, []string{id}); rerr != nil {
+		return nil, nil, "", rerr
 	}
 	for _, ch := range c.group.channels {
 		if ch.name == name {
@@ -290,6 +296,9 @@ func (c *resourceCtx) item() *failure {
 	a := c.send(ch, rp, call, ch.firstByte)
 	if a.resp == nil {
 		if f := a.failure; f != nil && f.err == nil {
+			if c.gone(f.last) {
+				c.forgetOwner(ch, up)
+			}
 			f.last.body = rewriteErrorIDs(f.last.body, up, c.rq.id)
 		}
 		return a.failure
@@ -301,9 +310,53 @@ func (c *resourceCtx) item() *failure {
 	case opContent:
 		c.stream(a, nil)
 	default:
-		c.writeObject(a, ch, func(b []byte) []byte { return c.rewriteItem(b, ch.name) })
+		body, ok := c.readObject(a, ch)
+		if !ok {
+			return nil
+		}
+		if c.rq.op == opDelete {
+			c.forgetOwner(ch, up)
+		}
+		c.sendObject(a, c.rewriteItem(body, ch.name))
 	}
 	return nil
+}
+
+// checkOwners checks that group made the items ups of kind at channel,
+// whose client ids are ids: nil when it made them all, else the answer,
+// 404 for the first it did not make, as for an id that does not exist.
+func (r *Relay) checkOwners(ctx context.Context, kind resourceKind, group, channel string, ups, ids []string) *relayError {
+	owners, err := r.owners.lookup(ctx, kind, channel, ups, false)
+	if err != nil {
+		if r.fleet == nil { // a fleet logs its storage's outages itself
+			r.logger.Warn("could not read the owners of batches or files", zap.String("channel", channel), zap.Error(err))
+		}
+		return errOwnersUnavailable("the relay could not read who owns this " + kind.noun() + " from its storage; retry later")
+	}
+	for i, g := range owners {
+		if g != group {
+			return errResourceNotFound(kind, ids[i])
+		}
+	}
+	return nil
+}
+
+// gone reports whether the upstream's answer says the item itself does
+// not exist: a 404 not_found_error to a get or a delete of it. A 404 to
+// its content or results may say only that those are not there (yet).
+func (c *resourceCtx) gone(last attemptResult) bool {
+	return (c.rq.op == opGet || c.rq.op == opDelete) && last.status == http.StatusNotFound &&
+		gjson.GetBytes(last.body, "error.type").Str == "not_found_error"
+}
+
+// forgetOwner removes the record of the item up at ch, which the upstream
+// no longer has. A record left behind names an item no list shows and
+// every call finds gone, so failing to remove it is only logged.
+func (c *resourceCtx) forgetOwner(ch *channel, up string) {
+	if err := c.r.owners.forget(c.req.Context(), c.rq.kind, ch.name, up); err != nil {
+		c.r.logger.Warn("could not remove the owner record of a deleted "+c.rq.kind.noun(), zap.String("channel", ch.name),
+			zap.String("upstream_id", up), zap.Error(err))
+	}
 }
 
 // resourceAttempt is one request of the Batches or Files API sent to a
@@ -418,9 +471,9 @@ func (c *resourceCtx) commit(a *resourceAttempt, contentLength int) {
 	c.w.WriteHeader(a.resp.StatusCode)
 }
 
-// writeObject reads a's JSON answer whole, rewrites the ids in it, and
-// sends it.
-func (c *resourceCtx) writeObject(a *resourceAttempt, ch *channel, rewrite func([]byte) []byte) {
+// readObject reads a's JSON answer whole. When it cannot, it answers the
+// client and returns false.
+func (c *resourceCtx) readObject(a *resourceAttempt, ch *channel) ([]byte, bool) {
 	a.dl.arm(stageResponse, ch.response)
 	body, err := io.ReadAll(io.LimitReader(a.resp.Body, c.r.MaxResponseSize+1))
 	if err == nil && int64(len(body)) > c.r.MaxResponseSize {
@@ -430,9 +483,13 @@ func (c *resourceCtx) writeObject(a *resourceAttempt, ch *channel, rewrite func(
 		v := classifyError(c.req.Context(), c.req.Context(), err)
 		a.end(v)
 		c.r.answer(c.w, c.in, &failure{last: attemptResult{verdict: v, channel: ch}, attempts: 1})
-		return
+		return nil, false
 	}
-	body = rewrite(body)
+	return body, true
+}
+
+// sendObject sends body as a's answer.
+func (c *resourceCtx) sendObject(a *resourceAttempt, body []byte) {
 	c.commit(a, len(body))
 	_, _ = c.w.Write(body)
 }
@@ -539,7 +596,7 @@ func (c *resourceCtx) create() *failure {
 			return refused(errInvalid("requests: field required, with params.model in each"))
 		}
 		if mayReferenceFiles(body) {
-			b, ch, rerr := c.r.pinFiles(c.secret, c.group, body)
+			b, ch, rerr := c.r.pinFiles(c.req.Context(), c.secret, c.group, body)
 			if rerr != nil {
 				return refused(rerr)
 			}
@@ -611,7 +668,14 @@ func (c *resourceCtx) create() *failure {
 		a := c.send(ch, rp, call, timeout)
 		if a.resp != nil {
 			defer a.close()
-			c.writeObject(a, ch, func(b []byte) []byte { return c.rewriteItem(b, ch.name) })
+			obj, ok := c.readObject(a, ch)
+			if !ok {
+				return nil
+			}
+			if rerr := c.recordOwner(ch, rp, obj); rerr != nil {
+				return refused(rerr)
+			}
+			c.sendObject(a, c.rewriteItem(obj, ch.name))
 			return nil
 		}
 		if upload != nil && upload.over.Load() {

@@ -210,18 +210,29 @@ func TestListsMergeTheGroupsChannelsAcrossPages(t *testing.T) {
 	upA, _ := storeUpstream(t, "a")
 	upB, _ := storeUpstream(t, "b")
 	upC, _ := storeUpstream(t, "c") // another group's
+	const otherKey = "sk-client-list-other-0123456789"
 	startRelay(t, channelBlock("list-a", upA.URL)+channelBlock("list-b", upB.URL)+channelBlock("list-c", upC.URL)+
-		keyAndGroup("g", "list-a list-b")+"\t\tgroup other {\n\t\t\tchannels list-c\n\t\t}\n")
-	// made in this order, one second apart: newest first is the reverse
+		keyAndGroup("g", "list-a list-b")+"\t\tkey "+otherKey+" other\n\t\tgroup other {\n\t\t\tchannels list-c\n\t\t}\n")
+	// made through the relay in this order, one second apart: newest first
+	// is the reverse
 	var want []string
-	for i, on := range []*fakeupstream.Upstream{upA, upB, upB, upA, upA, upB, upA, upC, upB, upB, upA} {
+	for i, on := range []string{"a", "b", "b", "a", "a", "b", "a", "c", "b", "b", "a"} {
 		name := fmt.Sprintf("item%02d", i)
-		seedFile(t, on, name+".txt")
-		seedBatch(t, on, name)
-		if on != upC {
-			want = append([]string{name}, want...)
+		if on == "c" {
+			uploadAs(t, otherKey, name+".txt")
+			batchAs(t, otherKey, name)
+			continue
 		}
+		other := map[string]string{"a": "list-b", "b": "list-a"}[on]
+		adminPost(t, other, "disable")
+		uploadAs(t, clientKey, name+".txt")
+		batchAs(t, clientKey, name)
+		adminPost(t, other, "enable")
+		want = append([]string{name}, want...)
 	}
+	// and some made at the upstreams themselves, which no list shows
+	seedFile(t, upA, "outside.txt")
+	seedBatch(t, upB, "outside")
 	sdk := sdkClient(clientKey)
 	ctx := context.Background()
 

@@ -16,7 +16,7 @@ import (
 // testFleet connects to the Redis at addr as one node of a fleet whose
 // keys start with prefix; each call is another node (its own client,
 // leases and background work).
-func testFleet(t *testing.T, addr, prefix string, lease time.Duration) *fleet {
+func testFleet(t testing.TB, addr, prefix string, lease time.Duration) *fleet {
 	t.Helper()
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	t.Cleanup(cancel)

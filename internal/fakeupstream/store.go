@@ -240,6 +240,22 @@ func (s *Store) createBatch(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, 200, obj)
 }
 
+// SeedBatches adds n ended batches of one request each, as if made
+// straight at the upstream, each newer than every object made before.
+func (s *Store) SeedBatches(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for range n {
+		id := s.nextID("msgbatch_")
+		at := created().Format(time.RFC3339)
+		obj := map[string]any{"id": id, "type": "message_batch", "processing_status": "ended",
+			"request_counts": map[string]int{"processing": 0, "succeeded": 1, "errored": 0, "canceled": 0, "expired": 0},
+			"created_at":     at, "ended_at": at, "expires_at": at, "archived_at": nil, "cancel_initiated_at": nil,
+			"results_url": "https://api.anthropic.com/v1/messages/batches/" + id + "/results"}
+		s.batches = append(s.batches, &storedBatch{obj: obj})
+	}
+}
+
 func (s *Store) findBatch(id string) int {
 	for i, b := range s.batches {
 		if b.obj["id"] == id {
