@@ -85,4 +85,4 @@ func (r *Relay) probeOnce(ctx context.Context, ch *channel) bool {
 	return resp.StatusCode >= 200 && resp.StatusCode < 300
 }
 
-var probeHeader = http.Header{"Anthropic-Version": {"2023-06-01"}, "Content-Type": {"application/json"}}
+var probeHeader = http.Header{"Anthropic-Version": {anthropicVersion}, "Content-Type": {"application/json"}}
