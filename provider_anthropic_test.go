@@ -76,7 +76,7 @@ func TestSecretPlaceholderStaysOutOfConfig(t *testing.T) {
 	secret := "sk-ant-from-env-" + fmt.Sprint(time.Now().UnixNano())
 	t.Setenv("RELAY_TEST_CHANNEL_KEY", secret)
 	t.Setenv("RELAY_TEST_CLIENT_KEY", clientKey)
-	up := fakeupstream.New(t, fakeupstream.Message("ok"))
+	up := fakeupstream.New(t, fakeupstream.Message("ok"), fakeupstream.AcceptKeys(secret))
 	startRelay(t, "\t\tchannel env-a {\n\t\t\turl "+up.URL+"\n\t\t\tapi_key {env.RELAY_TEST_CHANNEL_KEY}\n\t\t}\n"+
 		"\t\tkey {env.RELAY_TEST_CLIENT_KEY} env\n\t\tgroup env {\n\t\t\tchannels env-a\n\t\t}\n")
 
@@ -102,8 +102,8 @@ func TestSecretPlaceholderStaysOutOfConfig(t *testing.T) {
 
 // Every request the relay builds for an Anthropic-wire upstream carries
 // anthropic-version: the client's, as sent, or 2023-06-01 when it sent none
-// (an OpenAI client knows of no such header): Anthropic's API refuses a
-// request without one.
+// (an OpenAI client knows of no such header). The fake upstream, as strict
+// as the real API, refuses a request without it.
 func TestEveryAnthropicRequestCarriesAnAPIVersion(t *testing.T) {
 	up, store := storeUpstream(t, "v")
 	startRelay(t, channelBlock("version-a", up.URL)+keyAndGroup("version", "version-a"))
