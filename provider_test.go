@@ -101,6 +101,9 @@ func post(t *testing.T, body string) (*http.Response, string) {
 	req, _ := http.NewRequest(http.MethodPost, "http://localhost:9080/v1/messages", strings.NewReader(body))
 	req.Header.Set("X-Api-Key", extKey)
 	req.Header.Set("Anthropic-Version", "2023-06-01")
+	// a connection of its own: a kept-alive one may be the previous
+	// config's, which its server closes as it stops (an EOF, no answer)
+	req.Close = true
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
