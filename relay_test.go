@@ -40,7 +40,7 @@ func TestBadInputGetsAnthropicErrors(t *testing.T) {
 		wantRelayError(t, message(t, `{"model":`), 400, "invalid_request_error", "")
 	})
 	t.Run("no model", func(t *testing.T) {
-		r := message(t, `{"max_tokens":1,"messages":[{"role":"user","content":"Hi"}]}`)
+		r := message(t, `{"max_tokens":1,"messages":[]}`)
 		wantRelayError(t, r, 400, "invalid_request_error", "")
 		if !bytes.Contains(r.body, []byte("model")) {
 			t.Errorf("message should name the field: %s", r.body)
