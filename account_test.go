@@ -18,9 +18,9 @@ import (
 )
 
 func TestLogLineAndPlaceholders(t *testing.T) {
-	bad := fakeupstream.New(t, fakeupstream.Raw(503, []byte("down")))
-	ok := fakeupstream.New(t, fakeupstream.Stream(strings.SplitAfter(usageStream, "\n\n")...))
 	const secret, upstreamKey = "sk-log-test-client", "sk-ant-log-test-upstream"
+	bad := fakeupstream.New(t, fakeupstream.Raw(503, []byte("down")), fakeupstream.AcceptKeys(upstreamKey))
+	ok := fakeupstream.New(t, fakeupstream.Stream(strings.SplitAfter(usageStream, "\n\n")...), fakeupstream.AcceptKeys(upstreamKey))
 	r := &Relay{
 		Keys: []*Key{{Secret: secret, Group: "log-g", KeyOptions: KeyOptions{Name: "support-bot"}}},
 		Channels: []*Channel{
@@ -31,7 +31,7 @@ func TestLogLineAndPlaceholders(t *testing.T) {
 	}
 	logs := provisionHandler(t, r)
 
-	w, repl := serveHandler(t, r, newRequest(`{"model":"claude-sonnet-4-5","stream":true,"max_tokens":5}`, secret))
+	w, repl := serveHandler(t, r, newRequest(`{"model":"claude-sonnet-4-5","stream":true,"max_tokens":5,"messages":[{"role":"user","content":"Hi"}]}`, secret))
 	if w.Code != 200 || w.Body.String() != usageStream {
 		t.Fatalf("response %d:\n%s", w.Code, w.Body.String())
 	}
@@ -149,7 +149,7 @@ func TestAStreamTheClientLeftIsAccountedAsFarAsItWent(t *testing.T) {
 	up := fakeupstream.New(t, fakeupstream.Held(events, 6, nil, canceled)) // message_start, content_block_start, ping, 3 deltas
 	r := &Relay{
 		Keys:     []*Key{{Secret: "sk-left-midway-0123456789", Group: "left", KeyOptions: KeyOptions{Name: "left-key"}}},
-		Channels: []*Channel{{Name: "left-ch", UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", "sk-up")}},
+		Channels: []*Channel{{Name: "left-ch", UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", channelKey)}},
 		Groups:   []*Group{{Name: "left", Channels: []string{"left-ch"}}},
 	}
 	logs := provisionHandler(t, r)
@@ -164,7 +164,7 @@ func TestAStreamTheClientLeftIsAccountedAsFarAsItWent(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	w := &cancelAfter{h: http.Header{}, n: 3, cancel: cancel}
-	req := newRequest(`{"model":"claude-sonnet-5-5","stream":true,"max_tokens":64}`, "sk-left-midway-0123456789").WithContext(ctx)
+	req := newRequest(`{"model":"claude-sonnet-5-5","stream":true,"max_tokens":64,"messages":[{"role":"user","content":"Hi"}]}`, "sk-left-midway-0123456789").WithContext(ctx)
 	req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), w, &caddyhttp.Server{})
 	if err := r.ServeHTTP(w, req, nil); err != nil {
 		t.Fatal(err)
@@ -215,8 +215,8 @@ func TestAChannelsPriceFactorScalesItsCost(t *testing.T) {
 	r := &Relay{
 		Keys: []*Key{{Secret: resoldKey, Group: "pf-a", KeyOptions: KeyOptions{Name: "pf-a-key"}}, {Secret: listKey, Group: "pf-b", KeyOptions: KeyOptions{Name: "pf-b-key"}}},
 		Channels: []*Channel{
-			{Name: "pf-resold", UpstreamRaw: upstream("anthropic", "url", resold.URL, "api_key", "sk-up"), Models: []string{"claude-sonnet-4-5"}, PriceFactor: priceFactor(0.8)},
-			{Name: "pf-list", UpstreamRaw: upstream("anthropic", "url", list.URL, "api_key", "sk-up"), Models: []string{"claude-sonnet-4-5"}},
+			{Name: "pf-resold", UpstreamRaw: upstream("anthropic", "url", resold.URL, "api_key", channelKey), Models: []string{"claude-sonnet-4-5"}, PriceFactor: priceFactor(0.8)},
+			{Name: "pf-list", UpstreamRaw: upstream("anthropic", "url", list.URL, "api_key", channelKey), Models: []string{"claude-sonnet-4-5"}},
 		},
 		Groups: []*Group{{Name: "pf-a", Channels: []string{"pf-resold"}}, {Name: "pf-b", Channels: []string{"pf-list"}}},
 	}
@@ -307,7 +307,7 @@ func TestWastedTokensOfAttemptsFailedOver(t *testing.T) {
 	good := fakeupstream.New(t, fakeupstream.Stream(fakeupstream.StreamEvents(model, fakeupstream.Usage{InputTokens: 7, OutputTokens: 3}, "ok")...))
 	goodJSON := fakeupstream.New(t, fakeupstream.Raw(200, fakeupstream.MessageBody(model, "ok", fakeupstream.Usage{InputTokens: 7, OutputTokens: 3})))
 	ch := func(name, url string, priority int) *Channel {
-		return &Channel{Name: name, UpstreamRaw: upstream("anthropic", "url", url, "api_key", "sk-up"), Models: []string{model}, Priority: priority,
+		return &Channel{Name: name, UpstreamRaw: upstream("anthropic", "url", url, "api_key", channelKey), Models: []string{model}, Priority: priority,
 			Tokens: "1000000/100d", // refills a token in about 9s
 			Tuning: Tuning{FirstContentTimeout: caddy.Duration(200 * time.Millisecond), ResponseTimeout: caddy.Duration(200 * time.Millisecond)}}
 	}
@@ -396,8 +396,8 @@ func TestWastedTokensOfAClientThatLeft(t *testing.T) {
 	r := &Relay{
 		Keys: []*Key{{Secret: "sk-wasted-left-stream-0123456789", Group: "wl-stream"}, {Secret: "sk-wasted-left-silent-0123456789", Group: "wl-silent"}},
 		Channels: []*Channel{
-			{Name: "wl-stream", UpstreamRaw: upstream("anthropic", "url", "http://127.0.0.1:1", "api_key", "sk-up"), Models: []string{model}},
-			{Name: "wl-silent", UpstreamRaw: upstream("anthropic", "url", silent.URL, "api_key", "sk-up"), Models: []string{model}},
+			{Name: "wl-stream", UpstreamRaw: upstream("anthropic", "url", "http://127.0.0.1:1", "api_key", channelKey), Models: []string{model}},
+			{Name: "wl-silent", UpstreamRaw: upstream("anthropic", "url", silent.URL, "api_key", channelKey), Models: []string{model}},
 		},
 		Groups: []*Group{{Name: "wl-stream", Channels: []string{"wl-stream"}}, {Name: "wl-silent", Channels: []string{"wl-silent"}}},
 	}

@@ -232,8 +232,13 @@ func TestProbeRecoversChannelBeforeCooldownEnds(t *testing.T) {
 		t.Fatal("no probe reached the upstream")
 	}
 	p := probes[len(probes)-1]
-	if p.Path != "/v1/messages/count_tokens" || p.Header.Get("X-Api-Key") != channelKey || !bytes.Contains(p.Body, []byte(`"model":"sonnet-upstream"`)) {
+	if p.Path != "/v1/messages/count_tokens" || p.Header.Get("X-Api-Key") != channelKey || p.Header.Get("Anthropic-Version") != "2023-06-01" ||
+		!bytes.Contains(p.Body, []byte(`"model":"sonnet-upstream"`)) {
 		t.Errorf("probe request: %s %v %s", p.Path, p.Header, p.Body)
+	}
+	// count_tokens refuses max_tokens as an unknown field
+	if bytes.Contains(p.Body, []byte("max_tokens")) {
+		t.Errorf("the probe counts tokens with a max_tokens: %s", p.Body)
 	}
 	if st := channels(t)["probe-a"]; st.Requests != 1 {
 		t.Errorf("probes must not count as traffic: requests = %d", st.Requests)

@@ -78,7 +78,7 @@ func budgetRelay(t *testing.T, name string, budgets []string, hits *atomic.Int64
 	}))
 	t.Cleanup(up.Close)
 	key := Key{Secret: "sk-" + name, Group: name, KeyOptions: KeyOptions{Name: name, Budgets: budgets}}
-	ch := &Channel{Name: name + "-ch", UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", "sk-up")}
+	ch := &Channel{Name: name + "-ch", UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", channelKey)}
 	r := &Relay{Keys: []*Key{&key}, Channels: []*Channel{ch}, Groups: []*Group{{Name: name, Channels: []string{ch.Name}}},
 		Pricing: map[string]Price{"m-budget": {Input: 1, Output: 1}}}
 	provisionHandler(t, r)
@@ -310,7 +310,7 @@ func userStarBudget(t *testing.T, name string) (*Relay, *fakeClock, string) {
 		Identity: "{http.auth.user.id}",
 		Users:    []*User{{ID: "*", Group: name, KeyOptions: KeyOptions{Budgets: []string{"0.3usd/day"}}}},
 		Keys:     []*Key{{Secret: "sk-" + name + "-key-0123456789abcdef", Group: name, KeyOptions: KeyOptions{Name: name + "-key"}}},
-		Channels: []*Channel{{Name: name + "-ch", UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", "sk-up")}},
+		Channels: []*Channel{{Name: name + "-ch", UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", channelKey)}},
 		Groups:   []*Group{{Name: name, Channels: []string{name + "-ch"}}},
 		Pricing:  map[string]Price{"m-budget": {Input: 1, Output: 1}},
 	}

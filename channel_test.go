@@ -99,7 +99,7 @@ func TestModelFilterAndMapping(t *testing.T) {
 	startRelay(t, channelBlock("models-a", a.URL, "models claude-opus-4-1=claude-opus-4-1-20250805 claude-haiku-4-5")+
 		channelBlock("models-b", b.URL, "models claude-sonnet-4-5")+keyAndGroup("models", "models-a models-b"))
 
-	body := `{"model"  :  "claude-opus-4-1", "max_tokens":16, "metadata":{"user_id":"u1"},"messages":[{"role":"user","content":[{"type":"text","text":"Hi","cache_control":{"type":"ephemeral"}}]}],"unknown_field":{"kept":true}}`
+	body := `{"model"  :  "claude-opus-4-1", "max_tokens":16, "metadata":{"user_id":"u1"},"messages":[{"role":"user","content":[{"type":"text","text":"Hi","cache_control":{"type":"ephemeral"}}]}],"tools":[{"name":"kept","input_schema":{"kept":true}}]}`
 	r := message(t, body)
 	if r.status != 200 || b.Hits() != 0 {
 		t.Fatalf("status %d, b hits %d: opus is served by a only", r.status, b.Hits())
@@ -109,11 +109,11 @@ func TestModelFilterAndMapping(t *testing.T) {
 		t.Errorf("upstream body:\n got %s\nwant %s", got, want)
 	}
 
-	message(t, `{"model":"claude-haiku-4-5","max_tokens":1}`)
-	if got := string(a.Last(t).Body); got != `{"model":"claude-haiku-4-5","max_tokens":1}` {
+	message(t, `{"model":"claude-haiku-4-5","max_tokens":1,"messages":[{"role":"user","content":"Hi"}]}`)
+	if got := string(a.Last(t).Body); got != `{"model":"claude-haiku-4-5","max_tokens":1,"messages":[{"role":"user","content":"Hi"}]}` {
 		t.Errorf("an unmapped model must pass unchanged: %s", got)
 	}
-	message(t, `{"model":"claude-sonnet-4-5"}`)
+	message(t, simpleBody)
 	if b.Hits() != 1 {
 		t.Errorf("sonnet should go to b: hits %d", b.Hits())
 	}

@@ -219,12 +219,12 @@ func TestDedupOnlyRetriesOfTheSameKey(t *testing.T) {
 	}
 	// a failed answer is never replayed
 	up.SetHandler(fakeupstream.Error(400, "invalid_request_error", "bad"))
-	if r := send(t, http.MethodPost, "/v1/messages", clientKey, `{"model":"claude-sonnet-4-5","max_tokens":1,"messages":[]}`, "X-Stainless-Retry-Count", "0"); r.status != 400 {
+	if r := send(t, http.MethodPost, "/v1/messages", clientKey, `{"model":"claude-sonnet-4-5","max_tokens":1,"messages":[{"role":"user","content":"Hi"}]}`, "X-Stainless-Retry-Count", "0"); r.status != 400 {
 		t.Fatalf("status %d", r.status)
 	}
 	up.SetHandler(fakeupstream.Message("answer"))
 	before := up.Hits()
-	if r := send(t, http.MethodPost, "/v1/messages", clientKey, `{"model":"claude-sonnet-4-5","max_tokens":1,"messages":[]}`, "X-Stainless-Retry-Count", "1"); r.status != 200 || up.Hits() != before+1 {
+	if r := send(t, http.MethodPost, "/v1/messages", clientKey, `{"model":"claude-sonnet-4-5","max_tokens":1,"messages":[{"role":"user","content":"Hi"}]}`, "X-Stainless-Retry-Count", "1"); r.status != 200 || up.Hits() != before+1 {
 		t.Errorf("retry of a failed request: status %d, %d calls, want 200 from the upstream", r.status, up.Hits()-before)
 	}
 }

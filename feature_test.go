@@ -197,7 +197,7 @@ func TestFeatureBedrockBetaRefusal(t *testing.T) {
 	direct := fakeupstream.New(t, fakeupstream.Message("from anthropic"))
 	startRelay(t, bedrockChannel(t, "brbeta-bedrock", fb.URL, "priority 1")+channelBlock("brbeta-direct", direct.URL, "priority 2")+
 		keyAndGroup("brbeta", "brbeta-bedrock brbeta-direct"))
-	body := `{"model":"claude-sonnet-4-5","max_tokens":8,"messages":[]}`
+	body := `{"model":"claude-sonnet-4-5","max_tokens":8,"messages":[{"role":"user","content":"Hi"}]}`
 
 	// two flags: Bedrock does not say which it refuses; fail over, learn nothing
 	r := message(t, body, "Anthropic-Beta", "effort-2025-11-24,interleaved-thinking-2025-05-14")
@@ -282,7 +282,7 @@ func TestFeatureRoutesPastBedrockByteIdentical(t *testing.T) {
 		t.Errorf("Anthropic got\n %s (beta %q)\nwant the client's bytes\n %s", got.Body, got.Header.Get("Anthropic-Beta"), body)
 	}
 	// a request without the feature takes the preferred channel as before
-	if r := message(t, `{"model":"claude-sonnet-4-5","max_tokens":8,"messages":[]}`); r.status != 200 || fb.Hits() != 1 {
+	if r := message(t, `{"model":"claude-sonnet-4-5","max_tokens":8,"messages":[{"role":"user","content":"Hi"}]}`); r.status != 200 || fb.Hits() != 1 {
 		t.Errorf("a plain request: %d, Bedrock hits %d; want it on Bedrock", r.status, fb.Hits())
 	}
 }
@@ -291,13 +291,13 @@ func TestFeatureNoChannelSupportsIt(t *testing.T) {
 	fb := newFakeBedrock(t, fakeupstream.Raw(200, fakeupstream.MessageBody("claude-sonnet-4-5", "from bedrock", fakeupstream.Usage{InputTokens: 7, OutputTokens: 2})))
 	startRelay(t, bedrockChannel(t, "fid-only-bedrock", fb.URL)+keyAndGroup("fid-only", "fid-only-bedrock"))
 
-	r := message(t, `{"model":"claude-sonnet-4-5","max_tokens":64,"mcp_servers":[{"type":"url","url":"https://mcp.example/sse","name":"x"}],"messages":[]}`)
+	r := message(t, `{"model":"claude-sonnet-4-5","max_tokens":64,"mcp_servers":[{"type":"url","url":"https://mcp.example/sse","name":"x"}],"messages":[{"role":"user","content":"Hi"}]}`)
 	wantRelayError(t, r, 503, "relay_error", "capability_not_available")
 	msg := gjson.GetBytes(r.body, "error.message").String()
 	if !strings.Contains(msg, "mcp_servers") || !strings.Contains(msg, `"fid-only"`) || r.header.Get("X-Should-Retry") != "false" {
 		t.Errorf("the error should name the feature and the group, and say not to retry: %s %v", r.body, r.header)
 	}
-	r = message(t, `{"model":"claude-sonnet-4-5","max_tokens":64,"tools":[{"type":"web_fetch_20250910","name":"web_fetch"}],"messages":[]}`, "Anthropic-Beta", "context-1m-2025-08-07,files-api-2025-04-14")
+	r = message(t, `{"model":"claude-sonnet-4-5","max_tokens":64,"tools":[{"type":"web_fetch_20250910","name":"web_fetch"}],"messages":[{"role":"user","content":"Hi"}]}`, "Anthropic-Beta", "context-1m-2025-08-07,files-api-2025-04-14")
 	wantRelayError(t, r, 503, "relay_error", "capability_not_available")
 	if msg := gjson.GetBytes(r.body, "error.message").String(); !strings.Contains(msg, "web_fetch, files-api-2025-04-14") || strings.Contains(msg, "context-1m") {
 		t.Errorf("the error should name exactly the missing features: %s", msg)
@@ -318,7 +318,7 @@ func TestFeatureLearnedFromTheUpstreamsRefusal(t *testing.T) {
 	}
 	before := misses("context_management")
 
-	withFeature := `{"model":"m","max_tokens":8,"context_management":{"edits":[{"type":"clear_tool_uses_20250919"}]},"messages":[]}`
+	withFeature := `{"model":"m","max_tokens":8,"context_management":{"edits":[{"type":"clear_tool_uses_20250919"}]},"messages":[{"role":"user","content":"Hi"}]}`
 	r := message(t, withFeature)
 	if r.status != 200 || !bytes.Contains(r.body, []byte("second")) || first.Hits() != 1 || second.Hits() != 1 {
 		t.Fatalf("first request: %d %s, hits %d/%d; want a failover to the second channel", r.status, r.body, first.Hits(), second.Hits())
@@ -334,19 +334,19 @@ func TestFeatureLearnedFromTheUpstreamsRefusal(t *testing.T) {
 	if r := message(t, withFeature); r.status != 200 || first.Hits() != 1 || second.Hits() != 2 {
 		t.Errorf("second request with the feature: %d, hits %d/%d; want it straight on the second channel", r.status, first.Hits(), second.Hits())
 	}
-	if r := message(t, `{"model":"m","max_tokens":8,"messages":[]}`); r.status != 200 || first.Hits() != 2 {
+	if r := message(t, `{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"Hi"}]}`); r.status != 200 || first.Hits() != 2 {
 		t.Errorf("a request without the feature: %d, first hits %d; want the preferred channel", r.status, first.Hits())
 	}
 
 	// a beta is a feature as well
-	r = message(t, `{"model":"m","max_tokens":8,"messages":[]}`, "Anthropic-Beta", "files-api-2025-04-14")
+	r = message(t, `{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"Hi"}]}`, "Anthropic-Beta", "files-api-2025-04-14")
 	if r.status != 200 || !bytes.Contains(r.body, []byte("second")) || first.Hits() != 3 {
 		t.Fatalf("beta request: %d %s; want a failover", r.status, r.body)
 	}
 	if _, ok := channels(t)["learn-first"].Lacks["files-api-2025-04-14"]; !ok {
 		t.Errorf("the beta is not set aside on the channel: %v", channels(t)["learn-first"].Lacks)
 	}
-	if r := message(t, `{"model":"m","max_tokens":8,"messages":[]}`, "Anthropic-Beta", "files-api-2025-04-14"); r.status != 200 || first.Hits() != 3 {
+	if r := message(t, `{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"Hi"}]}`, "Anthropic-Beta", "files-api-2025-04-14"); r.status != 200 || first.Hits() != 3 {
 		t.Errorf("the beta's second request reached the channel that lacks it")
 	}
 
@@ -365,7 +365,7 @@ func TestFeatureRefusalWithNoOtherChannelReachesTheClient(t *testing.T) {
 	startRelay(t, channelBlock("refuse-only", only.URL)+channelBlock("refuse-other", other.URL, "lacks context_management")+
 		keyAndGroup("refuse", "refuse-only refuse-other"))
 
-	r := message(t, `{"model":"m","max_tokens":8,"context_management":{},"messages":[]}`)
+	r := message(t, `{"model":"m","max_tokens":8,"context_management":{},"messages":[{"role":"user","content":"Hi"}]}`)
 	if r.status != 400 || gjson.GetBytes(r.body, "error.message").String() != "context_management: Extra inputs are not permitted" {
 		t.Errorf("want the upstream's 400 unchanged, got %d %s", r.status, r.body)
 	}
@@ -377,7 +377,7 @@ func TestFeatureRefusalWithNoOtherChannelReachesTheClient(t *testing.T) {
 	}
 	// a refusal of a feature the request did not carry is the request's
 	only.SetHandler(fakeupstream.Error(400, "invalid_request_error", "container: Extra inputs are not permitted"))
-	r = message(t, `{"model":"m","max_tokens":8,"context_management":{},"messages":[]}`)
+	r = message(t, `{"model":"m","max_tokens":8,"context_management":{},"messages":[{"role":"user","content":"Hi"}]}`)
 	if r.status != 400 || only.Hits() != 2 || other.Hits() != 0 || len(channels(t)["refuse-only"].Lacks) != 0 {
 		t.Errorf("a 400 about a feature the request did not carry: %d, hits %d/%d, lacks %v", r.status, only.Hits(), other.Hits(), channels(t)["refuse-only"].Lacks)
 	}
@@ -427,20 +427,20 @@ func TestFeatureStripOnAnAnthropicChannel(t *testing.T) {
 	startRelay(t, channelBlock("strip-a", up.URL, "lacks old-beta-2024-01-01", "strip web_fetch unsupported_betas")+
 		keyAndGroup("strip", "strip-a"))
 
-	body := `{"model":"m","max_tokens":8,"tools":[{"type":"web_fetch_20250910","name":"web_fetch"},{"name":"f","input_schema":{}}],"messages":[]}`
+	body := `{"model":"m","max_tokens":8,"tools":[{"type":"web_fetch_20250910","name":"web_fetch"},{"name":"f","input_schema":{}}],"messages":[{"role":"user","content":"Hi"}]}`
 	r := message(t, body, "Anthropic-Beta", "old-beta-2024-01-01,new-beta-2031-01-01")
 	if r.status != 200 {
 		t.Fatalf("%d %s", r.status, r.body)
 	}
 	got := up.Last(t)
-	if want := `{"model":"m","max_tokens":8,"tools":[{"name":"f","input_schema":{}}],"messages":[]}`; string(got.Body) != want {
+	if want := `{"model":"m","max_tokens":8,"tools":[{"name":"f","input_schema":{}}],"messages":[{"role":"user","content":"Hi"}]}`; string(got.Body) != want {
 		t.Errorf("upstream body\n %s\nwant\n %s", got.Body, want)
 	}
 	if got.Header.Get("Anthropic-Beta") != "new-beta-2031-01-01" {
 		t.Errorf("anthropic-beta upstream = %q, want the flag the channel does not lack", got.Header.Get("Anthropic-Beta"))
 	}
 	// a request without them is sent byte for byte
-	plain := `{"model":"m","max_tokens":8,"messages":[]}`
+	plain := `{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"Hi"}]}`
 	if r := message(t, plain, "Anthropic-Beta", "new-beta-2031-01-01"); r.status != 200 || string(up.Last(t).Body) != plain {
 		t.Errorf("plain request: %d, upstream got %s", r.status, up.Last(t).Body)
 	}

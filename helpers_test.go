@@ -23,6 +23,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/caddy-relay/relay/internal/fakeupstream"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddytest"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -57,7 +58,7 @@ const (
 	relayURL  = "http://localhost:9080"
 	clientKey = "sk-client-secret-0123456789"
 	// the channels' credential, as the fake upstreams must receive it
-	channelKey = "sk-ant-channel-key-abcdef"
+	channelKey = fakeupstream.Key
 )
 
 // startRelay loads a Caddyfile whose site block holds `relay { <block> }`.

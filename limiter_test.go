@@ -39,7 +39,7 @@ func limitRelay(t *testing.T, name string, key Key, upstreamURL string) (*Relay,
 	key.Secret, key.Group, key.Name = "sk-"+name, name, name
 	ch := &Channel{Name: name + "-ch", UpstreamRaw: upstream("mock")}
 	if upstreamURL != "" {
-		ch = &Channel{Name: name + "-ch", UpstreamRaw: upstream("anthropic", "url", upstreamURL, "api_key", "sk-up")}
+		ch = &Channel{Name: name + "-ch", UpstreamRaw: upstream("anthropic", "url", upstreamURL, "api_key", channelKey)}
 	}
 	r := &Relay{Keys: []*Key{&key}, Channels: []*Channel{ch}, Groups: []*Group{{Name: name, Channels: []string{ch.Name}}}}
 	provisionHandler(t, r)
@@ -51,7 +51,7 @@ func limitRelay(t *testing.T, name string, key Key, upstreamURL string) (*Relay,
 func TestKeyRateLimitHoldsOverTheWindow(t *testing.T) {
 	r, clock := limitRelay(t, "krate", Key{KeyOptions: KeyOptions{Rate: "3/m"}}, "")
 	send := func() *httptest.ResponseRecorder {
-		w, _ := serveHandler(t, r, newRequest(`{"model":"m"}`, "sk-krate"))
+		w, _ := serveHandler(t, r, newRequest(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"Hi"}]}`, "sk-krate"))
 		return w
 	}
 	for i := 0; i < 3; i++ {
@@ -86,7 +86,7 @@ func TestKeyTokenLimitChargesRealUsage(t *testing.T) {
 	}))
 	r, clock := limitRelay(t, "ktok", Key{KeyOptions: KeyOptions{Tokens: "1000/m"}}, up.URL)
 	send := func() *httptest.ResponseRecorder {
-		w, _ := serveHandler(t, r, newRequest(`{"model":"m"}`, "sk-ktok"))
+		w, _ := serveHandler(t, r, newRequest(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"Hi"}]}`, "sk-ktok"))
 		return w
 	}
 
@@ -173,7 +173,7 @@ func TestConcurrencySlotsReturnOnEveryPath(t *testing.T) {
 	name := "slots"
 	r := &Relay{
 		Keys:     []*Key{{Secret: "sk-slots", Group: name, KeyOptions: KeyOptions{Name: name, Concurrency: 3}}},
-		Channels: []*Channel{{Name: "slots-ch", UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", "sk-up"), Concurrency: 2, Tuning: Tuning{Cooldown: caddy.Duration(time.Nanosecond), MaxCooldown: caddy.Duration(time.Nanosecond), Breaker: &Breaker{MinRequests: 1000}}}},
+		Channels: []*Channel{{Name: "slots-ch", UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", channelKey), Concurrency: 2, Tuning: Tuning{Cooldown: caddy.Duration(time.Nanosecond), MaxCooldown: caddy.Duration(time.Nanosecond), Breaker: &Breaker{MinRequests: 1000}}}},
 		Groups:   []*Group{{Name: name, Channels: []string{"slots-ch"}}},
 	}
 	provisionHandler(t, r)
@@ -194,13 +194,13 @@ func TestConcurrencySlotsReturnOnEveryPath(t *testing.T) {
 	}
 	setMode := func(m string) { mu.Lock(); mode = m; mu.Unlock() }
 
-	serveHandler(t, r, newRequest(`{"model":"m"}`, "sk-slots"))
+	serveHandler(t, r, newRequest(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"Hi"}]}`, "sk-slots"))
 	check("success")
 	setMode("error")
-	serveHandler(t, r, newRequest(`{"model":"m"}`, "sk-slots"))
+	serveHandler(t, r, newRequest(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"Hi"}]}`, "sk-slots"))
 	check("upstream error")
 	setMode("reset")
-	serveHandler(t, r, newRequest(`{"model":"m"}`, "sk-slots"))
+	serveHandler(t, r, newRequest(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"Hi"}]}`, "sk-slots"))
 	check("upstream reset")
 
 	setMode("hang")
@@ -208,7 +208,7 @@ func TestConcurrencySlotsReturnOnEveryPath(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		serveHandler(t, r, newRequest(`{"model":"m","stream":true}`, "sk-slots").WithContext(ctx))
+		serveHandler(t, r, newRequest(`{"model":"m","max_tokens":1,"stream":true,"messages":[{"role":"user","content":"Hi"}]}`, "sk-slots").WithContext(ctx))
 	}()
 	<-started
 	if n := ch.health.limits.inflight.Load(); n != 1 {
@@ -225,7 +225,7 @@ func TestConcurrencySlotsReturnOnEveryPath(t *testing.T) {
 				t.Error("the transport's panic should reach the server")
 			}
 		}()
-		serveHandler(t, r, newRequest(`{"model":"m"}`, "sk-slots"))
+		serveHandler(t, r, newRequest(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"Hi"}]}`, "sk-slots"))
 	}()
 	check("panic")
 }

@@ -114,8 +114,8 @@ func TestNoSecretInLogsOrMetrics(t *testing.T) {
 	t.Setenv("RELAY_SCAN_UPSTREAM_KEY", upstreamKey)
 	dir := t.TempDir()
 	caddyLog, accessLog := filepath.Join(dir, "caddy.log"), filepath.Join(dir, "access.log")
-	ok := fakeupstream.New(t, fakeupstream.Stream(fakeupstream.StreamEvents("m", fakeupstream.Usage{InputTokens: 1, OutputTokens: 1}, "x")...))
-	bad := fakeupstream.New(t, fakeupstream.Error(401, "authentication_error", "invalid x-api-key"))
+	ok := fakeupstream.New(t, fakeupstream.Stream(fakeupstream.StreamEvents("m", fakeupstream.Usage{InputTokens: 1, OutputTokens: 1}, "x")...), fakeupstream.AcceptKeys(upstreamKey))
+	bad := fakeupstream.New(t, fakeupstream.Error(401, "authentication_error", "invalid x-api-key"), fakeupstream.AcceptKeys(upstreamKey))
 
 	tester := caddytest.NewTester(t)
 	tester.InitServer(`{
@@ -338,8 +338,8 @@ func TestAlertRulesOnAScriptedMix(t *testing.T) {
 		"\t\tkey "+clientKey+" alert-typos\n\t\tkey sk-alert-down-0123456789 alert-outage\n"+
 		"\t\tgroup alert-typos {\n\t\t\tchannels alert-ok\n\t\t}\n\t\tgroup alert-outage {\n\t\t\tchannels alert-down\n\t\t}\n")
 	for i := 0; i < 10; i++ {
-		message(t, `{"model":"claude-sonnet-5-5","max_tokens":1,"messages":[]}`)
-		if r := message(t, `{"model":"claude-sonet-5-5","max_tokens":1,"messages":[]}`); r.status != 503 {
+		message(t, `{"model":"claude-sonnet-5-5","max_tokens":1,"messages":[{"role":"user","content":"Hi"}]}`)
+		if r := message(t, `{"model":"claude-sonet-5-5","max_tokens":1,"messages":[{"role":"user","content":"Hi"}]}`); r.status != 503 {
 			t.Fatalf("a typo answered %d", r.status)
 		}
 		send(t, "POST", "/v1/messages", "sk-alert-down-0123456789", simpleBody)

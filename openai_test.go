@@ -83,6 +83,10 @@ func TestChatCompletionWithTheOpenAISDK(t *testing.T) {
 	if got.Header.Get("Authorization") != "" || got.Header.Get("X-Api-Key") != channelKey {
 		t.Errorf("upstream credentials: authorization %q, x-api-key %q", got.Header.Get("Authorization"), got.Header.Get("X-Api-Key"))
 	}
+	// the OpenAI SDK sends no anthropic-version; Anthropic's API requires one
+	if v := got.Header.Get("Anthropic-Version"); v != "2023-06-01" {
+		t.Errorf("upstream anthropic-version %q, want 2023-06-01", v)
+	}
 }
 
 func TestChatCompletionStreamWithUsage(t *testing.T) {

@@ -37,9 +37,18 @@ func newProbe(cfg *Channel) *probe {
 	}
 	p.body = []byte(cfg.Probe.Body)
 	if len(p.body) == 0 {
-		p.body = []byte(`{"model":"` + p.model + `","max_tokens":1,"messages":[{"role":"user","content":"ping"}]}`)
+		p.body = defaultProbeBody(p.route, p.model)
 	}
 	return p
+}
+
+// defaultProbeBody is a one-word request for model on route: a message
+// takes max_tokens, which count_tokens refuses as an unknown field.
+func defaultProbeBody(rt route, model string) []byte {
+	if rt == routeCountTokens {
+		return []byte(`{"model":"` + model + `","messages":[{"role":"user","content":"ping"}]}`)
+	}
+	return []byte(`{"model":"` + model + `","max_tokens":1,"messages":[{"role":"user","content":"ping"}]}`)
 }
 
 // runProbes probes ch every interval while it is cooling down or its
@@ -85,4 +94,4 @@ func (r *Relay) probeOnce(ctx context.Context, ch *channel) bool {
 	return resp.StatusCode >= 200 && resp.StatusCode < 300
 }
 
-var probeHeader = http.Header{"Anthropic-Version": {"2023-06-01"}, "Content-Type": {"application/json"}}
+var probeHeader = http.Header{"Anthropic-Version": {anthropicVersion}, "Content-Type": {"application/json"}}

@@ -93,16 +93,27 @@ func (p *AnthropicProvider) NewRequest(ctx context.Context, c *Call) (*http.Requ
 		return nil, err
 	}
 	c.ForwardHeaders(req.Header)
-	p.authorize(req)
+	p.setHeaders(req)
 	return req, nil
 }
 
-// authorize sets the channel's credential on an upstream request.
-func (p *AnthropicProvider) authorize(req *http.Request) {
+// anthropicVersion is the API version of a request the relay sends to an
+// Anthropic-wire upstream when its client named none (an OpenAI client
+// knows of no such header): the version the official SDKs send. The API
+// refuses a request without one.
+const anthropicVersion = "2023-06-01"
+
+// setHeaders sets what the relay adds to the client's forwarded headers on
+// an upstream request: the channel's credential, and the API version when
+// the client sent none (one it sent passes as sent).
+func (p *AnthropicProvider) setHeaders(req *http.Request) {
 	if p.Auth == "bearer" {
 		req.Header.Set("Authorization", "Bearer "+p.apiKey)
 	} else {
 		req.Header.Set("X-Api-Key", p.apiKey)
+	}
+	if req.Header.Get("Anthropic-Version") == "" {
+		req.Header.Set("Anthropic-Version", anthropicVersion)
 	}
 }
 
@@ -232,6 +243,6 @@ func (p *AnthropicProvider) NewResourceRequest(ctx context.Context, c *ResourceC
 		req.ContentLength = 0
 	}
 	c.ForwardHeaders(req.Header)
-	p.authorize(req)
+	p.setHeaders(req)
 	return req, nil
 }

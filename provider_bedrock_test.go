@@ -61,7 +61,7 @@ func newFakeBedrock(t *testing.T, answer http.HandlerFunc) *fakeBedrock {
 		answer := f.answer
 		f.mu.Unlock()
 		answer(w, r)
-	}))
+	}), fakeupstream.AcceptKeys(bedrockTestAPIKey))
 	return f
 }
 

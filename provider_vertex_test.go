@@ -281,7 +281,7 @@ func TestVertexRelaysMessagesStreamsAndCountsTokens(t *testing.T) {
 
 	// non-streaming: the model moves into the URL, service_tier leaves (the
 	// channel strips it), anthropic_version joins, every other byte stays
-	body := `{"model":"claude-sonnet-4-5","max_tokens":16,"service_tier":"auto","messages":[{"role":"user","content":[{"type":"text","text":"Hi é","cache_control":{"type":"ephemeral"}}]}],"x_unknown":{"n":[1,2.50, 3e0]}}`
+	body := `{"model":"claude-sonnet-4-5","max_tokens":16,"service_tier":"auto","messages":[{"role":"user","content":[{"type":"text","text":"Hi é","cache_control":{"type":"ephemeral"}}]}],"tools":[{"name":"t","input_schema":{"type":"object","n":[1,2.50, 3e0]}}]}`
 	r := send(t, http.MethodPost, "/v1/messages?beta=true", clientKey, body, "Anthropic-Beta", "a-2025-01-01, b-2025-02-02")
 	if r.status != 200 || !strings.Contains(string(r.body), `"text":"hi"`) {
 		t.Fatalf("non-streaming: %d %s", r.status, r.body)
@@ -290,7 +290,7 @@ func TestVertexRelaysMessagesStreamsAndCountsTokens(t *testing.T) {
 	if want := vertexModelPath + "claude-sonnet-4-5@20250929:rawPredict"; got.Path != want || got.RawQuery != "" {
 		t.Errorf("path %s?%s, want %s without a query", got.Path, got.RawQuery, want)
 	}
-	if want := `{"max_tokens":16,"messages":[{"role":"user","content":[{"type":"text","text":"Hi é","cache_control":{"type":"ephemeral"}}]}],"x_unknown":{"n":[1,2.50, 3e0]},"anthropic_version":"vertex-2023-10-16"}`; string(got.Body) != want {
+	if want := `{"max_tokens":16,"messages":[{"role":"user","content":[{"type":"text","text":"Hi é","cache_control":{"type":"ephemeral"}}]}],"tools":[{"name":"t","input_schema":{"type":"object","n":[1,2.50, 3e0]}}],"anthropic_version":"vertex-2023-10-16"}`; string(got.Body) != want {
 		t.Errorf("upstream body\n got %s\nwant %s", got.Body, want)
 	}
 	if got.Header.Get("Authorization") != "Bearer ya29.test-1" || got.Header.Get("X-Api-Key") != "" {
@@ -382,11 +382,11 @@ func TestVertexBetaAllowListAndModelAliases(t *testing.T) {
 	}
 
 	// count-tokens refuses the @default alias: the dated model name without it
-	r = send(t, http.MethodPost, "/v1/messages/count_tokens", clientKey, `{"model":"claude-sonnet-4-6","messages":[]}`)
+	r = send(t, http.MethodPost, "/v1/messages/count_tokens", clientKey, `{"model":"claude-sonnet-4-6","messages":[{"role":"user","content":"Hi"}]}`)
 	if r.status != 200 || string(r.body) != `{"input_tokens":7}` {
 		t.Fatalf("count_tokens: %d %s", r.status, r.body)
 	}
-	if got := vertex.Last(t); string(got.Body) != `{"model":"claude-sonnet-4-6","messages":[],"anthropic_version":"vertex-2099-01-01"}` {
+	if got := vertex.Last(t); string(got.Body) != `{"model":"claude-sonnet-4-6","messages":[{"role":"user","content":"Hi"}],"anthropic_version":"vertex-2099-01-01"}` {
 		t.Errorf("count tokens body %s", got.Body)
 	}
 }
@@ -688,7 +688,7 @@ func TestARefusedModelIsSetAsideAloneOnVertex(t *testing.T) {
 	fallback := fakeupstream.New(t, fakeupstream.Message("from anthropic"))
 	startRelay(t, vertexBlock("hostile-vx", vx.URL, g.serviceAccountFile(t), "priority 1")+channelBlock("hostile-vx-fallback", fallback.URL, "priority 2")+
 		keyAndGroup("hostile-vx", "hostile-vx hostile-vx-fallback", "expose_channel"))
-	r := message(t, `{"model":"claude-opus-4-1","max_tokens":16,"messages":[]}`)
+	r := message(t, `{"model":"claude-opus-4-1","max_tokens":16,"messages":[{"role":"user","content":"Hi"}]}`)
 	if r.status != 200 || r.header.Get("X-Relay-Channel") != "hostile-vx-fallback" {
 		t.Fatalf("a model not enabled for the project should fail over: %d %s", r.status, r.body)
 	}

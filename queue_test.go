@@ -58,7 +58,7 @@ func (g *gatedUpstream) arrivals() []string {
 }
 
 func bodyWithID(id string) string {
-	return `{"model":"claude-sonnet-4-5","max_tokens":1,"metadata":{"user_id":"` + id + `"},"messages":[]}`
+	return `{"model":"claude-sonnet-4-5","max_tokens":1,"metadata":{"user_id":"` + id + `"},"messages":[{"role":"user","content":"Hi"}]}`
 }
 
 // queueDepth reads relay_queue_depth from /metrics.

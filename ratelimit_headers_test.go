@@ -141,7 +141,7 @@ func TestEachClientSeesItsOwnKeysRateLimits(t *testing.T) {
 		t.Fatalf("stream: %d %s", r.status, r.body)
 	}
 	wantOwnLimits(t, "alpha's stream", r, map[string]limit{"requests": {limit: "10", remaining: "7"}, "tokens": {limit: "100000"}})
-	r = send(t, "POST", "/v1/messages", alpha, `{"model":"claude-refused","max_tokens":1}`)
+	r = send(t, "POST", "/v1/messages", alpha, `{"model":"claude-refused","max_tokens":1,"messages":[{"role":"user","content":"Hi"}]}`)
 	if r.status != 400 || !strings.Contains(string(r.body), "messages: field required") {
 		t.Fatalf("the upstream's 400: %d %s", r.status, r.body)
 	}
@@ -163,7 +163,7 @@ func TestEachClientSeesItsOwnKeysRateLimits(t *testing.T) {
 
 	// the relay still reads the upstream's own: a spent limit makes the
 	// channel busy until its reset, though no client saw it
-	r = send(t, "POST", "/v1/messages", alpha, `{"model":"claude-drained","max_tokens":1}`)
+	r = send(t, "POST", "/v1/messages", alpha, `{"model":"claude-drained","max_tokens":1,"messages":[{"role":"user","content":"Hi"}]}`)
 	wantOwnLimits(t, "alpha, the upstream drained", r, map[string]limit{"requests": {limit: "10", remaining: "5"}, "tokens": {limit: "100000"}})
 	if st := channels(t)["rlh-ch"]; !st.Busy || st.BusyUntil == nil || st.BusyUntil.Before(time.Now().Add(50*time.Second)) {
 		t.Errorf("the channel after its upstream said its requests were spent: busy %v until %v", st.Busy, st.BusyUntil)
@@ -172,7 +172,7 @@ func TestEachClientSeesItsOwnKeysRateLimits(t *testing.T) {
 	// pass: the upstream's headers, unchanged, and none of the relay's
 	passUp := organisationUpstream(t)
 	startRelay(t, "\t\tupstream_ratelimit_headers pass\n"+keys+channelBlock("rlh-pass-ch", passUp.URL)+"\t\tgroup rlh {\n\t\t\tchannels rlh-pass-ch\n\t\t}\n")
-	for _, body := range []string{simpleBody, streamBody, `{"model":"claude-refused","max_tokens":1}`} {
+	for _, body := range []string{simpleBody, streamBody, `{"model":"claude-refused","max_tokens":1,"messages":[{"role":"user","content":"Hi"}]}`} {
 		r = send(t, "POST", "/v1/messages", alpha, body)
 		got := ratelimits(r.header)
 		if len(got) != len(upstreamRatelimits)/2 {

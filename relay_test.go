@@ -66,7 +66,7 @@ func TestBadInputGetsAnthropicErrors(t *testing.T) {
 	t.Run("unknown model", func(t *testing.T) {
 		// the channel serves every model, so this one is relayed; a group
 		// whose channels list models is tested in TestModelFilterAndMapping
-		if r := message(t, `{"model":"x"}`); r.status != 200 {
+		if r := message(t, `{"model":"x","max_tokens":1,"messages":[{"role":"user","content":"Hi"}]}`); r.status != 200 {
 			t.Errorf("status = %d", r.status)
 		}
 	})
@@ -120,11 +120,11 @@ func TestRetriesExhaustedReturnLastResponse(t *testing.T) {
 func TestCountTokensRelayed(t *testing.T) {
 	up := fakeupstream.New(t, fakeupstream.Raw(200, []byte(`{"input_tokens":42}`)))
 	startRelay(t, channelBlock("count-a", up.URL, "models claude-sonnet-4-5=claude-sonnet-4-5-20250929")+keyAndGroup("count", "count-a"))
-	r := send(t, http.MethodPost, "/v1/messages/count_tokens", clientKey, `{"model":"claude-sonnet-4-5","messages":[]}`)
+	r := send(t, http.MethodPost, "/v1/messages/count_tokens", clientKey, `{"model":"claude-sonnet-4-5","messages":[{"role":"user","content":"Hi"}]}`)
 	if r.status != 200 || string(r.body) != `{"input_tokens":42}` {
 		t.Fatalf("count_tokens: %d %s", r.status, r.body)
 	}
-	if got := up.Last(t); got.Path != "/v1/messages/count_tokens" || string(got.Body) != `{"model":"claude-sonnet-4-5-20250929","messages":[]}` {
+	if got := up.Last(t); got.Path != "/v1/messages/count_tokens" || string(got.Body) != `{"model":"claude-sonnet-4-5-20250929","messages":[{"role":"user","content":"Hi"}]}` {
 		t.Errorf("upstream got %s %s", got.Path, got.Body)
 	}
 }

@@ -480,13 +480,13 @@ func TestAuthenticate(t *testing.T) {
 
 func TestSharedBodyIsFreedOnceTheTransportWroteIt(t *testing.T) {
 	up := fakeupstream.New(t, fakeupstream.Message("ok"))
-	body := []byte(`{"model":"claude-sonnet-4-5","max_tokens":1}`)
+	body := []byte(`{"model":"claude-sonnet-4-5","max_tokens":1,"messages":[{"role":"user","content":"Hi"}]}`)
 	in := &inbound{route: routeMessages, body: body, header: http.Header{}}
 	if err := in.inspect(); err != nil {
 		t.Fatal(err)
 	}
 	ch := &channel{name: "shared"}
-	p := &AnthropicProvider{base: up.URL, apiKey: "k"}
+	p := &AnthropicProvider{base: up.URL, apiKey: channelKey}
 	req, err := p.NewRequest(context.Background(), in.callFor(ch))
 	if err != nil {
 		t.Fatal(err)

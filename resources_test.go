@@ -189,21 +189,28 @@ func seedFile(t *testing.T, u *fakeupstream.Upstream, name string) {
 	w, _ := mw.CreateFormFile("file", name)
 	_, _ = w.Write([]byte(name))
 	_ = mw.Close()
-	resp, err := http.Post(u.URL+"/v1/files", mw.FormDataContentType(), &body)
+	seed(t, u, "/v1/files", mw.FormDataContentType(), &body)
+}
+
+// seed posts to the upstream as a client of its organisation would,
+// outside the relay.
+func seed(t *testing.T, u *fakeupstream.Upstream, path, contentType string, body io.Reader) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, u.URL+path, body)
+	req.Header.Set("Content-Type", contentType)
+	req.Header.Set("X-Api-Key", fakeupstream.Key)
+	req.Header.Set("Anthropic-Version", "2023-06-01")
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil || resp.StatusCode != 200 {
-		t.Fatalf("seeding %s: %v", name, err)
+		t.Fatalf("seeding %s: %v", path, err)
 	}
 	resp.Body.Close()
 }
 
 func seedBatch(t *testing.T, u *fakeupstream.Upstream, name string) {
 	t.Helper()
-	resp, err := http.Post(u.URL+"/v1/messages/batches", "application/json",
-		strings.NewReader(`{"requests":[{"custom_id":"`+name+`","params":{"model":"claude-sonnet-4-5","max_tokens":1,"messages":[]}}]}`))
-	if err != nil || resp.StatusCode != 200 {
-		t.Fatalf("seeding %s: %v", name, err)
-	}
-	resp.Body.Close()
+	seed(t, u, "/v1/messages/batches", "application/json",
+		strings.NewReader(`{"requests":[{"custom_id":"`+name+`","params":{"model":"claude-sonnet-4-5","max_tokens":1,"messages":[{"role":"user","content":"Hi"}]}}]}`))
 }
 
 func TestListsMergeTheGroupsChannelsAcrossPages(t *testing.T) {
@@ -535,7 +542,7 @@ func TestResourceSecretIsResolvedAndNeverShown(t *testing.T) {
 	t.Setenv("RELAY_TEST_RESOURCE_SECRET", "resource-s3cret-value")
 	up, _ := storeUpstream(t, "a")
 	startRelay(t, "\t\tresource_secret {env.RELAY_TEST_RESOURCE_SECRET}\n"+channelBlock("secret-a", up.URL)+keyAndGroup("g", "secret-a"))
-	r := send(t, http.MethodPost, "/v1/messages/batches", clientKey, `{"requests":[{"custom_id":"x","params":{"model":"claude-sonnet-4-5","max_tokens":1,"messages":[]}}]}`)
+	r := send(t, http.MethodPost, "/v1/messages/batches", clientKey, `{"requests":[{"custom_id":"x","params":{"model":"claude-sonnet-4-5","max_tokens":1,"messages":[{"role":"user","content":"Hi"}]}}]}`)
 	var b struct{ ID string }
 	if err := json.Unmarshal(r.body, &b); err != nil || r.status != 200 {
 		t.Fatalf("%d %s", r.status, r.body)

@@ -446,7 +446,7 @@ func TestCapabilityFilter(t *testing.T) {
 		keyAndGroup("cap", "cap-plain cap-tier"))
 
 	for i := 0; i < 5; i++ {
-		if r := message(t, `{"model":"m","service_tier":"auto"}`); r.status != 200 {
+		if r := message(t, `{"model":"m","max_tokens":1,"service_tier":"auto","messages":[{"role":"user","content":"Hi"}]}`); r.status != 200 {
 			t.Fatalf("status %d", r.status)
 		}
 	}
@@ -454,8 +454,8 @@ func TestCapabilityFilter(t *testing.T) {
 		t.Errorf("service_tier requests: tier %d plain %d, want all 5 on the channel that allows it", tier.Hits(), plain.Hits())
 	}
 	// a null value is no request for the capability
-	message(t, `{"model":"m","service_tier":null,"max_tokens":1}`)
-	r := message(t, `{"model":"m","speed":"fast"}`)
+	message(t, `{"model":"m","service_tier":null,"max_tokens":1,"messages":[{"role":"user","content":"Hi"}]}`)
+	r := message(t, `{"model":"m","max_tokens":1,"speed":"fast","messages":[{"role":"user","content":"Hi"}]}`)
 	wantRelayError(t, r, 503, "relay_error", "capability_not_available")
 	if !bytes.Contains(r.body, []byte("speed")) || r.header.Get("X-Should-Retry") != "false" {
 		t.Errorf("capability error should name the field and say x-should-retry: false: %s", r.body)
@@ -752,9 +752,9 @@ func TestStickySessionsEndToEnd(t *testing.T) {
 		t.Errorf("30 sessions used %d of 3 channels", len(used))
 	}
 	// metadata.user_id's session part pins too
-	a := message(t, `{"model":"m","metadata":{"user_id":"user_1_account__session_s1"}}`).header.Get("X-Relay-Channel")
+	a := message(t, `{"model":"m","max_tokens":1,"metadata":{"user_id":"user_1_account__session_s1"},"messages":[{"role":"user","content":"Hi"}]}`).header.Get("X-Relay-Channel")
 	for i := 0; i < 3; i++ {
-		if b := message(t, `{"model":"m","metadata":{"user_id":"user_2_account__session_s1"}}`).header.Get("X-Relay-Channel"); b != a {
+		if b := message(t, `{"model":"m","max_tokens":1,"metadata":{"user_id":"user_2_account__session_s1"},"messages":[{"role":"user","content":"Hi"}]}`).header.Get("X-Relay-Channel"); b != a {
 			t.Errorf("the same session in another user_id went elsewhere: %s vs %s", a, b)
 		}
 	}
@@ -766,7 +766,7 @@ func TestFallbackServesASimilarModel(t *testing.T) {
 	startRelay(t, channelBlock("fb-opus", opus.URL, "models claude-opus-4-1")+
 		channelBlock("fb-sonnet", sonnet.URL, "models claude-sonnet-4-5=claude-sonnet-4-5-20250929")+
 		keyAndGroup("fb", "fb-opus fb-sonnet", "fallback claude-opus-4-1 claude-sonnet-4-5"))
-	opusBody := `{"model":"claude-opus-4-1","max_tokens":8}`
+	opusBody := `{"model":"claude-opus-4-1","max_tokens":8,"messages":[{"role":"user","content":"Hi"}]}`
 
 	for i := 0; i < 5; i++ {
 		if r := message(t, opusBody); r.header.Get("X-Relay-Model") != "" || !strings.Contains(string(r.body), "opus") {
@@ -783,7 +783,7 @@ func TestFallbackServesASimilarModel(t *testing.T) {
 	if r.status != 200 || r.header.Get("X-Relay-Model") != "claude-sonnet-4-5" || r.header.Get("X-Relay-Attempts") != "2" {
 		t.Fatalf("fallback: %d %v %s", r.status, r.header, r.body)
 	}
-	if got := string(sonnet.Last(t).Body); got != `{"model":"claude-sonnet-4-5-20250929","max_tokens":8}` {
+	if got := string(sonnet.Last(t).Body); got != `{"model":"claude-sonnet-4-5-20250929","max_tokens":8,"messages":[{"role":"user","content":"Hi"}]}` {
 		t.Errorf("sonnet received %s", got)
 	}
 	// opus is cooling now: straight to sonnet

@@ -262,13 +262,13 @@ func runReload(ctx context.Context, o reloadOptions) (reloadResult, error) {
 	if err != nil {
 		return res, err
 	}
-	up := fakeupstream.Start(pacedUpstream(o.streamLength), false)
+	up := fakeupstream.Start(pacedUpstream(o.streamLength), false, upstreamKeys)
 	defer up.Close()
 	var chaosFailures atomic.Int64
 	template := reloadCaddyfile
 	flakyAddr := ""
 	if o.chaos {
-		flaky := fakeupstream.Start(flakyUpstream(o.streamLength, &chaosFailures), false)
+		flaky := fakeupstream.Start(flakyUpstream(o.streamLength, &chaosFailures), false, upstreamKeys)
 		defer flaky.Close()
 		flakyAddr = flaky.Listener.Addr().String()
 		template = strings.Replace(template, "\t\tgroup bench {\n\t\t\tchannels upstream", chaosChannel+"\n"+chaosGroup, 1)

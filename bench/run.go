@@ -20,6 +20,12 @@ import (
 // held streams cost memory and nothing else.
 const idlePing = 30 * time.Second
 
+// upstreamKeys are the credentials the fake upstreams take (they refuse
+// what Anthropic's API refuses, a wrong key included): the relay targets'
+// channel key, and the load's own key, which targets (a) and (b) send on as
+// the client sent it.
+var upstreamKeys = fakeupstream.AcceptKeys("sk-upstream", "sk-bench")
+
 // bench is what every measurement of a run shares.
 type bench struct {
 	options
@@ -67,11 +73,11 @@ func run(ctx context.Context, o options) (*report, error) {
 	if b.deadAddr, err = freeAddr(); err != nil {
 		return nil, err
 	}
-	b.fast = fakeupstream.Start(fakeupstream.Fast(), false)
+	b.fast = fakeupstream.Start(fakeupstream.Fast(), false, upstreamKeys)
 	defer b.fast.Close()
-	b.idle = fakeupstream.Start(fakeupstream.Idle(idlePing), false)
+	b.idle = fakeupstream.Start(fakeupstream.Idle(idlePing), false, upstreamKeys)
 	defer b.idle.Close()
-	b.idleH2 = fakeupstream.StartTLS(fakeupstream.Idle(idlePing), false)
+	b.idleH2 = fakeupstream.StartTLS(fakeupstream.Idle(idlePing), false, upstreamKeys)
 	defer b.idleH2.Close()
 
 	rep := &report{machine: describeMachine(), options: o}

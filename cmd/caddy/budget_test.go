@@ -40,14 +40,14 @@ http://%s {
 		}
 		channel up {
 			url %s
-			api_key sk-ant-upstream
+			api_key %s
 		}
 		group spend {
 			channels up
 		}
 	}
 }
-`, admin, storage, site, up.URL)
+`, admin, storage, site, up.URL, fakeupstream.Key)
 	if err := os.WriteFile(config, []byte(src), 0o600); err != nil {
 		t.Fatal(err)
 	}

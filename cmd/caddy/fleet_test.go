@@ -51,7 +51,7 @@ func (c fleetConfig) caddyfile(site, admin string) string {
 	for i, ch := range c.channels {
 		name, url, _ := strings.Cut(ch, "=")
 		names = append(names, name)
-		fmt.Fprintf(&b, "\t\tchannel %s {\n\t\t\turl %s\n\t\t\tapi_key sk-ant-fleet-upstream\n\t\t\tpriority %d\n%s\t\t}\n", name, url, i+1, c.channel)
+		fmt.Fprintf(&b, "\t\tchannel %s {\n\t\t\turl %s\n\t\t\tapi_key %s\n\t\t\tpriority %d\n%s\t\t}\n", name, url, fakeupstream.Key, i+1, c.channel)
 	}
 	fmt.Fprintf(&b, "\t\tgroup fleet {\n\t\t\tchannels %s\n\t\t\tretries 2\n\t\t}\n\t}\n}\n", strings.Join(names, " "))
 	return b.String()

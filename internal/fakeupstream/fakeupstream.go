@@ -1,6 +1,8 @@
 // Package fakeupstream is a fake Anthropic API for tests and benchmarks: a
 // real HTTP server on 127.0.0.1 that records every request it receives and
 // answers with whatever the test scripts, in Anthropic's exact wire format.
+// It is as strict as the real API by default (see strict.go): a request the
+// real API would refuse is refused before the test's handler sees it.
 package fakeupstream
 
 import (
@@ -36,23 +38,34 @@ type Upstream struct {
 	mu      sync.Mutex
 	handler http.Handler
 	reqs    []Request
+	refused []string
 	record  bool
 	conns   atomic.Int64
 	open    atomic.Int64
+
+	keys      []string // the credentials it accepts
+	lenient   bool     // no checks: every request goes to the handler
+	refusedBy func(string)
 }
 
 // New starts an upstream answering with h on 127.0.0.1 and stops it when the
-// test ends.
-func New(t testing.TB, h http.Handler) *Upstream {
-	u := Start(h, true)
-	t.Cleanup(u.Close)
+// test ends. A request it refuses as the real API would fails the test: the
+// relay sent what no real upstream takes. (A test that wants an upstream to
+// refuse scripts the refusal in h.)
+func New(t testing.TB, h http.Handler, opts ...Option) *Upstream {
+	u := unstarted(h, true, opts)
+	u.refusedBy = func(line string) {
+		t.Errorf("upstream %s refused %s, as the real API would", u.URL, line)
+	}
+	u.Server.Start()
+	t.Cleanup(u.Close) // after the handlers are done: no error comes later
 	return u
 }
 
 // Start starts an upstream answering with h on 127.0.0.1; the caller closes
 // it. With record false it keeps no copy of the requests, for benchmarks.
-func Start(h http.Handler, record bool) *Upstream {
-	u := unstarted(h, record)
+func Start(h http.Handler, record bool, opts ...Option) *Upstream {
+	u := unstarted(h, record, opts)
 	u.Server.Start()
 	return u
 }
@@ -61,15 +74,18 @@ func Start(h http.Handler, record bool) *Upstream {
 // a self-signed certificate, offering HTTP/2 by ALPN as Anthropic's API
 // does: a client that negotiates it sends its requests as streams of
 // shared connections. The caller closes it.
-func StartTLS(h http.Handler, record bool) *Upstream {
-	u := unstarted(h, record)
+func StartTLS(h http.Handler, record bool, opts ...Option) *Upstream {
+	u := unstarted(h, record, opts)
 	u.Server.EnableHTTP2 = true
 	u.Server.StartTLS()
 	return u
 }
 
-func unstarted(h http.Handler, record bool) *Upstream {
-	u := &Upstream{handler: h, record: record}
+func unstarted(h http.Handler, record bool, opts []Option) *Upstream {
+	u := &Upstream{handler: h, record: record, keys: []string{Key}}
+	for _, o := range opts {
+		o(u)
+	}
 	u.Server = httptest.NewUnstartedServer(http.HandlerFunc(u.serve))
 	u.Server.Config.ConnState = func(_ net.Conn, s http.ConnState) {
 		switch s {
@@ -91,17 +107,48 @@ func (u *Upstream) Conns() int64 { return u.conns.Load() }
 // host keep one of the connections and close the others.
 func (u *Upstream) OpenConns() int64 { return u.open.Load() }
 
+// bodies holds the buffers of the bodies an upstream that records nothing
+// reads to check them.
+var bodies = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
 func (u *Upstream) serve(w http.ResponseWriter, r *http.Request) {
-	if !u.record {
-		u.handler.ServeHTTP(w, r)
-		return
+	wire := wireOther
+	if !u.lenient {
+		wire = wireOf(r)
 	}
-	body, _ := io.ReadAll(r.Body)
+	var body []byte
+	switch {
+	case u.record:
+		body, _ = io.ReadAll(r.Body)
+	case wire.readsBody():
+		buf := bodies.Get().(*bytes.Buffer)
+		buf.Reset()
+		_, _ = buf.ReadFrom(r.Body)
+		defer bodies.Put(buf)
+		body = buf.Bytes()
+	}
 	u.mu.Lock()
-	u.reqs = append(u.reqs, Request{Method: r.Method, Path: r.URL.Path, RawQuery: r.URL.RawQuery, Host: r.Host, Header: r.Header.Clone(), Body: body})
+	if u.record {
+		u.reqs = append(u.reqs, Request{Method: r.Method, Path: r.URL.Path, RawQuery: r.URL.RawQuery, Host: r.Host, Header: r.Header.Clone(), Body: body})
+	}
 	h := u.handler
 	u.mu.Unlock()
-	r.Body = io.NopCloser(strings.NewReader(string(body)))
+	if f := u.check(r, wire, body); f != nil {
+		line := r.Method + " " + r.URL.Path + ": " + f.msg
+		if u.record {
+			u.mu.Lock()
+			u.refused = append(u.refused, line)
+			u.mu.Unlock()
+		}
+		if u.refusedBy != nil {
+			u.refusedBy(line)
+		}
+		f.write(w)
+		return
+	}
+	if body != nil {
+		r.Body = io.NopCloser(bytes.NewReader(body))
+	}
 	h.ServeHTTP(w, r)
 }
 

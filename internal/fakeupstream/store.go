@@ -21,7 +21,8 @@ import (
 // newest first. Batches end as soon as they are created, each request
 // answered with a reply of 10 input and 5 output tokens. POST /v1/messages
 // is answered with a reply whose text lists the file ids the body
-// references, so a test sees which ids reached the upstream.
+// references, so a test sees which ids reached the upstream; count_tokens
+// with 10 input tokens.
 //
 // Files list with Anthropic's page cursor (`page`, `next_page`); batches
 // with `after_id` and `before_id` (`has_more`, `first_id`, `last_id`).
@@ -93,6 +94,8 @@ func (s *Store) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		_ = json.Unmarshal(body, &req)
 		writeJSON(w, 200, json.RawMessage(MessageBody(req.Model, s.Name+" saw files "+strings.Join(ids, ","), Usage{InputTokens: 10, OutputTokens: 5})))
+	case p == "/v1/messages/count_tokens" && r.Method == http.MethodPost:
+		writeJSON(w, 200, map[string]int{"input_tokens": 10})
 	case p == "/v1/files" && r.Method == http.MethodPost:
 		s.upload(w, r)
 	case p == "/v1/files" && r.Method == http.MethodGet:
