@@ -146,10 +146,7 @@ func pagedBatches(t *testing.T, key string, limit int) []string {
 // path, asked of the upstream directly.
 func newestAt(t *testing.T, up *fakeupstream.Upstream, path string) string {
 	t.Helper()
-	resp, err := http.Get(up.URL + path + "?limit=1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := upstreamGet(t, up.URL+path+"?limit=1")
 	defer resp.Body.Close()
 	var l listAnswer
 	if err := json.NewDecoder(resp.Body).Decode(&l); err != nil || len(l.Data) != 1 {
@@ -415,10 +412,7 @@ func TestAnOwnerThatCannotBeRecordedIsTakenBack(t *testing.T) {
 	}
 	r = send(t, http.MethodPost, "/v1/messages/batches", clientKey, batchBody("lost"))
 	wantRelayError(t, r, 503, "relay_error", "storage_unavailable")
-	resp, err := http.Get(upstreamBatchURL(up, newestAt(t, up, "/v1/messages/batches")))
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := upstreamGet(t, upstreamBatchURL(up, newestAt(t, up, "/v1/messages/batches")))
 	var b struct {
 		CancelInitiatedAt *string `json:"cancel_initiated_at"`
 	}
@@ -434,6 +428,20 @@ func TestAnOwnerThatCannotBeRecordedIsTakenBack(t *testing.T) {
 	waitFor(t, "the file recorded before Redis froze", 5*time.Second, func() bool {
 		return send(t, http.MethodGet, "/v1/files/"+kept, clientKey, "").status == 200
 	})
+}
+
+// upstreamGet reads url at a fake upstream as a client of its
+// organisation would, outside the relay.
+func upstreamGet(t *testing.T, url string) *http.Response {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, url, nil)
+	req.Header.Set("X-Api-Key", fakeupstream.Key)
+	req.Header.Set("Anthropic-Version", "2023-06-01")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
 }
 
 func upstreamBatchURL(up *fakeupstream.Upstream, id string) string {

@@ -273,7 +273,7 @@ http://%s {
 		key %s theirs
 		channel shared {
 			url %s
-			api_key sk-ant-upstream
+			api_key %s
 		}
 		group mine {
 			channels shared
@@ -283,7 +283,7 @@ http://%s {
 		}
 	}
 }
-`, admin, storage, site, fleetKey, otherKey, up.URL)
+`, admin, storage, site, fleetKey, otherKey, up.URL, fakeupstream.Key)
 	if err := os.WriteFile(config, []byte(src), 0o600); err != nil {
 		t.Fatal(err)
 	}
