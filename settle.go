@@ -1,10 +1,139 @@
 package relay
 
 import (
+	"context"
+	"errors"
+	"time"
 	"unsafe"
 
+	"github.com/caddy-relay/relay/internal/sse"
 	"github.com/tidwall/gjson"
 )
+
+// Output is billed when a client leaves. The upstream goes on generating
+// after a client closes its connection, and reports what the answer cost
+// only at its end (a stream's message_delta, a message's usage), so a
+// client that took the content and left would otherwise be billed its input
+// alone. When a stream's client leaves after part of the content, or a
+// non-streaming request's client before the answer, the attempt reads on
+// for settle_grace from the client's leaving, writing nothing more, and
+// takes the usage the end reports. Without it in time (the grace ends, the
+// upstream breaks), a stream's output is estimated from the content its
+// client was sent, and the request is marked estimated. Either way the key's
+// spend, its token limits, its end user's and the channel's see the output.
+//
+// A stream whose client leaves before its content ends at once, as before
+// (its input is wasted, not billed: the client got nothing). The grace
+// overlaps dedup_grace: both count from the client's leaving, and a
+// request that another follows reads to its end anyway (dedup.go).
+
+const defaultSettleGrace = 2 * time.Second
+
+// errSettleGrace is the cause that ends an attempt whose client left, when
+// settle_grace is over.
+var errSettleGrace = errors.New("settle_grace is over")
+
+// detached is the parent of an attempt's context: the values of its
+// client's request, and never an end of its own, so that the client's
+// leaving does not cut the upstream off by itself (deadline.leave decides).
+// It lives in the attempt's deadline, so it costs no allocation.
+type detached struct{ context.Context }
+
+func (detached) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (detached) Done() <-chan struct{}       { return nil }
+func (detached) Err() error                  { return nil }
+
+// What the client's leaving does to an attempt (deadline.phase).
+const (
+	phaseEnd    uint32 = iota // it ends the attempt at once: nothing was made for the client yet
+	phaseReadOn               // the attempt reads on for the grace
+	phaseLeft                 // the client has left
+)
+
+// watch starts watching the client's context (the request's; a lead's,
+// which ends after dedup_grace): its end is the client leaving.
+func (d *deadline) watch(client context.Context) {
+	d.unwatch = context.AfterFunc(client, d.leave)
+}
+
+// readOn says that from now on the attempt is worth reading on after its
+// client leaves: a non-streaming request has been sent, a stream's content
+// has been sent to the client.
+func (d *deadline) readOn() { d.phase.CompareAndSwap(phaseEnd, phaseReadOn) }
+
+// gone reports whether the client has left.
+func (d *deadline) gone() bool { return d.phase.Load() == phaseLeft }
+
+// leave is the client leaving, as the watch or a failed write finds it;
+// only the first call counts. An attempt that is not worth reading on is
+// canceled at once; one that is ends settle_grace after the client left.
+func (d *deadline) leave() {
+	p := d.phase.Swap(phaseLeft)
+	if p == phaseLeft {
+		return
+	}
+	r := d.relay
+	now := r.now()
+	grace := r.settleGrace - now.Sub(d.in.leftAt(now))
+	if p != phaseReadOn || grace <= 0 {
+		d.cancel(context.Canceled)
+		return
+	}
+	d.settling.Store(r.graceTimer(grace, d.graceOver))
+}
+
+func (d *deadline) graceOver() { d.cancel(errSettleGrace) }
+
+// end stops the attempt's timers and its watch of the client. An attempt
+// whose client left and that is not done is canceled, whatever its
+// upstream answered meanwhile: nobody is left to fail over for, and the
+// channel is not judged by what the client's leaving made of it.
+func (d *deadline) end(res *attemptResult) {
+	d.timer.Stop()
+	if d.unwatch != nil {
+		d.unwatch()
+	}
+	if t := d.settling.Load(); t != nil {
+		t.Stop()
+	}
+	if !res.done && d.gone() {
+		res.verdict = verdict{outcome: outcomeCanceled, reason: "client canceled"}
+	}
+}
+
+// leftAt records that the request's client left, at now, unless an earlier
+// time is recorded (a lead records when its own client left, before the
+// attempt sees it), and returns when it left.
+func (in *inbound) leftAt(now time.Time) time.Time {
+	in.left.CompareAndSwap(0, now.UnixNano())
+	return time.Unix(0, in.left.Load())
+}
+
+// settle reads the rest of a stream whose client left, nothing of it
+// written, until the upstream ends it, breaks, or settle_grace is over: the
+// final usage of its message_delta is the answer's. Without it, the output
+// is the estimate of the content the client was sent. ev is the event read
+// when the client was found gone, if err is nil.
+func (s *streamAttempt) settle(rd *sse.Reader, ev sse.Event, err error) attemptResult {
+	s.deadline.leave() // the grace runs from now, if the watch has not seen it yet
+	u := &s.in.usage
+	for err == nil {
+		if string(ev.Name) == "message_delta" && gjson.ValidBytes(ev.Data) {
+			u.fromEvent(ev.Name, ev.Data)
+		}
+		if string(ev.Name) == "message_stop" {
+			s.drain(rd)
+			break
+		}
+		ev, err = rd.Next()
+	}
+	s.in.incomplete = true
+	if !u.final {
+		u.output = max(u.output, u.estimatedOutput())
+		s.in.estimated = true
+	}
+	return attemptResult{verdict: verdict{outcome: outcomeCanceled, reason: "client gone"}, channel: s.ch, done: true}
+}
 
 // The estimate of a stream's output. What a client was sent is weighed as
 // a tokenizer would count it: each word (a run of ASCII letters and
@@ -196,4 +325,18 @@ func valueEnd(s string, i int) int {
 		}
 	}
 	return i
+}
+
+// estimated accounts a request whose output was estimated: it is counted,
+// and the part of its cost that the estimate makes is recorded in its
+// principal's spend as estimated.
+func (r *Relay) estimated(in *inbound, group string) {
+	metricEstimated.WithLabelValues(group).Inc()
+	rates := r.prices.lookup(in.target)
+	if rates == nil || in.answered == nil || in.state == nil || in.state.spend == nil {
+		return
+	}
+	known := in.usage
+	known.output = 0
+	in.state.spend.chargedEstimate(r.now(), in.cost-rates.cost(known)*in.answered.priceFactor)
 }
