@@ -239,7 +239,7 @@ type keyStatus struct {
 	// EstimatedUSD is the part of SpendUSD, by period, that outputs
 	// estimated after their client left cost (the final count did not come
 	// within settle_grace); absent when none was. In a fleet, what this
-	// relay estimated.
+	// relay estimated since it started.
 	EstimatedUSD map[string]float64 `json:"estimated_usd,omitempty"`
 }
 
