@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 	"unsafe"
 
@@ -159,19 +160,32 @@ func (u *usage) estimatedOutput() int64 {
 }
 
 // deltaContent weighs the content of a content_block_delta event (text,
-// a tool's input JSON, thinking), in units; 0 for any other delta.
+// a tool's input JSON, thinking), in units; 0 for any other delta. It is
+// on every stream's path, so Anthropic's own framing of the event is
+// found without a parse, and any other by gjson.
 func deltaContent(data []byte) int64 {
-	delta := gjson.Get(unsafe.String(unsafe.SliceData(data), len(data)), "delta")
+	s := unsafe.String(unsafe.SliceData(data), len(data))
+	if rest, ok := strings.CutPrefix(s, `{"type":"content_block_delta","index":`); ok {
+		i := 0
+		for i < len(rest) && '0' <= rest[i] && rest[i] <= '9' {
+			i++
+		}
+		if obj, ok := strings.CutPrefix(rest[i:], `,"delta":{`); ok {
+			return objectContent(obj) // it stops at the end of the delta object
+		}
+	}
+	delta := gjson.Get(s, "delta")
 	if !delta.IsObject() {
 		return 0
 	}
-	return objectContent(delta.Raw)
+	return objectContent(delta.Raw[1:])
 }
 
 // objectContent weighs the text, partial_json and thinking strings of a
-// delta object, which is valid JSON (the event was checked).
+// delta object, valid JSON (the event was checked), from just past its
+// opening brace.
 func objectContent(obj string) (units int64) {
-	i := 1 // past '{'
+	i := 0
 	for {
 		i = skipSpace(obj, i)
 		if i >= len(obj) || obj[i] != '"' {
@@ -201,62 +215,88 @@ func objectContent(obj string) (units int64) {
 	}
 }
 
+// Classes of the bytes of a string's body, for stringContent.
+const (
+	bytePunct     = iota // ASCII punctuation and symbols, control characters
+	byteAlnum            // an ASCII letter or digit
+	byteSpace            // a space or a carriage return: free
+	byteNewline          // \n
+	byteTab              // \t
+	byteLead             // the first byte of a character outside ASCII
+	byteFollow           // a following byte of one
+	byteBackslash        // an escape
+)
+
+var (
+	byteClass = func() (c [256]uint8) {
+		for b := range 256 {
+			switch {
+			case 'a' <= b && b <= 'z', 'A' <= b && b <= 'Z', '0' <= b && b <= '9':
+				c[b] = byteAlnum
+			case b == ' ', b == '\r':
+				c[b] = byteSpace
+			case b == '\n':
+				c[b] = byteNewline
+			case b == '\t':
+				c[b] = byteTab
+			case b == '\\':
+				c[b] = byteBackslash
+			case b >= 0xc0:
+				c[b] = byteLead
+			case b >= 0x80:
+				c[b] = byteFollow
+			}
+		}
+		return c
+	}()
+	classUnits = [...]int64{bytePunct: unitsPunct, byteNewline: unitsNewline, byteTab: unitsTab, byteLead: unitsOther, byteBackslash: 0}
+)
+
 // stringContent weighs the body of a JSON string as the text it encodes.
 func stringContent(s string) (units int64) {
 	word := false
 	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c == '\\' && i+1 < len(s) {
+		k := byteClass[s[i]]
+		if k == byteAlnum {
+			if !word {
+				units += unitsWord
+				word = true
+			}
+			continue
+		}
+		word = false
+		if k == byteBackslash && i+1 < len(s) {
 			i++
 			switch s[i] {
 			case 'n':
-				c = '\n'
+				k = byteNewline
 			case 't':
-				c = '\t'
+				k = byteTab
 			case 'r', 'b', 'f':
-				c = ' '
+				k = byteSpace
 			case 'u':
-				c = ' '
+				k = byteSpace
 				if i+4 < len(s) {
 					r := hex4(s[i+1 : i+5])
 					i += 4
 					switch {
 					case r >= 0xdc00 && r <= 0xdfff: // the second half of a pair, counted with the first
-						continue
 					case r >= 0x80:
-						units += unitsOther
-						word = false
-						continue
+						k = byteLead
+					default:
+						k = byteClass[r]
+						if k == byteAlnum {
+							units += unitsWord
+							word = true
+							continue
+						}
 					}
-					c = byte(r)
 				}
-			default:
-				c = s[i] // \" \\ \/
+			default: // \" \\ \/
+				k = bytePunct
 			}
 		}
-		switch {
-		case c >= 0x80:
-			if c >= 0xc0 { // the first byte of a character
-				units += unitsOther
-			}
-			word = false
-		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
-			if !word {
-				units += unitsWord
-			}
-			word = true
-		default:
-			word = false
-			switch c {
-			case ' ', '\r':
-			case '\n':
-				units += unitsNewline
-			case '\t':
-				units += unitsTab
-			default:
-				units += unitsPunct
-			}
-		}
+		units += classUnits[k]
 	}
 	return units
 }
