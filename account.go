@@ -37,6 +37,9 @@ func (r *Relay) account(in *inbound) {
 	if in.state != nil && in.state.spend != nil {
 		in.state.spend.charge(r.now(), cost, r.logger)
 	}
+	if in.estimated {
+		r.estimated(in, group)
+	}
 	metricRequests.WithLabelValues(group, channel, model, statusLabel(in.status), in.causeLabel()).Inc()
 	metricDuration.WithLabelValues(group, model).Observe(duration.Seconds())
 	if in.route == routeMessages && in.answered != nil {
@@ -64,7 +67,9 @@ func (r *Relay) account(in *inbound) {
 	for i, a := range in.chain {
 		chain[i] = a.channel + ":" + a.outcome.String() + ":" + a.duration.Round(time.Millisecond).String()
 	}
-	fields := []zap.Field{
+	// room for the optional fields too, so the slice is allocated once
+	fields := make([]zap.Field, 0, 20)
+	fields = append(fields,
 		zap.String("request_id", in.id),
 		zap.String("key", key),
 		zap.String("group", group),
@@ -79,7 +84,7 @@ func (r *Relay) account(in *inbound) {
 		zap.Int64("cache_read_tokens", u.cacheRead),
 		zap.Int64("cache_write_tokens", u.cacheWrite),
 		zap.Bool("incomplete", in.incomplete),
-	}
+	)
 	if in.target != in.model {
 		fields = append(fields, zap.String("served_model", in.target))
 	}
@@ -91,6 +96,9 @@ func (r *Relay) account(in *inbound) {
 	}
 	if in.wasted > 0 {
 		fields = append(fields, zap.Int64("wasted_tokens", in.wasted))
+	}
+	if in.estimated {
+		fields = append(fields, zap.Bool("estimated", true))
 	}
 	c.Write(fields...)
 }

@@ -142,6 +142,10 @@ func (c *cancelAfter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// A stream whose client left after part of its content, with settle_grace
+// 0 (nothing read after the client left), is billed the input its
+// message_start reported and the output estimated from what the client was
+// sent, marked estimated.
 func TestAStreamTheClientLeftIsAccountedAsFarAsItWent(t *testing.T) {
 	u := fakeupstream.Usage{InputTokens: 100, CacheReadInputTokens: 10, OutputTokens: 40}
 	events := fakeupstream.StreamEvents("claude-sonnet-5-5", u, "one", "two", "three", "four", "five")
@@ -152,6 +156,7 @@ func TestAStreamTheClientLeftIsAccountedAsFarAsItWent(t *testing.T) {
 		Channels: []*Channel{{Name: "left-ch", UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", channelKey)}},
 		Groups:   []*Group{{Name: "left", Channels: []string{"left-ch"}}},
 	}
+	r.SettleGrace = new(caddy.Duration)
 	logs := provisionHandler(t, r)
 	// the channel lists no models, so the label of the model is "other"
 	tokens := func(kind string) float64 {
@@ -159,6 +164,7 @@ func TestAStreamTheClientLeftIsAccountedAsFarAsItWent(t *testing.T) {
 	}
 	inputBefore, outputBefore, readBefore := tokens("input"), tokens("output"), tokens("cache_read")
 	incompleteBefore := testutil.ToFloat64(metricIncomplete.WithLabelValues("left", labelOther))
+	estimatedBefore := testutil.ToFloat64(metricEstimated.WithLabelValues("left"))
 	costBefore := testutil.ToFloat64(metricCost.WithLabelValues("left", "left-ch", labelOther))
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -174,21 +180,24 @@ func TestAStreamTheClientLeftIsAccountedAsFarAsItWent(t *testing.T) {
 	if w.seen != 3 {
 		t.Fatalf("the client read %d deltas, want 3:\n%s", w.seen, w.body.String())
 	}
-	// message_start said 100 input and 10 cache-read tokens and 1 output
-	// token; nothing later said more before the client left
+	// message_start said 100 input and 10 cache-read tokens; the client
+	// was sent three words, 4 tokens by the estimate (3.15, rounded up)
 	if d := tokens("input") - inputBefore; d != 100 {
 		t.Errorf("input tokens accounted %v, want 100", d)
 	}
 	if d := tokens("cache_read") - readBefore; d != 10 {
 		t.Errorf("cache read tokens accounted %v, want 10", d)
 	}
-	if d := tokens("output") - outputBefore; d != 1 {
-		t.Errorf("output tokens accounted %v, want the 1 message_start reported", d)
+	if d := tokens("output") - outputBefore; d != 4 {
+		t.Errorf("output tokens accounted %v, want the 4 estimated", d)
+	}
+	if d := testutil.ToFloat64(metricEstimated.WithLabelValues("left")) - estimatedBefore; d != 1 {
+		t.Errorf("relay_estimated_usage_total grew by %v, want 1", d)
 	}
 	if d := testutil.ToFloat64(metricIncomplete.WithLabelValues("left", labelOther)) - incompleteBefore; d != 1 {
 		t.Errorf("relay_incomplete_total grew by %v, want 1", d)
 	}
-	wantCost := (100*2 + 10*0.1 + 1*10) / 1e6
+	wantCost := (100*2 + 10*0.1 + 4*10) / 1e6
 	if d := testutil.ToFloat64(metricCost.WithLabelValues("left", "left-ch", labelOther)) - costBefore; math.Abs(d-wantCost) > 1e-12 {
 		t.Errorf("cost accounted %v, want %v", d, wantCost)
 	}
@@ -197,7 +206,7 @@ func TestAStreamTheClientLeftIsAccountedAsFarAsItWent(t *testing.T) {
 		t.Fatalf("%d log lines", len(lines))
 	}
 	f := lines[0].ContextMap()
-	for k, want := range map[string]any{"status": int64(200), "incomplete": true, "input_tokens": int64(100), "output_tokens": int64(1), "cache_read_tokens": int64(10)} {
+	for k, want := range map[string]any{"status": int64(200), "incomplete": true, "input_tokens": int64(100), "output_tokens": int64(4), "cache_read_tokens": int64(10), "estimated": true} {
 		if f[k] != want {
 			t.Errorf("log field %s = %#v, want %#v", k, f[k], want)
 		}

@@ -236,6 +236,11 @@ type keyStatus struct {
 	SpendUSD     map[string]float64 `json:"spend_usd"`
 	BudgetUSD    map[string]float64 `json:"budget_usd,omitempty"`
 	RemainingUSD map[string]float64 `json:"remaining_usd,omitempty"`
+	// EstimatedUSD is the part of SpendUSD, by period, that outputs
+	// estimated after their client left cost (the final count did not come
+	// within settle_grace); absent when none was. In a fleet, what this
+	// relay estimated since it started.
+	EstimatedUSD map[string]float64 `json:"estimated_usd,omitempty"`
 }
 
 // limitsStatus is a key's limits as configured, and what is in use now.
@@ -292,6 +297,12 @@ func (k *key) status(now time.Time) keyStatus {
 				st.BudgetUSD, st.RemainingUSD = map[string]float64{}, map[string]float64{}
 			}
 			st.BudgetUSD[p.String()], st.RemainingUSD[p.String()] = caps[p], max(0, (toNano(caps[p])-toNano(spent[p])).usd())
+		}
+	}
+	if est := account.estimates(now); est != [numPeriods]float64{} {
+		st.EstimatedUSD = map[string]float64{}
+		for p := range numPeriods {
+			st.EstimatedUSD[p.String()] = est[p]
 		}
 	}
 	return st

@@ -116,31 +116,39 @@ const maxErrorBody = 1 << 20
 // a stream's is handled by a function of its own, whose locals are gone
 // by the time a stream runs (a handler's goroutine whose stack outgrows
 // 16 KiB keeps 32 KiB for as long as its stream is open).
-func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, ch *channel, n int) attemptResult {
-	ctx, cancel := context.WithCancelCause(req.Context())
+func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, ch *channel, n int) (res attemptResult) {
+	// The attempt's context has the client's values but not its end: the
+	// client's leaving reaches it through dl (watch), which ends it at once
+	// or, once reading on pays, after settle_grace (settle.go).
+	dl := &deadline{detached: detached{req.Context()}, in: in, relay: r}
+	ctx, cancel := context.WithCancelCause(&dl.detached)
 	defer cancel(nil)
+	dl.cancel = cancel
 	in.usage = usage{} // only the answer that reaches the client counts
 	// an upstream that never had a connection never had the request
-	var connected atomic.Bool
-	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { connected.Store(true) }})
+	dl.trace.GotConn = dl.gotConn
+	ctx = httptrace.WithClientTrace(ctx, &dl.trace)
 
 	call := in.callFor(ch)
 	upReq, err := ch.provider.NewRequest(ctx, call)
 	if err != nil {
 		return r.notSent(ctx, req, in, ch, err)
 	}
-	dl := &deadline{cancel: cancel}
 	if in.stream {
 		dl.start(stageFirstByte, ch.firstByte)
 	} else {
 		dl.start(stageResponse, ch.response)
+		if req.Context().Err() == nil { // none is asked for a client gone already
+			dl.readOn() // its whole answer may come after its client left
+		}
 	}
-	defer dl.stop()
+	defer dl.end(&res)
+	dl.watch(req.Context())
 
 	sent := time.Now()
 	resp, err := ch.rt.RoundTrip(upReq)
 	if err != nil {
-		return sendFailed(ctx, req, ch, err, connected.Load())
+		return sendFailed(ctx, req, ch, err, dl.connected.Load())
 	}
 	firstByteTime := time.Since(sent) // before a provider reads an error body
 	defer resp.Body.Close()
@@ -165,7 +173,7 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 		dl.arm(stageFirstContent, ch.firstContent)
 	}
 	s := &streamAttempt{r: r, w: w, in: in, ch: ch, n: n, ctx: ctx, clientCtx: req.Context(), deadline: dl, resp: resp}
-	res := s.run()
+	res = s.run()
 	res.firstByte = firstByteTime
 	return res
 }
@@ -230,6 +238,12 @@ func (r *Relay) message(ctx context.Context, w http.ResponseWriter, req *http.Re
 	}
 	dl.stop()
 	in.usage.fromMessage(buf.Bytes())
+	if dl.gone() {
+		// its client left while it came: nothing is written, but the answer
+		// was made for the client, whose bill it is (settle.go)
+		in.answered, in.incomplete = ch, true
+		return attemptResult{verdict: verdict{outcome: outcomeCanceled, reason: "client canceled"}, channel: ch, done: true, firstByte: firstByte}
+	}
 	in.committed(ch, resp.StatusCode)
 	r.commitHeaders(w, in, ch, n, resp)
 	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
@@ -252,13 +266,27 @@ var stageCauses = [...]error{errResponseTimeout, errFirstByteTimeout, errFirstCo
 
 // deadline cancels an attempt when its current stage runs out of time:
 // one timer per attempt, re-armed at each stage with the cause it will
-// cancel with.
+// cancel with. It also holds what else an attempt keeps for itself, in one
+// allocation: the parent of its context, its trace, and what its client's
+// leaving does to it (settle.go).
 type deadline struct {
 	timer   *time.Timer
 	stage   atomic.Uint32
 	cancel  context.CancelCauseFunc
 	headers time.Time // when a stream's response headers arrived
+
+	detached  detached // the parent of the attempt's context
+	trace     httptrace.ClientTrace
+	connected atomic.Bool // the upstream had a connection: it had the request
+	in        *inbound
+	relay     *Relay                     // its settle_grace, and the grace's timer
+	phase     atomic.Uint32              // what the client's leaving does (settle.go)
+	unwatch   func() bool                // stops watching the client; nil: not watching
+	settling  atomic.Pointer[time.Timer] // the grace after the client left
 }
+
+// gotConn is the attempt's GotConn trace.
+func (d *deadline) gotConn(httptrace.GotConnInfo) { d.connected.Store(true) }
 
 func (d *deadline) start(s stage, limit time.Duration) {
 	d.stage.Store(uint32(s))

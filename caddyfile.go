@@ -72,6 +72,7 @@ func declareInCaddyfile(state map[string]any, r *Relay, by string) error {
 //		upstream_ratelimit_headers replace|pass
 //		dedup_window          <duration>
 //		dedup_grace           <duration>
+//		settle_grace          <duration>
 //		first_byte_timeout    <duration>
 //		first_content_timeout <duration>
 //		response_timeout      <duration>
@@ -216,6 +217,15 @@ func (r *Relay) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if r.DedupGrace < 0 {
 				return d.Errf("dedup_grace: %s is negative", time.Duration(r.DedupGrace))
 			}
+		case "settle_grace":
+			var g caddy.Duration
+			if err := parseDuration(d, &g); err != nil {
+				return err
+			}
+			if g < 0 {
+				return d.Errf("settle_grace: %s is negative (0: do not read on after a client left)", time.Duration(g))
+			}
+			r.SettleGrace = &g
 		case "key":
 			at := []string{"key", "#" + strconv.Itoa(len(r.Keys)+1)}
 			pos.line(d, at...)

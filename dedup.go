@@ -403,11 +403,14 @@ func (r *Relay) share(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 
 // lead relays the request, writing its answer into f too. The attempt no
 // longer ends with its client: when the client leaves, it runs on for
-// grace, and to its end when another request follows it by then.
+// grace, and to its end when another request follows it by then. (Then
+// settle_grace, from the client's leaving too, may read on a little longer
+// for the usage: settle.go.)
 func (r *Relay) lead(w http.ResponseWriter, req *http.Request, in *inbound, f *flight, grace time.Duration) *failure {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(req.Context()))
 	defer cancel()
 	stop := context.AfterFunc(req.Context(), func() {
+		in.leftAt(r.now())
 		time.AfterFunc(grace, func() {
 			if !f.followed() {
 				cancel()

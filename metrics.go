@@ -58,6 +58,11 @@ var (
 		Help: "Requests whose answer did not complete (client gone, stream broken); their tokens are the ones seen.",
 	}, []string{"group", "model"})
 
+	metricEstimated = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "relay_estimated_usage_total",
+		Help: "Requests whose output tokens were estimated from the content the client was sent, by group: the client left a stream, and its final usage did not come within settle_grace. Their cost and the key's spend include the estimate.",
+	}, []string{"group"})
+
 	metricDedup = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "relay_dedup_total",
 		Help: "Retries answered from the request they repeat (in flight or answered within dedup_window) instead of an upstream, by group.",
@@ -146,7 +151,7 @@ var (
 
 var collectors = []prometheus.Collector{
 	metricRequests, metricDuration, metricFirstByte, metricAttempts, metricFailovers,
-	metricTokens, metricCost, metricWasted, metricIncomplete, metricDropped, metricStates,
+	metricTokens, metricCost, metricWasted, metricIncomplete, metricEstimated, metricDropped, metricStates,
 	metricRateLimited, metricQueueWait, metricQueueDepth, metricFallbacks, metricSpend,
 	metricCapabilityMisses,
 	metricDedup, metricCache, metricSavedTokens, metricSavedUSD,

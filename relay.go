@@ -77,6 +77,16 @@ type Relay struct {
 	// attach to it; its cost is the key's. Default: 5s.
 	DedupGrace caddy.Duration `json:"dedup_grace,omitempty"`
 
+	// SettleGrace is how long the relay reads on from an upstream after
+	// the client left, for the usage the end of the answer reports: a
+	// stream's client that left after part of the content, or a
+	// non-streaming request's client that left before the answer. Nothing
+	// more reaches the client. Without that usage in time, the output of a
+	// stream is estimated from the content the client was sent. The time
+	// counts from the client's leaving, and overlaps dedup_grace. 0: do not
+	// read on (the output is estimated at once). Default: 2s.
+	SettleGrace *caddy.Duration `json:"settle_grace,omitempty"`
+
 	// Tuning holds the default timeouts and cooldowns of every channel.
 	Tuning
 
@@ -160,6 +170,8 @@ type Relay struct {
 	storage            certmagic.Storage // Caddy's storage; nil in a unit test's context
 	dedupWindow        time.Duration     // 0: retries are not attached
 	dedupGrace         time.Duration
+	settleGrace        time.Duration                           // 0: an attempt whose client left ends at once
+	graceTimer         func(time.Duration, func()) *time.Timer // time.AfterFunc; a test's, to end the grace itself
 	rand               randIntN
 	now                func() time.Time
 }
@@ -202,6 +214,10 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 	r.dedupWindow, r.dedupGrace = defaultDedupWindow, cmp.Or(time.Duration(r.DedupGrace), defaultDedupGrace)
 	if r.DedupWindow != nil {
 		r.dedupWindow = max(time.Duration(*r.DedupWindow), 0)
+	}
+	r.settleGrace, r.graceTimer = defaultSettleGrace, time.AfterFunc
+	if r.SettleGrace != nil {
+		r.settleGrace = max(time.Duration(*r.SettleGrace), 0)
 	}
 	if err := r.validateConfig(); err != nil {
 		return err

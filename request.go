@@ -178,6 +178,7 @@ type inbound struct {
 	chainBuf     [4]attemptRecord
 	usage        usage
 	incomplete   bool     // the answer did not complete: tokens are the ones seen
+	estimated    bool     // its output is an estimate: its client left, and the final count never came (settle.go)
 	estimate     int64    // input tokens guessed from the body, for the token limits
 	cost         float64  // in USD: list price x price_factor of the channel that answered; set by account (price)
 	wasted       int64    // input tokens of attempts abandoned on the way (relay_wasted_tokens_total)
@@ -201,6 +202,9 @@ type inbound struct {
 	// body: net/http may write a request body even after RoundTrip returned,
 	// until its WroteRequest trace says it is done.
 	writing atomic.Int32
+	// left is when the client left, in Unix nanoseconds; 0: it has not, as
+	// far as the relay knows (settle.go)
+	left atomic.Int64
 }
 
 // group is the group whose channels serve the request: its key's, or only

@@ -68,6 +68,10 @@ type periodSpend struct {
 	pending nanoUSD   // in a fleet: charged here and not yet added in Redis
 	warned  bool      // the warning was logged for this period
 	spent   bool      // and that the budget is spent
+
+	// estimated is the part of usd that estimated outputs cost (settle.go),
+	// as this relay charged them
+	estimated nanoUSD
 }
 
 // Destruct implements caddy.Destructor: the account's last config is gone.
@@ -153,6 +157,34 @@ func (a *spendAccount) charge(now time.Time, usd float64, logger *zap.Logger) {
 	a.mu.Unlock()
 	spend.dirty.Store(true)
 	a.warnOf(crossed)
+}
+
+// chargedEstimate records that usd of what was charged at now is the cost
+// of an estimated output (settle.go).
+func (a *spendAccount) chargedEstimate(now time.Time, usd float64) {
+	if usd <= 0 {
+		return
+	}
+	n := toNano(usd)
+	a.mu.Lock()
+	a.roll(now)
+	for p := range numPeriods {
+		a.periods[p].estimated += n
+	}
+	a.mu.Unlock()
+	spend.dirty.Store(true)
+}
+
+// estimates returns the part of each period's spend, as of now, that
+// estimated outputs cost.
+func (a *spendAccount) estimates(now time.Time) (usd [numPeriods]float64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.roll(now)
+	for p := range numPeriods {
+		usd[p] = a.periods[p].estimated.usd()
+	}
+	return usd
 }
 
 // warning is a budget whose warning share was crossed.
@@ -241,6 +273,8 @@ type spendRecord map[string]storedPeriod
 type storedPeriod struct {
 	Start   time.Time `json:"start"`
 	NanoUSD nanoUSD   `json:"nano_usd"` // billionths of a dollar
+	// EstimatedNanoUSD is the part of NanoUSD that estimated outputs cost.
+	EstimatedNanoUSD nanoUSD `json:"estimated_nano_usd,omitempty"`
 }
 
 // spendStore writes the accounts to Caddy's storage, and holds the stored
@@ -338,7 +372,7 @@ func (s *spendStore) stored(id string) *spendAccount {
 	s.mu.Unlock()
 	for p := range numPeriods {
 		if r, ok := rec[p.String()]; ok {
-			a.periods[p] = periodSpend{start: r.Start, usd: r.NanoUSD}
+			a.periods[p] = periodSpend{start: r.Start, usd: r.NanoUSD, estimated: r.EstimatedNanoUSD}
 		}
 	}
 	return a
@@ -367,7 +401,7 @@ func (a *spendAccount) record() spendRecord {
 	rec := spendRecord{}
 	for p := range numPeriods {
 		if ps := a.periods[p]; !ps.start.IsZero() {
-			rec[p.String()] = storedPeriod{ps.start, ps.usd}
+			rec[p.String()] = storedPeriod{ps.start, ps.usd, ps.estimated}
 		}
 	}
 	return rec

@@ -67,6 +67,7 @@ func (s *streamAttempt) run() attemptResult {
 		return res
 	}
 	committed := s.commit(held)
+	s.deadline.readOn() // the client has content: its leaving is billed (settle.go)
 	if cap(held) <= 4*maxHeld {
 		*hb = held[:0]
 		heldBufs.Put(hb)
@@ -143,7 +144,8 @@ func (s *streamAttempt) commit(held []byte) bool {
 }
 
 // pump forwards the rest of the stream, one flushed event at a time, until
-// message_stop, an upstream `event: error`, a failure or the client leaving.
+// message_stop, an upstream `event: error`, a failure or the client leaving
+// (then it settles: reads on without the client for the usage).
 func (s *streamAttempt) pump(rd *sse.Reader) attemptResult {
 	s.deadline.arm(stageIdle, s.ch.streamIdle)
 	rc := http.NewResponseController(s.w)
@@ -154,10 +156,13 @@ func (s *streamAttempt) pump(rd *sse.Reader) attemptResult {
 	}
 	for {
 		ev, err := rd.Next()
+		if s.deadline.gone() {
+			return s.settle(rd, ev, err)
+		}
 		if err != nil {
 			v := classifyError(s.ctx, s.clientCtx, err)
 			if v.outcome == outcomeCanceled {
-				return done(v)
+				return s.settle(rd, ev, err)
 			}
 			if err == io.EOF || err == io.ErrUnexpectedEOF {
 				v.reason = "upstream stream ended before message_stop"
@@ -171,7 +176,7 @@ func (s *streamAttempt) pump(rd *sse.Reader) attemptResult {
 		}
 		s.in.usage.fromEvent(ev.Name, ev.Data)
 		if _, err := s.w.Write(ev.Raw); err != nil {
-			return done(verdict{outcome: outcomeCanceled, reason: "client gone"})
+			return s.settle(rd, sse.Event{}, nil)
 		}
 		last := string(ev.Name) == "message_stop" || string(ev.Name) == "error"
 		// Flush unless the upstream already sent more: every event reaches
@@ -179,7 +184,10 @@ func (s *streamAttempt) pump(rd *sse.Reader) attemptResult {
 		// costs one flush, not one each.
 		if last || !rd.Buffered() {
 			if err := rc.Flush(); err != nil {
-				return done(verdict{outcome: outcomeCanceled, reason: "client gone"})
+				if last {
+					return done(verdict{outcome: outcomeCanceled, reason: "client gone"})
+				}
+				return s.settle(rd, sse.Event{}, nil)
 			}
 		}
 		switch string(ev.Name) {

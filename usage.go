@@ -13,6 +13,10 @@ type usage struct {
 	cacheRead    int64
 	cacheWrite   int64 // all cache writes, 1h ones included
 	cacheWrite1h int64 // of which written with the 1-hour TTL
+	// content weighs the content of the deltas read (settle.go), for an
+	// estimate of the output when the final count never comes
+	content int64
+	final   bool // a message_delta gave the final counts
 }
 
 // prompt is every input token of the request, cached or not: what
@@ -52,14 +56,20 @@ func (u *usage) fromMessage(body []byte) {
 
 // fromEvent reads the usage an SSE event carries: message_start has the
 // input side and a first output count, and each message_delta the
-// cumulative counts so far, so the last one wins. Nothing is ever summed.
+// cumulative counts so far, so the last one wins. Nothing is ever summed
+// but the weight of the content deltas.
 func (u *usage) fromEvent(name, data []byte) {
 	// a string view of the event, valid for this call: only numbers are kept
 	s := unsafe.String(unsafe.SliceData(data), len(data))
 	switch string(name) {
 	case "message_start":
 		u.read(gjson.Get(s, "message.usage"))
+	case "content_block_delta":
+		u.content += deltaContent(data)
 	case "message_delta":
-		u.read(gjson.Get(s, "usage"))
+		if obj := gjson.Get(s, "usage"); obj.IsObject() {
+			u.read(obj)
+			u.final = true
+		}
 	}
 }
