@@ -394,7 +394,7 @@ func TestAnOwnerThatCannotBeRecordedIsTakenBack(t *testing.T) {
 	up, store := storeUpstream(t, "undo")
 	startRelay(t, "\t\tstorage redis {\n\t\t\taddress "+srv.Addr+"\n\t\t\tprefix undo:\n\t\t}\n"+channelBlock("owners-undo", up.URL)+keyAndGroup("g-undo", "owners-undo"))
 	kept := uploadAs(t, clientKey, "kept.txt")
-	if got, err := srv.Command("HGET", "undo:{c:owners-undo}:owners:files", "file_undo0001"); err != nil || got != "g-undo" {
+	if got, err := srv.Command("HGET", "undo:{c:owners-undo}:owners:files", newestAt(t, up, "/v1/files")); err != nil || got != "g-undo" {
 		t.Fatalf("the owner in Redis: %q %v", got, err)
 	}
 

@@ -59,7 +59,7 @@ http://%s {
 		}
 		channel ends {
 			url %s
-			api_key sk-ant-upstream
+			api_key UPSTREAM_KEY
 		}
 		group ends {
 			channels ends
@@ -77,7 +77,7 @@ http://%s {
 		}
 		channel stalls {
 			url %s
-			api_key sk-ant-upstream
+			api_key UPSTREAM_KEY
 		}
 		group stalls {
 			channels stalls
@@ -85,6 +85,7 @@ http://%s {
 	}
 }
 `, admin, site, ends.URL, stallSite, stalls.URL)
+	src = strings.ReplaceAll(src, "UPSTREAM_KEY", fakeupstream.Key)
 	if err := os.WriteFile(config, []byte(src), 0o600); err != nil {
 		t.Fatal(err)
 	}

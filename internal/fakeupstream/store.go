@@ -31,10 +31,11 @@ type Store struct {
 	// apart.
 	Name string
 
-	mu      sync.Mutex
-	files   []*storedFile // oldest first
-	batches []*storedBatch
-	seq     int
+	mu       sync.Mutex
+	files    []*storedFile // oldest first
+	batches  []*storedBatch
+	seq      int
+	instance int64
 }
 
 type storedFile struct {
@@ -57,7 +58,12 @@ func created() time.Time {
 }
 
 // NewStore returns an empty store named name.
-func NewStore(name string) *Store { return &Store{Name: name} }
+func NewStore(name string) *Store { return &Store{Name: name, instance: stores.Add(1)} }
+
+// stores numbers the stores of the process, so that no two make the same
+// id: the relay remembers some ids for the life of the process (a batch
+// whose results it accounted), and a test run again must not meet them.
+var stores atomic.Int64
 
 // Files is the number of files the store holds.
 func (s *Store) Files() int {
@@ -120,7 +126,7 @@ func (s *Store) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func (s *Store) nextID(prefix string) string {
 	s.seq++
-	return fmt.Sprintf("%s%s%04d", prefix, s.Name, s.seq)
+	return fmt.Sprintf("%s%s%04d_%d", prefix, s.Name, s.seq, s.instance)
 }
 
 func (s *Store) upload(w http.ResponseWriter, r *http.Request) {
