@@ -476,3 +476,35 @@ func TestAnAnswerAfterTheClientLeftIsNotFailedOver(t *testing.T) {
 		t.Errorf("an answer after the client left cooled the channel: %s", show(ch))
 	}
 }
+
+// A stream the upstream breaks after part of its content (an error event,
+// here) leaves its client with that content and no usage of its output:
+// the output is billed as the estimate of what the client was sent, as
+// for a client that leaves, and marked estimated.
+func TestAStreamTheUpstreamBreaksIsBilledAnEstimate(t *testing.T) {
+	events, held := answerStream()
+	events = append(events[:held:held], fakeupstream.Event("error", `{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`))
+	up := fakeupstream.New(t, fakeupstream.Stream(events...))
+	c := startSettle(t, "settle-broken", up.URL)
+	estimatedBefore := testutil.ToFloat64(metricEstimated.WithLabelValues("settle-broken"))
+
+	r := send(t, http.MethodPost, "/v1/messages", settleKey, settleStreamBody)
+	if r.status != 200 || !strings.Contains(string(r.body), "event: error") {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	f := c.line(t)
+	out, _ := f["output_tokens"].(int64)
+	if off := math.Abs(float64(out-fakeupstream.AnswerTokens)) / fakeupstream.AnswerTokens; off > 0.10 {
+		t.Errorf("output estimated at %d tokens, the client was sent %d (%.1f%% off)", out, fakeupstream.AnswerTokens, 100*off)
+	}
+	if f["estimated"] != true || f["incomplete"] != true {
+		t.Errorf("log line %v, want estimated and incomplete", f)
+	}
+	if d := testutil.ToFloat64(metricEstimated.WithLabelValues("settle-broken")) - estimatedBefore; d != 1 {
+		t.Errorf("relay_estimated_usage_total grew by %v, want 1", d)
+	}
+	rows, _ := keyRows(t)
+	if got, want := rows["settle-broken"].SpendUSD["month"], settleCost(1000, out); math.Abs(got-want) > 1e-9 {
+		t.Errorf("spend %v, want %v", got, want)
+	}
+}

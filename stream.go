@@ -150,8 +150,14 @@ func (s *streamAttempt) pump(rd *sse.Reader) attemptResult {
 	s.deadline.arm(stageIdle, s.ch.streamIdle)
 	rc := http.NewResponseController(s.w)
 	done := func(v verdict) attemptResult {
-		// anything but message_stop leaves the client with a partial answer
+		// anything but message_stop leaves the client with a partial answer,
+		// whose output the upstream did not report: it is billed the estimate
+		// of the content the client was sent, as a client that leaves is
 		s.in.incomplete = v.reason != "message_stop"
+		if u := &s.in.usage; s.in.incomplete && !u.final {
+			u.output = max(u.output, u.estimatedOutput())
+			s.in.estimated = true
+		}
 		return attemptResult{verdict: v, channel: s.ch, done: true}
 	}
 	for {
