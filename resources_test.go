@@ -542,3 +542,37 @@ func TestResourceSecretIsResolvedAndNeverShown(t *testing.T) {
 		t.Errorf("GET /config/ shows the secret or lost its placeholder")
 	}
 }
+
+// TestABatchOfEmptyRequestsIsReadWithinItsSize: reading the models of a
+// batch costs nothing per request, whatever it holds, and at most 7 times
+// its size when every request names a model of its own.
+func TestABatchOfEmptyRequestsIsReadWithinItsSize(t *testing.T) {
+	empty := repeated(`{"requests":[`, `{}`, `]}`, 8<<20)
+	var models []string
+	var rerr *relayError
+	n := allocated(func() { models, rerr = batchModels(empty) })
+	if rerr == nil || rerr.msg != "requests: field required, with params.model in each" {
+		t.Fatalf("models %v, refusal %v", models, rerr)
+	}
+	if n > 64<<20 {
+		t.Errorf("reading a batch of 8 MiB of empty requests allocated %d MB, want under 64", n>>20)
+	}
+
+	size, factor := boundedBodies()
+	one := repeated(`{"requests":[`, `{"custom_id":"a","params":{"model":"claude-sonnet-5-5","max_tokens":1,"messages":[{"role":"user","content":"a"}]}}`, `]}`, 4*size)
+	if n := allocated(func() { models, rerr = batchModels(one) }); rerr != nil || len(models) != 1 || n > 64<<10 {
+		t.Errorf("a batch of one model: %v %v, %d bytes allocated", models, rerr, n)
+	}
+	many := []byte(`{"requests":[`)
+	for i := 0; len(many) < size; i++ {
+		many = fmt.Appendf(many, `{"params":{"model":"m-%d"}},`, i)
+	}
+	many = append(many[:len(many)-1], `]}`...)
+	n = allocated(func() { models, rerr = batchModels(many) })
+	if rerr != nil || models[0] != "m-0" || models[len(models)-1] != fmt.Sprint("m-", len(models)-1) {
+		t.Fatalf("%v, models %v...", rerr, models[:2])
+	}
+	if perByte(n, many) > 7*factor {
+		t.Errorf("a model per request: %.1f times the body", perByte(n, many))
+	}
+}
