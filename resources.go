@@ -529,7 +529,7 @@ func (c *resourceCtx) create() *failure {
 			return refused(rerr)
 		}
 		if mayReferenceFiles(body) {
-			b, ch, rerr := c.r.pinFiles(c.secret, c.group, body)
+			b, ch, _, rerr := c.r.pinFiles(c.secret, c.group, body, 0)
 			if rerr != nil {
 				return refused(rerr)
 			}

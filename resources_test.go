@@ -470,11 +470,12 @@ func TestMayReferenceFiles(t *testing.T) {
 	}
 }
 
-func TestFindFileIDs(t *testing.T) {
+func TestEachFileID(t *testing.T) {
 	body := []byte(`{"model":"m","file_id":1,"messages":[{"content":[{"type":"document","source":{"type":"file","file_id":"file_a"}},{"type":"text","text":"\"file_id\":\"no\""},{"type":"container_upload","file_id":"file_b"}]}]}`)
-	refs, err := findFileIDs(body)
-	if err != nil || len(refs) != 2 || string(body[refs[0].start:refs[0].end]) != `"file_a"` || string(body[refs[1].start:refs[1].end]) != `"file_b"` {
-		t.Fatalf("%v %+v", err, refs)
+	var ids []string
+	err := eachFileID(body, func(start, end int) { ids = append(ids, string(body[start:end])) })
+	if err != nil || strings.Join(ids, " ") != `"file_a" "file_b"` {
+		t.Fatalf("%v %q", err, ids)
 	}
 }
 
@@ -574,5 +575,36 @@ func TestABatchOfEmptyRequestsIsReadWithinItsSize(t *testing.T) {
 	}
 	if perByte(n, many) > 7*factor {
 		t.Errorf("a model per request: %.1f times the body", perByte(n, many))
+	}
+}
+
+// TestFileIDsAreResolvedAsTheyAreFound: a body of many file ids is refused
+// at the first that is not the group's, and one id used many times is
+// checked once.
+func TestFileIDsAreResolvedAsTheyAreFound(t *testing.T) {
+	secret := []byte("0123456789abcdef0123456789abcdef")
+	g := &group{name: "g", channels: []*channel{{name: "ch", provider: &AnthropicProvider{}}}}
+	r := &Relay{}
+	bad := repeated(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[`, `{"type":"document","source":{"type":"file","file_id":"file_x"}}`, `]}]}`, 8<<20)
+	var rerr *relayError
+	n := allocated(func() { _, _, _, rerr = r.pinFiles(secret, g, bad, 0) })
+	if rerr == nil || rerr.status != http.StatusNotFound {
+		t.Fatalf("refusal %v", rerr)
+	}
+	if n > 64<<20 {
+		t.Errorf("8 MiB of unknown file ids allocated %d MB, want under 64", n>>20)
+	}
+
+	size, factor := boundedBodies()
+	id := itemID(secret, kindFile, "g", "ch", "file_011CNha8iCJcU1wXNR6q4V8w")
+	body := repeated(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[`, `{"type":"document","source":{"type":"file","file_id":"`+id+`"}}`, `]}]}`, size)
+	var out []byte
+	var ch *channel
+	n = allocated(func() { out, ch, _, rerr = r.pinFiles(secret, g, body, 0) })
+	if rerr != nil || ch == nil || bytes.Contains(out, []byte(id)) || !bytes.Contains(out, []byte(`"file_011CNha8iCJcU1wXNR6q4V8w"`)) {
+		t.Fatalf("%v %v", rerr, ch)
+	}
+	if perByte(n, body) > 4*factor {
+		t.Errorf("one file id, many times: %.1f times the body", perByte(n, body))
 	}
 }
