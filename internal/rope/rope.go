@@ -2,8 +2,8 @@
 // what it holds into a larger array. A bytes.Buffer that grows to n bytes
 // by doubling has allocated between 2n and 4n along the way; a Rope has
 // allocated n and the spare room of its last chunk: no more than it holds
-// (or 256 bytes), and 64 KiB. It suits output that is written once, in order, and
-// read once: a request body being translated.
+// (or 64 bytes), and 64 KiB. It suits output that is written once, in
+// order, and read once: a request body being translated.
 package rope
 
 import "io"
@@ -75,7 +75,7 @@ func (r *Rope) room(want int) int {
 
 // Reset empties the rope, keeping its first chunk for what is written
 // next: for a rope whose content was copied out (WriteTo), not moved
-// (Insert, Append).
+// (Append).
 func (r *Rope) Reset() {
 	if len(r.chunks) > 0 {
 		r.chunks = append(r.chunks[:0], r.chunks[0][:0])
