@@ -6,11 +6,14 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/anthropics/anthropic-sdk-go/v2"
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/shared"
@@ -538,4 +541,161 @@ func chatBody(size int) []byte {
 	return []byte(`{"model":"claude-sonnet-4-5","max_completion_tokens":1024,"temperature":0.3,"stream":true,"stream_options":{"include_usage":true},` +
 		`"tools":[{"type":"function","function":{"name":"get_weather","description":"Weather of a city","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}],` +
 		`"messages":[` + strings.Join(msgs, ",") + `]}`)
+}
+
+// emptyMessages is 8 MiB of empty messages: the body that once made the
+// translation allocate gigabytes, for a minute, before its 400.
+func emptyMessages() []byte {
+	return repeated(`{"model":"claude-sonnet-5-5","messages":[`, `{}`, `]}`, 8<<20)
+}
+
+// TestABodyOfEmptyMessagesIsRefusedAtTheFirst: the translation decodes
+// one message at a time, so the first it cannot translate is the 400, for
+// a fraction of the body's size.
+func TestABodyOfEmptyMessagesIsRefusedAtTheFirst(t *testing.T) {
+	body := emptyMessages()
+	var err *chatError
+	n := allocated(func() { _, err = translateChat(new(bytes.Buffer), body) })
+	if err == nil || err.param != "messages[0].role" || err.msg != "messages[0].role: must be system, developer, user, assistant or tool" {
+		t.Fatalf("err = %+v", err)
+	}
+	if n > 64<<20 {
+		t.Errorf("translating 8 MiB of empty messages allocated %d MB, want under 64", n>>20)
+	}
+}
+
+// TestATranslationCostsASmallMultipleOfItsBody: whatever a Chat
+// Completions body holds, its translation allocates at most 5 times its
+// size (a conversation of tiny messages, about twice), and writes at most
+// twice its size.
+func TestATranslationCostsASmallMultipleOfItsBody(t *testing.T) {
+	size, factor := boundedBodies()
+	hi := `{"role":"user","content":"hi"}`
+	body := func(prefix, elem, suffix string) []byte { return repeated(prefix, elem, suffix, size) }
+	for _, tc := range []struct {
+		name  string
+		body  []byte
+		times float64 // the bound, times the body's size
+		param string  // the refusal's; "" when it translates
+	}{
+		{"tiny user messages", repeated(`{"model":"m","messages":[`, `{"role":"user","content":"a"}`, `]}`, 4*size), 3, ""},
+		{"a conversation", chatBody(size), 5, ""},
+		{"turns of one message each", body(`{"model":"m","messages":[`, `{"role":"user","content":"a"},{"role":"assistant","content":"b"}`, `]}`), 5, ""},
+		{"tool results between assistant turns", body(`{"model":"m","messages":[`, `{"role":"assistant","content":"b"},{"role":"tool","tool_call_id":"c","content":"a"}`, `]}`), 5, ""},
+		{"tool results after user text", body(`{"model":"m","messages":[`, `{"role":"user","content":"a"},{"role":"tool","tool_call_id":"c","content":"a"},{"role":"assistant","content":"b"}`, `]}`), 5, ""},
+		{"system messages", body(`{"model":"m","messages":[`+hi+`,`, `{"role":"system","content":"a"}`, `]}`), 5, ""},
+		{"text parts", body(`{"model":"m","messages":[{"role":"user","content":[`, `{"type":"text","text":"a"}`, `]}]}`), 5, ""},
+		{"image parts", body(`{"model":"m","messages":[{"role":"user","content":[`, `{"type":"image_url","image_url":{"url":"data:image/png;base64,A"}}`, `]}]}`), 5, ""},
+		{"tool result parts", body(`{"model":"m","messages":[{"role":"tool","tool_call_id":"c","content":[`, `{"type":"text","text":"a"}`, `]}]}`), 5, ""},
+		{"tool calls", body(`{"model":"m","messages":[`+hi+`,{"role":"assistant","tool_calls":[`, `{"id":"a","type":"function","function":{"name":"f","arguments":"{\"a\":[1,2]}"}}`, `]}]}`), 5, ""},
+		{"refusals", body(`{"model":"m","messages":[`, `{"role":"assistant","refusal":"r"}`, `]}`), 5, ""},
+		{"tools", body(`{"model":"m","messages":[`+hi+`],"tools":[`, `{"type":"function","function":{"name":"f"}}`, `]}`), 5, ""},
+		{"stop sequences", body(`{"model":"m","messages":[`+hi+`],"stop":[`, `""`, `]}`), 5, ""},
+		{"modalities", body(`{"model":"m","messages":[`+hi+`],"modalities":[`, `"text"`, `]}`), 5, ""},
+		{"empty parts", body(`{"model":"m","messages":[{"role":"user","content":[`, `{}`, `]}]}`), 5, "messages[0].content[0].type"},
+		{"empty tool calls", body(`{"model":"m","messages":[`+hi+`,{"role":"assistant","tool_calls":[`, `{}`, `]}]}`), 5, "messages[1].tool_calls[0].type"},
+		{"empty tools", body(`{"model":"m","messages":[`+hi+`],"tools":[`, `{}`, `]}`), 5, "tools[0].type"},
+		{"members a message does not know", body(`{"model":"m","messages":[`, `{"role":"user","content":"a","x":1}`, `]}`), 5, "messages[0].x"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			var err *chatError
+			n := allocated(func() {
+				out = bytes.Buffer{}
+				_, err = translateChat(&out, tc.body)
+			})
+			got := ""
+			if err != nil {
+				got = err.param
+			}
+			if got != tc.param {
+				t.Fatalf("refusal %q (%v), want %q", got, err, tc.param)
+			}
+			if bound := factor*tc.times*float64(len(tc.body)) + 256<<10; float64(n) > bound {
+				t.Errorf("allocated %.1f times the body (%d MB), want at most %v", perByte(n, tc.body), n>>20, factor*tc.times)
+			}
+			if out.Len() > 2*len(tc.body) {
+				t.Errorf("wrote %d bytes for a body of %d", out.Len(), len(tc.body))
+			}
+			t.Logf("%.2f times the body", perByte(n, tc.body))
+		})
+	}
+}
+
+// TestChatCompletionOfEmptyMessagesIsA400: through Caddy, the 8 MiB of
+// empty messages get the 400 of their first, in OpenAI's shape, and no
+// upstream hears of them.
+func TestChatCompletionOfEmptyMessagesIsA400(t *testing.T) {
+	up := fakeupstream.New(t, fakeupstream.Message("x"))
+	startRelay(t, channelBlock("oai-empty", up.URL)+keyAndGroup("oai-empty", "oai-empty"))
+	r := send(t, http.MethodPost, "/v1/chat/completions", clientKey, string(emptyMessages()))
+	want := `{"error":{"message":"messages[0].role: must be system, developer, user, assistant or tool","type":"invalid_request_error","param":"messages[0].role","code":null}}`
+	if r.status != http.StatusBadRequest || string(r.body) != want {
+		t.Errorf("%d %s\nwant 400 %s", r.status, r.body, want)
+	}
+	if up.Hits() != 0 {
+		t.Errorf("the upstream was asked %d times", up.Hits())
+	}
+}
+
+// BenchmarkChatCompletionOfEmptyMessages is the request of
+// TestChatCompletionOfEmptyMessagesIsA400 through the handler, from its
+// key to its 400: what refusing 8 MiB of empty messages takes.
+func BenchmarkChatCompletionOfEmptyMessages(b *testing.B) {
+	body := emptyMessages()
+	r := &Relay{
+		Keys:     []*Key{{Secret: "sk-bench-empty-messages", Group: "bench-empty"}},
+		Channels: []*Channel{{Name: "bench-empty", UpstreamRaw: upstream("anthropic", "url", "http://127.0.0.1:9", "api_key", "{env.HOME}")}},
+		Groups:   []*Group{{Name: "bench-empty", Channels: []string{"bench-empty"}}},
+	}
+	provisionHandler(b, r)
+	srv := &caddyhttp.Server{}
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		req := httptest.NewRequest(http.MethodPost, PathChatCompletions, bytes.NewReader(body))
+		req.Header.Set("Authorization", "Bearer sk-bench-empty-messages")
+		w := httptest.NewRecorder()
+		req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), w, srv)
+		if err := r.ServeHTTP(w, req, nil); err != nil || w.Code != http.StatusBadRequest {
+			b.Fatalf("%v %d %s", err, w.Code, w.Body)
+		}
+	}
+}
+
+// BenchmarkTranslateTinyMessages translates 8 MiB of tiny valid messages.
+func BenchmarkTranslateTinyMessages(b *testing.B) {
+	body := repeated(`{"model":"claude-sonnet-5-5","messages":[`, `{"role":"user","content":"a"}`, `]}`, 8<<20)
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	var out bytes.Buffer
+	for b.Loop() {
+		out.Reset()
+		if _, err := translateChat(&out, body); err != nil {
+			b.Fatal(err.msg)
+		}
+	}
+}
+
+// FuzzTranslateChat feeds any bytes to the Chat Completions translation:
+// it never panics, allocates at most a small multiple of the body, refuses
+// with a message that names what it refuses, and writes a JSON object.
+func FuzzTranslateChat(f *testing.F) {
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var out bytes.Buffer
+		var err *chatError
+		n := allocated(func() {
+			out = bytes.Buffer{}
+			_, err = translateChat(&out, body)
+		})
+		if _, factor := boundedBodies(); float64(n) > factor*float64(8*len(body)+64<<10) {
+			t.Errorf("allocated %d bytes for a body of %d", n, len(body))
+		}
+		switch {
+		case err != nil && err.param != "" && !strings.HasPrefix(err.msg, err.param+": "):
+			t.Errorf("refusal %q does not name %q", err.msg, err.param)
+		case err == nil && (!json.Valid(out.Bytes()) || out.Bytes()[0] != '{'):
+			t.Errorf("translated to %s", out.Bytes())
+		}
+	})
 }

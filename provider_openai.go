@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/caddy-relay/relay/internal/rope"
 	"github.com/caddy-relay/relay/internal/sse"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -175,22 +176,25 @@ func openAIUpstreamError(status int, body []byte, requestID string) UpstreamErro
 }
 
 // antRequest is the part of a Messages request an OpenAI upstream can be
-// given.
+// given. Its arrays (messages and their blocks, tools, stop_sequences) are
+// translated one element at a time as they are decoded, never held as Go
+// values, so a translation costs a small multiple of the body's size
+// whatever the body holds (docs/security.md, promise 2).
 type antRequest struct {
-	Model         string         `json:"model"`
-	MaxTokens     int64          `json:"max_tokens"`
-	System        jsontext.Value `json:"system"`
-	Messages      []antMessage   `json:"messages"`
-	StopSequences []string       `json:"stop_sequences"`
-	Temperature   *float64       `json:"temperature"`
-	TopP          *float64       `json:"top_p"`
-	Tools         []antTool      `json:"tools"`
-	ToolChoice    *msgToolChoice `json:"tool_choice"`
-	Thinking      *msgThinking   `json:"thinking"`
-	OutputConfig  *antOutputCfg  `json:"output_config"`
-	Metadata      *msgMetadata   `json:"metadata"`
-	Stream        bool           `json:"stream"`
-	Rest          jsontext.Value `json:",embed"` // top_k, cache_control, service_tier...: refused or dropped
+	Model         string          `json:"model"`
+	MaxTokens     int64           `json:"max_tokens"`
+	System        jsontext.Value  `json:"system"`
+	Messages      antConversation `json:"messages"`
+	StopSequences jsonStrings     `json:"stop_sequences"`
+	Temperature   *float64        `json:"temperature"`
+	TopP          *float64        `json:"top_p"`
+	Tools         antTools        `json:"tools"`
+	ToolChoice    *msgToolChoice  `json:"tool_choice"`
+	Thinking      *msgThinking    `json:"thinking"`
+	OutputConfig  *antOutputCfg   `json:"output_config"`
+	Metadata      *msgMetadata    `json:"metadata"`
+	Stream        bool            `json:"stream"`
+	Rest          jsontext.Value  `json:",embed"` // top_k, cache_control, service_tier...: refused or dropped
 }
 
 type antOutputCfg struct {
@@ -198,9 +202,24 @@ type antOutputCfg struct {
 	Format *msgFormat `json:"format"`
 }
 
+// antMessage is one message, as antConversation decodes it.
 type antMessage struct {
-	Role    string         `json:"role"`
-	Content jsontext.Value `json:"content"`
+	Role    string     `json:"role"`
+	Content antContent `json:"content"`
+}
+
+// antContent is a message's content (a string, blocks, or null), kept as
+// JSON until the message's role, which may come after it, says how to
+// read it.
+type antContent struct {
+	raw *bytes.Buffer // antConversation's
+}
+
+// UnmarshalJSONFrom implements json.UnmarshalerFrom.
+func (c *antContent) UnmarshalJSONFrom(dec *jsontext.Decoder) error {
+	v, err := dec.ReadValue()
+	c.raw.Write(v)
+	return err
 }
 
 type antBlock struct {
@@ -243,15 +262,18 @@ func (*OpenAIProvider) Supports(name string) Support {
 	return Unsupported
 }
 
-// oaiRequest is the chat completion an OpenAI upstream is sent.
+// oaiRequest is the chat completion an OpenAI upstream is sent. Its
+// arrays were encoded as their elements were translated (messages: chat
+// messages; stop: strings; tools: oaiTools); here they hold placeholders,
+// and come before any member that holds a client's object (writeSpliced).
 type oaiRequest struct {
 	Model             string          `json:"model"`
-	Messages          []oaiMessage    `json:"messages"`
+	Messages          jsontext.Value  `json:"messages"`
 	MaxTokens         int64           `json:"max_tokens,omitzero"`
-	Stop              []string        `json:"stop,omitzero"`
+	Stop              jsontext.Value  `json:"stop,omitzero"`
 	Temperature       *float64        `json:"temperature,omitzero"`
 	TopP              *float64        `json:"top_p,omitzero"`
-	Tools             []oaiTool       `json:"tools,omitzero"`
+	Tools             jsontext.Value  `json:"tools,omitzero"`
 	ToolChoice        jsontext.Value  `json:"tool_choice,omitzero"`
 	ParallelToolCalls *bool           `json:"parallel_tool_calls,omitzero"`
 	ReasoningEffort   string          `json:"reasoning_effort,omitzero"`
@@ -259,13 +281,8 @@ type oaiRequest struct {
 	User              string          `json:"user,omitzero"`
 	Stream            bool            `json:"stream,omitzero"`
 	StreamOptions     *chatStreamOpts `json:"stream_options,omitzero"`
-}
 
-type oaiMessage struct {
-	Role       string         `json:"role"`
-	Content    jsontext.Value `json:"content"` // a string, parts, or null
-	ToolCalls  []chatToolCall `json:"tool_calls,omitzero"`
-	ToolCallID string         `json:"tool_call_id,omitzero"`
+	spliced spliced
 }
 
 type oaiTool struct {
@@ -279,15 +296,20 @@ type oaiTool struct {
 }
 
 type oaiPart struct {
-	Type     string `json:"type"`
-	Text     string `json:"text,omitzero"`
-	ImageURL *struct {
-		URL string `json:"url"`
-	} `json:"image_url,omitzero"`
+	Type     string       `json:"type"`
+	Text     string       `json:"text,omitzero"`
+	ImageURL *oaiImageURL `json:"image_url,omitzero"`
+}
+
+type oaiImageURL struct {
+	URL string `json:"url"`
 }
 
 // messagesToChat translates a Messages body into a chat completion for
-// model.
+// model. A body with several problems is refused for the first of them in
+// this order: a value of the wrong type (in the order of the body), a
+// field the format cannot carry, the system prompt, the messages in
+// order, the tools in order.
 func messagesToChat(body []byte, model string) ([]byte, error) {
 	var in antRequest
 	if err := json.Unmarshal(body, &in); err != nil {
@@ -302,33 +324,29 @@ func messagesToChat(body []byte, model string) ([]byte, error) {
 			}
 		}
 	}
-	out := oaiRequest{Model: model, MaxTokens: in.MaxTokens, Stop: in.StopSequences, Temperature: in.Temperature, TopP: in.TopP}
+	out := oaiRequest{Model: model, MaxTokens: in.MaxTokens, Temperature: in.Temperature, TopP: in.TopP}
+	if in.StopSequences.array {
+		out.Stop = out.spliced.add("stop", &in.StopSequences.out)
+	}
 	if in.Metadata != nil {
 		out.User = in.Metadata.UserID
 	}
 	if in.Stream {
 		out.Stream, out.StreamOptions = true, &chatStreamOpts{IncludeUsage: true}
 	}
-	if sys, err := systemText(in.System); err != nil {
+	sys, err := systemText(in.System)
+	if err != nil {
 		return nil, err
-	} else if sys != "" {
-		out.Messages = append(out.Messages, oaiMessage{Role: "system", Content: jsonString(sys)})
 	}
-	for i, m := range in.Messages {
-		msgs, err := chatMessages(m)
-		if err != nil {
-			return nil, fmt.Errorf("messages.%d: %v", i, err)
-		}
-		out.Messages = append(out.Messages, msgs...)
+	if in.Messages.err != nil {
+		return nil, in.Messages.err
 	}
-	for _, t := range in.Tools {
-		if t.Type != "" && t.Type != "custom" {
-			return nil, fmt.Errorf("tool %q of type %s is a server tool an OpenAI-format upstream does not run", t.Name, t.Type)
-		}
-		var ot oaiTool
-		ot.Type = "function"
-		ot.Function.Name, ot.Function.Description, ot.Function.Parameters, ot.Function.Strict = t.Name, t.Description, t.InputSchema, t.Strict
-		out.Tools = append(out.Tools, ot)
+	out.Messages = out.spliced.add("messages", in.Messages.close(sys))
+	if in.Tools.err != nil {
+		return nil, in.Tools.err
+	}
+	if in.Tools.n > 0 {
+		out.Tools = out.spliced.add("tools", &in.Tools.out)
 	}
 	if tc := in.ToolChoice; tc != nil {
 		switch tc.Type {
@@ -351,7 +369,11 @@ func messagesToChat(body []byte, model string) ([]byte, error) {
 		schema := oc.Format.Schema
 		out.ResponseFormat = jsontext.Value(`{"type":"json_schema","json_schema":{"name":"output","strict":true,"schema":` + string(schema) + `}}`)
 	}
-	return json.Marshal(&out)
+	var buf bytes.Buffer
+	if err := writeSpliced(&buf, &out, out.spliced); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
 }
 
 // reasoningEffort is the reasoning_effort of a thinking config: the
@@ -397,119 +419,339 @@ func systemText(v jsontext.Value) (string, error) {
 		var s string
 		_ = json.Unmarshal(v, &s)
 		return s, nil
+	case '[':
+	default:
+		var wrong []antBlock // the error it always was
+		return "", fmt.Errorf("system: %v", json.Unmarshal(v, &wrong))
 	}
-	var blocks []antBlock
-	if err := json.Unmarshal(v, &blocks); err != nil {
-		return "", fmt.Errorf("system: %v", err)
-	}
+	var r blockReader
 	var sb strings.Builder
-	for _, b := range blocks {
+	derr, err := r.each(v, func(b *antBlock) error {
 		if b.Type != "text" {
-			return "", fmt.Errorf("system: %s blocks cannot be carried", b.Type)
+			return fmt.Errorf("system: %s blocks cannot be carried", b.Type)
 		}
 		if sb.Len() > 0 {
 			sb.WriteString("\n\n")
 		}
 		sb.WriteString(b.Text)
+		return nil
+	})
+	if derr != nil {
+		return "", fmt.Errorf("system: %v", derr)
 	}
-	return sb.String(), nil
+	return sb.String(), err
 }
 
-// chatMessages translates one Messages turn: a user turn's tool results
-// become tool messages ahead of the rest of it, an assistant turn's
-// tool_use blocks its tool calls. Thinking blocks are dropped: an
-// OpenAI-format upstream takes no signed reasoning back.
-func chatMessages(m antMessage) ([]oaiMessage, error) {
-	if m.Content.Kind() == '"' {
-		return []oaiMessage{{Role: m.Role, Content: m.Content}}, nil
+// blockReader reads the blocks of a JSON array one at a time, in place.
+type blockReader struct {
+	src bytes.Buffer
+	dec jsontext.Decoder
+	b   antBlock
+}
+
+// each decodes the blocks of v, a JSON array, into one antBlock after the
+// other and calls f with each until f refuses one (refused); the others
+// are only decoded, since a block that does not decode (err) is the first
+// problem.
+func (r *blockReader) each(v []byte, f func(*antBlock) error) (err, refused error) {
+	r.src = *bytes.NewBuffer(v) // read in place, never copied
+	r.dec.Reset(&r.src)
+	if _, err := r.dec.ReadToken(); err != nil {
+		return err, nil
 	}
-	var blocks []antBlock
-	if err := json.Unmarshal(m.Content, &blocks); err != nil {
-		return nil, fmt.Errorf("content: %v", err)
-	}
-	var out []oaiMessage
-	var parts []oaiPart
-	var text strings.Builder
-	var calls []chatToolCall
-	for _, b := range blocks {
-		switch b.Type {
-		case "text":
-			parts = append(parts, oaiPart{Type: "text", Text: b.Text})
-			text.WriteString(b.Text)
-		case "image":
-			if m.Role != "user" || b.Source == nil {
-				return nil, fmt.Errorf("an image goes in a user turn, with a source")
-			}
-			p := oaiPart{Type: "image_url", ImageURL: &struct {
-				URL string `json:"url"`
-			}{}}
-			switch b.Source.Type {
-			case "base64":
-				p.ImageURL.URL = "data:" + b.Source.MediaType + ";base64," + b.Source.Data
-			case "url":
-				p.ImageURL.URL = b.Source.URL
-			default:
-				return nil, fmt.Errorf("image sources of type %s cannot be carried", b.Source.Type)
-			}
-			parts = append(parts, p)
-		case "tool_use":
-			var tc chatToolCall
-			tc.ID, tc.Type, tc.Function.Name = b.ID, "function", b.Name
-			tc.Function.Arguments = cmp.Or(string(b.Input), "{}")
-			calls = append(calls, tc)
-		case "tool_result":
-			content, err := toolResultText(b)
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, oaiMessage{Role: "tool", ToolCallID: b.ToolUseID, Content: jsonString(content)})
-		case "thinking", "redacted_thinking":
-		default:
-			return nil, fmt.Errorf("%s blocks cannot be carried to an OpenAI-format upstream", b.Type)
+	for r.dec.PeekKind() != ']' {
+		r.b = antBlock{}
+		if err := json.UnmarshalDecode(&r.dec, &r.b); err != nil {
+			return err, nil
 		}
+		if refused == nil {
+			refused = f(&r.b)
+		}
+	}
+	return nil, refused
+}
+
+// antConversation is a Messages request's messages. Each is translated
+// into chat messages as soon as it is decoded, so no conversation is ever
+// held as Go values: a user turn's tool results become tool messages
+// ahead of the rest of it, an assistant turn's tool_use blocks its tool
+// calls. Thinking blocks are dropped: an OpenAI-format upstream takes no
+// signed reasoning back. The first message refused is kept (err) and the
+// ones after it only decoded.
+type antConversation struct {
+	n       int
+	err     error
+	out     rope.Rope    // the chat messages, comma-separated
+	m       antMessage   // the message being decoded
+	content bytes.Buffer // its content, as JSON
+	blocks  blockReader  // reads its blocks
+	results blockReader  // and a tool result's
+	parts   rope.Rope    // a user turn's parts, comma-separated
+	text    rope.Rope    // an assistant turn's text, as in a JSON string
+	calls   rope.Rope    // and its tool calls, comma-separated
+	part    oaiPart
+	url     oaiImageURL
+	call    chatToolCall
+	raw     []byte
+	buf     []byte
+}
+
+// UnmarshalJSONFrom implements json.UnmarshalerFrom.
+func (c *antConversation) UnmarshalJSONFrom(dec *jsontext.Decoder) error {
+	if ok, err := openArray[antMessage](dec); !ok {
+		return err
+	}
+	for ; dec.PeekKind() != ']'; c.n++ {
+		c.content.Reset()
+		c.m = antMessage{Content: antContent{raw: &c.content}}
+		if err := json.UnmarshalDecode(dec, &c.m); err != nil {
+			return err
+		}
+		if c.err == nil {
+			if err := c.translate(); err != nil {
+				c.err = fmt.Errorf("messages.%d: %v", c.n, err)
+			}
+		}
+	}
+	_, err := dec.ReadToken()
+	return err
+}
+
+// translate writes the chat messages of the message just decoded.
+func (c *antConversation) translate() error {
+	content := c.content.Bytes()
+	switch jsontext.Value(content).Kind() {
+	case '"':
+		// the string as encoding it gives: its escapes, canonical
+		var err error
+		if c.raw, err = jsontext.AppendUnquote(c.raw[:0], content); err != nil {
+			return fmt.Errorf("content: %v", err)
+		}
+		c.begin(c.m.Role)
+		c.out.WriteString(`,"content":`)
+		c.buf, _ = jsontext.AppendQuote(c.buf[:0], c.raw) // valid UTF-8: it was decoded
+		_, _ = c.out.Write(c.buf)
+		c.out.WriteString(`}`)
+		return nil
+	case '[':
+	default:
+		var wrong []antBlock // null is no blocks; anything else the error it always was
+		if err := json.Unmarshal(content, &wrong); err != nil {
+			return fmt.Errorf("content: %v", err)
+		}
+		return nil
+	}
+	c.parts.Reset()
+	c.text.Reset()
+	c.calls.Reset()
+	derr, err := c.blocks.each(content, c.add)
+	if derr != nil {
+		return fmt.Errorf("content: %v", derr)
+	}
+	if err != nil {
+		return err
 	}
 	switch {
-	case m.Role == "assistant":
-		msg := oaiMessage{Role: "assistant", ToolCalls: calls, Content: jsontext.Value("null")}
-		if text.Len() > 0 {
-			msg.Content = jsonString(text.String())
+	case c.m.Role == "assistant":
+		if c.text.Len() == 0 && c.calls.Len() == 0 {
+			return nil
 		}
-		if text.Len() > 0 || len(calls) > 0 {
-			out = append(out, msg)
+		c.begin("assistant")
+		if c.text.Len() > 0 {
+			c.out.WriteString(`,"content":"`)
+			_, _ = c.text.WriteTo(&c.out)
+			c.out.WriteString(`"`)
+		} else {
+			c.out.WriteString(`,"content":null`)
 		}
-	case len(parts) > 0:
-		b, _ := json.Marshal(parts)
-		out = append(out, oaiMessage{Role: m.Role, Content: b})
+		if c.calls.Len() > 0 {
+			c.out.WriteString(`,"tool_calls":[`)
+			_, _ = c.calls.WriteTo(&c.out)
+			c.out.WriteString(`]`)
+		}
+		c.out.WriteString(`}`)
+	case c.parts.Len() > 0:
+		c.begin(c.m.Role)
+		c.out.WriteString(`,"content":[`)
+		_, _ = c.parts.WriteTo(&c.out)
+		c.out.WriteString(`]}`)
 	}
-	return out, nil
+	return nil
+}
+
+// add translates one block of the message: text and images are the parts
+// of a user turn, text the content of an assistant turn, tool_use blocks
+// its tool calls; a tool result is a tool message, written at once.
+func (c *antConversation) add(b *antBlock) error {
+	assistant := c.m.Role == "assistant"
+	switch b.Type {
+	case "text":
+		if assistant {
+			// the content's JSON string, less its quotes: escaping is
+			// rune by rune, so the text's pieces can be escaped apart
+			c.buf, _ = jsontext.AppendQuote(c.buf[:0], b.Text) // valid UTF-8: it was decoded
+			_, _ = c.text.Write(c.buf[1 : len(c.buf)-1])
+			return nil
+		}
+		c.part = oaiPart{Type: "text", Text: b.Text}
+		return c.addPart()
+	case "image":
+		if c.m.Role != "user" || b.Source == nil {
+			return fmt.Errorf("an image goes in a user turn, with a source")
+		}
+		switch b.Source.Type {
+		case "base64":
+			c.url = oaiImageURL{URL: "data:" + b.Source.MediaType + ";base64," + b.Source.Data}
+		case "url":
+			c.url = oaiImageURL{URL: b.Source.URL}
+		default:
+			return fmt.Errorf("image sources of type %s cannot be carried", b.Source.Type)
+		}
+		c.part = oaiPart{Type: "image_url", ImageURL: &c.url}
+		return c.addPart()
+	case "tool_use":
+		if !assistant {
+			return nil // a user turn's calls go nowhere, as they always did
+		}
+		c.call = chatToolCall{ID: b.ID, Type: "function"}
+		c.call.Function.Name, c.call.Function.Arguments = b.Name, cmp.Or(string(b.Input), "{}")
+		sep(&c.calls)
+		return json.MarshalWrite(&c.calls, &c.call)
+	case "tool_result":
+		content, err := c.toolResultText(b)
+		if err != nil {
+			return err
+		}
+		c.begin("tool")
+		c.out.WriteString(`,"content":`)
+		c.quote(&c.out, content)
+		if b.ToolUseID != "" {
+			c.out.WriteString(`,"tool_call_id":`)
+			c.quote(&c.out, b.ToolUseID)
+		}
+		c.out.WriteString(`}`)
+		return nil
+	case "thinking", "redacted_thinking":
+		return nil
+	}
+	return fmt.Errorf("%s blocks cannot be carried to an OpenAI-format upstream", b.Type)
+}
+
+func (c *antConversation) addPart() error {
+	sep(&c.parts)
+	return json.MarshalWrite(&c.parts, &c.part)
+}
+
+// begin starts a chat message of role, {"role","content","tool_calls",
+// "tool_call_id"}, the last three written by the caller, in this order,
+// and the closing brace.
+func (c *antConversation) begin(role string) {
+	sep(&c.out)
+	c.out.WriteString(`{"role":`)
+	c.quote(&c.out, role)
+}
+
+// quote writes s as a JSON string.
+func (c *antConversation) quote(r *rope.Rope, s string) {
+	c.buf, _ = jsontext.AppendQuote(c.buf[:0], s) // valid UTF-8: it was decoded
+	_, _ = r.Write(c.buf)
+}
+
+// close ends the messages: the system prompt's message, then the others.
+func (c *antConversation) close(system string) *rope.Rope {
+	if system == "" {
+		return &c.out
+	}
+	var all rope.Rope
+	all.WriteString(`{"role":"system","content":`)
+	c.quote(&all, system)
+	all.WriteString(`}`)
+	if c.out.Len() > 0 {
+		_ = all.WriteByte(',')
+		all.Append(&c.out)
+	}
+	return &all
 }
 
 // toolResultText is a tool result's content as the text a tool message
 // takes; an error result says so.
-func toolResultText(b antBlock) (string, error) {
+func (c *antConversation) toolResultText(b *antBlock) (string, error) {
 	var s string
 	switch b.Content.Kind() {
 	case 0, 'n':
 	case '"':
-		_ = json.Unmarshal(b.Content, &s)
-	default:
-		var blocks []antBlock
-		if err := json.Unmarshal(b.Content, &blocks); err != nil {
-			return "", fmt.Errorf("tool_result content: %v", err)
-		}
+		c.raw, _ = jsontext.AppendUnquote(c.raw[:0], b.Content) // valid: it was decoded
+		s = string(c.raw)
+	case '[':
 		var sb strings.Builder
-		for _, c := range blocks {
-			if c.Type != "text" {
-				return "", fmt.Errorf("tool_result content of type %s cannot be carried", c.Type)
+		derr, err := c.results.each(b.Content, func(t *antBlock) error {
+			if t.Type != "text" {
+				return fmt.Errorf("tool_result content of type %s cannot be carried", t.Type)
 			}
-			sb.WriteString(c.Text)
+			sb.WriteString(t.Text)
+			return nil
+		})
+		if derr != nil {
+			return "", fmt.Errorf("tool_result content: %v", derr)
+		}
+		if err != nil {
+			return "", err
 		}
 		s = sb.String()
+	default:
+		var wrong []antBlock // the error it always was
+		return "", fmt.Errorf("tool_result content: %v", json.Unmarshal(b.Content, &wrong))
 	}
 	if b.IsError {
 		s = "Error: " + s
 	}
 	return s, nil
+}
+
+// antTools is a request's tools, each checked and encoded as a chat tool
+// as it is decoded; the first one refused is kept (err).
+type antTools struct {
+	n    int
+	err  error
+	out  rope.Rope // the tools, comma-separated
+	tool antTool   // the one being decoded
+	oai  oaiTool
+}
+
+// UnmarshalJSONFrom implements json.UnmarshalerFrom.
+func (t *antTools) UnmarshalJSONFrom(dec *jsontext.Decoder) error {
+	if ok, err := openArray[antTool](dec); !ok {
+		return err
+	}
+	for ; dec.PeekKind() != ']'; t.n++ {
+		t.tool = antTool{}
+		if err := json.UnmarshalDecode(dec, &t.tool); err != nil {
+			return err
+		}
+		if t.err == nil {
+			t.err = t.add(t.n)
+		}
+	}
+	_, err := dec.ReadToken()
+	return err
+}
+
+// add encodes tool i. A tool must have a name, as Messages wants: a
+// nameless one would become a function of no name, the size of several
+// of it.
+func (t *antTools) add(i int) error {
+	in := &t.tool
+	if in.Type != "" && in.Type != "custom" {
+		return fmt.Errorf("tool %q of type %s is a server tool an OpenAI-format upstream does not run", in.Name, in.Type)
+	}
+	if in.Name == "" {
+		return fmt.Errorf("tools.%d.name: Field required", i)
+	}
+	t.oai = oaiTool{Type: "function"}
+	f := &t.oai.Function
+	f.Name, f.Description, f.Parameters, f.Strict = in.Name, in.Description, in.InputSchema, in.Strict
+	sep(&t.out)
+	return json.MarshalWrite(&t.out, &t.oai)
 }
 
 // stopReasons maps Chat Completions' finish reasons onto Messages' stop

@@ -5,7 +5,6 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"slices"
 	"strconv"
 
 	"github.com/go-json-experiment/json/jsontext"
@@ -42,105 +41,114 @@ func mayReferenceFiles(body []byte) bool {
 	return bytes.Contains(body, fileIDKey)
 }
 
-// fileRef is one file id in a body: where its JSON string is.
+// fileRef is one file id in a body: where its JSON string is, and the
+// upstream's id in its place.
 type fileRef struct {
 	start, end int
-	channel    string
 	up         string
 }
 
 // pinFiles resolves the file ids of body (from group) to the one channel
-// that holds them all, and returns the body with the upstream's ids. An id
-// that is not the group's (sealed for another group, or naming a file the
-// group did not make) is a 404 not_found_error, as an id that does not
-// exist; files held by different channels, a 400. The owners of the files
-// are one look-up per channel they name (one, unless the 400 follows).
-func (r *Relay) pinFiles(ctx context.Context, secret []byte, g *group, body []byte) ([]byte, *channel, *relayError) {
-	refs, err := findFileIDs(body)
-	if err != nil {
-		return nil, nil, errBodyJSON(err)
-	}
-	if len(refs) == 0 {
-		return body, nil, nil
-	}
-	ids := make([]string, len(refs))
-	var channels []string
-	for i := range refs {
-		ref := &refs[i]
-		raw, err := jsontext.AppendUnquote(nil, body[ref.start:ref.end])
+// that holds them all, and returns the body with the upstream's ids, and
+// how far that moved the byte at offset at (where a message's model is).
+// An id that is not the group's (sealed for another group, or naming a
+// file the group did not make) is a 404 not_found_error, as an id that does
+// not exist; files held by different channels, a 400. Ids are resolved as
+// they are found, each once, and once one is refused the rest of the body
+// is only checked to be JSON: what a body of many ids costs is a small
+// multiple of its size. The owners of its files are then one look-up.
+func (r *Relay) pinFiles(ctx context.Context, secret []byte, g *group, body []byte, at int) (_ []byte, owner *channel, moved int, _ *relayError) {
+	var refs []fileRef
+	var refusal *relayError
+	resolved := map[string]string{} // by the id's JSON: an id is checked once
+	var ups, ids []string           // each file once: the upstream's id, the client's
+	err := eachFileID(body, func(start, end int) {
+		if refusal != nil {
+			return
+		}
+		if up, ok := resolved[string(body[start:end])]; ok {
+			refs = append(refs, fileRef{start: start, end: end, up: up})
+			return
+		}
+		raw, err := jsontext.AppendUnquote(nil, body[start:end])
 		if err != nil {
-			return nil, nil, errInvalid("file_id must be a string")
+			refusal = errInvalid("file_id must be a string")
+			return
 		}
-		ids[i] = string(raw)
-		name, up, ok := parseItemID(secret, kindFile, g.name, ids[i])
+		id := string(raw)
+		name, up, ok := parseItemID(secret, kindFile, g.name, id)
 		if !ok {
-			return nil, nil, errResourceNotFound(kindFile, ids[i])
+			refusal = errResourceNotFound(kindFile, id)
+			return
 		}
-		ref.channel, ref.up = name, up
-		if !slices.Contains(channels, name) {
-			channels = append(channels, name)
+		if owner != nil && owner.name != name {
+			refusal = errInvalid("the files this request references are held by different channels (" +
+				strconv.Quote(owner.name) + " and " + strconv.Quote(name) + "); one request can only use files uploaded through one channel")
+			return
 		}
-	}
-	for _, name := range channels {
-		var ups, of []string
-		for i, ref := range refs {
-			if ref.channel == name {
-				ups, of = append(ups, ref.up), append(of, ids[i])
+		if owner == nil {
+			for _, ch := range g.channels {
+				if _, serves := servesResource(ch, kindFile); serves && ch.name == name {
+					owner = ch
+				}
+			}
+			if owner == nil {
+				refusal = errOwnerGone(kindFile, name, g.name)
+				return
 			}
 		}
-		if rerr := r.checkOwners(ctx, kindFile, g.name, name, ups, of); rerr != nil {
-			return nil, nil, rerr
-		}
+		resolved[string(body[start:end])] = up
+		ups, ids = append(ups, up), append(ids, id)
+		refs = append(refs, fileRef{start: start, end: end, up: up})
+	})
+	switch {
+	case err != nil:
+		return nil, nil, 0, errBodyJSON(err)
+	case refusal != nil:
+		return nil, nil, 0, refusal
+	case len(refs) == 0:
+		return body, nil, 0, nil
 	}
-	if len(channels) > 1 {
-		return nil, nil, errInvalid("the files this request references are held by different channels (" +
-			strconv.Quote(channels[0]) + " and " + strconv.Quote(channels[1]) + "); one request can only use files uploaded through one channel")
-	}
-	var owner *channel
-	for _, ch := range g.channels {
-		if _, serves := servesResource(ch, kindFile); serves && ch.name == channels[0] {
-			owner = ch
-		}
-	}
-	if owner == nil {
-		return nil, nil, errOwnerGone(kindFile, channels[0], g.name)
+	if rerr := r.checkOwners(ctx, kindFile, g.name, owner.name, ups, ids); rerr != nil {
+		return nil, nil, 0, rerr
 	}
 	out := make([]byte, 0, len(body))
-	at := 0
+	prev := 0
 	for _, ref := range refs {
-		out = append(out, body[at:ref.start]...)
+		out = append(out, body[prev:ref.start]...)
 		out = strconv.AppendQuote(out, ref.up)
-		at = ref.end
+		prev = ref.end
+		if ref.end <= at {
+			moved = len(out) - ref.end
+		}
 	}
-	return append(out, body[at:]...), owner, nil
+	return append(out, body[prev:]...), owner, moved, nil
 }
 
-// findFileIDs finds the string value of every object member named file_id,
-// at any depth.
-func findFileIDs(body []byte) ([]fileRef, error) {
-	dec := jsontext.NewDecoder(bytes.NewReader(body))
-	var refs []fileRef
+// eachFileID calls f with where the string value of every object member
+// named file_id is in body (its quotes included), at any depth, in order.
+// It fails as the strict scan of a body does.
+func eachFileID(body []byte, f func(start, end int)) error {
+	src := bytes.NewBuffer(body) // read in place, never copied
+	dec := jsontext.NewDecoder(src)
 	for {
 		kind, n := dec.StackIndex(dec.StackDepth())
 		tok, err := dec.ReadToken()
 		if err == io.EOF {
-			return refs, nil
+			return nil
 		}
 		if err != nil {
-			return nil, err
+			return err
 		}
-		if kind != '{' || n%2 != 0 || tok.Kind() != '"' || tok.String() != "file_id" {
-			continue
-		}
-		if dec.PeekKind() != '"' {
+		if kind != '{' || n%2 != 0 || tok.Kind() != '"' || tok.String() != "file_id" || dec.PeekKind() != '"' {
 			continue
 		}
 		v, err := dec.ReadValue()
 		if err != nil {
-			return nil, err
+			return err
 		}
 		end := int(dec.InputOffset())
-		refs = append(refs, fileRef{start: end - len(v), end: end})
+		f(end-len(v), end)
 	}
 }
 
@@ -153,7 +161,7 @@ func (r *Relay) pinToFiles(ctx context.Context, in *inbound) *relayError {
 		return errStorageUnavailable()
 	}
 	g := in.key.group
-	body, ch, rerr := r.pinFiles(ctx, secret, g, in.body)
+	body, ch, moved, rerr := r.pinFiles(ctx, secret, g, in.body, in.modelStart)
 	if rerr != nil || ch == nil {
 		return rerr
 	}
@@ -162,19 +170,8 @@ func (r *Relay) pinToFiles(ctx context.Context, in *inbound) *relayError {
 			msg: "the files this request references are held by channel " + strconv.Quote(ch.name) + ", which does not serve model " + strconv.Quote(in.model)}
 	}
 	// the model's place moves by what the ids before it changed
-	if len(body) != len(in.body) {
-		start := in.modelStart
-		delta := 0
-		refs, _ := findFileIDs(in.body)
-		out, _ := findFileIDs(body)
-		for i := range refs {
-			if refs[i].end <= start {
-				delta = out[i].end - refs[i].end
-			}
-		}
-		in.modelStart += delta
-		in.modelEnd += delta
-	}
+	in.modelStart += moved
+	in.modelEnd += moved
 	in.body = body
 	pinned := *g
 	pinned.channels, pinned.splits = []*channel{ch}, nil

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
@@ -581,22 +582,11 @@ func (c *resourceCtx) create() *failure {
 		}
 		defer releaseBody(buf)
 		body = buf.Bytes()
-		if !gjson.ValidBytes(body) {
-			return refused(errInvalid("request body is not valid JSON"))
-		}
-		for _, m := range gjson.GetBytes(body, "requests.#.params.model").Array() {
-			if m.Type != gjson.String || modelIDProblem(m.Str) != "" {
-				return refused(errInvalid("requests: every request needs params.model, a model id"))
-			}
-			if !slices.Contains(models, m.Str) {
-				models = append(models, m.Str)
-			}
-		}
-		if len(models) == 0 {
-			return refused(errInvalid("requests: field required, with params.model in each"))
+		if models, rerr = batchModels(body); rerr != nil {
+			return refused(rerr)
 		}
 		if mayReferenceFiles(body) {
-			b, ch, rerr := c.r.pinFiles(c.req.Context(), c.secret, c.group, body)
+			b, ch, _, rerr := c.r.pinFiles(c.req.Context(), c.secret, c.group, body, 0)
 			if rerr != nil {
 				return refused(rerr)
 			}
@@ -692,6 +682,42 @@ func (c *resourceCtx) create() *failure {
 		}
 		n++
 	}
+}
+
+// batchModels reads the distinct models of a batch's requests (each
+// request's params.model) in one pass over them that keeps nothing but
+// those models: a batch of any number of requests costs a small multiple
+// of its size to read.
+func batchModels(body []byte) ([]string, *relayError) {
+	if !gjson.ValidBytes(body) {
+		return nil, errInvalid("request body is not valid JSON")
+	}
+	var models []string
+	seen := map[string]bool{} // a batch may name as many models as requests
+	ok := true
+	// read in place: what is kept is cloned
+	if reqs := gjson.Get(unsafe.String(unsafe.SliceData(body), len(body)), "requests"); reqs.IsArray() {
+		reqs.ForEach(func(_, r gjson.Result) bool {
+			m := r.Get("params.model")
+			switch {
+			case !m.Exists(): // a request without one is the upstream's to refuse
+			case m.Type != gjson.String || modelIDProblem(m.Str) != "":
+				ok = false
+			case !seen[m.Str]:
+				m := strings.Clone(m.Str)
+				seen[m] = true
+				models = append(models, m)
+			}
+			return ok
+		})
+	}
+	if !ok {
+		return nil, errInvalid("requests: every request needs params.model, a model id")
+	}
+	if len(models) == 0 {
+		return nil, errInvalid("requests: field required, with params.model in each")
+	}
+	return models, nil
 }
 
 // servesAll reports whether the channel serves every model in models.

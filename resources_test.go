@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/anthropics/anthropic-sdk-go/v2"
 	"github.com/anthropics/anthropic-sdk-go/v2/option"
@@ -488,11 +489,12 @@ func TestMayReferenceFiles(t *testing.T) {
 	}
 }
 
-func TestFindFileIDs(t *testing.T) {
+func TestEachFileID(t *testing.T) {
 	body := []byte(`{"model":"m","file_id":1,"messages":[{"content":[{"type":"document","source":{"type":"file","file_id":"file_a"}},{"type":"text","text":"\"file_id\":\"no\""},{"type":"container_upload","file_id":"file_b"}]}]}`)
-	refs, err := findFileIDs(body)
-	if err != nil || len(refs) != 2 || string(body[refs[0].start:refs[0].end]) != `"file_a"` || string(body[refs[1].start:refs[1].end]) != `"file_b"` {
-		t.Fatalf("%v %+v", err, refs)
+	var ids []string
+	err := eachFileID(body, func(start, end int) { ids = append(ids, string(body[start:end])) })
+	if err != nil || strings.Join(ids, " ") != `"file_a" "file_b"` {
+		t.Fatalf("%v %q", err, ids)
 	}
 }
 
@@ -558,5 +560,74 @@ func TestResourceSecretIsResolvedAndNeverShown(t *testing.T) {
 	resp.Body.Close()
 	if strings.Contains(string(cfg), "resource-s3cret-value") || !strings.Contains(string(cfg), "{env.RELAY_TEST_RESOURCE_SECRET}") {
 		t.Errorf("GET /config/ shows the secret or lost its placeholder")
+	}
+}
+
+// TestABatchOfEmptyRequestsIsReadWithinItsSize: reading the models of a
+// batch costs nothing per request, whatever it holds, and at most 7 times
+// its size when every request names a model of its own.
+func TestABatchOfEmptyRequestsIsReadWithinItsSize(t *testing.T) {
+	empty := repeated(`{"requests":[`, `{}`, `]}`, 8<<20)
+	var models []string
+	var rerr *relayError
+	n := allocated(func() { models, rerr = batchModels(empty) })
+	if rerr == nil || rerr.msg != "requests: field required, with params.model in each" {
+		t.Fatalf("models %v, refusal %v", models, rerr)
+	}
+	if n > 64<<20 {
+		t.Errorf("reading a batch of 8 MiB of empty requests allocated %d MB, want under 64", n>>20)
+	}
+
+	size, factor := boundedBodies()
+	one := repeated(`{"requests":[`, `{"custom_id":"a","params":{"model":"claude-sonnet-5-5","max_tokens":1,"messages":[{"role":"user","content":"a"}]}}`, `]}`, 4*size)
+	if n := allocated(func() { models, rerr = batchModels(one) }); rerr != nil || len(models) != 1 || n > 64<<10 {
+		t.Errorf("a batch of one model: %v %v, %d bytes allocated", models, rerr, n)
+	}
+	many := []byte(`{"requests":[`)
+	for i := 0; len(many) < size; i++ {
+		many = fmt.Appendf(many, `{"params":{"model":"m-%d"}},`, i)
+	}
+	many = append(many[:len(many)-1], `]}`...)
+	n = allocated(func() { models, rerr = batchModels(many) })
+	if rerr != nil || models[0] != "m-0" || models[len(models)-1] != fmt.Sprint("m-", len(models)-1) {
+		t.Fatalf("%v, models %v...", rerr, models[:2])
+	}
+	if perByte(n, many) > 7*factor {
+		t.Errorf("a model per request: %.1f times the body", perByte(n, many))
+	}
+}
+
+// TestFileIDsAreResolvedAsTheyAreFound: a body of many file ids is refused
+// at the first that is not the group's, and one id used many times is
+// checked once.
+func TestFileIDsAreResolvedAsTheyAreFound(t *testing.T) {
+	secret := []byte("0123456789abcdef0123456789abcdef")
+	g := &group{name: "g", channels: []*channel{{name: "ch", provider: &AnthropicProvider{}}}}
+	r := &Relay{owners: newOwnerStore(nil, nil, time.Now)}
+	ctx := context.Background()
+	if err := r.owners.record(ctx, kindFile, "ch", "file_011CNha8iCJcU1wXNR6q4V8w", "g"); err != nil {
+		t.Fatal(err)
+	}
+	bad := repeated(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[`, `{"type":"document","source":{"type":"file","file_id":"file_x"}}`, `]}]}`, 8<<20)
+	var rerr *relayError
+	n := allocated(func() { _, _, _, rerr = r.pinFiles(ctx, secret, g, bad, 0) })
+	if rerr == nil || rerr.status != http.StatusNotFound {
+		t.Fatalf("refusal %v", rerr)
+	}
+	if n > 64<<20 {
+		t.Errorf("8 MiB of unknown file ids allocated %d MB, want under 64", n>>20)
+	}
+
+	size, factor := boundedBodies()
+	id := itemID(secret, kindFile, "g", "ch", "file_011CNha8iCJcU1wXNR6q4V8w")
+	body := repeated(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[`, `{"type":"document","source":{"type":"file","file_id":"`+id+`"}}`, `]}]}`, size)
+	var out []byte
+	var ch *channel
+	n = allocated(func() { out, ch, _, rerr = r.pinFiles(ctx, secret, g, body, 0) })
+	if rerr != nil || ch == nil || bytes.Contains(out, []byte(id)) || !bytes.Contains(out, []byte(`"file_011CNha8iCJcU1wXNR6q4V8w"`)) {
+		t.Fatalf("%v %v", rerr, ch)
+	}
+	if perByte(n, body) > 4*factor {
+		t.Errorf("one file id, many times: %.1f times the body", perByte(n, body))
 	}
 }
