@@ -198,7 +198,8 @@ const otherKey = "sk-fleet-other-client-0123456789"
 // node, and each list's owners are one Redis round trip a page.
 func TestFleetKeepsEachGroupsBatchesAndFilesApart(t *testing.T) {
 	srv := redistest.Start(t)
-	up := fakeupstream.New(t, fakeupstream.NewStore("own"))
+	store := fakeupstream.NewStore("own")
+	up := fakeupstream.New(t, store)
 	cfg := fleetConfig{redisAddr: srv.Addr, prefix: "own:", channels: []string{"own=" + up.URL},
 		extra: "\t\tkey " + otherKey + " other\n\t\tgroup other {\n\t\t\tchannels own\n\t\t}\n"}
 	var nodes []*fleetNode
@@ -227,7 +228,7 @@ func TestFleetKeepsEachGroupsBatchesAndFilesApart(t *testing.T) {
 			t.Errorf("group other GET %s on node 2: %d %s", path, status, b)
 		}
 	}
-	if got, err := srv.Command("HGET", "own:{c:own}:owners:files", "file_own0001"); err != nil || got != "fleet" {
+	if got, err := srv.Command("HGET", "own:{c:own}:owners:files", store.NewestFile()); err != nil || got != "fleet" {
 		t.Errorf("the file's owner in Redis: %q %v", got, err)
 	}
 	// the group that made them sees them on either node

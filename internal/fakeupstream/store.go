@@ -85,6 +85,18 @@ var (
 )
 
 // ServeHTTP implements http.Handler.
+// NewestFile is the store's own id of the file it was given last, "" for
+// none.
+func (s *Store) NewestFile() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.files) == 0 {
+		return ""
+	}
+	id, _ := s.files[len(s.files)-1].meta["id"].(string)
+	return id
+}
+
 func (s *Store) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
