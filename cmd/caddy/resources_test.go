@@ -244,10 +244,11 @@ func TestFleetKeepsEachGroupsBatchesAndFilesApart(t *testing.T) {
 		t.Errorf("content on node 2: %d %s", status, b)
 	}
 	// a delete on node 2 removes the record from Redis
+	upFile := store.NewestFile()
 	if status, b := nodes[1].call(t, http.MethodDelete, "/v1/files/"+file, "", nil); status != 200 {
 		t.Fatalf("delete on node 2: %d %s", status, b)
 	}
-	if got, err := srv.Command("HEXISTS", "own:{c:own}:owners:files", "file_own0001"); err != nil || got != ":0" {
+	if got, err := srv.Command("HEXISTS", "own:{c:own}:owners:files", upFile); err != nil || got != ":0" {
 		t.Errorf("the record after the delete: %q %v", got, err)
 	}
 }
