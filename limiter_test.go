@@ -284,6 +284,7 @@ func BenchmarkAdmitAndSelect(b *testing.B) {
 	r := benchRelay(b)
 	keys := make([]*key, 0, 3)
 	for _, k := range r.keys {
+		r.activate(k) // a key takes its state at its first request
 		keys = append(keys, k)
 	}
 	policy := cooldownPolicy{base: time.Second, max: time.Minute, auth: time.Hour}
