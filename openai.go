@@ -2,6 +2,7 @@ package relay
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"math"
 	"slices"
@@ -21,7 +22,10 @@ import (
 const PathChatCompletions = "/v1/chat/completions"
 
 // defaultChatMaxTokens is the max_tokens of a chat completion that sets no
-// limit: Messages requires one, Chat Completions does not.
+// limit, for a model whose maximum output the pricing table does not know:
+// Messages requires one, Chat Completions does not. A known model is asked
+// for its maximum output, which is also what the request holds against its
+// budgets.
 const defaultChatMaxTokens = 8192
 
 // reasoningBudgets are the thinking budgets (budget_tokens) reasoning_effort
@@ -366,7 +370,8 @@ func (r *chatRequest) toMessages(out *msgRequest) (chat, *chatError) {
 	}
 
 	// limits
-	out.MaxTokens = defaultChatMaxTokens
+	modelMax := maxOutputTokens(r.Model)
+	out.MaxTokens = cmp.Or(modelMax, defaultChatMaxTokens)
 	switch {
 	case r.MaxCompletionTokens != nil:
 		out.MaxTokens = *r.MaxCompletionTokens
@@ -385,7 +390,7 @@ func (r *chatRequest) toMessages(out *msgRequest) (chat, *chatError) {
 			return c, badParam("reasoning_effort", "must be one of none, minimal, low, medium, high, xhigh")
 		}
 		if budget > 0 {
-			if r.MaxCompletionTokens == nil && r.MaxTokens == nil {
+			if r.MaxCompletionTokens == nil && r.MaxTokens == nil && modelMax == 0 {
 				out.MaxTokens = budget + defaultChatMaxTokens // the answer's room, beside the thinking
 			}
 			// the budget counts in max_tokens and must stay below it

@@ -33,6 +33,12 @@ type Price struct {
 	// LongPrompt.Above tokens, as Anthropic bills long prompts on some
 	// models.
 	LongPrompt *LongPromptPrice `json:"long_prompt,omitempty"`
+
+	// maxOutput is the most output tokens the model writes in one answer:
+	// what a Chat Completions request that sets no limit asks for and
+	// holds against its budgets. Built in only; a configured price of a
+	// listed model keeps the listed model's.
+	maxOutput int64
 }
 
 // LongPromptPrice is the price tier of requests with long prompts.
@@ -53,6 +59,7 @@ type rates struct {
 	batch                                              float64 // the fraction of the prices a batch's results cost
 	above                                              int64
 	long                                               *rates
+	maxOutput                                          int64 // tokens; 0: not known
 }
 
 func (p Price) rates() *rates {
@@ -70,6 +77,7 @@ func (p Price) rates() *rates {
 		cacheWrite:   or(p.CacheWrite, p.Input*1.25) * perToken,
 		cacheWrite1h: or(p.CacheWrite1h, p.Input*2) * perToken,
 		batch:        or(p.Batch, defaultBatchFactor),
+		maxOutput:    p.maxOutput,
 	}
 	if p.LongPrompt != nil {
 		r.above = p.LongPrompt.Above
@@ -88,53 +96,102 @@ func (r *rates) cost(u usage) float64 {
 		float64(write5m)*r.cacheWrite + float64(u.cacheWrite1h)*r.cacheWrite1h
 }
 
+// ceiling is the most one token of a prompt of about prompt tokens, and
+// one token of output, may cost at these rates: a prompt token costs the
+// dearest of input, cache read and both cache writes (a cache write costs
+// more than input), and a prompt that may reach the long-prompt tier costs
+// the dearer of the two tiers.
+func (r *rates) ceiling(prompt int64) (in, out float64) {
+	in, out = max(r.input, r.cacheRead, r.cacheWrite, r.cacheWrite1h), r.output
+	if r.long != nil && prompt > r.above {
+		lin, lout := r.long.ceiling(0)
+		in, out = max(in, lin), max(out, lout)
+	}
+	return in, out
+}
+
 func usd(v float64) *float64 { return &v }
 
 // defaultPricing is Anthropic's list price of the current Claude models, in
 // USD per million tokens, as published on
-// platform.claude.com/docs/en/about-claude/pricing (read 2026-11-29). A
+// platform.claude.com/docs/en/about-claude/pricing (read 2026-11-29), and
+// each model's maximum output tokens, from its models overview. A
 // `pricing` entry overrides a model's row; a model in neither is counted in
 // tokens but costs nothing.
 var defaultPricing = map[string]Price{
-	"claude-fable-5-1":  {Input: 10, Output: 50, CacheRead: usd(0.25), CacheWrite: usd(12.5), CacheWrite1h: usd(20)},
-	"claude-mythos-5-1": {Input: 10, Output: 50, CacheRead: usd(0.25), CacheWrite: usd(12.5), CacheWrite1h: usd(20)},
-	"claude-fable-5":    {Input: 10, Output: 50, CacheRead: usd(1), CacheWrite: usd(12.5), CacheWrite1h: usd(20)},
-	"claude-mythos-5":   {Input: 10, Output: 50, CacheRead: usd(1), CacheWrite: usd(12.5), CacheWrite1h: usd(20)},
-	"claude-opus-5-5":   {Input: 4, Output: 20, CacheRead: usd(0.2)},
-	"claude-opus-5":     {Input: 5, Output: 25},
-	"claude-opus-4-8":   {Input: 5, Output: 25},
-	"claude-opus-4-7":   {Input: 5, Output: 25},
-	"claude-opus-4-6":   {Input: 5, Output: 25},
-	"claude-opus-4-5":   {Input: 5, Output: 25},
-	"claude-opus-4-1":   {Input: 15, Output: 75},
-	"claude-opus-4":     {Input: 15, Output: 75},
-	"claude-sonnet-5-5": {Input: 2, Output: 10, CacheRead: usd(0.1)},
-	"claude-sonnet-5":   {Input: 2, Output: 10},
-	"claude-sonnet-4-6": {Input: 3, Output: 15},
-	"claude-sonnet-4-5": {Input: 3, Output: 15, LongPrompt: &LongPromptPrice{Above: 200_000, Price: Price{Input: 6, Output: 22.5}}},
-	"claude-sonnet-4":   {Input: 3, Output: 15, LongPrompt: &LongPromptPrice{Above: 200_000, Price: Price{Input: 6, Output: 22.5}}},
-	"claude-3-7-sonnet": {Input: 3, Output: 15},
+	"claude-fable-5-1":  {Input: 10, Output: 50, CacheRead: usd(0.25), CacheWrite: usd(12.5), CacheWrite1h: usd(20), maxOutput: 128000},
+	"claude-mythos-5-1": {Input: 10, Output: 50, CacheRead: usd(0.25), CacheWrite: usd(12.5), CacheWrite1h: usd(20), maxOutput: 128000},
+	"claude-fable-5":    {Input: 10, Output: 50, CacheRead: usd(1), CacheWrite: usd(12.5), CacheWrite1h: usd(20), maxOutput: 128000},
+	"claude-mythos-5":   {Input: 10, Output: 50, CacheRead: usd(1), CacheWrite: usd(12.5), CacheWrite1h: usd(20), maxOutput: 128000},
+	"claude-opus-5-5":   {Input: 4, Output: 20, CacheRead: usd(0.2), maxOutput: 128000},
+	"claude-opus-5":     {Input: 5, Output: 25, maxOutput: 128000},
+	"claude-opus-4-8":   {Input: 5, Output: 25, maxOutput: 128000},
+	"claude-opus-4-7":   {Input: 5, Output: 25, maxOutput: 128000},
+	"claude-opus-4-6":   {Input: 5, Output: 25, maxOutput: 128000},
+	"claude-opus-4-5":   {Input: 5, Output: 25, maxOutput: 64000},
+	"claude-opus-4-1":   {Input: 15, Output: 75, maxOutput: 32000},
+	"claude-opus-4":     {Input: 15, Output: 75, maxOutput: 32000},
+	"claude-sonnet-5-5": {Input: 2, Output: 10, CacheRead: usd(0.1), maxOutput: 64000},
+	"claude-sonnet-5":   {Input: 2, Output: 10, maxOutput: 64000},
+	"claude-sonnet-4-6": {Input: 3, Output: 15, maxOutput: 64000},
+	"claude-sonnet-4-5": {Input: 3, Output: 15, LongPrompt: &LongPromptPrice{Above: 200_000, Price: Price{Input: 6, Output: 22.5}}, maxOutput: 64000},
+	"claude-sonnet-4":   {Input: 3, Output: 15, LongPrompt: &LongPromptPrice{Above: 200_000, Price: Price{Input: 6, Output: 22.5}}, maxOutput: 64000},
+	"claude-3-7-sonnet": {Input: 3, Output: 15, maxOutput: 64000},
 	"claude-haiku-5-5": {Input: 0.1, Output: 0.5, CacheRead: usd(0.01),
-		LongPrompt: &LongPromptPrice{Above: 100_000, Price: Price{Input: 0.5, Output: 2.5, CacheRead: usd(0.05)}}},
-	"claude-haiku-4-5": {Input: 1, Output: 5},
-	"claude-3-5-haiku": {Input: 0.8, Output: 4},
-	"claude-3-haiku":   {Input: 0.25, Output: 1.25, CacheRead: usd(0.03), CacheWrite: usd(0.3), CacheWrite1h: usd(0.5)},
+		LongPrompt: &LongPromptPrice{Above: 100_000, Price: Price{Input: 0.5, Output: 2.5, CacheRead: usd(0.05)}}, maxOutput: 64000},
+	"claude-haiku-4-5": {Input: 1, Output: 5, maxOutput: 64000},
+	"claude-3-5-haiku": {Input: 0.8, Output: 4, maxOutput: 8192},
+	"claude-3-haiku":   {Input: 0.25, Output: 1.25, CacheRead: usd(0.03), CacheWrite: usd(0.3), CacheWrite1h: usd(0.5), maxOutput: 4096},
 }
 
 // pricebook finds the rates of a model.
 type pricebook map[string]*rates
 
-// newPricebook merges the configured prices over the defaults.
+// newPricebook merges the configured prices over the defaults. A
+// configured row of a listed model keeps its maximum output.
 func newPricebook(configured map[string]Price) pricebook {
 	pb := make(pricebook, len(defaultPricing)+len(configured))
 	for m, p := range defaultPricing {
 		pb[m] = p.rates()
 	}
 	for m, p := range configured {
-		pb[m] = p.rates()
+		r := p.rates()
+		if listed := builtinPrices.lookup(m); listed != nil {
+			r.maxOutput = listed.maxOutput
+		}
+		pb[m] = r
 	}
 	return pb
 }
+
+// builtinPrices is the built-in list, looked up.
+var builtinPrices = func() pricebook {
+	pb := make(pricebook, len(defaultPricing))
+	for m, p := range defaultPricing {
+		pb[m] = p.rates()
+	}
+	return pb
+}()
+
+// maxOutputTokens is the most output tokens model writes in one answer, by
+// the built-in list (a dated snapshot takes its model's); 0 when the list
+// does not know the model.
+func maxOutputTokens(model string) int64 {
+	if r := builtinPrices.lookup(model); r != nil {
+		return r.maxOutput
+	}
+	return 0
+}
+
+// largestMaxOutput is the largest maximum output of the built-in list: the
+// output a request to a model the list does not know may ask for, at most.
+var largestMaxOutput = func() int64 {
+	n := int64(0)
+	for _, p := range defaultPricing {
+		n = max(n, p.maxOutput)
+	}
+	return n
+}()
 
 // lookup returns the rates of model: its own row, or the row of the model
 // it is a dated snapshot or a variant of (claude-sonnet-4-5-20250929,
