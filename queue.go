@@ -40,10 +40,14 @@ var defaultMaxWait = [priorityCount]time.Duration{10 * time.Second, 30 * time.Se
 
 const defaultMaxQueue = 1000
 
-// waitQueue holds the requests of a group that found every channel busy:
-// one FIFO per priority class. A slot that frees goes to the best waiter:
-// the oldest of the highest class. Batch waits while anything better does;
-// that is the point.
+// waitQueue holds the requests of a group that found every channel busy,
+// and those whose budget is held by requests in flight: one FIFO per
+// priority class. A slot that frees goes to the best waiter for a channel:
+// the oldest of the highest class; a hold that settles wakes the best
+// waiter on its account. Batch waits while anything better does; that is
+// the point. The two kinds of waiter never pass each other a turn: a
+// request held up by its budget does not hold up a request of another key
+// that waits for a channel, nor the other way round.
 type waitQueue struct {
 	mu     sync.Mutex
 	levels [priorityCount]list.List
@@ -55,6 +59,10 @@ type waiter struct {
 	since time.Time
 	wake  chan struct{} // capacity 1: a pending "try again"
 	elem  *list.Element
+	// acct is the spend account whose holds in flight the waiter waits
+	// on to settle; nil while it waits for a channel. Guarded by the
+	// queue's mu.
+	acct *spendAccount
 }
 
 // enqueue adds a waiter of class p unless the queue holds max already.
@@ -83,44 +91,73 @@ func (q *waitQueue) lenLocked() int {
 func (q *waitQueue) leave(w *waiter) {
 	q.mu.Lock()
 	q.levels[w.prio].Remove(w.elem)
+	acct := w.acct
 	q.mu.Unlock()
 	q.wakeBest()
+	if acct != nil {
+		q.wakeFor(acct)
+	}
 }
 
-// bestLocked is the waiter a freed slot goes to, or nil.
-func (q *waitQueue) bestLocked() *waiter {
+// bestLocked is the best waiter on acct (nil: for a channel), or nil.
+func (q *waitQueue) bestLocked(acct *spendAccount) *waiter {
 	for i := range q.levels {
-		if e := q.levels[i].Front(); e != nil {
-			return e.Value.(*waiter)
+		for e := q.levels[i].Front(); e != nil; e = e.Next() {
+			if w := e.Value.(*waiter); w.acct == acct {
+				return w
+			}
 		}
 	}
 	return nil
 }
 
-// isBest reports whether w is the waiter a freed slot goes to.
+// isBest reports whether w is the waiter what it waits for goes to.
 func (q *waitQueue) isBest(w *waiter) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.bestLocked() == w
+	return q.bestLocked(w.acct) == w
 }
 
-// ahead reports whether a waiter of class p or better is queued: a new
-// request of class p must queue behind it rather than overtake it.
-func (q *waitQueue) ahead(p priority) bool {
+// ahead reports whether a waiter for a channel of class p or better is
+// queued: a new request of class p must queue behind it rather than
+// overtake it.
+func (q *waitQueue) ahead(p priority) bool { return q.aheadOn(p, nil) }
+
+// aheadOn reports whether a waiter on acct (nil: for a channel) of class p
+// or better is queued.
+func (q *waitQueue) aheadOn(p priority, acct *spendAccount) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for i := priority(0); i <= p; i++ {
-		if q.levels[i].Len() > 0 {
-			return true
+		for e := q.levels[i].Front(); e != nil; e = e.Next() {
+			if e.Value.(*waiter).acct == acct {
+				return true
+			}
 		}
 	}
 	return false
 }
 
-// wakeBest tells the best waiter to try again.
-func (q *waitQueue) wakeBest() {
+// waitOn marks w as waiting on acct (nil: for a channel). A waiter that
+// stops waiting for a channel passes on a turn it may have been given.
+func (q *waitQueue) waitOn(w *waiter, acct *spendAccount) {
 	q.mu.Lock()
-	w := q.bestLocked()
+	was := w.acct
+	w.acct = acct
+	q.mu.Unlock()
+	if was == nil && acct != nil {
+		q.wakeBest()
+	}
+}
+
+// wakeBest tells the best waiter for a channel to try again.
+func (q *waitQueue) wakeBest() { q.wakeFor(nil) }
+
+// wakeFor tells the best waiter on acct (nil: for a channel) to try
+// again.
+func (q *waitQueue) wakeFor(acct *spendAccount) {
+	q.mu.Lock()
+	w := q.bestLocked(acct)
 	q.mu.Unlock()
 	if w != nil {
 		select {
@@ -161,7 +198,10 @@ func (q *waitQueue) wait(ctx context.Context, w *waiter, freeAt, deadline time.T
 		if q.isBest(w) {
 			return true, nil
 		}
-		q.wakeBest()
+		q.mu.Lock()
+		acct := w.acct
+		q.mu.Unlock()
+		q.wakeFor(acct)
 		freeAt = time.Time{}
 	}
 }
@@ -195,21 +235,47 @@ func (q *queued) wait(ctx context.Context, freeAt time.Time) *relayError {
 		metricRateLimited.WithLabelValues(in.key.name, string(scopeQueue)).Inc()
 		return errQueue(msg, retryIn)
 	}
+	return q.waitOn(ctx, nil, freeAt, func(why queueRefusal) *relayError {
+		switch why {
+		case queueOff:
+			return refuse("every channel of group " + strconv.Quote(g.name) + " is at its limit")
+		case queueFull:
+			return refuse("every channel of group " + strconv.Quote(g.name) + " is at its limit and its queue is full")
+		}
+		return refuse("waited " + g.maxWait[in.key.prio].String() + " (max_wait of class " + in.key.prio.String() + ") for a channel of group " + strconv.Quote(g.name))
+	})
+}
+
+// queueRefusal is why a request could not wait on in the queue.
+type queueRefusal uint8
+
+const (
+	queueOff    queueRefusal = iota // the group does not queue
+	queueFull                       // max_queue requests wait already
+	queueWaited                     // it waited its class's max_wait
+)
+
+// waitOn queues the request (when not queued yet) as waiting on acct
+// (nil: for a channel) and waits for its turn, freeAt, or its class's
+// max_wait; refuse makes the answer when it cannot wait on.
+func (q *queued) waitOn(ctx context.Context, acct *spendAccount, freeAt time.Time, refuse func(queueRefusal) *relayError) *relayError {
+	g, in, now := q.g, q.in, q.r.now()
 	if q.w == nil {
 		if g.maxQueue <= 0 {
-			return refuse("every channel of group " + strconv.Quote(g.name) + " is at its limit")
+			return refuse(queueOff)
 		}
 		w, ok := g.state.queue.enqueue(in.key.prio, g.maxQueue, now)
 		if !ok {
-			return refuse("every channel of group " + strconv.Quote(g.name) + " is at its limit and its queue is full")
+			return refuse(queueFull)
 		}
 		q.w = w
 		metricQueueDepth.WithLabelValues(g.name, in.key.prio.String()).Inc()
 	}
+	g.state.queue.waitOn(q.w, acct)
 	deadline := q.w.since.Add(g.maxWait[in.key.prio])
 	if _, err := g.state.queue.wait(ctx, q.w, freeAt, deadline, q.r.now); err != nil {
 		if err == errQueueTimeout {
-			return refuse("waited " + g.maxWait[in.key.prio].String() + " (max_wait of class " + in.key.prio.String() + ") for a channel of group " + strconv.Quote(g.name))
+			return refuse(queueWaited)
 		}
 		return &relayError{status: statusClientClosed, typ: "api_error", msg: "client left while queued"}
 	}
