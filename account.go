@@ -34,9 +34,7 @@ func (r *Relay) account(in *inbound) {
 	u := in.usage
 	priced := r.price(in)
 	cost := in.cost
-	if in.state != nil && in.state.spend != nil {
-		in.state.spend.charge(r.now(), cost, r.logger)
-	}
+	r.settleHolds(in, cost)
 	if in.estimated {
 		r.estimated(in, group)
 	}

@@ -241,6 +241,10 @@ type keyStatus struct {
 	// within settle_grace); absent when none was. In a fleet, what this
 	// relay estimated since it started.
 	EstimatedUSD map[string]float64 `json:"estimated_usd,omitempty"`
+	// HeldUSD is what the key's requests in flight and its batches hold
+	// against its budgets now (in a fleet, every relay's, as of the last
+	// sync); a key without budgets holds nothing.
+	HeldUSD float64 `json:"held_usd"`
 }
 
 // limitsStatus is a key's limits as configured, and what is in use now.
@@ -289,6 +293,7 @@ func (k *key) status(now time.Time) keyStatus {
 		st.Limits.RateRemaining, st.Limits.TokensRemaining = limits.remaining(now)
 	} // else what is left is the fleet's, not shown, as for a key in use
 	spent, caps := account.spent(now)
+	st.HeldUSD = account.heldUSD()
 	st.SpendUSD = map[string]float64{}
 	for p := range numPeriods {
 		st.SpendUSD[p.String()] = spent[p]

@@ -180,7 +180,7 @@ func (r *Relay) revalidate(req *http.Request, in *inbound, c *responseCache, d b
 	bg := &inbound{id: newRequestID(), start: time.Now(), route: in.route, rawQuery: in.rawQuery,
 		key: in.key, stateID: in.stateID, state: in.state, header: in.header.Clone(),
 		body: bytes.Clone(in.body), model: in.model, target: in.model, userID: in.userID, stream: in.stream,
-		needs: in.needs, modelStart: in.modelStart, modelEnd: in.modelEnd, estimate: in.estimate,
+		needs: in.needs, modelStart: in.modelStart, modelEnd: in.modelEnd, estimate: in.estimate, maxTokens: in.maxTokens,
 		pinned: in.pinned, shared: sharedRevalidation}
 	bg.chain = bg.chainBuf[:0]
 	bgReq := req.WithContext(context.WithoutCancel(req.Context())) // the client's leaving ends nothing
@@ -193,6 +193,10 @@ func (r *Relay) revalidate(req *http.Request, in *inbound, c *responseCache, d b
 				r.logger.Error("cache revalidation panicked", zap.Any("panic", p), zap.String("request_id", bg.id))
 			}
 		}()
+		if rerr := r.planHolds(bg); rerr != nil { // it holds against the key's budgets as its request would
+			bg.status = rerr.status
+			return
+		}
 		if fail := r.lead(discard{header: http.Header{}}, bgReq, bg, f, 0); fail != nil {
 			bg.status = http.StatusBadGateway
 			if fail.err != nil {

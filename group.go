@@ -100,6 +100,9 @@ type group struct {
 	splits      []groupSplit
 	fallbacks   map[string][]string // model -> the models that may serve it
 	cache       *responseCache      // nil: none
+	// maxPriceFactor is the highest price_factor of its channels: what a
+	// request's worst case is held at
+	maxPriceFactor float64
 }
 
 // provisionGroups builds the groups and takes their state (retry budget,
@@ -142,6 +145,7 @@ func (r *Relay) provisionGroups(channels map[string]*channel) error {
 		for _, name := range cfg.Channels {
 			ch := channels[name]
 			g.channels = append(g.channels, ch)
+			g.maxPriceFactor = max(g.maxPriceFactor, ch.priceFactor)
 			for _, m := range ch.modelNames {
 				if !slices.Contains(g.models, m) {
 					g.models = append(g.models, m)

@@ -425,6 +425,27 @@ func (h *channelHealth) admitAlong(now time.Time, estimate int64, user *limiter,
 	return &ticket{h: h, done: done, grant: g}, ug, scopeNone, 0, false
 }
 
+// admitHeld admits an attempt as admitAlong does (user nil: no end user's
+// limits), and with it the request's holds of its budgets (hs), all or
+// nothing: in the same round trip when the fleet keeps them. ans says why
+// the holds were not taken, when they were not.
+func (h *channelHealth) admitHeld(now time.Time, estimate int64, user *limiter, userEstimate int64, hs *holds) (t *ticket, userGrant grant, scope limitScope, wait time.Duration, byUser bool, ans holdAnswer) {
+	ug, g, scope, wait, byUser, ans := takeHeld(now, user, userEstimate, &h.limits, estimate, hs)
+	if scope != scopeNone || ans.verdict != holdTaken {
+		return nil, grant{}, scope, wait, byUser, ans
+	}
+	done, err := h.breaker.Load().Allow()
+	if err != nil { // its half-open breaker is busy with other probes
+		h.limits.done(now, g, 0)
+		if user != nil {
+			user.done(now, ug, 0)
+		}
+		hs.unreserve()
+		return nil, grant{}, scopeNone, 0, false, holdAnswer{}
+	}
+	return &ticket{h: h, done: done, grant: g}, ug, scopeNone, 0, false, holdAnswer{}
+}
+
 // finish records the verdict of the attempt: limits, counters, breaker,
 // cooldown and latency; tokens is what the attempt used against the
 // channel's token limit. It returns the cooldown it started (zero when

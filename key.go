@@ -167,8 +167,10 @@ type stateSpec struct {
 func newKeyState() *keyState { return &keyState{limits: new(limiter)} }
 
 // settled reports whether forgetting the state forgives nothing: a new one
-// would be the same.
-func (s *keyState) settled(now time.Time) bool { return s.limits.settled(now) }
+// would be the same. A request still holding against its budgets keeps it.
+func (s *keyState) settled(now time.Time) bool {
+	return s.limits.settled(now) && (s.spend == nil || s.spend.idle())
+}
 
 // Destruct implements caddy.Destructor.
 func (*keyState) Destruct() error { return nil }

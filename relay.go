@@ -419,7 +419,7 @@ func (r *Relay) serve(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 			in.endUser.done(r.now(), in.endUserGrant, in.billed())
 		}
 	}()
-	if rerr = r.affordable(in); rerr != nil {
+	if rerr = r.planHolds(in); rerr != nil {
 		return refused(rerr)
 	}
 	return r.share(w, req, in)
@@ -506,20 +506,6 @@ func (r *Relay) admitKey(in *inbound, contentLength int64) *relayError {
 	in.keyGrant, in.keyAsked = g, true // what it has left, for the 429's headers
 	metricRateLimited.WithLabelValues(in.key.name, string(scope)).Inc()
 	return errKeyLimited(in.key.describe(), scope, wait)
-}
-
-// affordable refuses a message whose input alone is estimated to cost more
-// than what remains of a budget of its key, at the list price of the model
-// it asks for.
-func (r *Relay) affordable(in *inbound) *relayError {
-	if in.route != routeMessages || !in.state.spend.budgeted.Load() {
-		return nil
-	}
-	rates := r.prices.lookup(in.model)
-	if rates == nil {
-		return nil
-	}
-	return r.withinBudget(in, rates.cost(usage{input: in.estimate}))
 }
 
 // withinBudget refuses a request whose principal's budget is spent, or
@@ -611,7 +597,12 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 		}
 		var t *ticket
 		var scope limitScope
-		if u := in.endUserPending; u != nil { // one round trip for the end user and the channel
+		if in.holds.pending() { // its holds of its budgets go with its first attempt's admission
+			var rerr *relayError
+			if t, scope, rerr = r.admitHeld(req.Context(), in, ch, sel.now, q); rerr != nil {
+				return refused(rerr)
+			}
+		} else if u := in.endUserPending; u != nil { // one round trip for the end user and the channel
 			ug, wait, byUser := grant{}, time.Duration(0), false
 			t, ug, scope, wait, byUser = ch.health.admitAlong(sel.now, in.estimate, u, in.endUserEstimate)
 			if byUser && scope != scopeStorage {

@@ -180,6 +180,8 @@ type inbound struct {
 	incomplete   bool     // the answer did not complete: tokens are the ones seen
 	estimated    bool     // its output is an estimate: its client left, and the final count never came (settle.go)
 	estimate     int64    // input tokens guessed from the body, for the token limits
+	maxTokens    int64    // the body's max_tokens; 0: none, or not a whole number
+	holds        holds    // its worst case held against its budgets (hold.go)
 	cost         float64  // in USD: list price x price_factor of the channel that answered; set by account (price)
 	wasted       int64    // input tokens of attempts abandoned on the way (relay_wasted_tokens_total)
 	keyGrant     grant    // what the key's limits admitted
@@ -327,6 +329,10 @@ func (in *inbound) inspect() *relayError {
 			in.modelStart = in.modelEnd - len(v)
 		case "stream":
 			in.stream = v.Kind() == 't'
+		case "max_tokens":
+			if v.Kind() == '0' {
+				in.maxTokens, _ = strconv.ParseInt(unsafe.String(unsafe.SliceData(v), len(v)), 10, 64)
+			}
 		case "metadata":
 			if u := gjson.Get(unsafe.String(unsafe.SliceData(v), len(v)), "user_id"); u.Type == gjson.String && v.Kind() == '{' {
 				in.userID = strings.Clone(u.Str)

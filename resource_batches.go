@@ -136,6 +136,7 @@ func (c *resourceCtx) results(a *resourceAttempt, up string) {
 		c.stream(a, nil)
 		return
 	}
+	c.r.settleBatch(c.in, a.ch.name, up) // the batch's hold becomes what its results cost
 	b := &batchUsage{limit: int(c.r.MaxResponseSize)}
 	complete := c.stream(a, b.see)
 	if complete {

@@ -205,6 +205,7 @@ type resourceCtx struct {
 	rq     resourceRequest
 	secret []byte
 	group  *group
+	held   *batchHoldTaken // a batch create's hold of its key's budgets
 }
 
 // servesResource reports whether ch's provider serves kind.
@@ -613,6 +614,14 @@ func (c *resourceCtx) create() *failure {
 		}
 		return refused(&relayError{status: http.StatusServiceUnavailable, typ: "relay_error", code: "model_not_found", msg: msg, noRetry: true})
 	}
+	if c.rq.kind == kindBatch { // a batch holds its worst case before anything is sent
+		held, rerr := c.r.holdBatch(c.in, body, cands)
+		if rerr != nil {
+			return refused(rerr)
+		}
+		defer held.abandon() // unless the batch was made
+		c.held = held
+	}
 
 	var upload *uploadBody
 	if c.rq.kind == kindFile {
@@ -665,6 +674,7 @@ func (c *resourceCtx) create() *failure {
 			if rerr := c.recordOwner(ch, rp, obj); rerr != nil {
 				return refused(rerr)
 			}
+			c.held.keep(ch.name, gjson.GetBytes(obj, "id").Str)
 			c.sendObject(a, c.rewriteItem(obj, ch.name))
 			return nil
 		}

@@ -35,26 +35,37 @@ import (
 // pipelines what many requests give back.
 
 // admitScript admits one request against the limits of one thing, or of
-// two at once (a request's end user and its channel): all are checked
-// before any is written, so a request one of them refuses takes nothing
-// from the other. KEYS, three per thing: the lease set, the rate's arrival
-// time, the token bucket. ARGV, eight per thing: the lease id, max
-// concurrency (0: none), lease ms, rate emission interval in ms (0: none),
-// rate burst, tokens per ms (0: none), token burst, the tokens to charge
-// (-1: do not hold the request to tokens). It returns, per thing, {scope,
-// wait, requests left, ms until the rate is full again, tokens left, ms
-// until the bucket is full again}: scope 0 for all when admitted, else the
-// limit that refused (1 concurrency, 2 rate, 3 tokens) on the thing it
-// refused, and wait the ms until it may pass (0: unknown). What is left
-// counts this request when it was admitted, and is 0 for a limit the thing
-// does not have; the times are ms from Redis's own now, so the relays'
-// clocks need not agree with it.
-var admitScript = redis.NewScript(`
+// two at once (a request's end user and its channel), and holds its worst
+// case against the budgets of its spend accounts (holdsLua): all are
+// checked before any is written, so a request one of them refuses takes
+// nothing from the others. ARGV[1] is the number of things, ARGV[2] the
+// time the keys of holds are kept (ms). KEYS, three per thing: the lease
+// set, the rate's arrival time, the token bucket; then per hold: the
+// account's holds, its held total, and one spend total per budget. ARGV,
+// eight per thing: the lease id, max concurrency (0: none), lease ms, rate
+// emission interval in ms (0: none), rate burst, tokens per ms (0: none),
+// token burst, the tokens to charge (-1: do not hold the request to
+// tokens); then per hold: its member (<id>=<billionths of a dollar>), its
+// expiry in ms, its amount, the number of budgets, and per budget its cap
+// and what this relay spent that Redis has not yet added. It returns, per
+// thing, {scope, wait, requests left, ms until the rate is full again,
+// tokens left, ms until the bucket is full again}: scope 0 for all when
+// admitted, else the limit that refused (1 concurrency, 2 rate, 3 tokens)
+// on the thing it refused, and wait the ms until it may pass (0: unknown).
+// What is left counts this request when it was admitted, and is 0 for a
+// limit the thing does not have; the times are ms from Redis's own now, so
+// the relays' clocks need not agree with it. Then, per hold, {verdict
+// (0 taken, 1 wait for holds in flight, 2 refused: what was spent and the
+// hold exceed a budget), the budget's index (1-based), what was spent in
+// its period, what the account held}. Holds are judged first: a hold that
+// does not fit takes nothing, and neither does anything else.
+var admitScript = redis.NewScript(holdsLua + `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local n, keyttl = tonumber(ARGV[1]), tonumber(ARGV[2])
 local things = {}
-for i = 1, #KEYS / 3 do
-  local k, a = (i - 1) * 3, (i - 1) * 8
+for i = 1, n do
+  local k, a = (i - 1) * 3, (i - 1) * 8 + 2
   local th = {lease = ARGV[a + 1], maxc = tonumber(ARGV[a + 2]), ttl = tonumber(ARGV[a + 3]),
     emission = tonumber(ARGV[a + 4]), burst = tonumber(ARGV[a + 5]),
     perms = tonumber(ARGV[a + 6]), tburst = tonumber(ARGV[a + 7]), charge = tonumber(ARGV[a + 8]),
@@ -69,6 +80,18 @@ for i = 1, #KEYS / 3 do
     if now > last then th.level = math.min(th.tburst, th.level + (now - last) * th.perms) end
   end
   things[i] = th
+end
+local holds, verdicts = {}, {}
+local ki, ai = n * 3 + 1, n * 8 + 3
+while ai <= #ARGV do
+  local h = {kz = KEYS[ki], kh = KEYS[ki + 1], member = ARGV[ai], ttl = tonumber(ARGV[ai + 1]),
+    amount = ARGV[ai + 2], np = tonumber(ARGV[ai + 3]), periods = {}}
+  for j = 1, h.np do
+    h.periods[j] = {key = KEYS[ki + 1 + j], cap = tonumber(ARGV[ai + 2 + 2 * j]), pending = tonumber(ARGV[ai + 3 + 2 * j])}
+  end
+  h.held = held(h.kz, h.kh, now)
+  holds[#holds + 1] = h
+  ki, ai = ki + 2 + h.np, ai + 4 + 2 * h.np
 end
 local function answers(refused, scope, wait)
   local out = {}
@@ -89,8 +112,28 @@ local function answers(refused, scope, wait)
     end
     out[#out + 1], out[#out + 2], out[#out + 3], out[#out + 4] = rleft, rfull, tleft, tfull
   end
+  for i = 1, #holds do
+    local v = verdicts[i] or {0, 0, 0, 0}
+    out[#out + 1], out[#out + 2], out[#out + 3], out[#out + 4] = v[1], v[2], v[3], v[4]
+  end
   return out
 end
+local wait = false
+for i, h in ipairs(holds) do
+  local amount = tonumber(h.amount)
+  local v = {0, 0, 0, h.held}
+  for j, p in ipairs(h.periods) do
+    local spent = tonumber(redis.call('GET', p.key) or '0') + p.pending
+    if spent >= p.cap or spent + amount > p.cap then
+      verdicts[i] = {2, j, spent, h.held}
+      return answers(0, 0, 0)
+    end
+    if v[1] == 0 and spent + h.held + amount > p.cap then v = {1, j, spent, h.held} end
+  end
+  verdicts[i] = v
+  wait = wait or v[1] == 1
+end
+if wait then return answers(0, 0, 0) end
 for i, th in ipairs(things) do
   if th.maxc > 0 then
     redis.call('ZREMRANGEBYSCORE', th.kl, '-inf', now)
@@ -119,6 +162,12 @@ for _, th in ipairs(things) do
     redis.call('PEXPIRE', th.kt, math.ceil(th.tburst / th.perms) + 60000)
   end
 end
+for _, h in ipairs(holds) do
+  redis.call('ZADD', h.kz, now + h.ttl, h.member)
+  redis.call('INCRBY', h.kh, h.amount)
+  keep(h.kz, keyttl)
+  keep(h.kh, keyttl)
+end
 return answers(0, 0, 0)
 `)
 
@@ -144,7 +193,7 @@ var renewScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 for i = 2, #ARGV do redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[1]), ARGV[i]) end
-redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1]) * 2)
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[1]) * 2 then redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1]) * 2) end
 return 0
 `)
 
@@ -182,7 +231,7 @@ func (s *sharedLimit) admit(now time.Time, spec limits, estimate int64) (grant, 
 	var res []int64
 	err := s.f.do("admit", func(ctx context.Context) error {
 		var e error
-		res, e = admitScript.Run(ctx, s.f.client, c.keys, c.args...).Int64Slice()
+		res, e = admitScript.Run(ctx, s.f.client, c.keys, append([]any{1, holdKeysTTL.Milliseconds()}, c.args...)...).Int64Slice()
 		return e
 	})
 	if err == nil && len(res) != 6 {
@@ -205,7 +254,7 @@ func (f *fleet) admitPair(now time.Time, a, b *admitCall) (ga, gb grant, refused
 	var res []int64
 	err = f.do("admit", func(ctx context.Context) error {
 		var e error
-		res, e = admitScript.Run(ctx, f.client, append(a.keys[:3:3], b.keys...), append(a.args[:8:8], b.args...)...).Int64Slice()
+		res, e = admitScript.Run(ctx, f.client, append(a.keys[:3:3], b.keys...), append(append([]any{2, holdKeysTTL.Milliseconds()}, a.args...), b.args...)...).Int64Slice()
 		return e
 	})
 	if err == nil && len(res) != 12 {
@@ -274,7 +323,7 @@ func (c *admitCall) granted(left headroom) grant {
 	g := c.g
 	g.left = left
 	if g.lease != "" {
-		c.s.f.hold(leaseRef{c.s.lease, g.lease})
+		c.s.f.hold(leaseRef{c.s.lease, g.lease}, false)
 	}
 	return g
 }
@@ -293,7 +342,7 @@ func (s *sharedLimit) giveBack(spec limits, lease string, correction int64) {
 		r.tokens, r.perMs, r.burst = correction, spec.tokens.n/float64(spec.tokens.period.Milliseconds()), spec.tokens.n
 	}
 	if r.lease != "" {
-		s.f.drop(leaseRef{s.lease, r.lease})
+		s.f.drop(leaseRef{s.lease, r.lease}, false)
 	}
 	if r.lease != "" || r.tokens != 0 {
 		s.queue(r)
@@ -303,11 +352,15 @@ func (s *sharedLimit) giveBack(spec limits, lease string, correction int64) {
 // queue hands r to the worker that gives back to Redis. It never waits for
 // Redis: when the worker is behind by a full queue, r is sent on the
 // caller's time, within the timeout.
-func (s *sharedLimit) queue(r release) {
+func (s *sharedLimit) queue(r release) { s.f.queueRelease(r) }
+
+// queueRelease hands r to the worker that gives back to Redis, or sends
+// it on the caller's time when the worker is behind by a full queue.
+func (f *fleet) queueRelease(r release) {
 	select {
-	case s.f.releases <- r:
+	case f.releases <- r:
 	default:
-		s.f.flush([]release{r})
+		f.flush([]release{r})
 	}
 }
 
@@ -318,19 +371,31 @@ type release struct {
 	tokens int64 // correction, charged (negative: given back)
 	perMs  float64
 	burst  float64
+	// member is a hold that cost nothing, in the account's holds
+	// (holdSet) and its total (holdTotal)
+	member, holdSet, holdTotal string
 }
 
-// hold records a lease this node renews until it is given back.
-func (f *fleet) hold(l leaseRef) {
+// hold records a lease this node renews until it is given back: a
+// concurrency slot, or a request's hold of a budget (held).
+func (f *fleet) hold(l leaseRef, held bool) {
 	f.leaseMu.Lock()
-	f.leases[l] = struct{}{}
+	if held {
+		f.holdLeases[l] = struct{}{}
+	} else {
+		f.leases[l] = struct{}{}
+	}
 	f.leaseMu.Unlock()
 }
 
 // drop stops renewing a lease.
-func (f *fleet) drop(l leaseRef) {
+func (f *fleet) drop(l leaseRef, held bool) {
 	f.leaseMu.Lock()
-	delete(f.leases, l)
+	if held {
+		delete(f.holdLeases, l)
+	} else {
+		delete(f.leases, l)
+	}
 	f.leaseMu.Unlock()
 }
 
@@ -371,6 +436,9 @@ func (f *fleet) flush(batch []release) {
 				if r.tokens != 0 {
 					chargeScript.Eval(ctx, pipe, []string{r.limit.bkt}, r.perMs, r.burst, r.tokens)
 				}
+				if r.member != "" {
+					releaseHoldScript.Eval(ctx, pipe, []string{r.holdSet, r.holdTotal}, r.member)
+				}
 			}
 			return nil
 		})
@@ -384,11 +452,15 @@ func (f *fleet) renewLeases(ctx context.Context) {
 	every(ctx, f.lease/3, nil, f.renew)
 }
 
-// renew moves the expiry of every lease this node holds.
+// renew moves the expiry of every lease this node holds: its concurrency
+// slots and its requests' holds.
 func (f *fleet) renew() {
 	bySet := map[string][]any{}
 	f.leaseMu.Lock()
 	for l := range f.leases {
+		bySet[l.set] = append(bySet[l.set], l.id)
+	}
+	for l := range f.holdLeases {
 		bySet[l.set] = append(bySet[l.set], l.id)
 	}
 	f.leaseMu.Unlock()

@@ -134,8 +134,8 @@ func TestSharedRateKeepsSubMillisecondIntervals(t *testing.T) {
 	start := time.Now()
 	_, err := rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 		for range 50 {
-			// lease, concurrency, lease ms, emission ms, burst, tokens/ms, token burst, charge
-			cmds = append(cmds, admitScript.Eval(ctx, pipe, []string{"fine:l", "fine:r", "fine:t"}, "x", 0, 1000, 0.02, 1, 0, 0, -1))
+			// one thing, no holds; lease, concurrency, lease ms, emission ms, burst, tokens/ms, token burst, charge
+			cmds = append(cmds, admitScript.Eval(ctx, pipe, []string{"fine:l", "fine:r", "fine:t"}, 1, 0, "x", 0, 1000, 0.02, 1, 0, 0, -1))
 		}
 		return nil
 	})

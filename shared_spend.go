@@ -27,9 +27,16 @@ const spendSyncEvery = time.Second
 const spendKeyTTL = 35 * 24 * time.Hour
 
 // share makes the account's spend the fleet's (nil: this relay's own).
+// Holds the fleet it leaves was to give back with their cost are left to
+// expire there with their lease.
 func (a *spendAccount) share(f *fleet) {
-	if a.fleet.Swap(f) != f && f != nil {
-		f.spendSoon()
+	if a.fleet.Swap(f) != f {
+		a.mu.Lock()
+		a.releases, a.fleetHeld = nil, 0
+		a.mu.Unlock()
+		if f != nil {
+			f.spendSoon()
+		}
 	}
 }
 
@@ -61,11 +68,29 @@ type spendSync struct {
 	pending nanoUSD
 	cmd     *redis.IntCmd // the total, after adding pending
 	get     *redis.StringCmd
+	total   int64 // from the account's settleScript
 }
 
-// flushSpend runs one sync of every account this fleet shares.
+// heldSync is the part of a sync of an account that has budgets or holds:
+// its periods go to Redis in one settleScript, with the holds its settled
+// requests give back.
+type heldSync struct {
+	a        *spendAccount
+	periods  []*spendSync
+	releases []heldRelease
+	cmd      *redis.Cmd
+}
+
+// flushSpend runs one sync of every account this fleet shares. An account
+// with budgets or holds syncs in one script that adds what was charged
+// here, gives back the holds of the requests that charged it, and reads
+// the totals and what the fleet holds (settleScript); the others add what
+// was charged, a command a period.
 func (f *fleet) flushSpend() {
+	f.spendMu.Lock() // one sync at a time: each adds what the one before did not
+	defer f.spendMu.Unlock()
 	var work []*spendSync
+	var held []*heldSync
 	spendAccounts.Range(func(_, v any) bool {
 		a := v.(*spendAccount)
 		if a.fleet.Load() != f {
@@ -73,17 +98,27 @@ func (f *fleet) flushSpend() {
 		}
 		a.mu.Lock()
 		a.roll(a.clock())
+		var h *heldSync
+		if a.budgeted.Load() || len(a.releases) > 0 {
+			h = &heldSync{a: a, releases: append([]heldRelease(nil), a.releases...)}
+			held = append(held, h)
+		}
 		for p := range numPeriods {
 			// what was charged here goes to Redis; totals are read for the
 			// budgets (and come back with every addition)
 			if ps := a.periods[p]; ps.pending != 0 || a.caps[p] > 0 {
-				work = append(work, &spendSync{a: a, p: p, start: ps.start, pending: ps.pending})
+				w := &spendSync{a: a, p: p, start: ps.start, pending: ps.pending}
+				if h != nil {
+					h.periods = append(h.periods, w)
+				} else {
+					work = append(work, w)
+				}
 			}
 		}
 		a.mu.Unlock()
 		return true
 	})
-	if len(work) == 0 {
+	if len(work) == 0 && len(held) == 0 {
 		return
 	}
 	err := f.do("spend", func(ctx context.Context) error {
@@ -97,12 +132,50 @@ func (f *fleet) flushSpend() {
 					w.get = pipe.Get(ctx, k)
 				}
 			}
+			for _, h := range held {
+				set, total := f.holdKeys(h.a.id)
+				keys := []string{set, total}
+				args := []any{len(h.periods)}
+				for _, w := range h.periods {
+					keys = append(keys, f.spendKey(w.a.id, w.p, w.start))
+					args = append(args, int64(w.pending), w.p.end(w.start).Add(spendKeyTTL).UnixMilli())
+				}
+				for _, r := range h.releases {
+					args = append(args, r.lease)
+				}
+				h.cmd = settleScript.Eval(ctx, pipe, keys, args...)
+			}
 			return nil
 		})
 		return err
 	})
 	if err != nil {
-		return // the pending spend waits for the next sync
+		return // the pending spend, and the holds it settles, wait for the next sync
+	}
+	for _, h := range held {
+		res, err := h.cmd.Int64Slice()
+		if err != nil || len(res) != len(h.periods)+1 {
+			continue
+		}
+		for i, w := range h.periods {
+			w.total = res[i]
+			work = append(work, w)
+		}
+		set, _ := f.holdKeys(h.a.id)
+		for _, r := range h.releases {
+			f.drop(leaseRef{set, r.lease}, true)
+		}
+		h.a.mu.Lock()
+		h.a.releases = h.a.releases[len(h.releases):]
+		h.a.fleetHeld = nanoUSD(res[len(h.periods)])
+		h.a.mu.Unlock()
+		woken := map[*waitQueue]bool{}
+		for _, r := range h.releases {
+			if r.q != nil && !woken[r.q] {
+				woken[r.q] = true
+				r.q.wakeFor(h.a)
+			}
+		}
 	}
 	var crossed []func()
 	for _, w := range work {
@@ -110,8 +183,10 @@ func (f *fleet) flushSpend() {
 		switch {
 		case w.cmd != nil:
 			total = w.cmd.Val()
-		default:
+		case w.get != nil:
 			total, _ = w.get.Int64() // none yet: 0
+		default:
+			total = w.total
 		}
 		a := w.a
 		a.mu.Lock()

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io/fs"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,6 +38,18 @@ type spendAccount struct {
 	caps    [numPeriods]nanoUSD // budgets; 0: none
 	warn    float64             // share of a budget that warns
 	now     func() time.Time    // the clock of its relay
+
+	// holds (hold.go): what this relay's requests in flight hold, and how
+	// many hold; what batches hold, by batch (on a single relay: in a
+	// fleet, Redis keeps them); in a fleet, the settled holds whose members
+	// the next sync gives back with their cost, and what Redis said the
+	// fleet holds
+	held      nanoUSD
+	holding   int
+	batches   map[string]batchHold
+	batchHeld nanoUSD
+	releases  []heldRelease
+	fleetHeld nanoUSD
 
 	budgeted atomic.Bool           // it has a budget: requests are checked against it
 	fleet    atomic.Pointer[fleet] // where the fleet's totals are, when shared
@@ -143,9 +156,18 @@ func (a *spendAccount) charge(now time.Time, usd float64, logger *zap.Logger) {
 	}
 	a.logger.Store(logger)
 	shared := a.fleet.Load() != nil
-	n := toNano(usd)
 	a.mu.Lock()
 	a.roll(now)
+	a.addLocked(toNano(usd), shared)
+	crossed := a.crossed()
+	a.mu.Unlock()
+	spend.dirty.Store(true)
+	a.warnOf(crossed)
+}
+
+// addLocked adds n to the spend of every period; in a fleet (shared) it
+// waits to be added to the fleet's. It runs under a.mu, after roll.
+func (a *spendAccount) addLocked(n nanoUSD, shared bool) {
 	for p := range numPeriods {
 		ps := &a.periods[p]
 		ps.usd += n
@@ -153,10 +175,6 @@ func (a *spendAccount) charge(now time.Time, usd float64, logger *zap.Logger) {
 			ps.pending += n
 		}
 	}
-	crossed := a.crossed()
-	a.mu.Unlock()
-	spend.dirty.Store(true)
-	a.warnOf(crossed)
 }
 
 // chargedEstimate records that usd of what was charged at now is the cost
@@ -267,8 +285,13 @@ const spendCheckpointEvery = 10 * time.Second
 // spendStorageKey is where the spend is kept in Caddy's storage.
 const spendStorageKey = "relay/spend.json"
 
-// spendRecord is an account as stored: each period's start and spend.
+// spendRecord is an account as stored: each period's start and spend, by
+// the period's name, and each batch's hold, by batchHoldPrefix and the
+// batch (start: when the batch was made).
 type spendRecord map[string]storedPeriod
+
+// batchHoldPrefix starts the name of a batch's hold in a spendRecord.
+const batchHoldPrefix = "batch:"
 
 type storedPeriod struct {
 	Start   time.Time `json:"start"`
@@ -286,12 +309,23 @@ type spendStore struct {
 	loaded  bool
 	saved   map[string]spendRecord // by account id
 	dirty   atomic.Bool
+	soon    chan struct{} // asks for a checkpoint now
 	stop    context.CancelFunc
 	done    chan struct{}
 	running int // configs using it
 }
 
-var spend = &spendStore{saved: map[string]spendRecord{}}
+var spend = &spendStore{saved: map[string]spendRecord{}, soon: make(chan struct{}, 1)}
+
+// saveSoon asks for a checkpoint now rather than within
+// spendCheckpointEvery: for what must outlive a crash (a batch's hold).
+func (s *spendStore) saveSoon() {
+	s.dirty.Store(true)
+	select {
+	case s.soon <- struct{}{}:
+	default:
+	}
+}
 
 // use starts using the store from a config: the first one loads what was
 // stored and starts the checkpoints. Each config gives it back with
@@ -375,6 +409,15 @@ func (s *spendStore) stored(id string) *spendAccount {
 			a.periods[p] = periodSpend{start: r.Start, usd: r.NanoUSD, estimated: r.EstimatedNanoUSD}
 		}
 	}
+	for name, r := range rec {
+		if batch, ok := strings.CutPrefix(name, batchHoldPrefix); ok && r.NanoUSD > 0 {
+			if a.batches == nil {
+				a.batches = map[string]batchHold{}
+			}
+			a.batches[batch] = batchHold{usd: r.NanoUSD, made: r.Start}
+			a.batchHeld += r.NanoUSD
+		}
+	}
 	return a
 }
 
@@ -404,14 +447,19 @@ func (a *spendAccount) record() spendRecord {
 			rec[p.String()] = storedPeriod{ps.start, ps.usd, ps.estimated}
 		}
 	}
+	for batch, h := range a.batches {
+		rec[batchHoldPrefix+batch] = storedPeriod{Start: h.made, NanoUSD: h.usd}
+	}
 	return rec
 }
 
 // checkpoints writes the spend every spendCheckpointEvery while it
-// changes, until ctx ends.
+// changes, and when asked, until ctx ends; batches' holds that lasted
+// their time are dropped on the way.
 func (s *spendStore) checkpoints(ctx context.Context, done chan struct{}) {
 	defer close(done)
-	every(ctx, spendCheckpointEvery, nil, func() {
+	every(ctx, spendCheckpointEvery, s.soon, func() {
+		expireBatches(time.Now())
 		if s.dirty.Load() {
 			s.save()
 		}
@@ -440,6 +488,11 @@ func (s *spendStore) save() {
 		current := false
 		for p := range numPeriods {
 			if r, ok := rec[p.String()]; ok && p.end(r.Start).After(now) {
+				current = true
+			}
+		}
+		for name, r := range rec {
+			if strings.HasPrefix(name, batchHoldPrefix) && r.Start.Add(batchHoldFor).After(now) {
 				current = true
 			}
 		}

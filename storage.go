@@ -135,6 +135,11 @@ type fleet struct {
 	leaseMu sync.Mutex
 	leases  map[leaseRef]struct{} // slots this node holds, renewed until given back
 
+	// holdLeases are its requests' holds of budgets, renewed until their
+	// cost is added to the fleet's spend (guarded by leaseMu)
+	holdLeases map[leaseRef]struct{}
+	spendMu    sync.Mutex // one spend sync at a time
+
 	releases chan release       // given back off the request path
 	publish  chan healthChange  // health changes of this node, to publish
 	resync   chan struct{}      // asks for a sync of every shared channel's health
@@ -181,6 +186,7 @@ func newFleet(ctx caddy.Context, s *RedisStorage) (*fleet, error) {
 		resync:   make(chan struct{}, 1),
 		spendNow: make(chan struct{}, 1),
 	}
+	f.holdLeases = map[leaseRef]struct{}{}
 	if f.prefix == "" {
 		f.prefix = defaultRedisPrefix
 	}
@@ -240,8 +246,10 @@ func newFleet(ctx caddy.Context, s *RedisStorage) (*fleet, error) {
 }
 
 // Destruct implements caddy.Destructor: the last config that used the
-// storage is gone. Spend not yet added is added, slots still held are given
-// back, the node leaves.
+// storage is gone. Spend not yet added is added (with it, the holds of the
+// requests that spent it are given back), slots still held are given back,
+// the node leaves. The holds of requests still in flight expire with their
+// lease: their cost is not known yet.
 func (f *fleet) Destruct() error {
 	f.stop()
 	f.done.Wait()

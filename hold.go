@@ -1,0 +1,476 @@
+package relay
+
+import (
+	"context"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Holds. A budget is a ceiling, not a check: a message, when it is
+// admitted to its first attempt, holds its worst case against every budget
+// that applies to it (see worstCase), and when it ends the hold becomes
+// what it really cost: the hold is given back and the cost charged under
+// one lock. What a budget has room for is its budget less what was spent
+// (settled) and less what requests in flight hold. A request whose hold
+// does not fit:
+//
+//   - when what was spent and its own hold already exceed a budget, is
+//     refused at once, 429 budget_exceeded with a retry-after to the
+//     period's end: nothing that settles can make room;
+//   - else, holds in flight stand between it and the budget, and they may
+//     settle lower: it waits in its group's queue, best class first, until
+//     a hold of that account settles (and, in a fleet, polls Redis), for
+//     at most its class's max_wait; then 429 budget_exceeded.
+//
+// So spend passes a budget only by what requests cost beyond their holds,
+// which only an input estimate below the real prompt allows.
+//
+// In a fleet the holds live in Redis (shared_holds.go), in the same script
+// as the request's other admissions after its body.
+
+// maxHolds bounds the budgets one request holds against: its key's or
+// user entry's (or identity's) today; room for a group's, a channel's cap
+// and a session's.
+const maxHolds = 4
+
+// hold is what one request holds against one spend account.
+type hold struct {
+	a   *spendAccount
+	usd nanoUSD
+	// lease, in a fleet, is the hold's member in the account's holds in
+	// Redis; "" when held on this relay only
+	lease string
+	// batch names a batch's hold (hold_batches.go), which its results
+	// settle; "" for a request's
+	batch string
+}
+
+// holds are a request's holds: planned (n > 0) when its budgets apply,
+// taken with its first admitted attempt, settled when it ends.
+type holds struct {
+	list  [maxHolds]hold
+	n     uint8
+	taken bool
+}
+
+// add plans a hold of usd against a.
+func (hs *holds) add(a *spendAccount, usd nanoUSD) {
+	if int(hs.n) < len(hs.list) {
+		hs.list[hs.n] = hold{a: a, usd: usd}
+		hs.n++
+	}
+}
+
+// pending reports whether the request has holds to take.
+func (hs *holds) pending() bool { return hs.n > 0 && !hs.taken }
+
+// holdVerdict is what an account says of a hold.
+type holdVerdict uint8
+
+const (
+	holdTaken   holdVerdict = iota
+	holdWait                // holds in flight stand between the request and a budget
+	holdRefused             // what was spent and the hold exceed a budget
+)
+
+// holdAnswer is the verdict on a request's holds and, when one did not
+// fit, which, against which period's budget, and what that account had
+// spent in it and held when judged.
+type holdAnswer struct {
+	verdict     holdVerdict
+	i           int
+	period      budgetPeriod
+	spent, held nanoUSD
+}
+
+// fits judges a hold of n against every budget of the account, with held
+// already held. It runs under a.mu.
+func (a *spendAccount) fits(n, held nanoUSD) holdAnswer {
+	ans := holdAnswer{}
+	for p := range numPeriods {
+		limit := a.caps[p]
+		if limit <= 0 {
+			continue
+		}
+		spent := a.periods[p].usd
+		if spent >= limit || spent+n > limit {
+			return holdAnswer{verdict: holdRefused, period: p, spent: spent, held: held}
+		}
+		if ans.verdict == holdTaken && spent+held+n > limit {
+			ans = holdAnswer{verdict: holdWait, period: p, spent: spent, held: held}
+		}
+	}
+	return ans
+}
+
+// affords judges, without taking anything, whether a hold of n could ever
+// fit: holdRefused when what was spent and n exceed a budget.
+func (a *spendAccount) affords(now time.Time, n nanoUSD) holdAnswer {
+	if !a.budgeted.Load() {
+		return holdAnswer{}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.roll(now)
+	if ans := a.fits(n, 0); ans.verdict == holdRefused {
+		return ans
+	}
+	return holdAnswer{}
+}
+
+// reserve takes a hold of n on this relay when every budget has room for
+// it beside the holds in flight here.
+func (a *spendAccount) reserve(now time.Time, n nanoUSD) holdAnswer {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.roll(now)
+	ans := a.fits(n, a.held+a.batchHeld)
+	if ans.verdict == holdTaken {
+		a.held += n
+		a.holding++
+	}
+	return ans
+}
+
+// holdsHere records a hold of n the fleet took, so that this relay knows
+// what is in flight (for GET /relay/keys, and should Redis go away).
+func (a *spendAccount) holdsHere(n nanoUSD) {
+	a.mu.Lock()
+	a.held += n
+	a.holding++
+	a.mu.Unlock()
+}
+
+// unreserve gives back a hold of n that was not used: nothing was spent.
+func (a *spendAccount) unreserve(n nanoUSD) {
+	a.mu.Lock()
+	a.held -= n
+	a.holding--
+	a.mu.Unlock()
+}
+
+// settle ends a hold: it is given back and usd, what the request cost,
+// charged, under one lock, so that no reader sees the hold gone and the
+// cost not yet there. In a fleet the hold's member in Redis is given back
+// by the sync that adds this cost to the fleet's totals, in the same
+// script: the fleet never counts the cost and the hold as neither. It
+// returns whether the hold is given back already (on this relay alone).
+func (a *spendAccount) settle(now time.Time, h hold, usd float64, q *waitQueue, logger *zap.Logger) (released bool) {
+	a.logger.Store(logger)
+	f := a.fleet.Load()
+	a.mu.Lock()
+	a.roll(now)
+	if h.batch == "" {
+		a.held -= h.usd
+		a.holding--
+	} else if bh, ok := a.batches[h.batch]; ok {
+		delete(a.batches, h.batch)
+		a.batchHeld -= bh.usd
+	}
+	if usd > 0 {
+		a.addLocked(toNano(usd), f != nil)
+	}
+	if h.lease != "" && f != nil {
+		a.releases = append(a.releases, heldRelease{lease: h.lease, q: q})
+	}
+	crossed := a.crossed()
+	a.mu.Unlock()
+	if usd > 0 {
+		spend.dirty.Store(true)
+	}
+	a.warnOf(crossed)
+	if h.batch != "" && f == nil {
+		spend.saveSoon() // a batch's hold is gone for good: written at once
+	}
+	if h.lease != "" && f != nil {
+		f.spendSoon()
+		return false
+	}
+	return true
+}
+
+// heldRelease is a settled hold whose member waits in Redis for the sync
+// that adds its cost, and the queue whose waiters its release wakes.
+type heldRelease struct {
+	lease string
+	q     *waitQueue
+}
+
+// idle reports whether no hold of a request is in flight on the account.
+func (a *spendAccount) idle() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.holding == 0 && len(a.releases) == 0
+}
+
+// heldUSD is what the account's holds hold now: in a fleet, what Redis
+// said at the last sync (every relay's requests and the batches), at
+// least what this relay holds; else this relay's requests in flight and
+// its batches.
+func (a *spendAccount) heldUSD() float64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := a.held + a.batchHeld
+	if a.fleet.Load() != nil {
+		n = max(n, a.fleetHeld)
+	}
+	return max(n, 0).usd()
+}
+
+// worstCase is the most a message may cost, in USD: its input estimate
+// (every prompt token at the dearest of the input, cache read and cache
+// write prices, at the long-prompt tier when the estimate may reach it)
+// plus max_tokens at the output price (the model's maximum output when the
+// body gives none), of the dearest model it may be served as (itself and
+// its group's fallbacks for it), times the highest price_factor among its
+// group's channels. A model without a price costs nothing.
+func (r *Relay) worstCase(in *inbound) float64 {
+	g := in.group()
+	worst := r.costCeiling(in.model, in.estimate, in.maxTokens)
+	for _, m := range g.fallbacks[in.model] {
+		worst = max(worst, r.costCeiling(m, in.estimate, in.maxTokens))
+	}
+	return worst * g.maxPriceFactor
+}
+
+// costCeiling is the most a request for model with a prompt of about
+// prompt tokens and maxTokens of output (0: the model's maximum) may cost
+// at list price.
+func (r *Relay) costCeiling(model string, prompt, maxTokens int64) float64 {
+	if rates := r.prices.lookup(model); rates != nil {
+		return rates.worst(prompt, maxTokens)
+	}
+	return 0
+}
+
+// worst is the most a request with a prompt of about prompt tokens and
+// maxTokens of output (0 or less: the model's maximum, or the largest the
+// list knows) may cost at these rates.
+func (r *rates) worst(prompt, maxTokens int64) float64 {
+	if maxTokens <= 0 {
+		maxTokens = r.maxOutput
+		if maxTokens <= 0 {
+			maxTokens = largestMaxOutput
+		}
+	}
+	in, out := r.ceiling(prompt)
+	return float64(prompt)*in + float64(maxTokens)*out
+}
+
+// ceilNano rounds an amount up to billionths of a dollar: a hold never
+// holds less than its worst case.
+func ceilNano(usd float64) nanoUSD {
+	if usd <= 0 {
+		return 0
+	}
+	return nanoUSD(math.Ceil(usd * 1e9))
+}
+
+// planHolds plans the holds of a message against every budget that
+// applies to it, and refuses it at once when one of them could never fit:
+// what was spent and its worst case exceed a budget. A principal without
+// budgets plans nothing and pays nothing.
+func (r *Relay) planHolds(in *inbound) *relayError {
+	if in.route != routeMessages || in.state == nil || in.state.spend == nil || !in.state.spend.budgeted.Load() {
+		return nil
+	}
+	worst := ceilNano(r.worstCase(in))
+	a := in.state.spend
+	if ans := a.affords(r.now(), worst); ans.verdict == holdRefused {
+		return r.budgetRefusal(in, a, worst, ans)
+	}
+	in.holds.add(a, worst)
+	return nil
+}
+
+// admitHeld admits an attempt on ch together with the request's holds
+// (and its end user's limits, when they are pending), all or nothing, in
+// one round trip to the fleet when the fleet keeps them. A hold that
+// cannot fit answers the request (rerr); a hold that must wait for holds in
+// flight waits in the queue, and then the loop picks again (nil ticket,
+// scopeBudget).
+func (r *Relay) admitHeld(ctx context.Context, in *inbound, ch *channel, now time.Time, q *queued) (*ticket, limitScope, *relayError) {
+	hs := &in.holds
+	first := hs.list[0].a
+	// a newcomer does not overtake the requests of its class or better
+	// that wait on its budget
+	if q.w == nil && q.g.maxQueue > 0 && q.g.state.queue.aheadOn(in.key.prio, first) {
+		return nil, scopeBudget, r.waitForHolds(ctx, in, q, holdAnswer{verdict: holdWait})
+	}
+	t, ug, scope, wait, byUser, ans := ch.health.admitHeld(now, in.estimate, in.endUserPending, in.endUserEstimate, hs)
+	switch {
+	case ans.verdict == holdRefused:
+		h := hs.list[ans.i]
+		return nil, scopeNone, r.budgetRefusal(in, h.a, h.usd, ans)
+	case ans.verdict == holdWait:
+		return nil, scopeBudget, r.waitForHolds(ctx, in, q, ans)
+	case byUser && scope != scopeStorage:
+		return nil, scope, endUserRefused(in, scope, wait)
+	case t != nil:
+		hs.taken = true
+		if in.endUserPending != nil {
+			in.endUser, in.endUserGrant, in.endUserPending = in.endUserPending, ug, nil
+		}
+	}
+	return t, scope, nil
+}
+
+// scopeBudget is a request that waited for holds in flight to settle.
+const scopeBudget limitScope = "budget"
+
+// fleetHoldPoll is how often a request that waits for holds in flight asks
+// the fleet again: holds another relay settles wake nobody here.
+const fleetHoldPoll = 100 * time.Millisecond
+
+// waitForHolds waits in the queue, as a request on the budget of the hold
+// that did not fit, until a hold of that account settles; nil when it is
+// to try again, else its answer.
+func (r *Relay) waitForHolds(ctx context.Context, in *inbound, q *queued, ans holdAnswer) *relayError {
+	h := in.holds.list[ans.i]
+	freeAt := time.Time{}
+	if h.a.fleet.Load() != nil {
+		freeAt = r.now().Add(fleetHoldPoll)
+	}
+	return q.waitOn(ctx, h.a, freeAt, func(why queueRefusal) *relayError {
+		metricRateLimited.WithLabelValues(in.key.name, string(scopeBudget)).Inc()
+		tail := "; its group does not queue"
+		switch why {
+		case queueWaited:
+			tail = "; it waited " + q.g.maxWait[in.key.prio].String() + " (max_wait of class " + in.key.prio.String() + ") for them to settle"
+		case queueFull:
+			tail = "; the queue is full"
+		}
+		return errBudgetHeld(h.a.label, ans, h.a.capOf(ans.period), h.usd, tail)
+	})
+}
+
+// budgetRefusal answers a request whose hold of worst could never fit in
+// the budget ans names.
+func (r *Relay) budgetRefusal(in *inbound, a *spendAccount, worst nanoUSD, ans holdAnswer) *relayError {
+	metricRateLimited.WithLabelValues(in.key.name, string(scopeBudget)).Inc()
+	now := r.now()
+	end := ans.period.end(ans.period.start(now))
+	limit := a.capOf(ans.period)
+	if ans.spent >= limit {
+		return errBudgetExceeded(a.label, ans.period, limit.usd(), ans.spent.usd(), end.Sub(now), 0)
+	}
+	return errBudgetExceeded(a.label, ans.period, limit.usd(), ans.spent.usd(), end.Sub(now), worst.usd())
+}
+
+// capOf is the account's budget for period p.
+func (a *spendAccount) capOf(p budgetPeriod) nanoUSD {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.caps[p]
+}
+
+// holdRetryAfter is what a request that could not wait for holds in
+// flight to settle is told to wait: they settle as requests end.
+const holdRetryAfter = 5 * time.Second
+
+// errBudgetHeld answers a request whose hold of worst would fit in what is
+// left of a budget once the holds in flight settle, but that could not
+// wait for them (tail says why).
+func errBudgetHeld(key string, ans holdAnswer, limit, worst nanoUSD, tail string) *relayError {
+	left := max(0, limit-ans.spent)
+	msg := "key " + strconv.Quote(key) + "'s requests in flight hold " + dollars(ans.held.usd()) + " of the " + dollars(left.usd()) +
+		" left of its " + ans.period.adjective() + " " + dollars(limit.usd()) + " budget, and this request may cost up to " + dollars(worst.usd()) + tail
+	return &relayError{status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "budget_exceeded",
+		msg: msg, retryAfter: holdRetryAfter, noRetry: true}
+}
+
+// settleHolds turns what the request holds into what it cost: each
+// account's hold is given back and the cost charged, under one lock.
+// A request that took no hold charges its principal.
+func (r *Relay) settleHolds(in *inbound, cost float64) {
+	now := r.now()
+	if !in.holds.taken {
+		if in.state != nil && in.state.spend != nil {
+			in.state.spend.charge(now, cost, r.logger)
+		}
+		return
+	}
+	var q *waitQueue
+	if in.key != nil {
+		q = &in.group().state.queue
+	}
+	for i := range in.holds.n {
+		h := in.holds.list[i]
+		if h.a.settle(now, h, cost, q, r.logger) && q != nil && h.batch == "" {
+			q.wakeFor(h.a)
+		}
+	}
+	in.holds.taken = false
+}
+
+// takeHeld admits one request against its end user's limits (user, nil
+// for none) and its channel's (ch), as takeBoth does, and against its
+// holds: all or nothing. Holds on this relay are taken first, then the
+// limits; in a fleet, the limits the fleet keeps go in one script with
+// the holds, and the others are taken before it.
+func takeHeld(now time.Time, user *limiter, ue int64, ch *limiter, ce int64, hs *holds) (gu, gc grant, scope limitScope, wait time.Duration, byUser bool, ans holdAnswer) {
+	if f := hs.fleet(); f != nil {
+		return f.takeHeld(now, user, ue, ch, ce, hs)
+	}
+	if ans = hs.reserve(now); ans.verdict != holdTaken {
+		return
+	}
+	if user != nil {
+		gu, gc, scope, wait, byUser = takeBoth(now, user, ue, ch, ce)
+	} else {
+		gc, scope, wait = ch.take(now, ce)
+	}
+	if scope != scopeNone {
+		hs.unreserve()
+	}
+	return
+}
+
+// fleet is the fleet that keeps every hold of the request; nil when a hold
+// is kept on this relay.
+func (hs *holds) fleet() *fleet {
+	var f *fleet
+	for i := range hs.n {
+		af := hs.list[i].a.fleet.Load()
+		if af == nil || f != nil && af != f {
+			return nil
+		}
+		f = af
+	}
+	return f
+}
+
+// reserve takes every hold on this relay, or none.
+func (hs *holds) reserve(now time.Time) holdAnswer {
+	for i := range hs.n {
+		h := &hs.list[i]
+		if ans := h.a.reserve(now, h.usd); ans.verdict != holdTaken {
+			for j := range uint8(i) {
+				hs.list[j].a.unreserve(hs.list[j].usd)
+			}
+			ans.i = int(i)
+			return ans
+		}
+		h.lease = ""
+	}
+	return holdAnswer{}
+}
+
+// unreserve gives back every hold, unused: on this relay, and in the
+// fleet for those it took there.
+func (hs *holds) unreserve() {
+	for i := range hs.n {
+		h := &hs.list[i]
+		h.a.unreserve(h.usd)
+		if h.lease != "" {
+			if f := h.a.fleet.Load(); f != nil {
+				f.releaseHold(h.a, h.lease)
+			}
+			h.lease = ""
+		}
+	}
+}

@@ -1,0 +1,503 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/redistest"
+)
+
+// gate is an upstream that holds every request until told to answer it:
+// each request arrives on arrived, and answers when a value comes on
+// answer (closed: every request answers at once), or leaves with its
+// client. Each answer reports 10 output tokens.
+type gate struct {
+	arrived chan struct{}
+	answer  chan struct{}
+}
+
+func newGate() *gate { return &gate{arrived: make(chan struct{}, 100), answer: make(chan struct{})} }
+
+func (g *gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	g.arrived <- struct{}{}
+	select {
+	case <-g.answer:
+	case <-r.Context().Done():
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(fakeupstream.MessageBody("m-hold", "ok", fakeupstream.Usage{OutputTokens: 10}))
+}
+
+// arrival waits for the next request at the gate.
+func (g *gate) arrival(t *testing.T, what string) {
+	t.Helper()
+	select {
+	case <-g.arrived:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: no request reached the upstream", what)
+	}
+}
+
+// holdRelay is a relay with one key, name, of budgets, on upstream h. Its
+// model m-hold costs nothing for input and $0.01 an output token: a
+// request holds $0.01 per max_tokens, and a gate's answer costs $0.10.
+func holdRelay(t *testing.T, name string, budgets []string, h http.Handler, group func(*Group)) (*Relay, *spendAccount) {
+	t.Helper()
+	up := httptest.NewServer(h)
+	t.Cleanup(up.Close)
+	key := Key{Secret: "sk-" + name + "-0123456789abcdef", Group: name, KeyOptions: KeyOptions{Name: name, Budgets: budgets}}
+	ch := &Channel{Name: name + "-ch", UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", "sk-up")}
+	g := &Group{Name: name, Channels: []string{ch.Name}}
+	if group != nil {
+		group(g)
+	}
+	r := &Relay{Keys: []*Key{&key}, Channels: []*Channel{ch}, Groups: []*Group{g},
+		Pricing: map[string]Price{"m-hold": {Input: 0, Output: 10_000}}}
+	provisionHandler(t, r)
+	for _, k := range r.keys {
+		return r, k.state.spend
+	}
+	t.Fatal("no key")
+	return nil, nil
+}
+
+// holdBody is a message of m-hold asking for up to maxTokens.
+func holdBody(maxTokens int) string {
+	return `{"model":"m-hold","max_tokens":` + strconv.Itoa(maxTokens) + `,"messages":[{"role":"user","content":"hi"}]}`
+}
+
+// sent is a request served in the background.
+type sent struct {
+	w      *httptest.ResponseRecorder
+	done   chan struct{}
+	cancel context.CancelFunc
+}
+
+// serveAsync serves a request of key with body on r in the background.
+func serveAsync(t *testing.T, r *Relay, key, body string) *sent {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &sent{done: make(chan struct{}), cancel: cancel}
+	req := newRequest(body, key).WithContext(ctx)
+	go func() {
+		defer close(s.done)
+		s.w, _ = serveHandler(t, r, req)
+	}()
+	return s
+}
+
+// wait waits for the request's answer.
+func (s *sent) wait(t *testing.T, what string) *httptest.ResponseRecorder {
+	t.Helper()
+	select {
+	case <-s.done:
+		return s.w
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: no answer", what)
+		return nil
+	}
+}
+
+// heldAndSpent is what GET /relay/keys says the key holds and spent
+// today.
+func heldAndSpent(t *testing.T, name string) (held, spent float64) {
+	t.Helper()
+	rows, _ := keyRows(t)
+	row, ok := rows[name]
+	if !ok {
+		t.Fatalf("GET /relay/keys has no key %q", name)
+	}
+	return row.HeldUSD, row.SpendUSD["day"]
+}
+
+// queuedOn reports whether a request waits in the key's group's queue on
+// the account's budget.
+func queuedOn(r *Relay, name string, a *spendAccount) bool {
+	return r.groups[name].state.queue.aheadOn(priorityBatch, a)
+}
+
+// budgetError reads a relay error's type, code and message.
+func budgetError(t *testing.T, w *httptest.ResponseRecorder) (typ, code, msg string) {
+	t.Helper()
+	var body struct {
+		Error struct{ Type, Code, Message string }
+	}
+	if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil {
+		t.Fatalf("%d %s: %v", w.Code, w.Body, err)
+	}
+	return body.Error.Type, body.Error.Code, body.Error.Message
+}
+
+// TestAHoldWaitsOnlyForHoldsInFlight holds two requests' worst cases
+// against a $1 budget while their upstream is slow, then sends more: a
+// request whose hold would fit once the holds in flight settle waits in the
+// queue, and goes when one settles; a request whose hold does not fit
+// beside what was spent is refused at once, retry-after to the day's end;
+// a request that leaves while it waits holds nothing.
+func TestAHoldWaitsOnlyForHoldsInFlight(t *testing.T) {
+	g := newGate()
+	r, acct := holdRelay(t, "hold-wait", []string{"1usd/day"}, g, nil)
+	clock := &fakeClock{t: time.Date(2030, time.March, 15, 23, 0, 0, 0, time.UTC)}
+	r.now = clock.now
+	key := "sk-hold-wait-0123456789abcdef"
+
+	a := serveAsync(t, r, key, holdBody(40)) // holds $0.40
+	g.arrival(t, "A")
+	b := serveAsync(t, r, key, holdBody(40)) // $0.80 held: fits
+	g.arrival(t, "B")
+	if held, spent := heldAndSpent(t, "hold-wait"); held != 0.8 || spent != 0 {
+		t.Fatalf("two requests in flight: held %v, spent %v; want 0.80 held, nothing spent", held, spent)
+	}
+
+	// $0.40 more would make $1.20 held: it waits for the holds in flight
+	c := serveAsync(t, r, key, holdBody(40))
+	waitFor(t, "C queued on the budget", 5*time.Second, func() bool { return queuedOn(r, "hold-wait", acct) })
+	// $1.01 alone is more than the budget: refused at once
+	w, _ := serveHandler(t, r, newRequest(holdBody(101), key))
+	if typ, code, msg := budgetError(t, w); w.Code != 429 || typ != "rate_limit_error" || code != "budget_exceeded" || !strings.Contains(msg, "cannot afford") {
+		t.Fatalf("a request that could never fit: %d %s", w.Code, w.Body)
+	}
+	if w.Header().Get("Retry-After") != "3600" || w.Header().Get("X-Should-Retry") != "false" {
+		t.Errorf("refused at once: retry-after %q (want 3600, to midnight), x-should-retry %q", w.Header().Get("Retry-After"), w.Header().Get("X-Should-Retry"))
+	}
+
+	// A costs $0.10: $0.10 spent and $0.40 held leave room for C
+	g.answer <- struct{}{}
+	if w := a.wait(t, "A"); w.Code != 200 {
+		t.Fatalf("A: %d %s", w.Code, w.Body)
+	}
+	g.arrival(t, "C, once A settled")
+	if held, spent := heldAndSpent(t, "hold-wait"); held != 0.8 || spent != 0.1 {
+		t.Fatalf("A settled, B and C in flight: held %v, spent %v; want 0.80 and 0.10", held, spent)
+	}
+	// $0.10 spent and $0.91 is more than $1, whatever settles: at once
+	if w, _ := serveHandler(t, r, newRequest(holdBody(91), key)); w.Code != 429 || w.Header().Get("Retry-After") != "3600" {
+		t.Fatalf("a request over what is left of the budget: %d %s", w.Code, w.Body)
+	}
+	// one that would fit once B or C settles waits; its client leaves
+	d := serveAsync(t, r, key, holdBody(50))
+	waitFor(t, "D queued on the budget", 5*time.Second, func() bool { return queuedOn(r, "hold-wait", acct) })
+	d.cancel()
+	d.wait(t, "D, whose client left")
+	if held, _ := heldAndSpent(t, "hold-wait"); held != 0.8 || queuedOn(r, "hold-wait", acct) {
+		t.Fatalf("a request that left the queue: held %v (want 0.80, B's and C's), still queued %v", held, queuedOn(r, "hold-wait", acct))
+	}
+
+	close(g.answer)
+	for name, s := range map[string]*sent{"B": b, "C": c} {
+		if w := s.wait(t, name); w.Code != 200 {
+			t.Fatalf("%s: %d %s", name, w.Code, w.Body)
+		}
+	}
+	if held, spent := heldAndSpent(t, "hold-wait"); held != 0 || spent < 0.2999 || spent > 0.3001 {
+		t.Errorf("after all: held %v, spent %v; want nothing held, 0.30 spent", held, spent)
+	}
+	if !acct.idle() {
+		t.Error("the account still counts a hold in flight")
+	}
+}
+
+// TestAHoldBecomesTheActualCost: a request holds its worst case while it
+// runs, and when it ends the hold is gone and its cost spent.
+func TestAHoldBecomesTheActualCost(t *testing.T) {
+	g := newGate()
+	r, _ := holdRelay(t, "hold-settle", []string{"5usd/month"}, g, nil)
+	s := serveAsync(t, r, "sk-hold-settle-0123456789abcdef", holdBody(300)) // holds $3
+	g.arrival(t, "the request")
+	rows, body := keyRows(t)
+	if row := rows["hold-settle"]; row.HeldUSD != 3 || row.SpendUSD["month"] != 0 || !strings.Contains(body, `"held_usd":3`) {
+		t.Fatalf("in flight: %s", show(row))
+	}
+	g.answer <- struct{}{}
+	if w := s.wait(t, "the request"); w.Code != 200 {
+		t.Fatalf("%d %s", w.Code, w.Body)
+	}
+	rows, body = keyRows(t)
+	if row := rows["hold-settle"]; row.HeldUSD != 0 || row.SpendUSD["month"] != 0.1 || row.RemainingUSD["month"] != 4.9 || !strings.Contains(body, `"held_usd":0`) {
+		t.Fatalf("settled: %s; want nothing held and $0.10 spent", show(row))
+	}
+}
+
+// TestAHoldWaitsAtMostItsMaxWait: a request held up by holds in flight
+// gets 429 budget_exceeded (not queue_timeout) when its class's max_wait
+// passes.
+func TestAHoldWaitsAtMostItsMaxWait(t *testing.T) {
+	g := newGate()
+	defer close(g.answer)
+	r, _ := holdRelay(t, "hold-maxwait", []string{"1usd/day"}, g, func(grp *Group) {
+		grp.MaxWait = map[string]caddy.Duration{"normal": caddy.Duration(50 * time.Millisecond)}
+	})
+	key := "sk-hold-maxwait-0123456789abcdef"
+	first := serveAsync(t, r, key, holdBody(80))
+	defer first.cancel()
+	g.arrival(t, "the first request")
+	start := time.Now()
+	w, _ := serveHandler(t, r, newRequest(holdBody(30), key))
+	typ, code, msg := budgetError(t, w)
+	if w.Code != 429 || typ != "rate_limit_error" || code != "budget_exceeded" || !strings.Contains(msg, "max_wait") || !strings.Contains(msg, "hold $0.80") {
+		t.Fatalf("after max_wait: %d %s", w.Code, w.Body)
+	}
+	if took := time.Since(start); took < 50*time.Millisecond {
+		t.Errorf("answered after %v, before its max_wait of 50ms", took)
+	}
+	if w.Header().Get("X-Should-Retry") != "false" {
+		t.Errorf("x-should-retry %q", w.Header().Get("X-Should-Retry"))
+	}
+}
+
+// TestAClientThatLeavesSettlesItsHold: a stream whose client leaves in
+// the middle ends its hold; what it is charged is its cost, and nothing
+// stays held.
+func TestAClientThatLeavesSettlesItsHold(t *testing.T) {
+	release, canceled := make(chan struct{}), make(chan struct{})
+	defer close(release)
+	evs := fakeupstream.StreamEvents("m-hold", fakeupstream.Usage{InputTokens: 10, OutputTokens: 3}, "one ", "two ", "three")
+	r, acct := holdRelay(t, "hold-leave", []string{"1usd/day"}, fakeupstream.Held(evs, 4, release, canceled), nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	req := newRequest(`{"model":"m-hold","max_tokens":50,"stream":true,"messages":[{"role":"user","content":"hi"}]}`, "sk-hold-leave-0123456789abcdef").WithContext(ctx)
+	pr, pw := io.Pipe()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w := &pipeWriter{h: http.Header{}, w: pw}
+		_ = r.ServeHTTP(w, prepare(req, w), nil)
+		_ = pw.Close()
+	}()
+	buf := make([]byte, 1)
+	if _, err := pr.Read(buf); err != nil { // the stream reached the client
+		t.Fatal(err)
+	}
+	if held, _ := heldAndSpent(t, "hold-leave"); held != 0.5 {
+		t.Fatalf("streaming: held %v, want 0.50", held)
+	}
+	cancel()
+	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request did not end when its client left")
+	}
+	held, spent := heldAndSpent(t, "hold-leave")
+	if held != 0 || !acct.idle() {
+		t.Fatalf("after the client left: held %v (in flight: %v); want nothing", held, !acct.idle())
+	}
+	if spent <= 0 || spent > 0.5 {
+		t.Errorf("after the client left: spent %v; want what it got, at most its hold", spent)
+	}
+}
+
+// pipeWriter is a ResponseWriter that writes into a pipe, flushing each
+// write, and fails once the pipe's reader is gone.
+type pipeWriter struct {
+	h    http.Header
+	w    *io.PipeWriter
+	code int
+}
+
+func (p *pipeWriter) Header() http.Header         { return p.h }
+func (p *pipeWriter) WriteHeader(code int)        { p.code = code }
+func (p *pipeWriter) Write(b []byte) (int, error) { return p.w.Write(b) }
+func (p *pipeWriter) Flush()                      {}
+
+// prepare makes req a request Caddy would hand the relay.
+func prepare(req *http.Request, w http.ResponseWriter) *http.Request {
+	return caddyhttp.PrepareRequest(req, caddy.NewReplacer(), w, &caddyhttp.Server{})
+}
+
+// TestABatchHoldsUntilItsResultsSettleIt makes a batch of two requests on
+// a key with a budget: it holds their worst case at the batch price until
+// its results are read, when the hold becomes what they cost; a batch that
+// does not fit is refused before anything reaches the upstream.
+func TestABatchHoldsUntilItsResultsSettleIt(t *testing.T) {
+	store := fakeupstream.NewStore("hold")
+	r, _ := holdRelay(t, "hold-batch", []string{"1usd/day"}, store, nil)
+	key := "sk-hold-batch-0123456789abcdef"
+	batch := func(n, maxTokens int) string {
+		reqs := make([]string, n)
+		for i := range reqs {
+			reqs[i] = fmt.Sprintf(`{"custom_id":"r%d","params":%s}`, i, holdBody(maxTokens))
+		}
+		return `{"requests":[` + strings.Join(reqs, ",") + `]}`
+	}
+	call := func(method, path, body string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(method, path, strings.NewReader(body))
+		req.Header.Set("X-Api-Key", key)
+		req.Header.Set("Anthropic-Version", "2023-06-01")
+		req.Header.Set("Content-Type", "application/json")
+		w, _ := serveHandler(t, r, req)
+		return w
+	}
+
+	// 500 requests of up to 100 tokens at $0.005 a token (the batch price)
+	w := call(http.MethodPost, "/v1/messages/batches", batch(500, 100))
+	if typ, code, _ := budgetError(t, w); w.Code != 429 || typ != "rate_limit_error" || code != "budget_exceeded" {
+		t.Fatalf("a batch of $250 on a $1 budget: %d %s", w.Code, w.Body)
+	}
+	if store.Batches() != 0 {
+		t.Fatalf("the upstream made %d batches of a refused create", store.Batches())
+	}
+
+	// two requests of up to 10 tokens: $0.10 held
+	w = call(http.MethodPost, "/v1/messages/batches", batch(2, 10))
+	var made struct{ ID string }
+	if err := json.Unmarshal(w.Body.Bytes(), &made); w.Code != 200 || err != nil {
+		t.Fatalf("a batch that fits: %d %s", w.Code, w.Body)
+	}
+	if held, spent := heldAndSpent(t, "hold-batch"); held != 0.1 || spent != 0 {
+		t.Fatalf("a batch made: held %v, spent %v; want 0.10 held", held, spent)
+	}
+	// its results: 5 output tokens each, $0.025 each at the batch price
+	if w := call(http.MethodGet, "/v1/messages/batches/"+made.ID+"/results", ""); w.Code != 200 || !strings.Contains(w.Body.String(), `"custom_id":"r1"`) {
+		t.Fatalf("results: %d %s", w.Code, w.Body)
+	}
+	if held, spent := heldAndSpent(t, "hold-batch"); held != 0 || spent < 0.0499 || spent > 0.0501 {
+		t.Fatalf("results read: held %v, spent %v; want nothing held, 0.05 spent", held, spent)
+	}
+	// read again: accounted once
+	call(http.MethodGet, "/v1/messages/batches/"+made.ID+"/results", "")
+	if held, spent := heldAndSpent(t, "hold-batch"); held != 0 || spent < 0.0499 || spent > 0.0501 {
+		t.Fatalf("results read twice: held %v, spent %v", held, spent)
+	}
+}
+
+// TestFleetHoldsLeaseAndSettleWithTheirCost takes holds of one account
+// from two nodes of a fleet: a node's hold stands in the other's way until
+// the sync that adds its cost gives it back, in one script, so the fleet
+// never counts neither; and the holds of a node that dies expire with
+// their lease.
+func TestFleetHoldsLeaseAndSettleWithTheirCost(t *testing.T) {
+	srv := redistest.Start(t)
+	const lease = 300 * time.Millisecond
+	fa := testFleet(t, srv.Addr, "holds:", lease)
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	fb, err := newFleet(ctx, &RedisStorage{Address: []string{srv.Addr}, Prefix: "holds:", Lease: caddy.Duration(lease), Timeout: caddy.Duration(time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	caps := [numPeriods]float64{periodDay: 1}
+	a, b := &spendAccount{id: "fleet-holds"}, &spendAccount{id: "fleet-holds"}
+	a.configure(caps, 0, "fleet-holds", discardLogger(), nil)
+	b.configure(caps, 0, "fleet-holds", discardLogger(), nil)
+	a.fleet.Store(fa)
+	b.fleet.Store(fb)
+	spendAccounts.LoadOrStore("test-holds-a", a)
+	spendAccounts.LoadOrStore("test-holds-b", b)
+	t.Cleanup(func() { spendAccounts.Delete("test-holds-a"); spendAccounts.Delete("test-holds-b") })
+	take := func(acct *spendAccount, usd float64) (*holds, holdAnswer) {
+		hs := &holds{}
+		hs.add(acct, toNano(usd))
+		_, _, scope, _, _, ans := takeHeld(now, nil, 0, new(limiter), 0, hs)
+		if scope != scopeNone {
+			t.Fatalf("refused by %s", scope)
+		}
+		return hs, ans
+	}
+	redisInt := func(key string) int64 {
+		v, err := srv.Command("GET", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, _ := strconv.ParseInt(v, 10, 64) // none: 0
+		return n
+	}
+	heldKey, dayKey := "holds:{s:fleet-holds}:held", "holds:{s:fleet-holds}:day:"+periodDay.start(now).Format("20060102")
+
+	ha, ans := take(a, 0.6)
+	if ans.verdict != holdTaken || redisInt(heldKey) != 600_000_000 {
+		t.Fatalf("node A's hold: %+v, held in Redis %d", ans, redisInt(heldKey))
+	}
+	if _, ans := take(b, 0.6); ans.verdict != holdWait {
+		t.Fatalf("node B, $0.60 beside A's $0.60: %+v, want to wait", ans)
+	}
+	if _, ans := take(b, 1.1); ans.verdict != holdRefused {
+		t.Fatalf("node B, $1.10: %+v, want refused", ans)
+	}
+
+	// A's request cost $0.20: its hold stays until the sync (which the
+	// settle asks for at once) adds the cost, in one script: the hold is
+	// read before the spend, so a reader sees the hold, or the cost, or
+	// both, never neither
+	a.settle(now, ha.list[0], 0.2, nil, discardLogger())
+	if held, spent := redisInt(heldKey), redisInt(dayKey); held+spent < 200_000_000 {
+		t.Fatalf("settled: held %d, spent %d in Redis; the fleet counts neither the hold nor the cost", held, spent)
+	}
+	fa.flushSpend()
+	if redisInt(heldKey) != 0 || redisInt(dayKey) != 200_000_000 {
+		t.Fatalf("synced: held %d, spent %d in Redis; want the cost in and the hold out", redisInt(heldKey), redisInt(dayKey))
+	}
+
+	// node B holds $0.60 and dies: its hold expires with its lease
+	if _, ans := take(b, 0.6); ans.verdict != holdTaken {
+		t.Fatalf("node B, $0.60 beside $0.20 spent: %+v", ans)
+	}
+	_ = fb.Destruct()
+	if _, ans := take(a, 0.3); ans.verdict != holdWait {
+		t.Fatalf("node A, $0.30 while B's $0.60 is held: %+v, want to wait", ans)
+	}
+	waitFor(t, "the dead node's hold expired", 5*time.Second, func() bool {
+		hs, ans := take(a, 0.3)
+		if ans.verdict == holdTaken {
+			hs.unreserve()
+			return true
+		}
+		return false
+	})
+}
+
+// BenchmarkAdmitAndSelectWithBudget is BenchmarkAdmitAndSelect for keys
+// with a budget: each request also plans its hold (its worst case), takes
+// it with its channel's admission and settles it at its cost.
+func BenchmarkAdmitAndSelectWithBudget(b *testing.B) {
+	r := benchRelay(b)
+	keys := make([]*key, 0, 3)
+	for _, k := range r.keys {
+		r.activate(k)
+		k.state.spend.configure([numPeriods]float64{periodDay: 1e9}, 0, k.name, discardLogger(), nil)
+		keys = append(keys, k)
+	}
+	policy := cooldownPolicy{base: time.Second, max: time.Minute, auth: time.Hour}
+	var triedBuf [4]*channel
+	in := &inbound{route: routeMessages, model: "claude-sonnet-4-5", estimate: 100, maxTokens: 1024}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		k := keys[i%len(keys)]
+		now := time.Now()
+		g, scope, _ := k.limits.take(now, 100)
+		if scope != scopeNone {
+			b.Fatal("key refused")
+		}
+		in.key, in.state, in.holds = k, k.state, holds{}
+		if rerr := r.planHolds(in); rerr != nil {
+			b.Fatal(rerr)
+		}
+		sel := selection{model: "claude-sonnet-4-5", tried: triedBuf[:0], rand: defaultRand, now: now}
+		ch, rerr := pickErr(k.group, &sel)
+		if ch == nil {
+			b.Fatal(rerr)
+		}
+		t, _, _, _, _, ans := ch.health.admitHeld(now, 100, nil, 0, &in.holds)
+		if t == nil || ans.verdict != holdTaken {
+			b.Fatal("channel or hold refused")
+		}
+		in.holds.taken = true
+		t.finish(verdict{outcome: outcomeSuccess}, policy, now, 0, 150)
+		r.settleHolds(in, 0.001)
+		k.limits.done(now, g, 150)
+	}
+}
