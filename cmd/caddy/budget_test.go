@@ -24,7 +24,8 @@ func TestSpendSurvivesARestart(t *testing.T) {
 	storage := t.TempDir()
 	site, admin := freePort(t), freePort(t)
 	config := filepath.Join(t.TempDir(), "Caddyfile")
-	// 5 output tokens at $200,000 per million: $1 an answer
+	// 5 output tokens at $200,000 per million: $1 an answer, and max_tokens
+	// 5 holds $1 while it runs, so the third answer fits in the $3 budget
 	src := fmt.Sprintf(`{
 	admin %s
 	storage file_system %s
@@ -54,7 +55,7 @@ http://%s {
 	send := func() int {
 		t.Helper()
 		req, _ := http.NewRequest(http.MethodPost, "http://"+site+"/v1/messages",
-			strings.NewReader(`{"model":"m-spend","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`))
+			strings.NewReader(`{"model":"m-spend","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`))
 		req.Header.Set("X-Api-Key", "sk-spend-client-0123456789abcdef")
 		req.Header.Set("Anthropic-Version", "2023-06-01")
 		resp, err := http.DefaultClient.Do(req)
