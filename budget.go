@@ -11,8 +11,8 @@ import (
 // Budgets. A key may cap what it spends in calendar periods (UTC): a day,
 // a week (from Monday) and a month, each at most once. Spend is the relay's
 // own accounting of what each answer cost; it is charged when a request
-// ends and enforced before the next one starts, so a request in flight when
-// a budget runs out finishes.
+// ends. A request holds its worst case against the budgets while it runs
+// (hold.go), so that requests in flight together cannot pass them.
 
 // budgetPeriod is a calendar period in UTC.
 type budgetPeriod uint8
@@ -104,13 +104,14 @@ func parseBudgets(specs []string) ([numPeriods]float64, error) {
 const defaultBudgetWarn = 0.8
 
 // errBudgetExceeded answers a request of a key whose budget is spent, or
-// whose estimated cost alone is more than what remains of it. Retrying
-// before the period ends cannot help, so the SDKs are told not to.
+// whose hold (estimate, its worst case) is more than what remains of it.
+// Retrying before the period ends cannot help, so the SDKs are told not
+// to.
 func errBudgetExceeded(key string, p budgetPeriod, capUSD, spent float64, wait time.Duration, estimate float64) *relayError {
 	msg := fmt.Sprintf("key %q has spent %s of its %s %s budget; it renews in %s",
 		key, dollars(spent), p.adjective(), dollars(capUSD), wait.Round(time.Second))
 	if estimate > 0 {
-		msg = fmt.Sprintf("key %q cannot afford this request: its input alone is estimated at %s, and %s remains of its %s %s budget",
+		msg = fmt.Sprintf("key %q cannot afford this request: it may cost up to %s (its input estimate and max_tokens), and %s remains of its %s %s budget",
 			key, dollars(estimate), dollars(max(0, capUSD-spent)), p.adjective(), dollars(capUSD))
 	}
 	return &relayError{status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "budget_exceeded",
