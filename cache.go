@@ -180,7 +180,7 @@ func (r *Relay) revalidate(req *http.Request, in *inbound, c *responseCache, d b
 	bg := &inbound{id: newRequestID(), start: time.Now(), route: in.route, rawQuery: in.rawQuery,
 		key: in.key, stateID: in.stateID, state: in.state, header: in.header.Clone(),
 		body: bytes.Clone(in.body), model: in.model, target: in.model, userID: in.userID, stream: in.stream,
-		needs: in.needs, modelStart: in.modelStart, modelEnd: in.modelEnd, estimate: in.estimate, maxTokens: in.maxTokens,
+		needs: in.needs, modelStart: in.modelStart, modelEnd: in.modelEnd, estimate: in.estimate, maxOut: in.maxOut,
 		pinned: in.pinned, shared: sharedRevalidation}
 	bg.chain = bg.chainBuf[:0]
 	bgReq := req.WithContext(context.WithoutCancel(req.Context())) // the client's leaving ends nothing

@@ -66,7 +66,7 @@ func (hs *holds) add(a *spendAccount, usd nanoUSD) {
 }
 
 // pending reports whether the request has holds to take.
-func (hs *holds) pending() bool { return hs.n > 0 && !hs.taken }
+func (hs *holds) pending() bool { return hs != nil && hs.n > 0 && !hs.taken }
 
 // holdVerdict is what an account says of a hold.
 type holdVerdict uint8
@@ -230,9 +230,9 @@ func (a *spendAccount) heldUSD() float64 {
 // group's channels. A model without a price costs nothing.
 func (r *Relay) worstCase(in *inbound) float64 {
 	g := in.group()
-	worst := r.costCeiling(in.model, in.estimate, in.maxTokens)
+	worst := r.costCeiling(in.model, in.estimate, int64(in.maxOut))
 	for _, m := range g.fallbacks[in.model] {
-		worst = max(worst, r.costCeiling(m, in.estimate, in.maxTokens))
+		worst = max(worst, r.costCeiling(m, in.estimate, int64(in.maxOut)))
 	}
 	return worst * g.maxPriceFactor
 }
@@ -283,6 +283,7 @@ func (r *Relay) planHolds(in *inbound) *relayError {
 	if ans := a.affords(r.now(), worst); ans.verdict == holdRefused {
 		return r.budgetRefusal(in, a, worst, ans)
 	}
+	in.holds = &holds{} // only a request that holds pays for the list
 	in.holds.add(a, worst)
 	return nil
 }
@@ -294,7 +295,7 @@ func (r *Relay) planHolds(in *inbound) *relayError {
 // flight waits in the queue, and then the loop picks again (nil ticket,
 // scopeBudget).
 func (r *Relay) admitHeld(ctx context.Context, in *inbound, ch *channel, now time.Time, q *queued) (*ticket, limitScope, *relayError) {
-	hs := &in.holds
+	hs := in.holds
 	first := hs.list[0].a
 	// a newcomer does not overtake the requests of its class or better
 	// that wait on its budget
@@ -388,7 +389,7 @@ func errBudgetHeld(key string, ans holdAnswer, limit, worst nanoUSD, tail string
 // A request that took no hold charges its principal.
 func (r *Relay) settleHolds(in *inbound, cost float64) {
 	now := r.now()
-	if !in.holds.taken {
+	if in.holds == nil || !in.holds.taken {
 		if in.state != nil && in.state.spend != nil {
 			in.state.spend.charge(now, cost, r.logger)
 		}

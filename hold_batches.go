@@ -223,7 +223,7 @@ func (r *Relay) settleBatch(in *inbound, channel, up string) {
 	found.mu.Lock()
 	usd := found.batches[id].usd
 	found.mu.Unlock()
-	in.holds = holds{n: 1, taken: true}
+	in.holds = &holds{n: 1, taken: true}
 	in.holds.list[0] = hold{a: found, usd: usd, batch: id}
 }
 
@@ -255,7 +255,7 @@ func (r *Relay) settleFleetBatch(in *inbound, id string) {
 		f.queueRelease(release{holdSet: set, holdTotal: total, member: member})
 		return
 	}
-	in.holds = holds{n: 1, taken: true}
+	in.holds = &holds{n: 1, taken: true}
 	in.holds.list[0] = hold{a: found, usd: nanoUSD(n), lease: member, batch: id}
 }
 

@@ -472,7 +472,7 @@ func BenchmarkAdmitAndSelectWithBudget(b *testing.B) {
 	}
 	policy := cooldownPolicy{base: time.Second, max: time.Minute, auth: time.Hour}
 	var triedBuf [4]*channel
-	in := &inbound{route: routeMessages, model: "claude-sonnet-4-5", estimate: 100, maxTokens: 1024}
+	in := &inbound{route: routeMessages, model: "claude-sonnet-4-5", estimate: 100, maxOut: 1024}
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -482,7 +482,7 @@ func BenchmarkAdmitAndSelectWithBudget(b *testing.B) {
 		if scope != scopeNone {
 			b.Fatal("key refused")
 		}
-		in.key, in.state, in.holds = k, k.state, holds{}
+		in.key, in.state, in.holds = k, k.state, nil
 		if rerr := r.planHolds(in); rerr != nil {
 			b.Fatal(rerr)
 		}
@@ -491,7 +491,7 @@ func BenchmarkAdmitAndSelectWithBudget(b *testing.B) {
 		if ch == nil {
 			b.Fatal(rerr)
 		}
-		t, _, _, _, _, ans := ch.health.admitHeld(now, 100, nil, 0, &in.holds)
+		t, _, _, _, _, ans := ch.health.admitHeld(now, 100, nil, 0, in.holds)
 		if t == nil || ans.verdict != holdTaken {
 			b.Fatal("channel or hold refused")
 		}

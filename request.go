@@ -159,6 +159,7 @@ type inbound struct {
 	target   string // the model being served: model, or a fallback of it
 	userID   string // metadata.user_id, for sticky sessions
 	stream   bool
+	maxOut   int32     // the body's max_tokens; 0: none, or not a whole number that fits
 	chat     *chat     // a Chat Completions request, translated; nil for Anthropic's routes
 	needs    needs     // the features it carries
 	sel      selection // its channels, as the relay picks them
@@ -180,8 +181,7 @@ type inbound struct {
 	incomplete   bool     // the answer did not complete: tokens are the ones seen
 	estimated    bool     // its output is an estimate: its client left, and the final count never came (settle.go)
 	estimate     int64    // input tokens guessed from the body, for the token limits
-	maxTokens    int64    // the body's max_tokens; 0: none, or not a whole number
-	holds        holds    // its worst case held against its budgets (hold.go)
+	holds        *holds   // its worst case held against its budgets (hold.go); nil: none
 	cost         float64  // in USD: list price x price_factor of the channel that answered; set by account (price)
 	wasted       int64    // input tokens of attempts abandoned on the way (relay_wasted_tokens_total)
 	keyGrant     grant    // what the key's limits admitted
@@ -331,7 +331,8 @@ func (in *inbound) inspect() *relayError {
 			in.stream = v.Kind() == 't'
 		case "max_tokens":
 			if v.Kind() == '0' {
-				in.maxTokens, _ = strconv.ParseInt(unsafe.String(unsafe.SliceData(v), len(v)), 10, 64)
+				n, _ := strconv.ParseInt(unsafe.String(unsafe.SliceData(v), len(v)), 10, 32)
+				in.maxOut = int32(n)
 			}
 		case "metadata":
 			if u := gjson.Get(unsafe.String(unsafe.SliceData(v), len(v)), "user_id"); u.Type == gjson.String && v.Kind() == '{' {
