@@ -151,6 +151,7 @@ func (a *spendAccount) unreserve(n nanoUSD) {
 	a.held -= n
 	a.holding--
 	a.mu.Unlock()
+	a.freed.Add(1)
 }
 
 // settle ends a hold: it is given back and usd, what the request cost,
@@ -179,6 +180,7 @@ func (a *spendAccount) settle(now time.Time, h hold, usd float64, q *waitQueue, 
 	}
 	crossed := a.crossed()
 	a.mu.Unlock()
+	a.freed.Add(1)
 	if usd > 0 {
 		spend.dirty.Store(true)
 	}
@@ -298,9 +300,17 @@ func (r *Relay) admitHeld(ctx context.Context, in *inbound, ch *channel, now tim
 	hs := in.holds
 	first := hs.list[0].a
 	// a newcomer does not overtake the requests of its class or better
-	// that wait on its budget
+	// that wait on its budget (unless they are gone by the time it is in
+	// line)
 	if q.w == nil && q.g.maxQueue > 0 && q.g.state.queue.aheadOn(in.key.prio, first) {
-		return nil, scopeBudget, r.waitForHolds(ctx, in, q, holdAnswer{verdict: holdWait})
+		inLine := func() bool { return q.g.state.queue.isBest(q.w) }
+		return nil, scopeBudget, r.waitForHolds(ctx, in, q, holdAnswer{verdict: holdWait}, inLine)
+	}
+	// what settled since it looked: a hold that settles before it is in
+	// line wakes nobody for it
+	var freed [maxHolds]uint64
+	for i := range hs.n {
+		freed[i] = hs.list[i].a.freed.Load()
 	}
 	t, ug, scope, wait, byUser, ans := ch.health.admitHeld(now, in.estimate, in.endUserPending, in.endUserEstimate, hs)
 	switch {
@@ -308,7 +318,8 @@ func (r *Relay) admitHeld(ctx context.Context, in *inbound, ch *channel, now tim
 		h := hs.list[ans.i]
 		return nil, scopeNone, r.budgetRefusal(in, h.a, h.usd, ans)
 	case ans.verdict == holdWait:
-		return nil, scopeBudget, r.waitForHolds(ctx, in, q, ans)
+		settled := func() bool { return hs.list[ans.i].a.freed.Load() != freed[ans.i] }
+		return nil, scopeBudget, r.waitForHolds(ctx, in, q, ans, settled)
 	case byUser && scope != scopeStorage:
 		return nil, scope, endUserRefused(in, scope, wait)
 	case t != nil:
@@ -328,15 +339,15 @@ const scopeBudget limitScope = "budget"
 const fleetHoldPoll = 100 * time.Millisecond
 
 // waitForHolds waits in the queue, as a request on the budget of the hold
-// that did not fit, until a hold of that account settles; nil when it is
-// to try again, else its answer.
-func (r *Relay) waitForHolds(ctx context.Context, in *inbound, q *queued, ans holdAnswer) *relayError {
+// that did not fit, until a hold of that account settles (or ready says
+// it did already); nil when it is to try again, else its answer.
+func (r *Relay) waitForHolds(ctx context.Context, in *inbound, q *queued, ans holdAnswer, ready func() bool) *relayError {
 	h := in.holds.list[ans.i]
 	freeAt := time.Time{}
 	if h.a.fleet.Load() != nil {
 		freeAt = r.now().Add(fleetHoldPoll)
 	}
-	return q.waitOn(ctx, h.a, freeAt, func(why queueRefusal) *relayError {
+	return q.waitOn(ctx, h.a, freeAt, ready, func(why queueRefusal) *relayError {
 		metricRateLimited.WithLabelValues(in.key.name, string(scopeBudget)).Inc()
 		tail := "; its group does not queue"
 		switch why {

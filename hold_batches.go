@@ -283,6 +283,7 @@ func expireBatches(now time.Time) {
 			if !now.Before(h.made.Add(batchHoldFor)) {
 				delete(a.batches, id)
 				a.batchHeld -= h.usd
+				a.freed.Add(1)
 				spend.dirty.Store(true)
 			}
 		}

@@ -235,7 +235,7 @@ func (q *queued) wait(ctx context.Context, freeAt time.Time) *relayError {
 		metricRateLimited.WithLabelValues(in.key.name, string(scopeQueue)).Inc()
 		return errQueue(msg, retryIn)
 	}
-	return q.waitOn(ctx, nil, freeAt, func(why queueRefusal) *relayError {
+	return q.waitOn(ctx, nil, freeAt, nil, func(why queueRefusal) *relayError {
 		switch why {
 		case queueOff:
 			return refuse("every channel of group " + strconv.Quote(g.name) + " is at its limit")
@@ -257,8 +257,11 @@ const (
 
 // waitOn queues the request (when not queued yet) as waiting on acct
 // (nil: for a channel) and waits for its turn, freeAt, or its class's
-// max_wait; refuse makes the answer when it cannot wait on.
-func (q *queued) waitOn(ctx context.Context, acct *spendAccount, freeAt time.Time, refuse func(queueRefusal) *relayError) *relayError {
+// max_wait; refuse makes the answer when it cannot wait on. ready, when
+// given, is asked once the request is in line: true when what it waits
+// for came already, between its last try and now (no wake-up would come
+// for it), and it is to try again at once.
+func (q *queued) waitOn(ctx context.Context, acct *spendAccount, freeAt time.Time, ready func() bool, refuse func(queueRefusal) *relayError) *relayError {
 	g, in, now := q.g, q.in, q.r.now()
 	if q.w == nil {
 		if g.maxQueue <= 0 {
@@ -272,6 +275,9 @@ func (q *queued) waitOn(ctx context.Context, acct *spendAccount, freeAt time.Tim
 		metricQueueDepth.WithLabelValues(g.name, in.key.prio.String()).Inc()
 	}
 	g.state.queue.waitOn(q.w, acct)
+	if ready != nil && ready() {
+		return nil
+	}
 	deadline := q.w.since.Add(g.maxWait[in.key.prio])
 	if _, err := g.state.queue.wait(ctx, q.w, freeAt, deadline, q.r.now); err != nil {
 		if err == errQueueTimeout {

@@ -169,6 +169,9 @@ func (f *fleet) flushSpend() {
 		h.a.releases = h.a.releases[len(h.releases):]
 		h.a.fleetHeld = nanoUSD(res[len(h.periods)])
 		h.a.mu.Unlock()
+		if len(h.releases) > 0 {
+			h.a.freed.Add(1)
+		}
 		woken := map[*waitQueue]bool{}
 		for _, r := range h.releases {
 			if r.q != nil && !woken[r.q] {

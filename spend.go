@@ -50,6 +50,7 @@ type spendAccount struct {
 	batchHeld nanoUSD
 	releases  []heldRelease
 	fleetHeld nanoUSD
+	freed     atomic.Uint64 // counts the holds that ended, for a request about to wait for one
 
 	budgeted atomic.Bool           // it has a budget: requests are checked against it
 	fleet    atomic.Pointer[fleet] // where the fleet's totals are, when shared
