@@ -122,6 +122,7 @@
 					td.appendChild(m);
 				}
 			}
+			cell(tr, k.held_usd ? money(k.held_usd) : "", "num");
 			cell(tr, k.disabled ? "disabled" : k.expired ? "expired" : "", "bad");
 			return tr;
 		});
