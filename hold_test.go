@@ -9,6 +9,8 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,11 +28,16 @@ import (
 type gate struct {
 	arrived chan struct{}
 	answer  chan struct{}
+	open    sync.Once
 }
 
 func newGate() *gate { return &gate{arrived: make(chan struct{}, 100), answer: make(chan struct{})} }
 
+// openAll lets every request through, now and from now on.
+func (g *gate) openAll() { g.open.Do(func() { close(g.answer) }) }
+
 func (g *gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body) // read to its end: the server then notices a client that leaves
 	g.arrived <- struct{}{}
 	select {
 	case <-g.answer:
@@ -51,16 +58,23 @@ func (g *gate) arrival(t *testing.T, what string) {
 	}
 }
 
-// holdRelay is a relay with one key, name, of budgets, on upstream h. Its
-// model m-hold costs nothing for input and $0.01 an output token: a
+// holdRelay is a relay with one key of budgets, on upstream h; the key,
+// its group and its channel are named after name, made unique in the
+// process (spend is kept by name), and its secret is "sk-" and that name.
+// Its model m-hold costs nothing for input and $0.01 an output token: a
 // request holds $0.01 per max_tokens, and a gate's answer costs $0.10.
-func holdRelay(t *testing.T, name string, budgets []string, h http.Handler, group func(*Group)) (*Relay, *spendAccount) {
+func holdRelay(t *testing.T, name *string, budgets []string, h http.Handler, group func(*Group)) (*Relay, *spendAccount) {
 	t.Helper()
+	*name += "-" + strconv.FormatInt(holdRelays.Add(1), 10)
 	up := httptest.NewServer(h)
 	t.Cleanup(up.Close)
-	key := Key{Secret: "sk-" + name + "-0123456789abcdef", Group: name, KeyOptions: KeyOptions{Name: name, Budgets: budgets}}
-	ch := &Channel{Name: name + "-ch", UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", "sk-up")}
-	g := &Group{Name: name, Channels: []string{ch.Name}}
+	if g, ok := h.(*gate); ok {
+		t.Cleanup(g.openAll) // before the upstream closes, whatever the test did
+	}
+	n := *name
+	key := Key{Secret: "sk-" + n, Group: n, KeyOptions: KeyOptions{Name: n, Budgets: budgets}}
+	ch := &Channel{Name: n + "-ch", UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", "sk-up")}
+	g := &Group{Name: n, Channels: []string{ch.Name}}
 	if group != nil {
 		group(g)
 	}
@@ -73,6 +87,9 @@ func holdRelay(t *testing.T, name string, budgets []string, h http.Handler, grou
 	t.Fatal("no key")
 	return nil, nil
 }
+
+// holdRelays numbers the relays of holdRelay.
+var holdRelays atomic.Int64
 
 // holdBody is a message of m-hold asking for up to maxTokens.
 func holdBody(maxTokens int) string {
@@ -148,23 +165,23 @@ func budgetError(t *testing.T, w *httptest.ResponseRecorder) (typ, code, msg str
 // beside what was spent is refused at once, retry-after to the day's end;
 // a request that leaves while it waits holds nothing.
 func TestAHoldWaitsOnlyForHoldsInFlight(t *testing.T) {
-	g := newGate()
-	r, acct := holdRelay(t, "hold-wait", []string{"1usd/day"}, g, nil)
+	g, name := newGate(), "hold-wait"
+	r, acct := holdRelay(t, &name, []string{"1usd/day"}, g, nil)
 	clock := &fakeClock{t: time.Date(2030, time.March, 15, 23, 0, 0, 0, time.UTC)}
 	r.now = clock.now
-	key := "sk-hold-wait-0123456789abcdef"
+	key := "sk-" + name
 
 	a := serveAsync(t, r, key, holdBody(40)) // holds $0.40
 	g.arrival(t, "A")
 	b := serveAsync(t, r, key, holdBody(40)) // $0.80 held: fits
 	g.arrival(t, "B")
-	if held, spent := heldAndSpent(t, "hold-wait"); held != 0.8 || spent != 0 {
+	if held, spent := heldAndSpent(t, name); held != 0.8 || spent != 0 {
 		t.Fatalf("two requests in flight: held %v, spent %v; want 0.80 held, nothing spent", held, spent)
 	}
 
 	// $0.40 more would make $1.20 held: it waits for the holds in flight
 	c := serveAsync(t, r, key, holdBody(40))
-	waitFor(t, "C queued on the budget", 5*time.Second, func() bool { return queuedOn(r, "hold-wait", acct) })
+	waitFor(t, "C queued on the budget", 5*time.Second, func() bool { return queuedOn(r, name, acct) })
 	// $1.01 alone is more than the budget: refused at once
 	w, _ := serveHandler(t, r, newRequest(holdBody(101), key))
 	if typ, code, msg := budgetError(t, w); w.Code != 429 || typ != "rate_limit_error" || code != "budget_exceeded" || !strings.Contains(msg, "cannot afford") {
@@ -180,7 +197,7 @@ func TestAHoldWaitsOnlyForHoldsInFlight(t *testing.T) {
 		t.Fatalf("A: %d %s", w.Code, w.Body)
 	}
 	g.arrival(t, "C, once A settled")
-	if held, spent := heldAndSpent(t, "hold-wait"); held != 0.8 || spent != 0.1 {
+	if held, spent := heldAndSpent(t, name); held != 0.8 || spent != 0.1 {
 		t.Fatalf("A settled, B and C in flight: held %v, spent %v; want 0.80 and 0.10", held, spent)
 	}
 	// $0.10 spent and $0.91 is more than $1, whatever settles: at once
@@ -189,20 +206,20 @@ func TestAHoldWaitsOnlyForHoldsInFlight(t *testing.T) {
 	}
 	// one that would fit once B or C settles waits; its client leaves
 	d := serveAsync(t, r, key, holdBody(50))
-	waitFor(t, "D queued on the budget", 5*time.Second, func() bool { return queuedOn(r, "hold-wait", acct) })
+	waitFor(t, "D queued on the budget", 5*time.Second, func() bool { return queuedOn(r, name, acct) })
 	d.cancel()
 	d.wait(t, "D, whose client left")
-	if held, _ := heldAndSpent(t, "hold-wait"); held != 0.8 || queuedOn(r, "hold-wait", acct) {
-		t.Fatalf("a request that left the queue: held %v (want 0.80, B's and C's), still queued %v", held, queuedOn(r, "hold-wait", acct))
+	if held, _ := heldAndSpent(t, name); held != 0.8 || queuedOn(r, name, acct) {
+		t.Fatalf("a request that left the queue: held %v (want 0.80, B's and C's), still queued %v", held, queuedOn(r, name, acct))
 	}
 
-	close(g.answer)
-	for name, s := range map[string]*sent{"B": b, "C": c} {
-		if w := s.wait(t, name); w.Code != 200 {
-			t.Fatalf("%s: %d %s", name, w.Code, w.Body)
+	g.openAll()
+	for which, s := range map[string]*sent{"B": b, "C": c} {
+		if w := s.wait(t, which); w.Code != 200 {
+			t.Fatalf("%s: %d %s", which, w.Code, w.Body)
 		}
 	}
-	if held, spent := heldAndSpent(t, "hold-wait"); held != 0 || spent < 0.2999 || spent > 0.3001 {
+	if held, spent := heldAndSpent(t, name); held != 0 || spent < 0.2999 || spent > 0.3001 {
 		t.Errorf("after all: held %v, spent %v; want nothing held, 0.30 spent", held, spent)
 	}
 	if !acct.idle() {
@@ -213,12 +230,12 @@ func TestAHoldWaitsOnlyForHoldsInFlight(t *testing.T) {
 // TestAHoldBecomesTheActualCost: a request holds its worst case while it
 // runs, and when it ends the hold is gone and its cost spent.
 func TestAHoldBecomesTheActualCost(t *testing.T) {
-	g := newGate()
-	r, _ := holdRelay(t, "hold-settle", []string{"5usd/month"}, g, nil)
-	s := serveAsync(t, r, "sk-hold-settle-0123456789abcdef", holdBody(300)) // holds $3
+	g, name := newGate(), "hold-settle"
+	r, _ := holdRelay(t, &name, []string{"5usd/month"}, g, nil)
+	s := serveAsync(t, r, "sk-"+name, holdBody(300)) // holds $3
 	g.arrival(t, "the request")
 	rows, body := keyRows(t)
-	if row := rows["hold-settle"]; row.HeldUSD != 3 || row.SpendUSD["month"] != 0 || !strings.Contains(body, `"held_usd":3`) {
+	if row := rows[name]; row.HeldUSD != 3 || row.SpendUSD["month"] != 0 || !strings.Contains(body, `"held_usd":3`) {
 		t.Fatalf("in flight: %s", show(row))
 	}
 	g.answer <- struct{}{}
@@ -226,7 +243,7 @@ func TestAHoldBecomesTheActualCost(t *testing.T) {
 		t.Fatalf("%d %s", w.Code, w.Body)
 	}
 	rows, body = keyRows(t)
-	if row := rows["hold-settle"]; row.HeldUSD != 0 || row.SpendUSD["month"] != 0.1 || row.RemainingUSD["month"] != 4.9 || !strings.Contains(body, `"held_usd":0`) {
+	if row := rows[name]; row.HeldUSD != 0 || row.SpendUSD["month"] != 0.1 || row.RemainingUSD["month"] != 4.9 || !strings.Contains(body, `"held_usd":0`) {
 		t.Fatalf("settled: %s; want nothing held and $0.10 spent", show(row))
 	}
 }
@@ -235,12 +252,11 @@ func TestAHoldBecomesTheActualCost(t *testing.T) {
 // gets 429 budget_exceeded (not queue_timeout) when its class's max_wait
 // passes.
 func TestAHoldWaitsAtMostItsMaxWait(t *testing.T) {
-	g := newGate()
-	defer close(g.answer)
-	r, _ := holdRelay(t, "hold-maxwait", []string{"1usd/day"}, g, func(grp *Group) {
+	g, name := newGate(), "hold-maxwait"
+	r, _ := holdRelay(t, &name, []string{"1usd/day"}, g, func(grp *Group) {
 		grp.MaxWait = map[string]caddy.Duration{"normal": caddy.Duration(50 * time.Millisecond)}
 	})
-	key := "sk-hold-maxwait-0123456789abcdef"
+	key := "sk-" + name
 	first := serveAsync(t, r, key, holdBody(80))
 	defer first.cancel()
 	g.arrival(t, "the first request")
@@ -265,9 +281,10 @@ func TestAClientThatLeavesSettlesItsHold(t *testing.T) {
 	release, canceled := make(chan struct{}), make(chan struct{})
 	defer close(release)
 	evs := fakeupstream.StreamEvents("m-hold", fakeupstream.Usage{InputTokens: 10, OutputTokens: 3}, "one ", "two ", "three")
-	r, acct := holdRelay(t, "hold-leave", []string{"1usd/day"}, fakeupstream.Held(evs, 4, release, canceled), nil)
+	name := "hold-leave"
+	r, acct := holdRelay(t, &name, []string{"1usd/day"}, fakeupstream.Held(evs, 4, release, canceled), nil)
 	ctx, cancel := context.WithCancel(context.Background())
-	req := newRequest(`{"model":"m-hold","max_tokens":50,"stream":true,"messages":[{"role":"user","content":"hi"}]}`, "sk-hold-leave-0123456789abcdef").WithContext(ctx)
+	req := newRequest(`{"model":"m-hold","max_tokens":50,"stream":true,"messages":[{"role":"user","content":"hi"}]}`, "sk-"+name).WithContext(ctx)
 	pr, pw := io.Pipe()
 	done := make(chan struct{})
 	go func() {
@@ -280,7 +297,7 @@ func TestAClientThatLeavesSettlesItsHold(t *testing.T) {
 	if _, err := pr.Read(buf); err != nil { // the stream reached the client
 		t.Fatal(err)
 	}
-	if held, _ := heldAndSpent(t, "hold-leave"); held != 0.5 {
+	if held, _ := heldAndSpent(t, name); held != 0.5 {
 		t.Fatalf("streaming: held %v, want 0.50", held)
 	}
 	cancel()
@@ -290,7 +307,7 @@ func TestAClientThatLeavesSettlesItsHold(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the request did not end when its client left")
 	}
-	held, spent := heldAndSpent(t, "hold-leave")
+	held, spent := heldAndSpent(t, name)
 	if held != 0 || !acct.idle() {
 		t.Fatalf("after the client left: held %v (in flight: %v); want nothing", held, !acct.idle())
 	}
@@ -322,9 +339,9 @@ func prepare(req *http.Request, w http.ResponseWriter) *http.Request {
 // its results are read, when the hold becomes what they cost; a batch that
 // does not fit is refused before anything reaches the upstream.
 func TestABatchHoldsUntilItsResultsSettleIt(t *testing.T) {
-	store := fakeupstream.NewStore("hold")
-	r, _ := holdRelay(t, "hold-batch", []string{"1usd/day"}, store, nil)
-	key := "sk-hold-batch-0123456789abcdef"
+	store, name := fakeupstream.NewStore("hold"), "hold-batch"
+	r, _ := holdRelay(t, &name, []string{"1usd/day"}, store, nil)
+	key := "sk-" + name
 	batch := func(n, maxTokens int) string {
 		reqs := make([]string, n)
 		for i := range reqs {
@@ -356,19 +373,19 @@ func TestABatchHoldsUntilItsResultsSettleIt(t *testing.T) {
 	if err := json.Unmarshal(w.Body.Bytes(), &made); w.Code != 200 || err != nil {
 		t.Fatalf("a batch that fits: %d %s", w.Code, w.Body)
 	}
-	if held, spent := heldAndSpent(t, "hold-batch"); held != 0.1 || spent != 0 {
+	if held, spent := heldAndSpent(t, name); held != 0.1 || spent != 0 {
 		t.Fatalf("a batch made: held %v, spent %v; want 0.10 held", held, spent)
 	}
 	// its results: 5 output tokens each, $0.025 each at the batch price
 	if w := call(http.MethodGet, "/v1/messages/batches/"+made.ID+"/results", ""); w.Code != 200 || !strings.Contains(w.Body.String(), `"custom_id":"r1"`) {
 		t.Fatalf("results: %d %s", w.Code, w.Body)
 	}
-	if held, spent := heldAndSpent(t, "hold-batch"); held != 0 || spent < 0.0499 || spent > 0.0501 {
+	if held, spent := heldAndSpent(t, name); held != 0 || spent < 0.0499 || spent > 0.0501 {
 		t.Fatalf("results read: held %v, spent %v; want nothing held, 0.05 spent", held, spent)
 	}
 	// read again: accounted once
 	call(http.MethodGet, "/v1/messages/batches/"+made.ID+"/results", "")
-	if held, spent := heldAndSpent(t, "hold-batch"); held != 0 || spent < 0.0499 || spent > 0.0501 {
+	if held, spent := heldAndSpent(t, name); held != 0 || spent < 0.0499 || spent > 0.0501 {
 		t.Fatalf("results read twice: held %v, spent %v", held, spent)
 	}
 }
