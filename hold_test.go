@@ -29,6 +29,8 @@ type gate struct {
 	arrived chan struct{}
 	answer  chan struct{}
 	open    sync.Once
+	mu      sync.Mutex
+	last    []byte // the last request's body
 }
 
 func newGate() *gate { return &gate{arrived: make(chan struct{}, 100), answer: make(chan struct{})} }
@@ -37,7 +39,10 @@ func newGate() *gate { return &gate{arrived: make(chan struct{}, 100), answer: m
 func (g *gate) openAll() { g.open.Do(func() { close(g.answer) }) }
 
 func (g *gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	_, _ = io.Copy(io.Discard, r.Body) // read to its end: the server then notices a client that leaves
+	body, _ := io.ReadAll(r.Body) // read to its end: the server then notices a client that leaves
+	g.mu.Lock()
+	g.last = body
+	g.mu.Unlock()
 	g.arrived <- struct{}{}
 	select {
 	case <-g.answer:
@@ -246,6 +251,34 @@ func TestAHoldBecomesTheActualCost(t *testing.T) {
 	if row := rows[name]; row.HeldUSD != 0 || row.SpendUSD["month"] != 0.1 || row.RemainingUSD["month"] != 4.9 || !strings.Contains(body, `"held_usd":0`) {
 		t.Fatalf("settled: %s; want nothing held and $0.10 spent", show(row))
 	}
+}
+
+// TestAChatCompletionWithoutALimitHoldsTheModelsMaximumOutput: a Chat
+// Completions request that sets no max_tokens asks the upstream for the
+// model's maximum output, and holds that.
+func TestAChatCompletionWithoutALimitHoldsTheModelsMaximumOutput(t *testing.T) {
+	g, name := newGate(), "hold-chat"
+	r, _ := holdRelay(t, &name, []string{"1usd/day"}, g, nil)
+	req := httptest.NewRequest(http.MethodPost, PathChatCompletions, strings.NewReader(`{"model":"claude-sonnet-4-5","messages":[{"role":"user","content":"hi"}]}`))
+	req.Header.Set("Authorization", "Bearer sk-"+name)
+	req.Header.Set("Content-Type", "application/json")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		serveHandler(t, r, req)
+	}()
+	g.arrival(t, "the chat completion")
+	g.mu.Lock()
+	sent := string(g.last)
+	g.mu.Unlock()
+	// 64,000 output tokens at $15 per million, and a few input tokens at $6
+	// (the 1-hour cache write)
+	held, _ := heldAndSpent(t, name)
+	if !strings.Contains(sent, `"max_tokens":64000`) || held < 0.96 || held > 0.961 {
+		t.Errorf("held %v for a request that asked the upstream for %s; want the model's maximum output, 64000, held ($0.96 and its input)", held, sent)
+	}
+	g.openAll()
+	<-done
 }
 
 // TestAHoldWaitsAtMostItsMaxWait: a request held up by holds in flight
