@@ -285,6 +285,9 @@ func (r *Relay) planHolds(in *inbound) *relayError {
 	if ans := a.affords(r.now(), worst); ans.verdict == holdRefused {
 		return r.budgetRefusal(in, a, worst, ans)
 	}
+	if worst == 0 { // no model it may be served as has a price: it costs nothing
+		return nil
+	}
 	in.holds = &holds{} // only a request that holds pays for the list
 	in.holds.add(a, worst)
 	return nil
@@ -356,8 +359,31 @@ func (r *Relay) waitForHolds(ctx context.Context, in *inbound, q *queued, ans ho
 		case queueFull:
 			tail = "; the queue is full"
 		}
-		return errBudgetHeld(h.a.label, ans, h.a.capOf(ans.period), h.usd, tail)
+		now := h.a.tightest(r.now(), h.usd) // as things stand when it gives up
+		return errBudgetHeld(h.a.label, now, h.a.capOf(now.period), h.usd, tail)
 	})
+}
+
+// tightest is the budget with the least room for a hold of n beside what
+// is spent and held now, with what that is.
+func (a *spendAccount) tightest(now time.Time, n nanoUSD) holdAnswer {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.roll(now)
+	held := a.held + a.batchHeld
+	if a.fleet.Load() != nil {
+		held = max(held, a.fleetHeld)
+	}
+	ans, room := holdAnswer{verdict: holdWait, held: held}, nanoUSD(math.MaxInt64)
+	for p := range numPeriods {
+		if limit := a.caps[p]; limit > 0 {
+			spent := a.periods[p].usd
+			if r := limit - spent - held - n; r < room {
+				ans.period, ans.spent, room = p, spent, r
+			}
+		}
+	}
+	return ans
 }
 
 // budgetRefusal answers a request whose hold of worst could never fit in

@@ -85,6 +85,9 @@ func (r *Relay) holdBatch(in *inbound, body []byte, cands []*channel) (*batchHol
 		factor = max(factor, ch.priceFactor)
 	}
 	worst := ceilNano(r.batchWorstCase(body, factor))
+	if worst == 0 { // none of its models has a price: it costs nothing
+		return nil, nil
+	}
 	now := r.now()
 	b := &batchHoldTaken{r: r, a: a, usd: worst}
 	var ans holdAnswer
