@@ -495,6 +495,13 @@ func TestFleetHoldsLeaseAndSettleWithTheirCost(t *testing.T) {
 	if _, ans := take(b, 0.6); ans.verdict != holdTaken {
 		t.Fatalf("node B, $0.60 beside $0.20 spent: %+v", ans)
 	}
+	// a total lost (an expired key, say) is counted again from the holds
+	if _, err := srv.Command("DEL", heldKey); err != nil {
+		t.Fatal(err)
+	}
+	if _, ans := take(a, 0.3); ans.verdict != holdWait || ans.held != 600_000_000 || redisInt(heldKey) != 600_000_000 {
+		t.Fatalf("node A after the total was lost: %+v, held in Redis %d; want B's $0.60 counted again", ans, redisInt(heldKey))
+	}
 	_ = fb.Destruct()
 	if _, ans := take(a, 0.3); ans.verdict != holdWait {
 		t.Fatalf("node A, $0.30 while B's $0.60 is held: %+v, want to wait", ans)

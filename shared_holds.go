@@ -52,7 +52,9 @@ local function held(kz, kh, now)
   if v < 0 or (v > 0 and members == 0) or (v == 0 and members > 0) then
     v = 0
     for _, m in ipairs(redis.call('ZRANGE', kz, 0, -1)) do v = v + tonumber(amountOf(m)) end
-    redis.call('SET', kh, v, 'KEEPTTL')
+    local ttl = redis.call('PTTL', kh)
+    redis.call('SET', kh, v)
+    if ttl > 0 then redis.call('PEXPIRE', kh, ttl) else keep(kh, redis.call('PTTL', kz)) end
   end
   return v
 end
