@@ -165,6 +165,13 @@ type channelStatus struct {
 	// in its refusal's words, for a request that carried them), set aside
 	// on this channel until the time given.
 	Lacks map[string]time.Time `json:"lacks,omitempty"`
+	// SpendUSD is what was spent on a channel with a spend cap, in the
+	// current period of each of its caps (SpendCapUSD); absent for a
+	// channel without one. When a cap is spent the channel's state is
+	// capped (unless it is out for another reason too) until CappedUntil.
+	SpendUSD    map[string]float64 `json:"spend_usd,omitempty"`
+	SpendCapUSD map[string]float64 `json:"spend_cap_usd,omitempty"`
+	CappedUntil *time.Time         `json:"capped_until,omitempty"`
 }
 
 func (h *channelHealth) status(name string, now time.Time) channelStatus {
@@ -183,6 +190,21 @@ func (h *channelHealth) status(name string, now time.Time) channelStatus {
 		st.Busy = true
 		if !until.IsZero() {
 			st.BusyUntil = &until
+		}
+	}
+	if a := h.spend.Load(); a != nil { // on its relay's clock
+		spent, caps := a.spent(time.Time{})
+		st.SpendUSD, st.SpendCapUSD = map[string]float64{}, map[string]float64{}
+		for p := range numPeriods {
+			if caps[p] > 0 {
+				st.SpendUSD[p.String()], st.SpendCapUSD[p.String()] = spent[p], caps[p]
+			}
+		}
+		if capped, until := a.capped(time.Time{}); capped {
+			st.CappedUntil = &until
+			if st.State == stateHealthy {
+				st.State = stateCapped
+			}
 		}
 	}
 	st.RefusedModels = setAsideUntil(&h.refused, now)

@@ -103,16 +103,17 @@ func parseBudgets(specs []string) ([numPeriods]float64, error) {
 // defaultBudgetWarn is the share of a budget at which the relay warns.
 const defaultBudgetWarn = 0.8
 
-// errBudgetExceeded answers a request of a key whose budget is spent, or
+// errBudgetExceeded answers a request whose budget (of its key, user
+// entry or group: who names it, as spendAccount.who does) is spent, or
 // whose hold (estimate, its worst case) is more than what remains of it.
 // Retrying before the period ends cannot help, so the SDKs are told not
 // to.
-func errBudgetExceeded(key string, p budgetPeriod, capUSD, spent float64, wait time.Duration, estimate float64) *relayError {
-	msg := fmt.Sprintf("key %q has spent %s of its %s %s budget; it renews in %s",
-		key, dollars(spent), p.adjective(), dollars(capUSD), wait.Round(time.Second))
+func errBudgetExceeded(who string, p budgetPeriod, capUSD, spent float64, wait time.Duration, estimate float64) *relayError {
+	msg := fmt.Sprintf("%s has spent %s of its %s %s budget; it renews in %s",
+		who, dollars(spent), p.adjective(), dollars(capUSD), wait.Round(time.Second))
 	if estimate > 0 {
-		msg = fmt.Sprintf("key %q cannot afford this request: it may cost up to %s (its input estimate and max_tokens), and %s remains of its %s %s budget",
-			key, dollars(estimate), dollars(max(0, capUSD-spent)), p.adjective(), dollars(capUSD))
+		msg = fmt.Sprintf("%s cannot afford this request: it may cost up to %s (its input estimate and max_tokens), and %s remains of its %s %s budget",
+			who, dollars(estimate), dollars(max(0, capUSD-spent)), p.adjective(), dollars(capUSD))
 	}
 	return &relayError{status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "budget_exceeded",
 		msg: msg, retryAfter: max(wait, time.Second), noRetry: true}

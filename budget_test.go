@@ -285,12 +285,12 @@ func TestBudgetAlertsOnRealSpend(t *testing.T) {
 	promtoolTest(t, promtool, rules, series.String(), fmt.Sprintf(`      - expr: %q
         eval_time: 5m
         exp_samples:
-          - labels: '{key="budget-alert-near",period="day"}'
+          - labels: '{key="budget-alert-near",period="day",scope="key"}'
             value: 0.8
       - expr: %q
         eval_time: 5m
         exp_samples:
-          - labels: '{key="budget-alert-spent",period="day"}'
+          - labels: '{key="budget-alert-spent",period="day",scope="key"}'
             value: 1
 `, exprs["RelayBudgetNearlySpent"], exprs["RelayBudgetExhausted"]), "the budget alerts on what the relay exported")
 }

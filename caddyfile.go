@@ -123,6 +123,7 @@ func declareInCaddyfile(state map[string]any, r *Relay, by string) error {
 //			tokens      <n>/<period>
 //			concurrency <n>
 //			price_factor <factor>
+//			spend_cap    <amount>usd/day|week|month|total
 //			transport http {
 //				<reverse_proxy's http transport options>
 //			}
@@ -150,6 +151,8 @@ func declareInCaddyfile(state map[string]any, r *Relay, by string) error {
 //			split     <channel> <share|percent>
 //			fallback  <model> <fallback model>...
 //			expose_channel
+//			budget      <amount>usd/day|week|month|total
+//			budget_warn <ratio|percent>
 //			cache {
 //				ttl      <duration>
 //				stale    <duration>
@@ -708,7 +711,7 @@ func parseChannel(d *caddyfile.Dispenser, pos positions) (*Channel, error) {
 	opts := options{
 		strings: map[string]*string{"rate": &ch.Rate},
 		lists: map[string]*[]string{"models": &ch.Models, "allow": &ch.Allow,
-			"supports": &ch.Supports, "lacks": &ch.Lacks, "strip": &ch.Strip},
+			"supports": &ch.Supports, "lacks": &ch.Lacks, "strip": &ch.Strip, "spend_cap": &ch.SpendCaps},
 		ints: map[string]*int{"priority": &ch.Priority, "weight": &ch.Weight, "concurrency": &ch.Concurrency},
 	}
 	up := providerLines{name: providerAnthropic}
@@ -897,8 +900,9 @@ func parseGroup(d *caddyfile.Dispenser, pos positions) (*Group, error) {
 	}
 	opts := options{
 		strings:   map[string]*string{"policy": &g.Policy},
-		lists:     map[string]*[]string{"channels": &g.Channels},
+		lists:     map[string]*[]string{"channels": &g.Channels, "budget": &g.Budgets},
 		ints:      map[string]*int{"max_queue": &g.MaxQueue},
+		ratios:    map[string]*float64{"budget_warn": &g.BudgetWarn},
 		durations: map[string]*caddy.Duration{"wait_for_recovery": &g.WaitForRecovery},
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {

@@ -38,7 +38,8 @@ type channel struct {
 	breaker      breakerSettings
 	limits       limits
 	probe        *probe  // nil: no active probes
-	priceFactor  float64 // its price over the list price
+	priceFactor  float64       // its price over the list price
+	spend        *spendAccount // what was spent on it, and its spend caps; nil: no cap
 }
 
 // Defaults of the timeouts and cooldowns.
@@ -118,6 +119,9 @@ func (r *Relay) provisionChannel(ctx caddy.Context, cfg *Channel) (*channel, err
 	}
 	ch.health = st.(*channelHealth)
 	r.acquired = append(r.acquired, ch)
+	if ch.spend, err = r.channelSpend(cfg); err != nil {
+		return nil, err
+	}
 	lim, _ := parseLimits(cfg.Rate, cfg.Tokens, cfg.Concurrency) // validated already
 	ch.limits = lim
 	return ch, nil
@@ -410,6 +414,16 @@ type Channel struct {
 	// times the factor of the channel that served it. It must be above 0.
 	// Default: 1.
 	PriceFactor *float64 `json:"price_factor,omitempty"`
+
+	// SpendCaps cap what the relay spends on this channel, each as
+	// `<amount>usd/<period>` with period day, week or month (calendar
+	// periods in UTC) or total (never renews), at most one per period. A
+	// request's cost on the channel is what its keys are charged for it
+	// (price_factor applied). A channel whose cap is spent leaves selection
+	// (state `capped`) until the period ends, and requests go to the next
+	// channel; a request holds its worst case against the cap of the
+	// channel it is sent to, so requests in flight together cannot pass it.
+	SpendCaps []string `json:"spend_caps,omitempty"`
 
 	// Probe, when set, probes the channel while it is cooling down or its
 	// breaker is open, and puts it back into rotation as soon as a probe

@@ -201,6 +201,11 @@ func (k *Key) check(i int, groups map[string]bool) error {
 	if strings.HasPrefix(k.Name, userStatePrefix) {
 		return errAt([]string{"name"}, "%s: a key's name may not start with %q, which names user entries", k.label(i), userStatePrefix)
 	}
+	for _, prefix := range [...]string{groupSpendPrefix, channelSpendPrefix} {
+		if strings.HasPrefix(k.Name, prefix) {
+			return errAt([]string{"name"}, "%s: a key's name may not start with %q, which names the spend of groups and channels", k.label(i), prefix)
+		}
+	}
 	return nil
 }
 
@@ -304,6 +309,12 @@ func (g *Group) validate(channels map[string]*Channel) error {
 	}
 	if g.RetryBudgetFloor != nil && *g.RetryBudgetFloor < 0 {
 		return errAt([]string{"retry_budget"}, "group %q: retry_budget_floor must not be negative", g.Name)
+	}
+	if _, err := parseBudgets(g.Budgets); err != nil {
+		return errAt([]string{"budget"}, "group %q: %v", g.Name, err)
+	}
+	if g.BudgetWarn < 0 || g.BudgetWarn > 1 {
+		return errAt([]string{"budget_warn"}, "group %q: budget_warn must be a share between 0 and 1 (or 0%% to 100%%)", g.Name)
 	}
 	if g.WaitForRecovery < 0 {
 		return errAt([]string{"wait_for_recovery"}, "group %q: wait_for_recovery must not be negative", g.Name)
@@ -481,6 +492,9 @@ func (ch *Channel) validate() error {
 	}
 	if err := checkLimits(ch.Rate, ch.Tokens, ch.Concurrency); err != nil {
 		return err
+	}
+	if _, err := parseBudgets(ch.SpendCaps); err != nil {
+		return errAt([]string{"spend_cap"}, "spend_cap: %v", err)
 	}
 	if f := ch.PriceFactor; f != nil && (!(*f > 0) || math.IsInf(*f, 0)) {
 		return errAt([]string{"price_factor"}, "price_factor must be a number above 0, the channel's price over the list price (0.8 for 80%%), not %v", *f)

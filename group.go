@@ -74,6 +74,19 @@ type Group struct {
 	// Cache turns on the group's response cache: identical requests are
 	// answered from it, byte for byte, without an upstream. Off by default.
 	Cache *ResponseCache `json:"cache,omitempty"`
+
+	// Budgets cap what the group spends, all its keys and users together,
+	// each as `<amount>usd/<period>` with period day, week or month
+	// (calendar periods in UTC) or total (never renews), at most one per
+	// period. A request holds its worst case against the group's budgets
+	// as against its key's, and is refused with 429 budget_exceeded when
+	// it cannot fit. The group's spend counts from its first request,
+	// budget or none.
+	Budgets []string `json:"budgets,omitempty"`
+
+	// BudgetWarn is the share of a group budget at which the relay logs a
+	// warning, once per period. Default: 0.8.
+	BudgetWarn float64 `json:"budget_warn,omitempty"`
 }
 
 // Policies.
@@ -103,6 +116,8 @@ type group struct {
 	// maxPriceFactor is the highest price_factor of its channels: what a
 	// request's worst case is held at
 	maxPriceFactor float64
+	spend          *spendAccount // what the group spent, and its budgets
+	capped         bool          // a channel of it has a spend cap
 }
 
 // provisionGroups builds the groups and takes their state (retry budget,
@@ -139,6 +154,9 @@ func (r *Relay) provisionGroups(channels map[string]*channel) error {
 		}
 		r.acquiredGroups = append(r.acquiredGroups, cfg.Name)
 		g.state = st.(*groupState)
+		if g.spend, err = r.groupSpend(cfg); err != nil {
+			return err
+		}
 		if cfg.Cache != nil {
 			g.cache = g.state.cacheFor(*cfg.Cache)
 		}
@@ -146,6 +164,7 @@ func (r *Relay) provisionGroups(channels map[string]*channel) error {
 			ch := channels[name]
 			g.channels = append(g.channels, ch)
 			g.maxPriceFactor = max(g.maxPriceFactor, ch.priceFactor)
+			g.capped = g.capped || ch.spend != nil
 			for _, m := range ch.modelNames {
 				if !slices.Contains(g.models, m) {
 					g.models = append(g.models, m)

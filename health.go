@@ -65,6 +65,9 @@ type channelHealth struct {
 	// no later, only the upstream's reset keeps the channel out
 	limitedUntil atomic.Int64
 	disabled     atomic.Bool
+	// spend is the account of the channel's spend caps in the last config
+	// that loaded it (spend_scopes.go); nil: none
+	spend atomic.Pointer[spendAccount]
 	// forcing is set while a breaker is opened because another node's
 	// opened: it trips at once, and the change is not published back
 	forcing atomic.Bool

@@ -4,7 +4,7 @@ import (
 	"context"
 	"math"
 	"net/http"
-	"strconv"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -55,6 +55,9 @@ type holds struct {
 	list  [maxHolds]hold
 	n     uint8
 	taken bool
+	// channel is the account of the channel spend cap the last hold is
+	// against (spend_scopes.go); nil: none
+	channel *spendAccount
 }
 
 // add plans a hold of usd against a.
@@ -273,23 +276,43 @@ func ceilNano(usd float64) nanoUSD {
 }
 
 // planHolds plans the holds of a message against every budget that
-// applies to it, and refuses it at once when one of them could never fit:
-// what was spent and its worst case exceed a budget. A principal without
-// budgets plans nothing and pays nothing.
+// applies to it (its key's or user entry's, its group's), and refuses it
+// at once when one of them could never fit: what was spent and its worst
+// case exceed a budget. Its hold of a channel's spend cap is planned with
+// each attempt (holdChannel). A request to which no budget and no cap
+// applies plans nothing and pays nothing.
 func (r *Relay) planHolds(in *inbound) *relayError {
-	if in.route != routeMessages || in.state == nil || in.state.spend == nil || !in.state.spend.budgeted.Load() {
+	if in.route != routeMessages || in.state == nil {
+		return nil
+	}
+	g := in.group()
+	var accts [2]*spendAccount
+	n := 0
+	for _, a := range [2]*spendAccount{in.state.spend, g.spend} {
+		if a != nil && a.budgeted.Load() {
+			accts[n] = a
+			n++
+		}
+	}
+	if n == 0 && !g.capped {
 		return nil
 	}
 	worst := ceilNano(r.worstCase(in))
-	a := in.state.spend
-	if ans := a.affords(r.now(), worst); ans.verdict == holdRefused {
-		return r.budgetRefusal(in, a, worst, ans)
+	for _, a := range accts[:n] {
+		if ans := a.affords(r.now(), worst); ans.verdict == holdRefused {
+			return r.budgetRefusal(in, a, worst, ans)
+		}
 	}
 	if worst == 0 { // no model it may be served as has a price: it costs nothing
 		return nil
 	}
-	in.holds = &holds{} // only a request that holds pays for the list
-	in.holds.add(a, worst)
+	in.worst = worst
+	if n > 0 {
+		in.holds = &holds{} // only a request that holds pays for the list
+		for _, a := range accts[:n] {
+			in.holds.add(a, worst)
+		}
+	}
 	return nil
 }
 
@@ -317,6 +340,8 @@ func (r *Relay) admitHeld(ctx context.Context, in *inbound, ch *channel, now tim
 	}
 	t, ug, scope, wait, byUser, ans := ch.health.admitHeld(now, in.estimate, in.endUserPending, in.endUserEstimate, hs)
 	switch {
+	case ans.verdict != holdTaken && hs.channel != nil && hs.list[ans.i].a == hs.channel:
+		return nil, scopeCapped, nil // the channel's cap cannot take it: the next channel may
 	case ans.verdict == holdRefused:
 		h := hs.list[ans.i]
 		return nil, scopeNone, r.budgetRefusal(in, h.a, h.usd, ans)
@@ -360,7 +385,7 @@ func (r *Relay) waitForHolds(ctx context.Context, in *inbound, q *queued, ans ho
 			tail = "; the queue is full"
 		}
 		now := h.a.tightest(r.now(), h.usd) // as things stand when it gives up
-		return errBudgetHeld(h.a.label, now, h.a.capOf(now.period), h.usd, tail)
+		return errBudgetHeld(h.a.who(), now, h.a.capOf(now.period), h.usd, tail)
 	})
 }
 
@@ -394,9 +419,9 @@ func (r *Relay) budgetRefusal(in *inbound, a *spendAccount, worst nanoUSD, ans h
 	end := ans.period.end(ans.period.start(now))
 	limit := a.capOf(ans.period)
 	if ans.spent >= limit {
-		return errBudgetExceeded(a.label, ans.period, limit.usd(), ans.spent.usd(), end.Sub(now), 0)
+		return errBudgetExceeded(a.who(), ans.period, limit.usd(), ans.spent.usd(), end.Sub(now), 0)
 	}
-	return errBudgetExceeded(a.label, ans.period, limit.usd(), ans.spent.usd(), end.Sub(now), worst.usd())
+	return errBudgetExceeded(a.who(), ans.period, limit.usd(), ans.spent.usd(), end.Sub(now), worst.usd())
 }
 
 // capOf is the account's budget for period p.
@@ -413,36 +438,52 @@ const holdRetryAfter = 5 * time.Second
 // errBudgetHeld answers a request whose hold of worst would fit in what is
 // left of a budget once the holds in flight settle, but that could not
 // wait for them (tail says why).
-func errBudgetHeld(key string, ans holdAnswer, limit, worst nanoUSD, tail string) *relayError {
+func errBudgetHeld(who string, ans holdAnswer, limit, worst nanoUSD, tail string) *relayError {
 	left := max(0, limit-ans.spent)
-	msg := "key " + strconv.Quote(key) + "'s requests in flight hold " + dollars(ans.held.usd()) + " of the " + dollars(left.usd()) +
+	msg := who + "'s requests in flight hold " + dollars(ans.held.usd()) + " of the " + dollars(left.usd()) +
 		" left of its " + ans.period.adjective() + " " + dollars(limit.usd()) + " budget, and this request may cost up to " + dollars(worst.usd()) + tail
 	return &relayError{status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "budget_exceeded",
 		msg: msg, retryAfter: holdRetryAfter, noRetry: true}
 }
 
 // settleHolds turns what the request holds into what it cost: each
-// account's hold is given back and the cost charged, under one lock.
-// A request that took no hold charges its principal.
+// account's hold is given back and the cost charged, under one lock. The
+// accounts its cost goes to that it held nothing against (its principal's,
+// its group's, the spend cap's of the channel that answered) are charged.
 func (r *Relay) settleHolds(in *inbound, cost float64) {
 	now := r.now()
-	if in.holds == nil || !in.holds.taken {
-		if in.state != nil && in.state.spend != nil {
-			in.state.spend.charge(now, cost, r.logger)
+	var settled [maxHolds]*spendAccount
+	if hs := in.holds; hs != nil && hs.taken {
+		var q *waitQueue
+		if in.key != nil {
+			q = &in.group().state.queue
 		}
+		for i := range hs.n {
+			h := hs.list[i]
+			settled[i] = h.a
+			if h.a.settle(now, h, cost, q, r.logger) && q != nil && h.batch == "" {
+				q.wakeFor(h.a)
+			}
+		}
+		hs.taken = false
+	}
+	if cost <= 0 {
 		return
 	}
-	var q *waitQueue
-	if in.key != nil {
-		q = &in.group().state.queue
-	}
-	for i := range in.holds.n {
-		h := in.holds.list[i]
-		if h.a.settle(now, h, cost, q, r.logger) && q != nil && h.batch == "" {
-			q.wakeFor(h.a)
+	charge := func(a *spendAccount) {
+		if a != nil && !slices.Contains(settled[:], a) {
+			a.charge(now, cost, r.logger)
 		}
 	}
-	in.holds.taken = false
+	if in.state != nil {
+		charge(in.state.spend)
+	}
+	if in.key != nil {
+		charge(in.group().spend)
+	}
+	if in.answered != nil {
+		charge(in.answered.spend)
+	}
 }
 
 // takeHeld admits one request against its end user's limits (user, nil

@@ -62,26 +62,40 @@ func (r *Relay) batchWorstCase(body []byte, factor float64) float64 {
 	return total * factor
 }
 
-// batchHoldTaken is a batch's hold taken at its create, until the batch
-// is made (keep) or not (abandon).
+// batchHoldTaken is a batch's holds taken at its create, one per budgeted
+// account (its principal's, its group's), until the batch is made (keep)
+// or not (abandon).
 type batchHoldTaken struct {
 	r     *Relay
-	a     *spendAccount
+	parts []batchHoldPart
 	usd   nanoUSD
-	lease string // in a fleet: its member while the create runs
 	done  bool
 }
 
-// holdBatch takes the hold of a batch of body that one of cands will
-// make, for the request's principal; nil when it has no budget. A batch
-// that does not fit is answered.
-func (r *Relay) holdBatch(in *inbound, body []byte, cands []*channel) (*batchHoldTaken, *relayError) {
-	a := in.state.spend
-	if a == nil || !a.budgeted.Load() {
+// batchHoldPart is a batch's hold of one account.
+type batchHoldPart struct {
+	a     *spendAccount
+	lease string // in a fleet: its member while the create runs
+}
+
+// holdBatch takes the holds of a batch of body that one of cands will
+// make, for the request's principal and its group; nil when neither has a
+// budget. A batch that does not fit is answered. The candidates whose
+// spend cap cannot take the batch's worst case are dropped from cands,
+// once its budgets took it.
+func (r *Relay) holdBatch(in *inbound, body []byte, cands *[]*channel) (held *batchHoldTaken, rerr *relayError) {
+	var accts []*spendAccount
+	for _, a := range [2]*spendAccount{in.state.spend, in.group().spend} {
+		if a != nil && a.budgeted.Load() {
+			accts = append(accts, a)
+		}
+	}
+	capped := in.group().capped
+	if len(accts) == 0 && !capped {
 		return nil, nil
 	}
 	factor := 0.0
-	for _, ch := range cands {
+	for _, ch := range *cands {
 		factor = max(factor, ch.priceFactor)
 	}
 	worst := ceilNano(r.batchWorstCase(body, factor))
@@ -89,92 +103,166 @@ func (r *Relay) holdBatch(in *inbound, body []byte, cands []*channel) (*batchHol
 		return nil, nil
 	}
 	now := r.now()
-	b := &batchHoldTaken{r: r, a: a, usd: worst}
+	b := &batchHoldTaken{r: r, usd: worst}
+	if capped {
+		defer func() {
+			if rerr == nil {
+				if rerr = r.batchCaps(cands, now, worst); rerr != nil {
+					b.abandon()
+					held = nil
+				}
+			}
+		}()
+	}
+	if len(accts) == 0 {
+		return nil, nil
+	}
 	var ans holdAnswer
-	if f := a.fleet.Load(); f != nil {
-		member := holdMember(f.leaseID(), worst)
-		hc := f.prepareHold(a, now, worst, member, f.lease)
+	if f := accts[0].fleet.Load(); f != nil {
+		calls := make([]*holdCall, len(accts))
+		for i, a := range accts {
+			calls[i] = f.prepareHold(a, now, worst, holdMember(f.leaseID(), worst), f.lease)
+		}
 		var err error
-		_, _, _, _, ans, err = f.admitAll(now, nil, []*holdCall{hc})
+		_, _, _, _, ans, err = f.admitHolds(now, nil, calls)
 		switch {
 		case err != nil && f.deny:
 			return nil, errStorageUnavailable()
 		case err != nil: // Redis is down: held on this relay alone meanwhile
-			ans = a.reserve(now, worst)
+			ans = b.reserve(accts, now)
 		case ans.verdict == holdTaken:
-			b.lease = member
-			a.holdsHere(worst)
-			f.hold(leaseRef{hc.keys[0], member}, true)
+			for i, a := range accts {
+				a.holdsHere(worst)
+				f.hold(leaseRef{calls[i].keys[0], calls[i].member}, true)
+				b.parts = append(b.parts, batchHoldPart{a: a, lease: calls[i].member})
+			}
 		}
 	} else {
-		ans = a.reserve(now, worst)
+		ans = b.reserve(accts, now)
 	}
 	switch ans.verdict {
 	case holdRefused:
-		return nil, r.budgetRefusal(in, a, worst, ans)
+		return nil, r.budgetRefusal(in, accts[ans.i], worst, ans)
 	case holdWait:
+		a := accts[ans.i]
 		metricRateLimited.WithLabelValues(in.key.name, string(scopeBudget)).Inc()
-		return nil, errBudgetHeld(a.label, ans, a.capOf(ans.period), worst, "; a batch does not wait for them")
+		return nil, errBudgetHeld(a.who(), ans, a.capOf(ans.period), worst, "; a batch does not wait for them")
 	}
 	return b, nil
 }
 
-// abandon gives the hold back unused, unless the batch was made.
+// reserve takes the batch's holds of accts on this relay, all or none.
+func (b *batchHoldTaken) reserve(accts []*spendAccount, now time.Time) holdAnswer {
+	for i, a := range accts {
+		if ans := a.reserve(now, b.usd); ans.verdict != holdTaken {
+			for _, p := range b.parts {
+				p.a.unreserve(b.usd)
+			}
+			b.parts = nil
+			ans.i = i
+			return ans
+		}
+		b.parts = append(b.parts, batchHoldPart{a: a})
+	}
+	return holdAnswer{}
+}
+
+// batchCaps drops from cands the channels whose spend cap is spent or
+// cannot take a batch of worst beside what it spent and holds: a batch's
+// cost reaches a channel's cap when its results are read, and meanwhile
+// no request in flight holds it, so the cap is checked, not held, when
+// the batch is made. None left: the batch is answered as a request is.
+func (r *Relay) batchCaps(cands *[]*channel, now time.Time, worst nanoUSD) *relayError {
+	var out *channel
+	kept := (*cands)[:0:0]
+	for _, ch := range *cands {
+		if ch.spend != nil && !ch.spend.room(now, worst) {
+			out = ch
+			continue
+		}
+		kept = append(kept, ch)
+	}
+	if len(kept) > 0 {
+		*cands = kept
+		return nil
+	}
+	_, until := out.spend.capped(now)
+	return errChannelsCapped("the batch's models", out, now, untilFrom(until, now))
+}
+
+// abandon gives the holds back unused, unless the batch was made.
 func (b *batchHoldTaken) abandon() {
 	if b == nil || b.done {
 		return
 	}
 	b.done = true
-	b.a.unreserve(b.usd)
-	if b.lease != "" {
-		if f := b.a.fleet.Load(); f != nil {
-			f.releaseHold(b.a, b.lease)
+	for _, p := range b.parts {
+		p.a.unreserve(b.usd)
+		if p.lease != "" {
+			if f := p.a.fleet.Load(); f != nil {
+				f.releaseHold(p.a, p.lease)
+			}
 		}
 	}
 }
 
-// keep makes the hold the batch's, now that channel made it as up: it
-// lasts until the batch's results settle it, or batchHoldFor.
+// keep makes the holds the batch's, now that channel made it as up: they
+// last until the batch's results settle them, or batchHoldFor.
 func (b *batchHoldTaken) keep(channel, up string) {
 	if b == nil || b.done {
 		return
 	}
 	b.done = true
 	id, now := batchHoldID(channel, up), b.r.now()
-	f := b.a.fleet.Load()
+	if len(b.parts) == 0 {
+		return
+	}
+	f := b.parts[0].a.fleet.Load()
 	if f == nil {
-		b.a.mu.Lock()
-		b.a.held -= b.usd
-		b.a.holding--
-		if b.a.batches == nil {
-			b.a.batches = map[string]batchHold{}
+		for _, p := range b.parts {
+			a := p.a
+			a.mu.Lock()
+			a.held -= b.usd
+			a.holding--
+			if a.batches == nil {
+				a.batches = map[string]batchHold{}
+			}
+			a.batches[id] = batchHold{usd: b.usd, made: now}
+			a.batchHeld += b.usd
+			a.mu.Unlock()
 		}
-		b.a.batches[id] = batchHold{usd: b.usd, made: now}
-		b.a.batchHeld += b.usd
-		b.a.mu.Unlock()
 		spend.saveSoon()
 		return
 	}
-	b.a.unreserve(b.usd) // what this relay holds in flight: from now on, only Redis holds it
-	if b.lease == "" {
-		b.r.logger.Warn("a batch was made while the fleet's storage was unreachable: it holds nothing against its key's budget",
-			zap.String("key", b.a.label), zap.String("channel", channel))
+	for _, p := range b.parts {
+		p.a.unreserve(b.usd) // what this relay holds in flight: from now on, only Redis holds it
+	}
+	if b.parts[0].lease == "" {
+		b.r.logger.Warn("a batch was made while the fleet's storage was unreachable: it holds nothing against its budgets",
+			zap.String("key", b.parts[0].a.label), zap.String("channel", channel))
 		return
 	}
-	set, total := f.holdKeys(b.a.id)
 	member := holdMember("b:"+id, b.usd)
+	var rec strings.Builder // whose holds they are: account id and member, a line each
 	err := f.do("batch_hold", func(ctx context.Context) error {
 		_, err := f.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-			keepBatchScript.Eval(ctx, pipe, []string{set, total}, b.lease, member, batchHoldFor.Milliseconds(), holdKeysTTL.Milliseconds())
-			pipe.Set(ctx, f.batchHoldKey(id), b.a.id+"\n"+member, batchHoldFor)
+			for _, p := range b.parts {
+				set, total := f.holdKeys(p.a.id)
+				keepBatchScript.Eval(ctx, pipe, []string{set, total}, p.lease, member, batchHoldFor.Milliseconds(), holdKeysTTL.Milliseconds())
+				rec.WriteString(p.a.id + "\n" + member + "\n")
+			}
+			pipe.Set(ctx, f.batchHoldKey(id), strings.TrimSuffix(rec.String(), "\n"), batchHoldFor)
 			return nil
 		})
 		return err
 	})
-	f.drop(leaseRef{set, b.lease}, true) // given back with the batch's hold, or left to expire
+	for _, p := range b.parts {
+		set, _ := f.holdKeys(p.a.id)
+		f.drop(leaseRef{set, p.lease}, true) // given back with the batch's hold, or left to expire
+	}
 	if err != nil {
-		b.r.logger.Warn("could not record a batch's hold in the fleet's storage: it holds nothing against its key's budget",
-			zap.String("key", b.a.label), zap.String("channel", channel), zap.Error(err))
+		b.r.logger.Warn("could not record a batch's hold in the fleet's storage: it holds nothing against its budgets",
+			zap.String("key", b.parts[0].a.label), zap.String("channel", channel), zap.Error(err))
 	}
 }
 
@@ -197,41 +285,38 @@ return 0
 func (f *fleet) batchHoldKey(id string) string { return f.prefix + "batch_hold:" + id }
 
 // settleBatch makes the request that accounts the results of the batch up
-// on channel settle that batch's hold, when it has one whose key is
-// configured here: the results' cost is then that key's, charged as the
-// hold is given back. Otherwise (no hold, or its key is gone) the request's
-// own principal is charged, and a hold left is given back.
+// on channel settle that batch's holds, those whose accounts are
+// configured here: the results' cost is then charged to each as its hold
+// is given back. The request's own principal and group are charged what
+// held nothing (settleHolds), and a hold whose account is gone is given
+// back.
 func (r *Relay) settleBatch(in *inbound, channel, up string) {
 	id := batchHoldID(channel, up)
 	if r.fleet != nil {
 		r.settleFleetBatch(in, id)
 		return
 	}
-	var found *spendAccount
+	hs := &holds{taken: true}
 	spendAccounts.Range(func(_, v any) bool {
 		a := v.(*spendAccount)
 		a.mu.Lock()
-		_, ok := a.batches[id]
+		h, ok := a.batches[id]
 		a.mu.Unlock()
 		if ok && a.fleet.Load() == nil {
-			found = a
-			return false
+			hs.add(a, h.usd)
+			hs.list[hs.n-1].batch = id
 		}
 		return true
 	})
-	if found == nil {
-		spend.forgetBatch(id) // its key is gone: no account holds it any more
+	if hs.n == 0 {
+		spend.forgetBatch(id) // its accounts are gone: none holds it any more
 		return
 	}
-	found.mu.Lock()
-	usd := found.batches[id].usd
-	found.mu.Unlock()
-	in.holds = &holds{n: 1, taken: true}
-	in.holds.list[0] = hold{a: found, usd: usd, batch: id}
+	in.holds = hs
 }
 
 // settleFleetBatch is settleBatch in a fleet: the batch's record says whose
-// hold it is.
+// holds it has.
 func (r *Relay) settleFleetBatch(in *inbound, id string) {
 	f := r.fleet
 	var rec string
@@ -240,26 +325,33 @@ func (r *Relay) settleFleetBatch(in *inbound, id string) {
 		rec, err = f.client.GetDel(ctx, f.batchHoldKey(id)).Result()
 		return err
 	})
-	accountID, member, ok := strings.Cut(rec, "\n")
-	if err != nil || !ok {
+	if err != nil {
 		return
 	}
-	n, _ := strconv.ParseInt(member[strings.LastIndexByte(member, '=')+1:], 10, 64)
-	var found *spendAccount
-	spendAccounts.Range(func(k, v any) bool {
-		if a := v.(*spendAccount); k == accountID && a.fleet.Load() == f {
-			found = a
-			return false
+	hs := &holds{taken: true}
+	lines := strings.Split(rec, "\n")
+	for i := 0; i+1 < len(lines); i += 2 {
+		accountID, member := lines[i], lines[i+1]
+		n, _ := strconv.ParseInt(member[strings.LastIndexByte(member, '=')+1:], 10, 64)
+		var found *spendAccount
+		spendAccounts.Range(func(k, v any) bool {
+			if a := v.(*spendAccount); k == accountID && a.fleet.Load() == f {
+				found = a
+				return false
+			}
+			return true
+		})
+		if found == nil {
+			set, total := f.holdKeys(accountID)
+			f.queueRelease(release{holdSet: set, holdTotal: total, member: member})
+			continue
 		}
-		return true
-	})
-	if found == nil {
-		set, total := f.holdKeys(accountID)
-		f.queueRelease(release{holdSet: set, holdTotal: total, member: member})
-		return
+		hs.add(found, nanoUSD(n))
+		hs.list[hs.n-1].lease, hs.list[hs.n-1].batch = member, id
 	}
-	in.holds = &holds{n: 1, taken: true}
-	in.holds.list[0] = hold{a: found, usd: nanoUSD(n), lease: member, batch: id}
+	if hs.n > 0 {
+		in.holds = hs
+	}
 }
 
 // forgetBatch drops the hold of batch id from the stored spend of a key

@@ -316,6 +316,15 @@ func TestRulesFileIsWellFormed(t *testing.T) {
 	if err := json.Unmarshal(b, &dash); err != nil || len(dash.Panels) < 10 {
 		t.Fatalf("dashboard: %v, %d panels", err, len(dash.Panels))
 	}
+	titles := map[string]bool{}
+	for _, p := range dash.Panels {
+		titles[p.Title] = true
+	}
+	for _, want := range []string{"Budget spent by key and period", "Budget spent by group and period", "Spend cap used by channel and period"} {
+		if !titles[want] {
+			t.Errorf("the dashboard has no panel %q", want)
+		}
+	}
 }
 
 // TestAlertRulesOnAScriptedMix runs a mix through the relay (a group whose

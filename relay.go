@@ -288,6 +288,7 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 		}
 		ch.health.configure(ch.breaker, ch.limits, owner, r.now())
 		ch.health.share(r.fleet)
+		ch.health.spend.Store(ch.spend)
 		if ch.probe != nil {
 			go r.runProbes(ctx, ch)
 		}
@@ -597,6 +598,9 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 		}
 		var t *ticket
 		var scope limitScope
+		if ch.spend != nil || in.holds != nil && in.holds.channel != nil {
+			r.holdChannel(in, ch) // its hold of a channel's spend cap goes with the attempt
+		}
 		if in.holds.pending() { // its holds of its budgets go with its first attempt's admission
 			var rerr *relayError
 			if t, scope, rerr = r.admitHeld(req.Context(), in, ch, sel.now, q); rerr != nil {
@@ -620,6 +624,9 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 				return &failure{last: last, attempts: n - 1}
 			}
 			return refused(errStorageUnavailable())
+		case scope == scopeCapped: // its spend cap cannot take the request's worst case
+			sel.capped = append(sel.capped, ch)
+			continue
 		case t == nil && scope == scopeNone: // its half-open breaker is busy with other probes
 			sel.skipped = append(sel.skipped, ch)
 			continue

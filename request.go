@@ -182,6 +182,7 @@ type inbound struct {
 	estimated    bool     // its output is an estimate: its client left, and the final count never came (settle.go)
 	estimate     int64    // input tokens guessed from the body, for the token limits
 	holds        *holds   // its worst case held against its budgets (hold.go); nil: none
+	worst        nanoUSD  // its worst case, when a budget or a channel's spend cap may apply
 	cost         float64  // in USD: list price x price_factor of the channel that answered; set by account (price)
 	wasted       int64    // input tokens of attempts abandoned on the way (relay_wasted_tokens_total)
 	keyGrant     grant    // what the key's limits admitted

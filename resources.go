@@ -615,7 +615,7 @@ func (c *resourceCtx) create() *failure {
 		return refused(&relayError{status: http.StatusServiceUnavailable, typ: "relay_error", code: "model_not_found", msg: msg, noRetry: true})
 	}
 	if c.rq.kind == kindBatch { // a batch holds its worst case before anything is sent
-		held, rerr := c.r.holdBatch(c.in, body, cands)
+		held, rerr := c.r.holdBatch(c.in, body, &cands)
 		if rerr != nil {
 			return refused(rerr)
 		}

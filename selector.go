@@ -23,6 +23,7 @@ type selection struct {
 	needs     *needs // the features the request carries; nil: none
 	tried     []*channel
 	skipped   []*channel // picked, but their half-open breaker had no slot left
+	capped    []*channel // picked, but their spend cap could not take the request's hold
 	avoidHost string     // after a 529: prefer a channel on another upstream host
 	now       time.Time
 	rand      randIntN
@@ -61,6 +62,7 @@ type pickResult struct {
 	until    time.Time
 	missing  []string // noCapability: the features no channel supports
 	together bool     // noCapability: each has a channel, but none has them all
+	capped   *channel // cooling: a channel out because of its spend cap
 }
 
 // err is the relay's answer to a request that found no channel for this
@@ -78,6 +80,10 @@ func (p pickResult) err(s *selection, g *group) *relayError {
 		return errRateLimitedUpstream(s.model, untilFrom(p.until, s.now))
 	case allBusy:
 		return errQueue("every channel of group "+strconv.Quote(g.name)+" is at its limit", untilFrom(p.until, s.now))
+	case cooling:
+		if p.capped != nil {
+			return errChannelsCapped(s.model, p.capped, s.now, untilFrom(p.until, s.now))
+		}
 	}
 	return errNoHealthyChannel(s.model, untilFrom(p.until, s.now))
 }
@@ -152,10 +158,19 @@ func (g *group) pick(s *selection) pickResult {
 	}
 	var recovery time.Time
 	otherOut := false
+	var capped *channel
 	cands = filter(cands, func(ch *channel) bool {
 		ok, until := ch.health.available(s.now)
 		if ok && contains(s.skipped, ch) {
 			ok, until = false, s.now.Add(halfOpenRetry)
+		}
+		if ok && ch.spend != nil {
+			if spent, end := ch.spend.capped(s.now); spent || contains(s.capped, ch) {
+				if !spent {
+					end = s.now.Add(holdRetryAfter) // holds in flight on its cap may settle
+				}
+				ok, until, capped = false, end, ch
+			}
 		}
 		if !ok {
 			earliest(&recovery, until)
@@ -171,7 +186,9 @@ func (g *group) pick(s *selection) pickResult {
 		if !otherOut {
 			return none(upstreamReset, reset)
 		}
-		return none(cooling, recovery)
+		p := none(cooling, recovery)
+		p.capped = capped
+		return p
 	}
 
 	// a busy channel (at a limit, or out of upstream quota) is skipped but

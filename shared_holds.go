@@ -193,6 +193,27 @@ func (f *fleet) admitAll(now time.Time, things []*admitCall, holds []*holdCall) 
 	return lefts, refused, scope, wait, ans, nil
 }
 
+// admitHolds is admitAll, but in a Redis Cluster, where one script cannot
+// touch two accounts' keys (a key's and its group's), each hold takes a
+// script of its own, in order, and those taken are given back when a
+// later one is not. (In a cluster, calls is empty: the limits go on their
+// own.)
+func (f *fleet) admitHolds(now time.Time, calls []*admitCall, hcs []*holdCall) (lefts []headroom, refused int, scope limitScope, wait time.Duration, ans holdAnswer, err error) {
+	if !f.cluster || len(hcs) < 2 || len(calls) > 0 {
+		return f.admitAll(now, calls, hcs)
+	}
+	for i := range hcs {
+		if _, _, _, _, ans, err = f.admitAll(now, nil, hcs[i:i+1]); err != nil || ans.verdict != holdTaken {
+			for _, taken := range hcs[:i] {
+				f.queueRelease(release{holdSet: taken.keys[0], holdTotal: taken.keys[1], member: taken.member})
+			}
+			ans.i = i
+			return nil, -1, scopeNone, 0, ans, err
+		}
+	}
+	return nil, -1, scopeNone, 0, holdAnswer{}, nil
+}
+
 // takeHeld is takeHeld (hold.go) for holds the fleet keeps: the end
 // user's and the channel's limits that f keeps go in one script with the
 // holds; the others are taken first, on their own. While Redis does not
@@ -243,7 +264,7 @@ func (f *fleet) takeHeld(now time.Time, user *limiter, ue int64, ch *limiter, ce
 		h := &hs.list[i]
 		hcs[i] = f.prepareHold(h.a, now, h.usd, holdMember(f.leaseID(), h.usd), f.lease)
 	}
-	lefts, refused, rscope, rwait, hans, err := f.admitAll(now, calls, hcs)
+	lefts, refused, rscope, rwait, hans, err := f.admitHolds(now, calls, hcs)
 	switch {
 	case err != nil && f.deny:
 		undo()

@@ -30,8 +30,9 @@ var spendAccounts = caddy.NewUsagePool()
 
 // spendAccount is one key's spend and budgets.
 type spendAccount struct {
-	id    string // what it is kept by: the key's name
-	label string // what metrics and logs call it
+	id    string     // what it is kept by: the key's name, group:<name>, channel:<name>
+	label string     // what metrics and logs call it: the key's, group's or channel's name
+	scope spendScope // whose spend it is
 
 	mu      sync.Mutex
 	periods [numPeriods]periodSpend
@@ -62,6 +63,7 @@ type spendAccount struct {
 
 // budgetSpec is what an entry's options say of its spend account.
 type budgetSpec struct {
+	scope  spendScope
 	caps   [numPeriods]float64
 	warn   float64
 	label  string
@@ -71,6 +73,9 @@ type budgetSpec struct {
 
 // apply configures account a with the spec, shared by fleet f (nil: none).
 func (b budgetSpec) apply(a *spendAccount, f *fleet) {
+	a.mu.Lock()
+	a.scope = b.scope
+	a.mu.Unlock()
 	a.configure(b.caps, b.warn, b.label, b.logger, b.now)
 	a.share(f)
 }
@@ -140,10 +145,10 @@ func (a *spendAccount) check(now time.Time, estimate float64) *relayError {
 		}
 		wait := p.end(ps.start).Sub(now)
 		if ps.usd >= limit {
-			return errBudgetExceeded(a.label, p, limit.usd(), ps.usd.usd(), wait, 0)
+			return errBudgetExceeded(a.who(), p, limit.usd(), ps.usd.usd(), wait, 0)
 		}
 		if estimate > 0 && ps.usd+toNano(estimate) > limit {
-			return errBudgetExceeded(a.label, p, limit.usd(), ps.usd.usd(), wait, estimate)
+			return errBudgetExceeded(a.who(), p, limit.usd(), ps.usd.usd(), wait, estimate)
 		}
 	}
 	return nil
@@ -238,11 +243,19 @@ func (a *spendAccount) warnOf(crossed []warning) {
 		return
 	}
 	for _, w := range crossed {
-		msg := "key budget nearly spent"
-		if w.spent >= w.cap {
-			msg = "key budget spent: its requests are refused until the period ends"
+		msg, field := "key budget nearly spent", "key"
+		switch a.scope {
+		case spendOfGroup:
+			msg, field = "group budget nearly spent", "group"
+		case spendOfChannel:
+			msg, field = "channel spend_cap nearly spent", "channel"
 		}
-		logger.Warn(msg, zap.String("key", a.label), zap.String("period", w.period.String()),
+		if w.spent >= w.cap {
+			msg = [...]string{"key budget spent: its requests are refused until the period ends",
+				"group budget spent: its requests are refused until the period ends",
+				"channel spend_cap spent: it leaves selection until the period ends"}[a.scope]
+		}
+		logger.Warn(msg, zap.String(field, a.label), zap.String("period", w.period.String()),
 			zap.Float64("spent_usd", w.spent), zap.Float64("budget_usd", w.cap))
 	}
 }
@@ -514,20 +527,25 @@ func (s *spendStore) save() {
 	}
 }
 
-// spendCollector exports the accounts at each scrape: every key's spend in
-// the current month, and for a key with budgets, its spend, budget and
-// warning threshold in each budgeted period.
+// spendCollector exports the accounts at each scrape: every key's and
+// group's spend in the current month, a capped channel's in each period
+// it caps, and for an account with budgets (or caps), its spend, budget
+// and warning threshold in each budgeted period. The scope label says
+// whose: key (keys and named user entries, by key), group (by group) or
+// channel (by channel); the labels of the other scopes are empty.
 type spendCollector struct {
 	spend, budget, warn *prometheus.Desc
 }
 
+var spendLabels = []string{"scope", "key", "group", "channel", "period"}
+
 var metricSpend = spendCollector{
 	spend: prometheus.NewDesc("relay_spend_usd",
-		"What a key spent in the current calendar period (UTC), in USD: month for every key, and each period it has a budget for.", []string{"key", "period"}, nil),
+		"What a key, a group or a capped channel spent in the current calendar period (UTC), in USD: month for every key and group, and each period it has a budget (a channel: a spend_cap) for.", spendLabels, nil),
 	budget: prometheus.NewDesc("relay_budget_usd",
-		"A key's budget for a calendar period, in USD.", []string{"key", "period"}, nil),
+		"A key's or a group's budget, or a channel's spend_cap, for a period, in USD.", spendLabels, nil),
 	warn: prometheus.NewDesc("relay_budget_warn_usd",
-		"The spend at which a key's budget warns (budget times budget_warn), in USD.", []string{"key", "period"}, nil),
+		"The spend at which a budget warns (budget times budget_warn), in USD.", spendLabels, nil),
 }
 
 // Describe implements prometheus.Collector.
@@ -546,15 +564,18 @@ func (c spendCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		usd, caps := a.spent(time.Time{})
 		a.mu.Lock()
-		label, warn := a.label, a.warn
+		label, warn, scope := a.label, a.warn, a.scope
 		a.mu.Unlock()
+		names := [3]string{}
+		names[scope] = label
 		for p := range numPeriods {
+			labels := []string{scope.String(), names[spendOfKey], names[spendOfGroup], names[spendOfChannel], p.String()}
 			if caps[p] > 0 {
-				ch <- prometheus.MustNewConstMetric(c.budget, prometheus.GaugeValue, caps[p], label, p.String())
-				ch <- prometheus.MustNewConstMetric(c.warn, prometheus.GaugeValue, caps[p]*warn, label, p.String())
+				ch <- prometheus.MustNewConstMetric(c.budget, prometheus.GaugeValue, caps[p], labels...)
+				ch <- prometheus.MustNewConstMetric(c.warn, prometheus.GaugeValue, caps[p]*warn, labels...)
 			}
-			if caps[p] > 0 || p == periodMonth {
-				ch <- prometheus.MustNewConstMetric(c.spend, prometheus.GaugeValue, usd[p], label, p.String())
+			if caps[p] > 0 || p == periodMonth && scope != spendOfChannel {
+				ch <- prometheus.MustNewConstMetric(c.spend, prometheus.GaugeValue, usd[p], labels...)
 			}
 		}
 		return true

@@ -67,8 +67,8 @@
 			const b = el("span", shown.replace("_", " "), "badge " + shown);
 			b.dataset.state = c.state;
 			cell(tr, "").appendChild(b);
-			const cd = cell(tr, left(c.cooldown_until || c.busy_until), "num countdown");
-			cd.dataset.until = c.cooldown_until || c.busy_until || "";
+			const cd = cell(tr, left(c.cooldown_until || c.busy_until || c.capped_until), "num countdown");
+			cd.dataset.until = c.cooldown_until || c.busy_until || c.capped_until || "";
 			cell(tr, c.inflight, "num");
 			const r = c.recent;
 			cell(tr, r.per_minute[r.per_minute.length - 1], "num");

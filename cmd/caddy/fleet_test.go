@@ -40,6 +40,7 @@ type fleetConfig struct {
 	channels  []string // name=url, first is priority 1, next 2...
 	channel   string   // more options of every channel
 	extra     string   // more lines of the relay block
+	group     string   // more options of the group
 }
 
 func (c fleetConfig) caddyfile(site, admin string) string {
@@ -53,7 +54,7 @@ func (c fleetConfig) caddyfile(site, admin string) string {
 		names = append(names, name)
 		fmt.Fprintf(&b, "\t\tchannel %s {\n\t\t\turl %s\n\t\t\tapi_key %s\n\t\t\tpriority %d\n%s\t\t}\n", name, url, fakeupstream.Key, i+1, c.channel)
 	}
-	fmt.Fprintf(&b, "\t\tgroup fleet {\n\t\t\tchannels %s\n\t\t\tretries 2\n\t\t}\n\t}\n}\n", strings.Join(names, " "))
+	fmt.Fprintf(&b, "\t\tgroup fleet {\n\t\t\tchannels %s\n\t\t\tretries 2\n%s\t\t}\n\t}\n}\n", strings.Join(names, " "), c.group)
 	return b.String()
 }
 

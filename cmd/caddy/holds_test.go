@@ -204,11 +204,33 @@ func (n *fleetNode) attemptBody(key, body string) (int, string, error) {
 // relays of a fleet on a real Redis: the holds of both relays are in
 // Redis, so the fleet as a whole stays within the $1.
 func TestFleetBudgetHoldsAcrossNodes(t *testing.T) {
+	fleetBudgetAttack(t, fleetConfig{keyOpts: "\t\t\tbudget 1usd/day\n"}, "app", []string{fleetKey}, func(t *testing.T, n *fleetNode) (float64, float64) {
+		return keyRow(t, n.admin, "app")
+	})
+}
+
+// TestFleetGroupBudgetHoldsAcrossNodes is the attack on a group's budget:
+// two keys without budgets of their own, on two relays of a fleet, send 50
+// requests together; the group's $1 holds them all.
+func TestFleetGroupBudgetHoldsAcrossNodes(t *testing.T) {
+	const other = "sk-fleet-other-0123456789abcdef"
+	cfg := fleetConfig{group: "\t\t\tbudget 1usd/day\n", extra: "\t\tkey " + other + " fleet {\n\t\t\tname app2\n\t\t}\n"}
+	fleetBudgetAttack(t, cfg, "group:fleet", []string{fleetKey, other}, func(t *testing.T, n *fleetNode) (float64, float64) {
+		return n.metric(t, `relay_spend_usd{channel="",group="fleet",key="",period="day",scope="group"}`), 0
+	})
+}
+
+// fleetBudgetAttack sends 50 messages at once, over two relays of a fleet
+// of cfg and with keys in turn, against the $1 daily budget of the spend
+// account id; row reads a node's view of what the account spent and
+// holds.
+func fleetBudgetAttack(t *testing.T, cfg fleetConfig, id string, keys []string, row func(*testing.T, *fleetNode) (spent, held float64)) {
 	srv := redistest.Start(t)
 	probe := &concurrencyProbe{release: make(chan struct{})}
 	up := fakeupstream.New(t, probe)
-	nodes := startFleet(t, 2, fleetConfig{redisAddr: srv.Addr, prefix: "holds:", keyOpts: "\t\t\tbudget 1usd/day\n",
-		extra: "\t\tpricing {\n\t\t\tclaude-sonnet-4-5 input 100 output 10000\n\t\t}\n", channels: []string{"up=" + up.URL}})
+	cfg.redisAddr, cfg.prefix, cfg.channels = srv.Addr, "holds:", []string{"up=" + up.URL}
+	cfg.extra += "\t\tpricing {\n\t\t\tclaude-sonnet-4-5 input 100 output 10000\n\t\t}\n"
+	nodes := startFleet(t, 2, cfg)
 
 	// what fleetNode.attempt sends
 	hold := holdOf(`{"model":"claude-sonnet-4-5","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`, 8)
@@ -220,7 +242,7 @@ func TestFleetBudgetHoldsAcrossNodes(t *testing.T) {
 	var errs []error
 	go func() {
 		defer answered.Done()
-		statuses, bodies, errs = fire(50, func(i int) (int, string, error) { return nodes[i%2].attempt(fleetKey) })
+		statuses, bodies, errs = fire(50, func(i int) (int, string, error) { return nodes[i%2].attempt(keys[i/2%len(keys)]) })
 	}()
 	within(t, "the holds that fit at the upstream, the others queued on both nodes", 10*time.Second, func() bool {
 		return probe.held.Load() > int64(inFlight) || // past the budget already: judged below
@@ -232,10 +254,11 @@ func TestFleetBudgetHoldsAcrossNodes(t *testing.T) {
 	t.Logf("answered %v after the upstream answered", time.Since(released))
 
 	served := judgeAttack(t, statuses, bodies, errs)
-	day := "holds:{s:app}:day:" + time.Now().UTC().Format("20060102")
+	tag := "holds:{s:" + id + "}:"
+	day := tag + "day:" + time.Now().UTC().Format("20060102")
 	var spent int64
 	within(t, "the fleet's spend synced, and no hold left in Redis", 5*time.Second, func() bool {
-		held, _ := srv.Command("GET", "holds:{s:app}:held")
+		held, _ := srv.Command("GET", tag+"held")
 		v, _ := srv.Command("GET", day)
 		spent, _ = strconv.ParseInt(v, 10, 64)
 		return (held == "0" || held == "$-1") && spent == int64(served)*int64(math.Round(fakeAnswerCost*1e9))
@@ -252,7 +275,7 @@ func TestFleetBudgetHoldsAcrossNodes(t *testing.T) {
 	}
 	for _, n := range nodes {
 		within(t, "node "+n.site+" syncs the fleet's spend", 5*time.Second, func() bool {
-			s, held := keyRow(t, n.admin, "app")
+			s, held := row(t, n)
 			return math.Abs(s-float64(spent)/1e9) < 1e-9 && held == 0
 		})
 	}
