@@ -37,7 +37,7 @@ type channel struct {
 	cooldown     cooldownPolicy
 	breaker      breakerSettings
 	limits       limits
-	probe        *probe  // nil: no active probes
+	probe        *probe        // nil: no active probes
 	priceFactor  float64       // its price over the list price
 	spend        *spendAccount // what was spent on it, and its spend caps; nil: no cap
 }
