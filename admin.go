@@ -231,8 +231,8 @@ type keyStatus struct {
 	Disabled bool         `json:"disabled"`
 	Limits   limitsStatus `json:"limits"`
 	// SpendUSD is what the key spent in the current day, week and month
-	// (calendar periods in UTC); BudgetUSD its budgets, by period, and
-	// RemainingUSD what is left of each.
+	// (calendar periods in UTC) and in total; BudgetUSD its budgets, by
+	// period, and RemainingUSD what is left of each.
 	SpendUSD     map[string]float64 `json:"spend_usd"`
 	BudgetUSD    map[string]float64 `json:"budget_usd,omitempty"`
 	RemainingUSD map[string]float64 `json:"remaining_usd,omitempty"`

@@ -18,9 +18,9 @@ import (
 )
 
 // Spend. Every key has a spend account: what it spent in the current day,
-// week and month, and its budgets. Accounts are kept by the key's name for
-// the whole process, so a reload carries them over, and they survive a
-// restart: without storage, in Caddy's storage (the file system unless the
+// week and month, and in total, and its budgets. Accounts are kept by the
+// key's name for the whole process, so a reload carries them over, and
+// they survive a restart: without storage, in Caddy's storage (the file system unless the
 // config names another), written at most spendCheckpointEvery apart and
 // when Caddy stops; in a fleet, in Redis, where every relay adds what it
 // charged (shared_spend.go).
@@ -112,9 +112,10 @@ func (a *spendAccount) configure(caps [numPeriods]float64, warn float64, label s
 
 // roll starts the periods that began since the account last looked, at
 // now. A day lies within its week and its month, so while the day holds,
-// nothing rolls. It runs under a.mu.
+// nothing rolls; the total never does, once begun (a record stored before
+// there were totals has none yet). It runs under a.mu.
 func (a *spendAccount) roll(now time.Time) {
-	if day := a.periods[periodDay].start; !now.Before(day) && now.Before(periodDay.end(day)) {
+	if day := a.periods[periodDay].start; !now.Before(day) && now.Before(periodDay.end(day)) && !a.periods[periodTotal].start.IsZero() {
 		return
 	}
 	for p := range numPeriods {
@@ -239,7 +240,10 @@ func (a *spendAccount) warnOf(crossed []warning) {
 	}
 	for _, w := range crossed {
 		msg := "key budget nearly spent"
-		if w.spent >= w.cap {
+		switch {
+		case w.spent >= w.cap && !w.period.renews():
+			msg = "key budget spent: it never renews, and its requests are refused until it is raised"
+		case w.spent >= w.cap:
 			msg = "key budget spent: its requests are refused until the period ends"
 		}
 		logger.Warn(msg, zap.String("key", a.label), zap.String("period", w.period.String()),
@@ -468,7 +472,8 @@ func (s *spendStore) checkpoints(ctx context.Context, done chan struct{}) {
 }
 
 // save writes every account, loaded or kept, dropping the records whose
-// periods have all ended.
+// periods have all ended (a record with a total is kept: the total never
+// ends).
 func (s *spendStore) save() {
 	s.dirty.Store(false)
 	now := time.Now()

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -107,5 +108,85 @@ http://%s {
 	}
 	if up.Hits() != 3 {
 		t.Errorf("the upstream answered %d times, want 3", up.Hits())
+	}
+}
+
+// TestATotalSurvivesARestart spends a key's lifetime budget, stops the
+// binary and starts it again: the total is in Caddy's storage, and the key
+// is still refused, told that its budget never renews and given no
+// retry-after.
+func TestATotalSurvivesARestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the caddy binary")
+	}
+	up := fakeupstream.New(t, fakeupstream.Message("ok")) // 5 output tokens an answer
+	storage := t.TempDir()
+	site, admin := freePort(t), freePort(t)
+	config := filepath.Join(t.TempDir(), "Caddyfile")
+	// $1 an answer, as in TestSpendSurvivesARestart: two fit in $2
+	src := fmt.Sprintf(`{
+	admin %s
+	storage file_system %s
+}
+http://%s {
+	relay {
+		pricing {
+			m-spend input 0 output 200000
+		}
+		key sk-total-client-0123456789abcdef spend {
+			name lifetime
+			budget 2usd/total
+		}
+		channel up {
+			url %s
+			api_key %s
+		}
+		group spend {
+			channels up
+		}
+	}
+}
+`, admin, storage, site, up.URL, fakeupstream.Key)
+	if err := os.WriteFile(config, []byte(src), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	send := func() (int, http.Header, string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, "http://"+site+"/v1/messages",
+			strings.NewReader(`{"model":"m-spend","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`))
+		req.Header.Set("X-Api-Key", "sk-total-client-0123456789abcdef")
+		req.Header.Set("Anthropic-Version", "2023-06-01")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header, string(b)
+	}
+
+	cmd := runCaddy(t, caddyBin, config)
+	for i := range 2 {
+		if s, _, body := send(); s != 200 {
+			t.Fatalf("request %d: %d %s", i+1, s, body)
+		}
+	}
+	_ = cmd.Process.Signal(os.Interrupt) // Caddy stops its config: the spend is written
+	_ = cmd.Wait()
+	b, _ := os.ReadFile(filepath.Join(storage, "relay", "spend.json"))
+	if !strings.Contains(string(b), `"total":{"start":"1970-01-01T00:00:00Z","nano_usd":2000000000}`) {
+		t.Fatalf("after a graceful stop, the stored spend is %s, want a total of $2 since the epoch", b)
+	}
+
+	runCaddy(t, caddyBin, config)
+	s, h, body := send()
+	if s != 429 || !strings.Contains(body, `"code":"budget_exceeded"`) || !strings.Contains(body, "never renews") {
+		t.Fatalf("after the restart: %d %s, want 429 budget_exceeded saying the budget never renews", s, body)
+	}
+	if h.Get("Retry-After") != "" || h.Get("X-Should-Retry") != "false" {
+		t.Errorf("retry-after %q, x-should-retry %q; want none, and false", h.Get("Retry-After"), h.Get("X-Should-Retry"))
+	}
+	if up.Hits() != 2 {
+		t.Errorf("the upstream answered %d times, want 2", up.Hits())
 	}
 }
