@@ -81,6 +81,16 @@ func (p budgetPeriod) end(start time.Time) time.Time {
 	}
 }
 
+// periodByName is the period of a name: day, week, month or total.
+func periodByName(name string) (budgetPeriod, bool) {
+	for p, n := range periodNames {
+		if name == n {
+			return budgetPeriod(p), true
+		}
+	}
+	return 0, false
+}
+
 // budget is one cap: usd per period.
 type budget struct {
 	usd    float64
@@ -97,10 +107,8 @@ func parseBudget(s string) (budget, error) {
 	if err != nil || !strings.HasSuffix(amount, "usd") || !(n > 0 && n <= 1e12) {
 		return budget{}, fmt.Errorf("budget %q: the amount must be a positive number of US dollars followed by usd, such as 200usd", s)
 	}
-	for p, name := range periodNames {
-		if period == name {
-			return budget{usd: n, period: budgetPeriod(p)}, nil
-		}
+	if p, ok := periodByName(period); ok {
+		return budget{usd: n, period: p}, nil
 	}
 	return budget{}, fmt.Errorf("budget %q: the period must be day, week or month (calendar periods in UTC), or total (all the key ever spends: it never renews)", s)
 }

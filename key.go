@@ -77,7 +77,9 @@ type KeyOptions struct {
 	// Budgets cap what the key may spend, each as `<amount>usd/<period>`
 	// with period day, week or month (calendar periods in UTC, weeks from
 	// Monday), or total: all the key ever spends, a budget that never
-	// renews; at most one per period. Spend is the relay's own accounting of
+	// renews (raise it, or reset the key's spend with POST
+	// /relay/keys/<name>/spend/reset on the admin API); at most one per
+	// period. Spend is the relay's own accounting of
 	// what each answer cost. While a message runs it holds its worst case
 	// (its input estimate and max_tokens at the dearest prices it may be
 	// served at) against the budget, and when it ends the hold becomes its

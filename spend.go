@@ -242,7 +242,7 @@ func (a *spendAccount) warnOf(crossed []warning) {
 		msg := "key budget nearly spent"
 		switch {
 		case w.spent >= w.cap && !w.period.renews():
-			msg = "key budget spent: it never renews, and its requests are refused until it is raised"
+			msg = "key budget spent: it never renews, and its requests are refused until it is raised or the key's spend reset"
 		case w.spent >= w.cap:
 			msg = "key budget spent: its requests are refused until the period ends"
 		}
