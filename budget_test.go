@@ -538,4 +538,14 @@ func TestTheStoreKeepsATotalForever(t *testing.T) {
 	if usd[periodTotal] != 7 || usd[periodDay] != 0 || usd[periodMonth] != 0 {
 		t.Errorf("the stored key's spend: %v; want $7 in total, and nothing in the current periods", usd)
 	}
+
+	// a record of today's spend, written before there were totals: the
+	// account begins its total at once, though its day goes on
+	now := time.Now()
+	again.saved["store-total-before"] = spendRecord{"day": {Start: periodDay.start(now), NanoUSD: 2e9}}
+	a := again.stored("store-total-before")
+	a.charge(now, 1, discardLogger())
+	if rec := a.record(); rec["total"].Start != totalStart || rec["total"].NanoUSD != 1e9 || rec["day"].NanoUSD != 3e9 {
+		t.Errorf("an account stored before there were totals, after a charge of $1: %+v", rec)
+	}
 }

@@ -20,10 +20,10 @@ import (
 // Spend. Every key has a spend account: what it spent in the current day,
 // week and month, and in total, and its budgets. Accounts are kept by the
 // key's name for the whole process, so a reload carries them over, and
-// they survive a restart: without storage, in Caddy's storage (the file system unless the
-// config names another), written at most spendCheckpointEvery apart and
-// when Caddy stops; in a fleet, in Redis, where every relay adds what it
-// charged (shared_spend.go).
+// they survive a restart: without storage, in Caddy's storage (the file
+// system unless the config names another), written at most
+// spendCheckpointEvery apart and when Caddy stops; in a fleet, in Redis,
+// where every relay adds what it charged (shared_spend.go).
 
 // spendAccounts holds each key's account by name, process-wide.
 var spendAccounts = caddy.NewUsagePool()
