@@ -42,9 +42,10 @@ func (a adminAPI) Routes() []caddy.AdminRoute {
 		{Pattern: "/relay/channels/{name}/{action}", Handler: only(http.MethodPost, a.act)},
 		{Pattern: "/relay/fleet", Handler: only(http.MethodGet, a.fleet)},
 		{Pattern: "/relay/keys", Handler: only(http.MethodGet, a.keys)},
+		{Pattern: "/relay/keys/{name}/spend/reset", Handler: only(http.MethodPost, a.resetSpend)},
 		{Pattern: "/relay/", Handler: caddy.AdminHandlerFunc(func(_ http.ResponseWriter, r *http.Request) error {
 			return caddy.APIError{HTTPStatus: http.StatusNotFound,
-				Err: fmt.Errorf("no relay admin route %s (GET /relay/channels, POST /relay/channels/<name>/reset|disable|enable, GET /relay/fleet, GET /relay/keys)", r.URL.Path)}
+				Err: fmt.Errorf("no relay admin route %s (GET /relay/channels, POST /relay/channels/<name>/reset|disable|enable, GET /relay/fleet, GET /relay/keys, POST /relay/keys/<name>/spend/reset[?period=day|week|month|total])", r.URL.Path)}
 		})},
 	}
 }
@@ -122,6 +123,45 @@ func (adminAPI) keys(w http.ResponseWriter, r *http.Request) error {
 		return cmp.Or(strings.Compare(a.Name, b.Name), strings.Compare(a.Kind, b.Kind))
 	})
 	return writeAdminJSON(w, rows)
+}
+
+// resetSpend answers POST /relay/keys/<name>/spend/reset: what the key or
+// user entry of that name (as GET /relay/keys shows it) spent in its
+// current periods, or in the one given as ?period=, goes to zero
+// (spend_reset.go). The answer is its row of GET /relay/keys.
+func (adminAPI) resetSpend(w http.ResponseWriter, r *http.Request) error {
+	periods, err := resetPeriods(r.URL.Query()["period"])
+	if err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
+	}
+	name := r.PathValue("name")
+	k := findKey(name)
+	switch {
+	case k == nil:
+		return caddy.APIError{HTTPStatus: http.StatusNotFound,
+			Err: fmt.Errorf("unknown key %q: GET /relay/keys lists the keys and user entries by name", name)}
+	case k.id == anyIdentity:
+		return caddy.APIError{HTTPStatus: http.StatusBadRequest,
+			Err: fmt.Errorf("%q is user *: each identity it serves has a spend of its own, which this route does not reset", name)}
+	}
+	now := k.relay.now()
+	if err := k.resetSpend(now, periods); err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable,
+			Err: fmt.Errorf("key %q: the fleet's storage (Redis) did not answer, and nothing was reset: %w", name, err)}
+	}
+	return writeAdminJSON(w, k.status(now))
+}
+
+// findKey returns the key or user entry named name, as GET /relay/keys
+// shows it (a relay key before a user entry of the same name), or nil.
+func findKey(name string) *key {
+	var found *key
+	for _, k := range provisionedKeys.current() {
+		if k.name == name && (found == nil || k.kind() < found.kind()) {
+			found = k
+		}
+	}
+	return found
 }
 
 // findChannel returns the state of the channel named name, or nil.
@@ -253,8 +293,8 @@ type keyStatus struct {
 	Disabled bool         `json:"disabled"`
 	Limits   limitsStatus `json:"limits"`
 	// SpendUSD is what the key spent in the current day, week and month
-	// (calendar periods in UTC); BudgetUSD its budgets, by period, and
-	// RemainingUSD what is left of each.
+	// (calendar periods in UTC) and in total; BudgetUSD its budgets, by
+	// period, and RemainingUSD what is left of each.
 	SpendUSD     map[string]float64 `json:"spend_usd"`
 	BudgetUSD    map[string]float64 `json:"budget_usd,omitempty"`
 	RemainingUSD map[string]float64 `json:"remaining_usd,omitempty"`
@@ -318,6 +358,9 @@ func (k *key) status(now time.Time) keyStatus {
 	st.HeldUSD = account.heldUSD()
 	st.SpendUSD = map[string]float64{}
 	for p := range numPeriods {
+		if p == periodTotal && caps[p] <= 0 {
+			continue // counted only with a total budget
+		}
 		st.SpendUSD[p.String()] = spent[p]
 		if caps[p] > 0 {
 			if st.BudgetUSD == nil {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/certmagic"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -26,6 +27,7 @@ func TestBudgetParsing(t *testing.T) {
 		"200usd/month": {200, periodMonth},
 		"0.5USD/day":   {0.5, periodDay},
 		"10usd/week":   {10, periodWeek},
+		"200usd/total": {200, periodTotal},
 	} {
 		if got, err := parseBudget(in); err != nil || got != want {
 			t.Errorf("%q: %+v %v, want %+v", in, got, err, want)
@@ -38,6 +40,37 @@ func TestBudgetParsing(t *testing.T) {
 	}
 	if _, err := parseBudgets([]string{"1usd/day", "2usd/day"}); err == nil || !strings.Contains(err.Error(), "two daily budgets") {
 		t.Errorf("two budgets for one period: %v", err)
+	}
+	if _, err := parseBudgets([]string{"1usd/total", "2usd/total"}); err == nil || !strings.Contains(err.Error(), "two lifetime budgets") {
+		t.Errorf("two total budgets: %v", err)
+	}
+	if _, err := parseBudgets([]string{"1usd/day", "5usd/week", "20usd/month", "100usd/total"}); err != nil {
+		t.Errorf("a budget for every period: %v", err)
+	}
+}
+
+// TestABadBudgetPeriodListsThePeriods reads a Caddyfile whose budget has a
+// period the relay does not know: its error says which it does, total
+// among them.
+func TestABadBudgetPeriodListsThePeriods(t *testing.T) {
+	_, err := parseRelay(t, "relay {\n\tkey sk-client-secret-0123456789 prod {\n\t\tbudget 5usd/year\n\t}\n\tchannel a {\n\t\tapi_key {env.A}\n\t}\n\tgroup prod {\n\t\tchannels a\n\t}\n}\n")
+	if err == nil || !strings.Contains(err.Error(), "day, week or month") || !strings.Contains(err.Error(), "or total") {
+		t.Errorf("budget 5usd/year: %v, want an error listing day, week, month and total", err)
+	}
+}
+
+func TestTheTotalPeriodNeverEnds(t *testing.T) {
+	for _, at := range []time.Time{time.Date(2026, time.November, 29, 22, 30, 0, 0, time.UTC), time.Date(2199, time.January, 1, 0, 0, 0, 0, time.UTC)} {
+		s := periodTotal.start(at)
+		if !s.Equal(time.Unix(0, 0)) || s.IsZero() {
+			t.Errorf("at %v the total starts %v, want the Unix epoch", at, s)
+		}
+		if end := periodTotal.end(s); end.Year() != 9999 {
+			t.Errorf("the total ends %v, want in year 9999", end)
+		}
+	}
+	if periodTotal.renews() || !periodMonth.renews() {
+		t.Error("a total must not renew, a month must")
 	}
 }
 
@@ -186,6 +219,79 @@ func TestBudgetIsEnforcedUntilThePeriodEnds(t *testing.T) {
 	}
 }
 
+// TestATotalBudgetNeverRenews spends a key's lifetime budget of $1: it
+// is refused with 429 budget_exceeded saying the budget never renews and
+// with no retry-after (no wait would help), before and after midnight and
+// a year later, while its daily budget renews beside it.
+func TestATotalBudgetNeverRenews(t *testing.T) {
+	var hits atomic.Int64
+	r, clock := budgetRelay(t, "budget-total", []string{"1usd/total", "0.9usd/day"}, &hits)
+	core, logs := observer.New(zapcore.InfoLevel)
+	r.logger = zap.New(core)
+	send := func(maxTokens int) (*httptest.ResponseRecorder, string) {
+		w, _ := serveHandler(t, r, newRequest(`{"model":"m-budget","max_tokens":`+strconv.Itoa(maxTokens)+`,"messages":[{"role":"user","content":"hi"}]}`, "sk-budget-total"))
+		var body struct {
+			Error struct{ Type, Code, Message string }
+		}
+		_ = json.Unmarshal(w.Body.Bytes(), &body)
+		if w.Code == 429 && body.Error.Code != "budget_exceeded" {
+			t.Errorf("a 429 of code %q, want budget_exceeded: %s", body.Error.Code, w.Body)
+		}
+		return w, body.Error.Message
+	}
+	noRetryAfter := func(what string, w *httptest.ResponseRecorder) {
+		t.Helper()
+		if ra, ms := w.Header().Get("Retry-After"), w.Header().Get("Retry-After-Ms"); ra != "" || ms != "" {
+			t.Errorf("%s: retry-after %q, retry-after-ms %q; want none for a budget that never renews", what, ra, ms)
+		}
+		if w.Header().Get("X-Should-Retry") != "false" {
+			t.Errorf("%s: x-should-retry %q, want false", what, w.Header().Get("X-Should-Retry"))
+		}
+	}
+	// four answers of $0.20 at 23:00 UTC: $0.80 of the day's $0.90 and of
+	// the total's $1
+	for i := range 4 {
+		if w, _ := send(8); w.Code != 200 {
+			t.Fatalf("request %d: %d %s", i+1, w.Code, w.Body)
+		}
+	}
+	// midnight: the day renews, the total goes on
+	clock.advance(time.Hour)
+	// a request that may cost $0.30 cannot fit in the $0.20 left
+	w, msg := send(300_000)
+	if w.Code != 429 || !strings.Contains(msg, "cannot afford") || !strings.Contains(msg, "lifetime $1.00 budget, which never renews") {
+		t.Fatalf("a request over what is left of the total: %d %q", w.Code, msg)
+	}
+	noRetryAfter("a request it cannot afford", w)
+	if w, _ := send(8); w.Code != 200 {
+		t.Fatalf("the fifth answer, after midnight: %d %s", w.Code, w.Body)
+	}
+	if n := logs.FilterMessageSnippet("key budget spent: it never renews").Len(); n != 1 {
+		t.Errorf("at $1.00 of $1 in total: %d lines saying the budget is spent for good, want 1", n)
+	}
+	for _, later := range []time.Duration{0, 24 * time.Hour, 400 * 24 * time.Hour} {
+		clock.advance(later)
+		w, msg := send(8)
+		if w.Code != 429 || !strings.Contains(msg, `"budget-total"`) || !strings.Contains(msg, "of its lifetime $1.00 budget; it never renews") {
+			t.Fatalf("%v after the total was spent: %d %q", later, w.Code, msg)
+		}
+		noRetryAfter("a spent total", w)
+	}
+	if hits.Load() != 5 {
+		t.Errorf("the upstream was called %d times, want 5", hits.Load())
+	}
+	rows, _ := keyRows(t)
+	if row := rows["budget-total"]; row.SpendUSD["total"] != 1 || row.BudgetUSD["total"] != 1 || row.RemainingUSD["total"] != 0 || row.SpendUSD["day"] != 0 {
+		t.Errorf("GET /relay/keys: %s", show(row))
+	}
+	if v, _ := spendMetric(t, "relay_spend_usd", "budget-total", "total"); v < 0.999 || v > 1.001 {
+		t.Errorf("relay_spend_usd{period=total} = %v, want 1", v)
+	}
+	if v, _ := spendMetric(t, "relay_budget_usd", "budget-total", "total"); v != 1 {
+		t.Errorf("relay_budget_usd{period=total} = %v, want 1", v)
+	}
+}
+
 func TestBudgetRefusesARequestItCannotAffordUpFront(t *testing.T) {
 	var hits atomic.Int64
 	r, _ := budgetRelay(t, "budget-big", []string{"0.01usd/day"}, &hits)
@@ -239,6 +345,44 @@ func TestSpendIsSharedByAFleet(t *testing.T) {
 	got, err := srv.Command("GET", "spend:{s:shared-spend}:day:"+periodDay.start(now).Format("20060102"))
 	if n, _ := strconv.ParseInt(got, 10, 64); err != nil || n != 1_100_000_000 {
 		t.Errorf("the day's total in Redis: %q %v, want 1100000000 billionths of a dollar", got, err)
+	}
+}
+
+// TestAFleetKeepsTotals shares a key's lifetime budget between two relays
+// on a real Redis: the fleet's total is one counter, since the epoch, that
+// Redis keeps (its expiry is in year 9999), and it refuses both relays.
+func TestAFleetKeepsTotals(t *testing.T) {
+	srv := redistest.Start(t)
+	now := time.Now()
+	a, b := &spendAccount{id: "shared-total"}, &spendAccount{id: "shared-total"}
+	caps := [numPeriods]float64{periodTotal: 1}
+	a.configure(caps, 0, "shared-total", discardLogger(), nil)
+	b.configure(caps, 0, "shared-total", discardLogger(), nil)
+	fa, fb := testFleet(t, srv.Addr, "total:", 0), testFleet(t, srv.Addr, "total:", 0)
+	a.fleet.Store(fa)
+	b.fleet.Store(fb)
+	spendAccounts.LoadOrStore("test-total-a", a)
+	spendAccounts.LoadOrStore("test-total-b", b)
+	t.Cleanup(func() { spendAccounts.Delete("test-total-a"); spendAccounts.Delete("test-total-b") })
+
+	a.charge(now, 0.6, discardLogger())
+	b.charge(now, 0.5, discardLogger())
+	fa.flushSpend()
+	fb.flushSpend()
+	fa.flushSpend()
+	for name, acc := range map[string]*spendAccount{"a": a, "b": b} {
+		if err := acc.check(now, 0); err == nil || !strings.Contains(err.msg, "never renews") || err.retryAfter != 0 {
+			t.Errorf("relay %s after the fleet spent 1.10 of its total 1: %+v", name, err)
+		}
+	}
+	k := "total:{s:shared-total}:total:19700101"
+	got, err := srv.Command("GET", k)
+	if n, _ := strconv.ParseInt(got, 10, 64); err != nil || n != 1_100_000_000 {
+		t.Errorf("the total in Redis: %q %v, want 1100000000 billionths of a dollar", got, err)
+	}
+	ttl, err := srv.Command("PTTL", k)
+	if ms, _ := strconv.ParseInt(strings.TrimPrefix(ttl, ":"), 10, 64); err != nil || ms < (100*365*24*time.Hour).Milliseconds() {
+		t.Errorf("the total's PTTL in Redis is %q (%v), want it kept for ever", ttl, err)
 	}
 }
 
@@ -367,5 +511,50 @@ func TestAnIdleIdentityKeepsItsSpend(t *testing.T) {
 		if w, _, _ := serveAs(t, r, "dave-bidle", "", body); w.Code != want {
 			t.Fatalf("dave's request %d after his pause: %d, want %d: %s", i+1, w.Code, want, w.Body)
 		}
+	}
+}
+
+// TestTheStoreKeepsATotalForever writes the records of two keys gone for
+// years: the one with a total is kept, and comes back with it; the one
+// whose periods all ended is dropped.
+func TestTheStoreKeepsATotalForever(t *testing.T) {
+	storage := &certmagic.FileStorage{Path: t.TempDir()}
+	longAgo := time.Date(2020, time.January, 6, 0, 0, 0, 0, time.UTC)
+	s := &spendStore{storage: storage, logger: discardLogger(), saved: map[string]spendRecord{
+		"store-total-kept": {
+			"day":   {Start: longAgo, NanoUSD: 1e9},
+			"month": {Start: longAgo, NanoUSD: 3e9},
+			"total": {Start: totalStart, NanoUSD: 7e9},
+		},
+		"store-total-none": {"day": {Start: longAgo, NanoUSD: 1e9}},
+	}}
+	s.save()
+	again := &spendStore{storage: storage, logger: discardLogger(), saved: map[string]spendRecord{}}
+	again.load()
+	if _, ok := again.saved["store-total-none"]; ok {
+		t.Error("a record whose periods all ended years ago was kept")
+	}
+	usd, _ := again.stored("store-total-kept").spent(time.Now())
+	if usd[periodTotal] != 7 || usd[periodDay] != 0 || usd[periodMonth] != 0 {
+		t.Errorf("the stored key's spend: %v; want $7 in total, and nothing in the current periods", usd)
+	}
+
+	// a record of today's spend, written before there were totals, of a
+	// key given a total budget: the account begins its total at once,
+	// though its day goes on
+	now := time.Now()
+	again.saved["store-total-before"] = spendRecord{"day": {Start: periodDay.start(now), NanoUSD: 2e9}}
+	a := again.stored("store-total-before")
+	a.configure([numPeriods]float64{periodTotal: 100}, 0, "store-total-before", discardLogger(), nil)
+	a.charge(now, 1, discardLogger())
+	if rec := a.record(); rec["total"].Start != totalStart || rec["total"].NanoUSD != 1e9 || rec["day"].NanoUSD != 3e9 {
+		t.Errorf("an account stored before there were totals, after a charge of $1: %+v", rec)
+	}
+	// an account without a total budget counts no total: its record is
+	// dropped once its periods end
+	b := again.stored("store-total-unbudgeted")
+	b.charge(now, 1, discardLogger())
+	if rec := b.record(); rec["total"].NanoUSD != 0 || rec["day"].NanoUSD != 1e9 {
+		t.Errorf("an account without a total budget, after a charge of $1: %+v", rec)
 	}
 }

@@ -95,6 +95,8 @@ func declareInCaddyfile(state map[string]any, r *Relay, by string) error {
 //			rate        <n>/<period>
 //			tokens      <n>/<period>
 //			concurrency <n>
+//			budget      <usd>usd/day|week|month|total
+//			budget_warn <0..1|percent>
 //			expires     <RFC 3339 time>
 //			disabled
 //			user_rate   <n>/<period>

@@ -75,16 +75,20 @@ type KeyOptions struct {
 	UserTokens string `json:"user_tokens,omitempty"`
 
 	// Budgets cap what the key may spend, each as `<amount>usd/<period>`
-	// with period day, week or month: calendar periods in UTC, weeks from
-	// Monday; at most one per period. Spend is the relay's own accounting of
+	// with period day, week or month (calendar periods in UTC, weeks from
+	// Monday), or total: all the key ever spends, a budget that never
+	// renews (raise it, or reset the key's spend with POST
+	// /relay/keys/<name>/spend/reset on the admin API); at most one per
+	// period. Spend is the relay's own accounting of
 	// what each answer cost. While a message runs it holds its worst case
 	// (its input estimate and max_tokens at the dearest prices it may be
 	// served at) against the budget, and when it ends the hold becomes its
 	// cost: a request whose hold does not fit beside what was spent gets
 	// 429 rate_limit_error, code budget_exceeded, with a retry-after to the
-	// period's end; one that holds in flight stand in front of waits in the
-	// queue for them to settle, up to its class's max_wait. A batch holds
-	// the worst case of all its requests until its results are read.
+	// period's end (none for total); one that holds in flight stand in
+	// front of waits in the queue for them to settle, up to its class's
+	// max_wait. A batch holds the worst case of all its requests until its
+	// results are read.
 	Budgets []string `json:"budgets,omitempty"`
 
 	// BudgetWarn is the share of a budget at which the relay logs a

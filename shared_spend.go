@@ -23,7 +23,7 @@ import (
 const spendSyncEvery = time.Second
 
 // spendKeyTTL is how long a period's total stays in Redis after the period
-// ended, for reports.
+// ended, for reports. The total period ends in year 9999: its key stays.
 const spendKeyTTL = 35 * 24 * time.Hour
 
 // share makes the account's spend the fleet's (nil: this relay's own).

@@ -18,12 +18,12 @@ import (
 )
 
 // Spend. Every key has a spend account: what it spent in the current day,
-// week and month, and its budgets. Accounts are kept by the key's name for
-// the whole process, so a reload carries them over, and they survive a
-// restart: without storage, in Caddy's storage (the file system unless the
-// config names another), written at most spendCheckpointEvery apart and
-// when Caddy stops; in a fleet, in Redis, where every relay adds what it
-// charged (shared_spend.go).
+// week and month, and in total, and its budgets. Accounts are kept by the
+// key's name for the whole process, so a reload carries them over, and
+// they survive a restart: without storage, in Caddy's storage (the file
+// system unless the config names another), written at most
+// spendCheckpointEvery apart and when Caddy stops; in a fleet, in Redis,
+// where every relay adds what it charged (shared_spend.go).
 
 // spendAccounts holds each key's account by name, process-wide.
 var spendAccounts = caddy.NewUsagePool()
@@ -117,9 +117,10 @@ func (a *spendAccount) configure(caps [numPeriods]float64, warn float64, label s
 
 // roll starts the periods that began since the account last looked, at
 // now. A day lies within its week and its month, so while the day holds,
-// nothing rolls. It runs under a.mu.
+// nothing rolls; the total never does, once begun (a record stored before
+// there were totals has none yet). It runs under a.mu.
 func (a *spendAccount) roll(now time.Time) {
-	if day := a.periods[periodDay].start; !now.Before(day) && now.Before(periodDay.end(day)) {
+	if day := a.periods[periodDay].start; !now.Before(day) && now.Before(periodDay.end(day)) && !a.periods[periodTotal].start.IsZero() {
 		return
 	}
 	for p := range numPeriods {
@@ -175,6 +176,9 @@ func (a *spendAccount) charge(now time.Time, usd float64, logger *zap.Logger) {
 // waits to be added to the fleet's. It runs under a.mu, after roll.
 func (a *spendAccount) addLocked(n nanoUSD, shared bool) {
 	for p := range numPeriods {
+		if !a.counts(p) {
+			continue
+		}
 		ps := &a.periods[p]
 		ps.usd += n
 		if shared {
@@ -182,6 +186,13 @@ func (a *spendAccount) addLocked(n nanoUSD, shared bool) {
 		}
 	}
 }
+
+// counts reports whether the account counts its spend in period p: every
+// calendar period, and the total only while it has a total budget, so that
+// the accounts that come and go (each identity of user *, keys removed
+// from the config) leave no record that is never dropped. It runs under
+// a.mu.
+func (a *spendAccount) counts(p budgetPeriod) bool { return p != periodTotal || a.caps[p] > 0 }
 
 // chargedEstimate records that usd of what was charged at now is the cost
 // of an estimated output (settle.go).
@@ -193,7 +204,9 @@ func (a *spendAccount) chargedEstimate(now time.Time, usd float64) {
 	a.mu.Lock()
 	a.roll(now)
 	for p := range numPeriods {
-		a.periods[p].estimated += n
+		if a.counts(p) {
+			a.periods[p].estimated += n
+		}
 	}
 	a.mu.Unlock()
 	spend.dirty.Store(true)
@@ -250,7 +263,12 @@ func (a *spendAccount) warnOf(crossed []warning) {
 		case spendOfChannel:
 			msg, field = "channel spend_cap nearly spent", "channel"
 		}
-		if w.spent >= w.cap {
+		switch {
+		case w.spent >= w.cap && !w.period.renews():
+			msg = [...]string{"key budget spent: it never renews, and its requests are refused until it is raised or the key's spend reset",
+				"group budget spent: it never renews, and its requests are refused until it is raised",
+				"channel spend_cap spent: it never renews, and the channel is out of selection until it is raised"}[a.scope]
+		case w.spent >= w.cap:
 			msg = [...]string{"key budget spent: its requests are refused until the period ends",
 				"group budget spent: its requests are refused until the period ends",
 				"channel spend_cap spent: it leaves selection until the period ends"}[a.scope]
@@ -481,7 +499,8 @@ func (s *spendStore) checkpoints(ctx context.Context, done chan struct{}) {
 }
 
 // save writes every account, loaded or kept, dropping the records whose
-// periods have all ended.
+// periods have all ended (a record with a total is kept: the total never
+// ends).
 func (s *spendStore) save() {
 	s.dirty.Store(false)
 	now := time.Now()
@@ -541,7 +560,7 @@ var spendLabels = []string{"scope", "key", "group", "channel", "period"}
 
 var metricSpend = spendCollector{
 	spend: prometheus.NewDesc("relay_spend_usd",
-		"What a key, a group or a capped channel spent in the current calendar period (UTC), in USD: month for every key and group, and each period it has a budget (a channel: a spend_cap) for.", spendLabels, nil),
+		"What a key, a group or a capped channel spent in the current calendar period (UTC), or in total, in USD: month for every key and group, and each period it has a budget (a channel: a spend_cap) for.", spendLabels, nil),
 	budget: prometheus.NewDesc("relay_budget_usd",
 		"A key's or a group's budget, or a channel's spend_cap, for a period, in USD.", spendLabels, nil),
 	warn: prometheus.NewDesc("relay_budget_warn_usd",

@@ -109,7 +109,7 @@
 			cell(tr, k.group);
 			cell(tr, k.priority);
 			cell(tr, k.limits ? k.limits.inflight : "", "num");
-			for (const p of ["day", "week", "month"]) {
+			for (const p of ["day", "week", "month", "total"]) {
 				const spent = k.spend_usd ? k.spend_usd[p] : undefined;
 				const cap = k.budget_usd ? k.budget_usd[p] : undefined;
 				const td = cell(tr, "", "num");
