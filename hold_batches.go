@@ -361,8 +361,15 @@ func (s *spendStore) forgetBatch(id string) {
 	defer s.mu.Unlock()
 	for acct, rec := range s.saved {
 		if _, ok := rec[batchHoldPrefix+id]; ok {
-			delete(rec, batchHoldPrefix+id)
-			s.saved[acct] = rec
+			// a copy without it: save may be writing the record as it is,
+			// outside the lock
+			kept := make(spendRecord, len(rec))
+			for name, p := range rec {
+				if name != batchHoldPrefix+id {
+					kept[name] = p
+				}
+			}
+			s.saved[acct] = kept
 			s.dirty.Store(true)
 		}
 	}
