@@ -158,7 +158,7 @@ func TestKeyStatusShowsTheLimitsInUse(t *testing.T) {
 	rows, _ := keyRows(t)
 	want := keyStatus{Name: "kstat", Kind: "key", Group: "kstat", Priority: "batch", Limits: limitsStatus{
 		Rate: "3/m", RateRemaining: ptr(int64(3)), Tokens: "1000/m", TokensRemaining: ptr(int64(1000)), Concurrency: 2},
-		SpendUSD: map[string]float64{"day": 0, "week": 0, "month": 0, "total": 0}}
+		SpendUSD: map[string]float64{"day": 0, "week": 0, "month": 0}}
 	got := rows["kstat"]
 	if got.Expires == nil || !got.Expires.Equal(start.Add(time.Minute)) {
 		t.Errorf("expires = %v", got.Expires)
