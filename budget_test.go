@@ -120,30 +120,10 @@ func budgetRelay(t *testing.T, name string, budgets []string, hits *atomic.Int64
 	return r, clock
 }
 
-// spendMetric reads one series of the spend collector.
+// spendMetric reads one key's series of the spend collector.
 func spendMetric(t *testing.T, name, key, period string) (float64, bool) {
 	t.Helper()
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(metricSpend)
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			if labels["key"] == key && labels["period"] == period {
-				return m.GetGauge().GetValue(), true
-			}
-		}
-	}
-	return 0, false
+	return scopeMetric(t, name, "key", key, period)
 }
 
 func TestBudgetIsEnforcedUntilThePeriodEnds(t *testing.T) {

@@ -219,11 +219,17 @@ func (a *spendAccount) idle() bool {
 func (a *spendAccount) heldUSD() float64 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	return max(a.heldLocked(), 0).usd()
+}
+
+// heldLocked is what the account's holds hold now, as heldUSD says. It
+// runs under a.mu.
+func (a *spendAccount) heldLocked() nanoUSD {
 	n := a.held + a.batchHeld
 	if a.fleet.Load() != nil {
 		n = max(n, a.fleetHeld)
 	}
-	return max(n, 0).usd()
+	return n
 }
 
 // worstCase is the most a message may cost, in USD: its input estimate
@@ -395,10 +401,7 @@ func (a *spendAccount) tightest(now time.Time, n nanoUSD) holdAnswer {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.roll(now)
-	held := a.held + a.batchHeld
-	if a.fleet.Load() != nil {
-		held = max(held, a.fleetHeld)
-	}
+	held := a.heldLocked()
 	ans, room := holdAnswer{verdict: holdWait, held: held}, nanoUSD(math.MaxInt64)
 	for p := range numPeriods {
 		if limit := a.caps[p]; limit > 0 {

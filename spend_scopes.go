@@ -130,11 +130,7 @@ func (a *spendAccount) room(now time.Time, n nanoUSD) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.roll(now)
-	held := a.held + a.batchHeld
-	if a.fleet.Load() != nil {
-		held = max(held, a.fleetHeld)
-	}
-	return a.fits(n, held).verdict == holdTaken
+	return a.fits(n, a.heldLocked()).verdict == holdTaken
 }
 
 // holdChannel plans the request's hold against the spend cap of ch, the

@@ -108,18 +108,7 @@ func (n *fleetNode) sendAs(t *testing.T, key string) (int, string) {
 
 // attempt sends one small message with key.
 func (n *fleetNode) attempt(key string) (int, string, error) {
-	req, _ := http.NewRequest(http.MethodPost, "http://"+n.site+"/v1/messages",
-		strings.NewReader(`{"model":"claude-sonnet-4-5","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`))
-	req.Header.Set("X-Api-Key", key)
-	req.Header.Set("Anthropic-Version", "2023-06-01")
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := fleetClient.Do(req)
-	if err != nil {
-		return 0, "", err
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b), nil
+	return n.attemptBody(key, `{"model":"claude-sonnet-4-5","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`)
 }
 
 // channel is the node's view of one channel, from GET /relay/channels.
