@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -157,6 +158,7 @@ func (r *Relay) provisionGroups(channels map[string]*channel) error {
 		if g.spend, err = r.groupSpend(cfg); err != nil {
 			return err
 		}
+		g.state.spend.Store(g.spend)
 		if cfg.Cache != nil {
 			g.cache = g.state.cacheFor(*cfg.Cache)
 		}
@@ -206,6 +208,9 @@ type groupState struct {
 	queue  waitQueue
 	mu     sync.Mutex
 	cache  *responseCache // the last config's, kept while its settings stay
+	// spend is the group's spend account (spend_scopes.go), for the status
+	// page
+	spend atomic.Pointer[spendAccount]
 }
 
 // cacheFor returns the group's response cache for cfg: the one it has

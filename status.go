@@ -187,10 +187,16 @@ type channelRecent struct {
 // recentMinutes is how far back a channel's sparkline goes.
 const recentMinutes = 10
 
-// statusGroup is a group's queue: how many requests wait, by priority.
+// statusGroup is a group's queue: how many requests wait, by priority;
+// and what its keys and users spent together, in the current month and
+// each period it has a budget for, its budgets and what requests in
+// flight and batches hold against them.
 type statusGroup struct {
-	Name  string         `json:"name"`
-	Queue map[string]int `json:"queue"`
+	Name      string             `json:"name"`
+	Queue     map[string]int     `json:"queue"`
+	SpendUSD  map[string]float64 `json:"spend_usd,omitempty"`
+	BudgetUSD map[string]float64 `json:"budget_usd,omitempty"`
+	HeldUSD   float64            `json:"held_usd,omitempty"`
 }
 
 // snapshot builds the page's picture at now from the channels, groups and
@@ -215,6 +221,21 @@ func snapshot(now time.Time, rows []recentRequest, fleet func() ([]fleetNode, er
 			g.Queue[p.String()] = st.queue.levels[p].Len()
 		}
 		st.queue.mu.Unlock()
+		if a := st.spend.Load(); a != nil { // on its relay's clock
+			spent, caps := a.spent(time.Time{})
+			g.SpendUSD, g.HeldUSD = map[string]float64{}, a.heldUSD()
+			for p := range numPeriods {
+				if caps[p] > 0 || p == periodMonth {
+					g.SpendUSD[p.String()] = spent[p]
+				}
+				if caps[p] > 0 {
+					if g.BudgetUSD == nil {
+						g.BudgetUSD = map[string]float64{}
+					}
+					g.BudgetUSD[p.String()] = caps[p]
+				}
+			}
+		}
 		snap.Groups = append(snap.Groups, g)
 		return true
 	})

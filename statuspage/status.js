@@ -96,6 +96,22 @@
 			const tr = el("tr");
 			cell(tr, g.name, "mono");
 			for (const p of ["realtime", "normal", "batch"]) cell(tr, g.queue[p] || 0, "num" + (g.queue[p] > 0 ? " warn" : ""));
+			const spend = cell(tr, "", "num");
+			for (const p of ["day", "week", "month", "total"]) {
+				const spent = g.spend_usd ? g.spend_usd[p] : undefined;
+				const cap = g.budget_usd ? g.budget_usd[p] : undefined;
+				if (spent === undefined) continue;
+				const line = el("div", p + " " + money(spent) + (cap ? " / " + money(cap) : ""));
+				if (cap) {
+					const m = el("meter");
+					m.min = 0; m.max = cap; m.low = cap * 0.75; m.high = cap * 0.9; m.optimum = 0;
+					m.value = Math.min(spent || 0, cap);
+					line.appendChild(document.createTextNode(" "));
+					line.appendChild(m);
+				}
+				spend.appendChild(line);
+			}
+			cell(tr, g.held_usd ? money(g.held_usd) : "", "num");
 			return tr;
 		});
 	}
