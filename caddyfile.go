@@ -278,14 +278,14 @@ func (r *Relay) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 		case "storage":
-			if r.Storage != nil {
+			if r.Fleet != nil {
 				return d.Err("storage is given twice")
 			}
-			s, err := parseStorage(d)
+			s, err := parseFleet(d)
 			if err != nil {
 				return err
 			}
-			r.Storage = s
+			r.Fleet = s
 		default:
 			return d.Errf("unrecognized relay option %q", opt)
 		}
@@ -472,15 +472,15 @@ func parsePricing(d *caddyfile.Dispenser, r *Relay) error {
 	return nil
 }
 
-// parseStorage parses `storage redis { ... }`.
-func parseStorage(d *caddyfile.Dispenser) (*Storage, error) {
+// parseFleet parses `storage redis { ... }`.
+func parseFleet(d *caddyfile.Dispenser) (*Fleet, error) {
 	if !d.NextArg() {
 		return nil, d.ArgErr()
 	}
 	if d.Val() != "redis" {
 		return nil, d.Errf("storage %q is not known: the relay keeps shared state in redis", d.Val())
 	}
-	rs := new(RedisStorage)
+	rs := new(FleetRedis)
 	var lease, timeout caddy.Duration
 	o := options{
 		strings:   map[string]*string{"master_name": &rs.MasterName, "username": &rs.Username, "password": &rs.Password, "prefix": &rs.Prefix, "on_error": &rs.OnError},
@@ -493,7 +493,7 @@ func parseStorage(d *caddyfile.Dispenser) (*Storage, error) {
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		if d.Val() == "tls" {
-			t, err := parseStorageTLS(d)
+			t, err := parseFleetTLS(d)
 			if err != nil {
 				return nil, err
 			}
@@ -508,13 +508,13 @@ func parseStorage(d *caddyfile.Dispenser) (*Storage, error) {
 	if err := rs.validate(); err != nil {
 		return nil, d.Err(err.Error())
 	}
-	return &Storage{Redis: rs}, nil
+	return &Fleet{Redis: rs}, nil
 }
 
-// parseStorageTLS parses `tls`, alone or with a block of Caddy's TLS
+// parseFleetTLS parses `tls`, alone or with a block of Caddy's TLS
 // client options as reverse_proxy names them without their tls_ prefix:
 // server_name, trust_pool, client_auth, insecure_skip_verify.
-func parseStorageTLS(d *caddyfile.Dispenser) (*reverseproxy.TLSConfig, error) {
+func parseFleetTLS(d *caddyfile.Dispenser) (*reverseproxy.TLSConfig, error) {
 	t := new(reverseproxy.TLSConfig)
 	if d.NextArg() {
 		return nil, d.ArgErr()

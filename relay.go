@@ -122,11 +122,11 @@ type Relay struct {
 	// Groups are sets of channels; each key is served by one group.
 	Groups []*Group `json:"groups,omitempty"`
 
-	// Storage, when set, keeps the state a fleet of relays shares (limits,
+	// Fleet, when set, keeps the state a fleet of relays shares (limits,
 	// channel health, heartbeats) in Redis, so that several relays behind
 	// one load balancer act as one. Without it, the relay keeps its state
 	// in memory and needs nothing.
-	Storage *Storage `json:"storage,omitempty"`
+	Fleet *Fleet `json:"storage,omitempty"`
 
 	// UpstreamRatelimitHeaders says what clients learn of rate limits.
 	// `replace` (the default): no upstream's anthropic-ratelimit-* header
@@ -501,7 +501,7 @@ func (r *Relay) admitKey(in *inbound, contentLength int64) *relayError {
 	case scopeNone:
 		in.keyGrant, in.keyAsked = g, true
 		return nil
-	case scopeStorage:
+	case scopeFleetDown:
 		return errStorageUnavailable()
 	}
 	in.keyGrant, in.keyAsked = g, true // what it has left, for the 429's headers
@@ -609,7 +609,7 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 		} else if u := in.endUserPending; u != nil { // one round trip for the end user and the channel
 			ug, wait, byUser := grant{}, time.Duration(0), false
 			t, ug, scope, wait, byUser = ch.health.admitAlong(sel.now, in.estimate, u, in.endUserEstimate)
-			if byUser && scope != scopeStorage {
+			if byUser && scope != scopeFleetDown {
 				return refused(endUserRefused(in, scope, wait))
 			}
 			if t != nil {
@@ -619,7 +619,7 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 			t, scope = ch.health.admit(sel.now, in.estimate)
 		}
 		switch {
-		case scope == scopeStorage: // the fleet's store is down, and on_error says deny
+		case scope == scopeFleetDown: // the fleet's store is down, and on_error says deny
 			if n > 1 {
 				return &failure{last: last, attempts: n - 1}
 			}

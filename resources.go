@@ -189,7 +189,7 @@ func (r *Relay) admitKeyAs(in *inbound, estimate int64) *relayError {
 	switch scope {
 	case scopeNone:
 		return nil
-	case scopeStorage:
+	case scopeFleetDown:
 		return errStorageUnavailable()
 	}
 	metricRateLimited.WithLabelValues(in.key.name, string(scope)).Inc()
@@ -384,7 +384,7 @@ func (c *resourceCtx) send(ch *channel, rp ResourceProvider, call *ResourceCall,
 	a := &resourceAttempt{c: c, ch: ch, start: time.Now()}
 	t, scope := ch.health.admit(r.now(), -1)
 	switch {
-	case scope == scopeStorage:
+	case scope == scopeFleetDown:
 		a.failure = refused(errStorageUnavailable())
 		return a
 	case t == nil:

@@ -23,7 +23,7 @@ import (
 // they survive a restart: without storage, in Caddy's storage (the file
 // system unless the config names another), written at most
 // spendCheckpointEvery apart and when Caddy stops; in a fleet, in Redis,
-// where every relay adds what it charged (shared_spend.go).
+// where every relay adds what it charged (fleet_spend.go).
 
 // spendAccounts holds each key's account by name, process-wide.
 var spendAccounts = caddy.NewUsagePool()
