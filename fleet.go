@@ -409,6 +409,7 @@ func (r *Relay) joinFleet(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	r.fleet, r.fleetKey = f, key
+	r.fleet = f
+	r.held.addFleet(key)
 	return nil
 }

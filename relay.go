@@ -145,35 +145,28 @@ type Relay struct {
 	// overrides the built-in list prices of the current Claude models.
 	Pricing map[string]Price `json:"pricing,omitempty"`
 
-	groups             map[string]*group
-	keys               map[[sha256.Size]byte]*key
-	fileKeys           []fileKey       // read from KeysFile, until they are provisioned
-	declaredAs         string          // the handler's name in its config's declarations
-	keysMu             *sync.Mutex     // guards taking keys' state after provisioning, and the acquired lists
-	cleanedUp          bool            // Cleanup ran: state taken from now on is not given back
-	users              map[string]*key // user entries by id, but user *
-	anyUser            *key            // user *; nil: none
-	acquired           []*channel      // channelStates entries this instance holds
-	acquiredGroups     []string        // groupStates entries this instance holds
-	acquiredKeys       []string        // keyStates entries this instance holds
-	acquiredTransports []string        // transports entries this instance holds
-	acquiredSpend      []string        // spendAccounts entries this instance holds
-	usesSpend          bool            // it took the spend store, to give back
-	fleet              *fleet          // the fleet this relay shares state with; nil: none
-	fleetKey           string          // its entry in fleets
-	logger             *zap.Logger
-	prices             pricebook
-	modelNames         map[string]bool   // every model a channel lists, for metric labels
-	passRatelimit      bool              // upstream_ratelimit_headers pass
-	secret             *resourceSecret   // keys the MAC of batch and file ids
-	owners             *ownerStore       // which group made each batch and file
-	storage            certmagic.Storage // Caddy's storage; nil in a unit test's context
-	dedupWindow        time.Duration     // 0: retries are not attached
-	dedupGrace         time.Duration
-	settleGrace        time.Duration                           // 0: an attempt whose client left ends at once
-	graceTimer         func(time.Duration, func()) *time.Timer // time.AfterFunc; a test's, to end the grace itself
-	rand               randIntN
-	now                func() time.Time
+	groups        map[string]*group
+	keys          map[[sha256.Size]byte]*key
+	fileKeys      []fileKey       // read from KeysFile, until they are provisioned
+	declaredAs    string          // the handler's name in its config's declarations
+	keysMu        *sync.Mutex     // guards taking keys' state after provisioning, and held
+	held          held            // what it took from the process-wide pools, given back by Cleanup
+	users         map[string]*key // user entries by id, but user *
+	anyUser       *key            // user *; nil: none
+	fleet         *fleet          // the fleet this relay shares state with; nil: none
+	logger        *zap.Logger
+	prices        pricebook
+	modelNames    map[string]bool   // every model a channel lists, for metric labels
+	passRatelimit bool              // upstream_ratelimit_headers pass
+	secret        *resourceSecret   // keys the MAC of batch and file ids
+	owners        *ownerStore       // which group made each batch and file
+	storage       certmagic.Storage // Caddy's storage; nil in a unit test's context
+	dedupWindow   time.Duration     // 0: retries are not attached
+	dedupGrace    time.Duration
+	settleGrace   time.Duration                           // 0: an attempt whose client left ends at once
+	graceTimer    func(time.Duration, func()) *time.Timer // time.AfterFunc; a test's, to end the grace itself
+	rand          randIntN
+	now           func() time.Time
 }
 
 const (
@@ -245,7 +238,7 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 	}
 	r.owners = newOwnerStore(r.fleet, r.storage, func() time.Time { return r.now() })
 	spend.use(ctx, r.logger)
-	r.usesSpend = true
+	r.held.addSpendStore()
 	r.prices = newPricebook(r.Pricing)
 	r.modelNames = map[string]bool{}
 	for _, cfg := range r.Channels {
@@ -306,42 +299,17 @@ func channelModels(cfg *Channel) []string {
 	return out
 }
 
-// Cleanup releases the health states this instance took. On a reload the
-// new config has taken its own references first, so surviving channels keep
-// their state.
+// Cleanup gives back what this instance took from the process-wide pools
+// (held.go). On a reload the new config has taken its own references
+// first, so surviving channels, groups and keys keep their state.
 func (r *Relay) Cleanup() error {
-	for _, ch := range r.acquired {
-		ch.health.release(r)
-		_, _ = channelStates.Delete(ch.name)
-	}
-	for _, name := range r.acquiredGroups {
-		_, _ = groupStates.Delete(name)
-	}
 	provisionedKeys.remove(r)
 	if r.keysMu != nil {
 		r.keysMu.Lock()
 		defer r.keysMu.Unlock()
 	}
-	r.cleanedUp = true
-	for _, name := range r.acquiredKeys {
-		_, _ = keyStates.Delete(name)
-	}
-	for _, k := range r.acquiredTransports {
-		_, _ = transports.Delete(k)
-	}
-	// the fleet goes before the accounts: its last sync adds their spend
-	if r.fleet != nil {
-		_, _ = fleets.Delete(r.fleetKey)
-		r.fleet = nil
-	}
-	for _, name := range r.acquiredSpend {
-		_, _ = spendAccounts.Delete(name)
-	}
-	if r.usesSpend {
-		spend.release()
-		r.usesSpend = false
-	}
-	r.acquired, r.acquiredGroups, r.acquiredKeys, r.acquiredTransports, r.acquiredSpend = nil, nil, nil, nil, nil
+	r.held.release(r)
+	r.fleet = nil
 	return nil
 }
 
