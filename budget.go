@@ -42,7 +42,7 @@ func (p budgetPeriod) renews() bool { return p != periodTotal }
 // The total period starts at the Unix epoch (a fixed instant, and not the
 // zero time, which an account's periods use for "not begun") and ends
 // never: on the last day of year 9999, the latest time JSON can still
-// write, and an expiry Redis takes (PEXPIREAT, shared_spend.go), so that
+// write, and an expiry Redis takes (PEXPIREAT, fleet_spend.go), so that
 // its totals there are kept too.
 var (
 	totalStart = time.Unix(0, 0).UTC()

@@ -2,8 +2,6 @@ package relay
 
 import (
 	"cmp"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -12,13 +10,10 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"github.com/dustin/go-humanize"
-	"go.uber.org/zap"
 )
 
 func init() {
@@ -278,14 +273,14 @@ func (r *Relay) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 		case "storage":
-			if r.Storage != nil {
+			if r.Fleet != nil {
 				return d.Err("storage is given twice")
 			}
-			s, err := parseStorage(d)
+			s, err := parseFleet(d)
 			if err != nil {
 				return err
 			}
-			r.Storage = s
+			r.Fleet = s
 		default:
 			return d.Errf("unrecognized relay option %q", opt)
 		}
@@ -472,94 +467,6 @@ func parsePricing(d *caddyfile.Dispenser, r *Relay) error {
 	return nil
 }
 
-// parseStorage parses `storage redis { ... }`.
-func parseStorage(d *caddyfile.Dispenser) (*Storage, error) {
-	if !d.NextArg() {
-		return nil, d.ArgErr()
-	}
-	if d.Val() != "redis" {
-		return nil, d.Errf("storage %q is not known: the relay keeps shared state in redis", d.Val())
-	}
-	rs := new(RedisStorage)
-	var lease, timeout caddy.Duration
-	o := options{
-		strings:   map[string]*string{"master_name": &rs.MasterName, "username": &rs.Username, "password": &rs.Password, "prefix": &rs.Prefix, "on_error": &rs.OnError},
-		lists:     map[string]*[]string{"address": &rs.Address},
-		ints:      map[string]*int{"db": &rs.DB},
-		durations: map[string]*caddy.Duration{"timeout": &timeout, "lease": &lease},
-	}
-	if d.NextArg() {
-		return nil, d.ArgErr()
-	}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		if d.Val() == "tls" {
-			t, err := parseStorageTLS(d)
-			if err != nil {
-				return nil, err
-			}
-			rs.TLS = t
-			continue
-		}
-		if ok, err := o.parse(d); err != nil || !ok {
-			return nil, cmp.Or(err, d.Errf("unrecognized storage redis option %q", d.Val()))
-		}
-	}
-	rs.Timeout, rs.Lease = timeout, lease
-	if err := rs.validate(); err != nil {
-		return nil, d.Err(err.Error())
-	}
-	return &Storage{Redis: rs}, nil
-}
-
-// parseStorageTLS parses `tls`, alone or with a block of Caddy's TLS
-// client options as reverse_proxy names them without their tls_ prefix:
-// server_name, trust_pool, client_auth, insecure_skip_verify.
-func parseStorageTLS(d *caddyfile.Dispenser) (*reverseproxy.TLSConfig, error) {
-	t := new(reverseproxy.TLSConfig)
-	if d.NextArg() {
-		return nil, d.ArgErr()
-	}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		switch d.Val() {
-		case "server_name":
-			if !d.AllArgs(&t.ServerName) {
-				return nil, d.ArgErr()
-			}
-		case "insecure_skip_verify":
-			if d.NextArg() {
-				return nil, d.ArgErr()
-			}
-			t.InsecureSkipVerify = true
-		case "client_auth":
-			if !d.AllArgs(&t.ClientCertificateFile, &t.ClientCertificateKeyFile) {
-				return nil, d.Err("client_auth takes a certificate file and its key file")
-			}
-		case "trust_pool":
-			if !d.NextArg() {
-				return nil, d.ArgErr()
-			}
-			name := d.Val()
-			mod, err := caddyfile.UnmarshalModule(d, "tls.ca_pool.source."+name)
-			if err != nil {
-				return nil, err
-			}
-			t.CARaw = caddyconfig.JSONModuleObject(mod, "provider", name, nil)
-		default:
-			return nil, d.Errf("unrecognized storage redis tls option %q (server_name, trust_pool, client_auth, insecure_skip_verify)", d.Val())
-		}
-	}
-	return t, nil
-}
-
-// parseProbe parses a `probe { ... }` block.
-func parseProbe(d *caddyfile.Dispenser) (*Probe, error) {
-	p := new(Probe)
-	return p, parseBlock(d, "probe", options{
-		strings:   map[string]*string{"path": &p.Path, "body": &p.Body},
-		durations: map[string]*caddy.Duration{"interval": &p.Interval},
-	})
-}
-
 // parseRatio reads a fraction written as 0.2 or 20%.
 func parseRatio(d *caddyfile.Dispenser, dst *float64) error { return parseArg(d, dst, ratio) }
 
@@ -627,6 +534,7 @@ func (o options) parse(d *caddyfile.Dispenser) (bool, error) {
 	return false, nil
 }
 
+// parseDuration parses an option's one argument as a duration (90s, 1h).
 func parseDuration(d *caddyfile.Dispenser, dst *caddy.Duration) error {
 	return parseArg(d, dst, func(v string) (caddy.Duration, error) {
 		dur, err := caddy.ParseDuration(v)
@@ -634,6 +542,7 @@ func parseDuration(d *caddyfile.Dispenser, dst *caddy.Duration) error {
 	})
 }
 
+// parseInt parses an option's one argument as an integer.
 func parseInt(d *caddyfile.Dispenser, dst *int) error {
 	return parseArg(d, dst, func(v string) (int, error) {
 		n, err := strconv.Atoi(v)
@@ -642,384 +551,6 @@ func parseInt(d *caddyfile.Dispenser, dst *int) error {
 		}
 		return n, nil
 	})
-}
-
-func parseKey(d *caddyfile.Dispenser, pos positions, at []string) (*Key, error) {
-	k := new(Key)
-	if !d.Args(&k.Secret, &k.Group) {
-		return nil, d.Errf("key takes a secret and a group: key <secret> <group>")
-	}
-	if d.NextArg() {
-		return nil, d.ArgErr()
-	}
-	if !strings.HasPrefix(k.Secret, sha256Prefix) && !strings.Contains(k.Secret, "{") {
-		if weakKey(k.Secret) {
-			caddy.Log().Named("relay").Warn(weakKeyWarning, zap.String("file", d.File()), zap.Int("line", d.Line()))
-		}
-		sum := sha256.Sum256([]byte(k.Secret))
-		k.Secret = sha256Prefix + hex.EncodeToString(sum[:])
-	}
-	return k, parseKeyOptions(d, pos, at, "key", &k.KeyOptions)
-}
-
-// parseKeyOptions reads the block of a key or a user entry (what says
-// which, in errors) into o; at locates the entry.
-func parseKeyOptions(d *caddyfile.Dispenser, pos positions, at []string, what string, o *KeyOptions) error {
-	opts := options{
-		strings: map[string]*string{"name": &o.Name, "priority": &o.Priority, "rate": &o.Rate, "tokens": &o.Tokens,
-			"user_rate": &o.UserRate, "user_tokens": &o.UserTokens, "expires": &o.Expires},
-		ints:   map[string]*int{"concurrency": &o.Concurrency},
-		lists:  map[string]*[]string{"budget": &o.Budgets},
-		ratios: map[string]*float64{"budget_warn": &o.BudgetWarn},
-	}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		pos.line(d, at...)
-		if d.Val() == "disabled" {
-			if d.NextArg() {
-				return d.Err("disabled takes no argument")
-			}
-			o.Disabled = true
-			continue
-		}
-		if ok, err := opts.parse(d); err != nil || !ok {
-			return cmp.Or(err, d.Errf("unrecognized %s option %q", what, d.Val()))
-		}
-	}
-	return nil
-}
-
-// parseUser parses `user <id> <group> [{ <the options of a key> }]`.
-func parseUser(d *caddyfile.Dispenser, pos positions, at []string) (*User, error) {
-	u := new(User)
-	if !d.Args(&u.ID, &u.Group) {
-		return nil, d.Errf("user takes an identity (or *) and a group: user <id> <group>")
-	}
-	if d.NextArg() {
-		return nil, d.ArgErr()
-	}
-	return u, parseKeyOptions(d, pos, at, "user", &u.KeyOptions)
-}
-
-func parseChannel(d *caddyfile.Dispenser, pos positions) (*Channel, error) {
-	ch := new(Channel)
-	if !d.Args(&ch.Name) {
-		return nil, d.Errf("channel takes a name: channel <name> { ... }")
-	}
-	chLine := d.Token()
-	pos["channel "+ch.Name] = chLine
-	if d.NextArg() {
-		return nil, d.ArgErr()
-	}
-	opts := options{
-		strings: map[string]*string{"rate": &ch.Rate},
-		lists: map[string]*[]string{"models": &ch.Models, "allow": &ch.Allow,
-			"supports": &ch.Supports, "lacks": &ch.Lacks, "strip": &ch.Strip, "spend_cap": &ch.SpendCaps},
-		ints: map[string]*int{"priority": &ch.Priority, "weight": &ch.Weight, "concurrency": &ch.Concurrency},
-	}
-	up := providerLines{name: providerAnthropic}
-	var transport caddyfile.Unmarshaler
-	var transportName string
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		opt := d.Val()
-		pos.line(d, "channel", ch.Name)
-		ok, err := parseTuning(d, &ch.Tuning)
-		if !ok && err == nil {
-			ok, err = opts.parse(d)
-		}
-		if err != nil {
-			return nil, err
-		}
-		if ok {
-			continue
-		}
-		switch opt {
-		case "provider":
-			if err := up.parse(d); err != nil {
-				return nil, err
-			}
-		case "tokens":
-			// N/period is the channel's token limit; any other value is
-			// the provider's (a mock channel's reply length)
-			args := d.RemainingArgs()
-			if len(args) == 1 && strings.Contains(args[0], "/") {
-				ch.Tokens = args[0]
-				continue
-			}
-			for range args {
-				d.Prev()
-			}
-			up.take(d)
-		case "price_factor":
-			var f float64
-			if err := parseArg(d, &f, func(v string) (float64, error) {
-				f, err := strconv.ParseFloat(v, 64)
-				if err != nil || !(f > 0) || math.IsInf(f, 0) {
-					return 0, fmt.Errorf("%q is not a number above 0 (the channel's price over the list price: 0.8 for 80%%)", v)
-				}
-				return f, nil
-			}); err != nil {
-				return nil, err
-			}
-			ch.PriceFactor = &f
-		case "probe":
-			p, err := parseProbe(d)
-			if err != nil {
-				return nil, err
-			}
-			ch.Probe = p
-		case "transport":
-			if !d.NextArg() {
-				return nil, d.ArgErr()
-			}
-			transportName = d.Val()
-			mod, err := caddyfile.UnmarshalModule(d, "http.reverse_proxy.transport."+transportName)
-			if err != nil {
-				return nil, err
-			}
-			transport = mod
-		default:
-			// the provider's own options: its module reads them
-			up.take(d)
-		}
-	}
-	p, err := up.unmarshal(chLine)
-	if err != nil {
-		return nil, fmt.Errorf("channel %q: %w", ch.Name, err)
-	}
-	ch.UpstreamRaw = caddyconfig.JSONModuleObject(p, "provider", up.name, nil)
-	if transport != nil {
-		if _, inProcess := p.(Transporter); inProcess {
-			return nil, d.Errf("channel %q: provider %s answers in-process and takes no transport", ch.Name, up.name)
-		}
-		// as reverse_proxy does: an https upstream gets a TLS transport
-		if te, ok := transport.(reverseproxy.TLSTransport); ok {
-			https := !strings.HasPrefix(p.BaseURL(), "http://")
-			switch {
-			case https && !te.TLSEnabled():
-				if err := te.EnableTLS(new(reverseproxy.TLSConfig)); err != nil {
-					return nil, err
-				}
-			case !https && te.TLSEnabled():
-				return nil, d.Errf("channel %q: url is http:// but its transport is configured for TLS", ch.Name)
-			}
-		}
-		ch.TransportRaw = caddyconfig.JSONModuleObject(transport, "protocol", transportName, nil)
-	}
-	return ch, nil
-}
-
-// providerLines gathers, while a channel block is read, the lines that
-// belong to its provider: those of a `provider <name> { ... }` block and
-// every channel line the relay does not know, so a provider's options can
-// stay on the channel's own lines.
-type providerLines struct {
-	name   string
-	at     caddyfile.Token // the `provider` line's name token, for errors
-	tokens []caddyfile.Token
-}
-
-// parse reads `provider <name>` and its optional block.
-func (u *providerLines) parse(d *caddyfile.Dispenser) error {
-	if !d.NextArg() {
-		return d.ArgErr()
-	}
-	u.name, u.at = d.Val(), d.Token()
-	if d.NextArg() {
-		return d.ArgErr()
-	}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		u.take(d)
-	}
-	return nil
-}
-
-// take keeps the line under d's cursor, and its block if it opens one.
-func (u *providerLines) take(d *caddyfile.Dispenser) {
-	u.tokens = append(u.tokens, d.Token())
-	for d.NextArg() {
-		u.tokens = append(u.tokens, d.Token())
-		if d.Val() == "{" {
-			for depth := 1; depth > 0 && d.Next(); {
-				switch d.Val() {
-				case "{":
-					depth++
-				case "}":
-					depth--
-				}
-				u.tokens = append(u.tokens, d.Token())
-			}
-			return
-		}
-	}
-}
-
-// unmarshal hands the lines to the provider's module, as a block of its
-// own, `<name> { <lines> }`, that opens on the channel's line (where a
-// provider's errors about the whole block point).
-func (u *providerLines) unmarshal(channel caddyfile.Token) (Provider, error) {
-	id := providerNamespace + "." + u.name
-	if _, err := caddy.GetModule(id); err != nil {
-		at := channel
-		if u.at.Text != "" {
-			at = u.at
-		}
-		d := caddyfile.NewDispenser([]caddyfile.Token{at})
-		d.Next()
-		return nil, d.Errf("unknown provider %q (known: %s)", u.name, strings.Join(providerNames(), ", "))
-	}
-	open := channel
-	open.Text = u.name
-	last := open.Line
-	for _, t := range u.tokens {
-		last = max(last, t.Line)
-	}
-	brace := open
-	brace.Text = "{"
-	closing := open
-	closing.Text, closing.Line = "}", last+1
-	toks := append([]caddyfile.Token{open, brace}, u.tokens...)
-	sub := caddyfile.NewDispenser(append(toks, closing))
-	sub.Next()
-	mod, err := caddyfile.UnmarshalModule(sub, id)
-	if err != nil {
-		return nil, err
-	}
-	p, ok := mod.(Provider)
-	if !ok {
-		return nil, fmt.Errorf("provider %s: module %T does not implement relay.Provider", u.name, mod)
-	}
-	return p, nil
-}
-
-func parseGroup(d *caddyfile.Dispenser, pos positions) (*Group, error) {
-	g := new(Group)
-	if !d.Args(&g.Name) {
-		return nil, d.Errf("group takes a name: group <name> { ... }")
-	}
-	pos["group "+g.Name] = d.Token()
-	if d.NextArg() {
-		return nil, d.ArgErr()
-	}
-	opts := options{
-		strings:   map[string]*string{"policy": &g.Policy},
-		lists:     map[string]*[]string{"channels": &g.Channels, "budget": &g.Budgets},
-		ints:      map[string]*int{"max_queue": &g.MaxQueue},
-		ratios:    map[string]*float64{"budget_warn": &g.BudgetWarn},
-		durations: map[string]*caddy.Duration{"wait_for_recovery": &g.WaitForRecovery},
-	}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		pos.line(d, "group", g.Name)
-		if ok, err := opts.parse(d); err != nil {
-			return nil, err
-		} else if ok {
-			continue
-		}
-		switch d.Val() {
-		case "retries":
-			var n int
-			if err := parseInt(d, &n); err != nil {
-				return nil, err
-			}
-			g.Retries = &n
-		case "expose_channel":
-			if d.NextArg() {
-				return nil, d.ArgErr()
-			}
-			g.ExposeChannel = true
-		case "retry_budget":
-			args := d.RemainingArgs()
-			if len(args) < 1 || len(args) > 2 {
-				return nil, d.Errf("retry_budget takes a ratio and an optional floor: retry_budget 20%% [10/s]")
-			}
-			f, err := ratio(args[0])
-			if err != nil {
-				return nil, d.Errf("retry_budget: %v", err)
-			}
-			g.RetryBudget = &f
-			if len(args) == 2 {
-				floor, err := strconv.ParseFloat(strings.TrimSuffix(args[1], "/s"), 64)
-				if err != nil {
-					return nil, d.Errf("retry_budget: floor %q is not a rate such as 10/s", args[1])
-				}
-				g.RetryBudgetFloor = &floor
-			}
-		case "split":
-			var name, share string
-			if !d.AllArgs(&name, &share) {
-				return nil, d.Errf("split takes a channel and a share: split canary 10%%")
-			}
-			f, err := ratio(share)
-			if err != nil {
-				return nil, d.Errf("split: %v", err)
-			}
-			if g.Splits == nil {
-				g.Splits = map[string]float64{}
-			}
-			g.Splits[name] = f
-		case "fallback":
-			args := d.RemainingArgs()
-			if len(args) < 2 {
-				return nil, d.Errf("fallback takes a model and the models that may serve it: fallback claude-opus-4-1 claude-sonnet-4-5")
-			}
-			if g.Fallbacks == nil {
-				g.Fallbacks = map[string][]string{}
-			}
-			g.Fallbacks[args[0]] = append(g.Fallbacks[args[0]], args[1:]...)
-		case "cache":
-			if g.Cache != nil {
-				return nil, d.Err("cache is given twice")
-			}
-			c, err := parseCache(d)
-			if err != nil {
-				return nil, err
-			}
-			g.Cache = c
-		case "max_wait":
-			var class, dur string
-			if !d.AllArgs(&class, &dur) {
-				return nil, d.Errf("max_wait takes a class and a duration: max_wait batch 5m")
-			}
-			v, err := caddy.ParseDuration(dur)
-			if err != nil {
-				return nil, d.Errf("max_wait: %v", err)
-			}
-			if g.MaxWait == nil {
-				g.MaxWait = map[string]caddy.Duration{}
-			}
-			g.MaxWait[class] = caddy.Duration(v)
-		default:
-			return nil, d.Errf("unrecognized group option %q", d.Val())
-		}
-	}
-	return g, nil
-}
-
-// parseCache parses a group's cache block: cache { ttl; stale; max_size }.
-func parseCache(d *caddyfile.Dispenser) (*ResponseCache, error) {
-	c := new(ResponseCache)
-	if d.NextArg() {
-		return nil, d.ArgErr()
-	}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		var err error
-		switch d.Val() {
-		case "ttl":
-			err = parseDuration(d, &c.TTL)
-		case "stale":
-			err = parseDuration(d, &c.Stale)
-		case "max_size":
-			err = parseSize(d, &c.MaxSize)
-		default:
-			return nil, d.Errf("unrecognized cache option %q: ttl, stale or max_size", d.Val())
-		}
-		if err != nil {
-			return nil, err
-		}
-		if c.TTL < 0 || c.Stale < 0 {
-			return nil, d.Errf("cache: %s is negative", d.Val())
-		}
-	}
-	return c, nil
 }
 
 // Interface guard

@@ -118,7 +118,7 @@ func (r *Relay) provisionChannel(ctx caddy.Context, cfg *Channel) (*channel, err
 		return nil, err
 	}
 	ch.health = st.(*channelHealth)
-	r.acquired = append(r.acquired, ch)
+	r.held.addChannel(ch)
 	if ch.spend, err = r.channelSpend(cfg); err != nil {
 		return nil, err
 	}
@@ -253,7 +253,7 @@ func (r *Relay) loadTransport(ctx caddy.Context, cfg *Channel, https bool) (http
 		if err != nil {
 			return nil, fmt.Errorf("transport: %v", err)
 		}
-		r.acquiredTransports = append(r.acquiredTransports, key)
+		r.held.addTransport(key)
 		return v.(pooledTransport).HTTPTransport, nil
 	}
 	cfg.TransportRaw = raw

@@ -43,7 +43,7 @@ func (r *Relay) admitEndUser(in *inbound) *relayError {
 
 // endUserRefused answers a request its end user's limits refused.
 func endUserRefused(in *inbound, scope limitScope, wait time.Duration) *relayError {
-	if scope == scopeStorage {
+	if scope == scopeFleetDown {
 		return errStorageUnavailable()
 	}
 	metricRateLimited.WithLabelValues(in.key.name, "user_"+string(scope)).Inc()

@@ -326,7 +326,7 @@ func TestEndUsersAndIdentitiesShareLimitsInAFleet(t *testing.T) {
 func admitOps(t *testing.T) float64 {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(metricStorageSeconds)
+	reg.MustRegister(metricFleetSeconds)
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -346,7 +346,7 @@ func admitOps(t *testing.T) float64 {
 func TestAFleetAdmitsAnEndUserWithItsChannel(t *testing.T) {
 	srv := redistest.Start(t)
 	r := &Relay{
-		Storage: &Storage{Redis: &RedisStorage{Address: []string{srv.Addr}, Prefix: "pair:"}},
+		Fleet: &Fleet{Redis: &FleetRedis{Address: []string{srv.Addr}, Prefix: "pair:"}},
 		Keys: []*Key{{Secret: "sk-pair-0123456789abcdef", Group: "pair-g",
 			KeyOptions: KeyOptions{Name: "pair-key", Rate: "1000/m", UserRate: "2/m"}}},
 		Channels: []*Channel{{Name: "pair-ch", UpstreamRaw: upstream("mock"), Rate: "3/m"}},

@@ -153,7 +153,7 @@ func (r *Relay) provisionGroups(channels map[string]*channel) error {
 		if err != nil {
 			return err
 		}
-		r.acquiredGroups = append(r.acquiredGroups, cfg.Name)
+		r.held.addGroup(cfg.Name)
 		g.state = st.(*groupState)
 		if g.spend, err = r.groupSpend(cfg); err != nil {
 			return err

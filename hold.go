@@ -29,7 +29,7 @@ import (
 // So spend passes a budget only by what requests cost beyond their holds,
 // which only an input estimate below the real prompt allows.
 //
-// In a fleet the holds live in Redis (shared_holds.go), in the same script
+// In a fleet the holds live in Redis (fleet_holds.go), in the same script
 // as the request's other admissions after its body.
 
 // maxHolds bounds the budgets one request holds against: its key's or
@@ -354,7 +354,7 @@ func (r *Relay) admitHeld(ctx context.Context, in *inbound, ch *channel, now tim
 	case ans.verdict == holdWait:
 		settled := func() bool { return hs.list[ans.i].a.freed.Load() != freed[ans.i] }
 		return nil, scopeBudget, r.waitForHolds(ctx, in, q, ans, settled)
-	case byUser && scope != scopeStorage:
+	case byUser && scope != scopeFleetDown:
 		return nil, scope, endUserRefused(in, scope, wait)
 	case t != nil:
 		hs.taken = true

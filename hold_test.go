@@ -434,7 +434,7 @@ func TestFleetHoldsLeaseAndSettleWithTheirCost(t *testing.T) {
 	fa := testFleet(t, srv.Addr, "holds:", lease)
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	defer cancel()
-	fb, err := newFleet(ctx, &RedisStorage{Address: []string{srv.Addr}, Prefix: "holds:", Lease: caddy.Duration(lease), Timeout: caddy.Duration(time.Second)})
+	fb, err := newFleet(ctx, &FleetRedis{Address: []string{srv.Addr}, Prefix: "holds:", Lease: caddy.Duration(lease), Timeout: caddy.Duration(time.Second)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -202,7 +202,7 @@ func (r *Relay) takeState(k *key, opts *KeyOptions) error {
 	if err != nil {
 		return err
 	}
-	r.acquiredKeys = append(r.acquiredKeys, k.stateID)
+	r.held.addKey(k.stateID)
 	k.state = st.(*keyState)
 	now := r.now()
 	caps, _ := parseBudgets(opts.Budgets) // validated already
@@ -216,7 +216,7 @@ func (r *Relay) takeState(k *key, opts *KeyOptions) error {
 		if k.state.spend, err = spend.account(k.stateID); err != nil {
 			return err
 		}
-		r.acquiredSpend = append(r.acquiredSpend, k.stateID)
+		r.held.addSpend(k.stateID)
 		budgets.apply(k.state.spend, r.fleet)
 	}
 	k.state.configureEndUsers(stateSpec{limits: endUserLimits, fleet: r.fleet}, now)
@@ -236,7 +236,7 @@ func (r *Relay) activate(k *key) {
 		return
 	}
 	_ = r.takeState(k, k.opts) // the pool's constructors do not fail
-	if r.cleanedUp {
+	if r.held.released {
 		// a request of an unloaded config: the key keeps the state, which
 		// no longer belongs to the pool (the config that follows takes its
 		// own)

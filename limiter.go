@@ -150,9 +150,9 @@ type grant struct {
 	left headroom
 }
 
-// scopeStorage refuses a request because the fleet's store did not answer
+// scopeFleetDown refuses a request because the fleet's store did not answer
 // and the storage says on_error deny.
-const scopeStorage limitScope = "storage"
+const scopeFleetDown limitScope = "storage"
 
 // take admits one request and charges it estimate tokens, or says which
 // limit refused it and when it may pass (zero when only a release can
@@ -183,7 +183,7 @@ func (l *limiter) settle(now time.Time, s *sharedLimit, g grant, scope limitScop
 		l.refusedUntil.Store(now.Add(max(wait, sharedBusyHint)).UnixNano())
 		return grant{left: g.left}, scope, wait, true
 	case s.f.deny:
-		return grant{}, scopeStorage, 0, true
+		return grant{}, scopeFleetDown, 0, true
 	}
 	return grant{}, scopeNone, 0, false
 }
@@ -201,7 +201,7 @@ func takeBoth(now time.Time, a *limiter, ea int64, b *limiter, eb int64) (ga, gb
 	ga, gb, refused, scope, wait, err := sa.f.admitPair(now, sa.prepare(a.limits(), ea), sb.prepare(b.limits(), eb))
 	switch {
 	case err != nil && sa.f.deny:
-		return grant{}, grant{}, scopeStorage, 0, true
+		return grant{}, grant{}, scopeFleetDown, 0, true
 	case err != nil: // Redis is down: each keeps its own limits meanwhile
 		return inTurn(now, (*limiter).takeLocal, a, ea, b, eb)
 	case refused == 1:

@@ -123,17 +123,17 @@ var (
 		Help: "Batches whose results were accounted (tokens, cost at the batch price, the key's spend and token limit), by group and channel: once per batch, at its first read.",
 	}, []string{"group", "channel"})
 
-	metricStorageUp = prometheus.NewGauge(prometheus.GaugeOpts{
+	metricFleetUp = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "relay_storage_up",
 		Help: "1 while the fleet's storage (Redis) answers, 0 while the relay serves on its own state; absent without storage.",
 	})
 
-	metricStorageErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+	metricFleetErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "relay_storage_errors_total",
 		Help: "Operations on the fleet's storage (Redis) that failed or timed out, by operation (admit, release, renew, publish, sync, heartbeat, fleet, owners).",
 	}, []string{"op"})
 
-	metricStorageSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+	metricFleetSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "relay_storage_seconds",
 		Help:    "Time of operations on the fleet's storage (Redis), by operation.",
 		Buckets: []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25},
@@ -158,12 +158,12 @@ var collectors = []prometheus.Collector{
 	metricResources, metricBatchResultsAccounted,
 }
 
-// storageCollectors are registered only by a config with storage.
-var storageCollectors = []prometheus.Collector{metricStorageUp, metricStorageErrors, metricStorageSeconds}
+// fleetCollectors are registered only by a config with a fleet (`storage`).
+var fleetCollectors = []prometheus.Collector{metricFleetUp, metricFleetErrors, metricFleetSeconds}
 
-// registerStorageMetrics registers the storage's collectors in a config's
+// registerFleetMetrics registers the fleet's collectors in a config's
 // registry.
-func registerStorageMetrics(reg prometheus.Registerer) error { return register(reg, storageCollectors) }
+func registerFleetMetrics(reg prometheus.Registerer) error { return register(reg, fleetCollectors) }
 
 // registerMetrics registers the relay's collectors in a config's registry.
 func registerMetrics(reg prometheus.Registerer) error { return register(reg, collectors) }

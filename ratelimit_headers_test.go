@@ -317,7 +317,7 @@ func TestSharedLimitsSayWhatIsLeft(t *testing.T) {
 
 func TestTheFleetsHeadersCountEveryNode(t *testing.T) {
 	srv := redistest.Start(t)
-	startRelay(t, storageRelay(srv.Addr, "local", "fleet-left"))
+	startRelay(t, fleetBlock(srv.Addr, "local", "fleet-left"))
 	other := sharedLimiter(t, testFleet(t, srv.Addr, "fleet-left:", 0), tag("k:", "fleet-left-key"), limits{rate: rateSpec{n: 3, period: time.Minute}})
 	if _, scope, _ := other.take(time.Now(), -1); scope != scopeNone {
 		t.Fatal(scope)

@@ -7,7 +7,6 @@ package relay
 
 import (
 	"cmp"
-	"context"
 	"crypto/sha256"
 	"fmt"
 	"net/http"
@@ -122,11 +121,11 @@ type Relay struct {
 	// Groups are sets of channels; each key is served by one group.
 	Groups []*Group `json:"groups,omitempty"`
 
-	// Storage, when set, keeps the state a fleet of relays shares (limits,
+	// Fleet, when set, keeps the state a fleet of relays shares (limits,
 	// channel health, heartbeats) in Redis, so that several relays behind
 	// one load balancer act as one. Without it, the relay keeps its state
 	// in memory and needs nothing.
-	Storage *Storage `json:"storage,omitempty"`
+	Fleet *Fleet `json:"storage,omitempty"`
 
 	// UpstreamRatelimitHeaders says what clients learn of rate limits.
 	// `replace` (the default): no upstream's anthropic-ratelimit-* header
@@ -145,35 +144,28 @@ type Relay struct {
 	// overrides the built-in list prices of the current Claude models.
 	Pricing map[string]Price `json:"pricing,omitempty"`
 
-	groups             map[string]*group
-	keys               map[[sha256.Size]byte]*key
-	fileKeys           []fileKey       // read from KeysFile, until they are provisioned
-	declaredAs         string          // the handler's name in its config's declarations
-	keysMu             *sync.Mutex     // guards taking keys' state after provisioning, and the acquired lists
-	cleanedUp          bool            // Cleanup ran: state taken from now on is not given back
-	users              map[string]*key // user entries by id, but user *
-	anyUser            *key            // user *; nil: none
-	acquired           []*channel      // channelStates entries this instance holds
-	acquiredGroups     []string        // groupStates entries this instance holds
-	acquiredKeys       []string        // keyStates entries this instance holds
-	acquiredTransports []string        // transports entries this instance holds
-	acquiredSpend      []string        // spendAccounts entries this instance holds
-	usesSpend          bool            // it took the spend store, to give back
-	fleet              *fleet          // the fleet this relay shares state with; nil: none
-	fleetKey           string          // its entry in fleets
-	logger             *zap.Logger
-	prices             pricebook
-	modelNames         map[string]bool   // every model a channel lists, for metric labels
-	passRatelimit      bool              // upstream_ratelimit_headers pass
-	secret             *resourceSecret   // keys the MAC of batch and file ids
-	owners             *ownerStore       // which group made each batch and file
-	storage            certmagic.Storage // Caddy's storage; nil in a unit test's context
-	dedupWindow        time.Duration     // 0: retries are not attached
-	dedupGrace         time.Duration
-	settleGrace        time.Duration                           // 0: an attempt whose client left ends at once
-	graceTimer         func(time.Duration, func()) *time.Timer // time.AfterFunc; a test's, to end the grace itself
-	rand               randIntN
-	now                func() time.Time
+	groups        map[string]*group
+	keys          map[[sha256.Size]byte]*key
+	fileKeys      []fileKey       // read from KeysFile, until they are provisioned
+	declaredAs    string          // the handler's name in its config's declarations
+	keysMu        *sync.Mutex     // guards taking keys' state after provisioning, and held
+	held          held            // what it took from the process-wide pools, given back by Cleanup
+	users         map[string]*key // user entries by id, but user *
+	anyUser       *key            // user *; nil: none
+	fleet         *fleet          // the fleet this relay shares state with; nil: none
+	logger        *zap.Logger
+	prices        pricebook
+	modelNames    map[string]bool   // every model a channel lists, for metric labels
+	passRatelimit bool              // upstream_ratelimit_headers pass
+	secret        *resourceSecret   // keys the MAC of batch and file ids
+	owners        *ownerStore       // which group made each batch and file
+	storage       certmagic.Storage // Caddy's storage; nil in a unit test's context
+	dedupWindow   time.Duration     // 0: retries are not attached
+	dedupGrace    time.Duration
+	settleGrace   time.Duration                           // 0: an attempt whose client left ends at once
+	graceTimer    func(time.Duration, func()) *time.Timer // time.AfterFunc; a test's, to end the grace itself
+	rand          randIntN
+	now           func() time.Time
 }
 
 const (
@@ -245,7 +237,7 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 	}
 	r.owners = newOwnerStore(r.fleet, r.storage, func() time.Time { return r.now() })
 	spend.use(ctx, r.logger)
-	r.usesSpend = true
+	r.held.addSpendStore()
 	r.prices = newPricebook(r.Pricing)
 	r.modelNames = map[string]bool{}
 	for _, cfg := range r.Channels {
@@ -306,42 +298,17 @@ func channelModels(cfg *Channel) []string {
 	return out
 }
 
-// Cleanup releases the health states this instance took. On a reload the
-// new config has taken its own references first, so surviving channels keep
-// their state.
+// Cleanup gives back what this instance took from the process-wide pools
+// (held.go). On a reload the new config has taken its own references
+// first, so surviving channels, groups and keys keep their state.
 func (r *Relay) Cleanup() error {
-	for _, ch := range r.acquired {
-		ch.health.release(r)
-		_, _ = channelStates.Delete(ch.name)
-	}
-	for _, name := range r.acquiredGroups {
-		_, _ = groupStates.Delete(name)
-	}
 	provisionedKeys.remove(r)
 	if r.keysMu != nil {
 		r.keysMu.Lock()
 		defer r.keysMu.Unlock()
 	}
-	r.cleanedUp = true
-	for _, name := range r.acquiredKeys {
-		_, _ = keyStates.Delete(name)
-	}
-	for _, k := range r.acquiredTransports {
-		_, _ = transports.Delete(k)
-	}
-	// the fleet goes before the accounts: its last sync adds their spend
-	if r.fleet != nil {
-		_, _ = fleets.Delete(r.fleetKey)
-		r.fleet = nil
-	}
-	for _, name := range r.acquiredSpend {
-		_, _ = spendAccounts.Delete(name)
-	}
-	if r.usesSpend {
-		spend.release()
-		r.usesSpend = false
-	}
-	r.acquired, r.acquiredGroups, r.acquiredKeys, r.acquiredTransports, r.acquiredSpend = nil, nil, nil, nil, nil
+	r.held.release(r)
+	r.fleet = nil
 	return nil
 }
 
@@ -501,7 +468,7 @@ func (r *Relay) admitKey(in *inbound, contentLength int64) *relayError {
 	case scopeNone:
 		in.keyGrant, in.keyAsked = g, true
 		return nil
-	case scopeStorage:
+	case scopeFleetDown:
 		return errStorageUnavailable()
 	}
 	in.keyGrant, in.keyAsked = g, true // what it has left, for the 429's headers
@@ -527,174 +494,6 @@ func (r *Relay) chargeKeyTokens(in *inbound) {
 	}
 	in.estimate = estimateTokens(in.body)
 	in.state.limits.charge(r.now(), &in.keyGrant, in.estimate-in.keyGrant.charged)
-}
-
-// relay selects a channel and attempts the request on it until one answer
-// reaches the client, failing over to untried channels on retryable
-// outcomes, within the group's retries and retry budget. It returns what
-// to answer when no upstream answer was committed, nil when the client has
-// its answer or is gone.
-func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) *failure {
-	g := in.group()
-	g.state.budget.request(r.now())
-	in.sel = selection{model: in.model, tried: in.triedBuf[:0], rand: r.rand}
-	sel := &in.sel
-	if !in.needs.empty() {
-		sel.needs = &in.needs
-	}
-	if g.policy == policySticky || len(g.splits) > 0 {
-		sel.session = in.sessionID()
-	}
-	var last attemptResult
-	var notLive *relayError // why the requested model could not be served, when a fallback was tried
-	var recoveryDeadline time.Time
-	q := &queued{r: r, g: g, in: in}
-	defer q.leave()
-	for n := 1; ; {
-		sel.now = r.now()
-		// a newcomer does not overtake the queued requests of its class or better
-		if n == 1 && q.w == nil && g.maxQueue > 0 && g.state.queue.ahead(in.key.prio) {
-			if rerr := q.wait(req.Context(), time.Time{}); rerr != nil {
-				return refused(rerr)
-			}
-			continue
-		}
-		p := g.pick(sel)
-		switch p.reason {
-		case exhausted, cooling, modelRefused, upstreamReset:
-			// no channel of this model is live: a similar model may serve
-			if next := g.fallbacks[in.model]; in.fallbacks < len(next) {
-				if notLive == nil && p.reason != exhausted {
-					notLive = p.err(sel, g)
-				}
-				metricFallbacks.WithLabelValues(g.name, r.modelLabel(sel.model), r.modelLabel(next[in.fallbacks])).Inc()
-				in.target, sel.model = next[in.fallbacks], next[in.fallbacks]
-				in.fallbacks++
-				continue
-			}
-		}
-		switch {
-		case p.reason == picked:
-		case n > 1: // every channel it could use is tried, cooling or busy
-			return &failure{last: last, attempts: n - 1}
-		case p.reason == allBusy, p.reason == upstreamReset && q.fits(p.until):
-			// busy channels free up, and an upstream's reset comes, soon
-			// enough to wait for in the queue, best class first
-			if rerr := q.wait(req.Context(), p.until); rerr != nil {
-				return refused(rerr)
-			}
-			continue
-		case p.reason == cooling && g.waitMax > 0 && r.waitForRecovery(req.Context(), untilFrom(p.until, sel.now), g.waitMax, sel.now, &recoveryDeadline):
-			continue
-		case notLive != nil:
-			return refused(notLive) // the fallbacks could not serve either: say why the model could not
-		default:
-			return refused(p.err(sel, g))
-		}
-		ch := p.ch
-		if n > 1 && !g.state.budget.allowRetry(sel.now, g.budgetRatio, g.budgetFloor) {
-			r.logBudgetExhausted(g, in)
-			return &failure{last: last, attempts: n - 1}
-		}
-		var t *ticket
-		var scope limitScope
-		if ch.spend != nil || in.holds != nil && in.holds.channel != nil {
-			r.holdChannel(in, ch) // its hold of a channel's spend cap goes with the attempt
-		}
-		if in.holds.pending() { // its holds of its budgets go with its first attempt's admission
-			var rerr *relayError
-			if t, scope, rerr = r.admitHeld(req.Context(), in, ch, sel.now, q); rerr != nil {
-				return refused(rerr)
-			}
-		} else if u := in.endUserPending; u != nil { // one round trip for the end user and the channel
-			ug, wait, byUser := grant{}, time.Duration(0), false
-			t, ug, scope, wait, byUser = ch.health.admitAlong(sel.now, in.estimate, u, in.endUserEstimate)
-			if byUser && scope != scopeStorage {
-				return refused(endUserRefused(in, scope, wait))
-			}
-			if t != nil {
-				in.endUser, in.endUserGrant, in.endUserPending = u, ug, nil
-			}
-		} else {
-			t, scope = ch.health.admit(sel.now, in.estimate)
-		}
-		switch {
-		case scope == scopeStorage: // the fleet's store is down, and on_error says deny
-			if n > 1 {
-				return &failure{last: last, attempts: n - 1}
-			}
-			return refused(errStorageUnavailable())
-		case scope == scopeCapped: // its spend cap cannot take the request's worst case
-			sel.capped = append(sel.capped, ch)
-			continue
-		case t == nil && scope == scopeNone: // its half-open breaker is busy with other probes
-			sel.skipped = append(sel.skipped, ch)
-			continue
-		case t == nil:
-			continue // busy: another request took its last slot; pick again
-		}
-		q.leave()
-		sel.tried = append(sel.tried, ch)
-		in.attempts = n
-		if n > 1 {
-			metricFailovers.WithLabelValues(g.name).Inc()
-			in.waste(last, wasteFailover)
-		}
-		res := r.try(w, req, in, ch, n, t)
-		switch {
-		case res.done:
-			return nil
-		case res.verdict.outcome == outcomeCanceled:
-			// the client is gone: nobody is left to fail over for, and a
-			// departure spends no retry budget
-			in.waste(res, wasteCanceled)
-			return nil
-		case !res.verdict.outcome.retryable() || n > g.retries:
-			return &failure{last: res, attempts: n}
-		}
-		last = res
-		if res.verdict.outcome == outcomeOverloaded {
-			sel.avoidHost = ch.host
-		}
-		n++
-	}
-}
-
-// logBudgetExhausted logs that the retry budget stopped a failover. Apart
-// from relay, so that the log fields take no room in relay's frame, which
-// a stream keeps on its goroutine's stack while it lasts.
-func (r *Relay) logBudgetExhausted(g *group, in *inbound) {
-	r.logger.Debug("retry budget exhausted", zap.String("group", g.name), zap.String("request_id", in.id))
-}
-
-// recoveryPoll bounds one wait for a recovering channel, so that a channel
-// brought back early (by a probe or the admin API) is noticed soon.
-const recoveryPoll = 100 * time.Millisecond
-
-// waitForRecovery waits until the first channel should have recovered (at
-// most until waitMax has passed since the first call, whose deadline it
-// keeps, and at most recoveryPoll at a time) and reports whether the
-// request should look again.
-func (r *Relay) waitForRecovery(ctx context.Context, recovery, waitMax time.Duration, now time.Time, deadline *time.Time) bool {
-	if deadline.IsZero() {
-		*deadline = now.Add(waitMax)
-	}
-	left := deadline.Sub(r.now())
-	if left <= 0 {
-		return false
-	}
-	d := min(left, recoveryPoll)
-	if recovery > 0 {
-		d = min(d, recovery)
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 // Interface guards

@@ -57,7 +57,7 @@ func (r *Relay) takeSpend(id string, spec budgetSpec) (*spendAccount, error) {
 	if err != nil {
 		return nil, err
 	}
-	r.acquiredSpend = append(r.acquiredSpend, id)
+	r.held.addSpend(id)
 	spec.logger, spec.now = r.logger, func() time.Time { return r.now() }
 	spec.apply(a, r.fleet)
 	return a, nil

@@ -160,7 +160,7 @@ func (f *fleet) admitAll(now time.Time, things []*admitCall, holds []*holdCall) 
 		return e
 	})
 	if err == nil && len(res) != 6*len(things)+4*len(holds) {
-		err = errStorageDown
+		err = errFleetDown
 	}
 	if err != nil {
 		return nil, -1, scopeNone, 0, holdAnswer{}, err
@@ -173,7 +173,7 @@ func (f *fleet) admitAll(now time.Time, things []*admitCall, holds []*holdCall) 
 		}
 		j := int(v[1]) - 1
 		if j < 0 || j >= len(h.periods) {
-			return nil, -1, scopeNone, 0, holdAnswer{}, errStorageDown // not an answer of this script
+			return nil, -1, scopeNone, 0, holdAnswer{}, errFleetDown // not an answer of this script
 		}
 		ans = holdAnswer{verdict: holdWait, i: i, period: h.periods[j], spent: nanoUSD(v[2]), held: nanoUSD(v[3])}
 		if v[0] == 2 {
@@ -268,7 +268,7 @@ func (f *fleet) takeHeld(now time.Time, user *limiter, ue int64, ch *limiter, ce
 	switch {
 	case err != nil && f.deny:
 		undo()
-		return grant{}, grant{}, scopeStorage, 0, false, holdAnswer{}
+		return grant{}, grant{}, scopeFleetDown, 0, false, holdAnswer{}
 	case err != nil: // Redis is down: this relay's own holds and limits meanwhile
 		if ans = hs.reserve(now); ans.verdict != holdTaken {
 			undo()

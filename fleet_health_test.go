@@ -18,7 +18,7 @@ import (
 func fleetRelay(t *testing.T, addr, prefix, channel string) (*Relay, *channelHealth) {
 	t.Helper()
 	r := &Relay{
-		Storage:  &Storage{Redis: &RedisStorage{Address: []string{addr}, Prefix: prefix}},
+		Fleet:    &Fleet{Redis: &FleetRedis{Address: []string{addr}, Prefix: prefix}},
 		Keys:     []*Key{{Secret: "sk-fleet-0123456789abcdef-" + channel, Group: channel + "-g"}},
 		Channels: []*Channel{{Name: channel, UpstreamRaw: upstream("mock")}},
 		Groups:   []*Group{{Name: channel + "-g", Channels: []string{channel}}},

@@ -24,17 +24,18 @@ import (
 	"go.uber.org/zap"
 )
 
-// Storage says where the state that a fleet of relays shares is kept.
+// Fleet says where the state that a fleet of relays shares is kept; it is
+// `storage` in the JSON config and the Caddyfile.
 // Without it, every relay keeps its own state in memory, which needs
 // nothing and is right for a single relay.
-type Storage struct {
+type Fleet struct {
 	// Redis keeps the shared state in Redis or Valkey.
-	Redis *RedisStorage `json:"redis,omitempty"`
+	Redis *FleetRedis `json:"redis,omitempty"`
 }
 
-// RedisStorage is a Redis (or Valkey) server, cluster or sentinel set that
+// FleetRedis is a Redis (or Valkey) server, cluster or sentinel set that
 // relays share: key and channel limits, channel health, heartbeats.
-type RedisStorage struct {
+type FleetRedis struct {
 	// Address lists the servers as host:port. One address is a single
 	// server; several are a cluster; with MasterName, they are sentinels.
 	// Default: 127.0.0.1:6379.
@@ -77,7 +78,7 @@ type RedisStorage struct {
 	Lease caddy.Duration `json:"lease,omitempty"`
 }
 
-// Storage defaults.
+// Fleet defaults.
 const (
 	defaultRedisAddress = "127.0.0.1:6379"
 	defaultRedisPrefix  = "relay:"
@@ -88,7 +89,7 @@ const (
 	nodeForgottenAfter  = time.Hour
 )
 
-func (s *RedisStorage) validate() error {
+func (s *FleetRedis) validate() error {
 	switch s.OnError {
 	case "", "local", "deny":
 	default:
@@ -108,9 +109,9 @@ func (s *RedisStorage) validate() error {
 	return nil
 }
 
-// fleets keeps each Redis storage's connection and background work across
+// fleets keeps each fleet's Redis connection and background work across
 // config reloads, by its config, like channels' transports: a reload that
-// keeps the storage keeps its connections, its leases and its heartbeat.
+// keeps the fleet's config keeps its connections, its leases and its heartbeat.
 var fleets = caddy.NewUsagePool()
 
 // fleet is this relay's membership of a fleet: its Redis client, its node
@@ -149,9 +150,9 @@ type fleet struct {
 	done     sync.WaitGroup
 }
 
-// loadFleet returns the fleet of storage s, from the pool; the caller gives
+// loadFleet returns the fleet of Redis config s, from the pool; the caller gives
 // it back with fleets.Delete(key) when its config ends.
-func loadFleet(ctx caddy.Context, s *RedisStorage) (*fleet, string, error) {
+func loadFleet(ctx caddy.Context, s *FleetRedis) (*fleet, string, error) {
 	raw, err := json.Marshal(s)
 	if err != nil {
 		return nil, "", err
@@ -166,7 +167,7 @@ func loadFleet(ctx caddy.Context, s *RedisStorage) (*fleet, string, error) {
 	return f, key, nil
 }
 
-func newFleet(ctx caddy.Context, s *RedisStorage) (*fleet, error) {
+func newFleet(ctx caddy.Context, s *FleetRedis) (*fleet, error) {
 	if err := s.validate(); err != nil {
 		return nil, err
 	}
@@ -241,12 +242,12 @@ func newFleet(ctx caddy.Context, s *RedisStorage) (*fleet, error) {
 			run(work)
 		}()
 	}
-	metricStorageUp.Set(1)
+	metricFleetUp.Set(1)
 	return f, nil
 }
 
 // Destruct implements caddy.Destructor: the last config that used the
-// storage is gone. Spend not yet added is added (with it, the holds of the
+// fleet is gone. Spend not yet added is added (with it, the holds of the
 // requests that spent it are given back), slots still held are given back,
 // the node leaves. The holds of requests still in flight expire with their
 // lease: their cost is not known yet.
@@ -280,16 +281,16 @@ func (redisLogger) Printf(_ context.Context, format string, v ...any) {
 
 var redisLogs sync.Once
 
-// errStorageDown says that Redis did not answer, or that its breaker is
+// errFleetDown says that Redis did not answer, or that its breaker is
 // open after it did not: the relay goes on with its own state.
-var errStorageDown = errors.New("storage unavailable")
+var errFleetDown = errors.New("storage unavailable")
 
 // do runs one Redis operation, op naming it in metrics, within the
 // timeout and behind the breaker: while Redis is down, operations fail at
 // once instead of each costing the timeout.
 func (f *fleet) do(op string, fn func(ctx context.Context) error) error {
 	if f.closed.Load() {
-		return errStorageDown
+		return errFleetDown
 	}
 	start := time.Now()
 	_, err := f.breaker.Execute(func() (any, error) {
@@ -301,26 +302,26 @@ func (f *fleet) do(op string, fn func(ctx context.Context) error) error {
 		}
 		return nil, err
 	})
-	metricStorageSeconds.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	metricFleetSeconds.WithLabelValues(op).Observe(time.Since(start).Seconds())
 	if err != nil {
-		metricStorageErrors.WithLabelValues(op).Inc()
+		metricFleetErrors.WithLabelValues(op).Inc()
 		// an operation begun before Redis came back says nothing of now:
 		// it does not start another outage
 		if start.UnixNano() >= f.upAt.Load() && f.up.CompareAndSwap(true, false) {
-			metricStorageUp.Set(0)
+			metricFleetUp.Set(0)
 			then := "serving on this relay's own state until it is back"
 			if f.deny {
 				then = "answering 503 storage_unavailable until it is back"
 			}
 			f.logger.Load().Error("storage unreachable: "+then, zap.String("op", op), zap.Error(err))
 		}
-		return errStorageDown
+		return errFleetDown
 	}
 	if !f.up.Load() {
 		f.upAt.Store(time.Now().UnixNano())
 	}
 	if f.up.CompareAndSwap(false, true) {
-		metricStorageUp.Set(1)
+		metricFleetUp.Set(1)
 		f.logger.Load().Info("storage reachable again: state is shared by the fleet again")
 		f.resyncSoon()
 	}
@@ -391,22 +392,24 @@ func digest(s string) string {
 // Interface guards
 var _ caddy.Destructor = (*fleet)(nil)
 
-// joinFleet connects the relay to its storage's fleet, when it has one.
+// joinFleet connects the relay to its fleet (the `storage` config), when
+// it has one.
 func (r *Relay) joinFleet(ctx caddy.Context) error {
-	if r.Storage == nil || r.Storage.Redis == nil {
+	if r.Fleet == nil || r.Fleet.Redis == nil {
 		return nil
 	}
-	s := r.Storage.Redis
+	s := r.Fleet.Redis
 	if p := s.Password; p != "" && !strings.Contains(p, "{") {
 		r.logger.Warn("storage redis: the password is written in the config, so GET /config/ shows it; use a placeholder such as {env.REDIS_PASSWORD}")
 	}
-	if err := registerStorageMetrics(ctx.GetMetricsRegistry()); err != nil {
+	if err := registerFleetMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return err
 	}
 	f, key, err := loadFleet(ctx, s)
 	if err != nil {
 		return err
 	}
-	r.fleet, r.fleetKey = f, key
+	r.fleet = f
+	r.held.addFleet(key)
 	return nil
 }

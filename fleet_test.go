@@ -20,7 +20,7 @@ import (
 	"github.com/caddy-relay/relay/internal/redistest"
 )
 
-func TestCaddyfileStorage(t *testing.T) {
+func TestCaddyfileFleet(t *testing.T) {
 	r, err := parseRelay(t, `relay {
 	key sk-test-0123456789abcdef g
 	channel a {
@@ -45,7 +45,7 @@ func TestCaddyfileStorage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := r.Storage.Redis
+	s := r.Fleet.Redis
 	if strings.Join(s.Address, ",") != "10.0.0.1:6379,10.0.0.2:6379" || s.Username != "relay" || s.Password != "{env.REDIS_PASSWORD}" ||
 		s.Prefix != "team-a:" || time.Duration(s.Timeout) != 20*time.Millisecond || s.OnError != "deny" ||
 		time.Duration(s.Lease) != 5*time.Second || s.TLS == nil || s.TLS.ServerName != "redis.internal" {
@@ -67,9 +67,9 @@ func TestCaddyfileStorage(t *testing.T) {
 	}
 }
 
-// storageRelay is a relay block whose state is in the Redis at addr, with
+// fleetBlock is a relay block whose state is in the Redis at addr, with
 // a key limited to rate 3/m and a mock channel.
-func storageRelay(addr, onError, name string) string {
+func fleetBlock(addr, onError, name string) string {
 	return fmt.Sprintf(`		storage redis {
 			address %s
 			prefix %s:
@@ -91,7 +91,7 @@ func storageRelay(addr, onError, name string) string {
 
 func TestTheFleetSharesAKeysRate(t *testing.T) {
 	srv := redistest.Start(t)
-	startRelay(t, storageRelay(srv.Addr, "local", "fleet-rate"))
+	startRelay(t, fleetBlock(srv.Addr, "local", "fleet-rate"))
 	// another node of the fleet spent two of the key's three requests
 	other := sharedLimiter(t, testFleet(t, srv.Addr, "fleet-rate:", 0), tag("k:", "fleet-rate-key"), limits{rate: rateSpec{n: 3, period: time.Minute}})
 	for range 2 {
@@ -113,11 +113,11 @@ func TestTheFleetSharesAKeysRate(t *testing.T) {
 	}
 }
 
-func TestStorageDownServesOnLocalState(t *testing.T) {
+func TestRedisDownServesOnLocalState(t *testing.T) {
 	srv := redistest.Start(t)
 	addr := srv.Addr
 	srv.Kill() // nothing listens there: Redis is down from the start
-	startRelay(t, storageRelay(addr, "local", "fleet-down"))
+	startRelay(t, fleetBlock(addr, "local", "fleet-down"))
 	// the key's own limit still holds, on this node alone
 	for i := range 4 {
 		r := message(t, simpleBody)
@@ -146,11 +146,11 @@ func TestStorageDownServesOnLocalState(t *testing.T) {
 	}
 }
 
-func TestStorageDownWithOnErrorDenyAnswers503(t *testing.T) {
+func TestRedisDownWithOnErrorDenyAnswers503(t *testing.T) {
 	srv := redistest.Start(t)
 	addr := srv.Addr
 	srv.Kill()
-	startRelay(t, storageRelay(addr, "deny", "fleet-deny"))
+	startRelay(t, fleetBlock(addr, "deny", "fleet-deny"))
 	r := message(t, simpleBody)
 	wantRelayError(t, r, 503, "relay_error", "storage_unavailable")
 	if r.header.Get("Retry-After") == "" {
@@ -169,7 +169,7 @@ func TestStorageDownWithOnErrorDenyAnswers503(t *testing.T) {
 func TestAFrozenRedisCostsNoMoreThanTheTimeout(t *testing.T) {
 	srv := redistest.Start(t)
 	r := &Relay{
-		Storage:  &Storage{Redis: &RedisStorage{Address: []string{srv.Addr}, Prefix: "frozen:", Timeout: caddy.Duration(50 * time.Millisecond)}},
+		Fleet:    &Fleet{Redis: &FleetRedis{Address: []string{srv.Addr}, Prefix: "frozen:", Timeout: caddy.Duration(50 * time.Millisecond)}},
 		Keys:     []*Key{{Secret: "sk-frozen-0123456789abcdef", Group: "frozen-g", KeyOptions: KeyOptions{Rate: "1000/s"}}},
 		Channels: []*Channel{{Name: "frozen-ch", UpstreamRaw: upstream("mock", "latency", "0s")}},
 		Groups:   []*Group{{Name: "frozen-g", Channels: []string{"frozen-ch"}}},
@@ -226,7 +226,7 @@ func TestFleetRouteListsTheNodes(t *testing.T) {
 	// a node last seen a minute ago
 	rdb.ZAdd(ctx, "fleet-list:{nodes}:seen", redis.Z{Score: float64(now.Add(-time.Minute).UnixMilli()), Member: "old-node"})
 	rdb.HSet(ctx, "fleet-list:{nodes}:info", "old-node", `{"id":"old-node","address":"10.0.0.9","version":"v0.9.0"}`)
-	startRelay(t, storageRelay(srv.Addr, "local", "fleet-list"))
+	startRelay(t, fleetBlock(srv.Addr, "local", "fleet-list"))
 	waitFor(t, "this node's heartbeat", 2*time.Second, func() bool { return len(fleetNodes(t)) == 2 })
 	for _, n := range fleetNodes(t) {
 		switch n.ID {
@@ -273,7 +273,7 @@ func TestThePasswordStaysAPlaceholder(t *testing.T) {
 	if reply, err := srv.Command("CONFIG", "SET", "requirepass", "s3cret-redis-password"); err != nil || reply != "+OK" {
 		t.Fatalf("requirepass: %q %v", reply, err)
 	}
-	startRelay(t, strings.Replace(storageRelay(srv.Addr, "deny", "fleet-pass"), "prefix", "password {env.RELAY_TEST_REDIS_PASSWORD}\n\t\t\tprefix", 1))
+	startRelay(t, strings.Replace(fleetBlock(srv.Addr, "deny", "fleet-pass"), "prefix", "password {env.RELAY_TEST_REDIS_PASSWORD}\n\t\t\tprefix", 1))
 	// it authenticates (with on_error deny, a wrong password would be a 503)
 	if r := message(t, simpleBody); r.status != 200 {
 		t.Fatalf("%d %s", r.status, r.body)
@@ -289,10 +289,10 @@ func TestThePasswordStaysAPlaceholder(t *testing.T) {
 	}
 }
 
-// TestReloadsWithStorageLeakNothing reloads a config with storage 50 times,
-// each with other storage options (a new connection each time), and
+// TestReloadsWithAFleetLeakNothing reloads a config with a fleet 50 times,
+// each with other Redis options (a new connection each time), and
 // counts goroutines and Redis connections before and after.
-func TestReloadsWithStorageLeakNothing(t *testing.T) {
+func TestReloadsWithAFleetLeakNothing(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	defer rdb.Close()
@@ -307,7 +307,7 @@ func TestReloadsWithStorageLeakNothing(t *testing.T) {
 		return n
 	}
 	load := func(tester *caddytest.Tester, i int) {
-		block := strings.Replace(storageRelay(srv.Addr, "local", "fleet-reload"), "timeout 50ms", fmt.Sprintf("timeout %dms", 50+i%2), 1)
+		block := strings.Replace(fleetBlock(srv.Addr, "local", "fleet-reload"), "timeout 50ms", fmt.Sprintf("timeout %dms", 50+i%2), 1)
 		block = strings.Replace(block, "rate 3/m", "rate 1000/m", 1)
 		tester.InitServer(testGlobal+"http://localhost:9080 {\n\trelay {\n"+block+"\n\t}\n}\n", "caddyfile")
 		client.CloseIdleConnections() // the old server closed them

@@ -112,7 +112,7 @@ func (h *channelHealth) announce(c healthChange) {
 	select {
 	case f.publish <- c:
 	default: // far behind: the next sync brings the state in
-		metricStorageErrors.WithLabelValues("publish").Inc()
+		metricFleetErrors.WithLabelValues("publish").Inc()
 	}
 }
 

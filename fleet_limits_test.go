@@ -20,7 +20,7 @@ func testFleet(t testing.TB, addr, prefix string, lease time.Duration) *fleet {
 	t.Helper()
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	t.Cleanup(cancel)
-	f, err := newFleet(ctx, &RedisStorage{Address: []string{addr}, Prefix: prefix, Lease: caddy.Duration(lease), Timeout: caddy.Duration(time.Second)})
+	f, err := newFleet(ctx, &FleetRedis{Address: []string{addr}, Prefix: prefix, Lease: caddy.Duration(lease), Timeout: caddy.Duration(time.Second)})
 	if err != nil {
 		t.Fatal(err)
 	}

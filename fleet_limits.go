@@ -235,7 +235,7 @@ func (s *sharedLimit) admit(now time.Time, spec limits, estimate int64) (grant, 
 		return e
 	})
 	if err == nil && len(res) != 6 {
-		err = errStorageDown
+		err = errFleetDown
 	}
 	if err != nil {
 		return grant{}, scopeNone, 0, err
@@ -258,7 +258,7 @@ func (f *fleet) admitPair(now time.Time, a, b *admitCall) (ga, gb grant, refused
 		return e
 	})
 	if err == nil && len(res) != 12 {
-		err = errStorageDown
+		err = errFleetDown
 	}
 	if err != nil {
 		return grant{}, grant{}, 0, scopeNone, 0, err

@@ -1,0 +1,177 @@
+package relay
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// relay selects a channel and attempts the request on it until one answer
+// reaches the client, failing over to untried channels on retryable
+// outcomes, within the group's retries and retry budget. It returns what
+// to answer when no upstream answer was committed, nil when the client has
+// its answer or is gone.
+func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) *failure {
+	g := in.group()
+	g.state.budget.request(r.now())
+	in.sel = selection{model: in.model, tried: in.triedBuf[:0], rand: r.rand}
+	sel := &in.sel
+	if !in.needs.empty() {
+		sel.needs = &in.needs
+	}
+	if g.policy == policySticky || len(g.splits) > 0 {
+		sel.session = in.sessionID()
+	}
+	var last attemptResult
+	var notLive *relayError // why the requested model could not be served, when a fallback was tried
+	var recoveryDeadline time.Time
+	q := &queued{r: r, g: g, in: in}
+	defer q.leave()
+	for n := 1; ; {
+		sel.now = r.now()
+		// a newcomer does not overtake the queued requests of its class or better
+		if n == 1 && q.w == nil && g.maxQueue > 0 && g.state.queue.ahead(in.key.prio) {
+			if rerr := q.wait(req.Context(), time.Time{}); rerr != nil {
+				return refused(rerr)
+			}
+			continue
+		}
+		p := g.pick(sel)
+		switch p.reason {
+		case exhausted, cooling, modelRefused, upstreamReset:
+			// no channel of this model is live: a similar model may serve
+			if next := g.fallbacks[in.model]; in.fallbacks < len(next) {
+				if notLive == nil && p.reason != exhausted {
+					notLive = p.err(sel, g)
+				}
+				metricFallbacks.WithLabelValues(g.name, r.modelLabel(sel.model), r.modelLabel(next[in.fallbacks])).Inc()
+				in.target, sel.model = next[in.fallbacks], next[in.fallbacks]
+				in.fallbacks++
+				continue
+			}
+		}
+		switch {
+		case p.reason == picked:
+		case n > 1: // every channel it could use is tried, cooling or busy
+			return &failure{last: last, attempts: n - 1}
+		case p.reason == allBusy, p.reason == upstreamReset && q.fits(p.until):
+			// busy channels free up, and an upstream's reset comes, soon
+			// enough to wait for in the queue, best class first
+			if rerr := q.wait(req.Context(), p.until); rerr != nil {
+				return refused(rerr)
+			}
+			continue
+		case p.reason == cooling && g.waitMax > 0 && r.waitForRecovery(req.Context(), untilFrom(p.until, sel.now), g.waitMax, sel.now, &recoveryDeadline):
+			continue
+		case notLive != nil:
+			return refused(notLive) // the fallbacks could not serve either: say why the model could not
+		default:
+			return refused(p.err(sel, g))
+		}
+		ch := p.ch
+		if n > 1 && !g.state.budget.allowRetry(sel.now, g.budgetRatio, g.budgetFloor) {
+			r.logBudgetExhausted(g, in)
+			return &failure{last: last, attempts: n - 1}
+		}
+		var t *ticket
+		var scope limitScope
+		if ch.spend != nil || in.holds != nil && in.holds.channel != nil {
+			r.holdChannel(in, ch) // its hold of a channel's spend cap goes with the attempt
+		}
+		if in.holds.pending() { // its holds of its budgets go with its first attempt's admission
+			var rerr *relayError
+			if t, scope, rerr = r.admitHeld(req.Context(), in, ch, sel.now, q); rerr != nil {
+				return refused(rerr)
+			}
+		} else if u := in.endUserPending; u != nil { // one round trip for the end user and the channel
+			ug, wait, byUser := grant{}, time.Duration(0), false
+			t, ug, scope, wait, byUser = ch.health.admitAlong(sel.now, in.estimate, u, in.endUserEstimate)
+			if byUser && scope != scopeFleetDown {
+				return refused(endUserRefused(in, scope, wait))
+			}
+			if t != nil {
+				in.endUser, in.endUserGrant, in.endUserPending = u, ug, nil
+			}
+		} else {
+			t, scope = ch.health.admit(sel.now, in.estimate)
+		}
+		switch {
+		case scope == scopeFleetDown: // the fleet's store is down, and on_error says deny
+			if n > 1 {
+				return &failure{last: last, attempts: n - 1}
+			}
+			return refused(errStorageUnavailable())
+		case scope == scopeCapped: // its spend cap cannot take the request's worst case
+			sel.capped = append(sel.capped, ch)
+			continue
+		case t == nil && scope == scopeNone: // its half-open breaker is busy with other probes
+			sel.skipped = append(sel.skipped, ch)
+			continue
+		case t == nil:
+			continue // busy: another request took its last slot; pick again
+		}
+		q.leave()
+		sel.tried = append(sel.tried, ch)
+		in.attempts = n
+		if n > 1 {
+			metricFailovers.WithLabelValues(g.name).Inc()
+			in.waste(last, wasteFailover)
+		}
+		res := r.try(w, req, in, ch, n, t)
+		switch {
+		case res.done:
+			return nil
+		case res.verdict.outcome == outcomeCanceled:
+			// the client is gone: nobody is left to fail over for, and a
+			// departure spends no retry budget
+			in.waste(res, wasteCanceled)
+			return nil
+		case !res.verdict.outcome.retryable() || n > g.retries:
+			return &failure{last: res, attempts: n}
+		}
+		last = res
+		if res.verdict.outcome == outcomeOverloaded {
+			sel.avoidHost = ch.host
+		}
+		n++
+	}
+}
+
+// logBudgetExhausted logs that the retry budget stopped a failover. Apart
+// from relay, so that the log fields take no room in relay's frame, which
+// a stream keeps on its goroutine's stack while it lasts.
+func (r *Relay) logBudgetExhausted(g *group, in *inbound) {
+	r.logger.Debug("retry budget exhausted", zap.String("group", g.name), zap.String("request_id", in.id))
+}
+
+// recoveryPoll bounds one wait for a recovering channel, so that a channel
+// brought back early (by a probe or the admin API) is noticed soon.
+const recoveryPoll = 100 * time.Millisecond
+
+// waitForRecovery waits until the first channel should have recovered (at
+// most until waitMax has passed since the first call, whose deadline it
+// keeps, and at most recoveryPoll at a time) and reports whether the
+// request should look again.
+func (r *Relay) waitForRecovery(ctx context.Context, recovery, waitMax time.Duration, now time.Time, deadline *time.Time) bool {
+	if deadline.IsZero() {
+		*deadline = now.Add(waitMax)
+	}
+	left := deadline.Sub(r.now())
+	if left <= 0 {
+		return false
+	}
+	d := min(left, recoveryPoll)
+	if recovery > 0 {
+		d = min(d, recovery)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
