@@ -12,6 +12,7 @@ import (
 
 	"github.com/caddy-relay/relay/internal/rope"
 	"github.com/caddy-relay/relay/internal/sse"
+	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/go-json-experiment/json"
@@ -58,7 +59,7 @@ func (p *OpenAIProvider) check() error {
 	if p.APIKey == "" {
 		return fmt.Errorf("no api_key: an openai channel needs a credential")
 	}
-	return checkURL(p.URL)
+	return provider.CheckURL(p.URL)
 }
 
 // Provision resolves the credential.
@@ -67,7 +68,7 @@ func (p *OpenAIProvider) Provision(ctx caddy.Context) error {
 		return err
 	}
 	p.base = p.BaseURL()
-	key, err := providerSecret(ctx, "api_key", p.APIKey)
+	key, err := provider.Secret(ctx, "api_key", p.APIKey)
 	p.apiKey = key
 	return err
 }
@@ -80,13 +81,13 @@ func (p *OpenAIProvider) BaseURL() string {
 // NewRequest implements Provider: the message becomes a chat completion.
 // A request the format cannot carry is the client's error (a 400), never
 // the channel's.
-func (p *OpenAIProvider) NewRequest(ctx context.Context, c *Call) (*http.Request, error) {
+func (p *OpenAIProvider) NewRequest(ctx context.Context, c *provider.Call) (*http.Request, error) {
 	if c.CountTokens() {
-		return nil, UpstreamError{Status: http.StatusBadRequest, Message: "channel " + strconv.Quote(c.Channel) + " (provider openai) cannot count tokens: Chat Completions has no such endpoint"}
+		return nil, provider.UpstreamError{Status: http.StatusBadRequest, Message: "channel " + strconv.Quote(c.Channel) + " (provider openai) cannot count tokens: Chat Completions has no such endpoint"}
 	}
 	body, err := messagesToChat(c.Body(), c.Model)
 	if err != nil {
-		return nil, UpstreamError{Status: http.StatusBadRequest, Message: "channel " + strconv.Quote(c.Channel) + " (provider openai): " + err.Error()}
+		return nil, provider.UpstreamError{Status: http.StatusBadRequest, Message: "channel " + strconv.Quote(c.Channel) + " (provider openai): " + err.Error()}
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.base+"/chat/completions", bytes.NewReader(body))
 	if err != nil {
@@ -105,7 +106,7 @@ func (p *OpenAIProvider) NewRequest(ctx context.Context, c *Call) (*http.Request
 }
 
 // Response implements Provider.
-func (p *OpenAIProvider) Response(resp *http.Response, c *Call) (*http.Response, error) {
+func (p *OpenAIProvider) Response(resp *http.Response, c *provider.Call) (*http.Response, error) {
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		body, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 		if err != nil {
@@ -129,7 +130,7 @@ func (p *OpenAIProvider) Response(resp *http.Response, c *Call) (*http.Response,
 	if err != nil {
 		return nil, err
 	}
-	return withBody(resp, "application/json", msg), nil
+	return provider.ReplaceBody(resp, "application/json", msg), nil
 }
 
 // UnmarshalCaddyfile reads the provider's lines of a channel block:
@@ -137,11 +138,12 @@ func (p *OpenAIProvider) Response(resp *http.Response, c *Call) (*http.Response,
 //	url     <base url, with /v1>
 //	api_key <secret|{env.NAME}|{file./path}>
 func (p *OpenAIProvider) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	return unmarshalProvider(d, p)
+	return provider.UnmarshalOptions(d, p.CaddyfileOptions(), p.check)
 }
 
-func (p *OpenAIProvider) caddyfileOptions() options {
-	return options{strings: map[string]*string{"url": &p.URL, "api_key": &p.APIKey}}
+// CaddyfileOptions implements provider.OptionsProvider.
+func (p *OpenAIProvider) CaddyfileOptions() provider.Options {
+	return provider.Options{Strings: map[string]*string{"url": &p.URL, "api_key": &p.APIKey}}
 }
 
 // openAIUpstreamError is an OpenAI error answer in Anthropic's terms. The
@@ -149,7 +151,7 @@ func (p *OpenAIProvider) caddyfileOptions() options {
 // gives them: an exhausted quota (429 insufficient_quota) is a billing
 // error, a model the upstream does not have (404 model_not_found) a refusal
 // of that model, an overloaded engine (503) an overload.
-func openAIUpstreamError(status int, body []byte, requestID string) UpstreamError {
+func openAIUpstreamError(status int, body []byte, requestID string) provider.UpstreamError {
 	e := gjson.GetBytes(body, "error")
 	if e.Type == gjson.String { // some servers answer {"error":"..."}
 		e = gjson.Parse(`{"message":` + e.Raw + `}`)
@@ -159,7 +161,7 @@ func openAIUpstreamError(status int, body []byte, requestID string) UpstreamErro
 	if msg == "" {
 		msg = http.StatusText(status)
 	}
-	out := UpstreamError{Status: status, Message: "openai upstream: " + msg, RequestID: requestID}
+	out := provider.UpstreamError{Status: status, Message: "openai upstream: " + msg, RequestID: requestID}
 	switch {
 	case code == "insufficient_quota":
 		out.Status = http.StatusPaymentRequired
@@ -254,12 +256,12 @@ var droppedFields = map[string]bool{"anthropic_version": true, "top_k": true}
 // output_config (as reasoning_effort and response_format) and a long
 // prompt; no other feature field, no server tool and no anthropic-beta
 // value.
-func (*OpenAIProvider) Supports(name string) Support {
+func (*OpenAIProvider) Supports(name string) provider.Support {
 	switch name {
 	case "output_config", "long_context":
-		return Supported
+		return provider.Supported
 	}
-	return Unsupported
+	return provider.Unsupported
 }
 
 // oaiRequest is the chat completion an OpenAI upstream is sent. Its
@@ -892,7 +894,7 @@ func (c *chatStreamSSE) step() {
 	chunk := gjson.ParseBytes(data)
 	if e := chunk.Get("error"); e.Exists() {
 		ue := openAIUpstreamError(statusFromChunk(e), []byte(chunk.Raw), "")
-		c.out.Write(sseError(anthropicType(ue.Status), ue.Message, ""))
+		c.out.Write(sseError(provider.ErrorType(ue.Status), ue.Message, ""))
 		c.err = io.EOF
 		return
 	}
@@ -975,7 +977,7 @@ func statusFromChunk(e gjson.Result) int {
 
 // Interface guards
 var (
-	_ Provider              = (*OpenAIProvider)(nil)
+	_ provider.Provider     = (*OpenAIProvider)(nil)
 	_ caddy.Provisioner     = (*OpenAIProvider)(nil)
 	_ caddyfile.Unmarshaler = (*OpenAIProvider)(nil)
 )

@@ -14,56 +14,11 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/caddy-relay/relay/provider"
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 	"go.uber.org/zap"
 )
-
-// ResourceProvider is a Provider whose upstream also serves Anthropic's
-// Message Batches and Files APIs. A provider that does not implement it
-// serves neither: its channels are never asked to create a batch or take a
-// file, and are left out of the lists.
-type ResourceProvider interface {
-	Provider
-
-	// ServesResource reports whether the upstream serves a resource:
-	// ResourceBatches or ResourceFiles.
-	ServesResource(resource string) bool
-
-	// NewResourceRequest builds a request of those APIs: c.Method on
-	// c.Path (which holds the upstream's own ids) with c.RawQuery and
-	// c.Body unchanged, the channel's credential and c.ForwardHeaders.
-	NewResourceRequest(ctx context.Context, c *ResourceCall) (*http.Request, error)
-}
-
-// Resources a ResourceProvider may serve.
-const (
-	ResourceBatches = "batches"
-	ResourceFiles   = "files"
-)
-
-// ResourceCall is one request of the Message Batches or Files API, as a
-// provider sees it.
-type ResourceCall struct {
-	// Channel is the name of the channel the request goes to.
-	Channel string
-	// Method and Path are the upstream request's, such as GET
-	// /v1/files/file_011.../content: the upstream's own ids, escaped.
-	Method, Path string
-	// RawQuery is the query string, without '?'.
-	RawQuery string
-	// Header holds the client's request headers.
-	Header http.Header
-	// Body is the request's body, nil for none. An upload's is the
-	// client's own, streamed: it can be read once.
-	Body io.Reader
-	// ContentLength is Body's length, -1 when it is not known.
-	ContentLength int64
-}
-
-// ForwardHeaders copies the client headers an upstream may see into dst,
-// as Call.ForwardHeaders does.
-func (c *ResourceCall) ForwardHeaders(dst http.Header) { forwardHeaders(dst, c.Header) }
 
 // Paths of the Message Batches and Files APIs.
 const (
@@ -209,8 +164,8 @@ type resourceCtx struct {
 }
 
 // servesResource reports whether ch's provider serves kind.
-func servesResource(ch *channel, kind resourceKind) (ResourceProvider, bool) {
-	rp, ok := ch.provider.(ResourceProvider)
+func servesResource(ch *channel, kind resourceKind) (provider.ResourceProvider, bool) {
+	rp, ok := ch.provider.(provider.ResourceProvider)
 	return rp, ok && rp.ServesResource(kind.String())
 }
 
@@ -232,7 +187,7 @@ func errOwnerGone(kind resourceKind, channel, group string) *relayError {
 // the id must be sealed for the group, and the item recorded as made by
 // it. An item of another group, or of none, is answered as an id that
 // does not exist.
-func (c *resourceCtx) owner(kind resourceKind, id string) (*channel, ResourceProvider, string, *relayError) {
+func (c *resourceCtx) owner(kind resourceKind, id string) (*channel, provider.ResourceProvider, string, *relayError) {
 	name, up, ok := parseItemID(c.secret, kind, c.group.name, id)
 	if !ok {
 		return nil, nil, "", errResourceNotFound(kind, id)
@@ -294,7 +249,7 @@ func (c *resourceCtx) item() *failure {
 	case opContent:
 		path += "/content"
 	}
-	call := &ResourceCall{Channel: ch.name, Method: c.req.Method, Path: path, RawQuery: c.req.URL.RawQuery, Header: c.req.Header, ContentLength: -1}
+	call := &provider.ResourceCall{Channel: ch.name, Method: c.req.Method, Path: path, RawQuery: c.req.URL.RawQuery, Header: c.req.Header, ContentLength: -1}
 	a := c.send(ch, rp, call, ch.firstByte)
 	if a.resp == nil {
 		if f := a.failure; f != nil && f.err == nil {
@@ -379,7 +334,7 @@ type resourceAttempt struct {
 // send sends call to ch, within the channel's limits and breaker: the
 // answer must arrive within headerTimeout. An error answer comes back as the
 // failure that passes it on.
-func (c *resourceCtx) send(ch *channel, rp ResourceProvider, call *ResourceCall, headerTimeout time.Duration) *resourceAttempt {
+func (c *resourceCtx) send(ch *channel, rp provider.ResourceProvider, call *provider.ResourceCall, headerTimeout time.Duration) *resourceAttempt {
 	r, in := c.r, c.in
 	a := &resourceAttempt{c: c, ch: ch, start: time.Now()}
 	t, scope := ch.health.admit(r.now(), -1)
@@ -651,7 +606,7 @@ func (c *resourceCtx) create() *failure {
 		}
 		tried = append(tried, ch)
 		rp, _ := servesResource(ch, c.rq.kind)
-		call := &ResourceCall{Channel: ch.name, Method: http.MethodPost, Path: path, RawQuery: c.req.URL.RawQuery, Header: c.req.Header, ContentLength: int64(len(body))}
+		call := &provider.ResourceCall{Channel: ch.name, Method: http.MethodPost, Path: path, RawQuery: c.req.URL.RawQuery, Header: c.req.Header, ContentLength: int64(len(body))}
 		timeout := ch.firstByte
 		if upload != nil {
 			call.Body, call.ContentLength, timeout = upload, c.req.ContentLength, ch.response
