@@ -14,6 +14,7 @@ import (
 	"github.com/caddy-relay/relay/provider"
 	"github.com/caddy-relay/relay/providers/anthropic"
 	"github.com/caddy-relay/relay/providers/bedrock"
+	"github.com/caddy-relay/relay/providers/mock"
 	"github.com/caddy-relay/relay/providers/vertex"
 	"github.com/tidwall/gjson"
 )
@@ -471,6 +472,20 @@ func BenchmarkTakesBetas(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		if ok, _ := ch.takes(&n, testNow); !ok {
 			b.Fatal("refused")
+		}
+	}
+}
+
+// TestTheMockAnswersFeaturesAsAnthropic: the mock imitates Anthropic's API,
+// and its column of the feature table is Anthropic's.
+func TestTheMockAnswersFeaturesAsAnthropic(t *testing.T) {
+	names := []string{"no-such-beta-2099-01-01"}
+	for _, r := range featureTable {
+		names = append(names, r.name)
+	}
+	for _, name := range names {
+		if a, m := (&anthropic.Provider{}).Supports(name), (&mock.Provider{}).Supports(name); a != m {
+			t.Errorf("%s: anthropic %v, mock %v", name, a, m)
 		}
 	}
 }

@@ -458,9 +458,9 @@ func TestARefusedModelIsSetAsideAloneOnBedrock(t *testing.T) {
 	fb := newFakeBedrock(t, byModel("claude-opus", bedrockFailure(403, "AccessDeniedException", "You don't have access to the model with the specified model ID.")))
 	fallback := fakeupstream.New(t, fakeupstream.Message("from anthropic"))
 	// the bedrock channel lists no models: the client picks the model id
-	bedrock := strings.Replace(bedrockChannel(t, "hostile-br", fb.URL, "priority 1"),
+	brChannel := strings.Replace(bedrockChannel(t, "hostile-br", fb.URL, "priority 1"),
 		"\t\t\tmodels claude-sonnet-4-5=us.anthropic.claude-sonnet-4-5-20250929-v1:0\n", "", 1)
-	startRelay(t, bedrock+channelBlock("hostile-br-fallback", fallback.URL, "priority 2")+
+	startRelay(t, brChannel+channelBlock("hostile-br-fallback", fallback.URL, "priority 2")+
 		keyAndGroup("hostile-br", "hostile-br hostile-br-fallback", "expose_channel")+
 		"\t\tkey sk-bedrock-only-0123456789 hostile-br-only\n\t\tgroup hostile-br-only {\n\t\t\tchannels hostile-br\n\t\t}\n")
 	opus := `{"model":"claude-opus-4-1","max_tokens":16,"messages":[{"role":"user","content":"Hi"}]}`
