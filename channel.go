@@ -314,8 +314,8 @@ func pickDuration(channel, relay caddy.Duration, def time.Duration) time.Duratio
 }
 
 // isPlaceholder reports whether s is made of a Caddy placeholder, which
-// Provision resolves, rather than the secret itself: as a provider's
-// secrets, so a key's and the storage's.
+// Provision resolves, rather than the secret itself: the test a provider's
+// secrets get (provider.IsPlaceholder), given to the relay's own.
 func isPlaceholder(s string) bool { return provider.IsPlaceholder(s) }
 
 // resolveSecret resolves the global placeholders ({env.*}, {file.*}) in s
