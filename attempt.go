@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/caddy-relay/relay/provider"
 	"go.uber.org/zap"
 )
 
@@ -91,7 +92,7 @@ func (r *Relay) logCooling(in *inbound, ch *channel, v *verdict, cooled time.Dur
 // over but nothing is set aside: a client must not be able to take a
 // feature from a shared channel by pairing it with one the channel lacks.
 func (r *Relay) lacking(v *verdict, in *inbound, ch *channel, body []byte) {
-	lacked, certain := lackedFeatures(ch.features.bedrockWords, body, &in.needs)
+	lacked, certain := lackedFeatures(ch.features.refusals, body, &in.needs)
 	if len(lacked) == 0 || in.key == nil || !in.group().anotherTakes(&in.sel, ch, lacked) {
 		return
 	}
@@ -107,8 +108,9 @@ func (r *Relay) lacking(v *verdict, in *inbound, ch *channel, body []byte) {
 	}
 }
 
-// maxErrorBody bounds how much of an upstream error body is read.
-const maxErrorBody = 1 << 20
+// maxErrorBody bounds how much of an upstream error body is read: as much
+// as a provider reads.
+const maxErrorBody = provider.MaxErrorBody
 
 // attempt sends the request to ch once and, when the answer proves itself,
 // commits it to the client. A stream is relayed from inside it, for as
@@ -195,11 +197,11 @@ func sendFailed(ctx context.Context, req *http.Request, ch *channel, err error, 
 // notSent is an attempt whose provider could not make its request: it
 // failed, or it answers for its upstream (an UpstreamError).
 func (r *Relay) notSent(ctx context.Context, req *http.Request, in *inbound, ch *channel, err error) attemptResult {
-	var ue UpstreamError
+	var ue provider.UpstreamError
 	if !errors.As(err, &ue) {
 		return failed(ctx, req, ch, err)
 	}
-	body := (&relayError{typ: anthropicType(ue.Status), msg: ue.Message}).body(cmp.Or(ue.RequestID, in.id))
+	body := provider.ErrorBody(provider.ErrorType(ue.Status), ue.Message, cmp.Or(ue.RequestID, in.id))
 	h := http.Header{"Content-Type": {"application/json"}}
 	return attemptResult{verdict: classifyStatus(ue.Status, h, body, r.now()), channel: ch, status: ue.Status, header: h, body: body}
 }
@@ -207,13 +209,13 @@ func (r *Relay) notSent(ctx context.Context, req *http.Request, in *inbound, ch 
 // errorStatus is an attempt the upstream answered with an error status:
 // its answer is classified, and kept for the client in case no other
 // attempt follows.
-func (r *Relay) errorStatus(ctx context.Context, req *http.Request, in *inbound, ch *channel, call *Call, resp *http.Response, firstByte time.Duration) attemptResult {
+func (r *Relay) errorStatus(ctx context.Context, req *http.Request, in *inbound, ch *channel, call *provider.Call, resp *http.Response, firstByte time.Duration) attemptResult {
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 	if err != nil {
 		return failed(ctx, req, ch, err)
 	}
 	v := classifyStatus(resp.StatusCode, resp.Header, body, r.now())
-	if refusesModel(resp.StatusCode, body, providerRefusedModel(resp), call.Model) {
+	if refusesModel(resp.StatusCode, body, provider.RefusesModel(resp), call.Model) {
 		v.outcome, v.reason, v.model = outcomeModelRefused, "model refused", in.target
 	}
 	if resp.StatusCode == http.StatusBadRequest && v.outcome == outcomeClientError && !in.needs.empty() {

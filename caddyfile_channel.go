@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -102,7 +103,7 @@ func parseChannel(d *caddyfile.Dispenser, pos positions) (*Channel, error) {
 	}
 	ch.UpstreamRaw = caddyconfig.JSONModuleObject(p, "provider", up.name, nil)
 	if transport != nil {
-		if _, inProcess := p.(Transporter); inProcess {
+		if _, inProcess := p.(provider.Transporter); inProcess {
 			return nil, d.Errf("channel %q: provider %s answers in-process and takes no transport", ch.Name, up.name)
 		}
 		// as reverse_proxy does: an https upstream gets a TLS transport

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 )
@@ -56,8 +57,8 @@ func (u *providerLines) take(d *caddyfile.Dispenser) {
 // unmarshal hands the lines to the provider's module, as a block of its
 // own, `<name> { <lines> }`, that opens on the channel's line (where a
 // provider's errors about the whole block point).
-func (u *providerLines) unmarshal(channel caddyfile.Token) (Provider, error) {
-	id := providerNamespace + "." + u.name
+func (u *providerLines) unmarshal(channel caddyfile.Token) (provider.Provider, error) {
+	id := provider.Namespace + "." + u.name
 	if _, err := caddy.GetModule(id); err != nil {
 		at := channel
 		if u.at.Text != "" {
@@ -65,7 +66,7 @@ func (u *providerLines) unmarshal(channel caddyfile.Token) (Provider, error) {
 		}
 		d := caddyfile.NewDispenser([]caddyfile.Token{at})
 		d.Next()
-		return nil, d.Errf("unknown provider %q (known: %s)", u.name, strings.Join(providerNames(), ", "))
+		return nil, d.Errf("unknown provider %q (known: %s)", u.name, strings.Join(provider.Names(), ", "))
 	}
 	open := channel
 	open.Text = u.name
@@ -84,9 +85,9 @@ func (u *providerLines) unmarshal(channel caddyfile.Token) (Provider, error) {
 	if err != nil {
 		return nil, err
 	}
-	p, ok := mod.(Provider)
+	p, ok := mod.(provider.Provider)
 	if !ok {
-		return nil, fmt.Errorf("provider %s: module %T does not implement relay.Provider", u.name, mod)
+		return nil, fmt.Errorf("provider %s: module %T does not implement provider.Provider", u.name, mod)
 	}
 	return p, nil
 }

@@ -8,10 +8,10 @@ import (
 	"net/http"
 	"net/url"
 	"reflect"
-	"strings"
 	"sync"
 	"time"
 
+	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 )
@@ -20,7 +20,7 @@ import (
 // once at load time.
 type channel struct {
 	name       string
-	provider   Provider
+	provider   provider.Provider
 	rt         http.RoundTripper
 	host       string            // upstream host, to prefer another one after a 529
 	models     map[string]string // client name -> upstream name; nil serves all
@@ -52,7 +52,6 @@ const (
 	defaultMaxCooldown         = 5 * time.Minute
 	defaultAuthCooldown        = 30 * time.Minute
 	defaultCapabilityTTL       = time.Hour
-	defaultAnthropicURL        = "https://api.anthropic.com"
 )
 
 // serves reports whether the channel serves model.
@@ -105,7 +104,7 @@ func (r *Relay) provisionChannel(ctx caddy.Context, cfg *Channel) (*channel, err
 	if err := r.loadProvider(ctx, cfg, ch); err != nil {
 		return nil, err
 	}
-	ch.features = newChannelFeatures(ch.provider, ch.providerName(), append(cfg.Allow, cfg.Supports...), cfg.Lacks, cfg.Strip)
+	ch.features = newChannelFeatures(ch.provider, append(cfg.Allow, cfg.Supports...), cfg.Lacks, cfg.Strip)
 
 	if cfg.Probe != nil {
 		ch.probe = newProbe(cfg)
@@ -143,16 +142,16 @@ func (r *Relay) loadProvider(ctx caddy.Context, cfg *Channel, ch *channel) error
 	if cfg.UpstreamRaw == nil {
 		cfg.UpstreamRaw = json.RawMessage(`{"provider":"` + providerAnthropic + `"}`)
 	}
-	mod, err := ctx.WithValue(channelNameKey{}, cfg.Name).LoadModule(cfg, "UpstreamRaw")
+	mod, err := provider.WithChannel(ctx, cfg.Name).LoadModule(cfg, "UpstreamRaw")
 	if err != nil {
 		return fmt.Errorf("provider: %v", err)
 	}
-	p, ok := mod.(Provider)
+	p, ok := mod.(provider.Provider)
 	if !ok {
-		return fmt.Errorf("provider: module %T does not implement relay.Provider", mod)
+		return fmt.Errorf("provider: module %T does not implement provider.Provider", mod)
 	}
 	ch.provider = p
-	if t, ok := p.(Transporter); ok {
+	if t, ok := p.(provider.Transporter); ok {
 		if cfg.TransportRaw != nil {
 			return fmt.Errorf("its provider answers in-process and takes no transport")
 		}
@@ -166,16 +165,6 @@ func (r *Relay) loadProvider(ctx caddy.Context, cfg *Channel, ch *channel) error
 	ch.host = u.Host
 	ch.rt, err = r.loadTransport(ctx, cfg, u.Scheme == "https")
 	return err
-}
-
-// channelNameKey is the context key under which a provider's Provision
-// finds the name of its channel (see channelOf).
-type channelNameKey struct{}
-
-// channelOf is the name of the channel whose provider ctx provisions.
-func channelOf(ctx context.Context) string {
-	name, _ := ctx.Value(channelNameKey{}).(string)
-	return name
 }
 
 // resolveBreaker merges the channel's and the relay's breaker blocks field
@@ -325,22 +314,14 @@ func pickDuration(channel, relay caddy.Duration, def time.Duration) time.Duratio
 }
 
 // isPlaceholder reports whether s is made of a Caddy placeholder, which
-// Provision resolves, rather than the secret itself.
-func isPlaceholder(s string) bool {
-	return strings.HasPrefix(s, "{") && strings.HasSuffix(s, "}")
-}
+// Provision resolves, rather than the secret itself: the test a provider's
+// secrets get (provider.IsPlaceholder), given to the relay's own.
+func isPlaceholder(s string) bool { return provider.IsPlaceholder(s) }
 
 // resolveSecret resolves the global placeholders ({env.*}, {file.*}) in s
-// with a fresh replacer, so request placeholders can never leak in. An empty
-// result is an error: a channel or key without its secret is unusable. The
-// error names the placeholder, never a value.
-func resolveSecret(s string) (string, error) {
-	v, err := caddy.NewReplacer().ReplaceOrErr(s, true, true)
-	if err != nil {
-		return "", err
-	}
-	return v, nil
-}
+// as a provider's secrets are (provider.ResolvePlaceholders): a fresh
+// replacer, an error for an empty result, naming no value.
+func resolveSecret(s string) (string, error) { return provider.ResolvePlaceholders(s) }
 
 // Channel is one upstream credential: a provider, its address and key, the
 // models it serves and how much traffic it gets.

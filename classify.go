@@ -58,7 +58,8 @@ type verdict struct {
 }
 
 // classes is the classification table: each upstream status, the error
-// type Anthropic sends with it, and what the relay does about it. The
+// type Anthropic sends with it (as provider.ErrorType gives it to
+// providers), and what the relay does about it. The
 // lookups below derive from it; a status not listed is the client's error
 // below 500 and transient from 500 up, and a 2xx is a success.
 var classes = [...]struct {
@@ -104,21 +105,6 @@ func typeOutcome(typ string) outcome {
 		}
 	}
 	return outcomeClientError
-}
-
-// anthropicType is the Anthropic error type of a status, for a cloud's
-// errors that name none: as the table says, else api_error from 500 up,
-// else invalid_request_error (which the API uses for other 4xx).
-func anthropicType(status int) string {
-	for _, c := range classes {
-		if c.status == status && c.typ != "" {
-			return c.typ
-		}
-	}
-	if status >= 500 {
-		return "api_error"
-	}
-	return "invalid_request_error"
 }
 
 // accountRefusals are the starts of the messages with which Anthropic

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 )
 
@@ -336,13 +337,13 @@ func TestTheTableDerivesEveryLookup(t *testing.T) {
 		if got := typeOutcome(c.typ); got != c.outcome {
 			t.Errorf("typeOutcome(%q) = %v, want %v: a stream error and a status must mean the same", c.typ, got, c.outcome)
 		}
-		if got := anthropicType(c.status); got != c.typ {
-			t.Errorf("anthropicType(%d) = %q, want %q", c.status, got, c.typ)
+		if got := provider.ErrorType(c.status); got != c.typ {
+			t.Errorf("provider.ErrorType(%d) = %q, want %q: a provider's errors must mean what the table says", c.status, got, c.typ)
 		}
 	}
 	for status, want := range map[int]string{418: "invalid_request_error", 507: "api_error", 502: "api_error"} {
-		if got := anthropicType(status); got != want {
-			t.Errorf("anthropicType(%d) = %q, want %q", status, got, want)
+		if got := provider.ErrorType(status); got != want {
+			t.Errorf("provider.ErrorType(%d) = %q, want %q", status, got, want)
 		}
 	}
 	if typeOutcome("") != outcomeClientError || typeOutcome("no_such_error") != outcomeClientError {

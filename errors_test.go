@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/sse"
+	"github.com/caddy-relay/relay/provider"
 )
 
 func TestRelayErrorBodyIsAnthropicShape(t *testing.T) {
@@ -178,5 +179,19 @@ func TestSSEError(t *testing.T) {
 	}
 	if _, err := rd.Next(); err != io.EOF {
 		t.Errorf("after the frame: %v, want io.EOF", err)
+	}
+}
+
+// TestAProvidersErrorsAreTheRelays: a provider's Anthropic errors
+// (package provider) and the relay's own are the same bytes.
+func TestAProvidersErrorsAreTheRelays(t *testing.T) {
+	for _, requestID := range []string{"", "req_1"} {
+		e := &relayError{typ: "rate_limit_error", msg: `slow <down> "now"`}
+		if got, want := provider.ErrorBody(e.typ, e.msg, requestID), e.body(requestID); string(got) != string(want) {
+			t.Errorf("provider.ErrorBody = %s, the relay's %s", got, want)
+		}
+		if got, want := provider.ErrorEvent(e.typ, e.msg, requestID), sseError(e.typ, e.msg, requestID); string(got) != string(want) {
+			t.Errorf("provider.ErrorEvent = %q, the relay's %q", got, want)
+		}
 	}
 }

@@ -2,7 +2,6 @@ package relay
 
 import (
 	"net/http"
-	"slices"
 	"strings"
 )
 
@@ -27,148 +26,69 @@ var kindNames = [...]string{kindField: "field", kindTool: "server tool", kindCon
 
 func (k featureKind) String() string { return kindNames[k] }
 
-// Support is what an upstream wire does with a feature.
-type Support uint8
-
-const (
-	// Unsupported: the wire refuses a request that carries it (or would
-	// serve something else).
-	Unsupported Support = iota
-	// Supported: the wire takes it as the client sent it.
-	Supported
-	// OptIn: the wire takes it, but only some accounts may use it (or it
-	// costs more): a channel takes it when its config says `supports`.
-	OptIn
-	// Strip: the channel takes the request without it: the relay removes
-	// it before sending. Only a channel's config says so, never a default.
-	Strip
-)
-
-var supportNames = [...]string{"no", "yes", "opt-in", "strip"}
-
-func (s Support) String() string { return supportNames[s] }
-
-// FeatureSupport is implemented by a provider that knows which features
-// its wire supports; the built-in providers answer from the feature
-// table. A provider without it is taken to support every feature, and its
-// upstream's refusals teach the relay what it lacks.
-type FeatureSupport interface {
-	// Supports says what the wire does with the feature named name: a
-	// name of the feature table, or an anthropic-beta value it does not
-	// list.
-	Supports(name string) Support
-}
-
-// featureRow is one row of the feature table: a feature and what each
-// built-in provider's wire does with it. The mock provider imitates
-// Anthropic's API and answers as anthropic does. docs/providers.md holds
-// the same table with the source of each row; a test keeps the two equal.
+// featureRow is one row of the feature table: a feature the relay knows.
+// What each wire does with it is its provider's to say
+// (provider.FeatureSupport): each built-in provider holds its column.
+// docs/providers.md holds the table with every built-in provider's column
+// and the source of each row; a test keeps the two equal.
 type featureRow struct {
-	name                       string
-	kind                       featureKind
-	anthropic, bedrock, vertex Support
-	prefix                     string // kindTool: the prefix of the tool's type
+	name   string
+	kind   featureKind
+	prefix string // kindTool: the prefix of the tool's type
 }
-
-// Shorthands for the table.
-const (
-	yes   = Supported
-	no    = Unsupported
-	optIn = OptIn
-)
 
 // featureTable lists the features the relay knows. Fields, tools and the
 // long context are the known, bit-numbered features (in this order); the
-// betas are named by their header value, and a beta the table does not
-// list takes its provider's default (otherBetas).
+// betas are named by their header value, and a provider says what its wire
+// does with a beta the table does not list.
 var featureTable = []featureRow{
-	{name: "service_tier", kind: kindField, anthropic: optIn, bedrock: no, vertex: no},
-	{name: "inference_geo", kind: kindField, anthropic: optIn, bedrock: no, vertex: no},
-	{name: "speed", kind: kindField, anthropic: optIn, bedrock: no, vertex: no},
-	{name: "mcp_servers", kind: kindField, anthropic: yes, bedrock: no, vertex: no},
-	{name: "container", kind: kindField, anthropic: yes, bedrock: no, vertex: no},
-	{name: "context_management", kind: kindField, anthropic: yes, bedrock: yes, vertex: yes},
-	{name: "cache_control", kind: kindField, anthropic: yes, bedrock: no, vertex: yes},
-	{name: "output_config", kind: kindField, anthropic: yes, bedrock: yes, vertex: yes},
-	{name: "web_search", kind: kindTool, prefix: "web_search_", anthropic: yes, bedrock: no, vertex: yes},
-	{name: "web_fetch", kind: kindTool, prefix: "web_fetch_", anthropic: yes, bedrock: no, vertex: no},
-	{name: "code_execution", kind: kindTool, prefix: "code_execution_", anthropic: yes, bedrock: no, vertex: no},
-	{name: "tool_search", kind: kindTool, prefix: "tool_search_tool_", anthropic: yes, bedrock: yes, vertex: yes},
-	{name: "long_context", kind: kindContext, anthropic: yes, bedrock: yes, vertex: yes},
+	{name: "service_tier", kind: kindField},
+	{name: "inference_geo", kind: kindField},
+	{name: "speed", kind: kindField},
+	{name: "mcp_servers", kind: kindField},
+	{name: "container", kind: kindField},
+	{name: "context_management", kind: kindField},
+	{name: "cache_control", kind: kindField},
+	{name: "output_config", kind: kindField},
+	{name: "web_search", kind: kindTool, prefix: "web_search_"},
+	{name: "web_fetch", kind: kindTool, prefix: "web_fetch_"},
+	{name: "code_execution", kind: kindTool, prefix: "code_execution_"},
+	{name: "tool_search", kind: kindTool, prefix: "tool_search_tool_"},
+	{name: "long_context", kind: kindContext},
 
-	{name: "advanced-tool-use-2025-11-20", kind: kindBeta, anthropic: yes, bedrock: no, vertex: no},
-	{name: "claude-code-20250219", kind: kindBeta, anthropic: yes, bedrock: no, vertex: no},
-	{name: "code-execution-2025-05-22", kind: kindBeta, anthropic: yes, bedrock: no, vertex: no},
-	{name: "code-execution-2025-08-25", kind: kindBeta, anthropic: yes, bedrock: no, vertex: no},
-	{name: "compact-2026-01-12", kind: kindBeta, anthropic: yes, bedrock: yes, vertex: yes},
-	{name: "computer-use-2024-10-22", kind: kindBeta, anthropic: yes, bedrock: yes, vertex: yes},
-	{name: "computer-use-2025-01-24", kind: kindBeta, anthropic: yes, bedrock: yes, vertex: yes},
-	{name: "context-1m-2025-08-07", kind: kindBeta, anthropic: yes, bedrock: yes, vertex: yes},
-	{name: "context-management-2025-06-27", kind: kindBeta, anthropic: yes, bedrock: yes, vertex: yes},
-	{name: "dev-full-thinking-2025-05-14", kind: kindBeta, anthropic: yes, bedrock: yes, vertex: yes},
-	{name: "effort-2025-11-24", kind: kindBeta, anthropic: yes, bedrock: yes, vertex: no},
-	{name: "extended-cache-ttl-2025-04-11", kind: kindBeta, anthropic: yes, bedrock: no, vertex: yes},
-	{name: "fast-mode-2026-02-01", kind: kindBeta, anthropic: yes, bedrock: no, vertex: no},
-	{name: "files-api-2025-04-14", kind: kindBeta, anthropic: yes, bedrock: no, vertex: no},
-	{name: "fine-grained-tool-streaming-2025-05-14", kind: kindBeta, anthropic: yes, bedrock: yes, vertex: no},
-	{name: "interleaved-thinking-2025-05-14", kind: kindBeta, anthropic: yes, bedrock: yes, vertex: yes},
-	{name: "mcp-client-2025-04-04", kind: kindBeta, anthropic: yes, bedrock: yes, vertex: no},
-	{name: "mcp-client-2025-11-20", kind: kindBeta, anthropic: yes, bedrock: yes, vertex: no},
-	{name: "memory-2025-08-18", kind: kindBeta, anthropic: yes, bedrock: no, vertex: yes},
-	{name: "model-context-window-exceeded-2025-08-26", kind: kindBeta, anthropic: yes, bedrock: yes, vertex: yes},
-	{name: "oauth-2025-04-20", kind: kindBeta, anthropic: yes, bedrock: no, vertex: no},
-	{name: "output-128k-2025-02-19", kind: kindBeta, anthropic: yes, bedrock: yes, vertex: no},
-	{name: "pdfs-2024-09-25", kind: kindBeta, anthropic: yes, bedrock: yes, vertex: yes},
-	{name: "prompt-caching-2024-07-31", kind: kindBeta, anthropic: yes, bedrock: no, vertex: yes},
-	{name: "prompt-caching-scope-2026-01-05", kind: kindBeta, anthropic: yes, bedrock: no, vertex: no},
-	{name: "search-results-2025-06-09", kind: kindBeta, anthropic: yes, bedrock: yes, vertex: yes},
-	{name: "skills-2025-10-02", kind: kindBeta, anthropic: yes, bedrock: no, vertex: no},
-	{name: "structured-outputs-2025-11-13", kind: kindBeta, anthropic: yes, bedrock: no, vertex: no},
-	{name: "token-counting-2024-11-01", kind: kindBeta, anthropic: yes, bedrock: yes, vertex: yes},
-	{name: "token-efficient-tools-2025-02-19", kind: kindBeta, anthropic: yes, bedrock: yes, vertex: no},
-	{name: "tool-search-tool-2025-10-19", kind: kindBeta, anthropic: yes, bedrock: yes, vertex: yes},
-	{name: "web-fetch-2025-09-10", kind: kindBeta, anthropic: yes, bedrock: no, vertex: no},
-	{name: "web-search-2025-03-05", kind: kindBeta, anthropic: yes, bedrock: yes, vertex: yes},
-}
-
-// otherBetas is what each provider's wire does with a beta the table does
-// not list: Anthropic's takes every beta it knows; Bedrock refuses a whole
-// request for a flag it does not know; Vertex gets the flag and its answer
-// decides (a refusal teaches the relay).
-var otherBetas = struct{ anthropic, bedrock, vertex Support }{anthropic: yes, bedrock: no, vertex: yes}
-
-// column is one provider's view of the table.
-type column func(featureRow) Support
-
-var (
-	anthropicColumn column = func(r featureRow) Support { return r.anthropic }
-	bedrockColumn   column = func(r featureRow) Support { return r.bedrock }
-	vertexColumn    column = func(r featureRow) Support { return r.vertex }
-)
-
-// lookup answers Supports for a built-in provider: the table's row, else
-// other (Supports is asked about the table's names and about betas).
-func (c column) lookup(name string, other Support) Support {
-	if r, ok := featureByName[name]; ok {
-		return c(featureTable[r])
-	}
-	return other
-}
-
-// wireSupport answers Supports for a cloud provider: its column of the
-// table, unless its own betas list (`*`: every flag) or strip_fields say
-// otherwise.
-func wireSupport(name string, col column, other Support, betas, stripFields []string) Support {
-	if slices.Contains(stripFields, name) {
-		return Strip
-	}
-	if len(betas) > 0 && bitOf(name) == 0 { // a beta
-		if slices.Contains(betas, "*") || slices.Contains(betas, name) {
-			return Supported
-		}
-		return Unsupported
-	}
-	return col.lookup(name, other)
+	{name: "advanced-tool-use-2025-11-20", kind: kindBeta},
+	{name: "claude-code-20250219", kind: kindBeta},
+	{name: "code-execution-2025-05-22", kind: kindBeta},
+	{name: "code-execution-2025-08-25", kind: kindBeta},
+	{name: "compact-2026-01-12", kind: kindBeta},
+	{name: "computer-use-2024-10-22", kind: kindBeta},
+	{name: "computer-use-2025-01-24", kind: kindBeta},
+	{name: "context-1m-2025-08-07", kind: kindBeta},
+	{name: "context-management-2025-06-27", kind: kindBeta},
+	{name: "dev-full-thinking-2025-05-14", kind: kindBeta},
+	{name: "effort-2025-11-24", kind: kindBeta},
+	{name: "extended-cache-ttl-2025-04-11", kind: kindBeta},
+	{name: "fast-mode-2026-02-01", kind: kindBeta},
+	{name: "files-api-2025-04-14", kind: kindBeta},
+	{name: "fine-grained-tool-streaming-2025-05-14", kind: kindBeta},
+	{name: "interleaved-thinking-2025-05-14", kind: kindBeta},
+	{name: "mcp-client-2025-04-04", kind: kindBeta},
+	{name: "mcp-client-2025-11-20", kind: kindBeta},
+	{name: "memory-2025-08-18", kind: kindBeta},
+	{name: "model-context-window-exceeded-2025-08-26", kind: kindBeta},
+	{name: "oauth-2025-04-20", kind: kindBeta},
+	{name: "output-128k-2025-02-19", kind: kindBeta},
+	{name: "pdfs-2024-09-25", kind: kindBeta},
+	{name: "prompt-caching-2024-07-31", kind: kindBeta},
+	{name: "prompt-caching-scope-2026-01-05", kind: kindBeta},
+	{name: "search-results-2025-06-09", kind: kindBeta},
+	{name: "skills-2025-10-02", kind: kindBeta},
+	{name: "structured-outputs-2025-11-13", kind: kindBeta},
+	{name: "token-counting-2024-11-01", kind: kindBeta},
+	{name: "token-efficient-tools-2025-02-19", kind: kindBeta},
+	{name: "tool-search-tool-2025-10-19", kind: kindBeta},
+	{name: "web-fetch-2025-09-10", kind: kindBeta},
+	{name: "web-search-2025-03-05", kind: kindBeta},
 }
 
 // featureSet is a set of the known, bit-numbered features: the table's

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/caddy-relay/relay/provider"
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 )
@@ -30,47 +31,50 @@ type channelFeatures struct {
 	strips featureSet // known features it removes
 	// tableBetas is what it does with each beta of the feature table, by
 	// the beta's row (the rows of the known features are unused):
-	// Supported, Unsupported or Strip
-	tableBetas []Support
+	// provider.Supported, provider.Unsupported or provider.Strip
+	tableBetas []provider.Support
 	// configBetas is what it does with the betas its config names that
 	// the table does not; nil when there are none
-	configBetas map[string]Support
-	// provider answers for the betas nothing names; nil: every one is
+	configBetas map[string]provider.Support
+	// wire answers for the betas nothing names; nil: every one is
 	// supported
-	provider        FeatureSupport
+	wire            provider.FeatureSupport
 	stripOtherBetas bool // `strip unsupported_betas`
-	bedrockWords    bool // its provider refuses in Bedrock's words, not Anthropic's (see lackedFeatures)
+	// refusals reads its provider's refusals of a feature; nil: they are
+	// in Anthropic's words (see lackedFeatures)
+	refusals provider.RefusalReader
 }
 
 // newChannelFeatures resolves a channel's features from its provider and
 // its lines (validated already).
-func newChannelFeatures(p Provider, providerName string, supports, lacks, strip []string) channelFeatures {
-	f := channelFeatures{tableBetas: make([]Support, len(featureTable)), bedrockWords: providerName == "bedrock"}
-	fs, _ := p.(FeatureSupport)
-	f.provider = fs
-	wire := func(name string) Support {
+func newChannelFeatures(p provider.Provider, supports, lacks, strip []string) channelFeatures {
+	f := channelFeatures{tableBetas: make([]provider.Support, len(featureTable))}
+	f.refusals, _ = p.(provider.RefusalReader)
+	fs, _ := p.(provider.FeatureSupport)
+	f.wire = fs
+	wire := func(name string) provider.Support {
 		if fs == nil {
-			return Supported
+			return provider.Supported
 		}
 		return fs.Supports(name)
 	}
 	for i, r := range featureTable {
 		s := wire(r.name)
-		if s == OptIn {
-			s = Unsupported
+		if s == provider.OptIn {
+			s = provider.Unsupported
 		}
 		if r.kind == kindBeta {
 			f.tableBetas[i] = s
 			continue
 		}
 		switch s {
-		case Supported:
+		case provider.Supported:
 			f.takes |= 1 << i
-		case Strip:
+		case provider.Strip:
 			f.strips |= 1 << i
 		}
 	}
-	set := func(names []string, s Support) {
+	set := func(names []string, s provider.Support) {
 		for _, name := range names {
 			if name == stripOtherBetas {
 				f.stripOtherBetas = true
@@ -80,9 +84,9 @@ func newChannelFeatures(p Provider, providerName string, supports, lacks, strip 
 				f.takes &^= b
 				f.strips &^= b
 				switch s {
-				case Supported:
+				case provider.Supported:
 					f.takes |= b
-				case Strip:
+				case provider.Strip:
 					f.strips |= b
 				}
 				continue
@@ -92,31 +96,31 @@ func newChannelFeatures(p Provider, providerName string, supports, lacks, strip 
 				continue
 			}
 			if f.configBetas == nil {
-				f.configBetas = map[string]Support{}
+				f.configBetas = map[string]provider.Support{}
 			}
 			f.configBetas[name] = s
 		}
 	}
-	set(supports, Supported)
-	set(lacks, Unsupported)
-	set(strip, Strip)
+	set(supports, provider.Supported)
+	set(lacks, provider.Unsupported)
+	set(strip, provider.Strip)
 	return f
 }
 
 // beta is what the channel's config and wire do with an anthropic-beta
 // value.
-func (f *channelFeatures) beta(flag string) Support {
+func (f *channelFeatures) beta(flag string) provider.Support {
 	s, ok := f.named(flag)
 	if !ok {
-		s = Supported
-		if f.provider != nil {
-			if s = f.provider.Supports(flag); s == OptIn {
-				s = Unsupported
+		s = provider.Supported
+		if f.wire != nil {
+			if s = f.wire.Supports(flag); s == provider.OptIn {
+				s = provider.Unsupported
 			}
 		}
 	}
-	if s == Unsupported && f.stripOtherBetas {
-		return Strip
+	if s == provider.Unsupported && f.stripOtherBetas {
+		return provider.Strip
 	}
 	return s
 }
@@ -129,7 +133,7 @@ func (f *channelFeatures) names(features []string) bool {
 		if bitOf(name) != 0 {
 			continue
 		}
-		if s, ok := f.named(name); !ok || s == Unsupported {
+		if s, ok := f.named(name); !ok || s == provider.Unsupported {
 			return false
 		}
 	}
@@ -138,7 +142,7 @@ func (f *channelFeatures) names(features []string) bool {
 
 // named is what the channel does with the beta flag when the table or its
 // config names it.
-func (f *channelFeatures) named(flag string) (Support, bool) {
+func (f *channelFeatures) named(flag string) (provider.Support, bool) {
 	if i, ok := tableBeta(flag); ok {
 		return f.tableBetas[i], true
 	}
@@ -182,9 +186,9 @@ func (ch *channel) takes(n *needs, now time.Time) (ok, strips bool) {
 	strips = n.set&f.strips != 0
 	for _, b := range n.betas {
 		switch f.beta(b) {
-		case Unsupported:
+		case provider.Unsupported:
 			return false, false
-		case Strip:
+		case provider.Strip:
 			strips = true
 		}
 	}
@@ -197,7 +201,7 @@ func (ch *channel) takes(n *needs, now time.Time) (ok, strips bool) {
 			}
 		}
 		for _, b := range n.betas {
-			if f.beta(b) != Strip && learned(b) {
+			if f.beta(b) != provider.Strip && learned(b) {
 				if !f.stripOtherBetas {
 					return false, false
 				}
@@ -217,12 +221,12 @@ func (ch *channel) stripFor(n *needs, now time.Time) (featureSet, []string) {
 	m := ch.health.lacks.Load()
 	for _, b := range n.betas {
 		s := f.beta(b)
-		if s == Supported && f.stripOtherBetas && m != nil {
+		if s == provider.Supported && f.stripOtherBetas && m != nil {
 			if until, ok := (*m)[b]; ok && until > now.UnixNano() {
-				s = Strip
+				s = provider.Strip
 			}
 		}
-		if s == Strip {
+		if s == provider.Strip {
 			betas = append(betas, b)
 		}
 	}
@@ -316,82 +320,89 @@ func stripBetas(h http.Header, drop []string) http.Header {
 	return out
 }
 
-// The starts of the messages with which a provider's wire refuses a
-// feature it does not support; the rest of the message names it. Only the
-// start counts, and only a feature the request carried is learned: a
-// client cannot write its way into another channel's list.
+// The starts of the messages with which Anthropic's API refuses a feature
+// it does not support; the rest of the message names it. Only the start
+// counts, and only a feature the request carried is learned: a client
+// cannot write its way into another channel's list. A provider whose wire
+// words its refusals otherwise reads them itself (provider.RefusalReader).
 const (
-	wordExtraInput  = ": Extra inputs are not permitted"                                           // anthropic: "<field>: Extra inputs are not permitted"
-	wordUnexpected  = "Unexpected value(s) "                                                       // anthropic: "Unexpected value(s) `a`, `b` for the `anthropic-beta` header..."
-	wordBetaHeader  = " for the `anthropic-beta` header"                                           //
-	wordToolTag     = ": Input tag '"                                                              // anthropic: "tools.<i>: Input tag '<type>' found using 'type' does not match..."
-	wordBedrockKey  = "bedrock: ValidationException: Malformed input request: #: extraneous key [" // "...[<field>] is not permitted"
-	wordBedrockBeta = "bedrock: ValidationException: invalid beta flag"
+	wordExtraInput = ": Extra inputs are not permitted" // "<field>: Extra inputs are not permitted"
+	wordUnexpected = "Unexpected value(s) "             // "Unexpected value(s) `a`, `b` for the `anthropic-beta` header..."
+	wordBetaHeader = " for the `anthropic-beta` header" //
+	wordToolTag    = ": Input tag '"                    // "tools.<i>: Input tag '<type>' found using 'type' does not match..."
 )
 
-// lackedFeatures returns the features that a 400 error body from a
-// channel says, in its provider's words (Bedrock's, or Anthropic's), its wire does not support, among
-// the features n carries; none when the message is anything else. The
-// names it returns share no memory with the body or the request (they are
-// kept for capability_ttl), and a beta's is at most maxBetaName bytes.
-// certain says that the message names them; when it does not (Bedrock's
-// beta flags), they are the candidates among which one is refused.
-func lackedFeatures(bedrockWords bool, body []byte, n *needs) (lacked []string, certain bool) {
-	msg := gjson.GetBytes(body, "error.message").String()
-	field := func(name string) []string {
-		if b := bitOf(name); b != 0 && featureTable[lowBit(b)].kind == kindField && n.set&b != 0 {
-			return []string{featureTable[lowBit(b)].name}
-		}
-		return nil
-	}
-	beta := func(out []string, flag string) []string {
-		if len(flag) <= maxBetaName && n.hasBeta(flag) && !slices.Contains(out, flag) {
-			out = append(out, strings.Clone(flag))
-		}
-		return out
-	}
-	if bedrockWords {
-		if rest, ok := strings.CutPrefix(msg, wordBedrockKey); ok {
-			name, _, found := strings.Cut(rest, "] is not permitted")
-			if f := field(name); found && f != nil {
-				return f, true
-			}
-			return nil, false
-		}
-		if strings.HasPrefix(msg, wordBedrockBeta) {
-			// Bedrock does not say which flag: one of those the request
-			// carried, certain only when it carried one
-			var out []string
-			for _, b := range n.betas {
-				out = beta(out, b)
-			}
-			return out, len(out) == 1
-		}
-		return nil, false
-	}
+// anthropicRefusal reads a refusal in Anthropic's words.
+func anthropicRefusal(msg string) provider.Refusal {
 	if name, _, ok := strings.Cut(msg, wordExtraInput); ok {
-		f := field(name) // the message starts with the field's name
-		return f, f != nil
+		return provider.Refusal{Fields: []string{name}} // the message starts with the field's name
 	}
 	if rest, ok := strings.CutPrefix(msg, wordUnexpected); ok {
 		values, _, found := strings.Cut(rest, wordBetaHeader)
 		if !found {
-			return nil, false
+			return provider.Refusal{}
 		}
-		var out []string
+		var r provider.Refusal
 		for v := range strings.SplitSeq(values, ",") {
-			out = beta(out, strings.Trim(strings.TrimSpace(v), "`"))
+			r.Betas = append(r.Betas, strings.Trim(strings.TrimSpace(v), "`"))
 		}
-		return out, out != nil
+		return r
 	}
 	if at, rest, ok := strings.Cut(msg, wordToolTag); ok && strings.HasPrefix(at, "tools.") {
 		if _, err := strconv.Atoi(at[len("tools."):]); err != nil {
-			return nil, false
+			return provider.Refusal{}
 		}
-		typ, _, found := strings.Cut(rest, "'")
-		if b := toolFeature(typ); found && b != 0 && n.set&b != 0 {
-			return []string{featureTable[lowBit(b)].name}, true
+		if typ, _, found := strings.Cut(rest, "'"); found {
+			return provider.Refusal{Tools: []string{typ}}
 		}
+	}
+	return provider.Refusal{}
+}
+
+// lackedFeatures returns the features that a 400 error body from a
+// channel says, in its provider's words (read by reader; nil: Anthropic's),
+// its wire does not support, among the features n carries; none when the
+// message is anything else. The names it returns share no memory with the
+// body or the request (they are kept for capability_ttl), and a beta's is
+// at most maxBetaName bytes. certain says that the message names them;
+// when it does not (one of the betas, unnamed), they are the candidates
+// among which one is refused.
+func lackedFeatures(reader provider.RefusalReader, body []byte, n *needs) (lacked []string, certain bool) {
+	msg := gjson.GetBytes(body, "error.message").String()
+	var r provider.Refusal
+	if reader != nil {
+		r = reader.ReadRefusal(msg)
+	} else {
+		r = anthropicRefusal(msg)
+	}
+	for _, name := range r.Fields {
+		if b := bitOf(name); b != 0 && featureTable[lowBit(b)].kind == kindField && n.set&b != 0 && !slices.Contains(lacked, name) {
+			lacked = append(lacked, featureTable[lowBit(b)].name)
+		}
+	}
+	for _, typ := range r.Tools {
+		if b := toolFeature(typ); b != 0 && n.set&b != 0 && !slices.Contains(lacked, featureTable[lowBit(b)].name) {
+			lacked = append(lacked, featureTable[lowBit(b)].name)
+		}
+	}
+	beta := func(flag string) {
+		if len(flag) <= maxBetaName && n.hasBeta(flag) && !slices.Contains(lacked, flag) {
+			lacked = append(lacked, strings.Clone(flag))
+		}
+	}
+	for _, flag := range r.Betas {
+		beta(flag)
+	}
+	if len(lacked) > 0 {
+		return lacked, true
+	}
+	if r.SomeBeta {
+		// the wire does not say which flag: one of those the request
+		// carried, certain only when it carried one
+		for _, b := range n.betas {
+			beta(b)
+		}
+		return lacked, len(lacked) == 1
 	}
 	return nil, false
 }

@@ -11,6 +11,11 @@ import (
 	"testing"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/provider"
+	"github.com/caddy-relay/relay/providers/anthropic"
+	"github.com/caddy-relay/relay/providers/bedrock"
+	"github.com/caddy-relay/relay/providers/mock"
+	"github.com/caddy-relay/relay/providers/vertex"
 	"github.com/tidwall/gjson"
 )
 
@@ -85,34 +90,34 @@ func TestReadBetas(t *testing.T) {
 func TestChannelFeaturesByProvider(t *testing.T) {
 	tests := []struct {
 		name                   string
-		p                      Provider
+		p                      provider.Provider
 		supports, lacks, strip []string
 		need                   []string
 		wantOK, wantStrips     bool
 	}{
-		{name: "anthropic takes mcp_servers", p: &AnthropicProvider{}, need: []string{"mcp_servers", "web_fetch", "any-beta-2030"}, wantOK: true},
-		{name: "service_tier is opt-in", p: &AnthropicProvider{}, need: []string{"service_tier"}},
-		{name: "supports turns an opt-in on", p: &AnthropicProvider{}, supports: []string{"service_tier"}, need: []string{"service_tier"}, wantOK: true},
-		{name: "lacks wins over the wire", p: &AnthropicProvider{}, lacks: []string{"long_context"}, need: []string{"long_context"}},
-		{name: "bedrock lacks mcp_servers", p: &BedrockProvider{}, need: []string{"mcp_servers"}},
-		{name: "bedrock takes context_management with its beta", p: &BedrockProvider{}, need: []string{"context_management", "compact-2026-01-12"}, wantOK: true},
-		{name: "bedrock lacks betas it does not know", p: &BedrockProvider{}, need: []string{"some-new-beta-2031-01-01"}},
-		{name: "bedrock's betas list replaces its column", p: &BedrockProvider{Betas: []string{"some-new-beta-2031-01-01"}}, need: []string{"some-new-beta-2031-01-01"}, wantOK: true},
-		{name: "bedrock's betas list drops the column's", p: &BedrockProvider{Betas: []string{"some-new-beta-2031-01-01"}}, need: []string{"compact-2026-01-12"}},
-		{name: "bedrock's strip_fields strip", p: &BedrockProvider{StripFields: []string{"mcp_servers"}}, need: []string{"mcp_servers"}, wantOK: true, wantStrips: true},
-		{name: "the channel's strip", p: &BedrockProvider{}, strip: []string{"container", "files-api-2025-04-14"}, need: []string{"container", "files-api-2025-04-14"}, wantOK: true, wantStrips: true},
-		{name: "supports names a beta the table does not list", p: &BedrockProvider{}, supports: []string{"some-new-beta-2031-01-01"}, need: []string{"some-new-beta-2031-01-01"}, wantOK: true},
-		{name: "lacks names a beta of the table", p: &AnthropicProvider{}, lacks: []string{"files-api-2025-04-14"}, need: []string{"files-api-2025-04-14"}},
-		{name: "lacks names a beta the table does not list", p: &VertexProvider{}, lacks: []string{"some-new-beta-2031-01-01"}, need: []string{"some-new-beta-2031-01-01"}},
-		{name: "strip names a beta the table does not list", p: &VertexProvider{}, strip: []string{"some-new-beta-2031-01-01"}, need: []string{"some-new-beta-2031-01-01", "other-beta-2031-01-01"}, wantOK: true, wantStrips: true},
-		{name: "vertex forwards betas it does not know", p: &VertexProvider{}, need: []string{"some-new-beta-2031-01-01", "web_search"}, wantOK: true},
-		{name: "vertex lacks web_fetch", p: &VertexProvider{}, need: []string{"web_fetch"}},
+		{name: "anthropic takes mcp_servers", p: &anthropic.Provider{}, need: []string{"mcp_servers", "web_fetch", "any-beta-2030"}, wantOK: true},
+		{name: "service_tier is opt-in", p: &anthropic.Provider{}, need: []string{"service_tier"}},
+		{name: "supports turns an opt-in on", p: &anthropic.Provider{}, supports: []string{"service_tier"}, need: []string{"service_tier"}, wantOK: true},
+		{name: "lacks wins over the wire", p: &anthropic.Provider{}, lacks: []string{"long_context"}, need: []string{"long_context"}},
+		{name: "bedrock lacks mcp_servers", p: &bedrock.Provider{}, need: []string{"mcp_servers"}},
+		{name: "bedrock takes context_management with its beta", p: &bedrock.Provider{}, need: []string{"context_management", "compact-2026-01-12"}, wantOK: true},
+		{name: "bedrock lacks betas it does not know", p: &bedrock.Provider{}, need: []string{"some-new-beta-2031-01-01"}},
+		{name: "bedrock's betas list replaces its column", p: &bedrock.Provider{Betas: []string{"some-new-beta-2031-01-01"}}, need: []string{"some-new-beta-2031-01-01"}, wantOK: true},
+		{name: "bedrock's betas list drops the column's", p: &bedrock.Provider{Betas: []string{"some-new-beta-2031-01-01"}}, need: []string{"compact-2026-01-12"}},
+		{name: "bedrock's strip_fields strip", p: &bedrock.Provider{StripFields: []string{"mcp_servers"}}, need: []string{"mcp_servers"}, wantOK: true, wantStrips: true},
+		{name: "the channel's strip", p: &bedrock.Provider{}, strip: []string{"container", "files-api-2025-04-14"}, need: []string{"container", "files-api-2025-04-14"}, wantOK: true, wantStrips: true},
+		{name: "supports names a beta the table does not list", p: &bedrock.Provider{}, supports: []string{"some-new-beta-2031-01-01"}, need: []string{"some-new-beta-2031-01-01"}, wantOK: true},
+		{name: "lacks names a beta of the table", p: &anthropic.Provider{}, lacks: []string{"files-api-2025-04-14"}, need: []string{"files-api-2025-04-14"}},
+		{name: "lacks names a beta the table does not list", p: &vertex.Provider{}, lacks: []string{"some-new-beta-2031-01-01"}, need: []string{"some-new-beta-2031-01-01"}},
+		{name: "strip names a beta the table does not list", p: &vertex.Provider{}, strip: []string{"some-new-beta-2031-01-01"}, need: []string{"some-new-beta-2031-01-01", "other-beta-2031-01-01"}, wantOK: true, wantStrips: true},
+		{name: "vertex forwards betas it does not know", p: &vertex.Provider{}, need: []string{"some-new-beta-2031-01-01", "web_search"}, wantOK: true},
+		{name: "vertex lacks web_fetch", p: &vertex.Provider{}, need: []string{"web_fetch"}},
 		{name: "a provider module without a table takes everything", p: stubProvider{}, need: []string{"speed", "mcp_servers", "x-y"}, wantOK: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ch := testChannel("c")
-			ch.features = newChannelFeatures(tt.p, "", tt.supports, tt.lacks, tt.strip)
+			ch.features = newChannelFeatures(tt.p, tt.supports, tt.lacks, tt.strip)
 			n := needing(tt.need...)
 			ok, strips := ch.takes(&n, testNow)
 			if ok != tt.wantOK || strips != tt.wantStrips {
@@ -126,11 +131,11 @@ func TestChannelFeaturesByProvider(t *testing.T) {
 // is a beta the table does not list: its provider answers for it.
 func TestBetaNamedAsAFeature(t *testing.T) {
 	for _, tt := range []struct {
-		p    Provider
+		p    provider.Provider
 		want bool
-	}{{&AnthropicProvider{}, true}, {&BedrockProvider{}, false}} {
+	}{{&anthropic.Provider{}, true}, {&bedrock.Provider{}, false}} {
 		ch := testChannel("c")
-		ch.features = newChannelFeatures(tt.p, "", nil, nil, nil)
+		ch.features = newChannelFeatures(tt.p, nil, nil, nil)
 		n := needs{betas: []string{"web_fetch"}}
 		if ok, _ := ch.takes(&n, testNow); ok != tt.want {
 			t.Errorf("%T: takes the beta web_fetch = %v, want %v", tt.p, ok, tt.want)
@@ -140,7 +145,7 @@ func TestBetaNamedAsAFeature(t *testing.T) {
 
 // stubProvider is a provider module from elsewhere, which says nothing of
 // features.
-type stubProvider struct{ Provider }
+type stubProvider struct{ provider.Provider }
 
 func TestLackedFeatures(t *testing.T) {
 	carried := needing("mcp_servers", "context_management", "web_fetch", "files-api-2025-04-14", "b-2030")
@@ -169,7 +174,11 @@ func TestLackedFeatures(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, certain := lackedFeatures(tt.bedrock, body(tt.msg), &carried)
+			var words provider.RefusalReader // Anthropic's
+			if tt.bedrock {
+				words = &bedrock.Provider{}
+			}
+			got, certain := lackedFeatures(words, body(tt.msg), &carried)
 			if !slices.Equal(got, tt.want) || certain != (len(got) > 0 && !strings.Contains(tt.name, "every one carried")) {
 				t.Errorf("lackedFeatures = %q (certain %v), want %q", got, certain, tt.want)
 			}
@@ -180,7 +189,7 @@ func TestLackedFeatures(t *testing.T) {
 func TestBedrockBetaRefusalIsCertainOnlyForOneFlag(t *testing.T) {
 	one := needing("effort-2025-11-24")
 	msg := []byte(`{"type":"error","error":{"type":"invalid_request_error","message":"bedrock: ValidationException: invalid beta flag"}}`)
-	if got, certain := lackedFeatures(true, msg, &one); !slices.Equal(got, []string{"effort-2025-11-24"}) || !certain {
+	if got, certain := lackedFeatures(&bedrock.Provider{}, msg, &one); !slices.Equal(got, []string{"effort-2025-11-24"}) || !certain {
 		t.Errorf("one flag: %q certain %v", got, certain)
 	}
 }
@@ -385,7 +394,7 @@ func TestFeatureRefusalWithNoOtherChannelReachesTheClient(t *testing.T) {
 
 // TestFeatureTableMatchesDocs reads the feature table of
 // docs/providers.md: the same rows, in the same order, saying the same as
-// the code's table.
+// the code's table and the built-in providers' columns.
 func TestFeatureTableMatchesDocs(t *testing.T) {
 	doc, err := os.ReadFile("docs/providers.md")
 	if err != nil {
@@ -404,14 +413,19 @@ func TestFeatureTableMatchesDocs(t *testing.T) {
 		}
 		rows = append(rows, cells)
 	}
-	want := func(r featureRow) []string {
-		return []string{"`" + r.name + "`", r.kind.String(), r.anthropic.String(), r.bedrock.String(), r.vertex.String()}
+	columns := []provider.FeatureSupport{&anthropic.Provider{}, &bedrock.Provider{}, &vertex.Provider{}}
+	want := func(name, label string, kind featureKind) []string {
+		row := []string{label, kind.String()}
+		for _, c := range columns {
+			row = append(row, c.Supports(name).String())
+		}
+		return row
 	}
 	var code [][]string
 	for _, r := range featureTable {
-		code = append(code, want(r))
+		code = append(code, want(r.name, "`"+r.name+"`", r.kind))
 	}
-	code = append(code, []string{"(other betas)", kindBeta.String(), otherBetas.anthropic.String(), otherBetas.bedrock.String(), otherBetas.vertex.String()})
+	code = append(code, want("no-such-beta-2099-01-01", "(other betas)", kindBeta))
 	if len(rows) != len(code) {
 		t.Errorf("the docs list %d features, the code %d", len(rows), len(code))
 	}
@@ -452,12 +466,26 @@ func TestFeatureStripOnAnAnthropicChannel(t *testing.T) {
 // one the table does not list, which its config names.
 func BenchmarkTakesBetas(b *testing.B) {
 	ch := testChannel("bedrock")
-	ch.features = newChannelFeatures(&BedrockProvider{}, "bedrock", []string{"dev-tools-2026-01-01"}, nil, nil)
+	ch.features = newChannelFeatures(&bedrock.Provider{}, []string{"dev-tools-2026-01-01"}, nil, nil)
 	n := needing("context_management", "interleaved-thinking-2025-05-14", "context-1m-2025-08-07", "dev-tools-2026-01-01")
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
 		if ok, _ := ch.takes(&n, testNow); !ok {
 			b.Fatal("refused")
+		}
+	}
+}
+
+// TestTheMockAnswersFeaturesAsAnthropic: the mock imitates Anthropic's API,
+// and its column of the feature table is Anthropic's.
+func TestTheMockAnswersFeaturesAsAnthropic(t *testing.T) {
+	names := []string{"no-such-beta-2099-01-01"}
+	for _, r := range featureTable {
+		names = append(names, r.name)
+	}
+	for _, name := range names {
+		if a, m := (&anthropic.Provider{}).Supports(name), (&mock.Provider{}).Supports(name); a != m {
+			t.Errorf("%s: anthropic %v, mock %v", name, a, m)
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 )
@@ -94,4 +95,4 @@ func (r *Relay) probeOnce(ctx context.Context, ch *channel) bool {
 	return resp.StatusCode >= 200 && resp.StatusCode < 300
 }
 
-var probeHeader = http.Header{"Anthropic-Version": {anthropicVersion}, "Content-Type": {"application/json"}}
+var probeHeader = http.Header{"Anthropic-Version": {provider.AnthropicVersion}, "Content-Type": {"application/json"}}

@@ -23,6 +23,8 @@ import (
 	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
 	"github.com/caddy-relay/relay/internal/fakeupstream"
 	"github.com/caddy-relay/relay/internal/sse"
+	"github.com/caddy-relay/relay/provider"
+	"github.com/caddy-relay/relay/providers/bedrock"
 	"github.com/tidwall/gjson"
 )
 
@@ -251,7 +253,7 @@ func TestBedrockExceptionsInTheStream(t *testing.T) {
 }
 
 func TestBedrockErrorsMapOntoAnthropicErrors(t *testing.T) {
-	p := &BedrockProvider{}
+	p := &bedrock.Provider{}
 	tests := []struct {
 		name, header string
 		status       int
@@ -283,7 +285,7 @@ func TestBedrockErrorsMapOntoAnthropicErrors(t *testing.T) {
 				resp.Header.Set("X-Amzn-ErrorType", tt.header)
 			}
 			resp.Header.Set("Retry-After", "7")
-			out, err := p.Response(resp, &Call{Path: PathMessages})
+			out, err := p.Response(resp, &provider.Call{Path: provider.PathMessages})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -298,7 +300,7 @@ func TestBedrockErrorsMapOntoAnthropicErrors(t *testing.T) {
 			if out.Header.Get("Retry-After") != "7" {
 				t.Errorf("the upstream's retry-after must survive the translation")
 			}
-			if refused := providerRefusedModel(out); refused != (tt.name == "access denied") {
+			if refused := provider.RefusesModel(out); refused != (tt.name == "access denied") {
 				t.Errorf("refuses the model = %v: only AccessDeniedException refuses the model, not the credential", refused)
 			}
 		})
@@ -418,8 +420,13 @@ func FuzzBedrockEventStream(f *testing.F) {
 	}
 	f.Add([]byte{0, 0, 0, 16, 0, 0, 0, 0, 0xde, 0xad, 0xbe, 0xef})
 	f.Fuzz(func(t *testing.T, frames []byte) {
-		conv := &eventStreamSSE{src: io.NopCloser(bytes.NewReader(frames)), dec: eventstream.NewDecoder()}
-		rd := sse.NewReader(conv, maxEvent)
+		resp := &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"application/vnd.amazon.eventstream"}},
+			Body: io.NopCloser(bytes.NewReader(frames))}
+		conv, err := (&bedrock.Provider{}).Response(resp, &provider.Call{Path: provider.PathMessages, Stream: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rd := sse.NewReader(conv.Body, maxEvent)
 		for {
 			ev, err := rd.Next()
 			if err != nil {
@@ -451,9 +458,9 @@ func TestARefusedModelIsSetAsideAloneOnBedrock(t *testing.T) {
 	fb := newFakeBedrock(t, byModel("claude-opus", bedrockFailure(403, "AccessDeniedException", "You don't have access to the model with the specified model ID.")))
 	fallback := fakeupstream.New(t, fakeupstream.Message("from anthropic"))
 	// the bedrock channel lists no models: the client picks the model id
-	bedrock := strings.Replace(bedrockChannel(t, "hostile-br", fb.URL, "priority 1"),
+	brChannel := strings.Replace(bedrockChannel(t, "hostile-br", fb.URL, "priority 1"),
 		"\t\t\tmodels claude-sonnet-4-5=us.anthropic.claude-sonnet-4-5-20250929-v1:0\n", "", 1)
-	startRelay(t, bedrock+channelBlock("hostile-br-fallback", fallback.URL, "priority 2")+
+	startRelay(t, brChannel+channelBlock("hostile-br-fallback", fallback.URL, "priority 2")+
 		keyAndGroup("hostile-br", "hostile-br hostile-br-fallback", "expose_channel")+
 		"\t\tkey sk-bedrock-only-0123456789 hostile-br-only\n\t\tgroup hostile-br-only {\n\t\t\tchannels hostile-br\n\t\t}\n")
 	opus := `{"model":"claude-opus-4-1","max_tokens":16,"messages":[{"role":"user","content":"Hi"}]}`

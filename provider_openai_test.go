@@ -12,6 +12,8 @@ import (
 	aoption "github.com/anthropics/anthropic-sdk-go/v2/option"
 	"github.com/caddy-relay/relay/internal/fakeupstream"
 	"github.com/caddy-relay/relay/internal/sse"
+	"github.com/caddy-relay/relay/provider"
+	openaiprovider "github.com/caddy-relay/relay/providers/openai"
 	"github.com/tidwall/gjson"
 )
 
@@ -260,18 +262,18 @@ func TestOpenAIProviderErrors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			resp := &http.Response{StatusCode: tc.status, Header: http.Header{"X-Request-Id": {"req-9"}}, Body: io.NopCloser(strings.NewReader(tc.body))}
-			out, err := (&OpenAIProvider{}).Response(resp, &Call{})
+			out, err := (&openaiprovider.Provider{}).Response(resp, &provider.Call{})
 			if err != nil {
 				t.Fatal(err)
 			}
 			body, _ := io.ReadAll(out.Body)
-			if out.StatusCode != tc.want || gjson.GetBytes(body, "error.type").Str != anthropicType(tc.want) || !strings.HasPrefix(gjson.GetBytes(body, "error.message").Str, "openai upstream: ") {
+			if out.StatusCode != tc.want || gjson.GetBytes(body, "error.type").Str != provider.ErrorType(tc.want) || !strings.HasPrefix(gjson.GetBytes(body, "error.message").Str, "openai upstream: ") {
 				t.Errorf("%d %s", out.StatusCode, body)
 			}
 			if v := classifyStatus(out.StatusCode, out.Header, body, time.Now()); v.outcome != tc.outcome {
 				t.Errorf("outcome %s, want %s", v.outcome, tc.outcome)
 			}
-			if providerRefusedModel(out) != tc.refuses {
+			if provider.RefusesModel(out) != tc.refuses {
 				t.Errorf("refuses model: %v", !tc.refuses)
 			}
 		})
@@ -331,10 +333,10 @@ func TestOpenAIProviderCaddyfile(t *testing.T) {
 	if up != `{"api_key":"{env.RESELLER}","provider":"openai","url":"https://llm.example/v1/"}` {
 		t.Errorf("upstream = %s", up)
 	}
-	if got := (&OpenAIProvider{URL: "https://llm.example/v1/"}).BaseURL(); got != "https://llm.example/v1" {
+	if got := (&openaiprovider.Provider{URL: "https://llm.example/v1/"}).BaseURL(); got != "https://llm.example/v1" {
 		t.Errorf("base URL = %s", got)
 	}
-	if (&OpenAIProvider{}).BaseURL() != defaultOpenAIURL {
+	if (&openaiprovider.Provider{}).BaseURL() != "https://api.openai.com/v1" {
 		t.Error("no default URL")
 	}
 	_, err = parseRelay(t, "relay {\n\tkey sk-client-secret-0123456789 prod\n\tchannel o {\n\t\tprovider openai\n\t}\n\tgroup prod {\n\t\tchannels o\n\t}\n}\n")

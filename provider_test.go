@@ -1,7 +1,7 @@
 package relay_test
 
 // A provider defined outside the relay package, as another repository would
-// write one: only the relay's exported API, registered as a Caddy module,
+// write one: only the provider package, registered as a Caddy module,
 // configured from a Caddyfile's channel lines and from JSON.
 
 import (
@@ -12,8 +12,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/caddy-relay/relay"
+	_ "github.com/caddy-relay/relay"
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddytest"
@@ -44,14 +45,14 @@ func (tokenProvider) CaddyModule() caddy.ModuleInfo {
 func (p *tokenProvider) BaseURL() string { return p.URL }
 
 // Supports says the token upstream's wire has no MCP connector.
-func (*tokenProvider) Supports(name string) relay.Support {
+func (*tokenProvider) Supports(name string) provider.Support {
 	if name == "mcp_servers" {
-		return relay.Unsupported
+		return provider.Unsupported
 	}
-	return relay.Supported
+	return provider.Supported
 }
 
-func (p *tokenProvider) NewRequest(ctx context.Context, c *relay.Call) (*http.Request, error) {
+func (p *tokenProvider) NewRequest(ctx context.Context, c *provider.Call) (*http.Request, error) {
 	req, err := c.NewRequest(ctx, http.MethodPost, p.URL+c.Path, c.Body())
 	if err != nil {
 		return nil, err
@@ -61,7 +62,7 @@ func (p *tokenProvider) NewRequest(ctx context.Context, c *relay.Call) (*http.Re
 	return req, nil
 }
 
-func (p *tokenProvider) Response(resp *http.Response, c *relay.Call) (*http.Response, error) {
+func (p *tokenProvider) Response(resp *http.Response, c *provider.Call) (*http.Response, error) {
 	if resp.StatusCode < 400 {
 		return resp, nil
 	}
@@ -70,7 +71,7 @@ func (p *tokenProvider) Response(resp *http.Response, c *relay.Call) (*http.Resp
 		return nil, err
 	}
 	why := gjson.GetBytes(b, "refused").String()
-	return relay.UpstreamError{Status: int(gjson.GetBytes(b, "code").Int()), Message: "token upstream: " + why,
+	return provider.UpstreamError{Status: int(gjson.GetBytes(b, "code").Int()), Message: "token upstream: " + why,
 		RefusesModel: strings.Contains(why, "model")}.Response(resp), nil
 }
 
@@ -89,7 +90,7 @@ func (p *tokenProvider) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-var _ relay.Provider = (*tokenProvider)(nil)
+var _ provider.Provider = (*tokenProvider)(nil)
 
 const (
 	extGlobal = "{\n\tadmin localhost:2999\n\thttp_port 9080\n\thttps_port 9443\n\tskip_install_trust\n\tgrace_period 1ns\n}\n"

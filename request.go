@@ -17,6 +17,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/caddy-relay/relay/provider"
 	"github.com/go-json-experiment/json/jsontext"
 	"github.com/tidwall/gjson"
 )
@@ -38,9 +39,9 @@ const (
 func (rt route) upstreamPath() string {
 	switch rt {
 	case routeMessages:
-		return PathMessages
+		return provider.PathMessages
 	case routeCountTokens:
-		return PathCountTokens
+		return provider.PathCountTokens
 	}
 	return ""
 }
@@ -48,9 +49,9 @@ func (rt route) upstreamPath() string {
 // routeByPath returns the relayed route of a path, or 0.
 func routeByPath(p string) route {
 	switch p {
-	case PathMessages:
+	case provider.PathMessages:
 		return routeMessages
-	case PathCountTokens:
+	case provider.PathCountTokens:
 		return routeCountTokens
 	}
 	return 0
@@ -199,7 +200,8 @@ type inbound struct {
 	pinned *group
 	shared string // what answered it instead of an upstream (dedup.go); "": none
 
-	call    Call          // the current attempt's, for its provider
+	call    provider.Call // the current attempt's, for its provider
+	strip   featureSet    // the features the current attempt's channel removes
 	bodyBuf *bytes.Buffer // the pooled buffer behind body; nil once released
 	// writing counts the upstream requests whose transport may still read
 	// body: net/http may write a request body even after RoundTrip returned,
@@ -234,20 +236,54 @@ func (in *inbound) releaseBody() {
 	in.bodyBuf, in.body = nil, nil
 }
 
-// upstreamBody prepares an upstream request body b, which may share the
-// client body's pooled buffer: ctx then traces when the transport is done
-// writing it. The body stays a *bytes.Reader, which net/http writes best.
-func (in *inbound) upstreamBody(ctx context.Context, b []byte) (context.Context, io.Reader, func() (io.ReadCloser, error)) {
+// Body implements provider.Source: the client's body with model in place
+// of its own, without the features the current attempt's channel strips.
+// When nothing changes it is the pooled buffer itself, not a copy.
+func (in *inbound) Body(model string) []byte {
+	if model == in.model && in.strip == 0 {
+		return in.body
+	}
+	out := in.body
+	if model != in.model {
+		out = make([]byte, 0, len(in.body)+len(model)-len(in.model))
+		out = append(out, in.body[:in.modelStart]...)
+		out = append(out, '"')
+		out = append(out, model...)
+		out = append(out, '"')
+		out = append(out, in.body[in.modelEnd:]...)
+	}
+	if in.strip != 0 {
+		// the body is valid JSON (inspect checked): this cannot fail
+		if stripped, err := stripBody(out, in.strip); err == nil {
+			out = stripped
+		}
+	}
+	return out
+}
+
+// NewRequest implements provider.Source: an upstream request with body b,
+// which may share the client body's pooled buffer: the request then traces
+// when the transport is done writing it, which releaseBody waits for. The
+// body stays a *bytes.Reader, which net/http writes best.
+func (in *inbound) NewRequest(ctx context.Context, method, url string, b []byte) (*http.Request, error) {
 	getBody := func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
-	if len(b) == 0 || len(in.body) == 0 || &b[0] != &in.body[0] {
-		return ctx, bytes.NewReader(b), getBody // a copy (a mapped model): nothing shared
+	shared := len(b) > 0 && len(in.body) > 0 && &b[0] == &in.body[0] // else a copy (a mapped model): nothing shared
+	if shared {
+		ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: in.wrote})
 	}
-	in.writing.Add(1)
-	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: in.wrote})
-	return ctx, bytes.NewReader(b), func() (io.ReadCloser, error) {
-		in.writing.Add(1) // a retry of the write, on a new connection
-		return getBody()
+	req, err := http.NewRequestWithContext(ctx, method, url, bytes.NewReader(b))
+	if err != nil {
+		return nil, err
 	}
+	req.GetBody = getBody
+	if shared {
+		in.writing.Add(1)
+		req.GetBody = func() (io.ReadCloser, error) {
+			in.writing.Add(1) // a retry of the write, on a new connection
+			return getBody()
+		}
+	}
+	return req, nil
 }
 
 // wrote is the WroteRequest trace of an upstream request that shares the
@@ -504,12 +540,13 @@ func (in *inbound) sessionID() string {
 // callFor is the Call of an attempt of the request on ch: the request as
 // the channel's provider sees it. One Call serves the request's attempts in
 // turn.
-func (in *inbound) callFor(ch *channel) *Call {
-	in.call = Call{Channel: ch.name, Path: in.route.upstreamPath(), RawQuery: in.rawQuery, Header: in.header,
-		Model: ch.upstreamModel(in.target), Stream: in.stream, in: in}
+func (in *inbound) callFor(ch *channel) *provider.Call {
+	in.call = provider.NewCall(provider.Call{Channel: ch.name, Path: in.route.upstreamPath(), RawQuery: in.rawQuery, Header: in.header,
+		Model: ch.upstreamModel(in.target), Stream: in.stream}, in)
+	in.strip = 0
 	if !in.needs.empty() {
 		set, betas := ch.stripFor(&in.needs, in.sel.now)
-		in.call.strip = set
+		in.strip = set
 		if len(betas) > 0 {
 			in.call.Header = stripBetas(in.header, betas)
 		}

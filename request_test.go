@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/providers/anthropic"
+	"github.com/caddyserver/caddy/v2"
 	"github.com/tidwall/gjson"
 )
 
@@ -486,7 +488,12 @@ func TestSharedBodyIsFreedOnceTheTransportWroteIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	ch := &channel{name: "shared"}
-	p := &AnthropicProvider{base: up.URL, apiKey: channelKey}
+	p := &anthropic.Provider{URL: up.URL, APIKey: channelKey}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	if err := p.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
 	req, err := p.NewRequest(context.Background(), in.callFor(ch))
 	if err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/caddy-relay/relay/provider"
 	"github.com/tidwall/gjson"
 )
 
@@ -99,7 +100,7 @@ func (c *resourceCtx) create() *failure {
 		}
 		tried = append(tried, ch)
 		rp, _ := servesResource(ch, c.rq.kind)
-		call := &ResourceCall{Channel: ch.name, Method: http.MethodPost, Path: path, RawQuery: c.req.URL.RawQuery, Header: c.req.Header, ContentLength: int64(len(body))}
+		call := &provider.ResourceCall{Channel: ch.name, Method: http.MethodPost, Path: path, RawQuery: c.req.URL.RawQuery, Header: c.req.Header, ContentLength: int64(len(body))}
 		timeout := ch.firstByte
 		if upload != nil {
 			call.Body, call.ContentLength, timeout = upload, c.req.ContentLength, ch.response

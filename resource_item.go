@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/caddy-relay/relay/provider"
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 	"go.uber.org/zap"
@@ -26,8 +27,8 @@ type resourceCtx struct {
 }
 
 // servesResource reports whether ch's provider serves kind.
-func servesResource(ch *channel, kind resourceKind) (ResourceProvider, bool) {
-	rp, ok := ch.provider.(ResourceProvider)
+func servesResource(ch *channel, kind resourceKind) (provider.ResourceProvider, bool) {
+	rp, ok := ch.provider.(provider.ResourceProvider)
 	return rp, ok && rp.ServesResource(kind.String())
 }
 
@@ -49,7 +50,7 @@ func errOwnerGone(kind resourceKind, channel, group string) *relayError {
 // the id must be sealed for the group, and the item recorded as made by
 // it. An item of another group, or of none, is answered as an id that
 // does not exist.
-func (c *resourceCtx) owner(kind resourceKind, id string) (*channel, ResourceProvider, string, *relayError) {
+func (c *resourceCtx) owner(kind resourceKind, id string) (*channel, provider.ResourceProvider, string, *relayError) {
 	name, up, ok := parseItemID(c.secret, kind, c.group.name, id)
 	if !ok {
 		return nil, nil, "", errResourceNotFound(kind, id)
@@ -111,7 +112,7 @@ func (c *resourceCtx) item() *failure {
 	case opContent:
 		path += "/content"
 	}
-	call := &ResourceCall{Channel: ch.name, Method: c.req.Method, Path: path, RawQuery: c.req.URL.RawQuery, Header: c.req.Header, ContentLength: -1}
+	call := &provider.ResourceCall{Channel: ch.name, Method: c.req.Method, Path: path, RawQuery: c.req.URL.RawQuery, Header: c.req.Header, ContentLength: -1}
 	a := c.send(ch, rp, call, ch.firstByte)
 	if a.resp == nil {
 		if f := a.failure; f != nil && f.err == nil {

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/caddy-relay/relay/provider"
 	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 )
@@ -385,7 +386,7 @@ func (c *resourceCtx) fetchList(ch *channel, p listPos, query url.Values, size i
 	if c.rq.kind == kindBatch {
 		path = pathBatches
 	}
-	call := &ResourceCall{Channel: ch.name, Method: http.MethodGet, Path: path, RawQuery: q.Encode(), Header: c.req.Header, ContentLength: -1}
+	call := &provider.ResourceCall{Channel: ch.name, Method: http.MethodGet, Path: path, RawQuery: q.Encode(), Header: c.req.Header, ContentLength: -1}
 	a := c.send(ch, rp, call, ch.firstByte)
 	if a.resp == nil {
 		return nil, a.failure

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/certmagic"
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 	"github.com/tidwall/gjson"
@@ -294,7 +295,7 @@ func errOwnersUnavailable(msg string) *relayError {
 // the SDKs retry. Only when taking it back fails too is an item left that
 // no group sees; the relay then logs an error with the channel and the
 // upstream's id, for an operator to remove it.
-func (c *resourceCtx) recordOwner(ch *channel, rp ResourceProvider, obj []byte) *relayError {
+func (c *resourceCtx) recordOwner(ch *channel, rp provider.ResourceProvider, obj []byte) *relayError {
 	id := gjson.GetBytes(obj, "id")
 	if id.Type != gjson.String || id.Str == "" {
 		return nil // nothing a client could call it by: passed on as it is
@@ -321,10 +322,10 @@ func (c *resourceCtx) recordOwner(ch *channel, rp ResourceProvider, obj []byte) 
 
 // undoCreate takes back the item up the channel has just made: a file is
 // deleted, a batch cancelled.
-func (c *resourceCtx) undoCreate(ctx context.Context, ch *channel, rp ResourceProvider, up string) error {
+func (c *resourceCtx) undoCreate(ctx context.Context, ch *channel, rp provider.ResourceProvider, up string) error {
 	h := c.req.Header.Clone()
 	h.Del("Content-Type") // the create's, not this call's
-	call := &ResourceCall{Channel: ch.name, Method: http.MethodDelete, Path: pathFiles + "/" + url.PathEscape(up), Header: h, ContentLength: -1}
+	call := &provider.ResourceCall{Channel: ch.name, Method: http.MethodDelete, Path: pathFiles + "/" + url.PathEscape(up), Header: h, ContentLength: -1}
 	if c.rq.kind == kindBatch {
 		call.Method, call.Path = http.MethodPost, pathBatches+"/"+url.PathEscape(up)+"/cancel"
 	}

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/caddy-relay/relay/provider"
 	"go.uber.org/zap"
 )
 
@@ -28,7 +29,7 @@ type resourceAttempt struct {
 // send sends call to ch, within the channel's limits and breaker: the
 // answer must arrive within headerTimeout. An error answer comes back as the
 // failure that passes it on.
-func (c *resourceCtx) send(ch *channel, rp ResourceProvider, call *ResourceCall, headerTimeout time.Duration) *resourceAttempt {
+func (c *resourceCtx) send(ch *channel, rp provider.ResourceProvider, call *provider.ResourceCall, headerTimeout time.Duration) *resourceAttempt {
 	r, in := c.r, c.in
 	a := &resourceAttempt{c: c, ch: ch, start: time.Now()}
 	t, scope := ch.health.admit(r.now(), -1)

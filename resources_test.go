@@ -18,6 +18,7 @@ import (
 	"github.com/anthropics/anthropic-sdk-go/v2"
 	"github.com/anthropics/anthropic-sdk-go/v2/option"
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	anthropicprovider "github.com/caddy-relay/relay/providers/anthropic"
 )
 
 // sdkClient is the official Go SDK pointed at the relay with key.
@@ -602,7 +603,7 @@ func TestABatchOfEmptyRequestsIsReadWithinItsSize(t *testing.T) {
 // checked once.
 func TestFileIDsAreResolvedAsTheyAreFound(t *testing.T) {
 	secret := []byte("0123456789abcdef0123456789abcdef")
-	g := &group{name: "g", channels: []*channel{{name: "ch", provider: &AnthropicProvider{}}}}
+	g := &group{name: "g", channels: []*channel{{name: "ch", provider: &anthropicprovider.Provider{}}}}
 	r := &Relay{owners: newOwnerStore(nil, nil, time.Now)}
 	ctx := context.Background()
 	if err := r.owners.record(ctx, kindFile, "ch", "file_011CNha8iCJcU1wXNR6q4V8w", "g"); err != nil {

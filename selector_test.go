@@ -11,13 +11,14 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/providers/anthropic"
 )
 
 // testChannel builds a runtime channel for the selector: one tier, weight 1,
 // serving every model, healthy, on its own host.
 func testChannel(name string, opts ...func(*channel)) *channel {
 	ch := &channel{name: name, priority: 1, weight: 1, host: name + ".example", health: new(channelHealth)}
-	ch.features = newChannelFeatures(&AnthropicProvider{}, "anthropic", nil, nil, nil)
+	ch.features = newChannelFeatures(&anthropic.Provider{}, nil, nil, nil)
 	for _, o := range opts {
 		o(ch)
 	}
@@ -37,7 +38,7 @@ func withWeight(w int) func(*channel)   { return func(ch *channel) { ch.weight =
 func withHost(h string) func(*channel)  { return func(ch *channel) { ch.host = h } }
 func withFeatures(supports, lacks, strip []string) func(*channel) {
 	return func(ch *channel) {
-		ch.features = newChannelFeatures(&AnthropicProvider{}, "anthropic", supports, lacks, strip)
+		ch.features = newChannelFeatures(&anthropic.Provider{}, supports, lacks, strip)
 	}
 }
 func withSupports(names ...string) func(*channel) { return withFeatures(names, nil, nil) }

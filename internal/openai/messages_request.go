@@ -3,6 +3,8 @@ package openai
 import (
 	"bytes"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/caddy-relay/relay/internal/rope"
@@ -27,12 +29,13 @@ var droppedFields = map[string]bool{"anthropic_version": true, "top_k": true}
 func MessagesToChat(body []byte, model string) ([]byte, error) {
 	var in msgRequest
 	if err := json.Unmarshal(body, &in); err != nil {
-		return nil, fmt.Errorf("the request cannot be translated: %v", err)
+		// where it went wrong, in the body's terms: not the decoder's Go types
+		return nil, fmt.Errorf("the request cannot be translated: %s", jsonError(err).Msg)
 	}
 	if len(in.Rest) > 0 {
 		var rest map[string]jsontext.Value
 		_ = json.Unmarshal(in.Rest, &rest)
-		for name := range rest {
+		for _, name := range slices.Sorted(maps.Keys(rest)) { // the same answer every time
 			if !droppedFields[name] {
 				return nil, fmt.Errorf("%s cannot be carried to an OpenAI-format upstream", name)
 			}

@@ -83,3 +83,20 @@ func FuzzMessagesToChat(f *testing.F) {
 		}
 	})
 }
+
+// TestAnUntranslatableBodySaysWhereNotHow: a value of the wrong type is
+// named by where it is in the body, never by the decoder's Go types; of
+// several fields the format cannot carry, the first by name is named,
+// every time.
+func TestAnUntranslatableBodySaysWhereNotHow(t *testing.T) {
+	_, err := MessagesToChat([]byte(`{"model":"m","max_tokens":"ten","messages":[]}`), "m")
+	if err == nil || strings.Contains(err.Error(), "Go") || strings.Contains(err.Error(), "msgRequest") || !strings.Contains(err.Error(), "max_tokens") {
+		t.Errorf("a max_tokens of the wrong type: %v", err)
+	}
+	for range 20 {
+		_, err := MessagesToChat([]byte(`{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"hi"}],"zeta":1,"alpha":2,"mid":3}`), "m")
+		if err == nil || !strings.HasPrefix(err.Error(), "alpha cannot be carried") {
+			t.Fatalf("three fields it cannot carry: %v", err)
+		}
+	}
+}

@@ -1,4 +1,6 @@
-package relay
+// Package vertex is the relay's provider for Google Vertex AI's rawPredict
+// wire: module http.handlers.relay.providers.vertex.
+package vertex
 
 import (
 	"bytes"
@@ -13,6 +15,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/tidwall/gjson"
@@ -33,14 +36,14 @@ const (
 )
 
 func init() {
-	caddy.RegisterModule(VertexProvider{})
+	caddy.RegisterModule(Provider{})
 }
 
-// VertexProvider speaks Google Vertex AI's rawPredict wire: the model in the
+// Provider speaks Google Vertex AI's rawPredict wire: the model in the
 // URL, anthropic_version in the body, betas in the anthropic-beta header, a
 // Google OAuth2 access token refreshed off the request path, and
 // Google-shaped errors, which become Anthropic's.
-type VertexProvider struct {
+type Provider struct {
 	// Project is the Google Cloud project. Required.
 	Project string `json:"project,omitempty"`
 
@@ -80,34 +83,34 @@ type VertexProvider struct {
 }
 
 // CaddyModule returns the Caddy module information.
-func (VertexProvider) CaddyModule() caddy.ModuleInfo {
+func (Provider) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{
 		ID:  "http.handlers.relay.providers.vertex",
-		New: func() caddy.Module { return new(VertexProvider) },
+		New: func() caddy.Module { return new(Provider) },
 	}
 }
 
 // check validates what needs no file or network; the Caddyfile adapter
 // runs it too.
-func (p *VertexProvider) check() error {
+func (p *Provider) check() error {
 	if p.Project == "" || p.Region == "" {
 		return fmt.Errorf("a vertex channel needs a project and a region")
 	}
 	if !validVertexRegion(p.Region) {
 		return fmt.Errorf("region %q is not a Google Cloud region (us-east5, europe-west1, global, us, eu...)", p.Region)
 	}
-	return checkURL(p.URL)
+	return provider.CheckURL(p.URL)
 }
 
-// BaseURL implements Provider.
-func (p *VertexProvider) BaseURL() string {
+// BaseURL implements provider.Provider.
+func (p *Provider) BaseURL() string {
 	return cmp.Or(strings.TrimSuffix(p.URL, "/"), vertexEndpoint(p.Region))
 }
 
 // Provision reads and checks the credentials but fetches no token: `caddy
 // validate` provisions without network, and missing application default
 // credentials fail requests (which fail over), not the config.
-func (p *VertexProvider) Provision(ctx caddy.Context) error {
+func (p *Provider) Provision(ctx caddy.Context) error {
 	if err := p.check(); err != nil {
 		return err
 	}
@@ -133,15 +136,16 @@ func (p *VertexProvider) Provision(ctx caddy.Context) error {
 //	anthropic_version <version>
 //	betas             <flag>...|*
 //	strip_fields      <field>...
-func (p *VertexProvider) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	return unmarshalProvider(d, p)
+func (p *Provider) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	return provider.UnmarshalOptions(d, p.CaddyfileOptions(), p.check)
 }
 
-func (p *VertexProvider) caddyfileOptions() options {
-	return options{
-		strings: map[string]*string{"project": &p.Project, "region": &p.Region, "url": &p.URL,
+// CaddyfileOptions implements provider.OptionsProvider.
+func (p *Provider) CaddyfileOptions() provider.Options {
+	return provider.Options{
+		Strings: map[string]*string{"project": &p.Project, "region": &p.Region, "url": &p.URL,
 			"credentials_file": &p.CredentialsFile, "anthropic_version": &p.AnthropicVersion},
-		lists: map[string]*[]string{"betas": &p.Betas, "strip_fields": &p.StripFields},
+		Lists: map[string]*[]string{"betas": &p.Betas, "strip_fields": &p.StripFields},
 	}
 }
 
@@ -170,18 +174,18 @@ func validVertexRegion(s string) bool {
 	return true
 }
 
-// NewRequest implements Provider. Messages go to {model}:rawPredict or
+// NewRequest implements provider.Provider. Messages go to {model}:rawPredict or
 // :streamRawPredict without their model; token counts go to
 // count-tokens:rawPredict with it. The query string (?beta=true) has no
 // meaning on Vertex and stays behind.
-func (p *VertexProvider) NewRequest(ctx context.Context, c *Call) (*http.Request, error) {
+func (p *Provider) NewRequest(ctx context.Context, c *provider.Call) (*http.Request, error) {
 	var u string
 	var body []byte
 	var err error
 	if c.CountTokens() {
 		u = p.models + "count-tokens:rawPredict"
 		if body, err = vertexCountBody(c.Body(), c.Model); err == nil {
-			body, err = cloudBody(body, p.version, p.strip)
+			body, err = provider.CloudBody(body, p.version, p.strip)
 		}
 	} else {
 		method := ":rawPredict"
@@ -189,7 +193,7 @@ func (p *VertexProvider) NewRequest(ctx context.Context, c *Call) (*http.Request
 			method = ":streamRawPredict"
 		}
 		u = p.models + url.PathEscape(c.Model) + method
-		body, err = cloudBody(c.Body(), p.version, p.stripModels)
+		body, err = provider.CloudBody(c.Body(), p.version, p.stripModels)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("vertex: rewriting the body: %v", err)
@@ -204,17 +208,48 @@ func (p *VertexProvider) NewRequest(ctx context.Context, c *Call) (*http.Request
 	}
 	c.ForwardHeaders(req.Header)
 	req.Header.Del("Anthropic-Beta")
-	if betas := betasFor(c.Header); len(betas) > 0 { // the selection let them through
+	if betas := provider.Betas(c.Header); len(betas) > 0 { // the selection let them through
 		req.Header.Set("Anthropic-Beta", strings.Join(betas, ","))
 	}
 	req.Header.Set("Authorization", "Bearer "+token)
 	return req, nil
 }
 
-// Supports implements FeatureSupport: the feature table's Vertex column,
-// with the channel's betas and strip_fields in place of its own.
-func (p *VertexProvider) Supports(name string) Support {
-	return wireSupport(name, vertexColumn, otherBetas.vertex, p.Betas, p.StripFields)
+// features is what rawPredict refuses of the feature table; it takes every
+// other feature, and a beta flag the table does not list is forwarded: its
+// answer decides (docs/providers.md gives the source of each).
+var features = map[string]provider.Support{
+	"service_tier":                           provider.Unsupported,
+	"inference_geo":                          provider.Unsupported,
+	"speed":                                  provider.Unsupported,
+	"mcp_servers":                            provider.Unsupported,
+	"container":                              provider.Unsupported,
+	"web_fetch":                              provider.Unsupported,
+	"code_execution":                         provider.Unsupported,
+	"advanced-tool-use-2025-11-20":           provider.Unsupported,
+	"claude-code-20250219":                   provider.Unsupported,
+	"code-execution-2025-05-22":              provider.Unsupported,
+	"code-execution-2025-08-25":              provider.Unsupported,
+	"effort-2025-11-24":                      provider.Unsupported,
+	"fast-mode-2026-02-01":                   provider.Unsupported,
+	"files-api-2025-04-14":                   provider.Unsupported,
+	"fine-grained-tool-streaming-2025-05-14": provider.Unsupported,
+	"mcp-client-2025-04-04":                  provider.Unsupported,
+	"mcp-client-2025-11-20":                  provider.Unsupported,
+	"oauth-2025-04-20":                       provider.Unsupported,
+	"output-128k-2025-02-19":                 provider.Unsupported,
+	"prompt-caching-scope-2026-01-05":        provider.Unsupported,
+	"skills-2025-10-02":                      provider.Unsupported,
+	"structured-outputs-2025-11-13":          provider.Unsupported,
+	"token-efficient-tools-2025-02-19":       provider.Unsupported,
+	"web-fetch-2025-09-10":                   provider.Unsupported,
+}
+
+// Supports implements provider.FeatureSupport: the feature table's Vertex
+// column, with the channel's betas and strip_fields in place of its own.
+func (p *Provider) Supports(name string) provider.Support {
+	c := provider.Column{Default: provider.Supported, Features: features, Betas: p.Betas, Strip: p.StripFields}
+	return c.Supports(name)
 }
 
 // vertexCountBody gives count-tokens its model: Vertex counts for the model
@@ -229,15 +264,15 @@ func vertexCountBody(body []byte, model string) ([]byte, error) {
 	return body, nil
 }
 
-// Response implements Provider. Successes (SSE included) are Anthropic's
+// Response implements provider.Provider. Successes (SSE included) are Anthropic's
 // wire already, and so are the model's own errors; Google's platform errors
 // ({"error":{"code","message","status"}}, sometimes in an array) become the
 // Anthropic error the classification table and the SDKs expect.
-func (*VertexProvider) Response(resp *http.Response, _ *Call) (*http.Response, error) {
+func (*Provider) Response(resp *http.Response, _ *provider.Call) (*http.Response, error) {
 	if resp.StatusCode >= 200 && resp.StatusCode <= 299 {
 		return resp, nil
 	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	body, err := io.ReadAll(io.LimitReader(resp.Body, provider.MaxErrorBody))
 	if err != nil {
 		return nil, err
 	}
@@ -249,7 +284,7 @@ func (*VertexProvider) Response(resp *http.Response, _ *Call) (*http.Response, e
 	}
 	// every URL names the model, and a bad credential is UNAUTHENTICATED
 	// (401): a 403 refuses the model
-	return UpstreamError{Status: status, Message: msg, RefusesModel: status == http.StatusForbidden}.Response(resp), nil
+	return provider.UpstreamError{Status: status, Message: msg, RefusesModel: status == http.StatusForbidden}.Response(resp), nil
 }
 
 // vertexStatuses maps Google's canonical error statuses onto the status
@@ -308,8 +343,10 @@ func nonEmpty(ss ...string) []string {
 
 // Interface guards
 var (
-	_ Provider              = (*VertexProvider)(nil)
-	_ caddy.Provisioner     = (*VertexProvider)(nil)
-	_ caddyfile.Unmarshaler = (*VertexProvider)(nil)
-	_ caddy.Destructor      = (*vertexAuth)(nil)
+	_ provider.Provider        = (*Provider)(nil)
+	_ provider.FeatureSupport  = (*Provider)(nil)
+	_ provider.OptionsProvider = (*Provider)(nil)
+	_ caddy.Provisioner        = (*Provider)(nil)
+	_ caddyfile.Unmarshaler    = (*Provider)(nil)
+	_ caddy.Destructor         = (*vertexAuth)(nil)
 )

@@ -1,4 +1,4 @@
-package relay
+package vertex
 
 import (
 	"cmp"
@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
@@ -33,10 +34,10 @@ var vertexAuths = caddy.NewUsagePool()
 // loadVertexAuth returns the token keeper of the channel ctx provisions,
 // from the pool, and gives it back when the config ends.
 func loadVertexAuth(ctx caddy.Context, credentialsFile string) (*vertexAuth, error) {
-	name := channelOf(ctx)
+	name := provider.ChannelOf(ctx)
 	var creds []byte // nil: application default credentials
 	if credentialsFile != "" {
-		path, err := resolveSecret(credentialsFile)
+		path, err := provider.ResolvePlaceholders(credentialsFile)
 		if err != nil {
 			return nil, fmt.Errorf("credentials_file: %w", err)
 		}

@@ -1,4 +1,6 @@
-package relay
+// Package bedrock is the relay's provider for AWS Bedrock's InvokeModel:
+// module http.handlers.relay.providers.bedrock.
+package bedrock
 
 import (
 	"bytes"
@@ -22,6 +24,8 @@ import (
 	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/caddy-relay/relay/internal/sse"
+	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/tidwall/gjson"
@@ -32,14 +36,14 @@ import (
 const bedrockVersion = "bedrock-2023-05-31"
 
 func init() {
-	caddy.RegisterModule(BedrockProvider{})
+	caddy.RegisterModule(Provider{})
 }
 
-// BedrockProvider speaks AWS Bedrock's InvokeModel: the model in the path,
+// Provider speaks AWS Bedrock's InvokeModel: the model in the path,
 // the body without model and stream but with anthropic_version and the
 // betas, SigV4 (or a Bedrock API key), and an AWS event stream for streams,
 // which becomes Anthropic's SSE.
-type BedrockProvider struct {
+type Provider struct {
 	// Region is the AWS region the channel signs for: us-east-1... Required.
 	Region string `json:"region,omitempty"`
 
@@ -86,15 +90,15 @@ type BedrockProvider struct {
 }
 
 // CaddyModule returns the Caddy module information.
-func (BedrockProvider) CaddyModule() caddy.ModuleInfo {
+func (Provider) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{
 		ID:  "http.handlers.relay.providers.bedrock",
-		New: func() caddy.Module { return new(BedrockProvider) },
+		New: func() caddy.Module { return new(Provider) },
 	}
 }
 
 // check validates what needs no secret; the Caddyfile adapter runs it too.
-func (p *BedrockProvider) check() error {
+func (p *Provider) check() error {
 	switch {
 	case p.Region == "":
 		return fmt.Errorf("no region: a bedrock channel signs for one region")
@@ -103,17 +107,17 @@ func (p *BedrockProvider) check() error {
 	case p.APIKey != "" && p.AccessKeyID != "":
 		return fmt.Errorf("an api_key (bearer) and access keys (SigV4) exclude each other")
 	}
-	return checkURL(p.URL)
+	return provider.CheckURL(p.URL)
 }
 
-// BaseURL implements Provider.
-func (p *BedrockProvider) BaseURL() string {
+// BaseURL implements provider.Provider.
+func (p *Provider) BaseURL() string {
 	return strings.TrimSuffix(cmp.Or(p.URL, "https://bedrock-runtime."+p.Region+".amazonaws.com"), "/")
 }
 
 // Provision resolves the credentials; the default chain fetches nothing
 // until the first request.
-func (p *BedrockProvider) Provision(ctx caddy.Context) error {
+func (p *Provider) Provision(ctx caddy.Context) error {
 	if err := p.check(); err != nil {
 		return err
 	}
@@ -124,17 +128,17 @@ func (p *BedrockProvider) Provision(ctx caddy.Context) error {
 	var err error
 	switch {
 	case p.APIKey != "":
-		p.apiKey, err = providerSecret(ctx, "api_key", p.APIKey)
+		p.apiKey, err = provider.Secret(ctx, "api_key", p.APIKey)
 	case p.AccessKeyID != "":
 		var id, secret, session string
-		if id, err = providerSecret(ctx, "access_key_id", p.AccessKeyID); err != nil {
+		if id, err = provider.Secret(ctx, "access_key_id", p.AccessKeyID); err != nil {
 			return err
 		}
-		if secret, err = providerSecret(ctx, "secret_access_key", p.SecretAccessKey); err != nil {
+		if secret, err = provider.Secret(ctx, "secret_access_key", p.SecretAccessKey); err != nil {
 			return err
 		}
 		if p.SessionToken != "" {
-			if session, err = providerSecret(ctx, "session_token", p.SessionToken); err != nil {
+			if session, err = provider.Secret(ctx, "session_token", p.SessionToken); err != nil {
 				return err
 			}
 		}
@@ -149,22 +153,71 @@ func (p *BedrockProvider) Provision(ctx caddy.Context) error {
 	return err
 }
 
-// Supports implements FeatureSupport: the feature table's Bedrock column,
-// with the channel's betas and strip_fields in place of its own.
-func (p *BedrockProvider) Supports(name string) Support {
-	return wireSupport(name, bedrockColumn, otherBetas.bedrock, p.Betas, p.StripFields)
+// features is what InvokeModel takes of the feature table; it refuses
+// every other feature, and a whole request for a beta flag it does not know
+// (docs/providers.md gives the source of each).
+var features = map[string]provider.Support{
+	"context_management":                       provider.Supported,
+	"output_config":                            provider.Supported,
+	"tool_search":                              provider.Supported,
+	"long_context":                             provider.Supported,
+	"compact-2026-01-12":                       provider.Supported,
+	"computer-use-2024-10-22":                  provider.Supported,
+	"computer-use-2025-01-24":                  provider.Supported,
+	"context-1m-2025-08-07":                    provider.Supported,
+	"context-management-2025-06-27":            provider.Supported,
+	"dev-full-thinking-2025-05-14":             provider.Supported,
+	"effort-2025-11-24":                        provider.Supported,
+	"fine-grained-tool-streaming-2025-05-14":   provider.Supported,
+	"interleaved-thinking-2025-05-14":          provider.Supported,
+	"mcp-client-2025-04-04":                    provider.Supported,
+	"mcp-client-2025-11-20":                    provider.Supported,
+	"model-context-window-exceeded-2025-08-26": provider.Supported,
+	"output-128k-2025-02-19":                   provider.Supported,
+	"pdfs-2024-09-25":                          provider.Supported,
+	"search-results-2025-06-09":                provider.Supported,
+	"token-counting-2024-11-01":                provider.Supported,
+	"token-efficient-tools-2025-02-19":         provider.Supported,
+	"tool-search-tool-2025-10-19":              provider.Supported,
+	"web-search-2025-03-05":                    provider.Supported,
 }
 
-// NewRequest implements Provider.
-func (p *BedrockProvider) NewRequest(ctx context.Context, c *Call) (*http.Request, error) {
+// Supports implements provider.FeatureSupport: the feature table's Bedrock
+// column, with the channel's betas and strip_fields in place of its own.
+func (p *Provider) Supports(name string) provider.Support {
+	c := provider.Column{Default: provider.Unsupported, Features: features, Betas: p.Betas, Strip: p.StripFields}
+	return c.Supports(name)
+}
+
+// The starts of Bedrock's refusals of a feature (as Response words them);
+// the rest of the message names it, or not.
+const (
+	wordExtraneousKey = "bedrock: ValidationException: Malformed input request: #: extraneous key [" // "...[<field>] is not permitted"
+	wordInvalidBeta   = "bedrock: ValidationException: invalid beta flag"
+)
+
+// ReadRefusal implements provider.RefusalReader: Bedrock names a body field
+// it does not take, and refuses a beta flag without naming it.
+func (*Provider) ReadRefusal(msg string) provider.Refusal {
+	if rest, ok := strings.CutPrefix(msg, wordExtraneousKey); ok {
+		if name, _, found := strings.Cut(rest, "] is not permitted"); found {
+			return provider.Refusal{Fields: []string{name}}
+		}
+		return provider.Refusal{}
+	}
+	return provider.Refusal{SomeBeta: strings.HasPrefix(msg, wordInvalidBeta)}
+}
+
+// NewRequest implements provider.Provider.
+func (p *Provider) NewRequest(ctx context.Context, c *provider.Call) (*http.Request, error) {
 	id := c.Model
-	body, err := cloudBody(c.Body(), p.version, p.drop)
+	body, err := provider.CloudBody(c.Body(), p.version, p.drop)
 	if err != nil {
 		return nil, err
 	}
 	// the betas the selection let through (the client may not send the
 	// body's anthropic_beta itself: inspect refuses it)
-	if betas := betasFor(c.Header); len(betas) > 0 {
+	if betas := provider.Betas(c.Header); len(betas) > 0 {
 		if body, err = sjson.SetBytes(body, "anthropic_beta", betas); err != nil {
 			return nil, err
 		}
@@ -210,22 +263,23 @@ func (p *BedrockProvider) NewRequest(ctx context.Context, c *Call) (*http.Reques
 //	anthropic_version <version>
 //	betas             <flag>...|*
 //	strip_fields      <field>...
-func (p *BedrockProvider) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	return unmarshalProvider(d, p)
+func (p *Provider) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	return provider.UnmarshalOptions(d, p.CaddyfileOptions(), p.check)
 }
 
-func (p *BedrockProvider) caddyfileOptions() options {
-	return options{
-		strings: map[string]*string{"region": &p.Region, "url": &p.URL, "access_key_id": &p.AccessKeyID,
+// CaddyfileOptions implements provider.OptionsProvider.
+func (p *Provider) CaddyfileOptions() provider.Options {
+	return provider.Options{
+		Strings: map[string]*string{"region": &p.Region, "url": &p.URL, "access_key_id": &p.AccessKeyID,
 			"secret_access_key": &p.SecretAccessKey, "session_token": &p.SessionToken, "api_key": &p.APIKey,
 			"anthropic_version": &p.AnthropicVersion},
-		lists: map[string]*[]string{"betas": &p.Betas, "strip_fields": &p.StripFields},
+		Lists: map[string]*[]string{"betas": &p.Betas, "strip_fields": &p.StripFields},
 	}
 }
 
 // sign authenticates req: a Bedrock API key as a bearer token, or SigV4
 // over the final body (any later change would void the signature).
-func (p *BedrockProvider) sign(ctx context.Context, req *http.Request, body []byte) error {
+func (p *Provider) sign(ctx context.Context, req *http.Request, body []byte) error {
 	if p.apiKey != "" {
 		req.Header.Set("Authorization", "Bearer "+p.apiKey)
 		return nil
@@ -260,17 +314,17 @@ func countTokensBody(invoke []byte) ([]byte, error) {
 		"body": base64.StdEncoding.EncodeToString(invoke)}}})
 }
 
-// Response implements Provider: errors become Anthropic errors, an event
+// Response implements provider.Provider: errors become Anthropic errors, an event
 // stream becomes Anthropic's SSE, a CountTokens answer Anthropic's.
-func (p *BedrockProvider) Response(resp *http.Response, c *Call) (*http.Response, error) {
+func (p *Provider) Response(resp *http.Response, c *provider.Call) (*http.Response, error) {
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		body, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+		body, err := io.ReadAll(io.LimitReader(resp.Body, provider.MaxErrorBody))
 		if err != nil {
 			return nil, err
 		}
 		name := bedrockErrorName(resp.Header.Get("X-Amzn-Errortype"), body)
 		msg := cmp.Or(gjson.GetBytes(body, "message").String(), gjson.GetBytes(body, "Message").String())
-		return UpstreamError{
+		return provider.UpstreamError{
 			Status:    bedrockStatus(name, resp.StatusCode, body),
 			Message:   "bedrock: " + strings.TrimSpace(name+": "+msg),
 			RequestID: resp.Header.Get("X-Amzn-Requestid"),
@@ -282,11 +336,11 @@ func (p *BedrockProvider) Response(resp *http.Response, c *Call) (*http.Response
 		}.Response(resp), nil
 	}
 	if c.CountTokens() {
-		body, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+		body, err := io.ReadAll(io.LimitReader(resp.Body, provider.MaxErrorBody))
 		if err != nil {
 			return nil, err
 		}
-		return withBody(resp, "application/json", []byte(`{"input_tokens":`+strconv.FormatInt(gjson.GetBytes(body, "inputTokens").Int(), 10)+`}`)), nil
+		return provider.ReplaceBody(resp, "application/json", []byte(`{"input_tokens":`+strconv.FormatInt(gjson.GetBytes(body, "inputTokens").Int(), 10)+`}`)), nil
 	}
 	if !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/vnd.amazon.eventstream") {
 		return resp, nil
@@ -297,7 +351,7 @@ func (p *BedrockProvider) Response(resp *http.Response, c *Call) (*http.Response
 	out.Header.Del("Content-Length")
 	out.Header.Del("X-Amzn-Bedrock-Content-Type")
 	out.ContentLength = -1
-	out.Body = &eventStreamSSE{src: resp.Body, dec: eventstream.NewDecoder()}
+	out.Body = sse.NewTranslator(resp.Body, (&eventStream{src: resp.Body, dec: eventstream.NewDecoder()}).step)
 	return &out, nil
 }
 
@@ -351,67 +405,52 @@ func bedrockStatus(name string, status int, body []byte) int {
 	return status
 }
 
-// eventStreamSSE turns Bedrock's AWS event stream into the exact SSE
-// Anthropic sends: each chunk carries one Anthropic event's JSON, emitted
-// as `event: <type>\ndata: <json>\n\n`. An exception frame becomes an
-// Anthropic `event: error` (so before the commit point the relay fails
-// over on it, and after it the client's SDK raises it) and ends the stream.
-type eventStreamSSE struct {
-	src     io.ReadCloser
+// eventStream turns Bedrock's AWS event stream into the exact SSE
+// Anthropic sends, a frame at a time (sse.Translator reads it): each chunk
+// carries one Anthropic event's JSON, emitted as `event: <type>\ndata:
+// <json>\n\n`. An exception frame becomes an Anthropic `event: error` (so
+// before the commit point the relay fails over on it, and after it the
+// client's SDK raises it) and ends the stream.
+type eventStream struct {
+	src     io.Reader
 	dec     *eventstream.Decoder
 	payload []byte
-	out     bytes.Buffer
-	err     error
 }
 
-// Read implements io.Reader.
-func (c *eventStreamSSE) Read(p []byte) (int, error) {
-	for c.out.Len() == 0 {
-		if c.err != nil {
-			return 0, c.err
-		}
-		c.next()
-	}
-	return c.out.Read(p)
-}
-
-// Close implements io.Closer.
-func (c *eventStreamSSE) Close() error { return c.src.Close() }
-
-// next decodes one frame into c.out, or sets c.err.
-func (c *eventStreamSSE) next() {
+// step decodes one frame into out; an error (io.EOF after an error event)
+// ends the stream.
+func (c *eventStream) step(out *bytes.Buffer) error {
 	msg, err := c.dec.Decode(c.src, c.payload[:0])
 	if err != nil {
-		c.err = err
-		return
+		return err
 	}
 	c.payload = msg.Payload[:0]
 	switch header(msg, eventstreamapi.MessageTypeHeader) {
 	case eventstreamapi.EventMessageType:
 		if header(msg, eventstreamapi.EventTypeHeader) == "chunk" {
-			c.chunk(msg.Payload)
+			return chunk(out, msg.Payload)
 		}
 	case eventstreamapi.ExceptionMessageType:
 		name := header(msg, eventstreamapi.ExceptionTypeHeader)
-		c.fail(anthropicType(bedrockStatus(name, 500, msg.Payload)), name+": "+gjson.GetBytes(msg.Payload, "message").String())
+		return fail(out, provider.ErrorType(bedrockStatus(name, 500, msg.Payload)), name+": "+gjson.GetBytes(msg.Payload, "message").String())
 	case eventstreamapi.ErrorMessageType:
-		c.fail("api_error", header(msg, eventstreamapi.ErrorCodeHeader)+": "+header(msg, eventstreamapi.ErrorMessageHeader))
+		return fail(out, "api_error", header(msg, eventstreamapi.ErrorCodeHeader)+": "+header(msg, eventstreamapi.ErrorMessageHeader))
 	}
+	return nil
 }
 
-// chunk emits the Anthropic event a chunk carries. A chunk without a type
+// chunk writes the Anthropic event a chunk carries. A chunk without a type
 // is a keep-alive. The usage metrics Bedrock appends to message_stop are
 // not Anthropic's and are left out.
-func (c *eventStreamSSE) chunk(payload []byte) {
+func chunk(out *bytes.Buffer, payload []byte) error {
 	raw := gjson.GetBytes(payload, "bytes").String()
 	ev, err := base64.StdEncoding.DecodeString(raw)
 	if err != nil {
-		c.fail("api_error", "undecodable chunk from Bedrock")
-		return
+		return fail(out, "api_error", "undecodable chunk from Bedrock")
 	}
 	typ := gjson.GetBytes(ev, "type").String()
 	if typ == "" {
-		return
+		return nil
 	}
 	if typ == "message_stop" && gjson.GetBytes(ev, "amazon-bedrock-invocationMetrics").Exists() {
 		ev, _ = sjson.DeleteBytes(ev, "amazon-bedrock-invocationMetrics")
@@ -422,17 +461,18 @@ func (c *eventStreamSSE) chunk(payload []byte) {
 			ev = compact.Bytes()
 		}
 	}
-	c.out.WriteString("event: ")
-	c.out.WriteString(typ)
-	c.out.WriteString("\ndata: ")
-	c.out.Write(ev)
-	c.out.WriteString("\n\n")
+	out.WriteString("event: ")
+	out.WriteString(typ)
+	out.WriteString("\ndata: ")
+	out.Write(ev)
+	out.WriteString("\n\n")
+	return nil
 }
 
-// fail emits an Anthropic error event and ends the stream.
-func (c *eventStreamSSE) fail(typ, msg string) {
-	c.out.Write(sseError(typ, "bedrock: "+msg, ""))
-	c.err = io.EOF
+// fail writes an Anthropic error event, and ends the stream.
+func fail(out *bytes.Buffer, typ, msg string) error {
+	out.Write(provider.ErrorEvent(typ, "bedrock: "+msg, ""))
+	return io.EOF
 }
 
 // header reads a string header of an event-stream message.
@@ -445,7 +485,10 @@ func header(m eventstream.Message, name string) string {
 
 // Interface guards
 var (
-	_ Provider              = (*BedrockProvider)(nil)
-	_ caddy.Provisioner     = (*BedrockProvider)(nil)
-	_ caddyfile.Unmarshaler = (*BedrockProvider)(nil)
+	_ provider.Provider        = (*Provider)(nil)
+	_ provider.FeatureSupport  = (*Provider)(nil)
+	_ provider.RefusalReader   = (*Provider)(nil)
+	_ provider.OptionsProvider = (*Provider)(nil)
+	_ caddy.Provisioner        = (*Provider)(nil)
+	_ caddyfile.Unmarshaler    = (*Provider)(nil)
 )

@@ -1,4 +1,6 @@
-package relay
+// Package mock is the relay's provider that answers in-process, without
+// any network or credential: module http.handlers.relay.providers.mock.
+package mock
 
 import (
 	"bytes"
@@ -13,21 +15,22 @@ import (
 	"strings"
 	"time"
 
+	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/tidwall/gjson"
 )
 
 func init() {
-	caddy.RegisterModule(MockProvider{})
+	caddy.RegisterModule(Provider{})
 }
 
-// MockProvider answers Anthropic requests in-process, so the relay can be
+// Provider answers Anthropic requests in-process, so the relay can be
 // tried, and clients chaos-tested, without any credential: a plausible
 // Messages reply or SSE stream whose text names the channel, with correct
 // usage numbers. Its answers go through exactly the same classification,
 // commit point and streaming as a real upstream's.
-type MockProvider struct {
+type Provider struct {
 	// Latency is how long it waits before answering.
 	Latency caddy.Duration `json:"latency,omitempty"`
 
@@ -43,15 +46,15 @@ type MockProvider struct {
 }
 
 // CaddyModule returns the Caddy module information.
-func (MockProvider) CaddyModule() caddy.ModuleInfo {
+func (Provider) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{
 		ID:  "http.handlers.relay.providers.mock",
-		New: func() caddy.Module { return new(MockProvider) },
+		New: func() caddy.Module { return new(Provider) },
 	}
 }
 
 // check validates the options; the Caddyfile adapter runs it too.
-func (p *MockProvider) check() error {
+func (p *Provider) check() error {
 	if p.FailRate < 0 || p.FailRate > 1 {
 		return fmt.Errorf("fail_rate must be between 0 and 1")
 	}
@@ -62,7 +65,7 @@ func (p *MockProvider) check() error {
 }
 
 // Provision implements caddy.Provisioner.
-func (p *MockProvider) Provision(caddy.Context) error {
+func (p *Provider) Provision(caddy.Context) error {
 	if err := p.check(); err != nil {
 		return err
 	}
@@ -70,21 +73,30 @@ func (p *MockProvider) Provision(caddy.Context) error {
 	return nil
 }
 
-// BaseURL implements Provider. Nothing is dialed: each mock channel counts
-// as its own upstream host.
-func (*MockProvider) BaseURL() string { return "http://mock.invalid" }
+// BaseURL implements provider.Provider. Nothing is dialed: each mock
+// channel counts as its own upstream host.
+func (*Provider) BaseURL() string { return "http://mock.invalid" }
 
-// Supports implements FeatureSupport: the mock imitates Anthropic's API,
-// and its wire is Anthropic's column of the feature table.
-func (*MockProvider) Supports(name string) Support {
-	return anthropicColumn.lookup(name, otherBetas.anthropic)
+// column is the mock's column of the feature table: it imitates
+// Anthropic's API, so it is Anthropic's (providers/anthropic).
+var column = provider.Column{
+	Default: provider.Supported,
+	Features: map[string]provider.Support{
+		"service_tier":  provider.OptIn,
+		"inference_geo": provider.OptIn,
+		"speed":         provider.OptIn,
+	},
 }
 
-// Transport implements Transporter: the answers are made in-process.
-func (p *MockProvider) Transport() http.RoundTripper { return p.transport }
+// Supports implements provider.FeatureSupport: the mock imitates
+// Anthropic's API, and its wire is Anthropic's column of the feature table.
+func (*Provider) Supports(name string) provider.Support { return column.Supports(name) }
 
-// NewRequest implements Provider.
-func (p *MockProvider) NewRequest(ctx context.Context, c *Call) (*http.Request, error) {
+// Transport implements provider.Transporter: the answers are made in-process.
+func (p *Provider) Transport() http.RoundTripper { return p.transport }
+
+// NewRequest implements provider.Provider.
+func (p *Provider) NewRequest(ctx context.Context, c *provider.Call) (*http.Request, error) {
 	req, err := c.NewRequest(ctx, http.MethodPost, p.BaseURL()+c.Path, c.Body())
 	if err == nil {
 		req.Header.Set(mockChannelHeader, c.Channel)
@@ -96,8 +108,8 @@ func (p *MockProvider) NewRequest(ctx context.Context, c *Call) (*http.Request, 
 // answers for.
 const mockChannelHeader = "X-Relay-Mock-Channel"
 
-// Response implements Provider: the mock answers in Anthropic's wire.
-func (*MockProvider) Response(resp *http.Response, _ *Call) (*http.Response, error) {
+// Response implements provider.Provider: the mock answers in Anthropic's wire.
+func (*Provider) Response(resp *http.Response, _ *provider.Call) (*http.Response, error) {
 	return resp, nil
 }
 
@@ -106,13 +118,14 @@ func (*MockProvider) Response(resp *http.Response, _ *Call) (*http.Response, err
 //	latency   <duration>
 //	tokens    <n>         (the reply length; N/period is the channel's limit)
 //	fail_rate <fraction|percent>
-func (p *MockProvider) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	return unmarshalProvider(d, p)
+func (p *Provider) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	return provider.UnmarshalOptions(d, p.CaddyfileOptions(), p.check)
 }
 
-func (p *MockProvider) caddyfileOptions() options {
-	return options{ints: map[string]*int{"tokens": &p.ReplyTokens}, durations: map[string]*caddy.Duration{"latency": &p.Latency},
-		ratios: map[string]*float64{"fail_rate": &p.FailRate}}
+// CaddyfileOptions implements provider.OptionsProvider.
+func (p *Provider) CaddyfileOptions() provider.Options {
+	return provider.Options{Ints: map[string]*int{"tokens": &p.ReplyTokens}, Durations: map[string]*caddy.Duration{"latency": &p.Latency},
+		Ratios: map[string]*float64{"fail_rate": &p.FailRate}}
 }
 
 // mockTransport makes the mock's answers, where a channel's HTTP transport
@@ -301,8 +314,10 @@ func mockStream(id, model string, words []string, stop string, in, out int) []by
 
 // Interface guards
 var (
-	_ Provider              = (*MockProvider)(nil)
-	_ Transporter           = (*MockProvider)(nil)
-	_ caddy.Provisioner     = (*MockProvider)(nil)
-	_ caddyfile.Unmarshaler = (*MockProvider)(nil)
+	_ provider.Provider        = (*Provider)(nil)
+	_ provider.Transporter     = (*Provider)(nil)
+	_ provider.FeatureSupport  = (*Provider)(nil)
+	_ provider.OptionsProvider = (*Provider)(nil)
+	_ caddy.Provisioner        = (*Provider)(nil)
+	_ caddyfile.Unmarshaler    = (*Provider)(nil)
 )
