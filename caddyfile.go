@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
@@ -369,33 +370,33 @@ func parseTuning(d *caddyfile.Dispenser, t *Tuning) (bool, error) {
 		t.Breaker = b
 		return true, err
 	}
-	return options{durations: map[string]*caddy.Duration{
+	return provider.Options{Durations: map[string]*caddy.Duration{
 		"first_byte_timeout": &t.FirstByteTimeout, "first_content_timeout": &t.FirstContentTimeout,
 		"response_timeout": &t.ResponseTimeout, "stream_idle_timeout": &t.StreamIdleTimeout,
 		"cooldown": &t.Cooldown, "max_cooldown": &t.MaxCooldown, "auth_cooldown": &t.AuthCooldown,
 		"capability_ttl": &t.CapabilityTTL,
-	}}.parse(d)
+	}}.Parse(d)
 }
 
 // parseBreaker parses a `breaker { ... }` block; unset fields keep their
 // defaults.
 func parseBreaker(d *caddyfile.Dispenser) (*Breaker, error) {
 	b := new(Breaker)
-	return b, parseBlock(d, "breaker", options{
-		durations: map[string]*caddy.Duration{"window": &b.Window, "open_for": &b.OpenFor},
-		ints:      map[string]*int{"min_requests": &b.MinRequests, "half_open_probes": &b.HalfOpenProbes},
-		ratios:    map[string]*float64{"failure_ratio": &b.FailureRatio},
+	return b, parseBlock(d, "breaker", provider.Options{
+		Durations: map[string]*caddy.Duration{"window": &b.Window, "open_for": &b.OpenFor},
+		Ints:      map[string]*int{"min_requests": &b.MinRequests, "half_open_probes": &b.HalfOpenProbes},
+		Ratios:    map[string]*float64{"failure_ratio": &b.FailureRatio},
 	})
 }
 
 // parseBlock reads a block that takes no argument, whose lines are all
 // options of o; what names the block in errors.
-func parseBlock(d *caddyfile.Dispenser, what string, o options) error {
+func parseBlock(d *caddyfile.Dispenser, what string, o provider.Options) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		if ok, err := o.parse(d); err != nil || !ok {
+		if ok, err := o.Parse(d); err != nil || !ok {
 			return cmp.Or(err, d.Errf("unrecognized %s option %q", what, d.Val()))
 		}
 	}
@@ -467,9 +468,7 @@ func parsePricing(d *caddyfile.Dispenser, r *Relay) error {
 	return nil
 }
 
-// parseRatio reads a fraction written as 0.2 or 20%.
-func parseRatio(d *caddyfile.Dispenser, dst *float64) error { return parseArg(d, dst, ratio) }
-
+// ratio reads a fraction written as 0.2 or 20%.
 func ratio(v string) (float64, error) {
 	f, err := strconv.ParseFloat(strings.TrimSuffix(v, "%"), 64)
 	if err != nil {
@@ -482,56 +481,6 @@ func ratio(v string) (float64, error) {
 		return 0, fmt.Errorf("%q is not between 0 and 1 (0%% and 100%%)", v)
 	}
 	return f, nil
-}
-
-// options maps the simple options of a block, those that take one value
-// or a list, to the fields they set.
-type options struct {
-	strings   map[string]*string
-	lists     map[string]*[]string // appended to: the option may repeat
-	ints      map[string]*int
-	durations map[string]*caddy.Duration
-	ratios    map[string]*float64 // a fraction or a percentage
-}
-
-// has reports whether name is one of o's options.
-func (o options) has(name string) bool {
-	_, s := o.strings[name]
-	_, l := o.lists[name]
-	_, i := o.ints[name]
-	_, d := o.durations[name]
-	_, r := o.ratios[name]
-	return s || l || i || d || r
-}
-
-// parse reads the option under d's cursor into its field; false when the
-// option is not one of o's.
-func (o options) parse(d *caddyfile.Dispenser) (bool, error) {
-	name := d.Val()
-	if dst, ok := o.strings[name]; ok {
-		if !d.AllArgs(dst) {
-			return true, d.ArgErr()
-		}
-		return true, nil
-	}
-	if dst, ok := o.lists[name]; ok {
-		args := d.RemainingArgs()
-		if len(args) == 0 {
-			return true, d.ArgErr()
-		}
-		*dst = append(*dst, args...)
-		return true, nil
-	}
-	if dst, ok := o.ints[name]; ok {
-		return true, parseInt(d, dst)
-	}
-	if dst, ok := o.durations[name]; ok {
-		return true, parseDuration(d, dst)
-	}
-	if dst, ok := o.ratios[name]; ok {
-		return true, parseRatio(d, dst)
-	}
-	return false, nil
 }
 
 // parseDuration parses an option's one argument as a duration (90s, 1h).

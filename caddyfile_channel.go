@@ -25,11 +25,11 @@ func parseChannel(d *caddyfile.Dispenser, pos positions) (*Channel, error) {
 	if d.NextArg() {
 		return nil, d.ArgErr()
 	}
-	opts := options{
-		strings: map[string]*string{"rate": &ch.Rate},
-		lists: map[string]*[]string{"models": &ch.Models, "allow": &ch.Allow,
+	opts := provider.Options{
+		Strings: map[string]*string{"rate": &ch.Rate},
+		Lists: map[string]*[]string{"models": &ch.Models, "allow": &ch.Allow,
 			"supports": &ch.Supports, "lacks": &ch.Lacks, "strip": &ch.Strip, "spend_cap": &ch.SpendCaps},
-		ints: map[string]*int{"priority": &ch.Priority, "weight": &ch.Weight, "concurrency": &ch.Concurrency},
+		Ints: map[string]*int{"priority": &ch.Priority, "weight": &ch.Weight, "concurrency": &ch.Concurrency},
 	}
 	up := providerLines{name: providerAnthropic}
 	var transport caddyfile.Unmarshaler
@@ -39,7 +39,7 @@ func parseChannel(d *caddyfile.Dispenser, pos positions) (*Channel, error) {
 		pos.line(d, "channel", ch.Name)
 		ok, err := parseTuning(d, &ch.Tuning)
 		if !ok && err == nil {
-			ok, err = opts.parse(d)
+			ok, err = opts.Parse(d)
 		}
 		if err != nil {
 			return nil, err
@@ -126,8 +126,8 @@ func parseChannel(d *caddyfile.Dispenser, pos positions) (*Channel, error) {
 // parseProbe parses a `probe { ... }` block.
 func parseProbe(d *caddyfile.Dispenser) (*Probe, error) {
 	p := new(Probe)
-	return p, parseBlock(d, "probe", options{
-		strings:   map[string]*string{"path": &p.Path, "body": &p.Body},
-		durations: map[string]*caddy.Duration{"interval": &p.Interval},
+	return p, parseBlock(d, "probe", provider.Options{
+		Strings:   map[string]*string{"path": &p.Path, "body": &p.Body},
+		Durations: map[string]*caddy.Duration{"interval": &p.Interval},
 	})
 }

@@ -3,6 +3,7 @@ package relay
 import (
 	"cmp"
 
+	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -19,11 +20,11 @@ func parseFleet(d *caddyfile.Dispenser) (*Fleet, error) {
 	}
 	rs := new(FleetRedis)
 	var lease, timeout caddy.Duration
-	o := options{
-		strings:   map[string]*string{"master_name": &rs.MasterName, "username": &rs.Username, "password": &rs.Password, "prefix": &rs.Prefix, "on_error": &rs.OnError},
-		lists:     map[string]*[]string{"address": &rs.Address},
-		ints:      map[string]*int{"db": &rs.DB},
-		durations: map[string]*caddy.Duration{"timeout": &timeout, "lease": &lease},
+	o := provider.Options{
+		Strings:   map[string]*string{"master_name": &rs.MasterName, "username": &rs.Username, "password": &rs.Password, "prefix": &rs.Prefix, "on_error": &rs.OnError},
+		Lists:     map[string]*[]string{"address": &rs.Address},
+		Ints:      map[string]*int{"db": &rs.DB},
+		Durations: map[string]*caddy.Duration{"timeout": &timeout, "lease": &lease},
 	}
 	if d.NextArg() {
 		return nil, d.ArgErr()
@@ -37,7 +38,7 @@ func parseFleet(d *caddyfile.Dispenser) (*Fleet, error) {
 			rs.TLS = t
 			continue
 		}
-		if ok, err := o.parse(d); err != nil || !ok {
+		if ok, err := o.Parse(d); err != nil || !ok {
 			return nil, cmp.Or(err, d.Errf("unrecognized storage redis option %q", d.Val()))
 		}
 	}

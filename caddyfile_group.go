@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 )
@@ -18,16 +19,16 @@ func parseGroup(d *caddyfile.Dispenser, pos positions) (*Group, error) {
 	if d.NextArg() {
 		return nil, d.ArgErr()
 	}
-	opts := options{
-		strings:   map[string]*string{"policy": &g.Policy},
-		lists:     map[string]*[]string{"channels": &g.Channels, "budget": &g.Budgets},
-		ints:      map[string]*int{"max_queue": &g.MaxQueue},
-		ratios:    map[string]*float64{"budget_warn": &g.BudgetWarn},
-		durations: map[string]*caddy.Duration{"wait_for_recovery": &g.WaitForRecovery},
+	opts := provider.Options{
+		Strings:   map[string]*string{"policy": &g.Policy},
+		Lists:     map[string]*[]string{"channels": &g.Channels, "budget": &g.Budgets},
+		Ints:      map[string]*int{"max_queue": &g.MaxQueue},
+		Ratios:    map[string]*float64{"budget_warn": &g.BudgetWarn},
+		Durations: map[string]*caddy.Duration{"wait_for_recovery": &g.WaitForRecovery},
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		pos.line(d, "group", g.Name)
-		if ok, err := opts.parse(d); err != nil {
+		if ok, err := opts.Parse(d); err != nil {
 			return nil, err
 		} else if ok {
 			continue

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"strings"
 
+	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"go.uber.org/zap"
@@ -33,12 +34,12 @@ func parseKey(d *caddyfile.Dispenser, pos positions, at []string) (*Key, error) 
 // parseKeyOptions reads the block of a key or a user entry (what says
 // which, in errors) into o; at locates the entry.
 func parseKeyOptions(d *caddyfile.Dispenser, pos positions, at []string, what string, o *KeyOptions) error {
-	opts := options{
-		strings: map[string]*string{"name": &o.Name, "priority": &o.Priority, "rate": &o.Rate, "tokens": &o.Tokens,
+	opts := provider.Options{
+		Strings: map[string]*string{"name": &o.Name, "priority": &o.Priority, "rate": &o.Rate, "tokens": &o.Tokens,
 			"user_rate": &o.UserRate, "user_tokens": &o.UserTokens, "expires": &o.Expires},
-		ints:   map[string]*int{"concurrency": &o.Concurrency},
-		lists:  map[string]*[]string{"budget": &o.Budgets},
-		ratios: map[string]*float64{"budget_warn": &o.BudgetWarn},
+		Ints:   map[string]*int{"concurrency": &o.Concurrency},
+		Lists:  map[string]*[]string{"budget": &o.Budgets},
+		Ratios: map[string]*float64{"budget_warn": &o.BudgetWarn},
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		pos.line(d, at...)
@@ -49,7 +50,7 @@ func parseKeyOptions(d *caddyfile.Dispenser, pos positions, at []string, what st
 			o.Disabled = true
 			continue
 		}
-		if ok, err := opts.parse(d); err != nil || !ok {
+		if ok, err := opts.Parse(d); err != nil || !ok {
 			return cmp.Or(err, d.Errf("unrecognized %s option %q", what, d.Val()))
 		}
 	}
