@@ -24,6 +24,7 @@ import (
 type attemptResult struct {
 	verdict   verdict
 	done      bool
+	final     bool // no other attempt may follow (an upload that was sent in part)
 	channel   *channel
 	firstByte time.Duration // until the upstream's response headers
 	status    int

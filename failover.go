@@ -8,15 +8,52 @@ import (
 	"go.uber.org/zap"
 )
 
-// relay selects a channel and attempts the request on it until one answer
-// reaches the client, failing over to untried channels on retryable
-// outcomes, within the group's retries and retry budget. It returns what
-// to answer when no upstream answer was committed, nil when the client has
-// its answer or is gone.
+// An attempter is a route's part of the attempt loop: what one admitted
+// attempt sends to a channel, and how its answer is judged and committed.
+// Everything else is the loop's, the same for every route: selection by
+// the group's policy, admission, the group's queue, model fallbacks,
+// retries and their budget, avoiding a host after a 529, waiting for a
+// channel's recovery.
+type attempter interface {
+	// accept narrows the candidates to the channels the route may use
+	// (nil: those that serve the request's model), for candidates that a
+	// model does not name.
+	accept() func(ch *channel, now time.Time) bool
+	// attempt sends the request to ch once, admitted with t, which it
+	// ends on every path. A done result has answered the client.
+	attempt(r *Relay, w http.ResponseWriter, req *http.Request, in *inbound, ch *channel, n int, t *ticket) attemptResult
+	// noChannel is the answer to a request that found no channel before
+	// its first attempt, for p.
+	noChannel(p pickResult, s *selection, g *group) *relayError
+}
+
+// messageRoute is the attempter of Messages, count_tokens and Chat
+// Completions.
+type messageRoute struct{}
+
+func (messageRoute) accept() func(*channel, time.Time) bool { return nil }
+
+func (messageRoute) attempt(r *Relay, w http.ResponseWriter, req *http.Request, in *inbound, ch *channel, n int, t *ticket) attemptResult {
+	return r.try(w, req, in, ch, n, t)
+}
+
+func (messageRoute) noChannel(p pickResult, s *selection, g *group) *relayError { return p.err(s, g) }
+
+// relay runs a message's attempts: Messages, count_tokens and Chat
+// Completions.
 func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) *failure {
+	return r.failover(w, req, in, messageRoute{})
+}
+
+// failover selects a channel and attempts the request on it, as route
+// sends it, until one answer reaches the client, failing over to untried
+// channels on retryable outcomes, within the group's retries and retry
+// budget. It returns what to answer when no upstream answer was
+// committed, nil when the client has its answer or is gone.
+func (r *Relay) failover(w http.ResponseWriter, req *http.Request, in *inbound, route attempter) *failure {
 	g := in.group()
 	g.state.budget.request(r.now())
-	in.sel = selection{model: in.model, tried: in.triedBuf[:0], rand: r.rand}
+	in.sel = selection{model: in.model, tried: in.triedBuf[:0], rand: r.rand, accept: route.accept()}
 	sel := &in.sel
 	if !in.needs.empty() {
 		sel.needs = &in.needs
@@ -68,7 +105,7 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 		case notLive != nil:
 			return refused(notLive) // the fallbacks could not serve either: say why the model could not
 		default:
-			return refused(p.err(sel, g))
+			return refused(route.noChannel(p, sel, g))
 		}
 		ch := p.ch
 		if n > 1 && !g.state.budget.allowRetry(sel.now, g.budgetRatio, g.budgetFloor) {
@@ -119,7 +156,7 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 			metricFailovers.WithLabelValues(g.name).Inc()
 			in.waste(last, wasteFailover)
 		}
-		res := r.try(w, req, in, ch, n, t)
+		res := route.attempt(r, w, req, in, ch, n, t)
 		switch {
 		case res.done:
 			return nil
@@ -128,7 +165,7 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 			// departure spends no retry budget
 			in.waste(res, wasteCanceled)
 			return nil
-		case !res.verdict.outcome.retryable() || n > g.retries:
+		case !res.verdict.outcome.retryable() || res.final || n > g.retries:
 			return &failure{last: res, attempts: n}
 		}
 		last = res
@@ -140,8 +177,8 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 }
 
 // logBudgetExhausted logs that the retry budget stopped a failover. Apart
-// from relay, so that the log fields take no room in relay's frame, which
-// a stream keeps on its goroutine's stack while it lasts.
+// from failover, so that the log fields take no room in failover's frame,
+// which a stream keeps on its goroutine's stack while it lasts.
 func (r *Relay) logBudgetExhausted(g *group, in *inbound) {
 	r.logger.Debug("retry budget exhausted", zap.String("group", g.name), zap.String("request_id", in.id))
 }

@@ -15,12 +15,12 @@ import (
 	"github.com/tidwall/gjson"
 )
 
-// create makes a batch or uploads a file on a channel picked among the
-// group's that serve the resource: healthy, within limits, the best tier,
-// by weight; for a batch, serving the model of every one of its requests
-// and holding every file they reference. It fails over as a message does,
-// except that an upload, streamed, fails over only before any of it was
-// sent.
+// create makes a batch or uploads a file through the attempt loop of a
+// message (failover): picked by the group's policy among its channels that
+// serve the resource (for a batch, serving the model of every one of its
+// requests and holding every file they reference), queued while they are
+// all busy, failing over as a message does, except that an upload,
+// streamed, fails over only before any of it was sent.
 func (c *resourceCtx) create() *failure {
 	var body []byte
 	var models []string
@@ -72,75 +72,95 @@ func (c *resourceCtx) create() *failure {
 		c.held = held
 	}
 
-	var upload *uploadBody
+	ca := &createAttempt{c: c, models: models, body: body, path: pathFiles}
+	ca.cands = cands
+	if c.rq.kind == kindBatch {
+		ca.path = pathBatches
+	}
 	if c.rq.kind == kindFile {
 		if c.req.ContentLength > c.r.MaxUploadSize {
 			return refused(errTooLarge(c.r.MaxUploadSize))
 		}
-		upload = &uploadBody{r: c.req.Body, limit: c.r.MaxUploadSize}
+		ca.upload = &uploadBody{r: c.req.Body, limit: c.r.MaxUploadSize}
 	}
-	path := pathFiles
-	if c.rq.kind == kindBatch {
-		path = pathBatches
+	c.in.estimate = -1 // a create is not held to a channel's token limit
+	return c.r.failover(c.w, c.req, c.in, ca)
+}
+
+// createAttempt is a create's part of the attempt loop.
+type createAttempt struct {
+	c      *resourceCtx
+	cands  []*channel // the group's channels that may make it
+	models []string   // a batch's
+	body   []byte     // a batch's
+	upload *uploadBody
+	path   string
+}
+
+func (a *createAttempt) accept() func(*channel, time.Time) bool { return a.accepts }
+
+// accepts reports whether ch may make the resource now: it is a
+// candidate, and refuses none of the batch's models.
+func (a *createAttempt) accepts(ch *channel, now time.Time) bool {
+	if !contains(a.cands, ch) {
+		return false
 	}
-	var tried []*channel
-	var last *failure
-	var recoveryDeadline time.Time
-	for n := 1; ; {
-		now := c.r.now()
-		ch, recovery := pickResource(cands, tried, models, now, c.r.rand)
-		if ch == nil {
-			if last != nil {
-				return last
-			}
-			if c.group.waitMax > 0 && c.r.waitForRecovery(c.req.Context(), untilFrom(recovery, now), c.group.waitMax, now, &recoveryDeadline) {
-				continue
-			}
-			return refused(errNoHealthyChannel(c.rq.kind.String(), untilFrom(recovery, now)))
+	for _, m := range a.models {
+		if refused, _ := ch.health.refuses(m, now); refused {
+			return false
 		}
-		tried = append(tried, ch)
-		rp, _ := servesResource(ch, c.rq.kind)
-		call := &provider.ResourceCall{Channel: ch.name, Method: http.MethodPost, Path: path, RawQuery: c.req.URL.RawQuery, Header: c.req.Header, ContentLength: int64(len(body))}
-		timeout := ch.firstByte
-		if upload != nil {
-			call.Body, call.ContentLength, timeout = upload, c.req.ContentLength, ch.response
-			if call.ContentLength <= 0 {
-				call.ContentLength = -1
-			}
-		} else {
-			call.Body = bytes.NewReader(body)
-		}
-		if n > 1 {
-			metricFailovers.WithLabelValues(c.group.name).Inc()
-		}
-		a := c.send(ch, rp, call, timeout)
-		if a.resp != nil {
-			defer a.close()
-			obj, ok := c.readObject(a, ch)
-			if !ok {
-				return nil
-			}
-			if rerr := c.recordOwner(ch, rp, obj); rerr != nil {
-				return refused(rerr)
-			}
-			c.held.keep(ch.name, gjson.GetBytes(obj, "id").Str)
-			c.sendObject(a, c.rewriteItem(obj, ch.name))
-			return nil
-		}
-		if upload != nil && upload.over.Load() {
-			return refused(errTooLarge(c.r.MaxUploadSize))
-		}
-		if a.failure == nil || a.failure.err != nil { // the client is gone, or the relay refused
-			return a.failure
-		}
-		a.failure.attempts = n
-		last = a.failure
-		sent := upload != nil && upload.n.Load() > 0
-		if !a.res.verdict.outcome.retryable() || sent || n > c.group.retries || !c.group.state.budget.allowRetry(now, c.group.budgetRatio, c.group.budgetFloor) {
-			return last
-		}
-		n++
 	}
+	return true
+}
+
+// noChannel answers a create that found no channel: all busy, as a
+// message is; otherwise none is live.
+func (a *createAttempt) noChannel(p pickResult, s *selection, g *group) *relayError {
+	if p.reason == allBusy {
+		return p.err(s, g)
+	}
+	return errNoHealthyChannel(a.c.rq.kind.String(), untilFrom(p.until, s.now))
+}
+
+// attempt sends the create to ch and, on its 2xx answer, records who owns
+// the resource and passes it on.
+func (a *createAttempt) attempt(r *Relay, w http.ResponseWriter, req *http.Request, in *inbound, ch *channel, n int, t *ticket) attemptResult {
+	defer t.release(r.now) // on a panic: sendAdmitted ends it on every other path
+	c := a.c
+	rp, _ := servesResource(ch, c.rq.kind)
+	call := &provider.ResourceCall{Channel: ch.name, Method: http.MethodPost, Path: a.path, RawQuery: req.URL.RawQuery, Header: req.Header, ContentLength: int64(len(a.body))}
+	timeout := ch.firstByte
+	if a.upload != nil {
+		call.Body, call.ContentLength, timeout = a.upload, req.ContentLength, ch.response
+		if call.ContentLength <= 0 {
+			call.ContentLength = -1
+		}
+	} else {
+		call.Body = bytes.NewReader(a.body)
+	}
+	ra := c.sendAdmitted(ch, t, rp, call, timeout)
+	done := attemptResult{done: true} // the client has its answer
+	if ra.resp != nil {
+		defer ra.close()
+		obj, ok := c.readObject(ra, ch)
+		if !ok {
+			return done
+		}
+		if rerr := c.recordOwner(ch, rp, obj); rerr != nil {
+			r.answer(w, in, refused(rerr))
+			return done
+		}
+		c.held.keep(ch.name, gjson.GetBytes(obj, "id").Str)
+		c.sendObject(ra, c.rewriteItem(obj, ch.name))
+		return done
+	}
+	if a.upload != nil && a.upload.over.Load() {
+		r.answer(w, in, refused(errTooLarge(r.MaxUploadSize)))
+		return done
+	}
+	res := ra.res
+	res.final = a.upload != nil && a.upload.n.Load() > 0
+	return res
 }
 
 // batchModels reads the distinct models of a batch's requests (each
@@ -187,41 +207,6 @@ func (ch *channel) servesAll(models []string) bool {
 		}
 	}
 	return true
-}
-
-// pickResource picks the channel for a create among cands: not tried,
-// live, not refusing a model, not at a limit, of the best tier, by weight.
-// With none, it says when the first cooling one recovers (zero: none will
-// by itself).
-func pickResource(cands, tried []*channel, models []string, now time.Time, rnd randIntN) (*channel, time.Time) {
-	var buf [maxChannelsPerPick]*channel
-	live := buf[:0]
-	var recovery time.Time
-	for _, ch := range cands {
-		if contains(tried, ch) {
-			continue
-		}
-		if ok, until := ch.health.available(now); !ok {
-			if !until.IsZero() && (recovery.IsZero() || until.Before(recovery)) {
-				recovery = until
-			}
-			continue
-		}
-		refused := false
-		for _, m := range models {
-			if r, _ := ch.health.refuses(m, now); r {
-				refused = true
-			}
-		}
-		if busy, _, _ := ch.health.busy(now); busy || refused {
-			continue
-		}
-		live = append(live, ch)
-	}
-	if len(live) == 0 {
-		return nil, recovery
-	}
-	return weighted(bestTier(live), rnd), time.Time{}
 }
 
 // uploadBody is a client's upload on its way upstream: bounded by

@@ -30,19 +30,22 @@ type resourceAttempt struct {
 // answer must arrive within headerTimeout. An error answer comes back as the
 // failure that passes it on.
 func (c *resourceCtx) send(ch *channel, rp provider.ResourceProvider, call *provider.ResourceCall, headerTimeout time.Duration) *resourceAttempt {
-	r, in := c.r, c.in
-	a := &resourceAttempt{c: c, ch: ch, start: time.Now()}
-	t, scope := ch.health.admit(r.now(), -1)
+	t, scope := ch.health.admit(c.r.now(), -1)
 	switch {
 	case scope == scopeFleetDown:
-		a.failure = refused(errStorageUnavailable())
-		return a
+		return &resourceAttempt{c: c, ch: ch, failure: refused(errStorageUnavailable())}
 	case t == nil:
-		a.failure = refused(errQueue("the channel that holds this "+c.rq.kind.noun()+" is at its limit", time.Second))
-		return a
+		return &resourceAttempt{c: c, ch: ch, failure: refused(errQueue("the channel that holds this "+c.rq.kind.noun()+" is at its limit", time.Second))}
 	}
-	a.t = t
-	in.attempts++
+	c.in.attempts++
+	return c.sendAdmitted(ch, t, rp, call, headerTimeout)
+}
+
+// sendAdmitted is send on a channel that admitted the attempt with t,
+// which the attempt ends.
+func (c *resourceCtx) sendAdmitted(ch *channel, t *ticket, rp provider.ResourceProvider, call *provider.ResourceCall, headerTimeout time.Duration) *resourceAttempt {
+	r := c.r
+	a := &resourceAttempt{c: c, ch: ch, t: t, start: time.Now()}
 	ctx, cancel := context.WithCancelCause(c.req.Context())
 	a.cancel = cancel
 	a.dl = &deadline{cancel: cancel}

@@ -25,8 +25,14 @@ type selection struct {
 	skipped   []*channel // picked, but their half-open breaker had no slot left
 	capped    []*channel // picked, but their spend cap could not take the request's hold
 	avoidHost string     // after a 529: prefer a channel on another upstream host
-	now       time.Time
-	rand      randIntN
+	// accept, when set, chooses the candidates instead of the model (a
+	// resource's create, whose candidates no one model names): it says
+	// whether a channel serves the request and does not refuse it. Its
+	// candidates hold no channel's spend cap: a create is not priced when
+	// it is made (a batch checks the caps itself, batchCaps).
+	accept func(ch *channel, now time.Time) bool
+	now    time.Time
+	rand   randIntN
 }
 
 // halfOpenRetry is the wait suggested for a channel whose half-open breaker
@@ -97,7 +103,7 @@ func untilFrom(t, now time.Time) time.Duration {
 }
 
 // pick chooses the channel for the next attempt of a request in group g:
-// model filter, then capability, then untried, then health, then limits,
+// model filter (or the selection's accept), then capability, then untried, then health, then limits,
 // then the channels that serve the request whole over those that would
 // strip a feature from it, then the best priority tier, then weighted
 // random.
@@ -106,6 +112,12 @@ func (g *group) pick(s *selection) pickResult {
 	cands := buf[:0]
 	var refusedUntil time.Time // the first end of a refusal, when every channel refused
 	for _, ch := range g.channels {
+		if s.accept != nil {
+			if s.accept(ch, s.now) {
+				cands = append(cands, ch)
+			}
+			continue
+		}
 		if !ch.serves(s.model) {
 			continue
 		}
@@ -164,7 +176,7 @@ func (g *group) pick(s *selection) pickResult {
 		if ok && contains(s.skipped, ch) {
 			ok, until = false, s.now.Add(halfOpenRetry)
 		}
-		if ok && ch.spend != nil {
+		if ok && ch.spend != nil && s.accept == nil {
 			if spent, end := ch.spend.capped(s.now); spent || contains(s.capped, ch) {
 				if !spent {
 					end = s.now.Add(holdRetryAfter) // holds in flight on its cap may settle
