@@ -15,12 +15,14 @@ import (
 // to a day after it was made, and meanwhile its requests run where no
 // budget sees them. So a batch holds, when it is made, the sum of its
 // requests' worst cases at the batch price against the budgets of the key
-// that makes it; a batch that does not fit in what is left of a budget,
-// beside what is held, is refused (429 budget_exceeded) before anything
-// is sent upstream. It does not wait in the queue: it is not a request
-// that holds a client for seconds. When its results are first read (and
-// accounted, claimBatch), its hold becomes what they cost, charged to the
-// key that made it.
+// (and the group) that makes it; a batch that does not fit in what is left
+// of a budget, beside what is held, is refused (429 budget_exceeded)
+// before anything is sent upstream. It does not wait for holds in flight
+// to settle, as a message may: it would wait for requests that run for
+// seconds to make room for one that may run for hours. (A create does wait
+// in the queue for a busy channel, as a message does.) When its results
+// are first read (and accounted, claimBatch), its hold becomes what they
+// cost, charged to the accounts that held it.
 //
 // A batch's hold outlives the relay: on a single relay it is kept with the
 // spend of its key in Caddy's storage (written within moments); in a fleet
