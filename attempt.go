@@ -247,7 +247,7 @@ func (r *Relay) message(ctx context.Context, w http.ResponseWriter, req *http.Re
 		in.answered, in.incomplete = ch, true
 		return attemptResult{verdict: verdict{outcome: outcomeCanceled, reason: "client canceled"}, channel: ch, done: true, firstByte: firstByte}
 	}
-	in.committed(ch, resp.StatusCode)
+	in.committed(ch)
 	r.commitHeaders(w, in, ch, n, resp)
 	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
 	w.WriteHeader(resp.StatusCode)

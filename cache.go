@@ -157,7 +157,7 @@ func noCache(h http.Header) bool {
 
 // serveStored writes a cached answer, byte for byte.
 func (r *Relay) serveStored(w http.ResponseWriter, in *inbound, e *cached, result string) {
-	in.shared, in.status, in.firstByte = sharedCache, e.status, time.Since(in.start)
+	in.shared = sharedCache
 	h := w.Header()
 	for k, vs := range e.header {
 		h[k] = vs
@@ -193,17 +193,13 @@ func (r *Relay) revalidate(req *http.Request, in *inbound, c *responseCache, d b
 				r.logger.Error("cache revalidation panicked", zap.Any("panic", p), zap.String("request_id", bg.id))
 			}
 		}()
-		if rerr := r.planHolds(bg); rerr != nil { // it holds against the key's budgets as its request would
-			bg.status = rerr.status
+		w := bg.rec.install(discard{header: http.Header{}}, bg) // answers nobody, and records what it would have
+		if rerr := r.planHolds(bg); rerr != nil {               // it holds against the key's budgets as its request would
+			r.answer(w, bg, refused(rerr))
 			return
 		}
-		if fail := r.lead(discard{header: http.Header{}}, bgReq, bg, f, 0); fail != nil {
-			bg.status = http.StatusBadGateway
-			if fail.err != nil {
-				bg.status = fail.err.status
-			} else if fail.last.status != 0 {
-				bg.status = fail.last.status
-			}
+		if fail := r.lead(w, bgReq, bg, f, 0); fail != nil {
+			r.answer(w, bg, fail)
 		}
 		if f.ok {
 			c.store(d, f, r.now())

@@ -419,7 +419,7 @@ func (r *Relay) lead(w http.ResponseWriter, req *http.Request, in *inbound, f *f
 	})
 	defer stop()
 	fail := r.relay(&teeWriter{ResponseWriter: w, f: f}, req.WithContext(ctx), in)
-	ok := fail == nil && in.answered != nil && !in.incomplete && in.status >= 200 && in.status <= 299
+	ok := fail == nil && in.answered != nil && !in.incomplete && f.status >= 200 && f.status <= 299 // what the upstream answered: a Chat Completions answer reaches its client later
 	var usd float64
 	if ok {
 		if rates := r.prices.lookup(in.target); rates != nil {
@@ -464,7 +464,7 @@ func (r *Relay) replay(w http.ResponseWriter, ctx context.Context, in *inbound, 
 	status, header := f.status, f.header
 	f.mu.Unlock()
 
-	in.shared, in.status, in.firstByte = how, status, time.Since(in.start)
+	in.shared = how
 	h := w.Header()
 	for k, vs := range header {
 		h[k] = vs

@@ -47,7 +47,6 @@ func serveModels(w http.ResponseWriter, req *http.Request, in *inbound) *relayEr
 		if !slices.Contains(models, id) {
 			return &relayError{status: http.StatusNotFound, typ: "not_found_error", msg: "model " + strconv.Quote(id) + " is not served by this key's group"}
 		}
-		in.status = http.StatusOK
 		writeJSON(w, info(id))
 		return nil
 	}
@@ -85,7 +84,6 @@ func serveModels(w http.ResponseWriter, req *http.Request, in *inbound) *relayEr
 	if len(page) > 0 {
 		list.FirstID, list.LastID = &page[0], &page[len(page)-1]
 	}
-	in.status = http.StatusOK
 	writeJSON(w, list)
 	return nil
 }

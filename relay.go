@@ -324,6 +324,7 @@ func (r *Relay) ServeHTTP(w http.ResponseWriter, req *http.Request, _ caddyhttp.
 		repl.Map(in.placeholder)
 	}
 	defer r.account(in)
+	w = in.rec.install(w, in) // under the Chat Completions writer: it sees what the client gets
 	if req.URL.Path == PathChatCompletions {
 		in.chat = new(chat)
 		cw := newChatWriter(w, in)
@@ -426,13 +427,13 @@ func (r *Relay) answer(w http.ResponseWriter, in *inbound, f *failure) {
 		}
 	}
 	if f.err != nil {
-		in.status, in.cause = f.err.status, cmp.Or(f.err.cause, causeClient)
+		in.cause = cmp.Or(f.err.cause, causeClient)
 		in.errCode = cmp.Or(f.err.code, f.err.typ)
 		r.ratelimitHeaders(h, in)
 		f.err.write(w, in.id)
 		return
 	}
-	in.status, in.answered, in.cause = last.status, last.channel, causeUpstream
+	in.answered, in.cause = last.channel, causeUpstream
 	if last.verdict.outcome == outcomeClientError {
 		in.cause = causeClient
 	}

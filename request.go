@@ -179,17 +179,18 @@ type inbound struct {
 	chain        []attemptRecord
 	chainBuf     [4]attemptRecord
 	usage        usage
-	incomplete   bool     // the answer did not complete: tokens are the ones seen
-	estimated    bool     // its output is an estimate: its client left, and the final count never came (settle.go)
-	estimate     int64    // input tokens guessed from the body, for the token limits
-	holds        *holds   // its worst case held against its budgets (hold.go); nil: none
-	worst        nanoUSD  // its worst case, when a budget or a channel's spend cap may apply
-	cost         float64  // in USD: list price x price_factor of the channel that answered; set by account (price)
-	wasted       int64    // input tokens of attempts abandoned on the way (relay_wasted_tokens_total)
-	keyGrant     grant    // what the key's limits admitted
-	keyAsked     bool     // the key's limits were asked (admitted or refused): its rate limit headers are known
-	endUser      *limiter // its end user's limits (user_rate, user_tokens); nil: none
-	endUserGrant grant    // what they admitted
+	incomplete   bool           // the answer did not complete: tokens are the ones seen
+	estimated    bool           // its output is an estimate: its client left, and the final count never came (settle.go)
+	estimate     int64          // input tokens guessed from the body, for the token limits
+	holds        *holds         // its worst case held against its budgets (hold.go); nil: none
+	rec          answerRecorder // the one exit its answer leaves by (recorder.go)
+	worst        nanoUSD        // its worst case, when a budget or a channel's spend cap may apply
+	cost         float64        // in USD: list price x price_factor of the channel that answered; set by account (price)
+	wasted       int64          // input tokens of attempts abandoned on the way (relay_wasted_tokens_total)
+	keyGrant     grant          // what the key's limits admitted
+	keyAsked     bool           // the key's limits were asked (admitted or refused): its rate limit headers are known
+	endUser      *limiter       // its end user's limits (user_rate, user_tokens); nil: none
+	endUserGrant grant          // what they admitted
 	// endUserPending, in a fleet, is the end user's limiter to admit along
 	// with the first channel, charged endUserEstimate tokens
 	endUserPending  *limiter
@@ -297,11 +298,9 @@ type attemptRecord struct {
 	duration time.Duration
 }
 
-// committed records that ch's answer, with status, is going to the client.
-func (in *inbound) committed(ch *channel, status int) {
-	in.status, in.answered = status, ch
-	in.firstByte = time.Since(in.start)
-}
+// committed records that ch's answer is going to the client (its status
+// and first byte are the recorder's to see).
+func (in *inbound) committed(ch *channel) { in.answered = ch }
 
 // bodyScanner is a pooled strict JSON decoder for request bodies.
 type bodyScanner struct {

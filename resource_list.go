@@ -301,7 +301,6 @@ func (c *resourceCtx) list() *failure {
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	c.r.ratelimitHeaders(h, c.in)
-	c.in.status = http.StatusOK
 	metricResources.WithLabelValues(c.group.name, labelNone, kind.String(), opList.String()).Inc()
 	c.w.WriteHeader(http.StatusOK)
 	_, _ = c.w.Write(body)

@@ -122,7 +122,7 @@ func (c *resourceCtx) commit(a *resourceAttempt, contentLength int) {
 	}
 	relayHeaders(h, c.in, a.ch, c.in.attempts, false)
 	c.r.ratelimitHeaders(h, c.in)
-	c.in.committed(a.ch, a.resp.StatusCode)
+	c.in.committed(a.ch)
 	metricResources.WithLabelValues(c.group.name, a.ch.name, c.rq.kind.String(), c.rq.op.String()).Inc()
 	c.w.WriteHeader(a.resp.StatusCode)
 }

@@ -134,7 +134,7 @@ func (s *streamAttempt) hold(rd *sse.Reader, held []byte) (_ []byte, res attempt
 // commit sends the response headers and the held events; it reports whether
 // the client took them.
 func (s *streamAttempt) commit(held []byte) bool {
-	s.in.committed(s.ch, s.resp.StatusCode)
+	s.in.committed(s.ch)
 	s.r.commitHeaders(s.w, s.in, s.ch, s.n, s.resp)
 	s.w.WriteHeader(s.resp.StatusCode)
 	if _, err := s.w.Write(held); err != nil {
