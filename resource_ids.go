@@ -191,6 +191,16 @@ func (r *Relay) provisionResourceSecret(ctx caddy.Context) error {
 		return nil
 	}
 	c := context.Background()
+	// once it is made, a load reads it without the lock: a storage lock
+	// taken at every reload (a lock file and the goroutine that keeps it
+	// fresh, with the file system storage) can outlive its Unlock and hold
+	// the next reload for the seconds it takes to go stale
+	if b, err := storage.Load(c, resourceSecretStorageKey); err == nil && len(b) > 0 {
+		r.secret.key = b
+		return nil
+	}
+	// not made yet: made under the lock, so that relays sharing the
+	// storage make one
 	if err := storage.Lock(c, resourceSecretStorageKey); err != nil {
 		return err
 	}
