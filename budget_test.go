@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/certmagic"
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -381,32 +380,15 @@ func TestBudgetAlertsOnRealSpend(t *testing.T) {
 			}
 		}
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(metricSpend)
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var series strings.Builder
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			var pairs []string
-			keep := false
-			for _, l := range m.GetLabel() {
-				pairs = append(pairs, l.GetName()+"="+strconv.Quote(l.GetValue()))
-				keep = keep || l.GetName() == "key" && strings.HasPrefix(l.GetValue(), "budget-alert-")
-			}
-			if keep {
-				fmt.Fprintf(&series, "      - series: '%s{%s}'\n        values: '%gx10'\n", mf.GetName(), strings.Join(pairs, ","), m.GetGauge().GetValue())
-			}
-		}
-	}
+	series := spendSeries(t, func(label, value string) bool {
+		return label == "key" && strings.HasPrefix(value, "budget-alert-")
+	})
 	rules, err := filepath.Abs("examples/prometheus/relay-rules.yml")
 	if err != nil {
 		t.Fatal(err)
 	}
 	exprs := alertExprs(t, rules)
-	promtoolTest(t, promtool, rules, series.String(), fmt.Sprintf(`      - expr: %q
+	promtoolTest(t, promtool, rules, series, fmt.Sprintf(`      - expr: %q
         eval_time: 5m
         exp_samples:
           - labels: '{key="budget-alert-near",period="day",scope="key"}'

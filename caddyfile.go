@@ -468,21 +468,6 @@ func parsePricing(d *caddyfile.Dispenser, r *Relay) error {
 	return nil
 }
 
-// ratio reads a fraction written as 0.2 or 20%.
-func ratio(v string) (float64, error) {
-	f, err := strconv.ParseFloat(strings.TrimSuffix(v, "%"), 64)
-	if err != nil {
-		return 0, fmt.Errorf("%q is not a number or a percentage", v)
-	}
-	if strings.HasSuffix(v, "%") {
-		f /= 100
-	}
-	if f < 0 || f > 1 {
-		return 0, fmt.Errorf("%q is not between 0 and 1 (0%% and 100%%)", v)
-	}
-	return f, nil
-}
-
 // parseDuration parses an option's one argument as a duration (90s, 1h).
 func parseDuration(d *caddyfile.Dispenser, dst *caddy.Duration) error {
 	return parseArg(d, dst, func(v string) (caddy.Duration, error) {

@@ -50,7 +50,7 @@ func parseGroup(d *caddyfile.Dispenser, pos positions) (*Group, error) {
 			if len(args) < 1 || len(args) > 2 {
 				return nil, d.Errf("retry_budget takes a ratio and an optional floor: retry_budget 20%% [10/s]")
 			}
-			f, err := ratio(args[0])
+			f, err := provider.Ratio(args[0])
 			if err != nil {
 				return nil, d.Errf("retry_budget: %v", err)
 			}
@@ -67,7 +67,7 @@ func parseGroup(d *caddyfile.Dispenser, pos positions) (*Group, error) {
 			if !d.AllArgs(&name, &share) {
 				return nil, d.Errf("split takes a channel and a share: split canary 10%%")
 			}
-			f, err := ratio(share)
+			f, err := provider.Ratio(share)
 			if err != nil {
 				return nil, d.Errf("split: %v", err)
 			}

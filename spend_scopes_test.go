@@ -417,32 +417,15 @@ func TestBudgetAlertsCoverEveryScope(t *testing.T) {
 			}
 		}
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(metricSpend)
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var series strings.Builder
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			var pairs []string
-			keep := false
-			for _, l := range m.GetLabel() {
-				pairs = append(pairs, l.GetName()+"="+strconv.Quote(l.GetValue()))
-				keep = keep || (l.GetName() == "group" || l.GetName() == "channel") && strings.HasPrefix(l.GetValue(), "alert-scope-")
-			}
-			if keep {
-				fmt.Fprintf(&series, "      - series: '%s{%s}'\n        values: '%gx10'\n", mf.GetName(), strings.Join(pairs, ","), m.GetGauge().GetValue())
-			}
-		}
-	}
+	series := spendSeries(t, func(label, value string) bool {
+		return (label == "group" || label == "channel") && strings.HasPrefix(value, "alert-scope-")
+	})
 	rules, err := filepath.Abs("examples/prometheus/relay-rules.yml")
 	if err != nil {
 		t.Fatal(err)
 	}
 	exprs := alertExprs(t, rules)
-	promtoolTest(t, promtool, rules, series.String(), fmt.Sprintf(`      - expr: %q
+	promtoolTest(t, promtool, rules, series, fmt.Sprintf(`      - expr: %q
         eval_time: 5m
         exp_samples:
           - labels: '{group=%q,period="day",scope="group"}'
@@ -455,4 +438,31 @@ func TestBudgetAlertsCoverEveryScope(t *testing.T) {
           - labels: '{channel=%q,period="day",scope="channel"}'
             value: 0.1
 `, exprs["RelayBudgetNearlySpent"], nearName, exprs["RelayBudgetExhausted"], spentName, near.state), "the budget alerts of groups and channels")
+}
+
+// spendSeries renders the spend collector's series that have a label
+// keep takes as promtool's input series, each steady for 10 minutes.
+func spendSeries(t *testing.T, keep func(label, value string) bool) string {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(metricSpend)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var series strings.Builder
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			var pairs []string
+			kept := false
+			for _, l := range m.GetLabel() {
+				pairs = append(pairs, l.GetName()+"="+strconv.Quote(l.GetValue()))
+				kept = kept || keep(l.GetName(), l.GetValue())
+			}
+			if kept {
+				fmt.Fprintf(&series, "      - series: '%s{%s}'\n        values: '%gx10'\n", mf.GetName(), strings.Join(pairs, ","), m.GetGauge().GetValue())
+			}
+		}
+	}
+	return series.String()
 }

@@ -70,7 +70,7 @@ func (o Options) Parse(d *caddyfile.Dispenser) (bool, error) {
 		})
 	}
 	if dst, ok := o.Ratios[name]; ok {
-		return true, parseArg(d, dst, ratio)
+		return true, parseArg(d, dst, Ratio)
 	}
 	return false, nil
 }
@@ -90,8 +90,8 @@ func parseArg[T any](d *caddyfile.Dispenser, dst *T, parse func(string) (T, erro
 	return nil
 }
 
-// ratio reads a fraction written as 0.2 or 20%.
-func ratio(v string) (float64, error) {
+// Ratio reads a fraction written as 0.2 or 20%: a value between 0 and 1.
+func Ratio(v string) (float64, error) {
 	f, err := strconv.ParseFloat(strings.TrimSuffix(v, "%"), 64)
 	if err != nil {
 		return 0, fmt.Errorf("%q is not a number or a percentage", v)
