@@ -1,8 +1,19 @@
 // Package relay is a Caddy HTTP handler that puts many upstream Claude
 // providers behind one Anthropic-compatible endpoint: a client holds one
-// relay key, the key belongs to a group, and the group's channels (one
-// upstream credential each) serve its requests with failover before the
-// first byte.
+// relay key (or signs in through a Caddy authentication handler), the key
+// belongs to a group, and the group's channels (one upstream credential
+// each) serve its requests with failover before the first byte, within
+// the key's, the group's and the channels' limits and budgets.
+//
+// The package is flat, one concept per file, as Caddy's reverseproxy is
+// (docs/architecture.md draws it): a request runs one way through
+// ServeHTTP (route, auth, body, inspect, admit, then the one attempt loop
+// of failover.go for every route, then its account) and leaves through one
+// recorder. What each kind of upstream speaks is a provider, a Caddy module
+// of its own package on the seam the package provider exports; the
+// built-in ones are under providers/ and are compiled in by providers.go.
+// Fleet mode (shared state in Redis) is the fleet*.go files; pure wire
+// code is under internal/.
 package relay
 
 import (
@@ -27,7 +38,9 @@ func init() {
 
 // Relay is the `relay` HTTP handler. It serves POST /v1/messages (streaming
 // or not) and POST /v1/messages/count_tokens by relaying them to a channel
-// of the key's group, and answers GET /v1/models itself.
+// of the key's group, POST /v1/chat/completions by translating it to a
+// message, the Message Batches and Files APIs on the channels that serve
+// them, and answers GET /v1/models itself.
 type Relay struct {
 	// MaxBodySize is the largest request body accepted, in bytes; larger
 	// ones get a 413 request_too_large. Default: 32 MiB, Anthropic's own
