@@ -38,12 +38,13 @@ type attemptResult struct {
 	wasted   int64 // the input tokens wasted, once the attempt is abandoned
 }
 
-// try runs one admitted attempt and records its verdict in the channel's
-// health. The ticket is released on every path, a panic included.
-func (r *Relay) try(w http.ResponseWriter, req *http.Request, in *inbound, ch *channel, n int, t *ticket) attemptResult {
+// attempt runs one admitted attempt of a message (its exchange with the
+// upstream) and records its verdict in the channel's health. The ticket is
+// released on every path, a panic included.
+func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, ch *channel, n int, t *ticket) attemptResult {
 	defer t.release(r.now)
 	start := time.Now()
-	res := r.attempt(w, req, in, ch, n)
+	res := r.exchange(w, req, in, ch, n)
 	var tokens int64 // what the attempt spent of the channel's token limit
 	if in.answered == ch {
 		tokens = in.billed()
@@ -73,8 +74,8 @@ func (r *Relay) try(w http.ResponseWriter, req *http.Request, in *inbound, ch *c
 }
 
 // logCooling logs that an attempt's verdict cools its channel down. Apart
-// from try, so that the log fields take no room in try's frame, which a
-// stream keeps on its goroutine's stack while it lasts.
+// from attempt, so that the log fields take no room in attempt's frame,
+// which a stream keeps on its goroutine's stack while it lasts.
 func (r *Relay) logCooling(in *inbound, ch *channel, v *verdict, cooled time.Duration) {
 	r.logger.Warn("channel cooling down",
 		zap.String("channel", ch.name),
@@ -113,13 +114,13 @@ func (r *Relay) lacking(v *verdict, in *inbound, ch *channel, body []byte) {
 // as a provider reads.
 const maxErrorBody = provider.MaxErrorBody
 
-// attempt sends the request to ch once and, when the answer proves itself,
+// exchange sends the request to ch once and, when the answer proves itself,
 // commits it to the client. A stream is relayed from inside it, for as
 // long as the stream lasts, so it keeps its frame small: every answer but
 // a stream's is handled by a function of its own, whose locals are gone
 // by the time a stream runs (a handler's goroutine whose stack outgrows
 // 16 KiB keeps 32 KiB for as long as its stream is open).
-func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, ch *channel, n int) (res attemptResult) {
+func (r *Relay) exchange(w http.ResponseWriter, req *http.Request, in *inbound, ch *channel, n int) (res attemptResult) {
 	// The attempt's context has the client's values but not its end: the
 	// client's leaving reaches it through dl (watch), which ends it at once
 	// or, once reading on pays, after settle_grace (settle.go).

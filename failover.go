@@ -34,7 +34,7 @@ type messageRoute struct{}
 func (messageRoute) accept() func(*channel, time.Time) bool { return nil }
 
 func (messageRoute) attempt(r *Relay, w http.ResponseWriter, req *http.Request, in *inbound, ch *channel, n int, t *ticket) attemptResult {
-	return r.try(w, req, in, ch, n, t)
+	return r.attempt(w, req, in, ch, n, t)
 }
 
 func (messageRoute) noChannel(p pickResult, s *selection, g *group) *relayError { return p.err(s, g) }
