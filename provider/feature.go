@@ -61,6 +61,20 @@ type Column struct {
 	Strip []string
 }
 
+// AnthropicWire is the column of Anthropic's own API: it takes every
+// feature as sent, but the opt-in fields (service_tier, inference_geo,
+// speed), which a channel takes only when its config says it supports
+// them. A provider that speaks Anthropic's wire (Anthropic, a reseller
+// that passes it through, an in-process imitation) answers with it.
+var AnthropicWire = Column{
+	Default: Supported,
+	Features: map[string]Support{
+		"service_tier":  OptIn,
+		"inference_geo": OptIn,
+		"speed":         OptIn,
+	},
+}
+
 // Supports implements FeatureSupport.
 func (c *Column) Supports(name string) Support {
 	if slices.Contains(c.Strip, name) {

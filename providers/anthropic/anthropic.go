@@ -77,21 +77,9 @@ func (p *Provider) check() error {
 	return provider.CheckURL(p.URL)
 }
 
-// column is the Anthropic API's column of the feature table: it takes
-// every feature and every beta it knows; Priority Tier, data residency and
-// fast mode only for the accounts that may use them.
-var column = provider.Column{
-	Default: provider.Supported,
-	Features: map[string]provider.Support{
-		"service_tier":  provider.OptIn,
-		"inference_geo": provider.OptIn,
-		"speed":         provider.OptIn,
-	},
-}
-
 // Supports implements provider.FeatureSupport: the feature table's
 // Anthropic column.
-func (*Provider) Supports(name string) provider.Support { return column.Supports(name) }
+func (*Provider) Supports(name string) provider.Support { return provider.AnthropicWire.Supports(name) }
 
 // BaseURL implements provider.Provider.
 func (p *Provider) BaseURL() string {

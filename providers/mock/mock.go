@@ -77,20 +77,9 @@ func (p *Provider) Provision(caddy.Context) error {
 // channel counts as its own upstream host.
 func (*Provider) BaseURL() string { return "http://mock.invalid" }
 
-// column is the mock's column of the feature table: it imitates
-// Anthropic's API, so it is Anthropic's (providers/anthropic).
-var column = provider.Column{
-	Default: provider.Supported,
-	Features: map[string]provider.Support{
-		"service_tier":  provider.OptIn,
-		"inference_geo": provider.OptIn,
-		"speed":         provider.OptIn,
-	},
-}
-
 // Supports implements provider.FeatureSupport: the mock imitates
 // Anthropic's API, and its wire is Anthropic's column of the feature table.
-func (*Provider) Supports(name string) provider.Support { return column.Supports(name) }
+func (*Provider) Supports(name string) provider.Support { return provider.AnthropicWire.Supports(name) }
 
 // Transport implements provider.Transporter: the answers are made in-process.
 func (p *Provider) Transport() http.RoundTripper { return p.transport }
