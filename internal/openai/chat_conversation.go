@@ -34,21 +34,17 @@ type chatConversation struct {
 
 // UnmarshalJSONFrom implements json.UnmarshalerFrom.
 func (cv *chatConversation) UnmarshalJSONFrom(dec *jsontext.Decoder) error {
-	if ok, err := openArray[chatMessage](dec); !ok {
-		return err
-	}
-	for ; dec.PeekKind() != ']'; cv.n++ {
+	fresh := func() chatMessage {
 		cv.parts.Reset()
 		cv.calls.Reset()
-		cv.m = chatMessage{Content: chatContent{parts: &cv.parts}, ToolCalls: chatToolCalls{out: &cv.calls}}
-		if err := json.UnmarshalDecode(dec, &cv.m); err != nil {
-			return err
-		}
-		if cv.err == nil {
-			cv.err = cv.translate(cv.n)
-		}
+		return chatMessage{Content: chatContent{parts: &cv.parts}, ToolCalls: chatToolCalls{out: &cv.calls}}
 	}
-	_, err := dec.ReadToken()
+	var err error
+	cv.n, err = eachElement(dec, &cv.m, fresh, func(i int) {
+		if cv.err == nil {
+			cv.err = cv.translate(i)
+		}
+	})
 	return err
 }
 
@@ -229,19 +225,12 @@ type chatToolCalls struct {
 
 // UnmarshalJSONFrom implements json.UnmarshalerFrom.
 func (t *chatToolCalls) UnmarshalJSONFrom(dec *jsontext.Decoder) error {
-	if ok, err := openArray[chatToolCall](dec); !ok {
-		return err
-	}
-	for ; dec.PeekKind() != ']'; t.n++ {
-		t.call = chatToolCall{}
-		if err := json.UnmarshalDecode(dec, &t.call); err != nil {
-			return err
-		}
+	var err error
+	t.n, err = eachElement(dec, &t.call, nil, func(j int) {
 		if t.err == nil {
-			t.err = t.add(t.n)
+			t.err = t.add(j)
 		}
-	}
-	_, err := dec.ReadToken()
+	})
 	return err
 }
 

@@ -26,6 +26,30 @@ func openArray[T any](dec *jsontext.Decoder) (bool, error) {
 	return false, json.UnmarshalDecode(dec, &wrong)
 }
 
+// eachElement decodes the array (or null) dec holds next one element at
+// a time into elem, made anew before each by fresh (nil: zeroed), and
+// calls f with its index: the array is never held whole. It returns how
+// many elements there were.
+func eachElement[T any](dec *jsontext.Decoder, elem *T, fresh func() T, f func(i int)) (int, error) {
+	if ok, err := openArray[T](dec); !ok {
+		return 0, err
+	}
+	n := 0
+	for ; dec.PeekKind() != ']'; n++ {
+		var next T
+		if fresh != nil {
+			next = fresh()
+		}
+		*elem = next
+		if err := json.UnmarshalDecode(dec, elem); err != nil {
+			return n, err
+		}
+		f(n)
+	}
+	_, err := dec.ReadToken()
+	return n, err
+}
+
 // sep writes what goes before one more element of the comma-separated
 // list r holds.
 func sep(r *rope.Rope) {

@@ -67,22 +67,18 @@ type msgConversation struct {
 
 // UnmarshalJSONFrom implements json.UnmarshalerFrom.
 func (c *msgConversation) UnmarshalJSONFrom(dec *jsontext.Decoder) error {
-	if ok, err := openArray[msgMessage](dec); !ok {
-		return err
-	}
-	for ; dec.PeekKind() != ']'; c.n++ {
+	fresh := func() msgMessage {
 		c.content.Reset()
-		c.m = msgMessage{Content: msgContent{raw: &c.content}}
-		if err := json.UnmarshalDecode(dec, &c.m); err != nil {
-			return err
-		}
+		return msgMessage{Content: msgContent{raw: &c.content}}
+	}
+	var err error
+	c.n, err = eachElement(dec, &c.m, fresh, func(i int) {
 		if c.err == nil {
 			if err := c.translate(); err != nil {
-				c.err = fmt.Errorf("messages.%d: %v", c.n, err)
+				c.err = fmt.Errorf("messages.%d: %v", i, err)
 			}
 		}
-	}
-	_, err := dec.ReadToken()
+	})
 	return err
 }
 

@@ -139,19 +139,12 @@ type msgTools struct {
 
 // UnmarshalJSONFrom implements json.UnmarshalerFrom.
 func (t *msgTools) UnmarshalJSONFrom(dec *jsontext.Decoder) error {
-	if ok, err := openArray[msgTool](dec); !ok {
-		return err
-	}
-	for ; dec.PeekKind() != ']'; t.n++ {
-		t.tool = msgTool{}
-		if err := json.UnmarshalDecode(dec, &t.tool); err != nil {
-			return err
-		}
+	var err error
+	t.n, err = eachElement(dec, &t.tool, nil, func(i int) {
 		if t.err == nil {
-			t.err = t.add(t.n)
+			t.err = t.add(i)
 		}
-	}
-	_, err := dec.ReadToken()
+	})
 	return err
 }
 
