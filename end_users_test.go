@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/memtest"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
@@ -19,9 +20,6 @@ import (
 	"github.com/caddy-relay/relay/internal/fakeupstream"
 	"github.com/caddy-relay/relay/internal/redistest"
 )
-
-// raceDetector is set when the tests run under the race detector.
-var raceDetector bool
 
 // endUserBody is a message from the end user id.
 func endUserBody(id string) string {
@@ -148,7 +146,7 @@ func TestAMillionEndUsersStayBounded(t *testing.T) {
 	k := r.keys[digestOf("sk-eumany")]
 	r.activate(k)  // as its first request does
 	n := 1_000_000 // a hundred times the cap
-	if testing.Short() || raceDetector {
+	if testing.Short() || memtest.Race {
 		n = 20 * maxEndUsers
 	}
 	var before runtime.MemStats

@@ -12,12 +12,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -446,47 +444,4 @@ func TestMain(m *testing.M) {
 	})
 	negative(channelStates, func(v any) int64 { return v.(*channelHealth).limits.inflight.Load() })
 	os.Exit(code)
-}
-
-// allocated is what f allocates, in bytes: the least of two runs, so that
-// what other goroutines allocate meanwhile (an earlier test's servers
-// winding down) counts as little as it can.
-func allocated(f func()) uint64 {
-	least := uint64(math.MaxUint64)
-	for range 2 {
-		var before, after runtime.MemStats
-		runtime.ReadMemStats(&before)
-		f()
-		runtime.ReadMemStats(&after)
-		least = min(least, after.TotalAlloc-before.TotalAlloc)
-	}
-	return least
-}
-
-// repeated is a JSON body of about size bytes: prefix, then elem again and
-// again, comma-separated, then suffix.
-func repeated(prefix, elem, suffix string, size int) []byte {
-	b := make([]byte, 0, size+len(elem))
-	b = append(b, prefix...)
-	for n := 0; len(b)+len(elem)+len(suffix) < size; n++ {
-		if n > 0 {
-			b = append(b, ',')
-		}
-		b = append(b, elem...)
-	}
-	return append(b, suffix...)
-}
-
-// perByte is what a body's translation allocated, per byte of the body.
-func perByte(n uint64, body []byte) float64 { return float64(n) / float64(len(body)) }
-
-// boundedBodies is the size of the bodies that tests of memory bounds
-// translate, and a factor for their bounds: under the race detector,
-// which is slow and empties sync.Pools at random (so the JSON encoders and
-// decoders are made anew), smaller bodies and three times the bound.
-func boundedBodies() (size int, factor float64) {
-	if raceDetector {
-		return 512 << 10, 3
-	}
-	return 2 << 20, 1
 }

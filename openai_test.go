@@ -11,6 +11,7 @@ import (
 
 	"github.com/anthropics/anthropic-sdk-go/v2"
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/memtest"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/openai/openai-go/v3"
@@ -384,19 +385,13 @@ func TestModelsListServesBothSDKs(t *testing.T) {
 	}
 }
 
-// emptyMessages is 8 MiB of empty messages: the body that once made the
-// translation allocate gigabytes, for a minute, before its 400.
-func emptyMessages() []byte {
-	return repeated(`{"model":"claude-sonnet-5-5","messages":[`, `{}`, `]}`, 8<<20)
-}
-
 // TestChatCompletionOfEmptyMessagesIsA400: through Caddy, the 8 MiB of
 // empty messages get the 400 of their first, in OpenAI's shape, and no
 // upstream hears of them.
 func TestChatCompletionOfEmptyMessagesIsA400(t *testing.T) {
 	up := fakeupstream.New(t, fakeupstream.Message("x"))
 	startRelay(t, channelBlock("oai-empty", up.URL)+keyAndGroup("oai-empty", "oai-empty"))
-	r := send(t, http.MethodPost, "/v1/chat/completions", clientKey, string(emptyMessages()))
+	r := send(t, http.MethodPost, "/v1/chat/completions", clientKey, string(memtest.EmptyMessages()))
 	want := `{"error":{"message":"messages[0].role: must be system, developer, user, assistant or tool","type":"invalid_request_error","param":"messages[0].role","code":null}}`
 	if r.status != http.StatusBadRequest || string(r.body) != want {
 		t.Errorf("%d %s\nwant 400 %s", r.status, r.body, want)
@@ -410,7 +405,7 @@ func TestChatCompletionOfEmptyMessagesIsA400(t *testing.T) {
 // TestChatCompletionOfEmptyMessagesIsA400 through the handler, from its
 // key to its 400: what refusing 8 MiB of empty messages takes.
 func BenchmarkChatCompletionOfEmptyMessages(b *testing.B) {
-	body := emptyMessages()
+	body := memtest.EmptyMessages()
 	r := &Relay{
 		Keys:     []*Key{{Secret: "sk-bench-empty-messages", Group: "bench-empty"}},
 		Channels: []*Channel{{Name: "bench-empty", UpstreamRaw: upstream("anthropic", "url", "http://127.0.0.1:9", "api_key", "{env.HOME}")}},

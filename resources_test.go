@@ -18,6 +18,7 @@ import (
 	"github.com/anthropics/anthropic-sdk-go/v2"
 	"github.com/anthropics/anthropic-sdk-go/v2/option"
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/memtest"
 	anthropicprovider "github.com/caddy-relay/relay/providers/anthropic"
 )
 
@@ -568,10 +569,10 @@ func TestResourceSecretIsResolvedAndNeverShown(t *testing.T) {
 // batch costs nothing per request, whatever it holds, and at most 7 times
 // its size when every request names a model of its own.
 func TestABatchOfEmptyRequestsIsReadWithinItsSize(t *testing.T) {
-	empty := repeated(`{"requests":[`, `{}`, `]}`, 8<<20)
+	empty := memtest.Repeated(`{"requests":[`, `{}`, `]}`, 8<<20)
 	var models []string
 	var rerr *relayError
-	n := allocated(func() { models, rerr = batchModels(empty) })
+	n := memtest.Allocated(func() { models, rerr = batchModels(empty) })
 	if rerr == nil || rerr.msg != "requests: field required, with params.model in each" {
 		t.Fatalf("models %v, refusal %v", models, rerr)
 	}
@@ -579,9 +580,9 @@ func TestABatchOfEmptyRequestsIsReadWithinItsSize(t *testing.T) {
 		t.Errorf("reading a batch of 8 MiB of empty requests allocated %d MB, want under 64", n>>20)
 	}
 
-	size, factor := boundedBodies()
-	one := repeated(`{"requests":[`, `{"custom_id":"a","params":{"model":"claude-sonnet-5-5","max_tokens":1,"messages":[{"role":"user","content":"a"}]}}`, `]}`, 4*size)
-	if n := allocated(func() { models, rerr = batchModels(one) }); rerr != nil || len(models) != 1 || n > 64<<10 {
+	size, factor := memtest.BoundedBodies()
+	one := memtest.Repeated(`{"requests":[`, `{"custom_id":"a","params":{"model":"claude-sonnet-5-5","max_tokens":1,"messages":[{"role":"user","content":"a"}]}}`, `]}`, 4*size)
+	if n := memtest.Allocated(func() { models, rerr = batchModels(one) }); rerr != nil || len(models) != 1 || n > 64<<10 {
 		t.Errorf("a batch of one model: %v %v, %d bytes allocated", models, rerr, n)
 	}
 	many := []byte(`{"requests":[`)
@@ -589,12 +590,12 @@ func TestABatchOfEmptyRequestsIsReadWithinItsSize(t *testing.T) {
 		many = fmt.Appendf(many, `{"params":{"model":"m-%d"}},`, i)
 	}
 	many = append(many[:len(many)-1], `]}`...)
-	n = allocated(func() { models, rerr = batchModels(many) })
+	n = memtest.Allocated(func() { models, rerr = batchModels(many) })
 	if rerr != nil || models[0] != "m-0" || models[len(models)-1] != fmt.Sprint("m-", len(models)-1) {
 		t.Fatalf("%v, models %v...", rerr, models[:2])
 	}
-	if perByte(n, many) > 7*factor {
-		t.Errorf("a model per request: %.1f times the body", perByte(n, many))
+	if memtest.PerByte(n, many) > 7*factor {
+		t.Errorf("a model per request: %.1f times the body", memtest.PerByte(n, many))
 	}
 }
 
@@ -609,9 +610,9 @@ func TestFileIDsAreResolvedAsTheyAreFound(t *testing.T) {
 	if err := r.owners.record(ctx, kindFile, "ch", "file_011CNha8iCJcU1wXNR6q4V8w", "g"); err != nil {
 		t.Fatal(err)
 	}
-	bad := repeated(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[`, `{"type":"document","source":{"type":"file","file_id":"file_x"}}`, `]}]}`, 8<<20)
+	bad := memtest.Repeated(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[`, `{"type":"document","source":{"type":"file","file_id":"file_x"}}`, `]}]}`, 8<<20)
 	var rerr *relayError
-	n := allocated(func() { _, _, _, rerr = r.pinFiles(ctx, secret, g, bad, 0) })
+	n := memtest.Allocated(func() { _, _, _, rerr = r.pinFiles(ctx, secret, g, bad, 0) })
 	if rerr == nil || rerr.status != http.StatusNotFound {
 		t.Fatalf("refusal %v", rerr)
 	}
@@ -619,16 +620,16 @@ func TestFileIDsAreResolvedAsTheyAreFound(t *testing.T) {
 		t.Errorf("8 MiB of unknown file ids allocated %d MB, want under 64", n>>20)
 	}
 
-	size, factor := boundedBodies()
+	size, factor := memtest.BoundedBodies()
 	id := itemID(secret, kindFile, "g", "ch", "file_011CNha8iCJcU1wXNR6q4V8w")
-	body := repeated(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[`, `{"type":"document","source":{"type":"file","file_id":"`+id+`"}}`, `]}]}`, size)
+	body := memtest.Repeated(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[`, `{"type":"document","source":{"type":"file","file_id":"`+id+`"}}`, `]}]}`, size)
 	var out []byte
 	var ch *channel
-	n = allocated(func() { out, ch, _, rerr = r.pinFiles(ctx, secret, g, body, 0) })
+	n = memtest.Allocated(func() { out, ch, _, rerr = r.pinFiles(ctx, secret, g, body, 0) })
 	if rerr != nil || ch == nil || bytes.Contains(out, []byte(id)) || !bytes.Contains(out, []byte(`"file_011CNha8iCJcU1wXNR6q4V8w"`)) {
 		t.Fatalf("%v %v", rerr, ch)
 	}
-	if perByte(n, body) > 4*factor {
-		t.Errorf("one file id, many times: %.1f times the body", perByte(n, body))
+	if memtest.PerByte(n, body) > 4*factor {
+		t.Errorf("one file id, many times: %.1f times the body", memtest.PerByte(n, body))
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/caddy-relay/relay/internal/memtest"
 	"github.com/tidwall/gjson"
 )
 
@@ -171,9 +172,9 @@ func chatBody(size int) []byte {
 // one message at a time, so the first it cannot translate is the 400, for
 // a fraction of the body's size.
 func TestABodyOfEmptyMessagesIsRefusedAtTheFirst(t *testing.T) {
-	body := emptyMessages()
+	body := memtest.EmptyMessages()
 	var err *ParamError
-	n := allocated(func() { _, err = TranslateChat(new(bytes.Buffer), body, nil) })
+	n := memtest.Allocated(func() { _, err = TranslateChat(new(bytes.Buffer), body, nil) })
 	if err == nil || err.Param != "messages[0].role" || err.Msg != "messages[0].role: must be system, developer, user, assistant or tool" {
 		t.Fatalf("err = %+v", err)
 	}
@@ -187,16 +188,16 @@ func TestABodyOfEmptyMessagesIsRefusedAtTheFirst(t *testing.T) {
 // size (a conversation of tiny messages, about twice), and writes at most
 // twice its size.
 func TestATranslationCostsASmallMultipleOfItsBody(t *testing.T) {
-	size, factor := boundedBodies()
+	size, factor := memtest.BoundedBodies()
 	hi := `{"role":"user","content":"hi"}`
-	body := func(prefix, elem, suffix string) []byte { return repeated(prefix, elem, suffix, size) }
+	body := func(prefix, elem, suffix string) []byte { return memtest.Repeated(prefix, elem, suffix, size) }
 	for _, tc := range []struct {
 		name  string
 		body  []byte
 		times float64 // the bound, times the body's size
 		param string  // the refusal's; "" when it translates
 	}{
-		{"tiny user messages", repeated(`{"model":"m","messages":[`, `{"role":"user","content":"a"}`, `]}`, 4*size), 3, ""},
+		{"tiny user messages", memtest.Repeated(`{"model":"m","messages":[`, `{"role":"user","content":"a"}`, `]}`, 4*size), 3, ""},
 		{"a conversation", chatBody(size), 5, ""},
 		{"turns of one message each", body(`{"model":"m","messages":[`, `{"role":"user","content":"a"},{"role":"assistant","content":"b"}`, `]}`), 5, ""},
 		{"tool results between assistant turns", body(`{"model":"m","messages":[`, `{"role":"assistant","content":"b"},{"role":"tool","tool_call_id":"c","content":"a"}`, `]}`), 5, ""},
@@ -218,7 +219,7 @@ func TestATranslationCostsASmallMultipleOfItsBody(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var out bytes.Buffer
 			var err *ParamError
-			n := allocated(func() {
+			n := memtest.Allocated(func() {
 				out = bytes.Buffer{}
 				_, err = TranslateChat(&out, tc.body, nil)
 			})
@@ -230,19 +231,19 @@ func TestATranslationCostsASmallMultipleOfItsBody(t *testing.T) {
 				t.Fatalf("refusal %q (%v), want %q", got, err, tc.param)
 			}
 			if bound := factor*tc.times*float64(len(tc.body)) + 256<<10; float64(n) > bound {
-				t.Errorf("allocated %.1f times the body (%d MB), want at most %v", perByte(n, tc.body), n>>20, factor*tc.times)
+				t.Errorf("allocated %.1f times the body (%d MB), want at most %v", memtest.PerByte(n, tc.body), n>>20, factor*tc.times)
 			}
 			if out.Len() > 2*len(tc.body) {
 				t.Errorf("wrote %d bytes for a body of %d", out.Len(), len(tc.body))
 			}
-			t.Logf("%.2f times the body", perByte(n, tc.body))
+			t.Logf("%.2f times the body", memtest.PerByte(n, tc.body))
 		})
 	}
 }
 
 // BenchmarkTranslateTinyMessages translates 8 MiB of tiny valid messages.
 func BenchmarkTranslateTinyMessages(b *testing.B) {
-	body := repeated(`{"model":"claude-sonnet-5-5","messages":[`, `{"role":"user","content":"a"}`, `]}`, 8<<20)
+	body := memtest.Repeated(`{"model":"claude-sonnet-5-5","messages":[`, `{"role":"user","content":"a"}`, `]}`, 8<<20)
 	b.ReportAllocs()
 	b.SetBytes(int64(len(body)))
 	var out bytes.Buffer
@@ -261,11 +262,11 @@ func FuzzTranslateChat(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		var out bytes.Buffer
 		var err *ParamError
-		n := allocated(func() {
+		n := memtest.Allocated(func() {
 			out = bytes.Buffer{}
 			_, err = TranslateChat(&out, body, nil)
 		})
-		if _, factor := boundedBodies(); float64(n) > factor*float64(8*len(body)+64<<10) {
+		if _, factor := memtest.BoundedBodies(); float64(n) > factor*float64(8*len(body)+64<<10) {
 			t.Errorf("allocated %d bytes for a body of %d", n, len(body))
 		}
 		switch {

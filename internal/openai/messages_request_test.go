@@ -4,15 +4,17 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+
+	"github.com/caddy-relay/relay/internal/memtest"
 )
 
 // TestEmptyMessagesForAnOpenAIUpstreamAreRefusedAtTheFirst: the Messages
 // body of 8 MiB of empty messages, for an OpenAI-format upstream, is
 // refused for its first message for a fraction of its size.
 func TestEmptyMessagesForAnOpenAIUpstreamAreRefusedAtTheFirst(t *testing.T) {
-	body := repeated(`{"model":"claude-sonnet-5-5","max_tokens":16,"messages":[`, `{}`, `]}`, 8<<20)
+	body := memtest.Repeated(`{"model":"claude-sonnet-5-5","max_tokens":16,"messages":[`, `{}`, `]}`, 8<<20)
 	var err error
-	n := allocated(func() { _, err = MessagesToChat(body, "up") })
+	n := memtest.Allocated(func() { _, err = MessagesToChat(body, "up") })
 	if err == nil || !strings.HasPrefix(err.Error(), "messages.0: content: ") {
 		t.Fatalf("err = %v", err)
 	}
@@ -26,16 +28,16 @@ func TestEmptyMessagesForAnOpenAIUpstreamAreRefusedAtTheFirst(t *testing.T) {
 // allocates at most 6 times its size (a conversation of tiny messages,
 // about twice), and writes at most four times its size.
 func TestATranslationForAnOpenAIUpstreamCostsASmallMultipleOfItsBody(t *testing.T) {
-	size, factor := boundedBodies()
+	size, factor := memtest.BoundedBodies()
 	hi := `{"role":"user","content":"hi"}`
-	body := func(prefix, elem, suffix string) []byte { return repeated(prefix, elem, suffix, size) }
+	body := func(prefix, elem, suffix string) []byte { return memtest.Repeated(prefix, elem, suffix, size) }
 	for _, tc := range []struct {
 		name  string
 		body  []byte
 		times float64 // the bound, times the body's size
 		err   string  // the refusal's start; "" when it translates
 	}{
-		{"tiny user messages", repeated(`{"model":"m","messages":[`, `{"role":"user","content":"a"}`, `]}`, 4*size), 3, ""},
+		{"tiny user messages", memtest.Repeated(`{"model":"m","messages":[`, `{"role":"user","content":"a"}`, `]}`, 4*size), 3, ""},
 		{"turns of one block each", body(`{"model":"m","messages":[`, `{"role":"user","content":[{"type":"text","text":"a"}]},{"role":"assistant","content":[{"type":"text","text":"b"}]}`, `]}`), 6, ""},
 		{"a user turn of text blocks", body(`{"model":"m","messages":[{"role":"user","content":[`, `{"type":"text","text":"a"}`, `]}]}`), 6, ""},
 		{"a user turn of images", body(`{"model":"m","messages":[{"role":"user","content":[`, `{"type":"image","source":{"type":"url","url":"https://x"}}`, `]}]}`), 6, ""},
@@ -52,17 +54,17 @@ func TestATranslationForAnOpenAIUpstreamCostsASmallMultipleOfItsBody(t *testing.
 		t.Run(tc.name, func(t *testing.T) {
 			var out []byte
 			var err error
-			n := allocated(func() { out, err = MessagesToChat(tc.body, "up") })
+			n := memtest.Allocated(func() { out, err = MessagesToChat(tc.body, "up") })
 			if err != nil && (tc.err == "" || !strings.HasPrefix(err.Error(), tc.err)) || err == nil && tc.err != "" {
 				t.Fatalf("err = %v, want %q", err, tc.err)
 			}
 			if bound := factor*tc.times*float64(len(tc.body)) + 256<<10; float64(n) > bound {
-				t.Errorf("allocated %.1f times the body (%d MB), want at most %v", perByte(n, tc.body), n>>20, factor*tc.times)
+				t.Errorf("allocated %.1f times the body (%d MB), want at most %v", memtest.PerByte(n, tc.body), n>>20, factor*tc.times)
 			}
 			if len(out) > 4*len(tc.body) {
 				t.Errorf("wrote %d bytes for a body of %d", len(out), len(tc.body))
 			}
-			t.Logf("%.2f times the body", perByte(n, tc.body))
+			t.Logf("%.2f times the body", memtest.PerByte(n, tc.body))
 		})
 	}
 }
@@ -74,8 +76,8 @@ func FuzzMessagesToChat(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		var out []byte
 		var err error
-		n := allocated(func() { out, err = MessagesToChat(body, "up") })
-		if _, factor := boundedBodies(); float64(n) > factor*float64(8*len(body)+64<<10) {
+		n := memtest.Allocated(func() { out, err = MessagesToChat(body, "up") })
+		if _, factor := memtest.BoundedBodies(); float64(n) > factor*float64(8*len(body)+64<<10) {
 			t.Errorf("allocated %d bytes for a body of %d", n, len(body))
 		}
 		if err == nil && (!json.Valid(out) || out[0] != '{') {
