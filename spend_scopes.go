@@ -177,11 +177,13 @@ const scopeCapped limitScope = "spend_cap"
 // errChannelsCapped answers a request whose every channel that serves
 // its model is out, one of them (ch) because its spend cap is spent (or
 // cannot take the request's worst case), until wait from now (0: never,
-// by itself).
+// by itself). It names the cap's period, never the channel or what was
+// spent on it: a channel serves other groups too, and what it spent is
+// theirs as much as this tenant's (the operator has GET /relay/channels).
 func errChannelsCapped(model string, ch *channel, now time.Time, wait time.Duration) *relayError {
-	msg := "every channel serving " + strconv.Quote(model) + " is out; channel " + strconv.Quote(ch.name)
+	msg := "every channel serving " + strconv.Quote(model) + " is out; one of them"
 	if c, ok := ch.spend.firstSpent(now); ok {
-		msg += " has spent " + dollars(c.spent.usd()) + " of its " + c.period.adjective() + " " + dollars(c.caps.usd()) + " spend_cap"
+		msg += " has spent its " + c.period.adjective() + " spend_cap"
 	} else {
 		msg += " cannot take this request's worst case within what is left of its spend_cap"
 	}
