@@ -103,12 +103,11 @@ func TestBudgetPeriodsAreCalendarPeriodsInUTC(t *testing.T) {
 // reports 200,000 input tokens per answer at $1 per million: $0.20 each.
 func budgetRelay(t *testing.T, name string, budgets []string, hits *atomic.Int64) (*Relay, *fakeClock) {
 	t.Helper()
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	up := fakeupstream.New(t, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		hits.Add(1)
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(fakeupstream.MessageBody("m-budget", "ok", fakeupstream.Usage{InputTokens: 200_000}))
 	}))
-	t.Cleanup(up.Close)
 	key := Key{Secret: "sk-" + name, Group: name, KeyOptions: KeyOptions{Name: name, Budgets: budgets}}
 	ch := &Channel{Name: name + "-ch", UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", channelKey)}
 	r := &Relay{Keys: []*Key{&key}, Channels: []*Channel{ch}, Groups: []*Group{{Name: name, Channels: []string{ch.Name}}},
@@ -407,11 +406,10 @@ func TestBudgetAlertsOnRealSpend(t *testing.T) {
 // clock; body is a request for that priced model.
 func userStarBudget(t *testing.T, name string) (*Relay, *fakeClock, string) {
 	t.Helper()
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	up := fakeupstream.New(t, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(fakeupstream.MessageBody("m-budget", "ok", fakeupstream.Usage{InputTokens: 200_000}))
 	}))
-	t.Cleanup(up.Close)
 	r := &Relay{
 		Identity: "{http.auth.user.id}",
 		Users:    []*User{{ID: "*", Group: name, KeyOptions: KeyOptions{Budgets: []string{"0.3usd/day"}}}},

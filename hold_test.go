@@ -71,14 +71,13 @@ func (g *gate) arrival(t *testing.T, what string) {
 func holdRelay(t *testing.T, name *string, budgets []string, h http.Handler, group func(*Group)) (*Relay, *spendAccount) {
 	t.Helper()
 	*name += "-" + strconv.FormatInt(holdRelays.Add(1), 10)
-	up := httptest.NewServer(h)
-	t.Cleanup(up.Close)
+	up := fakeupstream.New(t, h) // as strict as the real API
 	if g, ok := h.(*gate); ok {
 		t.Cleanup(g.openAll) // before the upstream closes, whatever the test did
 	}
 	n := *name
 	key := Key{Secret: "sk-" + n, Group: n, KeyOptions: KeyOptions{Name: n, Budgets: budgets}}
-	ch := &Channel{Name: n + "-ch", UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", "sk-up")}
+	ch := &Channel{Name: n + "-ch", UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", channelKey)}
 	g := &Group{Name: n, Channels: []string{ch.Name}}
 	if group != nil {
 		group(g)

@@ -198,8 +198,7 @@ func TestAResetForgivesTheEstimatesAndIsLogged(t *testing.T) {
 // it goes, so its row says zero, and so does the account it takes at its
 // first request.
 func TestAResetReachesAKeyThatHasNoStateYet(t *testing.T) {
-	up := httptest.NewServer(fakeupstream.Message("ok"))
-	t.Cleanup(up.Close)
+	up := fakeupstream.New(t, fakeupstream.Message("ok"))
 	key := Key{Secret: "sk-reset-dormant-0123456789abcdef", Group: "reset-dormant", KeyOptions: KeyOptions{Name: "reset-dormant"}}
 	ch := &Channel{Name: "reset-dormant-ch", UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", channelKey)}
 	r := &Relay{Keys: []*Key{&key}, Channels: []*Channel{ch}, Groups: []*Group{{Name: "reset-dormant", Channels: []string{ch.Name}}}}
