@@ -104,24 +104,18 @@ func (a *spendAccount) capped(now time.Time) (spent bool, until time.Time) {
 	return spent, until
 }
 
-// spentCap is a spent cap, for an answer: which period's, what was spent
-// of it.
-type spentCap struct {
-	period      budgetPeriod
-	spent, caps nanoUSD
-}
-
-// firstSpent is the first of the account's spent budgets at now.
-func (a *spendAccount) firstSpent(now time.Time) (spentCap, bool) {
+// firstSpent is the period of the first of the account's spent budgets
+// at now.
+func (a *spendAccount) firstSpent(now time.Time) (budgetPeriod, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.roll(now)
 	for p := range numPeriods {
 		if limit := a.caps[p]; limit > 0 && a.periods[p].usd >= limit {
-			return spentCap{period: p, spent: a.periods[p].usd, caps: limit}, true
+			return p, true
 		}
 	}
-	return spentCap{}, false
+	return 0, false
 }
 
 // room reports whether a hold of n fits beside what the account spent
@@ -182,8 +176,8 @@ const scopeCapped limitScope = "spend_cap"
 // theirs as much as this tenant's (the operator has GET /relay/channels).
 func errChannelsCapped(model string, ch *channel, now time.Time, wait time.Duration) *relayError {
 	msg := "every channel serving " + strconv.Quote(model) + " is out; one of them"
-	if c, ok := ch.spend.firstSpent(now); ok {
-		msg += " has spent its " + c.period.adjective() + " spend_cap"
+	if p, ok := ch.spend.firstSpent(now); ok {
+		msg += " has spent its " + p.adjective() + " spend_cap"
 	} else {
 		msg += " cannot take this request's worst case within what is left of its spend_cap"
 	}
