@@ -19,28 +19,28 @@ const (
 // token placeholders and its one log line. It never sees a secret or a body.
 func (r *Relay) account(in *inbound) {
 	duration := time.Since(in.start)
-	if in.status == 0 { // the client left before any answer
-		in.status, in.incomplete = statusClientClosed, true
+	if in.end.status == 0 { // the client left before any answer
+		in.end.status, in.end.incomplete = statusClientClosed, true
 	}
 	group, key, channel := labelNone, labelNone, labelNone
-	if in.key != nil {
-		group, key = in.key.group.name, in.key.name
+	if in.who.key != nil {
+		group, key = in.who.key.group.name, in.who.key.name
 	}
-	if in.answered != nil {
-		channel = in.answered.name
+	if in.end.answered != nil {
+		channel = in.end.answered.name
 	}
-	model, served := r.modelLabel(in.model), r.modelLabel(in.target)
+	model, served := r.modelLabel(in.ask.model), r.modelLabel(in.grant.target)
 
-	u := in.usage
+	u := in.end.usage
 	priced := r.price(in)
-	cost := in.cost
+	cost := in.end.cost
 	r.settleHolds(in, cost)
-	if in.estimated {
+	if in.end.estimated {
 		r.estimated(in, group)
 	}
-	metricRequests.WithLabelValues(group, channel, model, statusLabel(in.status), in.causeLabel()).Inc()
+	metricRequests.WithLabelValues(group, channel, model, statusLabel(in.end.status), in.causeLabel()).Inc()
 	metricDuration.WithLabelValues(group, model).Observe(duration.Seconds())
-	if in.route == routeMessages && in.answered != nil {
+	if in.route == routeMessages && in.end.answered != nil {
 		for _, t := range [...]struct {
 			kind string
 			n    int64
@@ -50,7 +50,7 @@ func (r *Relay) account(in *inbound) {
 		if cost > 0 {
 			metricCost.WithLabelValues(group, channel, served).Add(cost)
 		}
-		if in.incomplete {
+		if in.end.incomplete {
 			metricIncomplete.WithLabelValues(group, model).Inc()
 		}
 	}
@@ -61,8 +61,8 @@ func (r *Relay) account(in *inbound) {
 	if c == nil {
 		return
 	}
-	chain := make([]string, len(in.chain))
-	for i, a := range in.chain {
+	chain := make([]string, len(in.end.chain))
+	for i, a := range in.end.chain {
 		chain[i] = a.channel + ":" + a.outcome.String() + ":" + a.duration.Round(time.Millisecond).String()
 	}
 	// room for the optional fields too, so the slice is allocated once
@@ -71,31 +71,31 @@ func (r *Relay) account(in *inbound) {
 		zap.String("request_id", in.id),
 		zap.String("key", key),
 		zap.String("group", group),
-		zap.String("model", in.model),
-		zap.Bool("stream", in.stream),
+		zap.String("model", in.ask.model),
+		zap.Bool("stream", in.ask.stream),
 		zap.Strings("attempts", chain),
-		zap.Int("status", in.status),
-		zap.Duration("first_byte", in.firstByte),
+		zap.Int("status", in.end.status),
+		zap.Duration("first_byte", in.end.firstByte),
 		zap.Duration("duration", duration),
 		zap.Int64("input_tokens", u.input),
 		zap.Int64("output_tokens", u.output),
 		zap.Int64("cache_read_tokens", u.cacheRead),
 		zap.Int64("cache_write_tokens", u.cacheWrite),
-		zap.Bool("incomplete", in.incomplete),
+		zap.Bool("incomplete", in.end.incomplete),
 	)
-	if in.target != in.model {
-		fields = append(fields, zap.String("served_model", in.target))
+	if in.grant.target != in.ask.model {
+		fields = append(fields, zap.String("served_model", in.grant.target))
 	}
 	if priced {
 		fields = append(fields, zap.Float64("cost_usd", cost))
 	}
-	if in.shared != "" {
-		fields = append(fields, zap.String("shared", in.shared))
+	if in.end.shared != "" {
+		fields = append(fields, zap.String("shared", in.end.shared))
 	}
-	if in.wasted > 0 {
-		fields = append(fields, zap.Int64("wasted_tokens", in.wasted))
+	if in.end.wasted > 0 {
+		fields = append(fields, zap.Int64("wasted_tokens", in.end.wasted))
 	}
-	if in.estimated {
+	if in.end.estimated {
 		fields = append(fields, zap.Bool("estimated", true))
 	}
 	c.Write(fields...)
@@ -106,13 +106,13 @@ func (r *Relay) account(in *inbound) {
 // price factor of the channel that answered. It reports whether that model
 // has a price.
 func (r *Relay) price(in *inbound) bool {
-	rates := r.prices.lookup(in.target) // what was served is what is billed
+	rates := r.prices.lookup(in.grant.target) // what was served is what is billed
 	if rates == nil {
 		return false
 	}
-	in.cost = 0
-	if in.answered != nil {
-		in.cost = rates.cost(in.usage) * in.answered.priceFactor
+	in.end.cost = 0
+	if in.end.answered != nil {
+		in.end.cost = rates.cost(in.end.usage) * in.end.answered.priceFactor
 	}
 	return true
 }
@@ -128,7 +128,7 @@ const (
 func (in *inbound) waste(res attemptResult, reason string) {
 	if res.wasted > 0 {
 		metricWasted.WithLabelValues(res.channel.name, reason).Add(float64(res.wasted))
-		in.wasted += res.wasted
+		in.end.wasted += res.wasted
 	}
 }
 
@@ -137,26 +137,26 @@ func (in *inbound) waste(res attemptResult, reason string) {
 // header asks.
 func (in *inbound) placeholder(key string) (any, bool) {
 	name, ok := strings.CutPrefix(key, "http.relay.")
-	if !ok || in.key == nil {
+	if !ok || in.who.key == nil {
 		return nil, false
 	}
 	switch name {
 	case "key":
-		return in.key.name, true
+		return in.who.key.name, true
 	case "group":
-		return in.key.group.name, true
+		return in.who.key.group.name, true
 	case "model":
-		return in.model, in.model != ""
+		return in.ask.model, in.ask.model != ""
 	case "channel":
-		if in.answered != nil {
-			return in.answered.name, true
+		if in.end.answered != nil {
+			return in.end.answered.name, true
 		}
 	case "attempts":
-		return in.attempts, true
+		return in.end.attempts, true
 	case "input_tokens":
-		return in.usage.input, true
+		return in.end.usage.input, true
 	case "output_tokens":
-		return in.usage.output, true
+		return in.end.usage.output, true
 	}
 	return nil, false
 }
@@ -175,14 +175,14 @@ const (
 // recorded for an answer that did not commit; else, for a committed one,
 // as its last attempt ended.
 func (in *inbound) causeLabel() string {
-	if in.cause != "" {
-		return in.cause
+	if in.end.cause != "" {
+		return in.end.cause
 	}
-	if in.status == statusClientClosed {
+	if in.end.status == statusClientClosed {
 		return causeClient
 	}
-	if n := len(in.chain); n > 0 && in.answered != nil {
-		switch in.chain[n-1].outcome {
+	if n := len(in.end.chain); n > 0 && in.end.answered != nil {
+		switch in.end.chain[n-1].outcome {
 		case outcomeSuccess:
 			return causeOK
 		case outcomeCanceled, outcomeClientError:
@@ -190,7 +190,7 @@ func (in *inbound) causeLabel() string {
 		}
 		return causeUpstream // a stream broken after the commit point
 	}
-	if in.status < 400 {
+	if in.end.status < 400 {
 		return causeOK
 	}
 	return causeClient

@@ -256,14 +256,14 @@ func TestAChannelsPriceFactorScalesItsCost(t *testing.T) {
 	}
 
 	// the cost a key's budget is charged is the request's own field
-	in := &inbound{target: "claude-sonnet-4-5", answered: &channel{priceFactor: 0.8}, usage: usage{input: 1000, output: 100}}
-	if !r.price(in) || math.Abs(in.cost-0.8*listCost) > 1e-12 {
-		t.Errorf("in.cost = %v, want %v", in.cost, 0.8*listCost)
+	in := &inbound{grant: granted{target: "claude-sonnet-4-5"}, end: ending{answered: &channel{priceFactor: 0.8}, usage: usage{input: 1000, output: 100}}}
+	if !r.price(in) || math.Abs(in.end.cost-0.8*listCost) > 1e-12 {
+		t.Errorf("in.cost = %v, want %v", in.end.cost, 0.8*listCost)
 	}
 	// no channel answered: nothing to pay for
-	in = &inbound{target: "claude-sonnet-4-5", usage: usage{input: 1000, output: 100}}
-	if !r.price(in) || in.cost != 0 {
-		t.Errorf("in.cost of a request no channel answered = %v, want 0", in.cost)
+	in = &inbound{grant: granted{target: "claude-sonnet-4-5"}, end: ending{usage: usage{input: 1000, output: 100}}}
+	if !r.price(in) || in.end.cost != 0 {
+		t.Errorf("in.cost of a request no channel answered = %v, want 0", in.end.cost)
 	}
 
 	for _, f := range []float64{0, -1} {

@@ -46,7 +46,7 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 	start := time.Now()
 	res := r.exchange(w, req, in, ch, n)
 	var tokens int64 // what the attempt spent of the channel's token limit
-	if in.answered == ch {
+	if in.end.answered == ch {
 		tokens = in.billed()
 	}
 	if !res.done {
@@ -54,15 +54,15 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 		// tokens; what the upstream processed is wasted if the attempt is
 		// abandoned, and the channel's quota spent it all the same
 		if res.accepted && in.route == routeMessages {
-			res.wasted, tokens = in.estimate, in.estimate
-			if p := in.usage.prompt(); p > 0 {
+			res.wasted, tokens = in.ask.estimate, in.ask.estimate
+			if p := in.end.usage.prompt(); p > 0 {
 				res.wasted, tokens = p, in.billed()
 			}
 		}
-		in.usage = usage{}
+		in.end.usage = usage{} // only the answer that reaches the client counts: every attempt starts from none
 	}
 	v := res.verdict
-	in.chain = append(in.chain, attemptRecord{channel: ch.name, outcome: v.outcome, duration: time.Since(start)})
+	in.end.chain = append(in.end.chain, attemptRecord{channel: ch.name, outcome: v.outcome, duration: time.Since(start)})
 	metricAttempts.WithLabelValues(ch.name, v.outcome.String()).Inc()
 	if res.firstByte > 0 {
 		metricFirstByte.WithLabelValues(ch.name).Observe(res.firstByte.Seconds())
@@ -94,8 +94,8 @@ func (r *Relay) logCooling(in *inbound, ch *channel, v *verdict, cooled time.Dur
 // over but nothing is set aside: a client must not be able to take a
 // feature from a shared channel by pairing it with one the channel lacks.
 func (r *Relay) lacking(v *verdict, in *inbound, ch *channel, body []byte) {
-	lacked, certain := lackedFeatures(ch.features.refusals, body, &in.needs)
-	if len(lacked) == 0 || in.key == nil || !in.group().anotherTakes(&in.sel, ch, lacked) {
+	lacked, certain := lackedFeatures(ch.features.refusals, body, &in.ask.needs)
+	if len(lacked) == 0 || in.who.key == nil || !in.group().anotherTakes(&in.grant.sel, ch, lacked) {
 		return
 	}
 	v.outcome, v.reason = outcomeLacksFeature, "lacks "+strings.Join(lacked, ", ")
@@ -128,7 +128,6 @@ func (r *Relay) exchange(w http.ResponseWriter, req *http.Request, in *inbound, 
 	ctx, cancel := context.WithCancelCause(&dl.detached)
 	defer cancel(nil)
 	dl.cancel = cancel
-	in.usage = usage{} // only the answer that reaches the client counts
 	// an upstream that never had a connection never had the request
 	dl.trace.GotConn = dl.gotConn
 	ctx = httptrace.WithClientTrace(ctx, &dl.trace)
@@ -138,7 +137,7 @@ func (r *Relay) exchange(w http.ResponseWriter, req *http.Request, in *inbound, 
 	if err != nil {
 		return r.notSent(ctx, req, in, ch, err)
 	}
-	if in.stream {
+	if in.ask.stream {
 		dl.start(stageFirstByte, ch.firstByte)
 	} else {
 		dl.start(stageResponse, ch.response)
@@ -218,9 +217,9 @@ func (r *Relay) errorStatus(ctx context.Context, req *http.Request, in *inbound,
 	}
 	v := classifyStatus(resp.StatusCode, resp.Header, body, r.now())
 	if refusesModel(resp.StatusCode, body, provider.RefusesModel(resp), call.Model) {
-		v.outcome, v.reason, v.model = outcomeModelRefused, "model refused", in.target
+		v.outcome, v.reason, v.model = outcomeModelRefused, "model refused", in.grant.target
 	}
-	if resp.StatusCode == http.StatusBadRequest && v.outcome == outcomeClientError && !in.needs.empty() {
+	if resp.StatusCode == http.StatusBadRequest && v.outcome == outcomeClientError && !in.ask.needs.empty() {
 		r.lacking(&v, in, ch, body)
 	}
 	return attemptResult{verdict: v, channel: ch, firstByte: firstByte, status: resp.StatusCode, header: resp.Header, body: body}
@@ -241,11 +240,11 @@ func (r *Relay) message(ctx context.Context, w http.ResponseWriter, req *http.Re
 		return res
 	}
 	dl.stop()
-	in.usage.fromMessage(buf.Bytes())
+	in.end.usage.fromMessage(buf.Bytes())
 	if dl.gone() {
 		// its client left while it came: nothing is written, but the answer
 		// was made for the client, whose bill it is (settle.go)
-		in.answered, in.incomplete = ch, true
+		in.end.answered, in.end.incomplete = ch, true
 		return attemptResult{verdict: verdict{outcome: outcomeCanceled, reason: "client canceled"}, channel: ch, done: true, firstByte: firstByte}
 	}
 	in.committed(ch)
@@ -322,14 +321,14 @@ func (r *Relay) commitHeaders(w http.ResponseWriter, in *inbound, ch *channel, n
 // answered (with expose_channel), the attempts when there were several (or
 // when they ran out), and the model that served, when a fallback did.
 func relayHeaders(h http.Header, in *inbound, ch *channel, attempts int, ranOut bool) {
-	if in.key.group.expose && ch != nil {
+	if in.who.key.group.expose && ch != nil {
 		h.Set("X-Relay-Channel", ch.name)
 	}
 	if attempts > 1 || ranOut {
 		h.Set("X-Relay-Attempts", strconv.Itoa(attempts))
 	}
-	if in.target != in.model {
-		h.Set("X-Relay-Model", in.target)
+	if in.grant.target != in.ask.model {
+		h.Set("X-Relay-Model", in.grant.target)
 	}
 }
 

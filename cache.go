@@ -157,7 +157,7 @@ func noCache(h http.Header) bool {
 
 // serveStored writes a cached answer, byte for byte.
 func (r *Relay) serveStored(w http.ResponseWriter, in *inbound, e *cached, result string) {
-	in.shared = sharedCache
+	in.end.shared = sharedCache
 	h := w.Header()
 	for k, vs := range e.header {
 		h[k] = vs
@@ -177,12 +177,13 @@ func (r *Relay) revalidate(req *http.Request, in *inbound, c *responseCache, d b
 	if other := c.join(d, f); other != nil {
 		return // being fetched already
 	}
-	bg := &inbound{id: newRequestID(), start: time.Now(), route: in.route, rawQuery: in.rawQuery,
-		key: in.key, stateID: in.stateID, state: in.state, header: in.header.Clone(),
-		body: bytes.Clone(in.body), model: in.model, target: in.model, userID: in.userID, stream: in.stream,
-		needs: in.needs, modelStart: in.modelStart, modelEnd: in.modelEnd, estimate: in.estimate, maxOut: in.maxOut,
-		pinned: in.pinned, shared: sharedRevalidation}
-	bg.chain = bg.chainBuf[:0]
+	// what was asked, with its own header and body (the client's go back to
+	// their pool); no translated chat (only Messages are cached)
+	ask := in.ask
+	ask.header, ask.body, ask.chat = in.ask.header.Clone(), bytes.Clone(in.ask.body), nil
+	bg := &inbound{id: newRequestID(), start: time.Now(), route: in.route, who: in.who, ask: ask,
+		grant: granted{target: in.ask.model, pinned: in.grant.pinned}, end: ending{shared: sharedRevalidation}}
+	bg.end.chain = bg.chainBuf[:0]
 	bgReq := req.WithContext(context.WithoutCancel(req.Context())) // the client's leaving ends nothing
 	go func() {
 		defer c.leave(d, f)

@@ -46,13 +46,13 @@ func requestDigest(in *inbound) bodyDigest {
 	buf.WriteString(in.route.upstreamPath())
 	for _, name := range [...]string{"Anthropic-Version", "Anthropic-Beta"} {
 		buf.WriteByte(0)
-		for _, v := range in.header[name] {
+		for _, v := range in.ask.header[name] {
 			buf.WriteString(v)
 			buf.WriteByte(',')
 		}
 	}
 	buf.WriteByte(0)
-	buf.Write(in.body)
+	buf.Write(in.ask.body)
 	return sha256.Sum256(buf.Bytes())
 }
 
@@ -346,14 +346,14 @@ func (r *Relay) share(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 	c := in.group().cache
 	idem, marked, retry := "", false, false
 	if r.dedupWindow > 0 {
-		idem, marked, retry = retryMarks(in.header)
+		idem, marked, retry = retryMarks(in.ask.header)
 	}
 	if in.route != routeMessages || c == nil && !marked {
 		return r.relay(w, req, in)
 	}
 	d := requestDigest(in)
 	g := in.group().name
-	if c != nil && noCache(in.header) {
+	if c != nil && noCache(in.ask.header) {
 		metricCache.WithLabelValues(g, cacheBypass).Inc()
 		c = nil
 	}
@@ -368,7 +368,7 @@ func (r *Relay) share(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 			return nil
 		}
 	}
-	dk := newDedupKey(in.stateID, idem, d)
+	dk := newDedupKey(in.who.stateID, idem, d)
 	if retry {
 		if f := dedups.find(dk, now, r.dedupWindow); f != nil && r.replay(w, req.Context(), in, f, sharedDedup) {
 			metricDedup.WithLabelValues(g).Inc()
@@ -419,14 +419,14 @@ func (r *Relay) lead(w http.ResponseWriter, req *http.Request, in *inbound, f *f
 	})
 	defer stop()
 	fail := r.relay(&teeWriter{ResponseWriter: w, f: f}, req.WithContext(ctx), in)
-	ok := fail == nil && in.answered != nil && !in.incomplete && f.status >= 200 && f.status <= 299 // what the upstream answered: a Chat Completions answer reaches its client later
+	ok := fail == nil && in.end.answered != nil && !in.end.incomplete && f.status >= 200 && f.status <= 299 // what the upstream answered: a Chat Completions answer reaches its client later
 	var usd float64
 	if ok {
-		if rates := r.prices.lookup(in.target); rates != nil {
-			usd = rates.cost(in.usage) * in.answered.priceFactor
+		if rates := r.prices.lookup(in.grant.target); rates != nil {
+			usd = rates.cost(in.end.usage) * in.end.answered.priceFactor
 		}
 	}
-	f.finish(ok, in.usage, usd, r.now())
+	f.finish(ok, in.end.usage, usd, r.now())
 	return fail
 }
 
@@ -452,7 +452,7 @@ func (r *Relay) replay(w http.ResponseWriter, ctx context.Context, in *inbound, 
 		select {
 		case <-wake:
 		case <-ctx.Done():
-			in.shared = how
+			in.end.shared = how
 			return true // the client is gone
 		}
 		f.mu.Lock()
@@ -464,7 +464,7 @@ func (r *Relay) replay(w http.ResponseWriter, ctx context.Context, in *inbound, 
 	status, header := f.status, f.header
 	f.mu.Unlock()
 
-	in.shared = how
+	in.end.shared = how
 	h := w.Header()
 	for k, vs := range header {
 		h[k] = vs
@@ -487,20 +487,20 @@ func (r *Relay) replay(w http.ResponseWriter, ctx context.Context, in *inbound, 
 		f.mu.Unlock()
 		if dropped { // the leader's answer outgrew what is kept
 			_, _ = w.Write(sseError("api_error", "the answer this retry attached to grew too large to replay", in.id))
-			in.incomplete = true
+			in.end.incomplete = true
 			_ = rc.Flush()
 			return true
 		}
 		if len(chunk) > 0 {
 			if _, err := w.Write(chunk); err != nil {
-				in.incomplete = true
+				in.end.incomplete = true
 				return true
 			}
 			pos += len(chunk)
 			_ = rc.Flush()
 		}
 		if done {
-			in.incomplete = !ok
+			in.end.incomplete = !ok
 			if ok {
 				r.saved(in, saved, usd)
 			}
@@ -509,7 +509,7 @@ func (r *Relay) replay(w http.ResponseWriter, ctx context.Context, in *inbound, 
 		select {
 		case <-wake:
 		case <-ctx.Done():
-			in.incomplete = true
+			in.end.incomplete = true
 			return true
 		}
 	}

@@ -16,26 +16,26 @@ import "time"
 // (in.endUserPending), so that both take the request's one round trip to
 // the store after its body.
 func (r *Relay) admitEndUser(in *inbound) *relayError {
-	k := in.key
-	if !k.endUsers || in.userID == "" {
+	k := in.who.key
+	if !k.endUsers || in.ask.userID == "" {
 		return nil
 	}
 	now := r.now()
-	l := k.state.endUser(in.stateID+"\x00"+boundedID(in.userID), now)
+	l := k.state.endUser(in.who.stateID+"\x00"+boundedID(in.ask.userID), now)
 	if l == nil {
 		return nil // a reload is taking the limits away
 	}
 	estimate := int64(-1) // other routes are not held to the token limit
 	if in.route == routeMessages {
-		estimate = in.estimate
+		estimate = in.ask.estimate
 	}
 	if l.shared.Load() != nil {
-		in.endUserPending, in.endUserEstimate = l, estimate
+		in.grant.endUserPending, in.grant.endUserEstimate = l, estimate
 		return nil
 	}
 	g, scope, wait := l.take(now, estimate)
 	if scope == scopeNone {
-		in.endUser, in.endUserGrant = l, g
+		in.grant.endUser, in.grant.endUserGrant = l, g
 		return nil
 	}
 	return endUserRefused(in, scope, wait)
@@ -46,8 +46,8 @@ func endUserRefused(in *inbound, scope limitScope, wait time.Duration) *relayErr
 	if scope == scopeFleetDown {
 		return errStorageUnavailable()
 	}
-	metricRateLimited.WithLabelValues(in.key.name, "user_"+string(scope)).Inc()
-	return errUserLimited(in.key.describe(), scope, wait)
+	metricRateLimited.WithLabelValues(in.who.key.name, "user_"+string(scope)).Inc()
+	return errUserLimited(in.who.key.describe(), scope, wait)
 }
 
 // endUser is the limiter of one end user (by the principal's state id and

@@ -154,12 +154,11 @@ func TestAMillionEndUsersStayBounded(t *testing.T) {
 	runtime.ReadMemStats(&before)
 	most := 0
 	for i := range n {
-		in := &inbound{key: k, state: k.state, stateID: k.stateID, route: routeMessages, estimate: 10,
-			userID: fmt.Sprintf("hostile-%d-%s", i, strings.Repeat("x", i%200))}
+		in := &inbound{route: routeMessages, who: requester{key: k, state: k.state, stateID: k.stateID}, ask: asked{estimate: 10, userID: fmt.Sprintf("hostile-%d-%s", i, strings.Repeat("x", i%200))}}
 		if rerr := r.admitEndUser(in); rerr != nil {
 			t.Fatalf("end user %d refused: %s", i, rerr.msg)
 		}
-		in.endUser.done(clock.now(), in.endUserGrant, 10)
+		in.grant.endUser.done(clock.now(), in.grant.endUserGrant, 10)
 		if i%1000 == 0 {
 			clock.advance(time.Millisecond)
 		}

@@ -53,10 +53,10 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 func (r *Relay) failover(w http.ResponseWriter, req *http.Request, in *inbound, route attempter) *failure {
 	g := in.group()
 	g.state.budget.request(r.now())
-	in.sel = selection{model: in.model, tried: in.triedBuf[:0], rand: r.rand, accept: route.accept()}
-	sel := &in.sel
-	if !in.needs.empty() {
-		sel.needs = &in.needs
+	in.grant.sel = selection{model: in.ask.model, tried: in.triedBuf[:0], rand: r.rand, accept: route.accept()}
+	sel := &in.grant.sel
+	if !in.ask.needs.empty() {
+		sel.needs = &in.ask.needs
 	}
 	if g.policy == policySticky || len(g.splits) > 0 {
 		sel.session = in.sessionID()
@@ -69,7 +69,7 @@ func (r *Relay) failover(w http.ResponseWriter, req *http.Request, in *inbound, 
 	for n := 1; ; {
 		sel.now = r.now()
 		// a newcomer does not overtake the queued requests of its class or better
-		if n == 1 && q.w == nil && g.maxQueue > 0 && g.state.queue.ahead(in.key.prio) {
+		if n == 1 && q.w == nil && g.maxQueue > 0 && g.state.queue.ahead(in.who.key.prio) {
 			if rerr := q.wait(req.Context(), time.Time{}); rerr != nil {
 				return refused(rerr)
 			}
@@ -79,13 +79,13 @@ func (r *Relay) failover(w http.ResponseWriter, req *http.Request, in *inbound, 
 		switch p.reason {
 		case exhausted, cooling, modelRefused, upstreamReset:
 			// no channel of this model is live: a similar model may serve
-			if next := g.fallbacks[in.model]; in.fallbacks < len(next) {
+			if next := g.fallbacks[in.ask.model]; in.grant.fallbacks < len(next) {
 				if notLive == nil && p.reason != exhausted {
 					notLive = p.err(sel, g)
 				}
-				metricFallbacks.WithLabelValues(g.name, r.modelLabel(sel.model), r.modelLabel(next[in.fallbacks])).Inc()
-				in.target, sel.model = next[in.fallbacks], next[in.fallbacks]
-				in.fallbacks++
+				metricFallbacks.WithLabelValues(g.name, r.modelLabel(sel.model), r.modelLabel(next[in.grant.fallbacks])).Inc()
+				in.grant.target, sel.model = next[in.grant.fallbacks], next[in.grant.fallbacks]
+				in.grant.fallbacks++
 				continue
 			}
 		}
@@ -114,25 +114,25 @@ func (r *Relay) failover(w http.ResponseWriter, req *http.Request, in *inbound, 
 		}
 		var t *ticket
 		var scope limitScope
-		if ch.spend != nil || in.holds != nil && in.holds.channel != nil {
+		if ch.spend != nil || in.grant.holds != nil && in.grant.holds.channel != nil {
 			r.holdChannel(in, ch) // its hold of a channel's spend cap goes with the attempt
 		}
-		if in.holds.pending() { // its holds of its budgets go with its first attempt's admission
+		if in.grant.holds.pending() { // its holds of its budgets go with its first attempt's admission
 			var rerr *relayError
 			if t, scope, rerr = r.admitHeld(req.Context(), in, ch, sel.now, q); rerr != nil {
 				return refused(rerr)
 			}
-		} else if u := in.endUserPending; u != nil { // one round trip for the end user and the channel
+		} else if u := in.grant.endUserPending; u != nil { // one round trip for the end user and the channel
 			ug, wait, byUser := grant{}, time.Duration(0), false
-			t, ug, scope, wait, byUser = ch.health.admitAlong(sel.now, in.estimate, u, in.endUserEstimate)
+			t, ug, scope, wait, byUser = ch.health.admitAlong(sel.now, in.ask.estimate, u, in.grant.endUserEstimate)
 			if byUser && scope != scopeFleetDown {
 				return refused(endUserRefused(in, scope, wait))
 			}
 			if t != nil {
-				in.endUser, in.endUserGrant, in.endUserPending = u, ug, nil
+				in.grant.endUser, in.grant.endUserGrant, in.grant.endUserPending = u, ug, nil
 			}
 		} else {
-			t, scope = ch.health.admit(sel.now, in.estimate)
+			t, scope = ch.health.admit(sel.now, in.ask.estimate)
 		}
 		switch {
 		case scope == scopeFleetDown: // the fleet's store is down, and on_error says deny
@@ -151,7 +151,7 @@ func (r *Relay) failover(w http.ResponseWriter, req *http.Request, in *inbound, 
 		}
 		q.leave()
 		sel.tried = append(sel.tried, ch)
-		in.attempts = n
+		in.end.attempts = n
 		if n > 1 {
 			metricFailovers.WithLabelValues(g.name).Inc()
 			in.waste(last, wasteFailover)

@@ -241,9 +241,9 @@ func (a *spendAccount) heldLocked() nanoUSD {
 // group's channels. A model without a price costs nothing.
 func (r *Relay) worstCase(in *inbound) float64 {
 	g := in.group()
-	worst := r.costCeiling(in.model, in.estimate, int64(in.maxOut))
-	for _, m := range g.fallbacks[in.model] {
-		worst = max(worst, r.costCeiling(m, in.estimate, int64(in.maxOut)))
+	worst := r.costCeiling(in.ask.model, in.ask.estimate, int64(in.ask.maxOut))
+	for _, m := range g.fallbacks[in.ask.model] {
+		worst = max(worst, r.costCeiling(m, in.ask.estimate, int64(in.ask.maxOut)))
 	}
 	return worst * g.maxPriceFactor
 }
@@ -288,13 +288,13 @@ func ceilNano(usd float64) nanoUSD {
 // each attempt (holdChannel). A request to which no budget and no cap
 // applies plans nothing and pays nothing.
 func (r *Relay) planHolds(in *inbound) *relayError {
-	if in.route != routeMessages || in.state == nil {
+	if in.route != routeMessages || in.who.state == nil {
 		return nil
 	}
 	g := in.group()
 	var accts [2]*spendAccount
 	n := 0
-	for _, a := range [2]*spendAccount{in.state.spend, g.spend} {
+	for _, a := range [2]*spendAccount{in.who.state.spend, g.spend} {
 		if a != nil && a.budgeted.Load() {
 			accts[n] = a
 			n++
@@ -312,11 +312,11 @@ func (r *Relay) planHolds(in *inbound) *relayError {
 	if worst == 0 { // no model it may be served as has a price: it costs nothing
 		return nil
 	}
-	in.worst = worst
+	in.grant.worst = worst
 	if n > 0 {
-		in.holds = &holds{} // only a request that holds pays for the list
+		in.grant.holds = &holds{} // only a request that holds pays for the list
 		for _, a := range accts[:n] {
-			in.holds.add(a, worst)
+			in.grant.holds.add(a, worst)
 		}
 	}
 	return nil
@@ -329,12 +329,12 @@ func (r *Relay) planHolds(in *inbound) *relayError {
 // flight waits in the queue, and then the loop picks again (nil ticket,
 // scopeBudget).
 func (r *Relay) admitHeld(ctx context.Context, in *inbound, ch *channel, now time.Time, q *queued) (*ticket, limitScope, *relayError) {
-	hs := in.holds
+	hs := in.grant.holds
 	first := hs.list[0].a
 	// a newcomer does not overtake the requests of its class or better
 	// that wait on its budget (unless they are gone by the time it is in
 	// line)
-	if q.w == nil && q.g.maxQueue > 0 && q.g.state.queue.aheadOn(in.key.prio, first) {
+	if q.w == nil && q.g.maxQueue > 0 && q.g.state.queue.aheadOn(in.who.key.prio, first) {
 		inLine := func() bool { return q.g.state.queue.isBest(q.w) }
 		return nil, scopeBudget, r.waitForHolds(ctx, in, q, holdAnswer{verdict: holdWait}, inLine)
 	}
@@ -344,7 +344,7 @@ func (r *Relay) admitHeld(ctx context.Context, in *inbound, ch *channel, now tim
 	for i := range hs.n {
 		freed[i] = hs.list[i].a.freed.Load()
 	}
-	t, ug, scope, wait, byUser, ans := ch.health.admitHeld(now, in.estimate, in.endUserPending, in.endUserEstimate, hs)
+	t, ug, scope, wait, byUser, ans := ch.health.admitHeld(now, in.ask.estimate, in.grant.endUserPending, in.grant.endUserEstimate, hs)
 	switch {
 	case ans.verdict != holdTaken && hs.channel != nil && hs.list[ans.i].a == hs.channel:
 		return nil, scopeCapped, nil // the channel's cap cannot take it: the next channel may
@@ -358,8 +358,8 @@ func (r *Relay) admitHeld(ctx context.Context, in *inbound, ch *channel, now tim
 		return nil, scope, endUserRefused(in, scope, wait)
 	case t != nil:
 		hs.taken = true
-		if in.endUserPending != nil {
-			in.endUser, in.endUserGrant, in.endUserPending = in.endUserPending, ug, nil
+		if in.grant.endUserPending != nil {
+			in.grant.endUser, in.grant.endUserGrant, in.grant.endUserPending = in.grant.endUserPending, ug, nil
 		}
 	}
 	return t, scope, nil
@@ -376,17 +376,17 @@ const fleetHoldPoll = 100 * time.Millisecond
 // that did not fit, until a hold of that account settles (or ready says
 // it did already); nil when it is to try again, else its answer.
 func (r *Relay) waitForHolds(ctx context.Context, in *inbound, q *queued, ans holdAnswer, ready func() bool) *relayError {
-	h := in.holds.list[ans.i]
+	h := in.grant.holds.list[ans.i]
 	freeAt := time.Time{}
 	if h.a.fleet.Load() != nil {
 		freeAt = r.now().Add(fleetHoldPoll)
 	}
 	return q.waitOn(ctx, h.a, freeAt, ready, func(why queueRefusal) *relayError {
-		metricRateLimited.WithLabelValues(in.key.name, string(scopeBudget)).Inc()
+		metricRateLimited.WithLabelValues(in.who.key.name, string(scopeBudget)).Inc()
 		tail := "; its group does not queue"
 		switch why {
 		case queueWaited:
-			tail = "; it waited " + q.g.maxWait[in.key.prio].String() + " (max_wait of class " + in.key.prio.String() + ") for them to settle"
+			tail = "; it waited " + q.g.maxWait[in.who.key.prio].String() + " (max_wait of class " + in.who.key.prio.String() + ") for them to settle"
 		case queueFull:
 			tail = "; the queue is full"
 		}
@@ -417,7 +417,7 @@ func (a *spendAccount) tightest(now time.Time, n nanoUSD) holdAnswer {
 // budgetRefusal answers a request whose hold of worst could never fit in
 // the budget ans names.
 func (r *Relay) budgetRefusal(in *inbound, a *spendAccount, worst nanoUSD, ans holdAnswer) *relayError {
-	metricRateLimited.WithLabelValues(in.key.name, string(scopeBudget)).Inc()
+	metricRateLimited.WithLabelValues(in.who.key.name, string(scopeBudget)).Inc()
 	now := r.now()
 	end := ans.period.end(ans.period.start(now))
 	limit := a.capOf(ans.period)
@@ -456,9 +456,9 @@ func errBudgetHeld(who string, ans holdAnswer, limit, worst nanoUSD, tail string
 func (r *Relay) settleHolds(in *inbound, cost float64) {
 	now := r.now()
 	var settled [maxHolds]*spendAccount
-	if hs := in.holds; hs != nil && hs.taken {
+	if hs := in.grant.holds; hs != nil && hs.taken {
 		var q *waitQueue
-		if in.key != nil {
+		if in.who.key != nil {
 			q = &in.group().state.queue
 		}
 		for i := range hs.n {
@@ -478,14 +478,14 @@ func (r *Relay) settleHolds(in *inbound, cost float64) {
 			a.charge(now, cost, r.logger)
 		}
 	}
-	if in.state != nil {
-		charge(in.state.spend)
+	if in.who.state != nil {
+		charge(in.who.state.spend)
 	}
-	if in.key != nil {
+	if in.who.key != nil {
 		charge(in.group().spend)
 	}
-	if in.answered != nil {
-		charge(in.answered.spend)
+	if in.end.answered != nil {
+		charge(in.end.answered.spend)
 	}
 }
 

@@ -87,7 +87,7 @@ type batchHoldPart struct {
 // once its budgets took it.
 func (r *Relay) holdBatch(in *inbound, body []byte, cands *[]*channel) (held *batchHoldTaken, rerr *relayError) {
 	var accts []*spendAccount
-	for _, a := range [2]*spendAccount{in.state.spend, in.group().spend} {
+	for _, a := range [2]*spendAccount{in.who.state.spend, in.group().spend} {
 		if a != nil && a.budgeted.Load() {
 			accts = append(accts, a)
 		}
@@ -147,7 +147,7 @@ func (r *Relay) holdBatch(in *inbound, body []byte, cands *[]*channel) (held *ba
 		return nil, r.budgetRefusal(in, accts[ans.i], worst, ans)
 	case holdWait:
 		a := accts[ans.i]
-		metricRateLimited.WithLabelValues(in.key.name, string(scopeBudget)).Inc()
+		metricRateLimited.WithLabelValues(in.who.key.name, string(scopeBudget)).Inc()
 		return nil, errBudgetHeld(a.who(), ans, a.capOf(ans.period), worst, "; a batch does not wait for them")
 	}
 	return b, nil
@@ -314,7 +314,7 @@ func (r *Relay) settleBatch(in *inbound, channel, up string) {
 		spend.forgetBatch(id) // its accounts are gone: none holds it any more
 		return
 	}
-	in.holds = hs
+	in.grant.holds = hs
 }
 
 // settleFleetBatch is settleBatch in a fleet: the batch's record says whose
@@ -352,7 +352,7 @@ func (r *Relay) settleFleetBatch(in *inbound, id string) {
 		hs.list[hs.n-1].lease, hs.list[hs.n-1].batch = member, id
 	}
 	if hs.n > 0 {
-		in.holds = hs
+		in.grant.holds = hs
 	}
 }
 

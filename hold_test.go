@@ -528,7 +528,7 @@ func BenchmarkAdmitAndSelectWithBudget(b *testing.B) {
 	}
 	policy := cooldownPolicy{base: time.Second, max: time.Minute, auth: time.Hour}
 	var triedBuf [4]*channel
-	in := &inbound{route: routeMessages, model: "claude-sonnet-4-5", estimate: 100, maxOut: 1024}
+	in := &inbound{route: routeMessages, ask: asked{model: "claude-sonnet-4-5", estimate: 100, maxOut: 1024}}
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -538,7 +538,7 @@ func BenchmarkAdmitAndSelectWithBudget(b *testing.B) {
 		if scope != scopeNone {
 			b.Fatal("key refused")
 		}
-		in.key, in.state, in.holds = k, k.state, nil
+		in.who.key, in.who.state, in.grant.holds = k, k.state, nil
 		if rerr := r.planHolds(in); rerr != nil {
 			b.Fatal(rerr)
 		}
@@ -547,11 +547,11 @@ func BenchmarkAdmitAndSelectWithBudget(b *testing.B) {
 		if ch == nil {
 			b.Fatal(rerr)
 		}
-		t, _, _, _, _, ans := ch.health.admitHeld(now, 100, nil, 0, in.holds)
+		t, _, _, _, _, ans := ch.health.admitHeld(now, 100, nil, 0, in.grant.holds)
 		if t == nil || ans.verdict != holdTaken {
 			b.Fatal("channel or hold refused")
 		}
-		in.holds.taken = true
+		in.grant.holds.taken = true
 		t.finish(verdict{outcome: outcomeSuccess}, policy, now, 0, 150)
 		r.settleHolds(in, 0.001)
 		k.limits.done(now, g, 150)

@@ -103,8 +103,8 @@ func (r *Relay) identify(req *http.Request, in *inbound) *relayError {
 		if rerr := k.usable(r.now()); rerr != nil {
 			return rerr
 		}
-		in.key = k
-		in.state, in.stateID = k.principal(id, r.now())
+		in.who.key = k
+		in.who.state, in.who.stateID = k.principal(id, r.now())
 		return nil
 	}
 	if r.Identity != "" && relayKeyOf(req) == "" {
@@ -114,7 +114,7 @@ func (r *Relay) identify(req *http.Request, in *inbound) *relayError {
 	if rerr != nil {
 		return rerr
 	}
-	in.key, in.state, in.stateID = k, k.state, k.stateID
+	in.who.key, in.who.state, in.who.stateID = k, k.state, k.stateID
 	return nil
 }
 

@@ -41,7 +41,7 @@ const (
 // serves every model adds no names. An error is returned for the request's
 // exit to write.
 func serveModels(w http.ResponseWriter, req *http.Request, in *inbound) *relayError {
-	models := in.key.group.models
+	models := in.who.key.group.models
 	if in.route == routeModel {
 		id := strings.TrimPrefix(req.URL.Path, "/v1/models/")
 		if !slices.Contains(models, id) {

@@ -26,22 +26,22 @@ type chat struct {
 // output, which is also what the request holds against its budgets.
 func (in *inbound) translateChat() *relayError {
 	buf := bodyPool.Get().(*bytes.Buffer)
-	c, perr := openai.TranslateChat(buf, in.body, maxOutputTokens)
+	c, perr := openai.TranslateChat(buf, in.ask.body, maxOutputTokens)
 	if perr != nil {
 		releaseBody(buf)
-		in.chat.param = perr.Param
+		in.ask.chat.param = perr.Param
 		return errInvalid(perr.Msg)
 	}
-	*in.chat = chat{includeUsage: c.IncludeUsage}
+	*in.ask.chat = chat{includeUsage: c.IncludeUsage}
 	in.releaseBody()
-	in.bodyBuf, in.body = buf, buf.Bytes()
+	in.bodyBuf, in.ask.body = buf, buf.Bytes()
 	return nil
 }
 
 // chatParam is the parameter a refused Chat Completions request got wrong.
 func (in *inbound) chatParam() string {
-	if in.chat == nil {
+	if in.ask.chat == nil {
 		return ""
 	}
-	return in.chat.param
+	return in.ask.chat.param
 }

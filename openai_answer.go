@@ -85,7 +85,7 @@ func (cw *chatWriter) finish() {
 	}
 	var body []byte
 	if cw.status >= 200 && cw.status < 300 {
-		body = openai.Completion(cw.held.Bytes(), cw.chunks.Created, cw.in.target, chatUsage(cw.in.usage))
+		body = openai.Completion(cw.held.Bytes(), cw.chunks.Created, cw.in.grant.target, chatUsage(cw.in.end.usage))
 	} else {
 		body = openai.ErrorBody(cw.status, cw.held.Bytes(), cw.in.chatParam())
 	}
@@ -101,7 +101,7 @@ func (cw *chatWriter) finish() {
 // into chat.completion.chunk events, with the request's model and usage
 // as they stand.
 func (cw *chatWriter) translateEvents(p []byte) error {
-	cw.chunks.Model, cw.chunks.IncludeUsage, cw.chunks.Usage = cw.in.target, cw.in.chat.includeUsage, chatUsage(cw.in.usage)
+	cw.chunks.Model, cw.chunks.IncludeUsage, cw.chunks.Usage = cw.in.grant.target, cw.in.ask.chat.includeUsage, chatUsage(cw.in.end.usage)
 	out := cw.chunks.Translate(p)
 	if len(out) == 0 {
 		return nil

@@ -77,7 +77,7 @@ func (r *Relay) probeOnce(ctx context.Context, ch *channel) bool {
 	// a transport whose tls_server_name has a placeholder needs a replacer,
 	// as every client request has
 	ctx = context.WithValue(ctx, caddy.ReplacerCtxKey, caddy.NewReplacer())
-	in := &inbound{route: ch.probe.route, body: ch.probe.body, model: ch.probe.model, header: probeHeader}
+	in := &inbound{route: ch.probe.route, ask: asked{body: ch.probe.body, model: ch.probe.model, header: probeHeader}}
 	if err := in.inspect(); err != nil {
 		return false
 	}

@@ -232,7 +232,7 @@ func (q *queued) wait(ctx context.Context, freeAt time.Time) *relayError {
 		retryIn = freeAt.Sub(now)
 	}
 	refuse := func(msg string) *relayError {
-		metricRateLimited.WithLabelValues(in.key.name, string(scopeQueue)).Inc()
+		metricRateLimited.WithLabelValues(in.who.key.name, string(scopeQueue)).Inc()
 		return errQueue(msg, retryIn)
 	}
 	return q.waitOn(ctx, nil, freeAt, nil, func(why queueRefusal) *relayError {
@@ -242,7 +242,7 @@ func (q *queued) wait(ctx context.Context, freeAt time.Time) *relayError {
 		case queueFull:
 			return refuse("every channel of group " + strconv.Quote(g.name) + " is at its limit and its queue is full")
 		}
-		return refuse("waited " + g.maxWait[in.key.prio].String() + " (max_wait of class " + in.key.prio.String() + ") for a channel of group " + strconv.Quote(g.name))
+		return refuse("waited " + g.maxWait[in.who.key.prio].String() + " (max_wait of class " + in.who.key.prio.String() + ") for a channel of group " + strconv.Quote(g.name))
 	})
 }
 
@@ -267,18 +267,18 @@ func (q *queued) waitOn(ctx context.Context, acct *spendAccount, freeAt time.Tim
 		if g.maxQueue <= 0 {
 			return refuse(queueOff)
 		}
-		w, ok := g.state.queue.enqueue(in.key.prio, g.maxQueue, now)
+		w, ok := g.state.queue.enqueue(in.who.key.prio, g.maxQueue, now)
 		if !ok {
 			return refuse(queueFull)
 		}
 		q.w = w
-		metricQueueDepth.WithLabelValues(g.name, in.key.prio.String()).Inc()
+		metricQueueDepth.WithLabelValues(g.name, in.who.key.prio.String()).Inc()
 	}
 	g.state.queue.waitOn(q.w, acct)
 	if ready != nil && ready() {
 		return nil
 	}
-	deadline := q.w.since.Add(g.maxWait[in.key.prio])
+	deadline := q.w.since.Add(g.maxWait[in.who.key.prio])
 	if _, err := g.state.queue.wait(ctx, q.w, freeAt, deadline, q.r.now); err != nil {
 		if err == errQueueTimeout {
 			return refuse(queueWaited)
@@ -298,7 +298,7 @@ func (q *queued) fits(at time.Time) bool {
 	if q.w != nil {
 		since = q.w.since
 	}
-	return !at.After(since.Add(q.g.maxWait[q.in.key.prio]))
+	return !at.After(since.Add(q.g.maxWait[q.in.who.key.prio]))
 }
 
 // leave takes the request out of the queue, if it is in it.
@@ -307,7 +307,7 @@ func (q *queued) leave() {
 		return
 	}
 	q.g.state.queue.leave(q.w)
-	p := q.in.key.prio.String()
+	p := q.in.who.key.prio.String()
 	metricQueueDepth.WithLabelValues(q.g.name, p).Dec()
 	metricQueueWait.WithLabelValues(q.g.name, p).Observe(q.r.now().Sub(q.w.since).Seconds())
 	q.w = nil

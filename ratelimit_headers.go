@@ -113,9 +113,9 @@ func setRatelimit(h http.Header, what string, limit, remaining int64, full time.
 // unless upstream_ratelimit_headers is pass or the key's limits were never
 // asked (the request did not get that far).
 func (r *Relay) ratelimitHeaders(h http.Header, in *inbound) {
-	if r.passRatelimit || !in.keyAsked {
+	if r.passRatelimit || !in.grant.keyAsked {
 		return
 	}
-	spec, left := in.state.limits.left(r.now(), in.keyGrant) // the principal's: under user *, the identity's own
+	spec, left := in.who.state.limits.left(r.now(), in.grant.keyGrant) // the principal's: under user *, the identity's own
 	setRatelimitHeaders(h, spec, left)
 }

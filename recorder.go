@@ -41,8 +41,8 @@ func (rec *answerRecorder) Write(p []byte) (int, error) {
 
 // see records status, unless the request has its status already.
 func (rec *answerRecorder) see(status int) {
-	if in := rec.in; in.status == 0 && status >= 200 {
-		in.status, in.firstByte = status, time.Since(in.start)
+	if in := rec.in; in.end.status == 0 && status >= 200 {
+		in.end.status, in.end.firstByte = status, time.Since(in.start)
 	}
 }
 

@@ -331,15 +331,15 @@ func (r *Relay) Cleanup() error {
 // until an answer reaches the client); a request that gets no upstream
 // answer committed leaves by one exit, answer.
 func (r *Relay) ServeHTTP(w http.ResponseWriter, req *http.Request, _ caddyhttp.Handler) error {
-	in := &inbound{id: newRequestID(), start: time.Now(), rawQuery: req.URL.RawQuery, header: req.Header}
-	in.chain = in.chainBuf[:0]
+	in := &inbound{id: newRequestID(), start: time.Now(), ask: asked{rawQuery: req.URL.RawQuery, header: req.Header}}
+	in.end.chain = in.chainBuf[:0]
 	if repl, ok := req.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
 		repl.Map(in.placeholder)
 	}
 	defer r.account(in)
 	w = in.rec.install(w, in) // under the Chat Completions writer: it sees what the client gets
 	if req.URL.Path == PathChatCompletions {
-		in.chat = new(chat)
+		in.ask.chat = new(chat)
 		cw := newChatWriter(w, in)
 		defer cw.finish()
 		w = cw
@@ -372,14 +372,14 @@ func (r *Relay) serve(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 	if rerr = r.admitKey(in, req.ContentLength); rerr != nil {
 		return refused(rerr)
 	}
-	defer func() { in.state.limits.done(r.now(), in.keyGrant, in.billed()) }()
+	defer func() { in.who.state.limits.done(r.now(), in.grant.keyGrant, in.billed()) }()
 	buf, rerr := r.readBody(w, req)
 	if rerr != nil {
 		return refused(rerr)
 	}
-	in.bodyBuf, in.body = buf, buf.Bytes()
+	in.bodyBuf, in.ask.body = buf, buf.Bytes()
 	defer in.releaseBody()
-	if in.chat != nil {
+	if in.ask.chat != nil {
 		if rerr = in.translateChat(); rerr != nil {
 			return refused(rerr)
 		}
@@ -387,7 +387,7 @@ func (r *Relay) serve(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 	if rerr = in.inspect(); rerr != nil {
 		return refused(rerr)
 	}
-	if mayReferenceFiles(in.body) { // it may use uploaded files: only their channel has them
+	if mayReferenceFiles(in.ask.body) { // it may use uploaded files: only their channel has them
 		if rerr = r.pinToFiles(req.Context(), in); rerr != nil {
 			return refused(rerr)
 		}
@@ -397,8 +397,8 @@ func (r *Relay) serve(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 		return refused(rerr)
 	}
 	defer func() { // admitted here, or along with its first channel
-		if in.endUser != nil {
-			in.endUser.done(r.now(), in.endUserGrant, in.billed())
+		if in.grant.endUser != nil {
+			in.grant.endUser.done(r.now(), in.grant.endUserGrant, in.billed())
 		}
 	}()
 	if rerr = r.planHolds(in); rerr != nil {
@@ -440,15 +440,15 @@ func (r *Relay) answer(w http.ResponseWriter, in *inbound, f *failure) {
 		}
 	}
 	if f.err != nil {
-		in.cause = cmp.Or(f.err.cause, causeClient)
-		in.errCode = cmp.Or(f.err.code, f.err.typ)
+		in.end.cause = cmp.Or(f.err.cause, causeClient)
+		in.end.errCode = cmp.Or(f.err.code, f.err.typ)
 		r.ratelimitHeaders(h, in)
 		f.err.write(w, in.id)
 		return
 	}
-	in.answered, in.cause = last.channel, causeUpstream
+	in.end.answered, in.end.cause = last.channel, causeUpstream
 	if last.verdict.outcome == outcomeClientError {
-		in.cause = causeClient
+		in.end.cause = causeClient
 	}
 	copyResponseHeaders(h, last.header, r.passRatelimit)
 	r.ratelimitHeaders(h, in)
@@ -477,25 +477,25 @@ func (r *Relay) admitKey(in *inbound, contentLength int64) *relayError {
 			estimate = contentLength/4 + 1
 		}
 	}
-	g, scope, wait := in.state.limits.take(r.now(), estimate)
+	g, scope, wait := in.who.state.limits.take(r.now(), estimate)
 	switch scope {
 	case scopeNone:
-		in.keyGrant, in.keyAsked = g, true
+		in.grant.keyGrant, in.grant.keyAsked = g, true
 		return nil
 	case scopeFleetDown:
 		return errStorageUnavailable()
 	}
-	in.keyGrant, in.keyAsked = g, true // what it has left, for the 429's headers
-	metricRateLimited.WithLabelValues(in.key.name, string(scope)).Inc()
-	return errKeyLimited(in.key.describe(), scope, wait)
+	in.grant.keyGrant, in.grant.keyAsked = g, true // what it has left, for the 429's headers
+	metricRateLimited.WithLabelValues(in.who.key.name, string(scope)).Inc()
+	return errKeyLimited(in.who.key.describe(), scope, wait)
 }
 
 // withinBudget refuses a request whose principal's budget is spent, or
 // would be by estimate (USD).
 func (r *Relay) withinBudget(in *inbound, estimate float64) *relayError {
-	rerr := in.state.spend.check(r.now(), estimate)
+	rerr := in.who.state.spend.check(r.now(), estimate)
 	if rerr != nil {
-		metricRateLimited.WithLabelValues(in.key.name, "budget").Inc()
+		metricRateLimited.WithLabelValues(in.who.key.name, "budget").Inc()
 	}
 	return rerr
 }
@@ -506,8 +506,8 @@ func (r *Relay) chargeKeyTokens(in *inbound) {
 	if in.route != routeMessages {
 		return
 	}
-	in.estimate = estimateTokens(in.body)
-	in.state.limits.charge(r.now(), &in.keyGrant, in.estimate-in.keyGrant.charged)
+	in.ask.estimate = estimateTokens(in.ask.body)
+	in.who.state.limits.charge(r.now(), &in.grant.keyGrant, in.ask.estimate-in.grant.keyGrant.charged)
 }
 
 // Interface guards

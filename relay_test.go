@@ -297,7 +297,7 @@ func BenchmarkInspect(b *testing.B) {
 	b.ReportAllocs()
 	b.SetBytes(int64(len(body)))
 	for i := 0; i < b.N; i++ {
-		in := inbound{body: body}
+		in := inbound{ask: asked{body: body}}
 		if err := in.inspect(); err != nil {
 			b.Fatal(err)
 		}
@@ -312,8 +312,8 @@ func BenchmarkInspectFeatures(b *testing.B) {
 	b.ReportAllocs()
 	b.SetBytes(int64(len(body)))
 	for i := 0; i < b.N; i++ {
-		in := inbound{body: body, header: h}
-		if err := in.inspect(); err != nil || in.needs.set == 0 || len(in.needs.betas) != 2 {
+		in := inbound{ask: asked{body: body, header: h}}
+		if err := in.inspect(); err != nil || in.ask.needs.set == 0 || len(in.ask.needs.betas) != 2 {
 			b.Fatal(err)
 		}
 	}
@@ -334,15 +334,15 @@ func BenchmarkStreamCopy(b *testing.B) {
 	b.ReportAllocs()
 	b.SetBytes(int64(len(stream)))
 	for i := 0; i < b.N; i++ {
-		in := &inbound{key: &key{group: g}}
+		in := &inbound{who: requester{key: &key{group: g}}}
 		ctx, cancel := context.WithCancelCause(context.Background())
 		resp := &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"text/event-stream"}}, Body: io.NopCloser(bytes.NewReader(stream))}
 		dl := &deadline{cancel: cancel, headers: time.Now()}
 		dl.start(stageFirstContent, time.Minute)
 		s := &streamAttempt{r: r, w: &discardWriter{h: http.Header{}}, in: in, ch: ch, n: 1, ctx: ctx, clientCtx: context.Background(),
 			deadline: dl, resp: resp}
-		if res := s.run(); res.verdict.outcome != outcomeSuccess || in.usage.output != 13 {
-			b.Fatalf("%+v %+v", res.verdict, in.usage)
+		if res := s.run(); res.verdict.outcome != outcomeSuccess || in.end.usage.output != 13 {
+			b.Fatalf("%+v %+v", res.verdict, in.end.usage)
 		}
 		dl.stop()
 		cancel(nil)

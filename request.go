@@ -142,68 +142,27 @@ func (r *Relay) readBody(w http.ResponseWriter, req *http.Request) (*bytes.Buffe
 }
 
 // inbound is one client request: what the relay knows of it, and what it
-// came to, for the account step (log line, metrics, placeholders).
+// came to, for the account step (log line, metrics, placeholders). Its state
+// is grouped by the step that writes it: who asks (auth), what was asked
+// (body and inspect), what was granted (admit and select), how it ended
+// (attempt, stream and account); the rest is the plumbing of the attempt in
+// flight.
 type inbound struct {
-	id       string
-	route    route
-	rawQuery string
-	key      *key // the key or user entry it is served as
-	// stateID names the request's principal, where state per principal
-	// (limits, and whatever else is kept per key) is kept: a key's name,
-	// or user:<id> for an identity (for user *, the identity itself, where
-	// key is the * entry). state is that state.
-	stateID  string
-	state    *keyState
-	header   http.Header
-	body     []byte // the client's body, unchanged; backed by a pooled buffer
-	model    string // as the client asked
-	target   string // the model being served: model, or a fallback of it
-	userID   string // metadata.user_id, for sticky sessions
-	stream   bool
-	maxOut   int32     // the body's max_tokens; 0: none, or not a whole number that fits
-	chat     *chat     // a Chat Completions request, translated; nil for Anthropic's routes
-	needs    needs     // the features it carries
-	sel      selection // its channels, as the relay picks them
+	who   requester
+	ask   asked
+	grant granted
+	end   ending
+
+	id    string
+	route route
+	start time.Time
+	rec   answerRecorder // the one exit its answer leaves by (recorder.go)
+
+	call     provider.Call // the current attempt's, for its provider
+	strip    featureSet    // the features the current attempt's channel removes
 	triedBuf [4]*channel
-	// modelStart and modelEnd delimit the raw model value (quotes included)
-	// in body, so a mapped name is spliced in without re-encoding the JSON.
-	modelStart, modelEnd int
-
-	start        time.Time
-	status       int           // sent to the client; 0 until then
-	cause        string        // of a failure's answer, for the cause label; "" until then
-	errCode      string        // of the relay's own error answer: its error.code, else its type; "" none
-	attempts     int           // made so far
-	answered     *channel      // the channel whose answer the client got
-	firstByte    time.Duration // until the client's response headers
-	chain        []attemptRecord
-	chainBuf     [4]attemptRecord
-	usage        usage
-	incomplete   bool           // the answer did not complete: tokens are the ones seen
-	estimated    bool           // its output is an estimate: its client left, and the final count never came (settle.go)
-	estimate     int64          // input tokens guessed from the body, for the token limits
-	holds        *holds         // its worst case held against its budgets (hold.go); nil: none
-	rec          answerRecorder // the one exit its answer leaves by (recorder.go)
-	worst        nanoUSD        // its worst case, when a budget or a channel's spend cap may apply
-	cost         float64        // in USD: list price x price_factor of the channel that answered; set by account (price)
-	wasted       int64          // input tokens of attempts abandoned on the way (relay_wasted_tokens_total)
-	keyGrant     grant          // what the key's limits admitted
-	keyAsked     bool           // the key's limits were asked (admitted or refused): its rate limit headers are known
-	endUser      *limiter       // its end user's limits (user_rate, user_tokens); nil: none
-	endUserGrant grant          // what they admitted
-	// endUserPending, in a fleet, is the end user's limiter to admit along
-	// with the first channel, charged endUserEstimate tokens
-	endUserPending  *limiter
-	endUserEstimate int64
-	fallbacks       int // fallback models tried so far
-	// pinned, for a message that references files, is its group with only
-	// the channel that holds them
-	pinned *group
-	shared string // what answered it instead of an upstream (dedup.go); "": none
-
-	call    provider.Call // the current attempt's, for its provider
-	strip   featureSet    // the features the current attempt's channel removes
-	bodyBuf *bytes.Buffer // the pooled buffer behind body; nil once released
+	chainBuf [4]attemptRecord
+	bodyBuf  *bytes.Buffer // the pooled buffer behind body; nil once released
 	// writing counts the upstream requests whose transport may still read
 	// body: net/http may write a request body even after RoundTrip returned,
 	// until its WroteRequest trace says it is done.
@@ -213,17 +172,87 @@ type inbound struct {
 	left atomic.Int64
 }
 
+// requester is who asks: the key (or identity) a request is served as, set
+// by the auth step and read by all the others.
+type requester struct {
+	key *key // the key or user entry it is served as
+	// stateID names the request's principal, where state per principal
+	// (limits, and whatever else is kept per key) is kept: a key's name,
+	// or user:<id> for an identity (for user *, the identity itself, where
+	// key is the * entry). state is that state.
+	stateID string
+	state   *keyState
+}
+
+// asked is what the client asked for, as the body and inspect steps read
+// it; nothing after them writes it.
+type asked struct {
+	rawQuery string
+	header   http.Header
+	body     []byte // the client's body, unchanged; backed by a pooled buffer
+	model    string // as the client asked
+	userID   string // metadata.user_id, for sticky sessions
+	stream   bool
+	maxOut   int32 // the body's max_tokens; 0: none, or not a whole number that fits
+	chat     *chat // a Chat Completions request, translated; nil for Anthropic's routes
+	needs    needs // the features it carries
+	// modelStart and modelEnd delimit the raw model value (quotes included)
+	// in body, so a mapped name is spliced in without re-encoding the JSON.
+	modelStart, modelEnd int
+	estimate             int64 // input tokens guessed from the body, for the token limits
+}
+
+// granted is what the admit and select steps gave the request: its limits'
+// grants and budget holds, the model it is served and the channels that may
+// serve it.
+type granted struct {
+	target       string    // the model being served: model, or a fallback of it
+	fallbacks    int       // fallback models tried so far
+	sel          selection // its channels, as the relay picks them
+	keyGrant     grant     // what the key's limits admitted
+	keyAsked     bool      // the key's limits were asked (admitted or refused): its rate limit headers are known
+	endUser      *limiter  // its end user's limits (user_rate, user_tokens) that admitted it; nil: none
+	endUserGrant grant     // what they admitted
+	// endUserPending, in a fleet, is the end user's limiter to admit along
+	// with the first channel, charged endUserEstimate tokens
+	endUserPending  *limiter
+	endUserEstimate int64
+	holds           *holds  // its worst case held against its budgets (hold.go); nil: none
+	worst           nanoUSD // its worst case, when a budget or a channel's spend cap may apply
+	// pinned, for a message that references files, is its group with only
+	// the channel that holds them
+	pinned *group
+}
+
+// ending is how the request ended, written by the attempt, stream and
+// account steps; zero until they run.
+type ending struct {
+	status     int           // sent to the client; 0 until then
+	cause      string        // of a failure's answer, for the cause label; "" until then
+	errCode    string        // of the relay's own error answer: its error.code, else its type; "" none
+	attempts   int           // made so far
+	answered   *channel      // the channel whose answer the client got
+	firstByte  time.Duration // until the client's response headers
+	chain      []attemptRecord
+	usage      usage
+	incomplete bool    // the answer did not complete: tokens are the ones seen
+	estimated  bool    // its output is an estimate: its client left, and the final count never came (settle.go)
+	cost       float64 // in USD: list price x price_factor of the channel that answered; set by account (price)
+	wasted     int64   // input tokens of attempts abandoned on the way (relay_wasted_tokens_total)
+	shared     string  // what answered it instead of an upstream (dedup.go); "": none
+}
+
 // group is the group whose channels serve the request: its key's, or only
 // the channel that holds the files it references (pinned).
 func (in *inbound) group() *group {
-	if in.pinned != nil {
-		return in.pinned
+	if in.grant.pinned != nil {
+		return in.grant.pinned
 	}
-	return in.key.group
+	return in.who.key.group
 }
 
 // billed is what the request used against token limits.
-func (in *inbound) billed() int64 { return billedTokens(in.usage) }
+func (in *inbound) billed() int64 { return billedTokens(in.end.usage) }
 
 // releaseBody lets go of the body's buffer, once: back to its pool when no
 // transport can still read it, else to the garbage collector.
@@ -234,24 +263,24 @@ func (in *inbound) releaseBody() {
 	if in.writing.Load() == 0 {
 		releaseBody(in.bodyBuf)
 	}
-	in.bodyBuf, in.body = nil, nil
+	in.bodyBuf, in.ask.body = nil, nil
 }
 
 // Body implements provider.Source: the client's body with model in place
 // of its own, without the features the current attempt's channel strips.
 // When nothing changes it is the pooled buffer itself, not a copy.
 func (in *inbound) Body(model string) []byte {
-	if model == in.model && in.strip == 0 {
-		return in.body
+	if model == in.ask.model && in.strip == 0 {
+		return in.ask.body
 	}
-	out := in.body
-	if model != in.model {
-		out = make([]byte, 0, len(in.body)+len(model)-len(in.model))
-		out = append(out, in.body[:in.modelStart]...)
+	out := in.ask.body
+	if model != in.ask.model {
+		out = make([]byte, 0, len(in.ask.body)+len(model)-len(in.ask.model))
+		out = append(out, in.ask.body[:in.ask.modelStart]...)
 		out = append(out, '"')
 		out = append(out, model...)
 		out = append(out, '"')
-		out = append(out, in.body[in.modelEnd:]...)
+		out = append(out, in.ask.body[in.ask.modelEnd:]...)
 	}
 	if in.strip != 0 {
 		// the body is valid JSON (inspect checked): this cannot fail
@@ -268,7 +297,7 @@ func (in *inbound) Body(model string) []byte {
 // body stays a *bytes.Reader, which net/http writes best.
 func (in *inbound) NewRequest(ctx context.Context, method, url string, b []byte) (*http.Request, error) {
 	getBody := func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
-	shared := len(b) > 0 && len(in.body) > 0 && &b[0] == &in.body[0] // else a copy (a mapped model): nothing shared
+	shared := len(b) > 0 && len(in.ask.body) > 0 && &b[0] == &in.ask.body[0] // else a copy (a mapped model): nothing shared
 	if shared {
 		ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: in.wrote})
 	}
@@ -300,7 +329,7 @@ type attemptRecord struct {
 
 // committed records that ch's answer is going to the client (its status
 // and first byte are the recorder's to see).
-func (in *inbound) committed(ch *channel) { in.answered = ch }
+func (in *inbound) committed(ch *channel) { in.end.answered = ch }
 
 // bodyScanner is a pooled strict JSON decoder for request bodies.
 type bodyScanner struct {
@@ -330,7 +359,7 @@ func (in *inbound) inspect() *relayError {
 		sc.dec.Reset(&sc.src)
 		scanners.Put(sc)
 	}()
-	sc.src = *bytes.NewBuffer(in.body) // parsed in place, never copied
+	sc.src = *bytes.NewBuffer(in.ask.body) // parsed in place, never copied
 	dec := &sc.dec
 	dec.Reset(&sc.src)
 
@@ -361,24 +390,24 @@ func (in *inbound) inspect() *relayError {
 		switch field {
 		case "model":
 			model = v
-			in.modelEnd = int(dec.InputOffset())
-			in.modelStart = in.modelEnd - len(v)
+			in.ask.modelEnd = int(dec.InputOffset())
+			in.ask.modelStart = in.ask.modelEnd - len(v)
 		case "stream":
-			in.stream = v.Kind() == 't'
+			in.ask.stream = v.Kind() == 't'
 		case "max_tokens":
 			if v.Kind() == '0' {
 				n, _ := strconv.ParseInt(unsafe.String(unsafe.SliceData(v), len(v)), 10, 32)
-				in.maxOut = int32(n)
+				in.ask.maxOut = int32(n)
 			}
 		case "metadata":
 			if u := gjson.Get(unsafe.String(unsafe.SliceData(v), len(v)), "user_id"); u.Type == gjson.String && v.Kind() == '{' {
-				in.userID = strings.Clone(u.Str)
+				in.ask.userID = strings.Clone(u.Str)
 			}
 		case "anthropic_beta":
 			return errInvalid("anthropic_beta: betas go in the anthropic-beta header, which the relay routes on")
 		default:
 			if f := fieldFeature(field); f != 0 && v.Kind() != 'n' {
-				in.needs.set |= f
+				in.ask.needs.set |= f
 			}
 		}
 	}
@@ -399,14 +428,14 @@ func (in *inbound) inspect() *relayError {
 	if msg := modelIDProblem(name); msg != "" {
 		return errInvalid("model: " + msg)
 	}
-	in.model = strings.Clone(name)
-	in.target = in.model
-	if in.route == routeMessages && estimateTokens(in.body) > longContextTokens {
-		in.needs.set |= featLongContext
+	in.ask.model = strings.Clone(name)
+	in.grant.target = in.ask.model
+	if in.route == routeMessages && estimateTokens(in.ask.body) > longContextTokens {
+		in.ask.needs.set |= featLongContext
 	}
-	if _, ok := in.header["Anthropic-Beta"]; ok {
-		in.needs.betas = make([]string, 0, 4)
-		if !in.needs.readBetas(in.header) {
+	if _, ok := in.ask.header["Anthropic-Beta"]; ok {
+		in.ask.needs.betas = make([]string, 0, 4)
+		if !in.ask.needs.readBetas(in.ask.header) {
 			return errInvalid("anthropic-beta: more than " + strconv.Itoa(maxBetas) + " values")
 		}
 	}
@@ -439,7 +468,7 @@ func (in *inbound) scanTools(dec *jsontext.Decoder) error {
 				return err
 			}
 			if v.Kind() == '"' && unquoteJSON(name) == "type" {
-				in.needs.set |= toolFeature(unquoteJSON(v))
+				in.ask.needs.set |= toolFeature(unquoteJSON(v))
 			}
 		}
 		if _, err := dec.ReadToken(); err != nil { // }
@@ -519,10 +548,10 @@ func modelIDProblem(s string) string {
 // or its JSON form with session_id; any other user_id as a whole), else the
 // principal (the key, or the identity).
 func (in *inbound) sessionID() string {
-	if h := in.header.Get("X-Claude-Code-Session-Id"); h != "" {
+	if h := in.ask.header.Get("X-Claude-Code-Session-Id"); h != "" {
 		return h
 	}
-	if u := in.userID; u != "" {
+	if u := in.ask.userID; u != "" {
 		if i := strings.LastIndex(u, "_session_"); i >= 0 && i+len("_session_") < len(u) {
 			return u[i+len("_session_"):]
 		}
@@ -533,21 +562,21 @@ func (in *inbound) sessionID() string {
 		}
 		return u
 	}
-	return "key:" + in.stateID
+	return "key:" + in.who.stateID
 }
 
 // callFor is the Call of an attempt of the request on ch: the request as
 // the channel's provider sees it. One Call serves the request's attempts in
 // turn.
 func (in *inbound) callFor(ch *channel) *provider.Call {
-	in.call = provider.NewCall(provider.Call{Channel: ch.name, Path: in.route.upstreamPath(), RawQuery: in.rawQuery, Header: in.header,
-		Model: ch.upstreamModel(in.target), Stream: in.stream}, in)
+	in.call = provider.NewCall(provider.Call{Channel: ch.name, Path: in.route.upstreamPath(), RawQuery: in.ask.rawQuery, Header: in.ask.header,
+		Model: ch.upstreamModel(in.grant.target), Stream: in.ask.stream}, in)
 	in.strip = 0
-	if !in.needs.empty() {
-		set, betas := ch.stripFor(&in.needs, in.sel.now)
+	if !in.ask.needs.empty() {
+		set, betas := ch.stripFor(&in.ask.needs, in.grant.sel.now)
 		in.strip = set
 		if len(betas) > 0 {
-			in.call.Header = stripBetas(in.header, betas)
+			in.call.Header = stripBetas(in.ask.header, betas)
 		}
 	}
 	return &in.call

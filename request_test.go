@@ -149,17 +149,17 @@ func TestInboundInspect(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			in := &inbound{body: []byte(tt.body), header: tt.header, route: tt.route}
+			in := &inbound{route: tt.route, ask: asked{body: []byte(tt.body), header: tt.header}}
 			if rerr := in.inspect(); rerr != nil {
 				t.Fatalf("inspect: %d %s", rerr.status, rerr.msg)
 			}
-			if in.model != tt.wantModel {
-				t.Errorf("model = %q, want %q", in.model, tt.wantModel)
+			if in.ask.model != tt.wantModel {
+				t.Errorf("model = %q, want %q", in.ask.model, tt.wantModel)
 			}
-			if in.stream != tt.wantStream {
-				t.Errorf("stream = %v, want %v", in.stream, tt.wantStream)
+			if in.ask.stream != tt.wantStream {
+				t.Errorf("stream = %v, want %v", in.ask.stream, tt.wantStream)
 			}
-			if got := in.needs.names(); !slices.Equal(got, tt.wantNeeds) {
+			if got := in.ask.needs.names(); !slices.Equal(got, tt.wantNeeds) {
 				t.Errorf("needs = %q, want %q", got, tt.wantNeeds)
 			}
 		})
@@ -168,14 +168,14 @@ func TestInboundInspect(t *testing.T) {
 
 func TestInboundInspectKeepsNoReferenceToTheBody(t *testing.T) {
 	body := []byte(`{"model":"claude-sonnet-4-5"}`)
-	in := &inbound{body: body}
+	in := &inbound{ask: asked{body: body}}
 	if rerr := in.inspect(); rerr != nil {
 		t.Fatal(rerr.msg)
 	}
 	// The body lives in a pooled buffer that the next request overwrites.
 	copy(body, strings.Repeat("x", len(body)))
-	if in.model != "claude-sonnet-4-5" {
-		t.Errorf("model changed with the buffer: %q", in.model)
+	if in.ask.model != "claude-sonnet-4-5" {
+		t.Errorf("model changed with the buffer: %q", in.ask.model)
 	}
 }
 
@@ -228,13 +228,13 @@ func TestInboundInspectRejects(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			in := &inbound{body: []byte(tt.body)}
+			in := &inbound{ask: asked{body: []byte(tt.body)}}
 			if tt.name == "too many betas" {
-				in.header = http.Header{"Anthropic-Beta": {strings.Join(manyBetas, ",")}}
+				in.ask.header = http.Header{"Anthropic-Beta": {strings.Join(manyBetas, ",")}}
 			}
 			rerr := in.inspect()
 			if rerr == nil {
-				t.Fatalf("accepted; model %q", in.model)
+				t.Fatalf("accepted; model %q", in.ask.model)
 			}
 			if rerr.status != http.StatusBadRequest || rerr.typ != "invalid_request_error" {
 				t.Errorf("error = %d %s, want 400 invalid_request_error", rerr.status, rerr.typ)
@@ -315,7 +315,7 @@ func TestCallBodyMapsTheModelOnly(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			body := []byte(tt.body)
-			in := &inbound{body: body}
+			in := &inbound{ask: asked{body: body}}
 			if rerr := in.inspect(); rerr != nil {
 				t.Fatalf("inspect: %s", rerr.msg)
 			}
@@ -331,7 +331,7 @@ func TestCallBodyMapsTheModelOnly(t *testing.T) {
 			}
 			// Byte-faithful: the client's bytes with one occurrence of the
 			// old value swapped for the new one, nothing else.
-			up := `"` + tt.ch.models[in.model] + `"`
+			up := `"` + tt.ch.models[in.ask.model] + `"`
 			spliced := false
 			for off := 0; ; {
 				i := bytes.Index(body[off:], []byte(tt.oldRaw))
@@ -483,7 +483,7 @@ func TestAuthenticate(t *testing.T) {
 func TestSharedBodyIsFreedOnceTheTransportWroteIt(t *testing.T) {
 	up := fakeupstream.New(t, fakeupstream.Message("ok"))
 	body := []byte(`{"model":"claude-sonnet-4-5","max_tokens":1,"messages":[{"role":"user","content":"Hi"}]}`)
-	in := &inbound{route: routeMessages, body: body, header: http.Header{}}
+	in := &inbound{route: routeMessages, ask: asked{body: body, header: http.Header{}}}
 	if err := in.inspect(); err != nil {
 		t.Fatal(err)
 	}
@@ -557,7 +557,7 @@ func FuzzInspect(f *testing.F) {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		in := &inbound{body: body}
+		in := &inbound{ask: asked{body: body}}
 		if in.inspect() != nil {
 			return
 		}
@@ -565,15 +565,15 @@ func FuzzInspect(f *testing.F) {
 			t.Fatalf("accepted a body that is not JSON: %q", body)
 		}
 		var v struct{ Model string }
-		if err := json.Unmarshal(body, &v); err != nil || v.Model != in.model {
-			t.Fatalf("the relay routes %q, a JSON parser reads %q (%v)", in.model, v.Model, err)
+		if err := json.Unmarshal(body, &v); err != nil || v.Model != in.ask.model {
+			t.Fatalf("the relay routes %q, a JSON parser reads %q (%v)", in.ask.model, v.Model, err)
 		}
 		var raw string
-		if err := json.Unmarshal(body[in.modelStart:in.modelEnd], &raw); err != nil || raw != in.model {
-			t.Fatalf("the model's offsets hold %q, not %q", body[in.modelStart:in.modelEnd], in.model)
+		if err := json.Unmarshal(body[in.ask.modelStart:in.ask.modelEnd], &raw); err != nil || raw != in.ask.model {
+			t.Fatalf("the model's offsets hold %q, not %q", body[in.ask.modelStart:in.ask.modelEnd], in.ask.model)
 		}
-		if modelIDProblem(in.model) != "" {
-			t.Fatalf("accepted model %q", in.model)
+		if modelIDProblem(in.ask.model) != "" {
+			t.Fatalf("accepted model %q", in.ask.model)
 		}
 		// the features it routes on are the ones a JSON parser reads
 		var top map[string]json.RawMessage
@@ -595,8 +595,8 @@ func FuzzInspect(f *testing.F) {
 				}
 			}
 		}
-		if in.needs.set != want {
-			t.Fatalf("the relay routes on features %q, a JSON parser reads %q", in.needs.set.names(), want.names())
+		if in.ask.needs.set != want {
+			t.Fatalf("the relay routes on features %q, a JSON parser reads %q", in.ask.needs.set.names(), want.names())
 		}
 	})
 }

@@ -150,8 +150,8 @@ func (c *resourceCtx) results(a *resourceAttempt, up string) {
 // token limit).
 func (c *resourceCtx) accountBatch(ch *channel, b *batchUsage, complete bool) {
 	r, in := c.r, c.in
-	in.usage, in.incomplete = b.total, !complete
-	in.cost = 0
+	in.end.usage, in.end.incomplete = b.total, !complete
+	in.end.cost = 0
 	for model, u := range b.byModel {
 		label := r.modelLabel(model)
 		for _, t := range [...]struct {
@@ -165,7 +165,7 @@ func (c *resourceCtx) accountBatch(ch *channel, b *batchUsage, complete bool) {
 			continue
 		}
 		cost := rates.cost(u) * rates.batch * ch.priceFactor
-		in.cost += cost
+		in.end.cost += cost
 		if cost > 0 {
 			metricCost.WithLabelValues(c.group.name, ch.name, label).Add(cost)
 		}

@@ -83,7 +83,7 @@ func (c *resourceCtx) create() *failure {
 		}
 		ca.upload = &uploadBody{r: c.req.Body, limit: c.r.MaxUploadSize}
 	}
-	c.in.estimate = -1 // a create is not held to a channel's token limit
+	c.in.ask.estimate = -1 // a create is not held to a channel's token limit
 	return c.r.failover(c.w, c.req, c.in, ca)
 }
 

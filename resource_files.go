@@ -160,21 +160,21 @@ func (r *Relay) pinToFiles(ctx context.Context, in *inbound) *relayError {
 	if !ok {
 		return errStorageUnavailable()
 	}
-	g := in.key.group
-	body, ch, moved, rerr := r.pinFiles(ctx, secret, g, in.body, in.modelStart)
+	g := in.who.key.group
+	body, ch, moved, rerr := r.pinFiles(ctx, secret, g, in.ask.body, in.ask.modelStart)
 	if rerr != nil || ch == nil {
 		return rerr
 	}
-	if !ch.serves(in.model) {
+	if !ch.serves(in.ask.model) {
 		return &relayError{status: http.StatusBadRequest, typ: "invalid_request_error",
-			msg: "the files this request references are held by channel " + strconv.Quote(ch.name) + ", which does not serve model " + strconv.Quote(in.model)}
+			msg: "the files this request references are held by channel " + strconv.Quote(ch.name) + ", which does not serve model " + strconv.Quote(in.ask.model)}
 	}
 	// the model's place moves by what the ids before it changed
-	in.modelStart += moved
-	in.modelEnd += moved
-	in.body = body
+	in.ask.modelStart += moved
+	in.ask.modelEnd += moved
+	in.ask.body = body
 	pinned := *g
 	pinned.channels, pinned.splits = []*channel{ch}, nil
-	in.pinned = &pinned
+	in.grant.pinned = &pinned
 	return nil
 }

@@ -37,7 +37,7 @@ func (c *resourceCtx) send(ch *channel, rp provider.ResourceProvider, call *prov
 	case t == nil:
 		return &resourceAttempt{c: c, ch: ch, failure: refused(errQueue("the channel that holds this "+c.rq.kind.noun()+" is at its limit", time.Second))}
 	}
-	c.in.attempts++
+	c.in.end.attempts++
 	return c.sendAdmitted(ch, t, rp, call, headerTimeout)
 }
 
@@ -93,7 +93,7 @@ func (a *resourceAttempt) end(v verdict) {
 	}
 	r := a.c.r
 	a.dl.stop()
-	a.in().chain = append(a.in().chain, attemptRecord{channel: a.ch.name, outcome: v.outcome, duration: time.Since(a.start)})
+	a.in().end.chain = append(a.in().end.chain, attemptRecord{channel: a.ch.name, outcome: v.outcome, duration: time.Since(a.start)})
 	metricAttempts.WithLabelValues(a.ch.name, v.outcome.String()).Inc()
 	if cooled := a.t.finish(v, a.ch.cooldown, r.now(), 0, 0); cooled > 0 {
 		r.logger.Warn("channel cooling down", zap.String("channel", a.ch.name), zap.String("outcome", v.outcome.String()),
@@ -120,7 +120,7 @@ func (c *resourceCtx) commit(a *resourceAttempt, contentLength int) {
 	if contentLength >= 0 {
 		h.Set("Content-Length", strconv.Itoa(contentLength))
 	}
-	relayHeaders(h, c.in, a.ch, c.in.attempts, false)
+	relayHeaders(h, c.in, a.ch, c.in.end.attempts, false)
 	c.r.ratelimitHeaders(h, c.in)
 	c.in.committed(a.ch)
 	metricResources.WithLabelValues(c.group.name, a.ch.name, c.rq.kind.String(), c.rq.op.String()).Inc()
@@ -179,7 +179,7 @@ func (c *resourceCtx) stream(a *resourceAttempt, see func([]byte)) (complete boo
 		}
 		if err != nil {
 			if !clientGone {
-				c.in.incomplete = true
+				c.in.end.incomplete = true
 			}
 			return false
 		}

@@ -107,12 +107,12 @@ func (r *Relay) serveResource(w http.ResponseWriter, req *http.Request, in *inbo
 	if rerr := r.admitKeyAs(in, estimate); rerr != nil {
 		return refused(rerr)
 	}
-	defer func() { in.state.limits.done(r.now(), in.keyGrant, in.billed()) }()
+	defer func() { in.who.state.limits.done(r.now(), in.grant.keyGrant, in.billed()) }()
 	secret, ok := r.secret.get()
 	if !ok {
 		return refused(errStorageUnavailable())
 	}
-	rc := &resourceCtx{r: r, w: w, req: req, in: in, rq: rq, secret: secret, group: in.key.group}
+	rc := &resourceCtx{r: r, w: w, req: req, in: in, rq: rq, secret: secret, group: in.who.key.group}
 	switch rq.op {
 	case opCreate:
 		return rc.create()
@@ -125,14 +125,14 @@ func (r *Relay) serveResource(w http.ResponseWriter, req *http.Request, in *inbo
 // admitKeyAs holds a request to its key's limits as admitKey does a
 // message's; estimate -1 leaves it out of the token limit.
 func (r *Relay) admitKeyAs(in *inbound, estimate int64) *relayError {
-	g, scope, wait := in.state.limits.take(r.now(), estimate)
-	in.keyGrant, in.keyAsked = g, true
+	g, scope, wait := in.who.state.limits.take(r.now(), estimate)
+	in.grant.keyGrant, in.grant.keyAsked = g, true
 	switch scope {
 	case scopeNone:
 		return nil
 	case scopeFleetDown:
 		return errStorageUnavailable()
 	}
-	metricRateLimited.WithLabelValues(in.key.name, string(scope)).Inc()
-	return errKeyLimited(in.key.describe(), scope, wait)
+	metricRateLimited.WithLabelValues(in.who.key.name, string(scope)).Inc()
+	return errKeyLimited(in.who.key.describe(), scope, wait)
 }

@@ -700,25 +700,25 @@ func TestSessionID(t *testing.T) {
 		{"", "end-user-42", "end-user-42"},
 		{"", "", "key:support"},
 	} {
-		in := &inbound{header: http.Header{}, userID: c.userID, key: &key{name: "support"}, stateID: "support"}
+		in := &inbound{who: requester{key: &key{name: "support"}, stateID: "support"}, ask: asked{header: http.Header{}, userID: c.userID}}
 		if c.header != "" {
-			in.header.Set("X-Claude-Code-Session-Id", c.header)
+			in.ask.header.Set("X-Claude-Code-Session-Id", c.header)
 		}
 		if got := in.sessionID(); got != c.want {
 			t.Errorf("sessionID(%q, %q) = %q, want %q", c.header, c.userID, got, c.want)
 		}
 	}
 	// under user *, each identity is a session of its own
-	in := &inbound{header: http.Header{}, key: &key{name: "user:*"}, stateID: "user:bob"}
+	in := &inbound{who: requester{key: &key{name: "user:*"}, stateID: "user:bob"}, ask: asked{header: http.Header{}}}
 	if got := in.sessionID(); got != "key:user:bob" {
 		t.Errorf("an identity of user *: sessionID = %q, want key:user:bob", got)
 	}
 }
 
 func TestInspectReadsMetadataUserID(t *testing.T) {
-	in := &inbound{body: []byte(`{"model":"m","metadata":{"user_id":"user_1_account__session_abc"},"messages":[]}`)}
-	if err := in.inspect(); err != nil || in.userID != "user_1_account__session_abc" {
-		t.Errorf("userID = %q (%v)", in.userID, err)
+	in := &inbound{ask: asked{body: []byte(`{"model":"m","metadata":{"user_id":"user_1_account__session_abc"},"messages":[]}`)}}
+	if err := in.inspect(); err != nil || in.ask.userID != "user_1_account__session_abc" {
+		t.Errorf("userID = %q (%v)", in.ask.userID, err)
 	}
 }
 

@@ -117,7 +117,7 @@ func (in *inbound) leftAt(now time.Time) time.Time {
 // when the client was found gone, if err is nil.
 func (s *streamAttempt) settle(rd *sse.Reader, ev sse.Event, err error) attemptResult {
 	s.deadline.leave() // the grace runs from now, if the watch has not seen it yet
-	u := &s.in.usage
+	u := &s.in.end.usage
 	for err == nil {
 		if string(ev.Name) == "message_delta" && gjson.ValidBytes(ev.Data) {
 			u.fromEvent(ev.Name, ev.Data)
@@ -128,10 +128,10 @@ func (s *streamAttempt) settle(rd *sse.Reader, ev sse.Event, err error) attemptR
 		}
 		ev, err = rd.Next()
 	}
-	s.in.incomplete = true
+	s.in.end.incomplete = true
 	if !u.final {
 		u.output = max(u.output, u.estimatedOutput())
-		s.in.estimated = true
+		s.in.end.estimated = true
 	}
 	return attemptResult{verdict: verdict{outcome: outcomeCanceled, reason: "client gone"}, channel: s.ch, done: true}
 }
@@ -372,11 +372,11 @@ func valueEnd(s string, i int) int {
 // principal's spend as estimated.
 func (r *Relay) estimated(in *inbound, group string) {
 	metricEstimated.WithLabelValues(group).Inc()
-	rates := r.prices.lookup(in.target)
-	if rates == nil || in.answered == nil || in.state == nil || in.state.spend == nil {
+	rates := r.prices.lookup(in.grant.target)
+	if rates == nil || in.end.answered == nil || in.who.state == nil || in.who.state.spend == nil {
 		return
 	}
-	known := in.usage
+	known := in.end.usage
 	known.output = 0
-	in.state.spend.chargedEstimate(r.now(), in.cost-rates.cost(known)*in.answered.priceFactor)
+	in.who.state.spend.chargedEstimate(r.now(), in.end.cost-rates.cost(known)*in.end.answered.priceFactor)
 }

@@ -133,17 +133,17 @@ func (a *spendAccount) room(now time.Time, n nanoUSD) bool {
 // the attempt's admission. A request whose every model has no price holds
 // nothing.
 func (r *Relay) holdChannel(in *inbound, ch *channel) {
-	hs := in.holds
+	hs := in.grant.holds
 	var prev *spendAccount
 	if hs != nil {
 		prev = hs.channel
 	}
-	if prev == ch.spend || in.worst == 0 {
+	if prev == ch.spend || in.grant.worst == 0 {
 		return
 	}
 	if hs == nil {
 		hs = &holds{}
-		in.holds = hs
+		in.grant.holds = hs
 	}
 	if hs.taken {
 		hs.unreserve()
@@ -155,7 +155,7 @@ func (r *Relay) holdChannel(in *inbound, ch *channel) {
 		hs.channel = nil
 	}
 	if ch.spend != nil {
-		hs.add(ch.spend, in.worst)
+		hs.add(ch.spend, in.grant.worst)
 		hs.channel = ch.spend
 	}
 }

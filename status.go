@@ -64,21 +64,21 @@ func (g *requestRing) record(in *inbound, duration time.Duration, cost float64) 
 	s := &g.rows[(g.next-1)%recentSize]
 	s.seq = g.next
 	s.at = in.start.UnixNano()
-	s.id, s.model, s.served, s.code = in.id, in.model, in.target, in.errCode
+	s.id, s.model, s.served, s.code = in.id, in.ask.model, in.grant.target, in.end.errCode
 	s.key, s.channel = "", ""
-	if in.key != nil {
-		s.key = in.key.name
+	if in.who.key != nil {
+		s.key = in.who.key.name
 	}
-	if in.answered != nil {
-		s.channel = in.answered.name
+	if in.end.answered != nil {
+		s.channel = in.end.answered.name
 	}
 	s.chain, s.outcomes = [chainSize]string{}, [chainSize]outcome{}
-	for i := range min(len(in.chain), chainSize) {
-		s.chain[i], s.outcomes[i] = in.chain[i].channel, in.chain[i].outcome
+	for i := range min(len(in.end.chain), chainSize) {
+		s.chain[i], s.outcomes[i] = in.end.chain[i].channel, in.end.chain[i].outcome
 	}
-	s.attempts, s.status, s.stream = in.attempts, in.status, in.stream
-	s.firstByte, s.duration = in.firstByte, duration
-	s.input, s.output, s.cost = in.usage.input, in.usage.output, cost
+	s.attempts, s.status, s.stream = in.end.attempts, in.end.status, in.ask.stream
+	s.firstByte, s.duration = in.end.firstByte, duration
+	s.input, s.output, s.cost = in.end.usage.input, in.end.usage.output, cost
 	g.mu.Unlock()
 }
 

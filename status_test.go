@@ -233,8 +233,8 @@ func TestStatusPageAnswersOnlyItsOwnHosts(t *testing.T) {
 func TestStatusRingKeepsTheLastRequests(t *testing.T) {
 	g := new(requestRing)
 	ch := &channel{name: "ring-ch"}
-	in := &inbound{id: "req", model: "m", target: "m", start: time.Unix(100, 0), answered: ch, status: 200, attempts: 1}
-	in.chain = append(in.chainBuf[:0], attemptRecord{channel: "ring-ch", outcome: outcomeSuccess})
+	in := &inbound{id: "req", start: time.Unix(100, 0), ask: asked{model: "m"}, grant: granted{target: "m"}, end: ending{answered: ch, status: 200, attempts: 1}}
+	in.end.chain = append(in.chainBuf[:0], attemptRecord{channel: "ring-ch", outcome: outcomeSuccess})
 	if n := testing.AllocsPerRun(100, func() { g.record(in, time.Millisecond, 0.5) }); n != 0 {
 		t.Errorf("record allocates %v times", n)
 	}
@@ -278,8 +278,8 @@ func TestStatusCaddyfile(t *testing.T) {
 func BenchmarkStatusRecord(b *testing.B) {
 	g := new(requestRing)
 	ch := &channel{name: "ring-ch"}
-	in := &inbound{id: "req", model: "m", target: "m", start: time.Unix(100, 0), answered: ch, status: 200, attempts: 1}
-	in.chain = append(in.chainBuf[:0], attemptRecord{channel: "ring-ch", outcome: outcomeSuccess})
+	in := &inbound{id: "req", start: time.Unix(100, 0), ask: asked{model: "m"}, grant: granted{target: "m"}, end: ending{answered: ch, status: 200, attempts: 1}}
+	in.end.chain = append(in.chainBuf[:0], attemptRecord{channel: "ring-ch", outcome: outcomeSuccess})
 	b.ReportAllocs()
 	for b.Loop() {
 		g.record(in, time.Millisecond, 0.5)

@@ -77,7 +77,7 @@ func (s *streamAttempt) run() attemptResult {
 	// sent it all)
 	s.in.releaseBody()
 	if !committed {
-		s.in.incomplete = true
+		s.in.end.incomplete = true
 		return attemptResult{verdict: verdict{outcome: outcomeCanceled, reason: "client gone"}, channel: s.ch, done: true}
 	}
 	return s.pump(rd)
@@ -107,7 +107,7 @@ func (s *streamAttempt) hold(rd *sse.Reader, held []byte) (_ []byte, res attempt
 		if !s.wellFormed(ev) {
 			continue
 		}
-		s.in.usage.fromEvent(ev.Name, ev.Data)
+		s.in.end.usage.fromEvent(ev.Name, ev.Data)
 		held = append(held, ev.Raw...)
 		switch string(ev.Name) {
 		case "message_start", "ping", "":
@@ -121,7 +121,7 @@ func (s *streamAttempt) hold(rd *sse.Reader, held []byte) (_ []byte, res attempt
 			if !v.outcome.retryable() {
 				// the request's own fault: the client sees the stream as sent
 				s.commit(held)
-				s.in.incomplete = true
+				s.in.end.incomplete = true
 				return nil, attemptResult{verdict: v, channel: s.ch, done: true}, false
 			}
 			return nil, attemptResult{verdict: v, channel: s.ch, status: s.resp.StatusCode, header: s.resp.Header, body: held}, false
@@ -153,10 +153,10 @@ func (s *streamAttempt) pump(rd *sse.Reader) attemptResult {
 		// anything but message_stop leaves the client with a partial answer,
 		// whose output the upstream did not report: it is billed the estimate
 		// of the content the client was sent, as a client that leaves is
-		s.in.incomplete = v.reason != "message_stop"
-		if u := &s.in.usage; s.in.incomplete && !u.final {
+		s.in.end.incomplete = v.reason != "message_stop"
+		if u := &s.in.end.usage; s.in.end.incomplete && !u.final {
 			u.output = max(u.output, u.estimatedOutput())
-			s.in.estimated = true
+			s.in.end.estimated = true
 		}
 		return attemptResult{verdict: v, channel: s.ch, done: true}
 	}
@@ -180,7 +180,7 @@ func (s *streamAttempt) pump(rd *sse.Reader) attemptResult {
 		if !s.wellFormed(ev) {
 			continue
 		}
-		s.in.usage.fromEvent(ev.Name, ev.Data)
+		s.in.end.usage.fromEvent(ev.Name, ev.Data)
 		if _, err := s.w.Write(ev.Raw); err != nil {
 			return s.settle(rd, sse.Event{}, nil)
 		}
