@@ -218,12 +218,16 @@ func TestUpstreamAccountHeadersStayUpstream(t *testing.T) {
 var benchBody = `{"model":"claude-sonnet-4-5","max_tokens":64,"metadata":{"user_id":"u-1"},"messages":[{"role":"user","content":"` +
 	strings.Repeat("The quick brown fox jumps over the lazy dog. ", 225) + `"}]}`
 
-// discardWriter is a ResponseWriter that flushes and forgets.
-type discardWriter struct{ h http.Header }
+// discardWriter is a ResponseWriter that flushes and forgets all but the
+// status.
+type discardWriter struct {
+	h      http.Header
+	status int
+}
 
 func (d *discardWriter) Header() http.Header         { return d.h }
 func (d *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
-func (d *discardWriter) WriteHeader(int)             {}
+func (d *discardWriter) WriteHeader(code int)        { d.status = code }
 func (d *discardWriter) Flush()                      {}
 
 // benchServe runs ServeHTTP b.N times against a fast in-process upstream.
@@ -240,7 +244,7 @@ func benchServeWith(b *testing.B, body, suffix string, cache *ResponseCache, hea
 	}
 	r := &Relay{
 		Keys:     []*Key{{Secret: "sk-" + name, Group: name, KeyOptions: KeyOptions{Name: name}}},
-		Channels: []*Channel{{Name: name, UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", "{env.HOME}"), Models: []string{"claude-sonnet-4-5"}}},
+		Channels: []*Channel{{Name: name, UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", channelKey), Models: []string{"claude-sonnet-4-5"}}},
 		Groups:   []*Group{{Name: name, Channels: []string{name}, Cache: cache}},
 	}
 	provisionHandler(b, r)
@@ -259,6 +263,11 @@ func benchServeWith(b *testing.B, body, suffix string, cache *ResponseCache, hea
 		req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), w, srv)
 		if err := r.ServeHTTP(w, req, nil); err != nil {
 			b.Fatal(err)
+		}
+		// a benchmark of the relay's refusals would measure nothing of the
+		// path it is for
+		if w.status != http.StatusOK {
+			b.Fatalf("request %d: status %d, not 200", i, w.status)
 		}
 	}
 }
