@@ -177,7 +177,8 @@ func (b *bench) logRedis() {
 }
 
 // median merges the rounds of one target and workload: the median of each
-// measure, every error, the worst success ratio.
+// measure (of an even number of rounds, the mean of the middle two), every
+// error, the worst success ratio.
 func median(rounds []row) row {
 	m := rounds[0]
 	pick := func(get func(row) float64) float64 {
@@ -186,6 +187,9 @@ func median(rounds []row) row {
 			v[i] = get(r)
 		}
 		slices.Sort(v)
+		if n := len(v); n%2 == 0 {
+			return (v[n/2-1] + v[n/2]) / 2
+		}
 		return v[len(v)/2]
 	}
 	m.reqPerSec = pick(func(r row) float64 { return r.reqPerSec })
