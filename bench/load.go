@@ -149,6 +149,7 @@ func attack(ctx context.Context, t *target, url string, w workload, d time.Durat
 		reqPerSec: m.Throughput, success: m.Success,
 		p50: m.Latencies.P50, p99: m.Latencies.P99, firstByte: timed.p50(),
 		failedOver: float64(failedOver) / float64(max(m.Requests, 1)),
+		requests:   int64(m.Requests),
 		errors:     m.Errors,
 	}
 	if w.kind == fixedRate && m.Rate < minPace*float64(w.rate) && ctx.Err() == nil {

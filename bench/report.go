@@ -17,7 +17,12 @@ type row struct {
 	kibPerStream  float64       // resident memory per idle stream
 	upstreamConns int64         // upstream connections the idle streams hold open
 	failedOver    float64       // share of the requests that failed over
-	errors        []string      // the distinct errors of failed requests
+	requests      int64         // answered, successfully or not (in a round; in a row, in all its rounds)
+	// cpuPerReq is the user and system CPU time the target's caddy process
+	// used in a round, divided by the requests answered in it; zero for the
+	// direct target, which has no process, and for idle streams.
+	cpuPerReq time.Duration
+	errors    []string // the distinct errors of failed requests
 }
 
 // report is the result of a run.
@@ -53,9 +58,9 @@ func (r *report) failures() []string {
 // relay row sits under its reverse_proxy row) and the performance targets.
 func (r *report) markdown() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Machine: %s. Each row: the medians of %d rounds of %s (targets taking turns), closed loop (vegeta) but for the %d req/s rows (constant rate), 10 KB request bodies; streams: 20 events, p50/p99 to the last byte.\n\n", r.machine, r.rounds, r.duration, r.rate)
-	b.WriteString("| workload | target | req/s | success | p50 | p99 | first byte p50 | memory / idle stream | req/s vs reverse_proxy | p50 vs reverse_proxy | p99 vs reverse_proxy |\n")
-	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	fmt.Fprintf(&b, "Machine: %s. Each row: the medians of %d rounds of %s (targets taking turns), closed loop (vegeta) but for the %d req/s rows (constant rate), 10 KB request bodies; streams: 20 events, p50/p99 to the last byte; CPU/req: the user and system CPU time of the target's caddy process in a round over the requests it answered.\n\n", r.machine, r.rounds, r.duration, r.rate)
+	b.WriteString("| workload | target | req/s | success | p50 | p99 | first byte p50 | CPU/req | memory / idle stream | req/s vs reverse_proxy | p50 vs reverse_proxy | p99 vs reverse_proxy | CPU/req vs reverse_proxy |\n")
+	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, w := range r.workloads() {
 		for _, t := range r.targets {
 			if x, ok := r.find(t, w); ok {
@@ -73,7 +78,7 @@ func (r *report) markdown() string {
 // line renders one row of the table; cells a workload does not measure
 // are left empty.
 func (r *report) line(x row) string {
-	var reqs, p50, p99, firstByte, memory, reqsVs, p50Vs, p99Vs string
+	var reqs, p50, p99, firstByte, cpu, memory, reqsVs, p50Vs, p99Vs, cpuVs string
 	if x.workload.kind == idle {
 		memory = fmt.Sprintf("%.1f KiB (%d upstream connections)", x.kibPerStream, x.upstreamConns)
 	} else {
@@ -82,12 +87,16 @@ func (r *report) line(x row) string {
 	if x.workload.kind == streaming {
 		firstByte = millis(x.firstByte)
 	}
+	if x.workload.kind != idle && x.target != direct {
+		cpu = micros(x.cpuPerReq)
+	}
 	if rp, ok := r.find(reverseProxy, x.workload); ok && x.workload.kind != idle && x.target != direct && x.target != reverseProxy {
 		reqsVs = times(x.reqPerSec / rp.reqPerSec)
 		p50Vs = times(float64(x.p50) / float64(rp.p50))
 		p99Vs = times(float64(x.p99) / float64(rp.p99))
+		cpuVs = times(float64(x.cpuPerReq) / float64(rp.cpuPerReq))
 	}
-	cells := []string{x.workload.String(), x.target.name, reqs, percent(x.success), p50, p99, firstByte, memory, reqsVs, p50Vs, p99Vs}
+	cells := []string{x.workload.String(), x.target.name, reqs, percent(x.success), p50, p99, firstByte, cpu, memory, reqsVs, p50Vs, p99Vs, cpuVs}
 	return "| " + strings.Join(cells, " | ") + " |\n"
 }
 
@@ -208,6 +217,11 @@ func notMeasured(name string) string {
 // millis renders a duration in milliseconds.
 func millis(d time.Duration) string {
 	return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
+}
+
+// micros renders a duration in microseconds.
+func micros(d time.Duration) string {
+	return fmt.Sprintf("%.0f µs", float64(d)/float64(time.Microsecond))
 }
 
 // signedMillis renders a difference of durations in milliseconds.

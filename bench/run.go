@@ -115,6 +115,7 @@ func run(ctx context.Context, o options) (*report, error) {
 // the medians of its rounds.
 func (b *bench) measureLoad(ctx context.Context) ([]row, error) {
 	urls := make(map[*target]string, len(b.targets))
+	procs := make(map[*target]*caddyProcess, len(b.targets))
 	for _, t := range b.targets {
 		url, proc, err := b.serve(ctx, t, b.fast)
 		if err != nil {
@@ -123,7 +124,7 @@ func (b *bench) measureLoad(ctx context.Context) ([]row, error) {
 		if proc != nil {
 			defer proc.stop()
 		}
-		urls[t] = url
+		urls[t], procs[t] = url, proc
 		b.logf("%s: warm-up", t.name)
 		attack(ctx, t, url, workload{kind: nonStreaming, concurrency: slices.Max(b.concurrency)}, b.duration/10)
 	}
@@ -138,7 +139,11 @@ func (b *bench) measureLoad(ctx context.Context) ([]row, error) {
 			for k := range ts {
 				i := (k + round) % len(ts)
 				b.logf("%s: %s, round %d of %d", ts[i].name, w, round+1, b.rounds)
-				rounds[i] = append(rounds[i], attack(ctx, ts[i], urls[ts[i]], w, b.duration))
+				r, err := measureRound(ctx, ts[i], urls[ts[i]], procs[ts[i]], w, b.duration)
+				if err != nil {
+					return nil, fmt.Errorf("%s, %s: %w", ts[i].name, w, err)
+				}
+				rounds[i] = append(rounds[i], r)
 				if err := ctx.Err(); err != nil {
 					return nil, err
 				}
@@ -149,6 +154,29 @@ func (b *bench) measureLoad(ctx context.Context) ([]row, error) {
 		}
 	}
 	return rows, nil
+}
+
+// measureRound measures one round of w against t, served by proc (nil for
+// the direct target), for d: what attack measures, and the CPU time proc
+// used in the round divided by the requests answered in it. Between rounds
+// proc serves nothing, so the CPU it used in the round is the round's.
+func measureRound(ctx context.Context, t *target, url string, proc *caddyProcess, w workload, d time.Duration) (row, error) {
+	if proc == nil {
+		return attack(ctx, t, url, w, d), nil
+	}
+	before, err := proc.cpuTime()
+	if err != nil {
+		return row{}, err
+	}
+	r := attack(ctx, t, url, w, d)
+	after, err := proc.cpuTime()
+	if err != nil {
+		return row{}, err
+	}
+	if r.requests > 0 {
+		r.cpuPerReq = (after - before) / time.Duration(r.requests)
+	}
+	return r, nil
 }
 
 // targetsOf returns the targets of the run that w applies to, in order.
@@ -178,7 +206,7 @@ func (b *bench) logRedis() {
 
 // median merges the rounds of one target and workload: the median of each
 // measure (of an even number of rounds, the mean of the middle two), every
-// error, the worst success ratio.
+// error, the worst success ratio, the requests of all rounds.
 func median(rounds []row) row {
 	m := rounds[0]
 	pick := func(get func(row) float64) float64 {
@@ -197,7 +225,9 @@ func median(rounds []row) row {
 	m.p99 = time.Duration(pick(func(r row) float64 { return float64(r.p99) }))
 	m.firstByte = time.Duration(pick(func(r row) float64 { return float64(r.firstByte) }))
 	m.failedOver = pick(func(r row) float64 { return r.failedOver })
+	m.cpuPerReq = time.Duration(pick(func(r row) float64 { return float64(r.cpuPerReq) }))
 	for _, r := range rounds[1:] {
+		m.requests += r.requests
 		m.success = min(m.success, r.success)
 		m.errors = append(m.errors, r.errors...)
 	}
