@@ -39,6 +39,10 @@ type workload struct {
 	// Anthropic's API, Bedrock and Vertex do, instead of plain HTTP/1.1:
 	// the streams then share upstream connections.
 	h2 bool
+	// cpu says, of nonStreaming, that this is the CPU comparison: its own
+	// rounds and their length (options.cpuRounds, cpuDuration), over the
+	// targets marked cpu only, and the CPU targets of the report.
+	cpu bool
 }
 
 // String names the workload in the table.

@@ -108,6 +108,9 @@ func main() {
 	flag.IntVar(&o.rounds, "rounds", o.rounds, "rounds of every workload; rows are the medians")
 	flag.IntVar(&o.idleStreams, "idle", o.idleStreams, "idle streams opened at once for the memory measurement")
 	flag.IntVar(&o.rate, "rate", o.rate, "req/s of the fixed-rate workload")
+	flag.IntVar(&o.cpuConcurrency, "cpu-concurrency", o.cpuConcurrency, "concurrency of the CPU comparison (closed loop, non-streaming)")
+	flag.IntVar(&o.cpuRounds, "cpu-rounds", o.cpuRounds, "rounds of the CPU comparison")
+	flag.DurationVar(&o.cpuDuration, "cpu-duration", o.cpuDuration, "length of each measured run of the CPU comparison")
 	flag.BoolVar(&o.idleOnly, "idle-only", false, "measure only the idle streams (targets b and c), not the load")
 	flag.StringVar(&o.profileDir, "profile", "", "write heap and goroutine profiles of each caddy process holding the idle streams to this directory")
 	reload := flag.Duration("reload", 0, "instead of the rest, run the reload-under-load mode for this long (60s for the full check)")
@@ -118,7 +121,7 @@ func main() {
 	bigKeys := flag.Int("keys", 100000, "keys of the -big-config mode")
 	bigReloads := flag.Int("reloads", 3, "reloads of the -big-config mode")
 	keysIn := flag.String("keys-in", "file", "where the -big-config mode keeps its keys: file (a keys file) or config")
-	smoke := flag.Bool("smoke", false, "a quick check of the harness itself (overrides -duration, -rounds, -idle and -rate)")
+	smoke := flag.Bool("smoke", false, "a quick check of the harness itself (overrides -duration, -rounds, -idle, -rate and the -cpu-* sizes)")
 	out := flag.String("out", "", "also write the markdown table to this file")
 	flag.Parse()
 	if *smoke {
@@ -184,6 +187,9 @@ type options struct {
 	duration          time.Duration // each measured attack
 	rounds            int           // of every workload, targets taking turns
 	concurrency       []int         // of the closed-loop non-streaming workloads
+	cpuConcurrency    int           // of the CPU comparison, closed loop, non-streaming
+	cpuRounds         int           // of the CPU comparison, targets taking turns
+	cpuDuration       time.Duration // each measured attack of the CPU comparison
 	rate              int           // req/s of the fixed-rate workload
 	streamConcurrency int           // of the streaming workload
 	idleStreams       int           // held open at once for the memory measurement
@@ -192,16 +198,35 @@ type options struct {
 	logf              func(format string, args ...any)
 }
 
-// fullRun is the run the issue asks for.
+// fullRun is the full run: every target, every workload. The CPU
+// comparison has more and shorter rounds than the rest: CPU per request
+// moves with whatever else the machine runs, and more turns spread that
+// over the targets more evenly.
 func fullRun() options {
 	return options{targets: targets, duration: 5 * time.Second, rounds: 3, concurrency: []int{1, 10, 100}, rate: 2000,
+		cpuConcurrency: 50, cpuRounds: 8, cpuDuration: 3 * time.Second,
 		streamConcurrency: 10, idleStreams: 10000}
 }
 
 // smokeRun runs every target and workload, briefly.
 func smokeRun() options {
 	return options{targets: targets, duration: 300 * time.Millisecond, rounds: 1, concurrency: []int{1, 4}, rate: 100,
+		cpuConcurrency: 8, cpuRounds: 2, cpuDuration: 300 * time.Millisecond,
 		streamConcurrency: 4, idleStreams: 20}
+}
+
+// cpuWorkload is the CPU comparison: non-streaming, closed loop at
+// cpuConcurrency, in cpuRounds rounds of cpuDuration.
+func (o options) cpuWorkload() workload {
+	return workload{kind: nonStreaming, concurrency: o.cpuConcurrency, cpu: true}
+}
+
+// roundsOf returns how many rounds of w are measured, and how long each is.
+func (o options) roundsOf(w workload) (int, time.Duration) {
+	if w.cpu {
+		return o.cpuRounds, o.cpuDuration
+	}
+	return o.rounds, o.duration
 }
 
 // workloads lists the workloads of a run in the order of the table.
@@ -211,6 +236,7 @@ func (o options) workloads() []workload {
 		ws = append(ws, workload{kind: nonStreaming, concurrency: c})
 	}
 	return append(ws,
+		o.cpuWorkload(),
 		workload{kind: fixedRate, rate: o.rate},
 		workload{kind: streaming, concurrency: o.streamConcurrency},
 		workload{kind: idle, concurrency: o.idleStreams},

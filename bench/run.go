@@ -126,7 +126,7 @@ func (b *bench) measureLoad(ctx context.Context) ([]row, error) {
 		}
 		urls[t], procs[t] = url, proc
 		b.logf("%s: warm-up", t.name)
-		attack(ctx, t, url, workload{kind: nonStreaming, concurrency: slices.Max(b.concurrency)}, b.duration/10)
+		attack(ctx, t, url, workload{kind: nonStreaming, concurrency: b.warmUpConcurrency()}, b.duration/10)
 	}
 	var rows []row
 	for _, w := range b.workloads() {
@@ -135,11 +135,12 @@ func (b *bench) measureLoad(ctx context.Context) ([]row, error) {
 		}
 		ts := b.targetsOf(w)
 		rounds := make([][]row, len(ts))
-		for round := 0; round < b.rounds; round++ {
+		n, d := b.roundsOf(w)
+		for round := 0; round < n; round++ {
 			for k := range ts {
 				i := (k + round) % len(ts)
-				b.logf("%s: %s, round %d of %d", ts[i].name, w, round+1, b.rounds)
-				r, err := measureRound(ctx, ts[i], urls[ts[i]], procs[ts[i]], w, b.duration)
+				b.logf("%s: %s, round %d of %d", ts[i].name, w, round+1, n)
+				r, err := measureRound(ctx, ts[i], urls[ts[i]], procs[ts[i]], w, d)
 				if err != nil {
 					return nil, fmt.Errorf("%s, %s: %w", ts[i].name, w, err)
 				}
@@ -177,6 +178,19 @@ func measureRound(ctx context.Context, t *target, url string, proc *caddyProcess
 		r.cpuPerReq = (after - before) / time.Duration(r.requests)
 	}
 	return r, nil
+}
+
+// warmUpConcurrency is the highest concurrency of the run's closed-loop
+// non-streaming workloads: the warm-up opens as many connections as any
+// of them will.
+func (o options) warmUpConcurrency() int {
+	c := 1
+	for _, w := range o.workloads() {
+		if w.kind == nonStreaming {
+			c = max(c, w.concurrency)
+		}
+	}
+	return c
 }
 
 // targetsOf returns the targets of the run that w applies to, in order.

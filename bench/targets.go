@@ -34,15 +34,20 @@ type target struct {
 	idle bool
 	// fixedRate says whether the fixed-rate workload is measured.
 	fixedRate bool
+	// cpu says whether the CPU comparison workload is measured.
+	cpu bool
 }
 
 // runs reports whether t is measured under w: every target under the
-// closed-loop and streaming workloads, some under the others.
+// closed-loop and streaming workloads but the CPU comparison, some under
+// the others.
 func (t *target) runs(w workload) bool {
-	switch w.kind {
-	case fixedRate:
+	switch {
+	case w.cpu:
+		return t.cpu
+	case w.kind == fixedRate:
 		return t.fixedRate
-	case idle:
+	case w.kind == idle:
 		return t.idle
 	}
 	return true
@@ -82,7 +87,7 @@ const globalOptions = `{
 var (
 	direct = &target{name: "(a) direct"}
 
-	reverseProxy = &target{name: "(b) reverse_proxy", idle: true, fixedRate: true, caddyfile: globalOptions + `
+	reverseProxy = &target{name: "(b) reverse_proxy", idle: true, fixedRate: true, cpu: true, caddyfile: globalOptions + `
 :$PORT {
 	reverse_proxy $UPSTREAM_URL {
 		$UPSTREAM_TLS
@@ -90,7 +95,7 @@ var (
 }
 `}
 
-	relayOne = &target{name: "(c) relay, 1 channel", idle: true, fixedRate: true, caddyfile: globalOptions + `
+	relayOne = &target{name: "(c) relay, 1 channel", idle: true, fixedRate: true, cpu: true, caddyfile: globalOptions + `
 :$PORT {
 	relay {
 		key sk-bench bench
