@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	vegeta "github.com/tsenart/vegeta/v12/lib"
@@ -137,10 +138,9 @@ func attack(ctx context.Context, t *target, url string, w workload, d time.Durat
 		vegeta.Workers(workers), vegeta.MaxWorkers(maxWorkers))
 	defer context.AfterFunc(ctx, func() { atk.Stop() })()
 
-	tgt := vegeta.Target{Method: http.MethodPost, URL: url, Body: messageBody(w.kind == streaming), Header: requestHeader()}
 	var m vegeta.Metrics
 	failedOver := 0
-	for res := range atk.Attack(vegeta.NewStaticTargeter(tgt), pacer, d, w.String()) {
+	for res := range atk.Attack(targeter(t, url, messageBody(w.kind == streaming)), pacer, d, w.String()) {
 		checkReply(res, w.kind == streaming, t.failsOver)
 		if res.Code == http.StatusOK && res.Headers.Get("X-Relay-Attempts") == "2" {
 			failedOver++
@@ -160,6 +160,24 @@ func attack(ctx context.Context, t *target, url string, w workload, d time.Durat
 		r.errors = append(r.errors, fmt.Sprintf("sent only %.0f of its %d req/s", m.Rate, w.rate))
 	}
 	return r
+}
+
+// targeter returns the requests of a round against t: POST body to url,
+// with the headers t gives each (requestHeader(), by default).
+func targeter(t *target, url string, body []byte) vegeta.Targeter {
+	tgt := vegeta.Target{Method: http.MethodPost, URL: url, Body: body, Header: requestHeader()}
+	if t.header == nil {
+		return vegeta.NewStaticTargeter(tgt)
+	}
+	var seq atomic.Uint64
+	return func(next *vegeta.Target) error {
+		if next == nil {
+			return vegeta.ErrNilTarget
+		}
+		*next = tgt
+		next.Header = t.header(seq.Add(1) - 1)
+		return nil
+	}
 }
 
 // checkReply fails a reply that vegeta would count as a success (any 2xx

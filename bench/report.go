@@ -164,7 +164,54 @@ func (r *report) goals() []string {
 		goal("<= 48 KiB resident memory per idle stream", fmt.Sprintf("%.1f KiB", mem), memAt, mem <= 48),
 		goal("failover overhead (p50 of (e) minus p50 of (c)) < 5 ms", millis(failover),
 			fmt.Sprintf("%s, where %.2f%% of (e)'s requests failed over", failoverAt, 100*failedOver), failover < 5*time.Millisecond),
-	}, r.fleetGoals()...)
+	}, append(r.fleetGoals(), r.cpuGoals()...)...)
+}
+
+// The CPU targets, at the CPU comparison workload against reverse_proxy:
+// the relay with one channel must cost less CPU per request and, on the
+// same cores, serve more; with budgets, identity and dedup on, it must
+// still cost less.
+const (
+	maxCPURelay    = 0.85 // (c)'s CPU per request, at most, times (b)'s
+	minReqsRelay   = 1.10 // (c)'s throughput, at least, times (b)'s
+	maxCPUFeatures = 0.90 // (h)'s CPU per request, at most, times (b)'s
+)
+
+// cpuGoals checks the CPU targets. Each is on one row, the CPU comparison
+// workload's; without it (a run that left its target out), it says it was
+// not measured.
+func (r *report) cpuGoals() []string {
+	w := r.cpuWorkload()
+	cpuName := fmt.Sprintf("CPU comparison: CPU per request <= %.2fx reverse_proxy", maxCPURelay)
+	reqsName := fmt.Sprintf("CPU comparison: throughput >= %.2fx reverse_proxy", minReqsRelay)
+	featuresName := fmt.Sprintf("CPU comparison: CPU per request with budgets, identity and dedup headers <= %.2fx reverse_proxy", maxCPUFeatures)
+	var goals []string
+	if p, ok := r.pairAt(w, relayOne); ok {
+		cpu, reqs, where := p.cpuRatio(), p.relay.reqPerSec/p.base.reqPerSec, p.relay.target.name+", "+w.String()
+		goals = append(goals, goal(cpuName, times(cpu), where, cpu <= maxCPURelay), goal(reqsName, times(reqs), where, reqs >= minReqsRelay))
+	} else {
+		goals = append(goals, notMeasured(cpuName), notMeasured(reqsName))
+	}
+	if p, ok := r.pairAt(w, relayFeatures); ok {
+		cpu := p.cpuRatio()
+		goals = append(goals, goal(featuresName, times(cpu), p.relay.target.name+", "+w.String(), cpu <= maxCPUFeatures))
+	} else {
+		goals = append(goals, notMeasured(featuresName))
+	}
+	return goals
+}
+
+// pairAt returns t's row of w paired with reverse_proxy's, if both were
+// measured.
+func (r *report) pairAt(w workload, t *target) (pair, bool) {
+	x, okX := r.find(t, w)
+	b, okB := r.find(reverseProxy, w)
+	return pair{x, b}, okX && okB
+}
+
+// cpuRatio is the relay row's CPU per request over the base row's.
+func (p pair) cpuRatio() float64 {
+	return float64(p.relay.cpuPerReq) / float64(p.base.cpuPerReq)
 }
 
 // fleetGoals checks what keeping the key's limits in Redis costs, (g)
@@ -192,6 +239,9 @@ func (r *report) fleetGoals() []string {
 // non-streaming concurrency (1 in the full run), where it was measured, and
 // the share of (e)'s requests there that did fail over.
 func (r *report) failoverOverhead() (time.Duration, string, float64) {
+	if len(r.concurrency) == 0 {
+		return 0, "no rows", 0
+	}
 	w := workload{kind: nonStreaming, concurrency: r.concurrency[0]}
 	e, okE := r.find(relayFailover, w)
 	c, okC := r.find(relayOne, w)

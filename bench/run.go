@@ -1,15 +1,19 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -32,6 +36,7 @@ type bench struct {
 	dir      string // temporary: the caddy binary and the Caddyfiles
 	caddy    string // the binary built from ./cmd/caddy
 	fast     *fakeupstream.Upstream
+	fastHits atomic.Int64           // the requests fast answered
 	idle     *fakeupstream.Upstream // HTTP/1.1
 	idleH2   *fakeupstream.Upstream // HTTP/2 over TLS
 	deadAddr string                 // a loopback address that refuses connections
@@ -73,7 +78,11 @@ func run(ctx context.Context, o options) (*report, error) {
 	if b.deadAddr, err = freeAddr(); err != nil {
 		return nil, err
 	}
-	b.fast = fakeupstream.Start(fakeupstream.Fast(), false, upstreamKeys)
+	fast := fakeupstream.Fast()
+	b.fast = fakeupstream.Start(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b.fastHits.Add(1)
+		fast(w, r)
+	}), false, upstreamKeys)
 	defer b.fast.Close()
 	b.idle = fakeupstream.Start(fakeupstream.Idle(idlePing), false, upstreamKeys)
 	defer b.idle.Close()
@@ -127,6 +136,11 @@ func (b *bench) measureLoad(ctx context.Context) ([]row, error) {
 		urls[t], procs[t] = url, proc
 		b.logf("%s: warm-up", t.name)
 		attack(ctx, t, url, workload{kind: nonStreaming, concurrency: b.warmUpConcurrency()}, b.duration/10)
+		if t.dedup {
+			if err := b.checkDedup(ctx, t, url); err != nil {
+				return nil, fmt.Errorf("%s: %w", t.name, err)
+			}
+		}
 	}
 	var rows []row
 	for _, w := range b.workloads() {
@@ -178,6 +192,38 @@ func measureRound(ctx context.Context, t *target, url string, proc *caddyProcess
 		r.cpuPerReq = (after - before) / time.Duration(r.requests)
 	}
 	return r, nil
+}
+
+// checkDedup sends a retry (x-stainless-retry-count: 1) of the first
+// request of t's warm-up, which the relay recorded as a first attempt, and
+// fails unless the reply is whole and no upstream was asked for it: the
+// relay answered it from the recorded answer. Nothing else runs meanwhile,
+// so the fast upstream's count moves only for this request.
+func (b *bench) checkDedup(ctx context.Context, t *target, url string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(messageBody(false)))
+	if err != nil {
+		return err
+	}
+	req.Header = t.header(0)
+	req.Header.Set("X-Stainless-Retry-Count", "1")
+	hits := b.fastHits.Load()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK || !bytes.Contains(body, messageEnd) {
+		return fmt.Errorf("a retry of a recorded request: status %d, %q", resp.StatusCode, body)
+	}
+	if n := b.fastHits.Load() - hits; n != 0 {
+		return fmt.Errorf("a retry of a recorded request reached the upstream (%d requests): the relay did not record the load's requests for dedup", n)
+	}
+	b.logf("%s: a retry of the warm-up's first request was answered without the upstream: dedup records the load's requests", t.name)
+	return nil
 }
 
 // warmUpConcurrency is the highest concurrency of the run's closed-loop
