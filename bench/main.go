@@ -112,6 +112,8 @@ func main() {
 	flag.IntVar(&o.cpuRounds, "cpu-rounds", o.cpuRounds, "rounds of the CPU comparison")
 	flag.DurationVar(&o.cpuDuration, "cpu-duration", o.cpuDuration, "length of each measured run of the CPU comparison")
 	flag.BoolVar(&o.idleOnly, "idle-only", false, "measure only the idle streams (targets b and c), not the load")
+	flag.BoolVar(&o.cpuOnly, "cpu-only", false, "measure only the CPU comparison (targets b, c, h, and c0 with -baseline), about two minutes")
+	flag.StringVar(&o.baseline, "baseline", "", "also build cmd/caddy from this git revision and measure it as (c0), the same config as (c), taking turns with the others")
 	flag.StringVar(&o.profileDir, "profile", "", "write heap and goroutine profiles of each caddy process holding the idle streams to this directory")
 	reload := flag.Duration("reload", 0, "instead of the rest, run the reload-under-load mode for this long (60s for the full check)")
 	reloadRate := flag.Int("reload-rate", 100, "req/s of the reload-under-load mode, half of them streams")
@@ -125,9 +127,13 @@ func main() {
 	out := flag.String("out", "", "also write the markdown table to this file")
 	flag.Parse()
 	if *smoke {
-		idleOnly, profileDir := o.idleOnly, o.profileDir
+		kept := o
 		o = smokeRun()
-		o.idleOnly, o.profileDir = idleOnly, profileDir
+		o.idleOnly, o.cpuOnly, o.baseline, o.profileDir = kept.idleOnly, kept.cpuOnly, kept.baseline, kept.profileDir
+	}
+	if o.idleOnly && o.cpuOnly {
+		fmt.Fprintln(os.Stderr, "bench: -idle-only and -cpu-only measure different things: give one")
+		os.Exit(2)
 	}
 	o.logf = log.New(os.Stderr, "bench: ", 0).Printf
 	if *bigConfig {
@@ -194,8 +200,17 @@ type options struct {
 	streamConcurrency int           // of the streaming workload
 	idleStreams       int           // held open at once for the memory measurement
 	idleOnly          bool          // measure the idle streams only
+	cpuOnly           bool          // measure the CPU comparison only
 	profileDir        string        // if set, profiles of the caddy processes holding the idle streams
 	logf              func(format string, args ...any)
+
+	// baseline, if set, is a git revision whose cmd/caddy serves (c0), a
+	// copy of (c), beside the checkout's.
+	baseline string
+	// baselineFromCheckout serves (c0) with the checkout's own binary
+	// instead of building baseline: the smoke test's, which exercises the
+	// (c0) rows without the minutes of a second build.
+	baselineFromCheckout bool
 }
 
 // fullRun is the full run: every target, every workload. The CPU
@@ -229,8 +244,12 @@ func (o options) roundsOf(w workload) (int, time.Duration) {
 	return o.rounds, o.duration
 }
 
-// workloads lists the workloads of a run in the order of the table.
+// workloads lists the workloads of a run in the order of the table: with
+// cpuOnly, the CPU comparison alone.
 func (o options) workloads() []workload {
+	if o.cpuOnly {
+		return []workload{o.cpuWorkload()}
+	}
 	var ws []workload
 	for _, c := range o.concurrency {
 		ws = append(ws, workload{kind: nonStreaming, concurrency: c})

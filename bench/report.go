@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 )
@@ -58,8 +59,12 @@ func (r *report) failures() []string {
 // relay row sits under its reverse_proxy row) and the performance targets.
 func (r *report) markdown() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Machine: %s. Each row: the medians of %d rounds of %s, the %s rows of %d rounds of %s (targets taking turns), closed loop (vegeta) but for the %d req/s rows (constant rate), 10 KB request bodies; streams: 20 events, p50/p99 to the last byte; CPU/req: the user and system CPU time of the target's caddy process in a round over the requests it answered.\n\n",
-		r.machine, r.rounds, r.duration, r.cpuWorkload(), r.cpuRounds, r.cpuDuration, r.rate)
+	rounds := fmt.Sprintf("the medians of %d rounds of %s, the %s rows of %d rounds of %s (targets taking turns), closed loop (vegeta) but for the %d req/s rows (constant rate)",
+		r.rounds, r.duration, r.cpuWorkload(), r.cpuRounds, r.cpuDuration, r.rate)
+	if r.cpuOnly {
+		rounds = fmt.Sprintf("the medians of %d rounds of %s (targets taking turns), closed loop (vegeta)", r.cpuRounds, r.cpuDuration)
+	}
+	fmt.Fprintf(&b, "Machine: %s. Each row: %s, 10 KB request bodies; streams: 20 events, p50/p99 to the last byte; CPU/req: the user and system CPU time of the target's caddy process in a round over the requests it answered.\n\n", r.machine, rounds)
 	b.WriteString("| workload | target | req/s | success | p50 | p99 | first byte p50 | CPU/req | memory / idle stream | req/s vs reverse_proxy | p50 vs reverse_proxy | p99 vs reverse_proxy | CPU/req vs reverse_proxy |\n")
 	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, w := range r.workloads() {
@@ -147,8 +152,13 @@ func worst(ps []pair, f func(pair) float64, lowerIsWorse bool) (float64, string)
 	return value, where
 }
 
-// goals checks the performance targets, each on its worst row.
+// goals checks the performance targets, each on its worst row, and adds
+// the comparison with the baseline build, if any. A run of the CPU
+// comparison alone checks its own targets only.
 func (r *report) goals() []string {
+	if r.cpuOnly {
+		return append(r.cpuGoals(), r.baselineLines()...)
+	}
 	nonStream := r.relayPairs(nonStreaming)
 	reqs, reqsAt := worst(nonStream, func(p pair) float64 { return p.relay.reqPerSec / p.base.reqPerSec }, true)
 	p50, p50At := worst(nonStream, func(p pair) float64 { return float64(p.relay.p50) / float64(p.base.p50) }, false)
@@ -164,7 +174,26 @@ func (r *report) goals() []string {
 		goal("<= 48 KiB resident memory per idle stream", fmt.Sprintf("%.1f KiB", mem), memAt, mem <= 48),
 		goal("failover overhead (p50 of (e) minus p50 of (c)) < 5 ms", millis(failover),
 			fmt.Sprintf("%s, where %.2f%% of (e)'s requests failed over", failoverAt, 100*failedOver), failover < 5*time.Millisecond),
-	}, append(r.fleetGoals(), r.cpuGoals()...)...)
+	}, slices.Concat(r.fleetGoals(), r.cpuGoals(), r.baselineLines())...)
+}
+
+// baselineLines compares (c) with (c0), the same config served by the
+// baseline revision's build, at the CPU comparison workload: CPU per
+// request and throughput, reported, not a target. None without -baseline.
+func (r *report) baselineLines() []string {
+	c0 := baselineOf(r.targets)
+	if c0 == nil {
+		return nil
+	}
+	w := r.cpuWorkload()
+	name := "(c) vs (c0)"
+	c, okC := r.find(relayOne, w)
+	base, okBase := r.find(c0, w)
+	if !okC || !okBase {
+		return []string{notMeasured(name)}
+	}
+	return []string{fmt.Sprintf("%s: CPU/req %s, throughput %s (%s; (c0) is %s; reported, not a target)",
+		name, times(float64(c.cpuPerReq)/float64(base.cpuPerReq)), times(c.reqPerSec/base.reqPerSec), w, c0.rev)}
 }
 
 // The CPU targets, at the CPU comparison workload against reverse_proxy:

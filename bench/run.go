@@ -33,14 +33,15 @@ var upstreamKeys = fakeupstream.AcceptKeys("sk-upstream", "sk-bench")
 // bench is what every measurement of a run shares.
 type bench struct {
 	options
-	dir      string // temporary: the caddy binary and the Caddyfiles
-	caddy    string // the binary built from ./cmd/caddy
-	fast     *fakeupstream.Upstream
-	fastHits atomic.Int64           // the requests fast answered
-	idle     *fakeupstream.Upstream // HTTP/1.1
-	idleH2   *fakeupstream.Upstream // HTTP/2 over TLS
-	deadAddr string                 // a loopback address that refuses connections
-	redis    *redisServer           // for the targets that need it; nil if none does
+	dir           string // temporary: the caddy binary and the Caddyfiles
+	caddy         string // the binary built from ./cmd/caddy
+	fast          *fakeupstream.Upstream
+	fastHits      atomic.Int64           // the requests fast answered
+	idle          *fakeupstream.Upstream // HTTP/1.1
+	idleH2        *fakeupstream.Upstream // HTTP/2 over TLS
+	deadAddr      string                 // a loopback address that refuses connections
+	redis         *redisServer           // for the targets that need it; nil if none does
+	baselineCaddy string                 // built from ./cmd/caddy at options.baseline, for its target
 }
 
 // run measures every target with every workload it applies to. A request
@@ -59,8 +60,14 @@ func run(ctx context.Context, o options) (*report, error) {
 		o.logf("the open-file limit leaves room for %d idle streams, not %d: measuring %d", room, o.idleStreams, room)
 		o.idleStreams = room
 	}
+	if o.baseline != "" {
+		o.targets = withBaseline(o.targets, baselineTarget(o.baseline))
+	}
 	if o.idleOnly {
 		o.targets = slices.DeleteFunc(slices.Clone(o.targets), func(t *target) bool { return !t.idle })
+	}
+	if o.cpuOnly {
+		o.targets = slices.DeleteFunc(slices.Clone(o.targets), func(t *target) bool { return !t.cpu })
 	}
 	b := &bench{options: o, dir: dir}
 	// first, so that a missing redis-server fails the run at once
@@ -74,6 +81,16 @@ func run(ctx context.Context, o options) (*report, error) {
 	o.logf("building ./cmd/caddy")
 	if b.caddy, err = buildCaddy(ctx, dir); err != nil {
 		return nil, err
+	}
+	switch {
+	case o.baseline == "":
+	case o.baselineFromCheckout:
+		b.baselineCaddy = b.caddy
+	default:
+		o.logf("building ./cmd/caddy of %s", o.baseline)
+		if b.baselineCaddy, err = buildRevision(ctx, o.baseline, dir); err != nil {
+			return nil, err
+		}
 	}
 	if b.deadAddr, err = freeAddr(); err != nil {
 		return nil, err
@@ -374,7 +391,11 @@ func (b *bench) serve(ctx context.Context, t *target, up *fakeupstream.Upstream)
 	}
 	// $UPSTREAM_URL and $UPSTREAM_TLS first: $UPSTREAM is a prefix of both
 	cfg := strings.NewReplacer("$UPSTREAM_URL", upURL, "$UPSTREAM_TLS", upTLS, "$PORT", port, "$UPSTREAM", upAddr, "$DEAD", b.deadAddr, "$REDIS", redisAddr).Replace(t.caddyfile)
-	proc, err := startCaddy(ctx, b.caddy, b.dir, cfg)
+	bin := b.caddy
+	if t.rev != "" {
+		bin = b.baselineCaddy
+	}
+	proc, err := startCaddy(ctx, bin, b.dir, cfg)
 	if err != nil {
 		return "", nil, err
 	}

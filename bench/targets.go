@@ -46,6 +46,9 @@ type target struct {
 	// upstream (bench.checkDedup), so that a row of the target did measure
 	// dedup recording its requests.
 	dedup bool
+	// rev is the git revision whose cmd/caddy serves the target; "" for
+	// the checkout's own (see baselineTarget).
+	rev string
 }
 
 // runs reports whether t is measured under w: every target under the
