@@ -2,20 +2,23 @@
 // reverse_proxy to the same upstream, in one run on one machine, and prints
 // the result as a markdown table.
 //
-// Run it from the repository root; the full run takes about nine minutes
-// (32 measured runs of 5s in each of 3 rounds, then the idle streams):
+// Run it from the repository root; the full run takes about eleven minutes
+// (36 measured runs of 5s in each of 3 rounds, 3 of 3s in each of 8
+// rounds, then the idle streams):
 //
 //	go run ./bench                 # the full run, table on stdout
 //	go run ./bench -out bench.md   # the table also written to bench.md
 //	go run ./bench -smoke          # a few seconds: short runs, few streams
 //	go run ./bench -idle-only      # only the idle streams of (b) and (c)
+//	go run ./bench -cpu-only       # only the CPU comparison (about two minutes)
+//	go run ./bench -cpu-only -baseline 2f0c701   # and the relay as built at 2f0c701
 //	go run ./bench -reload 60s     # only the reload under load (see reload.go)
 //	go run ./bench -big-config     # only a big config's load and reloads (bigconfig.go)
 //
 // It builds ./cmd/caddy once into a temporary directory, starts an
 // in-process fake Anthropic upstream (internal/fakeupstream: Fast answers at
 // once, Idle streams that ping every 30s) and a redis-server, and measures
-// seven targets one after another, each in its own caddy process on a free
+// eight targets one after another, each in its own caddy process on a free
 // port:
 //
 //	(a) direct             the fake upstream itself, no Caddy
@@ -33,6 +36,22 @@
 //	    in Redis           in the harness's redis-server, as a fleet keeps
 //	                       them (on_error deny: a request Redis does not
 //	                       admit in time fails)
+//	(h) relay, budgets,    (c) serving identities, not a key: the identity
+//	    identity and dedup comes from a request header (in production an
+//	    headers            authentication handler sets it), each of the
+//	                       load's 1,000 identities under `user *` with a
+//	                       daily budget of its own and the group with one,
+//	                       so far from spent that none refuses; every
+//	                       request carries x-stainless-retry-count: 0, as
+//	                       the SDKs' first attempts do, so dedup records it
+//	                       (after the warm-up the harness checks that a
+//	                       retry is answered without the upstream)
+//
+// With -baseline REV, a ninth: (c0), (c)'s config served by cmd/caddy as
+// built from REV, a git revision of the repository (its tree written by git
+// archive into a temporary directory, built there with the same GOFLAGS,
+// removed after the build), so that a change is measured against the build
+// before it in the same sitting.
 //
 // The redis-server runs on a free 127.0.0.1 port, in a temporary directory,
 // without persistence (--save "" --appendonly no), and is killed at the
@@ -45,6 +64,9 @@
 //
 //   - non-streaming: POST /v1/messages with a 10 KB body, closed loop at
 //     concurrency 1, 10 and 100;
+//   - the CPU comparison (targets b, c, h and c0): the same at concurrency
+//     50 (-cpu-concurrency), in 8 rounds (-cpu-rounds) of 3s
+//     (-cpu-duration); -cpu-only measures it alone;
 //   - fixed rate (targets b, c, f and g): the same request at a constant
 //     -rate (default 2000 req/s), whatever the replies do: vegeta's
 //     constant pacer, with workers added while every one waits for a
@@ -76,15 +98,21 @@
 // cooling); a run with any failure prints the table and exits with status 1.
 //
 // The table has one row per workload and target: req/s (successful), success
-// ratio, p50, p99, first byte p50, memory per idle stream, and for the relay
-// rows their ratio to the reverse_proxy row of the same workload. Below it
-// come the performance targets, each with its worst row and marked met or
-// missed: (c) and (d) against (b); the failover overhead, p50 of (e) minus
-// p50 of (c) at concurrency 1, with the share of (e)'s requests that did
-// fail over (a few pick the good channel while the dead one cools for its
-// 1ns); and what the fleet costs, (g) against (f): the p50 it adds at the
-// fixed rate (a target), and its throughput at the worst closed-loop
-// concurrency (reported, not a target). The
+// ratio, p50, p99, first byte p50, CPU per request, memory per idle stream,
+// and for the relay rows their ratio to the reverse_proxy row of the same
+// workload. CPU per request is the user and system CPU time of the target's
+// caddy process (utime+stime of /proc/<pid>/stat, read just before and
+// after each of its rounds) over the requests answered in the round; the
+// row holds the median of its rounds. Below the table come the performance
+// targets, each with its worst row and marked met or missed: (c) and (d)
+// against (b); the failover overhead, p50 of (e) minus p50 of (c) at
+// concurrency 1, with the share of (e)'s requests that did fail over (a few
+// pick the good channel while the dead one cools for its 1ns); what the
+// fleet costs, (g) against (f): the p50 it adds at the fixed rate (a
+// target), and its throughput at the worst closed-loop concurrency
+// (reported, not a target); at the CPU comparison, (c)'s CPU per request
+// and throughput and (h)'s CPU per request against (b); and with -baseline,
+// (c) against (c0), CPU per request and throughput (reported). The
 // harness runs on Linux (it reads /proc); it raises its open-file limit,
 // which the caddy processes inherit. bench_test.go runs the -smoke mode so
 // the harness cannot rot; without redis-server it leaves (g) out and says

@@ -59,12 +59,14 @@ func (r *report) failures() []string {
 // relay row sits under its reverse_proxy row) and the performance targets.
 func (r *report) markdown() string {
 	var b strings.Builder
-	rounds := fmt.Sprintf("the medians of %d rounds of %s, the %s rows of %d rounds of %s (targets taking turns), closed loop (vegeta) but for the %d req/s rows (constant rate)",
+	rounds := fmt.Sprintf("the medians of %d rounds of %s, the %s rows of %d rounds of %s (targets taking turns), closed loop (vegeta) but for the %d req/s rows (constant rate), 10 KB request bodies; streams: 20 events, p50/p99 to the last byte",
 		r.rounds, r.duration, r.cpuWorkload(), r.cpuRounds, r.cpuDuration, r.rate)
+	targets := "Targets, for (c) and (d) against (b) unless named:"
 	if r.cpuOnly {
-		rounds = fmt.Sprintf("the medians of %d rounds of %s (targets taking turns), closed loop (vegeta)", r.cpuRounds, r.cpuDuration)
+		rounds = fmt.Sprintf("the medians of %d rounds of %s (targets taking turns), closed loop (vegeta), 10 KB request bodies", r.cpuRounds, r.cpuDuration)
+		targets = "Targets, against (b):"
 	}
-	fmt.Fprintf(&b, "Machine: %s. Each row: %s, 10 KB request bodies; streams: 20 events, p50/p99 to the last byte; CPU/req: the user and system CPU time of the target's caddy process in a round over the requests it answered.\n\n", r.machine, rounds)
+	fmt.Fprintf(&b, "Machine: %s. Each row: %s; CPU/req: the user and system CPU time of the target's caddy process in a round over the requests it answered.\n\n", r.machine, rounds)
 	b.WriteString("| workload | target | req/s | success | p50 | p99 | first byte p50 | CPU/req | memory / idle stream | req/s vs reverse_proxy | p50 vs reverse_proxy | p99 vs reverse_proxy | CPU/req vs reverse_proxy |\n")
 	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, w := range r.workloads() {
@@ -74,7 +76,7 @@ func (r *report) markdown() string {
 			}
 		}
 	}
-	b.WriteString("\nTargets, for (c) and (d) against (b) unless named:\n\n")
+	fmt.Fprintf(&b, "\n%s\n\n", targets)
 	for _, g := range r.goals() {
 		fmt.Fprintf(&b, "- %s\n", g)
 	}

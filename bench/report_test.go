@@ -24,7 +24,8 @@ func TestCPUOnlyReport(t *testing.T) {
 	}}
 	got := rep.markdown()
 	for _, want := range []string{
-		"the medians of 8 rounds of 3s (targets taking turns)",
+		"the medians of 8 rounds of 3s (targets taking turns), closed loop (vegeta), 10 KB request bodies; CPU/req: ",
+		"\nTargets, against (b):\n",
 		"| non-streaming c=50 | (b) reverse_proxy | 4000 | 100% | 10.00 ms | 30.00 ms |  | 200 µs |  |  |  |  |  |\n",
 		"| non-streaming c=50 | (c) relay, 1 channel | 4400 | 100% | 9.00 ms | 27.00 ms |  | 170 µs |  | 1.10x | 0.90x | 0.90x | 0.85x |\n",
 		"| non-streaming c=50 | (c0) relay, 1 channel, 2f0c701 | 4000 | 100% | 10.00 ms | 30.00 ms |  | 200 µs |  | 1.00x | 1.00x | 1.00x | 1.00x |\n",
