@@ -223,8 +223,10 @@ func (b *bench) checkDedup(ctx context.Context, t *target, url string) error {
 	}
 	req.Header = t.header(0)
 	req.Header.Set("X-Stainless-Retry-Count", "1")
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
 	hits := b.fastHits.Load()
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return err
 	}
