@@ -56,7 +56,7 @@ func run(ctx context.Context, o options) (*report, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	if room := maxIdleStreams(); o.idleStreams > room {
+	if room := maxIdleStreams(); o.idleStreams > room && !o.cpuOnly {
 		o.logf("the open-file limit leaves room for %d idle streams, not %d: measuring %d", room, o.idleStreams, room)
 		o.idleStreams = room
 	}
