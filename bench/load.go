@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	vegeta "github.com/tsenart/vegeta/v12/lib"
@@ -39,6 +40,10 @@ type workload struct {
 	// Anthropic's API, Bedrock and Vertex do, instead of plain HTTP/1.1:
 	// the streams then share upstream connections.
 	h2 bool
+	// cpu says, of nonStreaming, that this is the CPU comparison: its own
+	// rounds and their length (options.cpuRounds, cpuDuration), over the
+	// targets marked cpu only, and the CPU targets of the report.
+	cpu bool
 }
 
 // String names the workload in the table.
@@ -133,10 +138,9 @@ func attack(ctx context.Context, t *target, url string, w workload, d time.Durat
 		vegeta.Workers(workers), vegeta.MaxWorkers(maxWorkers))
 	defer context.AfterFunc(ctx, func() { atk.Stop() })()
 
-	tgt := vegeta.Target{Method: http.MethodPost, URL: url, Body: messageBody(w.kind == streaming), Header: requestHeader()}
 	var m vegeta.Metrics
 	failedOver := 0
-	for res := range atk.Attack(vegeta.NewStaticTargeter(tgt), pacer, d, w.String()) {
+	for res := range atk.Attack(targeter(t, url, messageBody(w.kind == streaming)), pacer, d, w.String()) {
 		checkReply(res, w.kind == streaming, t.failsOver)
 		if res.Code == http.StatusOK && res.Headers.Get("X-Relay-Attempts") == "2" {
 			failedOver++
@@ -149,12 +153,31 @@ func attack(ctx context.Context, t *target, url string, w workload, d time.Durat
 		reqPerSec: m.Throughput, success: m.Success,
 		p50: m.Latencies.P50, p99: m.Latencies.P99, firstByte: timed.p50(),
 		failedOver: float64(failedOver) / float64(max(m.Requests, 1)),
+		requests:   int64(m.Requests),
 		errors:     m.Errors,
 	}
 	if w.kind == fixedRate && m.Rate < minPace*float64(w.rate) && ctx.Err() == nil {
 		r.errors = append(r.errors, fmt.Sprintf("sent only %.0f of its %d req/s", m.Rate, w.rate))
 	}
 	return r
+}
+
+// targeter returns the requests of a round against t: POST body to url,
+// with the headers t gives each (requestHeader(), by default).
+func targeter(t *target, url string, body []byte) vegeta.Targeter {
+	tgt := vegeta.Target{Method: http.MethodPost, URL: url, Body: body, Header: requestHeader()}
+	if t.header == nil {
+		return vegeta.NewStaticTargeter(tgt)
+	}
+	var seq atomic.Uint64
+	return func(next *vegeta.Target) error {
+		if next == nil {
+			return vegeta.ErrNilTarget
+		}
+		*next = tgt
+		next.Header = t.header(seq.Add(1) - 1)
+		return nil
+	}
 }
 
 // checkReply fails a reply that vegeta would count as a success (any 2xx

@@ -2,20 +2,23 @@
 // reverse_proxy to the same upstream, in one run on one machine, and prints
 // the result as a markdown table.
 //
-// Run it from the repository root; the full run takes about nine minutes
-// (32 measured runs of 5s in each of 3 rounds, then the idle streams):
+// Run it from the repository root; the full run takes about eleven minutes
+// (36 measured runs of 5s in each of 3 rounds, 3 of 3s in each of 8
+// rounds, then the idle streams):
 //
 //	go run ./bench                 # the full run, table on stdout
 //	go run ./bench -out bench.md   # the table also written to bench.md
 //	go run ./bench -smoke          # a few seconds: short runs, few streams
 //	go run ./bench -idle-only      # only the idle streams of (b) and (c)
+//	go run ./bench -cpu-only       # only the CPU comparison (about two minutes)
+//	go run ./bench -cpu-only -baseline 2f0c701   # and the relay as built at 2f0c701
 //	go run ./bench -reload 60s     # only the reload under load (see reload.go)
 //	go run ./bench -big-config     # only a big config's load and reloads (bigconfig.go)
 //
 // It builds ./cmd/caddy once into a temporary directory, starts an
 // in-process fake Anthropic upstream (internal/fakeupstream: Fast answers at
 // once, Idle streams that ping every 30s) and a redis-server, and measures
-// seven targets one after another, each in its own caddy process on a free
+// eight targets one after another, each in its own caddy process on a free
 // port:
 //
 //	(a) direct             the fake upstream itself, no Caddy
@@ -33,6 +36,22 @@
 //	    in Redis           in the harness's redis-server, as a fleet keeps
 //	                       them (on_error deny: a request Redis does not
 //	                       admit in time fails)
+//	(h) relay, budgets,    (c) serving identities, not a key: the identity
+//	    identity and dedup comes from a request header (in production an
+//	    headers            authentication handler sets it), each of the
+//	                       load's 1,000 identities under `user *` with a
+//	                       daily budget of its own and the group with one,
+//	                       so far from spent that none refuses; every
+//	                       request carries x-stainless-retry-count: 0, as
+//	                       the SDKs' first attempts do, so dedup records it
+//	                       (after the warm-up the harness checks that a
+//	                       retry is answered without the upstream)
+//
+// With -baseline REV, a ninth: (c0), (c)'s config served by cmd/caddy as
+// built from REV, a git revision of the repository (its tree written by git
+// archive into a temporary directory, built there with the same GOFLAGS,
+// removed after the build), so that a change is measured against the build
+// before it in the same sitting.
 //
 // The redis-server runs on a free 127.0.0.1 port, in a temporary directory,
 // without persistence (--save "" --appendonly no), and is killed at the
@@ -45,6 +64,9 @@
 //
 //   - non-streaming: POST /v1/messages with a 10 KB body, closed loop at
 //     concurrency 1, 10 and 100;
+//   - the CPU comparison (targets b, c, h and c0): the same at concurrency
+//     50 (-cpu-concurrency), in 8 rounds (-cpu-rounds) of 3s
+//     (-cpu-duration); -cpu-only measures it alone;
 //   - fixed rate (targets b, c, f and g): the same request at a constant
 //     -rate (default 2000 req/s), whatever the replies do: vegeta's
 //     constant pacer, with workers added while every one waits for a
@@ -76,15 +98,21 @@
 // cooling); a run with any failure prints the table and exits with status 1.
 //
 // The table has one row per workload and target: req/s (successful), success
-// ratio, p50, p99, first byte p50, memory per idle stream, and for the relay
-// rows their ratio to the reverse_proxy row of the same workload. Below it
-// come the performance targets, each with its worst row and marked met or
-// missed: (c) and (d) against (b); the failover overhead, p50 of (e) minus
-// p50 of (c) at concurrency 1, with the share of (e)'s requests that did
-// fail over (a few pick the good channel while the dead one cools for its
-// 1ns); and what the fleet costs, (g) against (f): the p50 it adds at the
-// fixed rate (a target), and its throughput at the worst closed-loop
-// concurrency (reported, not a target). The
+// ratio, p50, p99, first byte p50, CPU per request, memory per idle stream,
+// and for the relay rows their ratio to the reverse_proxy row of the same
+// workload. CPU per request is the user and system CPU time of the target's
+// caddy process (utime+stime of /proc/<pid>/stat, read just before and
+// after each of its rounds) over the requests answered in the round; the
+// row holds the median of its rounds. Below the table come the performance
+// targets, each with its worst row and marked met or missed: (c) and (d)
+// against (b); the failover overhead, p50 of (e) minus p50 of (c) at
+// concurrency 1, with the share of (e)'s requests that did fail over (a few
+// pick the good channel while the dead one cools for its 1ns); what the
+// fleet costs, (g) against (f): the p50 it adds at the fixed rate (a
+// target), and its throughput at the worst closed-loop concurrency
+// (reported, not a target); at the CPU comparison, (c)'s CPU per request
+// and throughput and (h)'s CPU per request against (b); and with -baseline,
+// (c) against (c0), CPU per request and throughput (reported). The
 // harness runs on Linux (it reads /proc); it raises its open-file limit,
 // which the caddy processes inherit. bench_test.go runs the -smoke mode so
 // the harness cannot rot; without redis-server it leaves (g) out and says
@@ -108,7 +136,12 @@ func main() {
 	flag.IntVar(&o.rounds, "rounds", o.rounds, "rounds of every workload; rows are the medians")
 	flag.IntVar(&o.idleStreams, "idle", o.idleStreams, "idle streams opened at once for the memory measurement")
 	flag.IntVar(&o.rate, "rate", o.rate, "req/s of the fixed-rate workload")
+	flag.IntVar(&o.cpuConcurrency, "cpu-concurrency", o.cpuConcurrency, "concurrency of the CPU comparison (closed loop, non-streaming)")
+	flag.IntVar(&o.cpuRounds, "cpu-rounds", o.cpuRounds, "rounds of the CPU comparison")
+	flag.DurationVar(&o.cpuDuration, "cpu-duration", o.cpuDuration, "length of each measured run of the CPU comparison")
 	flag.BoolVar(&o.idleOnly, "idle-only", false, "measure only the idle streams (targets b and c), not the load")
+	flag.BoolVar(&o.cpuOnly, "cpu-only", false, "measure only the CPU comparison (targets b, c, h, and c0 with -baseline), about two minutes")
+	flag.StringVar(&o.baseline, "baseline", "", "also build cmd/caddy from this git revision and measure it as (c0), the same config as (c), taking turns with the others")
 	flag.StringVar(&o.profileDir, "profile", "", "write heap and goroutine profiles of each caddy process holding the idle streams to this directory")
 	reload := flag.Duration("reload", 0, "instead of the rest, run the reload-under-load mode for this long (60s for the full check)")
 	reloadRate := flag.Int("reload-rate", 100, "req/s of the reload-under-load mode, half of them streams")
@@ -118,13 +151,17 @@ func main() {
 	bigKeys := flag.Int("keys", 100000, "keys of the -big-config mode")
 	bigReloads := flag.Int("reloads", 3, "reloads of the -big-config mode")
 	keysIn := flag.String("keys-in", "file", "where the -big-config mode keeps its keys: file (a keys file) or config")
-	smoke := flag.Bool("smoke", false, "a quick check of the harness itself (overrides -duration, -rounds, -idle and -rate)")
+	smoke := flag.Bool("smoke", false, "a quick check of the harness itself (overrides -duration, -rounds, -idle, -rate and the -cpu-* sizes)")
 	out := flag.String("out", "", "also write the markdown table to this file")
 	flag.Parse()
 	if *smoke {
-		idleOnly, profileDir := o.idleOnly, o.profileDir
+		kept := o
 		o = smokeRun()
-		o.idleOnly, o.profileDir = idleOnly, profileDir
+		o.idleOnly, o.cpuOnly, o.baseline, o.profileDir = kept.idleOnly, kept.cpuOnly, kept.baseline, kept.profileDir
+	}
+	if o.idleOnly && o.cpuOnly {
+		fmt.Fprintln(os.Stderr, "bench: -idle-only and -cpu-only measure different things: give one")
+		os.Exit(2)
 	}
 	o.logf = log.New(os.Stderr, "bench: ", 0).Printf
 	if *bigConfig {
@@ -184,33 +221,69 @@ type options struct {
 	duration          time.Duration // each measured attack
 	rounds            int           // of every workload, targets taking turns
 	concurrency       []int         // of the closed-loop non-streaming workloads
+	cpuConcurrency    int           // of the CPU comparison, closed loop, non-streaming
+	cpuRounds         int           // of the CPU comparison, targets taking turns
+	cpuDuration       time.Duration // each measured attack of the CPU comparison
 	rate              int           // req/s of the fixed-rate workload
 	streamConcurrency int           // of the streaming workload
 	idleStreams       int           // held open at once for the memory measurement
 	idleOnly          bool          // measure the idle streams only
+	cpuOnly           bool          // measure the CPU comparison only
 	profileDir        string        // if set, profiles of the caddy processes holding the idle streams
 	logf              func(format string, args ...any)
+
+	// baseline, if set, is a git revision whose cmd/caddy serves (c0), a
+	// copy of (c), beside the checkout's.
+	baseline string
+	// baselineFromCheckout serves (c0) with the checkout's own binary
+	// instead of building baseline: the smoke test's, which exercises the
+	// (c0) rows without the minutes of a second build.
+	baselineFromCheckout bool
 }
 
-// fullRun is the run the issue asks for.
+// fullRun is the full run: every target, every workload. The CPU
+// comparison has more and shorter rounds than the rest: CPU per request
+// moves with whatever else the machine runs, and more turns spread that
+// over the targets more evenly.
 func fullRun() options {
 	return options{targets: targets, duration: 5 * time.Second, rounds: 3, concurrency: []int{1, 10, 100}, rate: 2000,
+		cpuConcurrency: 50, cpuRounds: 8, cpuDuration: 3 * time.Second,
 		streamConcurrency: 10, idleStreams: 10000}
 }
 
 // smokeRun runs every target and workload, briefly.
 func smokeRun() options {
 	return options{targets: targets, duration: 300 * time.Millisecond, rounds: 1, concurrency: []int{1, 4}, rate: 100,
+		cpuConcurrency: 8, cpuRounds: 2, cpuDuration: 300 * time.Millisecond,
 		streamConcurrency: 4, idleStreams: 20}
 }
 
-// workloads lists the workloads of a run in the order of the table.
+// cpuWorkload is the CPU comparison: non-streaming, closed loop at
+// cpuConcurrency, in cpuRounds rounds of cpuDuration.
+func (o options) cpuWorkload() workload {
+	return workload{kind: nonStreaming, concurrency: o.cpuConcurrency, cpu: true}
+}
+
+// roundsOf returns how many rounds of w are measured, and how long each is.
+func (o options) roundsOf(w workload) (int, time.Duration) {
+	if w.cpu {
+		return o.cpuRounds, o.cpuDuration
+	}
+	return o.rounds, o.duration
+}
+
+// workloads lists the workloads of a run in the order of the table: with
+// cpuOnly, the CPU comparison alone.
 func (o options) workloads() []workload {
+	if o.cpuOnly {
+		return []workload{o.cpuWorkload()}
+	}
 	var ws []workload
 	for _, c := range o.concurrency {
 		ws = append(ws, workload{kind: nonStreaming, concurrency: c})
 	}
 	return append(ws,
+		o.cpuWorkload(),
 		workload{kind: fixedRate, rate: o.rate},
 		workload{kind: streaming, concurrency: o.streamConcurrency},
 		workload{kind: idle, concurrency: o.idleStreams},

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 )
@@ -17,7 +18,12 @@ type row struct {
 	kibPerStream  float64       // resident memory per idle stream
 	upstreamConns int64         // upstream connections the idle streams hold open
 	failedOver    float64       // share of the requests that failed over
-	errors        []string      // the distinct errors of failed requests
+	requests      int64         // answered, successfully or not (in a round; in a row, in all its rounds)
+	// cpuPerReq is the user and system CPU time the target's caddy process
+	// used in a round, divided by the requests answered in it; zero for the
+	// direct target, which has no process, and for idle streams.
+	cpuPerReq time.Duration
+	errors    []string // the distinct errors of failed requests
 }
 
 // report is the result of a run.
@@ -53,9 +59,16 @@ func (r *report) failures() []string {
 // relay row sits under its reverse_proxy row) and the performance targets.
 func (r *report) markdown() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Machine: %s. Each row: the medians of %d rounds of %s (targets taking turns), closed loop (vegeta) but for the %d req/s rows (constant rate), 10 KB request bodies; streams: 20 events, p50/p99 to the last byte.\n\n", r.machine, r.rounds, r.duration, r.rate)
-	b.WriteString("| workload | target | req/s | success | p50 | p99 | first byte p50 | memory / idle stream | req/s vs reverse_proxy | p50 vs reverse_proxy | p99 vs reverse_proxy |\n")
-	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	rounds := fmt.Sprintf("the medians of %d rounds of %s, the %s rows of %d rounds of %s (targets taking turns), closed loop (vegeta) but for the %d req/s rows (constant rate), 10 KB request bodies; streams: 20 events, p50/p99 to the last byte",
+		r.rounds, r.duration, r.cpuWorkload(), r.cpuRounds, r.cpuDuration, r.rate)
+	targets := "Targets, for (c) and (d) against (b) unless named:"
+	if r.cpuOnly {
+		rounds = fmt.Sprintf("the medians of %d rounds of %s (targets taking turns), closed loop (vegeta), 10 KB request bodies", r.cpuRounds, r.cpuDuration)
+		targets = "Targets, against (b):"
+	}
+	fmt.Fprintf(&b, "Machine: %s. Each row: %s; CPU/req: the user and system CPU time of the target's caddy process in a round over the requests it answered.\n\n", r.machine, rounds)
+	b.WriteString("| workload | target | req/s | success | p50 | p99 | first byte p50 | CPU/req | memory / idle stream | req/s vs reverse_proxy | p50 vs reverse_proxy | p99 vs reverse_proxy | CPU/req vs reverse_proxy |\n")
+	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, w := range r.workloads() {
 		for _, t := range r.targets {
 			if x, ok := r.find(t, w); ok {
@@ -63,7 +76,7 @@ func (r *report) markdown() string {
 			}
 		}
 	}
-	b.WriteString("\nTargets, for (c) and (d) against (b) unless named:\n\n")
+	fmt.Fprintf(&b, "\n%s\n\n", targets)
 	for _, g := range r.goals() {
 		fmt.Fprintf(&b, "- %s\n", g)
 	}
@@ -73,7 +86,7 @@ func (r *report) markdown() string {
 // line renders one row of the table; cells a workload does not measure
 // are left empty.
 func (r *report) line(x row) string {
-	var reqs, p50, p99, firstByte, memory, reqsVs, p50Vs, p99Vs string
+	var reqs, p50, p99, firstByte, cpu, memory, reqsVs, p50Vs, p99Vs, cpuVs string
 	if x.workload.kind == idle {
 		memory = fmt.Sprintf("%.1f KiB (%d upstream connections)", x.kibPerStream, x.upstreamConns)
 	} else {
@@ -82,12 +95,16 @@ func (r *report) line(x row) string {
 	if x.workload.kind == streaming {
 		firstByte = millis(x.firstByte)
 	}
+	if x.workload.kind != idle && x.target != direct {
+		cpu = micros(x.cpuPerReq)
+	}
 	if rp, ok := r.find(reverseProxy, x.workload); ok && x.workload.kind != idle && x.target != direct && x.target != reverseProxy {
 		reqsVs = times(x.reqPerSec / rp.reqPerSec)
 		p50Vs = times(float64(x.p50) / float64(rp.p50))
 		p99Vs = times(float64(x.p99) / float64(rp.p99))
+		cpuVs = times(float64(x.cpuPerReq) / float64(rp.cpuPerReq))
 	}
-	cells := []string{x.workload.String(), x.target.name, reqs, percent(x.success), p50, p99, firstByte, memory, reqsVs, p50Vs, p99Vs}
+	cells := []string{x.workload.String(), x.target.name, reqs, percent(x.success), p50, p99, firstByte, cpu, memory, reqsVs, p50Vs, p99Vs, cpuVs}
 	return "| " + strings.Join(cells, " | ") + " |\n"
 }
 
@@ -137,8 +154,13 @@ func worst(ps []pair, f func(pair) float64, lowerIsWorse bool) (float64, string)
 	return value, where
 }
 
-// goals checks the performance targets, each on its worst row.
+// goals checks the performance targets, each on its worst row, and adds
+// the comparison with the baseline build, if any. A run of the CPU
+// comparison alone checks its own targets only.
 func (r *report) goals() []string {
+	if r.cpuOnly {
+		return append(r.cpuGoals(), r.baselineLines()...)
+	}
 	nonStream := r.relayPairs(nonStreaming)
 	reqs, reqsAt := worst(nonStream, func(p pair) float64 { return p.relay.reqPerSec / p.base.reqPerSec }, true)
 	p50, p50At := worst(nonStream, func(p pair) float64 { return float64(p.relay.p50) / float64(p.base.p50) }, false)
@@ -154,7 +176,73 @@ func (r *report) goals() []string {
 		goal("<= 48 KiB resident memory per idle stream", fmt.Sprintf("%.1f KiB", mem), memAt, mem <= 48),
 		goal("failover overhead (p50 of (e) minus p50 of (c)) < 5 ms", millis(failover),
 			fmt.Sprintf("%s, where %.2f%% of (e)'s requests failed over", failoverAt, 100*failedOver), failover < 5*time.Millisecond),
-	}, r.fleetGoals()...)
+	}, slices.Concat(r.fleetGoals(), r.cpuGoals(), r.baselineLines())...)
+}
+
+// baselineLines compares (c) with (c0), the same config served by the
+// baseline revision's build, at the CPU comparison workload: CPU per
+// request and throughput, reported, not a target. None without -baseline.
+func (r *report) baselineLines() []string {
+	c0 := baselineOf(r.targets)
+	if c0 == nil {
+		return nil
+	}
+	w := r.cpuWorkload()
+	name := "(c) vs (c0)"
+	c, okC := r.find(relayOne, w)
+	base, okBase := r.find(c0, w)
+	if !okC || !okBase {
+		return []string{notMeasured(name)}
+	}
+	return []string{fmt.Sprintf("%s: CPU/req %s, throughput %s (%s; (c0) is %s; reported, not a target)",
+		name, times(float64(c.cpuPerReq)/float64(base.cpuPerReq)), times(c.reqPerSec/base.reqPerSec), w, c0.rev)}
+}
+
+// The CPU targets, at the CPU comparison workload against reverse_proxy:
+// the relay with one channel must cost less CPU per request and, on the
+// same cores, serve more; with budgets, identity and dedup on, it must
+// still cost less.
+const (
+	maxCPURelay    = 0.85 // (c)'s CPU per request, at most, times (b)'s
+	minReqsRelay   = 1.10 // (c)'s throughput, at least, times (b)'s
+	maxCPUFeatures = 0.90 // (h)'s CPU per request, at most, times (b)'s
+)
+
+// cpuGoals checks the CPU targets. Each is on one row, the CPU comparison
+// workload's; without it (a run that left its target out), it says it was
+// not measured.
+func (r *report) cpuGoals() []string {
+	w := r.cpuWorkload()
+	cpuName := fmt.Sprintf("CPU comparison: CPU per request <= %.2fx reverse_proxy", maxCPURelay)
+	reqsName := fmt.Sprintf("CPU comparison: throughput >= %.2fx reverse_proxy", minReqsRelay)
+	featuresName := fmt.Sprintf("CPU comparison: CPU per request with budgets, identity and dedup headers <= %.2fx reverse_proxy", maxCPUFeatures)
+	var goals []string
+	if p, ok := r.pairAt(w, relayOne); ok {
+		cpu, reqs, where := p.cpuRatio(), p.relay.reqPerSec/p.base.reqPerSec, p.relay.target.name+", "+w.String()
+		goals = append(goals, goal(cpuName, times(cpu), where, cpu <= maxCPURelay), goal(reqsName, times(reqs), where, reqs >= minReqsRelay))
+	} else {
+		goals = append(goals, notMeasured(cpuName), notMeasured(reqsName))
+	}
+	if p, ok := r.pairAt(w, relayFeatures); ok {
+		cpu := p.cpuRatio()
+		goals = append(goals, goal(featuresName, times(cpu), p.relay.target.name+", "+w.String(), cpu <= maxCPUFeatures))
+	} else {
+		goals = append(goals, notMeasured(featuresName))
+	}
+	return goals
+}
+
+// pairAt returns t's row of w paired with reverse_proxy's, if both were
+// measured.
+func (r *report) pairAt(w workload, t *target) (pair, bool) {
+	x, okX := r.find(t, w)
+	b, okB := r.find(reverseProxy, w)
+	return pair{x, b}, okX && okB
+}
+
+// cpuRatio is the relay row's CPU per request over the base row's.
+func (p pair) cpuRatio() float64 {
+	return float64(p.relay.cpuPerReq) / float64(p.base.cpuPerReq)
 }
 
 // fleetGoals checks what keeping the key's limits in Redis costs, (g)
@@ -182,6 +270,9 @@ func (r *report) fleetGoals() []string {
 // non-streaming concurrency (1 in the full run), where it was measured, and
 // the share of (e)'s requests there that did fail over.
 func (r *report) failoverOverhead() (time.Duration, string, float64) {
+	if len(r.concurrency) == 0 {
+		return 0, "no rows", 0
+	}
 	w := workload{kind: nonStreaming, concurrency: r.concurrency[0]}
 	e, okE := r.find(relayFailover, w)
 	c, okC := r.find(relayOne, w)
@@ -208,6 +299,11 @@ func notMeasured(name string) string {
 // millis renders a duration in milliseconds.
 func millis(d time.Duration) string {
 	return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
+}
+
+// micros renders a duration in microseconds.
+func micros(d time.Duration) string {
+	return fmt.Sprintf("%.0f µs", float64(d)/float64(time.Microsecond))
 }
 
 // signedMillis renders a difference of durations in milliseconds.

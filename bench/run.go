@@ -1,15 +1,19 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -29,13 +33,15 @@ var upstreamKeys = fakeupstream.AcceptKeys("sk-upstream", "sk-bench")
 // bench is what every measurement of a run shares.
 type bench struct {
 	options
-	dir      string // temporary: the caddy binary and the Caddyfiles
-	caddy    string // the binary built from ./cmd/caddy
-	fast     *fakeupstream.Upstream
-	idle     *fakeupstream.Upstream // HTTP/1.1
-	idleH2   *fakeupstream.Upstream // HTTP/2 over TLS
-	deadAddr string                 // a loopback address that refuses connections
-	redis    *redisServer           // for the targets that need it; nil if none does
+	dir           string // temporary: the caddy binary and the Caddyfiles
+	caddy         string // the binary built from ./cmd/caddy
+	fast          *fakeupstream.Upstream
+	fastHits      atomic.Int64           // the requests fast answered
+	idle          *fakeupstream.Upstream // HTTP/1.1
+	idleH2        *fakeupstream.Upstream // HTTP/2 over TLS
+	deadAddr      string                 // a loopback address that refuses connections
+	redis         *redisServer           // for the targets that need it; nil if none does
+	baselineCaddy string                 // built from ./cmd/caddy at options.baseline, for its target
 }
 
 // run measures every target with every workload it applies to. A request
@@ -50,12 +56,18 @@ func run(ctx context.Context, o options) (*report, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	if room := maxIdleStreams(); o.idleStreams > room {
+	if room := maxIdleStreams(); o.idleStreams > room && !o.cpuOnly {
 		o.logf("the open-file limit leaves room for %d idle streams, not %d: measuring %d", room, o.idleStreams, room)
 		o.idleStreams = room
 	}
+	if o.baseline != "" {
+		o.targets = withBaseline(o.targets, baselineTarget(o.baseline))
+	}
 	if o.idleOnly {
 		o.targets = slices.DeleteFunc(slices.Clone(o.targets), func(t *target) bool { return !t.idle })
+	}
+	if o.cpuOnly {
+		o.targets = slices.DeleteFunc(slices.Clone(o.targets), func(t *target) bool { return !t.cpu })
 	}
 	b := &bench{options: o, dir: dir}
 	// first, so that a missing redis-server fails the run at once
@@ -70,10 +82,24 @@ func run(ctx context.Context, o options) (*report, error) {
 	if b.caddy, err = buildCaddy(ctx, dir); err != nil {
 		return nil, err
 	}
+	switch {
+	case o.baseline == "":
+	case o.baselineFromCheckout:
+		b.baselineCaddy = b.caddy
+	default:
+		o.logf("building ./cmd/caddy of %s", o.baseline)
+		if b.baselineCaddy, err = buildRevision(ctx, o.baseline, dir); err != nil {
+			return nil, err
+		}
+	}
 	if b.deadAddr, err = freeAddr(); err != nil {
 		return nil, err
 	}
-	b.fast = fakeupstream.Start(fakeupstream.Fast(), false, upstreamKeys)
+	fast := fakeupstream.Fast()
+	b.fast = fakeupstream.Start(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b.fastHits.Add(1)
+		fast(w, r)
+	}), false, upstreamKeys)
 	defer b.fast.Close()
 	b.idle = fakeupstream.Start(fakeupstream.Idle(idlePing), false, upstreamKeys)
 	defer b.idle.Close()
@@ -115,6 +141,7 @@ func run(ctx context.Context, o options) (*report, error) {
 // the medians of its rounds.
 func (b *bench) measureLoad(ctx context.Context) ([]row, error) {
 	urls := make(map[*target]string, len(b.targets))
+	procs := make(map[*target]*caddyProcess, len(b.targets))
 	for _, t := range b.targets {
 		url, proc, err := b.serve(ctx, t, b.fast)
 		if err != nil {
@@ -123,9 +150,14 @@ func (b *bench) measureLoad(ctx context.Context) ([]row, error) {
 		if proc != nil {
 			defer proc.stop()
 		}
-		urls[t] = url
+		urls[t], procs[t] = url, proc
 		b.logf("%s: warm-up", t.name)
-		attack(ctx, t, url, workload{kind: nonStreaming, concurrency: slices.Max(b.concurrency)}, b.duration/10)
+		attack(ctx, t, url, workload{kind: nonStreaming, concurrency: b.warmUpConcurrency()}, b.duration/10)
+		if t.dedup {
+			if err := b.checkDedup(ctx, t, url); err != nil {
+				return nil, fmt.Errorf("%s: %w", t.name, err)
+			}
+		}
 	}
 	var rows []row
 	for _, w := range b.workloads() {
@@ -134,11 +166,16 @@ func (b *bench) measureLoad(ctx context.Context) ([]row, error) {
 		}
 		ts := b.targetsOf(w)
 		rounds := make([][]row, len(ts))
-		for round := 0; round < b.rounds; round++ {
+		n, d := b.roundsOf(w)
+		for round := 0; round < n; round++ {
 			for k := range ts {
 				i := (k + round) % len(ts)
-				b.logf("%s: %s, round %d of %d", ts[i].name, w, round+1, b.rounds)
-				rounds[i] = append(rounds[i], attack(ctx, ts[i], urls[ts[i]], w, b.duration))
+				b.logf("%s: %s, round %d of %d", ts[i].name, w, round+1, n)
+				r, err := measureRound(ctx, ts[i], urls[ts[i]], procs[ts[i]], w, d)
+				if err != nil {
+					return nil, fmt.Errorf("%s, %s: %w", ts[i].name, w, err)
+				}
+				rounds[i] = append(rounds[i], r)
 				if err := ctx.Err(); err != nil {
 					return nil, err
 				}
@@ -149,6 +186,76 @@ func (b *bench) measureLoad(ctx context.Context) ([]row, error) {
 		}
 	}
 	return rows, nil
+}
+
+// measureRound measures one round of w against t, served by proc (nil for
+// the direct target), for d: what attack measures, and the CPU time proc
+// used in the round divided by the requests answered in it. Between rounds
+// proc serves nothing, so the CPU it used in the round is the round's.
+func measureRound(ctx context.Context, t *target, url string, proc *caddyProcess, w workload, d time.Duration) (row, error) {
+	if proc == nil {
+		return attack(ctx, t, url, w, d), nil
+	}
+	before, err := proc.cpuTime()
+	if err != nil {
+		return row{}, err
+	}
+	r := attack(ctx, t, url, w, d)
+	after, err := proc.cpuTime()
+	if err != nil {
+		return row{}, err
+	}
+	if r.requests > 0 {
+		r.cpuPerReq = (after - before) / time.Duration(r.requests)
+	}
+	return r, nil
+}
+
+// checkDedup sends a retry (x-stainless-retry-count: 1) of the first
+// request of t's warm-up, which the relay recorded as a first attempt, and
+// fails unless the reply is whole and no upstream was asked for it: the
+// relay answered it from the recorded answer. Nothing else runs meanwhile,
+// so the fast upstream's count moves only for this request.
+func (b *bench) checkDedup(ctx context.Context, t *target, url string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(messageBody(false)))
+	if err != nil {
+		return err
+	}
+	req.Header = t.header(0)
+	req.Header.Set("X-Stainless-Retry-Count", "1")
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	hits := b.fastHits.Load()
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK || !bytes.Contains(body, messageEnd) {
+		return fmt.Errorf("a retry of a recorded request: status %d, %q", resp.StatusCode, body)
+	}
+	if n := b.fastHits.Load() - hits; n != 0 {
+		return fmt.Errorf("a retry of a recorded request reached the upstream (%d requests): the relay did not record the load's requests for dedup", n)
+	}
+	b.logf("%s: a retry of the warm-up's first request was answered without the upstream: dedup records the load's requests", t.name)
+	return nil
+}
+
+// warmUpConcurrency is the highest concurrency of the run's closed-loop
+// non-streaming workloads: the warm-up opens as many connections as any
+// of them will.
+func (o options) warmUpConcurrency() int {
+	c := 1
+	for _, w := range o.workloads() {
+		if w.kind == nonStreaming {
+			c = max(c, w.concurrency)
+		}
+	}
+	return c
 }
 
 // targetsOf returns the targets of the run that w applies to, in order.
@@ -177,7 +284,8 @@ func (b *bench) logRedis() {
 }
 
 // median merges the rounds of one target and workload: the median of each
-// measure, every error, the worst success ratio.
+// measure (of an even number of rounds, the mean of the middle two), every
+// error, the worst success ratio, the requests of all rounds.
 func median(rounds []row) row {
 	m := rounds[0]
 	pick := func(get func(row) float64) float64 {
@@ -186,6 +294,9 @@ func median(rounds []row) row {
 			v[i] = get(r)
 		}
 		slices.Sort(v)
+		if n := len(v); n%2 == 0 {
+			return (v[n/2-1] + v[n/2]) / 2
+		}
 		return v[len(v)/2]
 	}
 	m.reqPerSec = pick(func(r row) float64 { return r.reqPerSec })
@@ -193,7 +304,9 @@ func median(rounds []row) row {
 	m.p99 = time.Duration(pick(func(r row) float64 { return float64(r.p99) }))
 	m.firstByte = time.Duration(pick(func(r row) float64 { return float64(r.firstByte) }))
 	m.failedOver = pick(func(r row) float64 { return r.failedOver })
+	m.cpuPerReq = time.Duration(pick(func(r row) float64 { return float64(r.cpuPerReq) }))
 	for _, r := range rounds[1:] {
+		m.requests += r.requests
 		m.success = min(m.success, r.success)
 		m.errors = append(m.errors, r.errors...)
 	}
@@ -280,7 +393,11 @@ func (b *bench) serve(ctx context.Context, t *target, up *fakeupstream.Upstream)
 	}
 	// $UPSTREAM_URL and $UPSTREAM_TLS first: $UPSTREAM is a prefix of both
 	cfg := strings.NewReplacer("$UPSTREAM_URL", upURL, "$UPSTREAM_TLS", upTLS, "$PORT", port, "$UPSTREAM", upAddr, "$DEAD", b.deadAddr, "$REDIS", redisAddr).Replace(t.caddyfile)
-	proc, err := startCaddy(ctx, b.caddy, b.dir, cfg)
+	bin := b.caddy
+	if t.rev != "" {
+		bin = b.baselineCaddy
+	}
+	proc, err := startCaddy(ctx, bin, b.dir, cfg)
 	if err != nil {
 		return "", nil, err
 	}

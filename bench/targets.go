@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"strconv"
@@ -34,15 +35,32 @@ type target struct {
 	idle bool
 	// fixedRate says whether the fixed-rate workload is measured.
 	fixedRate bool
+	// cpu says whether the CPU comparison workload is measured.
+	cpu bool
+	// header returns the headers of the load's seq-th request (from 0);
+	// nil: requestHeader(), the same for every request.
+	header func(seq uint64) http.Header
+	// dedup says that header marks every request as an SDK's first
+	// attempt, for the relay to record for its retries: after the warm-up
+	// the harness checks that a retry of one is answered without the
+	// upstream (bench.checkDedup), so that a row of the target did measure
+	// dedup recording its requests.
+	dedup bool
+	// rev is the git revision whose cmd/caddy serves the target; "" for
+	// the checkout's own (see baselineTarget).
+	rev string
 }
 
 // runs reports whether t is measured under w: every target under the
-// closed-loop and streaming workloads, some under the others.
+// closed-loop and streaming workloads but the CPU comparison, some under
+// the others.
 func (t *target) runs(w workload) bool {
-	switch w.kind {
-	case fixedRate:
+	switch {
+	case w.cpu:
+		return t.cpu
+	case w.kind == fixedRate:
 		return t.fixedRate
-	case idle:
+	case w.kind == idle:
 		return t.idle
 	}
 	return true
@@ -82,7 +100,7 @@ const globalOptions = `{
 var (
 	direct = &target{name: "(a) direct"}
 
-	reverseProxy = &target{name: "(b) reverse_proxy", idle: true, fixedRate: true, caddyfile: globalOptions + `
+	reverseProxy = &target{name: "(b) reverse_proxy", idle: true, fixedRate: true, cpu: true, caddyfile: globalOptions + `
 :$PORT {
 	reverse_proxy $UPSTREAM_URL {
 		$UPSTREAM_TLS
@@ -90,7 +108,7 @@ var (
 }
 `}
 
-	relayOne = &target{name: "(c) relay, 1 channel", idle: true, fixedRate: true, caddyfile: globalOptions + `
+	relayOne = &target{name: "(c) relay, 1 channel", idle: true, fixedRate: true, cpu: true, caddyfile: globalOptions + `
 :$PORT {
 	relay {
 		key sk-bench bench
@@ -200,8 +218,60 @@ var (
 		}
 		group bench {`, 1)}
 
-	targets = []*target{direct, reverseProxy, relayOne, relayTiers, relayFailover, relayKeyLimits, relayRedis}
+	// relayFeatures is (c) with what a relay serving people turns on: each
+	// request is served as the identity it carries (as an authentication
+	// handler before the relay would establish it), every identity under
+	// `user *` with a daily budget of its own and the group with one
+	// (each request holds its worst case against both and is charged its
+	// cost), and every request is marked as an SDK's first attempt, so
+	// that dedup records it for its retries (none come). The budgets are
+	// far from being spent. There is no key: a request that the relay did
+	// not serve as its identity fails (401).
+	relayFeatures = &target{name: "(h) relay, budgets, identity and dedup headers", cpu: true, header: featuresHeader, dedup: true,
+		caddyfile: globalOptions + `
+:$PORT {
+	relay {
+		identity {http.request.header.X-Bench-User}
+		user * bench {
+			budget 1000000usd/day
+		}
+		channel upstream {
+			url http://$UPSTREAM
+			api_key sk-upstream
+		}
+		group bench {
+			channels upstream
+			budget 1000000usd/day
+		}
+	}
+}
+`}
+
+	targets = []*target{direct, reverseProxy, relayOne, relayTiers, relayFailover, relayKeyLimits, relayRedis, relayFeatures}
 )
+
+// benchIdentities is how many identities the load of relayFeatures takes
+// turns with: each has its own state (limits, budget, spend account) in
+// the relay, as the people behind one relay do.
+const benchIdentities = 1000
+
+// featuresHeader is the headers of relayFeatures' seq-th request: those of
+// every request, an identity (one of benchIdentities, in turn), and
+// x-stainless-retry-count: 0, which the Anthropic SDKs send on a first
+// attempt. A first attempt is never answered from another request, so
+// dedup records every request (by its identity and body: as many entries
+// as identities, far below the dedup table's bound) and answers none.
+//
+// The identity comes from a request header that the client sets, which
+// the relay warns about when the config loads: in production an
+// authentication handler sets it, whose cost is Caddy's and would be paid
+// in front of reverse_proxy too.
+func featuresHeader(seq uint64) http.Header {
+	h := requestHeader()
+	h["X-Bench-User"] = []string{"user-" + strconv.FormatUint(seq%benchIdentities, 10) + "@bench.example"}
+	h["X-Stainless-Retry-Count"] = []string{"0"}
+	return h
+}
 
 // startTimeout bounds a caddy process's start, a big config's included.
 const startTimeout = time.Minute
