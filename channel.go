@@ -207,6 +207,16 @@ type pooledTransport struct{ *reverseproxy.HTTPTransport }
 // Destruct implements caddy.Destructor.
 func (t pooledTransport) Destruct() error { return t.Cleanup() }
 
+// defaultIdleConnsPerHost is how many idle connections a channel's
+// transport keeps to its upstream when its transport block does not say
+// (keepalive_idle_conns_per_host). Caddy's reverse_proxy keeps 32, for a
+// site's backends; a channel is one upstream that every client of the
+// relay shares, and under more concurrent requests than it keeps, each
+// answer would close a connection that the next request dials again (a
+// TCP and TLS handshake to the provider). Idle connections still close
+// after the transport's idle timeout (2 minutes by default).
+const defaultIdleConnsPerHost = 1024
+
 // loadTransport returns the channel's HTTP transport: its `transport`
 // block, or Caddy's HTTP transport with its defaults (TLS on for https
 // URLs). A transport that depends on nothing but its own settings comes
@@ -233,6 +243,12 @@ func (r *Relay) loadTransport(ctx caddy.Context, cfg *Channel, https bool) (http
 		v, _, err := transports.LoadOrNew(key, func() (caddy.Destructor, error) {
 			if t == nil { // the pool's was released since: the same raw decodes the same
 				t = poolableTransport(raw)
+			}
+			if t.KeepAlive == nil {
+				t.KeepAlive = new(reverseproxy.KeepAlive)
+			}
+			if t.KeepAlive.MaxIdleConnsPerHost == 0 {
+				t.KeepAlive.MaxIdleConnsPerHost = defaultIdleConnsPerHost
 			}
 			if err := t.Provision(transportContext()); err != nil {
 				return nil, err

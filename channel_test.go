@@ -6,12 +6,14 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddytest"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
 func TestChannelJSONOfEarlierVersionsStillLoads(t *testing.T) {
@@ -180,5 +182,73 @@ func TestHTTPSChannelUsesTLS(t *testing.T) {
 	wantRelayError(t, r, 502, "api_error", "")
 	if !bytes.Contains(r.body, []byte("certificate")) {
 		t.Errorf("want a certificate error, got %s", r.body)
+	}
+}
+
+// TestChannelKeepsItsConnectionsUnderConcurrency: a channel shares one
+// upstream among all clients, so after a wave of 64 requests at once the
+// next wave finds 64 idle connections; Caddy's default of 32 would close
+// half of them and dial them again. A transport block that sets
+// keepalive_idle_conns_per_host keeps its own number.
+func TestChannelKeepsItsConnectionsUnderConcurrency(t *testing.T) {
+	const n = 64
+	for _, tt := range []struct {
+		name      string
+		transport string
+		wantConns int64
+	}{
+		{"default", "", n},
+		{"keepalive_idle_conns_per_host 8", `{"protocol":"http","keep_alive":{"max_idle_conns_per_host":8}}`, 2*n - 8},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			// each wave's requests all hold a connection at once: none is
+			// answered before the wave's last has arrived
+			var mu sync.Mutex
+			arrived, release := 0, make(chan struct{})
+			up := fakeupstream.New(t, http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+				mu.Lock()
+				wave := release
+				if arrived++; arrived == n {
+					close(release)
+					arrived, release = 0, make(chan struct{})
+				}
+				mu.Unlock()
+				<-wave
+				fakeupstream.Message("hi")(w, req)
+			}))
+			name := "idle-conns-" + strings.ReplaceAll(tt.name, " ", "-")
+			ch := &Channel{Name: name, UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", channelKey)}
+			if tt.transport != "" {
+				ch.TransportRaw = json.RawMessage(tt.transport)
+			}
+			r := &Relay{
+				Keys:     []*Key{{Secret: "sk-" + name, Group: name, KeyOptions: KeyOptions{Name: name}}},
+				Channels: []*Channel{ch},
+				Groups:   []*Group{{Name: name, Channels: []string{name}}},
+			}
+			provisionHandler(t, r)
+			for range 2 {
+				codes := make(chan int, n)
+				for range n {
+					go func() {
+						req := httptest.NewRequest(http.MethodPost, "/v1/messages", strings.NewReader(`{"model":"claude-sonnet-4-5","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`))
+						req.Header.Set("X-Api-Key", "sk-"+name)
+						req.Header.Set("Anthropic-Version", "2023-06-01")
+						w := httptest.NewRecorder()
+						req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), w, &caddyhttp.Server{})
+						_ = r.ServeHTTP(w, req, nil)
+						codes <- w.Code
+					}()
+				}
+				for range n {
+					if c := <-codes; c != http.StatusOK {
+						t.Fatalf("status %d", c)
+					}
+				}
+			}
+			if got := up.Conns(); got != tt.wantConns {
+				t.Errorf("upstream connections after two waves of %d: %d, want %d", n, got, tt.wantConns)
+			}
+		})
 	}
 }
