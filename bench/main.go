@@ -142,7 +142,7 @@ func main() {
 	flag.BoolVar(&o.idleOnly, "idle-only", false, "measure only the idle streams (targets b and c), not the load")
 	flag.BoolVar(&o.cpuOnly, "cpu-only", false, "measure only the CPU comparison (targets b, c, h, and c0 with -baseline), about two minutes")
 	flag.StringVar(&o.baseline, "baseline", "", "also build cmd/caddy from this git revision and measure it as (c0), the same config as (c), taking turns with the others")
-	flag.StringVar(&o.profileDir, "profile", "", "write heap and goroutine profiles of each caddy process holding the idle streams to this directory")
+	flag.StringVar(&o.profileDir, "profile", "", "write heap and goroutine profiles of each caddy process holding the idle streams, and CPU and allocation profiles of each target in the last round of the CPU comparison, to this directory")
 	reload := flag.Duration("reload", 0, "instead of the rest, run the reload-under-load mode for this long (60s for the full check)")
 	reloadRate := flag.Int("reload-rate", 100, "req/s of the reload-under-load mode, half of them streams")
 	chaos := flag.Bool("chaos", false, "in the reload-under-load mode, a second channel fails every fifth request before its content (-reload 1h -chaos is the long run)")

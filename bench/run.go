@@ -142,8 +142,19 @@ func run(ctx context.Context, o options) (*report, error) {
 func (b *bench) measureLoad(ctx context.Context) ([]row, error) {
 	urls := make(map[*target]string, len(b.targets))
 	procs := make(map[*target]*caddyProcess, len(b.targets))
+	admins := make(map[*target]string, len(b.targets)) // with -profile: each process's admin endpoint
 	for _, t := range b.targets {
-		url, proc, err := b.serve(ctx, t, b.fast)
+		served := t
+		if b.profileDir != "" && t.caddyfile != "" {
+			addr, err := freeAddr()
+			if err != nil {
+				return nil, err
+			}
+			copied := *t
+			copied.caddyfile = strings.Replace(t.caddyfile, "admin off", "admin "+addr, 1)
+			served, admins[t] = &copied, addr
+		}
+		url, proc, err := b.serve(ctx, served, b.fast)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", t.name, err)
 		}
@@ -171,9 +182,20 @@ func (b *bench) measureLoad(ctx context.Context) ([]row, error) {
 			for k := range ts {
 				i := (k + round) % len(ts)
 				b.logf("%s: %s, round %d of %d", ts[i].name, w, round+1, n)
+				// with -profile, the last round of the CPU comparison is
+				// profiled too (CPU for the round, then allocations)
+				var prof *cpuProfile
+				if addr := admins[ts[i]]; addr != "" && w.cpu && round == n-1 {
+					prof = startCPUProfile(ctx, addr, d)
+				}
 				r, err := measureRound(ctx, ts[i], urls[ts[i]], procs[ts[i]], w, d)
 				if err != nil {
 					return nil, fmt.Errorf("%s, %s: %w", ts[i].name, w, err)
+				}
+				if prof != nil {
+					if err := prof.save(ctx, filepath.Join(b.profileDir, profileName(ts[i]))); err != nil {
+						return nil, fmt.Errorf("%s: profile: %w", ts[i].name, err)
+					}
 				}
 				rounds[i] = append(rounds[i], r)
 				if err := ctx.Err(); err != nil {
