@@ -242,23 +242,14 @@ func benchServeWith(b *testing.B, body, suffix string, cache *ResponseCache, hea
 	if strings.Contains(body, `"stream":true`) {
 		name += "-stream"
 	}
-	r := &Relay{
-		Keys:     []*Key{{Secret: "sk-" + name, Group: name, KeyOptions: KeyOptions{Name: name}}},
-		Channels: []*Channel{{Name: name, UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", channelKey), Models: []string{"claude-sonnet-4-5"}}},
-		Groups:   []*Group{{Name: name, Channels: []string{name}, Cache: cache}},
-	}
+	r := benchServeRelay(name, up.URL, cache)
 	provisionHandler(b, r)
 	srv := &caddyhttp.Server{}
 	b.ReportAllocs()
 	b.SetBytes(int64(len(body)))
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		req := httptest.NewRequest(http.MethodPost, "/v1/messages", strings.NewReader(body))
-		req.Header.Set("X-Api-Key", "sk-"+name)
-		req.Header.Set("Anthropic-Version", "2023-06-01")
-		for i := 0; i+1 < len(header); i += 2 {
-			req.Header.Set(header[i], header[i+1])
-		}
+		req := benchServeRequest(name, body, header...)
 		w := &discardWriter{h: http.Header{}}
 		req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), w, srv)
 		if err := r.ServeHTTP(w, req, nil); err != nil {
@@ -270,6 +261,31 @@ func benchServeWith(b *testing.B, body, suffix string, cache *ResponseCache, hea
 			b.Fatalf("request %d: status %d, not 200", i, w.status)
 		}
 	}
+}
+
+// benchServeRelay is the config of benchServeWith: a key named name (its
+// secret "sk-" + name) and its group, with the given cache, of one
+// anthropic channel at url. It configures nothing else: no limits, budget,
+// identity, end users or fleet (TestBenchServeConfiguresNoFeature).
+func benchServeRelay(name, url string, cache *ResponseCache) *Relay {
+	return &Relay{
+		Keys:     []*Key{{Secret: "sk-" + name, Group: name, KeyOptions: KeyOptions{Name: name}}},
+		Channels: []*Channel{{Name: name, UpstreamRaw: upstream("anthropic", "url", url, "api_key", channelKey), Models: []string{"claude-sonnet-4-5"}}},
+		Groups:   []*Group{{Name: name, Channels: []string{name}, Cache: cache}},
+	}
+}
+
+// benchServeRequest is a request of benchServeWith: body for the key of
+// benchServeRelay(name, ...), with the given headers (name, value pairs)
+// beside its key and anthropic-version.
+func benchServeRequest(name, body string, header ...string) *http.Request {
+	req := httptest.NewRequest(http.MethodPost, "/v1/messages", strings.NewReader(body))
+	req.Header.Set("X-Api-Key", "sk-"+name)
+	req.Header.Set("Anthropic-Version", "2023-06-01")
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	return req
 }
 
 // BenchmarkServeHTTP is one non-streaming request end to end: route, key,
