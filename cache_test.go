@@ -217,7 +217,7 @@ func TestCacheStaleWhileRevalidate(t *testing.T) {
 func requestDigestOf(t *testing.T, body string) bodyDigest {
 	t.Helper()
 	req := newRequest(body, clientKey)
-	return requestDigest(&inbound{route: routeMessages, ask: asked{header: req.Header, body: []byte(body)}})
+	return requestDigest(&inbound{route: routeMessages, ask: asked{header: req.Header, body: []byte(body)}}, true)
 }
 
 // The cache's own accounting stays within max_size under 10,000 distinct
@@ -294,7 +294,7 @@ func TestCacheLeaderEndsWithItsClient(t *testing.T) {
 	case <-time.After(defaultDedupGrace / 2):
 		t.Fatal("the upstream attempt outlived its client")
 	}
-	d := requestDigest(&inbound{route: routeMessages, ask: asked{header: http.Header{"Anthropic-Version": {"2023-06-01"}}, body: []byte(streamBody)}})
+	d := requestDigest(&inbound{route: routeMessages, ask: asked{header: http.Header{"Anthropic-Version": {"2023-06-01"}}, body: []byte(streamBody)}}, true)
 	if e, _ := groupCache(t, "ca-leave").get(d, time.Now()); e != nil {
 		t.Error("a broken answer was cached")
 	}

@@ -1,9 +1,11 @@
 package relay
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
+	"hash/maphash"
+	"io"
 	"net/http"
 	"strconv"
 	"sync"
@@ -36,25 +38,56 @@ const (
 	maxDedupEntries = 10_000
 )
 
-// requestDigest identifies a request for dedup and the cache: its route, its
+// bodyDigest identifies a request for dedup and the cache: its route, its
 // anthropic-version and anthropic-beta headers and its body.
 type bodyDigest [sha256.Size]byte
 
-func requestDigest(in *inbound) bodyDigest {
-	buf := bodyPool.Get().(*bytes.Buffer)
-	defer releaseBody(buf)
-	buf.WriteString(in.route.upstreamPath())
+// digestSeeds key the digests of requests no other principal can match
+// (requestDigest); chosen at start, never shown.
+var digestSeeds = [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}
+
+// requestDigest digests in. A digest the response cache keeps (shared) is
+// matched by every key of the group, so it is SHA-256: no tenant can make
+// a request whose digest is another's. A dedup entry only ever matches the
+// requests of its own principal (dedupKey), and every official SDK marks
+// every request for it, so the common digest is the cheap one: 128 bits of
+// two keyed hashes (hash/maphash, with seeds no client sees; a tenant that
+// made two of its own requests collide would only be answered one of its
+// own answers, and cannot see a digest to search for one).
+func requestDigest(in *inbound, shared bool) bodyDigest {
+	var d bodyDigest
+	if shared {
+		h := sha256.New()
+		in.digestInto(h)
+		h.Sum(d[:0])
+		return d
+	}
+	var h [2]maphash.Hash
+	h[0].SetSeed(digestSeeds[0])
+	h[1].SetSeed(digestSeeds[1])
+	in.digestInto(&h[0])
+	in.digestInto(&h[1])
+	binary.LittleEndian.PutUint64(d[0:8], h[0].Sum64())
+	binary.LittleEndian.PutUint64(d[8:16], h[1].Sum64())
+	return d
+}
+
+// digestInto writes what a request's digest covers into w, each part
+// closed by a NUL.
+func (in *inbound) digestInto(w io.Writer) {
+	_, _ = io.WriteString(w, in.route.upstreamPath())
 	for _, name := range [...]string{"Anthropic-Version", "Anthropic-Beta"} {
-		buf.WriteByte(0)
+		_, _ = w.Write(nul)
 		for _, v := range in.ask.header[name] {
-			buf.WriteString(v)
-			buf.WriteByte(',')
+			_, _ = io.WriteString(w, v)
+			_, _ = w.Write(comma)
 		}
 	}
-	buf.WriteByte(0)
-	buf.Write(in.ask.body)
-	return sha256.Sum256(buf.Bytes())
+	_, _ = w.Write(nul)
+	_, _ = w.Write(in.ask.body)
 }
+
+var nul, comma = []byte{0}, []byte{','}
 
 // retryMarks reads the headers by which an SDK's request says it may be
 // retried (marked) and that it is a retry.
@@ -351,12 +384,12 @@ func (r *Relay) share(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 	if in.route != routeMessages || c == nil && !marked {
 		return r.relay(w, req, in)
 	}
-	d := requestDigest(in)
 	g := in.group().name
 	if c != nil && noCache(in.ask.header) {
 		metricCache.WithLabelValues(g, cacheBypass).Inc()
 		c = nil
 	}
+	d := requestDigest(in, c != nil)
 	now := r.now()
 	if c != nil {
 		if e, result := c.get(d, now); e != nil {

@@ -408,3 +408,51 @@ func TestDedupFollowerOfADroppedAnswer(t *testing.T) {
 		t.Error("a follower attached to a dropped flight was answered from it")
 	}
 }
+
+// TestRequestDigestKinds: each kind of digest tells requests apart by
+// route, version, betas and body alike, and the two kinds differ, so an
+// entry made with one never matches the other.
+func TestRequestDigestKinds(t *testing.T) {
+	base := func() *inbound {
+		return &inbound{route: routeMessages, ask: asked{header: http.Header{"Anthropic-Version": {"2023-06-01"}}, body: []byte(benchBody)}}
+	}
+	variants := map[string]*inbound{"same": base()}
+	v := base()
+	v.ask.body = []byte(strings.Replace(benchBody, "lazy", "lazY", 1))
+	variants["body"] = v
+	v = base()
+	v.ask.header = http.Header{"Anthropic-Version": {"2023-06-02"}}
+	variants["version"] = v
+	v = base()
+	v.ask.header = http.Header{"Anthropic-Version": {"2023-06-01"}, "Anthropic-Beta": {"x"}}
+	variants["beta"] = v
+	v = base()
+	v.route = routeCountTokens
+	variants["route"] = v
+	for _, shared := range []bool{false, true} {
+		want := requestDigest(base(), shared)
+		for name, in := range variants {
+			if got := requestDigest(in, shared); (got == want) != (name == "same") {
+				t.Errorf("shared %v, %s: digests equal %v", shared, name, got == want)
+			}
+		}
+	}
+	if requestDigest(base(), false) == requestDigest(base(), true) {
+		t.Error("the two kinds of digest agree")
+	}
+}
+
+// BenchmarkRequestDigest digests a 10 KB request: for dedup (keyed
+// hashes) and for a group's response cache (SHA-256).
+func BenchmarkRequestDigest(b *testing.B) {
+	in := &inbound{route: routeMessages, ask: asked{header: http.Header{"Anthropic-Version": {"2023-06-01"}}, body: []byte(benchBody)}}
+	for _, shared := range []bool{false, true} {
+		b.Run(map[bool]string{false: "dedup", true: "cache"}[shared], func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(in.ask.body)))
+			for b.Loop() {
+				requestDigest(in, shared)
+			}
+		})
+	}
+}
