@@ -29,6 +29,7 @@ type spendAccount struct {
 
 	mu      sync.Mutex
 	periods [numPeriods]periodSpend
+	dayEnd  time.Time           // the end of periods[periodDay], when roll has work again
 	caps    [numPeriods]nanoUSD // budgets; 0: none
 	warn    float64             // share of a budget that warns
 	now     func() time.Time    // the clock of its relay
@@ -113,7 +114,7 @@ func (a *spendAccount) configure(caps [numPeriods]float64, warn float64, label s
 // nothing rolls; the total never does, once begun (a record stored before
 // there were totals has none yet). It runs under a.mu.
 func (a *spendAccount) roll(now time.Time) {
-	if day := a.periods[periodDay].start; !now.Before(day) && now.Before(periodDay.end(day)) && !a.periods[periodTotal].start.IsZero() {
+	if day := a.periods[periodDay].start; !now.Before(day) && now.Before(a.dayEnd) && !a.periods[periodTotal].start.IsZero() {
 		return
 	}
 	for p := range numPeriods {
@@ -121,6 +122,7 @@ func (a *spendAccount) roll(now time.Time) {
 			a.periods[p] = periodSpend{start: s}
 		}
 	}
+	a.dayEnd = periodDay.end(a.periods[periodDay].start)
 }
 
 // check refuses a request when a budget is spent, or when estimate (USD)
@@ -137,12 +139,11 @@ func (a *spendAccount) check(now time.Time, estimate float64) *relayError {
 		if limit <= 0 {
 			continue
 		}
-		wait := p.end(ps.start).Sub(now)
 		if ps.usd >= limit {
-			return errBudgetExceeded(a.who(), p, limit.usd(), ps.usd.usd(), wait, 0)
+			return errBudgetExceeded(a.who(), p, limit.usd(), ps.usd.usd(), p.end(ps.start).Sub(now), 0)
 		}
 		if estimate > 0 && ps.usd+toNano(estimate) > limit {
-			return errBudgetExceeded(a.who(), p, limit.usd(), ps.usd.usd(), wait, estimate)
+			return errBudgetExceeded(a.who(), p, limit.usd(), ps.usd.usd(), p.end(ps.start).Sub(now), estimate)
 		}
 	}
 	return nil
