@@ -128,7 +128,10 @@ func (r *Relay) identityOf(req *http.Request) string {
 	if !ok {
 		return ""
 	}
-	return repl.ReplaceAll(r.Identity, "")
+	// validation made Identity exactly one placeholder, {http...}: its
+	// value is looked up, the template never parsed
+	id, _ := repl.GetString(r.Identity[1 : len(r.Identity)-1])
+	return id
 }
 
 // stripCredentials removes the client's credentials from its request
