@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -286,6 +287,42 @@ func benchServeRequest(name, body string, header ...string) *http.Request {
 		req.Header.Set(header[i], header[i+1])
 	}
 	return req
+}
+
+// BenchmarkServeHTTPFeatures is BenchmarkServeHTTP with what a relay
+// serving people turns on: each request is served as the identity a header
+// carries, one of 1,000 under user *, each with a daily budget, in a group
+// with one (a hold against both, then the charge), and each is marked as an
+// SDK's first attempt, so dedup records it for retries that never come.
+func BenchmarkServeHTTPFeatures(b *testing.B) {
+	up := fakeupstream.Start(fakeupstream.Fast(), false)
+	defer up.Close()
+	name := "bench-features"
+	r := &Relay{
+		Identity: "{http.request.header.X-Bench-User}",
+		Users:    []*User{{ID: "*", Group: name, KeyOptions: KeyOptions{Budgets: []string{"1000000usd/day"}}}},
+		Channels: []*Channel{{Name: name, UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", channelKey), Models: []string{"claude-sonnet-4-5"}}},
+		Groups:   []*Group{{Name: name, Channels: []string{name}, Budgets: []string{"1000000usd/day"}}},
+	}
+	provisionHandler(b, r)
+	srv := &caddyhttp.Server{}
+	b.ReportAllocs()
+	b.SetBytes(int64(len(benchBody)))
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		req := httptest.NewRequest(http.MethodPost, "/v1/messages", strings.NewReader(benchBody))
+		req.Header.Set("Anthropic-Version", "2023-06-01")
+		req.Header.Set("X-Bench-User", "user-"+strconv.Itoa(i%1000)+"@bench.example")
+		req.Header.Set("X-Stainless-Retry-Count", "0")
+		w := &discardWriter{h: http.Header{}}
+		req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), w, srv)
+		if err := r.ServeHTTP(w, req, nil); err != nil {
+			b.Fatal(err)
+		}
+		if w.status != http.StatusOK {
+			b.Fatalf("request %d: status %d, not 200", i, w.status)
+		}
+	}
 }
 
 // BenchmarkServeHTTP is one non-streaming request end to end: route, key,
