@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 )
 
 // Cooldowns per model class. Anthropic, Bedrock and Vertex limit each model
@@ -31,6 +32,11 @@ const classOther = "other"
 
 // classFamilies are the classes a model id names by a word of its own.
 var classFamilies = [...]string{"opus", "sonnet", "haiku"}
+
+// maxClassCooldowns bounds the classes remembered as cooling per channel.
+// The classes a config can name are bounded already; this holds for what
+// other nodes of a fleet publish too.
+const maxClassCooldowns = 64
 
 // maxClassLen bounds a class name, as a model id is bounded.
 const maxClassLen = maxModelLen
@@ -210,4 +216,110 @@ func (ch *channel) provisionClasses(rules []ModelClass, rows []string) {
 		ch.classNames = append(ch.classNames, n)
 	}
 	slices.Sort(ch.classNames)
+}
+
+// classAvailable is classOut as the selector asks it: whether the
+// channel may serve model at now, and if not, until when and whether only
+// an upstream's reset keeps it out.
+func (ch *channel) classAvailable(model string, now time.Time) (ok bool, until time.Time, byReset bool) {
+	out, until, byReset := ch.classOut(model, now)
+	return !out, until, byReset
+}
+
+// classOut reports whether the class of model cools on the channel at now,
+// until when, and whether only an upstream's reset keeps it out (a 429's
+// wait, a spent quota). With no class cooling it reads one atomic and
+// resolves no class.
+func (ch *channel) classOut(model string, now time.Time) (out bool, until time.Time, byReset bool) {
+	c := ch.health.classes.Load()
+	n := now.UnixNano()
+	if c == nil || c.latest <= n {
+		return false, time.Time{}, false
+	}
+	e, ok := c.byClass[ch.classOf(model)]
+	if !ok || e.until <= n {
+		return false, time.Time{}, false
+	}
+	return true, time.Unix(0, e.until), e.limited >= e.until
+}
+
+// classCooldown is one class cooling on a channel, in Unix nanoseconds.
+type classCooldown struct {
+	until   int64  // the end of its cooldown
+	limited int64  // the end of the part an upstream's reset set (a 429's wait, a spent quota)
+	reason  string // why, worded as the channel's cooldown reasons
+}
+
+// classCooldowns are the classes cooling on a channel, copied on write
+// (with the channel's lock held) and read without the lock on every
+// selection.
+type classCooldowns struct {
+	latest  int64 // the latest end among them: past it, no class cools
+	byClass map[string]classCooldown
+}
+
+// classCooling reports whether any class cools on the channel at now.
+func (h *channelHealth) classCooling(now time.Time) bool {
+	c := h.classes.Load()
+	return c != nil && c.latest > now.UnixNano()
+}
+
+// coolClass cools class until until (of which until limited is an
+// upstream's reset; 0: none) for reason ("": keep the reason it has); an
+// end already past changes nothing. Ends only move later. Ended entries go; when maxClassCooldowns cool, the
+// one that ends first makes room. It reports whether the end moved. h.mu
+// is held.
+func (h *channelHealth) coolClass(class string, until, limited int64, reason string, now time.Time) bool {
+	n := now.UnixNano()
+	if class == "" || len(class) > maxClassLen || until <= n {
+		return false
+	}
+	next := &classCooldowns{byClass: map[string]classCooldown{}}
+	if cur := h.classes.Load(); cur != nil {
+		for k, v := range cur.byClass {
+			if v.until > n {
+				next.byClass[k] = v
+			}
+		}
+	}
+	e, had := next.byClass[class]
+	if !had && len(next.byClass) >= maxClassCooldowns {
+		first := ""
+		for k, v := range next.byClass {
+			if first == "" || v.until < next.byClass[first].until {
+				first = k
+			}
+		}
+		delete(next.byClass, first)
+	}
+	moved := until > e.until
+	if moved {
+		e.until = until
+	}
+	e.limited = max(e.limited, limited)
+	if reason != "" {
+		e.reason = reason
+	}
+	next.byClass[class] = e
+	for _, v := range next.byClass {
+		next.latest = max(next.latest, v.until)
+	}
+	h.classes.Store(next)
+	return moved
+}
+
+// coolingClasses lists the classes cooling at now with their ends; nil
+// when none does.
+func (h *channelHealth) coolingClasses(now time.Time) map[string]classCooldown {
+	c := h.classes.Load()
+	if c == nil || c.latest <= now.UnixNano() {
+		return nil
+	}
+	out := map[string]classCooldown{}
+	for k, v := range c.byClass {
+		if v.until > now.UnixNano() {
+			out[k] = v
+		}
+	}
+	return out
 }
