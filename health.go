@@ -99,6 +99,7 @@ type channelOwner struct {
 	provider string
 	groups   []string
 	queues   []*waitQueue // of its groups: woken when an attempt frees a slot
+	classes  []string     // the names its model classes may have, for the gauge's labels
 }
 
 // Destruct implements caddy.Destructor.

@@ -323,3 +323,19 @@ func (h *channelHealth) coolingClasses(now time.Time) map[string]classCooldown {
 	}
 	return out
 }
+
+// classLabels are the class labels of the channel's gauge: the classes
+// its configs can name.
+func (h *channelHealth) classLabels() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []string
+	for _, o := range h.owners {
+		for _, c := range o.classes {
+			if !slices.Contains(out, c) {
+				out = append(out, c)
+			}
+		}
+	}
+	return out
+}

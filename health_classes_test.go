@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/tidwall/gjson"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
@@ -373,6 +374,36 @@ func TestClassCooldownsOnTheAdminAPIAndMetrics(t *testing.T) {
 		t.Fatalf("GET /relay/channels, clsapi-b: %s", row.Raw)
 	}
 
+	mf, _ := scrape(t)
+	if v := value(mf, "relay_channel_class_cooling", "channel=clsapi-a", "class=opus"); v < 118 || v > 120 {
+		t.Errorf("relay_channel_class_cooling{channel=clsapi-a,class=opus} = %v, want about 120", v)
+	}
+	if v := value(mf, "relay_channel_class_cooling", "channel=clsapi-a", "class=s45"); v != 0 {
+		t.Errorf("relay_channel_class_cooling{channel=clsapi-a,class=s45} = %v, want 0", v)
+	}
+	if v := value(mf, "relay_channel_state", "channel=clsapi-a", "state=cooldown"); v != 1 {
+		t.Errorf("relay_channel_state{channel=clsapi-a,state=cooldown} = %v, want 1 while a class cools", v)
+	}
+	var labels []string
+	for _, m := range mf["relay_channel_class_cooling"].GetMetric() {
+		var ch, class string
+		for _, l := range m.GetLabel() {
+			switch l.GetName() {
+			case "channel":
+				ch = l.GetValue()
+			case "class":
+				class = l.GetValue()
+			}
+		}
+		if ch == "clsapi-a" {
+			labels = append(labels, class)
+		}
+	}
+	slices.Sort(labels)
+	if !slices.Equal(labels, []string{"opus", "s45"}) {
+		t.Errorf("clsapi-a's class labels: %v, want the classes of the models it lists", labels)
+	}
+
 	// a reset ends the class's cooldown too
 	adminPost(t, "clsapi-a", "reset")
 	if st := channels(t)["clsapi-a"]; st.State != stateHealthy || st.Classes != nil {
@@ -408,6 +439,37 @@ func TestAHostileClientCannotGrowClassState(t *testing.T) {
 	h.mu.Unlock()
 	if n := len(h.classes.Load().byClass); n != maxClassCooldowns {
 		t.Fatalf("%d classes kept, want at most %d", n, maxClassCooldowns)
+	}
+
+	// and the gauge's labels are the classes the config can name, other
+	// standing for any class it does not
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(metricStates)
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := findChannel("clshostile-a").classLabels()
+	for _, f := range families {
+		if f.GetName() != "relay_channel_class_cooling" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			var ch, class string
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "channel" {
+					ch = l.GetValue()
+				} else if l.GetName() == "class" {
+					class = l.GetValue()
+				}
+			}
+			if ch == "clshostile-a" && !slices.Contains(want, class) {
+				t.Errorf("label class=%q is not one the config names (%v)", class, want)
+			}
+		}
+	}
+	if !slices.Contains(want, classOther) || len(want) > 3+len(newPricebook(nil).classRows())+1 {
+		t.Errorf("the class labels of a channel that serves every model: %v", want)
 	}
 }
 

@@ -289,7 +289,7 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 	groupsOf := r.groupsOf()
 	for _, cfg := range r.Channels {
 		ch := channels[cfg.Name]
-		owner := channelOwner{relay: r, provider: ch.providerName(), groups: groupsOf[cfg.Name]}
+		owner := channelOwner{relay: r, provider: ch.providerName(), groups: groupsOf[cfg.Name], classes: ch.classNames}
 		for _, g := range owner.groups {
 			owner.queues = append(owner.queues, &r.groups[g].state.queue)
 		}
