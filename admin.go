@@ -182,7 +182,9 @@ func writeAdminJSON(w http.ResponseWriter, v any) error {
 	return json.NewEncoder(w).Encode(v)
 }
 
-// channelStatus is one row of GET /relay/channels.
+// channelStatus is one row of GET /relay/channels. State is cooldown
+// while the channel or any of its model classes cools, and CooldownUntil
+// is when the last of them ends (or the breaker turns half-open).
 type channelStatus struct {
 	Name            string     `json:"name"`
 	Provider        string     `json:"provider"`
@@ -198,6 +200,10 @@ type channelStatus struct {
 	LastError       string     `json:"last_error,omitempty"`
 	LastErrorReason string     `json:"last_error_reason,omitempty"`
 	LastErrorAt     *time.Time `json:"last_error_at,omitempty"`
+	// Classes are the model classes cooling on the channel (a 429, a 529
+	// or a spent anthropic-ratelimit-* quota for one of its models): it
+	// serves the other classes meanwhile.
+	Classes map[string]classStatus `json:"classes,omitempty"`
 	// RefusedModels are the models the upstream refused (403) on this
 	// channel, set aside until the time given.
 	RefusedModels map[string]time.Time `json:"refused_models,omitempty"`
@@ -225,6 +231,16 @@ func (h *channelHealth) status(name string, now time.Time) channelStatus {
 	}
 	if ok, until := h.available(now); !ok && !until.IsZero() {
 		st.CooldownUntil = &until
+	}
+	for class, c := range h.coolingClasses(now) {
+		if st.Classes == nil {
+			st.Classes = map[string]classStatus{}
+		}
+		until := time.Unix(0, c.until).UTC()
+		st.Classes[class] = classStatus{State: stateCooldown, Until: until, Reason: c.reason}
+		if !h.disabled.Load() && (st.CooldownUntil == nil || until.After(*st.CooldownUntil)) {
+			st.CooldownUntil = &until
+		}
 	}
 	if busy, until, _ := h.busy(now); busy {
 		st.Busy = true
@@ -261,6 +277,13 @@ func (h *channelHealth) status(name string, now time.Time) channelStatus {
 		st.LastError, st.LastErrorReason, st.LastErrorAt = h.lastError.String(), h.lastReason, &at
 	}
 	return st
+}
+
+// classStatus is a model class cooling on a channel.
+type classStatus struct {
+	State  string    `json:"state"` // cooldown
+	Until  time.Time `json:"until"`
+	Reason string    `json:"reason,omitempty"`
 }
 
 // setAsideUntil lists the entries of a set-aside map (refused models,

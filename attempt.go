@@ -62,6 +62,9 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 		in.end.usage = usage{} // only the answer that reaches the client counts: every attempt starts from none
 	}
 	v := res.verdict
+	if v.outcome.byClass() { // an upstream's limit: the class of the model it answered for cools
+		v.class = ch.classOf(in.grant.target)
+	}
 	in.end.chain = append(in.end.chain, attemptRecord{channel: ch.name, outcome: v.outcome, duration: time.Since(start)})
 	metricAttempts.WithLabelValues(ch.name, v.outcome.String()).Inc()
 	if res.firstByte > 0 {
@@ -77,6 +80,16 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 // from attempt, so that the log fields take no room in attempt's frame,
 // which a stream keeps on its goroutine's stack while it lasts.
 func (r *Relay) logCooling(in *inbound, ch *channel, v *verdict, cooled time.Duration) {
+	if v.class != "" && v.outcome.byClass() {
+		r.logger.Warn("channel cooling down for a model class",
+			zap.String("channel", ch.name),
+			zap.String("class", v.class),
+			zap.String("outcome", v.outcome.String()),
+			zap.String("reason", v.reason),
+			zap.Duration("cooldown", cooled),
+			zap.String("request_id", in.id))
+		return
+	}
 	r.logger.Warn("channel cooling down",
 		zap.String("channel", ch.name),
 		zap.String("outcome", v.outcome.String()),
@@ -159,7 +172,7 @@ func (r *Relay) exchange(w http.ResponseWriter, req *http.Request, in *inbound, 
 		return failed(ctx, req, ch, err)
 	}
 	defer resp.Body.Close() // the provider may have replaced it
-	ch.health.observeQuota(resp.Header, r.now(), ch.cooldown.max)
+	ch.observeQuota(resp.Header, r.now(), in.grant.target)
 
 	switch {
 	case resp.StatusCode < 200 || resp.StatusCode > 299:

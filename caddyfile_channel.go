@@ -76,6 +76,13 @@ func parseChannel(d *caddyfile.Dispenser, pos positions) (*Channel, error) {
 				return nil, err
 			}
 			ch.PriceFactor = &f
+		case "model_class":
+			// model_class <glob> <class>: validated with the channel
+			var m ModelClass
+			if !d.Args(&m.Match, &m.Class) || d.NextArg() {
+				return nil, d.Errf("model_class takes a glob of upstream model ids and a class: model_class <glob> <class>")
+			}
+			ch.ModelClasses = append(ch.ModelClasses, m)
 		case "probe":
 			p, err := parseProbe(d)
 			if err != nil {

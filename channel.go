@@ -40,6 +40,14 @@ type channel struct {
 	probe        *probe        // nil: no active probes
 	priceFactor  float64       // its price over the list price
 	spend        *spendAccount // what was spent on it, and its spend caps; nil: no cap
+
+	// model classes (health_classes.go): the class of each model it
+	// lists, by the client's name; its model_class lines; the price rows
+	// that are classes of their own; the names its classes may have
+	classes    map[string]string
+	classRules []ModelClass
+	classRows  []string
+	classNames []string
 }
 
 // Defaults of the timeouts and cooldowns.
@@ -88,6 +96,7 @@ func (r *Relay) provisionChannel(ctx caddy.Context, cfg *Channel) (*channel, err
 	}
 	ch.models, _ = parseModels(cfg.Models) // validated already
 	ch.modelNames = channelModels(cfg)
+	ch.provisionClasses(cfg.ModelClasses, r.classRows)
 	t := cfg.Tuning
 	ch.firstByte = pickDuration(t.FirstByteTimeout, r.FirstByteTimeout, defaultFirstByteTimeout)
 	ch.firstContent = pickDuration(t.FirstContentTimeout, r.FirstContentTimeout, defaultFirstContentTimeout)
@@ -357,6 +366,16 @@ type Channel struct {
 	// send, optionally mapped to the upstream's name: `name=upstream_name`.
 	// Empty means the channel serves every model, unmapped.
 	Models []string `json:"models,omitempty"`
+
+	// ModelClasses name the model classes of the upstream's models, the
+	// first whose match fits winning: a 429, a 529 or a spent
+	// anthropic-ratelimit-* quota cools the channel for the class of the
+	// model that answered, and it keeps serving the others. A model no
+	// entry names is of the family its id names (opus, sonnet, haiku), or
+	// of the price row it is a snapshot of, or (listed in Models) a class
+	// of its own; on a channel without Models, any other model is of the
+	// class `other`.
+	ModelClasses []ModelClass `json:"model_classes,omitempty"`
 
 	// Priority is the channel's tier: requests go to the best (lowest)
 	// tier that has a live channel. Default: 1.

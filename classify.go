@@ -43,6 +43,10 @@ func (o outcome) retryable() bool {
 	return false
 }
 
+// byClass reports whether the outcome is an upstream's limit, which cools
+// the model class that answered rather than the channel (a 429, a 529).
+func (o outcome) byClass() bool { return o == outcomeRateLimited || o == outcomeOverloaded }
+
 // verdict is an outcome with what the relay learned along with it.
 type verdict struct {
 	outcome outcome
@@ -55,6 +59,9 @@ type verdict struct {
 	// with outcomeLacksFeature: the features the channel lacks, which the
 	// request carried
 	features []string
+	// with an outcome byClass: the model class it cools on the channel;
+	// "": the whole channel (a resource's call, which no model names)
+	class string
 }
 
 // classes is the classification table: each upstream status, the error

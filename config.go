@@ -481,6 +481,11 @@ func (ch *Channel) validate() error {
 	if _, err := parseModels(ch.Models); err != nil {
 		return &configError{at: []string{"models"}, err: err}
 	}
+	for _, m := range ch.ModelClasses {
+		if err := m.validate(); err != nil {
+			return &configError{at: []string{"model_class", m.Match}, err: err}
+		}
+	}
 	if ch.Priority < 0 {
 		return errAt([]string{"priority"}, "priority must not be negative")
 	}

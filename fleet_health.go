@@ -11,7 +11,8 @@ import (
 )
 
 // Health shared by a fleet. A node that sees a channel fail (a cooldown, a
-// breaker that opens or closes, a spent quota) or that an admin steers
+// model class's cooldown, a breaker that opens or closes, a spent quota)
+// or that an admin steers
 // (disable, enable, reset) applies the change at once, then publishes it:
 //
 //   - on a Redis pub/sub channel (prefix + "health"), which every node
@@ -44,6 +45,9 @@ type healthChange struct {
 	Node    string `json:"node"`
 	Channel string `json:"channel"`
 	Kind    string `json:"kind"`
+	// Class is the model class a cool change is about (its Until, Limited
+	// and Reason); "": the channel
+	Class   string `json:"class,omitempty"`
 	Until   int64  `json:"until,omitempty"`   // cooldown
 	Limited int64  `json:"limited,omitempty"` // the part of it a 429's reset set
 	Quota   int64  `json:"quota,omitempty"`   // a spent quota
@@ -56,27 +60,43 @@ type healthChange struct {
 // healthScript stores a change in a channel's health hash, and returns the
 // stored state as the milliseconds left of until, limited, quota and open
 // (0 when past), disabled (0 or 1), and the last error and its reason (""
-// when none). KEYS: the hash. ARGV: the kind, the milliseconds left of
-// until, limited, quota and open (0: unchanged), then the error and its
-// reason ("": unchanged). Kind "sync" stores times as "cool" does; it is
-// how a node brings its own state in and takes the fleet's.
+// when none), then for each model class still cooling its name, the
+// milliseconds left of its until and limited, and its reason. KEYS: the
+// hash. ARGV: the kind, the milliseconds left of until, limited, quota and
+// open (0: unchanged), the error and its reason ("": unchanged), then for
+// each model class a change is about its name, the milliseconds left of
+// its until and limited (0: unchanged) and its reason ("": unchanged).
+// Kind "sync" stores times as "cool" does; it is how a node brings its own
+// state in and takes the fleet's. A class is kept in the fields cu:<class>
+// (until), cl:<class> (limited) and cr:<class> (reason), dropped once its
+// cooldown has ended.
 var healthScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local kind = ARGV[1]
 local fields = {'until', 'limited', 'quota', 'open'}
-if kind == 'cool' or kind == 'open' or kind == 'sync' then
-  for i, f in ipairs(fields) do
-    local left = tonumber(ARGV[i + 1])
-    if left > 0 and now + left > (tonumber(redis.call('HGET', KEYS[1], f)) or 0) then
-      redis.call('HSET', KEYS[1], f, now + left)
-    end
+local function raise(f, left)
+  if left > 0 and now + left > (tonumber(redis.call('HGET', KEYS[1], f)) or 0) then
+    redis.call('HSET', KEYS[1], f, now + left)
   end
+end
+if kind == 'cool' or kind == 'open' or kind == 'sync' then
+  for i, f in ipairs(fields) do raise(f, tonumber(ARGV[i + 1])) end
   if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'error', ARGV[6], 'reason', ARGV[7]) end
+  for i = 8, #ARGV - 3, 4 do
+    local c = ARGV[i]
+    raise('cu:' .. c, tonumber(ARGV[i + 1]))
+    raise('cl:' .. c, tonumber(ARGV[i + 2]))
+    if ARGV[i + 3] ~= '' then redis.call('HSET', KEYS[1], 'cr:' .. c, ARGV[i + 3]) end
+  end
 elseif kind == 'closed' then
   redis.call('HDEL', KEYS[1], 'open')
 elseif kind == 'reset' then
   redis.call('HDEL', KEYS[1], 'until', 'limited', 'quota', 'open', 'error', 'reason')
+  for _, f in ipairs(redis.call('HKEYS', KEYS[1])) do
+    local p = string.sub(f, 1, 3)
+    if p == 'cu:' or p == 'cl:' or p == 'cr:' then redis.call('HDEL', KEYS[1], f) end
+  end
 elseif kind == 'disable' then
   redis.call('HSET', KEYS[1], 'disabled', 1)
 elseif kind == 'enable' then
@@ -88,6 +108,20 @@ for i = 1, 4 do out[i] = math.max(0, (tonumber(h[i]) or 0) - now) end
 out[5] = tonumber(h[5]) or 0
 out[6] = h[6] or ''
 out[7] = h[7] or ''
+for _, f in ipairs(redis.call('HKEYS', KEYS[1])) do
+  if string.sub(f, 1, 3) == 'cu:' then
+    local c = string.sub(f, 4)
+    local left = (tonumber(redis.call('HGET', KEYS[1], f)) or 0) - now
+    if left > 0 then
+      out[#out + 1] = c
+      out[#out + 1] = left
+      out[#out + 1] = math.max(0, (tonumber(redis.call('HGET', KEYS[1], 'cl:' .. c)) or 0) - now)
+      out[#out + 1] = redis.call('HGET', KEYS[1], 'cr:' .. c) or ''
+    else
+      redis.call('HDEL', KEYS[1], f, 'cl:' .. c, 'cr:' .. c)
+    end
+  end
+end
 return out
 `)
 
@@ -121,6 +155,10 @@ func (h *channelHealth) apply(c healthChange, now time.Time) {
 	at := func(ms int64) int64 { return now.Add(time.Duration(ms) * time.Millisecond).UnixNano() }
 	switch c.Kind {
 	case changeCool:
+		if c.Class != "" {
+			h.applyClass(c, now)
+			return
+		}
 		if c.Until > 0 {
 			raiseTo(&h.until, at(c.Until))
 		}
@@ -154,13 +192,47 @@ func (h *channelHealth) apply(c healthChange, now time.Time) {
 	}
 }
 
+// applyClass applies a model class's cooldown another node published.
+func (h *channelHealth) applyClass(c healthChange, now time.Time) {
+	at := func(ms int64) int64 {
+		if ms <= 0 {
+			return 0
+		}
+		return now.Add(time.Duration(ms) * time.Millisecond).UnixNano()
+	}
+	seen := ""
+	if c.Node != "" {
+		seen = " (seen by " + c.Node + ")"
+	}
+	reason := c.Reason
+	if reason != "" {
+		reason += seen // stored ones say by whom already
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.coolClass(c.Class, at(c.Until), at(c.Limited), reason, now)
+	if c.Error != "" {
+		h.lastError, h.lastReason, h.lastErrorAt = outcomeNamed(c.Error), c.Reason+" (class "+c.Class+")"+seen, now
+	}
+}
+
 // applyStored brings in the state stored in Redis (as healthScript returns
 // it), when node joins or rejoins. The last error comes with a cooldown
 // still running, so that every node can say why a channel is out, unless
-// node itself saw it.
+// node itself saw it; a class's reason likewise.
 func (h *channelHealth) applyStored(st []any, now time.Time, node string) {
-	if len(st) != 7 {
+	if len(st) < 7 || (len(st)-7)%4 != 0 {
 		return
+	}
+	for i := 7; i < len(st); i += 4 {
+		class, _ := st[i].(string)
+		until, _ := st[i+1].(int64)
+		limited, _ := st[i+2].(int64)
+		reason, _ := st[i+3].(string)
+		if strings.HasSuffix(reason, "(seen by "+node+")") {
+			reason = ""
+		}
+		h.applyClass(healthChange{Kind: changeCool, Class: class, Until: until, Limited: limited, Reason: reason}, now)
 	}
 	var ms [5]int64
 	for i := range ms {
@@ -178,11 +250,15 @@ func (h *channelHealth) applyStored(st []any, now time.Time, node string) {
 	h.disabled.Store(ms[4] == 1)
 }
 
-// own is the channel's state on this node, as a sync sends it.
-func (h *channelHealth) own(now time.Time) healthChange {
+// own is the channel's state on this node, as a sync sends it: the
+// script's arguments after the hash's key.
+func (h *channelHealth) own(now time.Time) []any {
 	left := func(a int64) int64 { return max(0, (a-now.UnixNano())/int64(time.Millisecond)) }
-	return healthChange{Kind: changeSync, Until: left(h.until.Load()), Limited: left(h.limitedUntil.Load()),
-		Quota: left(h.quotaUntil.Load()), Open: left(h.openUntil.Load())}
+	args := []any{changeSync, left(h.until.Load()), left(h.limitedUntil.Load()), left(h.quotaUntil.Load()), left(h.openUntil.Load()), "", ""}
+	for class, c := range h.coolingClasses(now) {
+		args = append(args, class, left(c.until), left(c.limited), "")
+	}
+	return args
 }
 
 // outcomeNamed is the outcome called name (success when none is).
@@ -262,7 +338,12 @@ func (f *fleet) send(batch []healthChange) error {
 		_, err := f.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 			for _, c := range batch {
 				msg, _ := json.Marshal(c)
-				healthScript.Eval(ctx, pipe, []string{f.healthKey(c.Channel)}, c.Kind, c.Until, c.Limited, c.Quota, c.Open, c.Error, c.Reason+" (seen by "+c.Node+")")
+				seen := " (seen by " + c.Node + ")"
+				args := []any{c.Kind, c.Until, c.Limited, c.Quota, c.Open, c.Error, c.Reason + seen}
+				if c.Class != "" { // the class's times and reason, not the channel's
+					args = []any{c.Kind, 0, 0, 0, 0, "", "", c.Class, c.Until, c.Limited, c.Reason + seen}
+				}
+				healthScript.Eval(ctx, pipe, []string{f.healthKey(c.Channel)}, args...)
 				pipe.Publish(ctx, f.healthTopic(), msg)
 			}
 			return nil
@@ -294,8 +375,7 @@ func (f *fleet) sync() {
 	err := f.do("sync", func(ctx context.Context) error {
 		_, err := f.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 			for i, h := range states {
-				c := h.own(now)
-				cmds[i] = healthScript.Eval(ctx, pipe, []string{f.healthKey(names[i])}, c.Kind, c.Until, c.Limited, c.Quota, c.Open, "", "")
+				cmds[i] = healthScript.Eval(ctx, pipe, []string{f.healthKey(names[i])}, h.own(now)...)
 			}
 			return nil
 		})

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -149,9 +151,11 @@ func TestHealthChangesArePublishedAndStored(t *testing.T) {
 	hdr := http.Header{}
 	hdr.Set("anthropic-ratelimit-requests-remaining", "0")
 	hdr.Set("anthropic-ratelimit-requests-reset", time.Now().Add(20*time.Second).UTC().Format(time.RFC3339))
-	h.observeQuota(hdr, time.Now(), time.Minute)
-	if c := next(); c.Kind != changeCool || c.Quota < 18000 || c.Quota > 20000 {
-		t.Fatalf("published %+v, want the quota's reset", c)
+	until, reason := spentQuota(hdr, time.Now(), time.Minute)
+	h.quotaSpent("haiku", until, reason, time.Now())
+	if c := next(); c.Kind != changeCool || c.Class != "haiku" || c.Until < 18000 || c.Until > 20000 || c.Limited != c.Until ||
+		c.Reason != "anthropic-ratelimit-requests-remaining: 0" {
+		t.Fatalf("published %+v, want the quota's reset for the class", c)
 	}
 }
 
@@ -184,4 +188,112 @@ func TestANodeBringsItsStateBackAfterRedisRestarts(t *testing.T) {
 		v, err := rdb.HGet(context.Background(), "hr:{c:fleet-restart}:health", "until").Int64()
 		return err == nil && v > 0
 	})
+}
+
+func TestAClassCooldownIsSharedByTheFleet(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	ctx := context.Background()
+	sub := rdb.Subscribe(ctx, "hc:health")
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, h := fleetRelay(t, srv.Addr, "hc:", "fleet-class")
+	waitFor(t, "the node subscribes", 2*time.Second, func() bool {
+		n, _ := rdb.PubSubNumSub(ctx, "hc:health").Result()
+		return n["hc:health"] == 2
+	})
+	next := func() healthChange {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		for {
+			m, err := sub.ReceiveMessage(ctx)
+			if err != nil {
+				t.Fatalf("no health change published: %v", err)
+			}
+			var c healthChange
+			if err := json.Unmarshal([]byte(m.Payload), &c); err != nil {
+				t.Fatal(err)
+			}
+			if c.Channel == "fleet-class" && c.Node == thisNode().ID {
+				return c
+			}
+		}
+	}
+	key := "hc:{c:fleet-class}:health"
+
+	// an opus 429 on this node: published with its class, stored in the
+	// class's fields; the channel's own are untouched
+	h.record(verdict{outcome: outcomeRateLimited, wait: 20 * time.Second, reason: "status 429", class: "opus"},
+		cooldownPolicy{base: time.Second, max: time.Minute}, time.Now(), 0)
+	if c := next(); c.Kind != changeCool || c.Class != "opus" || c.Until != 20000 || c.Limited != 20000 || c.Error != "rate_limited" || c.Reason != "status 429" {
+		t.Fatalf("published %+v", c)
+	}
+	redisNow, _ := rdb.Time(ctx).Result()
+	stored, _ := rdb.HGetAll(ctx, key).Result()
+	if left := time.Duration(atoi(stored["cu:opus"])-redisNow.UnixMilli()) * time.Millisecond; left < 19*time.Second || left > 20*time.Second ||
+		stored["cl:opus"] != stored["cu:opus"] || stored["cr:opus"] != "status 429 (seen by "+thisNode().ID+")" || stored["until"] != "" || stored["error"] != "" {
+		t.Fatalf("stored %v", stored)
+	}
+	if h.until.Load() != 0 {
+		t.Fatal("an opus 429 cooled the channel")
+	}
+
+	// another node's sonnet 529 applies to the sonnet class alone
+	publishAs(t, rdb, "hc:", healthChange{Channel: "fleet-class", Kind: changeCool, Class: "sonnet", Until: 5000, Error: "overloaded", Reason: "status 529"})
+	waitFor(t, "a class's cooldown from another node", 250*time.Millisecond, func() bool { return h.coolingClasses(time.Now())["sonnet"].until > 0 })
+	st := h.status("fleet-class", time.Now())
+	if s := st.Classes["sonnet"]; s.Reason != "status 529 (seen by another-node)" || time.Until(s.Until) < 4500*time.Millisecond ||
+		st.LastError != "overloaded" || st.LastErrorReason != "status 529 (class sonnet) (seen by another-node)" ||
+		h.channelState(time.Now()) != stateHealthy || st.State != stateCooldown {
+		t.Fatalf("after another node's sonnet 529: %+v", st)
+	}
+
+	// a reset ends them everywhere, in Redis too
+	steerChannel("fleet-class", "reset")
+	if c := next(); c.Kind != changeReset {
+		t.Fatalf("published %+v, want reset", c)
+	}
+	waitFor(t, "the reset stored", 2*time.Second, func() bool {
+		stored, _ := rdb.HGetAll(ctx, key).Result()
+		for f := range stored {
+			if strings.HasPrefix(f, "c") && strings.Contains(f, ":") {
+				return false
+			}
+		}
+		return true
+	})
+	if h.classCooling(time.Now()) {
+		t.Fatal("a class still cools after the reset")
+	}
+}
+
+func TestANodeTakesTheStoredClassCooldownsWhenItJoins(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	ctx := context.Background()
+	now, _ := rdb.Time(ctx).Result()
+	// what earlier nodes stored: opus cooling for 20s, haiku's ended
+	key := "hk:{c:fleet-class-join}:health"
+	rdb.HSet(ctx, key, "cu:opus", now.UnixMilli()+20000, "cl:opus", now.UnixMilli()+20000, "cr:opus", "status 429 (seen by node-a)",
+		"cu:haiku", now.UnixMilli()-1000, "cr:haiku", "status 529 (seen by node-a)")
+	_, h := fleetRelay(t, srv.Addr, "hk:", "fleet-class-join")
+	waitFor(t, "the stored class applied", 2*time.Second, func() bool { return h.classCooling(time.Now()) })
+	cl := h.coolingClasses(time.Now())
+	if c := cl["opus"]; len(cl) != 1 || c.reason != "status 429 (seen by node-a)" || c.limited != c.until ||
+		time.Until(time.Unix(0, c.until)) < 15*time.Second {
+		t.Fatalf("a joining node's classes: %+v", cl)
+	}
+	if ok, _ := rdb.HExists(ctx, key, "cu:haiku").Result(); ok {
+		t.Error("an ended class's fields are still stored")
+	}
+}
+
+func atoi(s string) int64 {
+	n, _ := strconv.ParseInt(s, 10, 64)
+	return n
 }

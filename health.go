@@ -59,6 +59,10 @@ type channelHealth struct {
 	// features the upstream said it does not support (a 400 in its
 	// refusal's words): feature -> until, Unix nanoseconds, as refused
 	lacks atomic.Pointer[map[string]int64]
+	// the model classes cooling on the channel (health_classes.go): a
+	// 429, a 529 or a spent quota cools the class that answered, not the
+	// channel. Copied on write, read without the lock on every selection.
+	classes atomic.Pointer[classCooldowns]
 
 	limits   limiter       // the channel's rate, tokens and concurrency; counts in-flight attempts
 	requests atomic.Uint64 // finished attempts, client traffic only
@@ -95,6 +99,7 @@ type channelOwner struct {
 	provider string
 	groups   []string
 	queues   []*waitQueue // of its groups: woken when an attempt frees a slot
+	classes  []string     // the names its model classes may have, for the gauge's labels
 }
 
 // Destruct implements caddy.Destructor.
@@ -174,8 +179,21 @@ func (h *channelHealth) available(now time.Time) (bool, time.Time) {
 	return false, time.Unix(0, u)
 }
 
-// state is the channel's state for the admin API and metrics.
+// state is the channel's state for the admin API and metrics: its own
+// (channelState), and cooldown while any of its model classes cools, so
+// that a channel that is out for some requests never reads healthy.
 func (h *channelHealth) state(now time.Time) string {
+	st := h.channelState(now)
+	if st == stateHealthy && h.classCooling(now) {
+		return stateCooldown
+	}
+	return st
+}
+
+// channelState is the state of the channel itself, its model classes
+// aside: what probes look at, since a probe's success ends the channel's
+// cooldown, not a class's limit.
+func (h *channelHealth) channelState(now time.Time) string {
 	if h.disabled.Load() {
 		return stateDisabled
 	}

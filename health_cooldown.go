@@ -3,6 +3,7 @@ package relay
 import (
 	"math"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"time"
 )
@@ -40,12 +41,30 @@ func (h *channelHealth) outByReset(now time.Time) bool {
 	return !h.disabled.Load() && u > n && h.openUntil.Load() <= n && u <= h.limitedUntil.Load()
 }
 
-// observeQuota reads the anthropic-ratelimit-* headers of an upstream
-// answer: a limit whose remaining count is 0 makes the channel busy until
-// its reset, so the relay stops before the upstream's 429. Like a 429's
-// wait, it is capped by the channel's max_cooldown (limit).
-func (h *channelHealth) observeQuota(hdr http.Header, now time.Time, limit time.Duration) {
-	for _, names := range rateLimitHeaders {
+// observeQuota reads the anthropic-ratelimit-* headers of an upstream's
+// answer to a request for model: a limit whose remaining count is 0 cools
+// the model's class on the channel until its reset, so the relay stops
+// before the upstream's 429. Like a 429's wait, it is capped by the
+// channel's max_cooldown. The class is resolved only when a limit is spent.
+func (ch *channel) observeQuota(hdr http.Header, now time.Time, model string) {
+	if t, reason := spentQuota(hdr, now, ch.cooldown.max); !t.IsZero() {
+		ch.health.quotaSpent(ch.classOf(model), t, reason, now)
+	}
+}
+
+// quotaReasons word a spent limit, as the reason of a class's cooldown.
+var quotaReasons = func() (out [len(rateLimitHeaders)]string) {
+	for i, names := range rateLimitHeaders {
+		out[i] = strings.ToLower(names.remaining) + ": 0"
+	}
+	return out
+}()
+
+// spentQuota is the latest reset, at most limit from now, of the
+// anthropic-ratelimit-* limits whose remaining count is 0, and the header
+// that said so; zero when none is spent.
+func spentQuota(hdr http.Header, now time.Time, limit time.Duration) (until time.Time, reason string) {
+	for i, names := range rateLimitHeaders {
 		if hdr.Get(names.remaining) != "0" {
 			continue
 		}
@@ -56,9 +75,24 @@ func (h *channelHealth) observeQuota(hdr http.Header, now time.Time, limit time.
 		if lim := now.Add(limit); t.After(lim) {
 			t = lim
 		}
-		if raiseTo(&h.quotaUntil, t.UnixNano()) {
-			h.announce(healthChange{Kind: changeCool, Quota: t.Sub(now).Milliseconds()})
+		if t.After(until) {
+			until, reason = t, quotaReasons[i]
 		}
+	}
+	return until, reason
+}
+
+// quotaSpent records that the upstream said a quota of class is spent
+// until until: the class cools until then, its whole cooldown an
+// upstream's reset. (A channel's own quotaUntil is set only by what the
+// fleet stored or published before quotas were kept per class.)
+func (h *channelHealth) quotaSpent(class string, until time.Time, reason string, now time.Time) {
+	ms := until.Sub(now).Milliseconds()
+	h.mu.Lock()
+	moved := h.coolClass(class, until.UnixNano(), until.UnixNano(), reason, now)
+	h.mu.Unlock()
+	if moved {
+		h.announce(healthChange{Kind: changeCool, Class: class, Until: ms, Limited: ms, Reason: reason})
 	}
 }
 
@@ -154,16 +188,33 @@ func (h *channelHealth) record(v verdict, p cooldownPolicy, now time.Time, first
 		h.consecutive++
 		d = backoff(p.base, h.consecutive)
 	}
-	h.lastError, h.lastReason, h.lastErrorAt = v.outcome, v.reason, now
 	if v.outcome != outcomeAuth && d > p.max {
 		d = p.max
 	}
+	if v.class != "" && v.outcome.byClass() {
+		return h.recordClass(v, d, now)
+	}
+	h.lastError, h.lastReason, h.lastErrorAt = v.outcome, v.reason, now
 	h.extend(now.Add(d))
 	c := healthChange{Kind: changeCool, Until: d.Milliseconds(), Error: v.outcome.String(), Reason: v.reason}
 	if v.outcome == outcomeRateLimited {
 		raiseTo(&h.limitedUntil, now.Add(d).UnixNano())
 		c.Limited = c.Until
 	}
+	h.announce(c)
+	return d
+}
+
+// recordClass cools v's model class on the channel for d (a 429's wait,
+// a 529's cooldown), not the channel, and returns d. h.mu is held.
+func (h *channelHealth) recordClass(v verdict, d time.Duration, now time.Time) time.Duration {
+	h.lastError, h.lastReason, h.lastErrorAt = v.outcome, v.reason+" (class "+v.class+")", now
+	until, limited := now.Add(d).UnixNano(), int64(0)
+	c := healthChange{Kind: changeCool, Class: v.class, Until: d.Milliseconds(), Error: v.outcome.String(), Reason: v.reason}
+	if v.outcome == outcomeRateLimited {
+		limited, c.Limited = until, c.Until
+	}
+	h.coolClass(v.class, until, limited, v.reason, now)
 	h.announce(c)
 	return d
 }
@@ -185,9 +236,9 @@ func raiseTo(a *atomic.Int64, n int64) bool {
 	}
 }
 
-// reset clears the cooldown, the spent quota, the refused models, the
-// failure streak and the breaker: the channel is healthy again (unless
-// disabled).
+// reset clears the cooldown, the model classes' cooldowns, the spent
+// quota, the refused models, the failure streak and the breaker: the
+// channel is healthy again (unless disabled).
 func (h *channelHealth) reset() {
 	h.steered.Add(1)
 	h.mu.Lock()
@@ -197,6 +248,7 @@ func (h *channelHealth) reset() {
 	h.limitedUntil.Store(0)
 	h.refused.Store(nil)
 	h.lacks.Store(nil)
+	h.classes.Store(nil)
 	h.consecutive = 0
 	h.resetBreaker()
 }

@@ -229,13 +229,13 @@ func TestUpstreamQuotaIsCappedAndReset(t *testing.T) {
 	startRelay(t, "\t\tmax_cooldown 1m\n"+channelBlock("hostile-quota", up.URL)+keyAndGroup("hostile-quota", "hostile-quota"))
 	message(t, simpleBody)
 	st := channels(t)["hostile-quota"]
-	if !st.Busy || st.BusyUntil == nil || time.Until(*st.BusyUntil) > time.Minute+time.Second {
-		t.Fatalf("a quota reset 20h away should keep the channel busy for max_cooldown at most: %+v", st)
+	if c, ok := st.Classes["sonnet"]; !ok || time.Until(c.Until) > time.Minute+time.Second || st.State != stateCooldown {
+		t.Fatalf("a quota reset 20h away should cool the model's class for max_cooldown at most: %+v", st)
 	}
 	if code, _ := adminPost(t, "hostile-quota", "reset"); code != 200 {
 		t.Fatal("reset failed")
 	}
-	if st := channels(t)["hostile-quota"]; st.Busy {
+	if st := channels(t)["hostile-quota"]; st.Classes != nil || st.State != stateHealthy {
 		t.Errorf("reset should clear the spent quota: %+v", st)
 	}
 }

@@ -146,6 +146,8 @@ var (
 			"Attempts in flight, by channel.", []string{"channel"}, nil),
 		live: prometheus.NewDesc("relay_group_live_channels",
 			"Channels of a group that can take a request now; 0 means the group is down.", []string{"group"}, nil),
+		classCooling: prometheus.NewDesc("relay_channel_class_cooling",
+			"Seconds left of the cooldown of a model class on a channel (a 429, a 529 or a spent anthropic-ratelimit-* quota for one of its models), 0 when it does not cool; class is a class the config or the price list names, or other.", []string{"channel", "class"}, nil),
 	}
 )
 
@@ -186,7 +188,7 @@ func register(reg prometheus.Registerer, cs []prometheus.Collector) error {
 // stateCollector reads the channels' live state when scraped, so the
 // gauges are never stale and need no bookkeeping on the request path.
 type stateCollector struct {
-	state, inflight, live *prometheus.Desc
+	state, inflight, live, classCooling *prometheus.Desc
 }
 
 var allStates = [...]string{stateHealthy, stateCooldown, stateOpen, stateHalfOpen, stateDisabled}
@@ -196,6 +198,7 @@ func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.state
 	ch <- c.inflight
 	ch <- c.live
+	ch <- c.classCooling
 }
 
 // Collect implements prometheus.Collector.
@@ -213,6 +216,9 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.state, prometheus.GaugeValue, val, name, s)
 		}
 		ch <- prometheus.MustNewConstMetric(c.inflight, prometheus.GaugeValue, float64(h.limits.inflight.Load()), name)
+		for class, left := range classCooling(h, now) {
+			ch <- prometheus.MustNewConstMetric(c.classCooling, prometheus.GaugeValue, left, name, class)
+		}
 		ok, _ := h.available(now)
 		for _, g := range h.groups() {
 			if _, seen := live[g]; !seen {
@@ -227,4 +233,23 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	for g, n := range live {
 		ch <- prometheus.MustNewConstMetric(c.live, prometheus.GaugeValue, float64(n), g)
 	}
+}
+
+// classCooling is the seconds left of each model class's cooldown on the
+// channel, by label: every class its configs can name (0 when it does not
+// cool), and other for a class cooling that they do not name (one another
+// node of a fleet published), so the labels stay the config's.
+func classCooling(h *channelHealth, now time.Time) map[string]float64 {
+	labels := h.classLabels()
+	out := make(map[string]float64, len(labels))
+	for _, c := range labels {
+		out[c] = 0
+	}
+	for class, c := range h.coolingClasses(now) {
+		if _, named := out[class]; !named {
+			class = classOther
+		}
+		out[class] = max(out[class], time.Duration(c.until-now.UnixNano()).Seconds())
+	}
+	return out
 }

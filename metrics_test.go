@@ -299,7 +299,7 @@ func TestRulesFileIsWellFormed(t *testing.T) {
 			alerts[r.Alert] = r.For
 		}
 	}
-	for _, a := range []string{"RelayChannelOpen", "RelayGroupDown", "RelayFailoverRatioHigh", "RelayHigh5xxRatio", "RelayStorageDown", "RelayBudgetNearlySpent", "RelayBudgetExhausted"} {
+	for _, a := range []string{"RelayChannelOpen", "RelayChannelClassCooling", "RelayGroupDown", "RelayFailoverRatioHigh", "RelayHigh5xxRatio", "RelayStorageDown", "RelayBudgetNearlySpent", "RelayBudgetExhausted"} {
 		if _, ok := alerts[a]; !ok {
 			t.Errorf("alert %s is missing", a)
 		}
@@ -380,6 +380,50 @@ func TestAlertRulesOnAScriptedMix(t *testing.T) {
           - labels: '{group="alert-outage"}'
             value: 1
 `, expr), "the alert expression on the scripted mix (the typos group must not appear, the outage must)")
+}
+
+// TestClassCoolingAlertOnSeries runs the class cooling alert of the rules
+// file in promtool: a class that cools on for 20 minutes pages, one that
+// cooled for 10 does not, nor does a channel whose classes take turns.
+func TestClassCoolingAlertOnSeries(t *testing.T) {
+	promtool := needTool(t, "promtool", "apt-get install -y prometheus")
+	rules, err := filepath.Abs("examples/prometheus/relay-rules.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	test := fmt.Sprintf(`rule_files: [%q]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'relay_channel_class_cooling{channel="a",class="opus"}'
+        values: '0 300 240 180 120 60 300 240 180 120 60 300 240 180 120 60 300 240 180 120 60 300 240 180 120 60'
+      - series: 'relay_channel_class_cooling{channel="a",class="sonnet"}'
+        values: '0x25'
+      - series: 'relay_channel_class_cooling{channel="b",class="opus"}'
+        values: '0 300 240 180 120 60 300 240 180 120 60 0x15'
+    alert_rule_test:
+      - eval_time: 10m
+        alertname: RelayChannelClassCooling
+        exp_alerts: []
+      - eval_time: 20m
+        alertname: RelayChannelClassCooling
+        exp_alerts:
+          - exp_labels:
+              severity: warning
+              channel: a
+              class: opus
+            exp_annotations:
+              summary: "Channel a: model class opus cooling for more than 15 minutes"
+              description: "Its upstream keeps saying that the class's limit is spent or overloaded; the other channels serve that class meanwhile. GET /relay/channels shows the class's reason; raise the upstream's limit for the class or add a channel that serves it."
+`, rules)
+	path := filepath.Join(t.TempDir(), "class.test.yml")
+	if err := os.WriteFile(path, []byte(test), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(promtool, "test", "rules", path).CombinedOutput(); err != nil {
+		t.Errorf("promtool test rules: %v\n%s", err, out)
+	}
 }
 
 // promtoolTest runs `promtool test rules` on the rules file with the input

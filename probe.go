@@ -53,13 +53,14 @@ func defaultProbeBody(rt route, model string) []byte {
 }
 
 // runProbes probes ch every interval while it is cooling down or its
-// breaker is open, until ctx (the config's) ends. A probe that succeeds puts
+// breaker is open (not while only a model class cools: its upstream said
+// when that class's limit comes back), until ctx (the config's) ends. A probe that succeeds puts
 // the channel back into rotation at once; one that fails changes nothing.
 // Probes go through the channel's provider and transport like client
 // requests, but count in none of the channel's counters.
 func (r *Relay) runProbes(ctx caddy.Context, ch *channel) {
 	every(ctx, ch.probe.interval, nil, func() {
-		switch ch.health.state(r.now()) {
+		switch ch.health.channelState(r.now()) {
 		case stateCooldown, stateOpen:
 			if r.probeOnce(ctx, ch) {
 				ch.health.reset()

@@ -177,7 +177,7 @@ func keyNameHash(secret string) string {
 	return fmt.Sprintf("%x", d[:8])
 }
 
-func TestUpstreamQuotaMakesChannelBusyUntilReset(t *testing.T) {
+func TestUpstreamQuotaCoolsTheModelClassUntilReset(t *testing.T) {
 	reset := time.Now().Add(2 * time.Second).UTC().Truncate(time.Second).Add(time.Second)
 	a := fakeupstream.New(t, fakeupstream.Raw(200, fakeupstream.MessageBody("m", "a", fakeupstream.Usage{}),
 		"Anthropic-Ratelimit-Requests-Remaining", "0", "Anthropic-Ratelimit-Requests-Reset", reset.Format(time.RFC3339),
@@ -189,13 +189,13 @@ func TestUpstreamQuotaMakesChannelBusyUntilReset(t *testing.T) {
 		t.Fatalf("first request should use quota-a: %d", r.status)
 	}
 	st := channels(t)["quota-a"]
-	if !st.Busy || st.BusyUntil == nil || !st.BusyUntil.Equal(reset) || st.State != stateHealthy {
-		t.Fatalf("quota-a after remaining 0: %+v (busy until the reset, and healthy: not cooled)", st)
+	if c := st.Classes["sonnet"]; !c.Until.Equal(reset) || c.Reason != "anthropic-ratelimit-requests-remaining: 0" || st.State != stateCooldown || st.Busy {
+		t.Fatalf("quota-a after remaining 0: %+v (its model's class cooling until the reset)", st)
 	}
 	if r := message(t, simpleBody); a.Hits() != 1 || b.Hits() != 1 || r.status != 200 {
 		t.Errorf("while its quota is spent, quota-a must be skipped: a=%d b=%d", a.Hits(), b.Hits())
 	}
-	waitFor(t, "quota-a free after its reset", 10*time.Second, func() bool { return !channels(t)["quota-a"].Busy })
+	waitFor(t, "quota-a free after its reset", 10*time.Second, func() bool { return channels(t)["quota-a"].State == stateHealthy })
 	if time.Now().Before(reset) {
 		t.Errorf("quota-a came back before its reset")
 	}

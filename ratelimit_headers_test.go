@@ -161,12 +161,12 @@ func TestEachClientSeesItsOwnKeysRateLimits(t *testing.T) {
 	wantRelayError(t, r, 429, "rate_limit_error", "key_rate_limited")
 	wantOwnLimits(t, "bravo's 429", r, map[string]limit{"requests": {"5", "0", before.Add(time.Hour - 13*time.Minute), time.Now().Add(time.Hour + time.Second)}})
 
-	// the relay still reads the upstream's own: a spent limit makes the
-	// channel busy until its reset, though no client saw it
+	// the relay still reads the upstream's own: a spent limit cools the
+	// model's class on the channel until its reset, though no client saw it
 	r = send(t, "POST", "/v1/messages", alpha, `{"model":"claude-drained","max_tokens":1,"messages":[{"role":"user","content":"Hi"}]}`)
 	wantOwnLimits(t, "alpha, the upstream drained", r, map[string]limit{"requests": {limit: "10", remaining: "5"}, "tokens": {limit: "100000"}})
-	if st := channels(t)["rlh-ch"]; !st.Busy || st.BusyUntil == nil || st.BusyUntil.Before(time.Now().Add(50*time.Second)) {
-		t.Errorf("the channel after its upstream said its requests were spent: busy %v until %v", st.Busy, st.BusyUntil)
+	if c, ok := channels(t)["rlh-ch"].Classes["other"]; !ok || c.Until.Before(time.Now().Add(50*time.Second)) {
+		t.Errorf("the channel after its upstream said its requests were spent: class other cooling %v until %v", ok, c.Until)
 	}
 
 	// pass: the upstream's headers, unchanged, and none of the relay's

@@ -168,6 +168,7 @@ type Relay struct {
 	fleet         *fleet          // the fleet this relay shares state with; nil: none
 	logger        *zap.Logger
 	prices        pricebook
+	classRows     []string          // the price rows that are model classes of their own
 	modelNames    map[string]bool   // every model a channel lists, for metric labels
 	passRatelimit bool              // upstream_ratelimit_headers pass
 	secret        *resourceSecret   // keys the MAC of batch and file ids
@@ -252,6 +253,7 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 	spend.use(ctx, r.logger)
 	r.held.addSpendStore()
 	r.prices = newPricebook(r.Pricing)
+	r.classRows = r.prices.classRows()
 	r.modelNames = map[string]bool{}
 	for _, cfg := range r.Channels {
 		for _, m := range channelModels(cfg) {
@@ -287,7 +289,7 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 	groupsOf := r.groupsOf()
 	for _, cfg := range r.Channels {
 		ch := channels[cfg.Name]
-		owner := channelOwner{relay: r, provider: ch.providerName(), groups: groupsOf[cfg.Name]}
+		owner := channelOwner{relay: r, provider: ch.providerName(), groups: groupsOf[cfg.Name], classes: ch.classNames}
 		for _, g := range owner.groups {
 			owner.queues = append(owner.queues, &r.groups[g].state.queue)
 		}

@@ -51,8 +51,8 @@ const (
 	exhausted                       // the request tried every channel it could use
 	noModel                         // no channel of the group serves the model
 	modelRefused                    // every channel that serves it refused the model (403) lately
-	cooling                         // every channel that serves it is cooling down, open or disabled
-	upstreamReset                   // every channel that serves it is out only until its upstream's reset (429, spent quota)
+	cooling                         // every channel that serves it is cooling down (itself, or for the model's class), open or disabled
+	upstreamReset                   // every channel that serves it is out only until its upstream's reset (429, spent quota; the channel's or the model class's)
 	noCapability                    // no channel of the group supports every feature the request needs
 	allBusy                         // every candidate is at one of its limits
 )
@@ -173,6 +173,10 @@ func (g *group) pick(s *selection) pickResult {
 	var capped *channel
 	cands = filter(cands, func(ch *channel) bool {
 		ok, until := ch.health.available(s.now)
+		byReset := !ok && ch.health.outByReset(s.now)
+		if ok && s.accept == nil { // the class of the request's model may cool on it
+			ok, until, byReset = ch.classAvailable(s.model, s.now)
+		}
 		if ok && contains(s.skipped, ch) {
 			ok, until = false, s.now.Add(halfOpenRetry)
 		}
@@ -186,7 +190,7 @@ func (g *group) pick(s *selection) pickResult {
 		}
 		if !ok {
 			earliest(&recovery, until)
-			if ch.health.outByReset(s.now) {
+			if byReset {
 				earliest(&reset, until)
 			} else {
 				otherOut = true

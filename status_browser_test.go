@@ -203,7 +203,15 @@ func TestStatusPageInABrowser(t *testing.T) {
 		if left := eval[string](t, ctx, `document.querySelector('tr[data-channel="st-browser"] td.countdown').textContent`); !strings.HasSuffix(left, "s") {
 			t.Errorf("no countdown: %q", left)
 		}
+		// the 529 answered a sonnet request: sonnet's class cools, with its time left
+		waitInPage(t, ctx, "the cooling classes cell", 3*time.Second,
+			`/^sonnet (2\d|30)s$/.test(document.querySelector('tr[data-channel="st-browser"] td.classes').textContent)`)
+		if title := eval[string](t, ctx, `document.querySelector('tr[data-channel="st-browser"] span.class-cooling[data-class="sonnet"]').title`); title != "status 529" {
+			t.Errorf("the class's reason: %q", title)
+		}
 		adminPost(t, "st-browser", "reset")
+		waitInPage(t, ctx, "the cooling classes cell emptied by the reset", 3*time.Second,
+			`document.querySelector('tr[data-channel="st-browser"] td.classes').textContent === ""`)
 	})
 
 	t.Run("clicking disable disables the channel", func(t *testing.T) {

@@ -29,6 +29,12 @@
 		return s >= 60 ? Math.floor(s / 60) + "m " + (s % 60) + "s" : s + "s";
 	}
 
+	// a cooling class and its time left; "" once it has ended
+	function classText(name, until) {
+		const l = left(until);
+		return l ? name + " " + l : "";
+	}
+
 	const svgNS = "http://www.w3.org/2000/svg";
 	function spark(counts, errors) {
 		const svg = document.createElementNS(svgNS, "svg");
@@ -69,6 +75,15 @@
 			cell(tr, "").appendChild(b);
 			const cd = cell(tr, left(c.cooldown_until || c.busy_until || c.capped_until), "num countdown");
 			cd.dataset.until = c.cooldown_until || c.busy_until || c.capped_until || "";
+			const cc = cell(tr, "", "classes");
+			for (const name of Object.keys(c.classes || {}).sort()) {
+				const k = c.classes[name];
+				const s = el("span", classText(name, k.until), "class-cooling");
+				s.dataset.class = name;
+				s.dataset.until = k.until;
+				s.title = k.reason || "";
+				cc.appendChild(s);
+			}
 			cell(tr, c.inflight, "num");
 			const r = c.recent;
 			cell(tr, r.per_minute[r.per_minute.length - 1], "num");
@@ -195,6 +210,7 @@
 
 	function tick() {
 		for (const td of document.querySelectorAll("td.countdown")) td.textContent = left(td.dataset.until);
+		for (const s of document.querySelectorAll("span.class-cooling")) s.textContent = classText(s.dataset.class, s.dataset.until);
 	}
 
 	function connect() {

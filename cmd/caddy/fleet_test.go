@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -203,6 +204,75 @@ func TestFleetSharesACooldown(t *testing.T) {
 	// why, on every node
 	if r := nodes[2].channel(t, "primary"); r["last_error"] != "overloaded" {
 		t.Fatalf("node 3's view of the primary: %v", r)
+	}
+}
+
+// TestFleetSharesAClassCooldown: an Opus 429 on one node cools Opus on
+// that channel for the whole fleet, and only Opus: every node still sends
+// Sonnet there.
+func TestFleetSharesAClassCooldown(t *testing.T) {
+	srv := redistest.Start(t)
+	opus := `{"model":"claude-opus-4-1","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`
+	sonnet := `{"model":"claude-sonnet-4-5","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`
+	var primaryOpus, primarySonnet atomic.Int64
+	limited := fakeupstream.Error(429, "rate_limit_error", "rate limited", "Retry-After", "60")
+	served := fakeupstream.Message("from the primary")
+	primary := fakeupstream.New(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		if strings.Contains(string(b), `"claude-opus-4-1"`) {
+			primaryOpus.Add(1)
+			limited(w, r)
+			return
+		}
+		primarySonnet.Add(1)
+		served(w, r)
+	}))
+	fallback := fakeupstream.New(t, fakeupstream.Message("from the fallback"))
+	nodes := startFleet(t, 2, fleetConfig{redisAddr: srv.Addr, prefix: "class:",
+		channels: []string{"primary=" + primary.URL, "fallback=" + fallback.URL}})
+
+	// an Opus 429 on node 1: it fails over, and cools Opus on the primary
+	if status, body, err := nodes[0].attemptBody(fleetKey, opus); err != nil || status != 200 || !strings.Contains(body, "from the fallback") {
+		t.Fatalf("node 1, opus: %d %s %v", status, body, err)
+	}
+	// node 2 knows it within 250ms...
+	took := within(t, "the class cooldown reaches node 2", 250*time.Millisecond, func() bool {
+		classes, _ := nodes[1].channel(t, "primary")["classes"].(map[string]any)
+		return classes["opus"] != nil
+	})
+	t.Logf("node 2 saw the class cooldown after %v", took)
+	row := nodes[1].channel(t, "primary")
+	opusRow, _ := row["classes"].(map[string]any)["opus"].(map[string]any)
+	until, err := time.Parse(time.RFC3339Nano, fmt.Sprint(opusRow["until"]))
+	if row["state"] != "cooldown" || opusRow["state"] != "cooldown" || err != nil || time.Until(until) < 55*time.Second ||
+		!strings.HasPrefix(fmt.Sprint(opusRow["reason"]), "status 429 (seen by ") || len(row["classes"].(map[string]any)) != 1 {
+		t.Fatalf("node 2's view of the primary: %v", row)
+	}
+	// ...skips the primary for Opus, and still sends it Sonnet
+	if status, body, _ := nodes[1].attemptBody(fleetKey, opus); status != 200 || !strings.Contains(body, "from the fallback") {
+		t.Fatalf("node 2, opus: %d %s", status, body)
+	}
+	if status, body, _ := nodes[1].attemptBody(fleetKey, sonnet); status != 200 || !strings.Contains(body, "from the primary") {
+		t.Fatalf("node 2, sonnet: %d %s", status, body)
+	}
+	if primaryOpus.Load() != 1 || primarySonnet.Load() != 1 || fallback.Hits() != 2 {
+		t.Fatalf("the primary saw opus %d times and sonnet %d, the fallback %d requests", primaryOpus.Load(), primarySonnet.Load(), fallback.Hits())
+	}
+	// and its gauge says so
+	resp, err := fleetClient.Get("http://" + nodes[1].admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	metrics, _ := io.ReadAll(resp.Body)
+	var left float64
+	for line := range strings.Lines(string(metrics)) {
+		if rest, ok := strings.CutPrefix(line, `relay_channel_class_cooling{channel="primary",class="opus"} `); ok {
+			left, _ = strconv.ParseFloat(strings.TrimSpace(rest), 64)
+		}
+	}
+	if left < 55 || left > 60 {
+		t.Errorf("node 2's relay_channel_class_cooling{channel=primary,class=opus} = %v, want about 60", left)
 	}
 }
 

@@ -1,0 +1,341 @@
+package relay
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Cooldowns per model class. Anthropic, Bedrock and Vertex limit each model
+// class of an account separately: a busy Opus workload spends Opus's
+// requests and tokens, not Sonnet's. So what an upstream says about a
+// limit (a 429, a 529, an anthropic-ratelimit-* quota at 0) cools the
+// channel for the class of the model that answered, and the channel keeps
+// serving the other classes. Everything else that cools (5xx, network
+// errors, a refused credential) and the breaker stay the channel's.
+//
+// A model's class is the class of the upstream model id the channel sends
+// (after its `models` mapping): that is the model whose limit answered.
+// It is, in order: the class of the channel's first `model_class` line
+// whose glob matches the id; the family the id names (opus, sonnet,
+// haiku); the built-in or configured price row the id is, or is a dated
+// snapshot or variant of; for a model the channel lists in `models`, the
+// id itself; else `other`. A client chooses the model, so a class is
+// always one of a bounded set that the config and the price list name:
+// a channel without `models`, which serves any name a client sends, puts
+// every model none of the rules names in the one class `other`.
+
+// classOther is the class of every model no rule names, on a channel that
+// does not list its models.
+const classOther = "other"
+
+// classFamilies are the classes a model id names by a word of its own.
+var classFamilies = [...]string{"opus", "sonnet", "haiku"}
+
+// maxClassCooldowns bounds the classes remembered as cooling per channel.
+// The classes a config can name are bounded already; this holds for what
+// other nodes of a fleet publish too.
+const maxClassCooldowns = 64
+
+// maxClassLen bounds a class name, as a model id is bounded.
+const maxClassLen = maxModelLen
+
+// ModelClass names the model class of the upstream models whose ids match
+// a glob: what a 429, a 529 or a spent anthropic-ratelimit-* quota cools on
+// the channel, instead of the whole channel.
+type ModelClass struct {
+	// Match is a glob over the upstream model id the channel sends (after
+	// its `models` mapping): `*` matches any run of characters, every
+	// other character itself. `*opus*` matches claude-opus-4-1 and
+	// us.anthropic.claude-opus-4-1-20250805-v1:0.
+	Match string `json:"match"`
+
+	// Class is the name of the class: letters, digits and - _ . (at most
+	// 256). Models of one class share its cooldowns on the channel. `other`
+	// is reserved for the models no line names.
+	Class string `json:"class"`
+}
+
+// validate checks a model_class line.
+func (m ModelClass) validate() error {
+	pattern := strings.ReplaceAll(m.Match, "*", "")
+	switch {
+	case m.Match == "":
+		return fmt.Errorf("model_class: want a glob of upstream model ids, * for any characters")
+	case pattern != "" && !validModelName(pattern):
+		return fmt.Errorf("model_class: match %q: only letters, digits, - . _ : @ / and * may appear", m.Match)
+	case !validClassName(m.Class):
+		return fmt.Errorf("model_class: class %q: want letters, digits and - _ . (at most %d)", m.Class, maxClassLen)
+	case m.Class == classOther:
+		return fmt.Errorf("model_class: class %q is the class of the models no line names; choose another name", m.Class)
+	}
+	return nil
+}
+
+// validClassName accepts letters, digits and -_. up to maxClassLen.
+func validClassName(s string) bool {
+	if s == "" || len(s) > maxClassLen {
+		return false
+	}
+	for _, c := range []byte(s) {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case c == '-' || c == '_' || c == '.':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// globMatch reports whether s matches pattern, whose `*` matches any run
+// of characters (none included) and every other byte itself.
+func globMatch(pattern, s string) bool {
+	star, resume := -1, 0 // the last star's index in pattern, and where s resumed after it
+	p, i := 0, 0
+	for i < len(s) {
+		switch {
+		case p < len(pattern) && pattern[p] == '*':
+			star, resume = p, i
+			p++
+		case p < len(pattern) && pattern[p] == s[i]:
+			p++
+			i++
+		case star >= 0: // the star takes one more byte
+			resume++
+			p, i = star+1, resume
+		default:
+			return false
+		}
+	}
+	for p < len(pattern) && pattern[p] == '*' {
+		p++
+	}
+	return p == len(pattern)
+}
+
+// familyOf is the family a model id names by a word of its own (opus,
+// sonnet, haiku: between non-letters or at an end), "" when none.
+func familyOf(id string) string {
+	for _, f := range classFamilies {
+		for from := 0; from+len(f) <= len(id); {
+			i := strings.Index(id[from:], f)
+			if i < 0 {
+				break
+			}
+			i += from
+			end := i + len(f)
+			if (i == 0 || !isLetter(id[i-1])) && (end == len(id) || !isLetter(id[end])) {
+				return f
+			}
+			from = i + 1
+		}
+	}
+	return ""
+}
+
+func isLetter(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' }
+
+// classRows are the names of the price rows (built in, and the config's
+// `pricing`) that name no family, the longest first: each is a class of
+// its own, for the model and its dated snapshots and variants.
+func (pb pricebook) classRows() []string {
+	var rows []string
+	for name := range pb {
+		if familyOf(name) == "" {
+			rows = append(rows, name)
+		}
+	}
+	slices.SortFunc(rows, func(a, b string) int {
+		if len(a) != len(b) {
+			return len(b) - len(a)
+		}
+		return strings.Compare(a, b)
+	})
+	return rows
+}
+
+// classify is the class of the upstream model id on the channel; listed
+// says that the channel lists the model in `models`.
+func (ch *channel) classify(id string, listed bool) string {
+	for _, r := range ch.classRules {
+		if globMatch(r.Match, id) {
+			return r.Class
+		}
+	}
+	if f := familyOf(id); f != "" {
+		return f
+	}
+	for _, row := range ch.classRows {
+		if id == row || strings.HasPrefix(id, row) && variantSuffix(id[len(row):]) {
+			return row
+		}
+	}
+	if listed {
+		return id
+	}
+	return classOther
+}
+
+// classOf is the class a request for model (the client's name, or a
+// fallback's) is cooled and checked by on the channel.
+func (ch *channel) classOf(model string) string {
+	if c, ok := ch.classes[model]; ok {
+		return c
+	}
+	return ch.classify(ch.upstreamModel(model), false)
+}
+
+// provisionClasses resolves the channel's classes: the class of each model
+// it lists, and the names its classes may have (for the gauge's labels).
+func (ch *channel) provisionClasses(rules []ModelClass, rows []string) {
+	ch.classRules, ch.classRows = rules, rows
+	names := map[string]bool{}
+	if ch.models != nil {
+		ch.classes = make(map[string]string, len(ch.models))
+		for client, up := range ch.models {
+			c := ch.classify(up, true)
+			ch.classes[client] = c
+			names[c] = true
+		}
+	} else {
+		for _, r := range rules {
+			names[r.Class] = true
+		}
+		for _, f := range classFamilies {
+			names[f] = true
+		}
+		for _, row := range rows {
+			names[row] = true
+		}
+		names[classOther] = true
+	}
+	ch.classNames = make([]string, 0, len(names))
+	for n := range names {
+		ch.classNames = append(ch.classNames, n)
+	}
+	slices.Sort(ch.classNames)
+}
+
+// classAvailable is classOut as the selector asks it: whether the
+// channel may serve model at now, and if not, until when and whether only
+// an upstream's reset keeps it out.
+func (ch *channel) classAvailable(model string, now time.Time) (ok bool, until time.Time, byReset bool) {
+	out, until, byReset := ch.classOut(model, now)
+	return !out, until, byReset
+}
+
+// classOut reports whether the class of model cools on the channel at now,
+// until when, and whether only an upstream's reset keeps it out (a 429's
+// wait, a spent quota). With no class cooling it reads one atomic and
+// resolves no class.
+func (ch *channel) classOut(model string, now time.Time) (out bool, until time.Time, byReset bool) {
+	c := ch.health.classes.Load()
+	n := now.UnixNano()
+	if c == nil || c.latest <= n {
+		return false, time.Time{}, false
+	}
+	e, ok := c.byClass[ch.classOf(model)]
+	if !ok || e.until <= n {
+		return false, time.Time{}, false
+	}
+	return true, time.Unix(0, e.until), e.limited >= e.until
+}
+
+// classCooldown is one class cooling on a channel, in Unix nanoseconds.
+type classCooldown struct {
+	until   int64  // the end of its cooldown
+	limited int64  // the end of the part an upstream's reset set (a 429's wait, a spent quota)
+	reason  string // why, worded as the channel's cooldown reasons
+}
+
+// classCooldowns are the classes cooling on a channel, copied on write
+// (with the channel's lock held) and read without the lock on every
+// selection.
+type classCooldowns struct {
+	latest  int64 // the latest end among them: past it, no class cools
+	byClass map[string]classCooldown
+}
+
+// classCooling reports whether any class cools on the channel at now.
+func (h *channelHealth) classCooling(now time.Time) bool {
+	c := h.classes.Load()
+	return c != nil && c.latest > now.UnixNano()
+}
+
+// coolClass cools class until until (of which until limited is an
+// upstream's reset; 0: none) for reason ("": keep the reason it has); an
+// end already past changes nothing. Ends only move later. Ended entries go; when maxClassCooldowns cool, the
+// one that ends first makes room. It reports whether the end moved. h.mu
+// is held.
+func (h *channelHealth) coolClass(class string, until, limited int64, reason string, now time.Time) bool {
+	n := now.UnixNano()
+	if class == "" || len(class) > maxClassLen || until <= n {
+		return false
+	}
+	next := &classCooldowns{byClass: map[string]classCooldown{}}
+	if cur := h.classes.Load(); cur != nil {
+		for k, v := range cur.byClass {
+			if v.until > n {
+				next.byClass[k] = v
+			}
+		}
+	}
+	e, had := next.byClass[class]
+	if !had && len(next.byClass) >= maxClassCooldowns {
+		first := ""
+		for k, v := range next.byClass {
+			if first == "" || v.until < next.byClass[first].until {
+				first = k
+			}
+		}
+		delete(next.byClass, first)
+	}
+	moved := until > e.until
+	if moved {
+		e.until = until
+	}
+	e.limited = max(e.limited, limited)
+	if reason != "" {
+		e.reason = reason
+	}
+	next.byClass[class] = e
+	for _, v := range next.byClass {
+		next.latest = max(next.latest, v.until)
+	}
+	h.classes.Store(next)
+	return moved
+}
+
+// coolingClasses lists the classes cooling at now with their ends; nil
+// when none does.
+func (h *channelHealth) coolingClasses(now time.Time) map[string]classCooldown {
+	c := h.classes.Load()
+	if c == nil || c.latest <= now.UnixNano() {
+		return nil
+	}
+	out := map[string]classCooldown{}
+	for k, v := range c.byClass {
+		if v.until > now.UnixNano() {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// classLabels are the class labels of the channel's gauge: the classes
+// its configs can name.
+func (h *channelHealth) classLabels() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []string
+	for _, o := range h.owners {
+		for _, c := range o.classes {
+			if !slices.Contains(out, c) {
+				out = append(out, c)
+			}
+		}
+	}
+	return out
+}
