@@ -89,11 +89,11 @@ func TestRealtimeOvertakesQueuedBatch(t *testing.T) {
 	for i := 1; i <= 10; i++ {
 		wg.Add(1)
 		go post("sk-prio-batch", fmt.Sprintf("batch-%d", i))
-		waitFor(t, "batch request queued", 5*time.Second, func() bool { return queueDepth(t, "prio", "batch") == float64(i) })
+		waitFor(t, "batch request queued", 30*time.Second, func() bool { return queueDepth(t, "prio", "batch") == float64(i) })
 	}
 	wg.Add(1)
 	go post("sk-prio-rt", "realtime")
-	waitFor(t, "realtime request queued", 5*time.Second, func() bool { return queueDepth(t, "prio", "realtime") == 1 })
+	waitFor(t, "realtime request queued", 30*time.Second, func() bool { return queueDepth(t, "prio", "realtime") == 1 })
 
 	close(up.gate) // every request answers at once from now on
 	wg.Wait()
