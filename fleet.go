@@ -151,8 +151,10 @@ type fleet struct {
 	blocks    map[*sharedLimit]struct{}
 	blocksNew chan struct{}
 	// nodesUp is the number of relays up in the fleet, as the last
-	// heartbeat found (0: not known yet), which sizes the blocks
-	nodesUp atomic.Int64
+	// heartbeat found (0: not known yet), which sizes the blocks;
+	// nodesPinned, when set, is taken instead (tests run several nodes in
+	// one process, which has one node id)
+	nodesUp, nodesPinned atomic.Int64
 	// noLeases takes no blocks: every limit is asked of Redis at every
 	// request (for tests and benchmarks that compare)
 	noLeases atomic.Bool

@@ -97,7 +97,7 @@ func (f *fleet) blockSize(n float64, least int64) int64 {
 	if f.noLeases.Load() {
 		return 0
 	}
-	nodes := f.nodesUp.Load()
+	nodes := f.relaysUp()
 	if nodes <= 0 {
 		return 0
 	}
@@ -106,6 +106,14 @@ func (f *fleet) blockSize(n float64, least int64) int64 {
 		return 0
 	}
 	return b
+}
+
+// relaysUp is the number of relays up in the fleet (0: not known yet).
+func (f *fleet) relaysUp() int64 {
+	if n := f.nodesPinned.Load(); n > 0 {
+		return n
+	}
+	return f.nodesUp.Load()
 }
 
 // blockLease is how long a block of a limit of period lasts.

@@ -351,7 +351,7 @@ func (s *sharedLimit) prepare(now time.Time, spec limits, estimate int64) *admit
 			c.rret = max(0, math.Floor(b.end(&s.gens)))
 			b.refilling = true
 			rtake = size
-			c.rate = blockUse{ask: size, nodes: s.f.nodesUp.Load(), lease: s.f.blockLease(spec.rate.period)}
+			c.rate = blockUse{ask: size, nodes: s.f.relaysUp(), lease: s.f.blockLease(spec.rate.period)}
 		}
 	}
 	if perMs > 0 {
@@ -369,7 +369,7 @@ func (s *sharedLimit) prepare(now time.Time, spec limits, estimate int64) *admit
 			c.tret = b.end(&s.gens)
 			b.refilling = true
 			ttake = size
-			c.tokens = blockUse{ask: size, nodes: s.f.nodesUp.Load(), lease: s.f.blockLease(spec.tokens.period)}
+			c.tokens = blockUse{ask: size, nodes: s.f.relaysUp(), lease: s.f.blockLease(spec.tokens.period)}
 		}
 	}
 	s.mu.Unlock()
