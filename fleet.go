@@ -160,6 +160,14 @@ type fleet struct {
 	noLeases atomic.Bool
 	now      func() time.Time // the clock blocks' leases end by
 
+	// slots are concurrency slots freed on this relay and not given back
+	// yet: the next admission carries them, or giveBackSlots after
+	// slotDelay; slotsNew wakes it
+	slotsMu   sync.Mutex
+	slots     []leaseRef
+	slotsNew  chan struct{}
+	slotDelay atomic.Int64 // ns
+
 	releases chan release       // given back off the request path
 	publish  chan healthChange  // health changes of this node, to publish
 	resync   chan struct{}      // asks for a sync of every shared channel's health
@@ -203,6 +211,7 @@ func newFleet(ctx caddy.Context, s *FleetRedis) (*fleet, error) {
 		leases:    map[leaseRef]struct{}{},
 		blocks:    map[*sharedLimit]struct{}{},
 		blocksNew: make(chan struct{}, 1),
+		slotsNew:  make(chan struct{}, 1),
 		now:       time.Now,
 		releases:  make(chan release, 4096),
 		publish:   make(chan healthChange, 1024),
@@ -210,6 +219,7 @@ func newFleet(ctx caddy.Context, s *FleetRedis) (*fleet, error) {
 		spendNow:  make(chan struct{}, 1),
 	}
 	f.holdLeases = map[leaseRef]struct{}{}
+	f.slotDelay.Store(int64(defaultSlotDelay))
 	if f.prefix == "" {
 		f.prefix = defaultRedisPrefix
 	}
@@ -257,7 +267,7 @@ func newFleet(ctx caddy.Context, s *FleetRedis) (*fleet, error) {
 	})
 	work, stop := context.WithCancel(context.Background())
 	f.stop = stop
-	for _, run := range []func(context.Context){f.renewLeases, f.giveBack, f.heartbeat, f.publishHealth, f.subscribeHealth, f.syncSpend, f.expireBlocks} {
+	for _, run := range []func(context.Context){f.renewLeases, f.giveBack, f.heartbeat, f.publishHealth, f.subscribeHealth, f.syncSpend, f.expireBlocks, f.giveBackSlots} {
 		f.done.Add(1)
 		go func() {
 			defer f.done.Done()
@@ -287,6 +297,7 @@ func (f *fleet) Destruct() error {
 	if len(rest) > 0 {
 		f.flush(rest)
 	}
+	f.flushSlots()
 	f.closed.Store(true)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()

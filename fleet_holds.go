@@ -180,11 +180,11 @@ func (f *fleet) admitAny(now time.Time, calls []*admitCall, hcs []*holdCall) (re
 				for i, c := range calls {
 					if c.redis {
 						c.sent = true
-						cmds[i] = admitScript.Eval(ctx, pipe, c.keys, append([]any{1, holdKeysTTL.Milliseconds()}, c.args...)...)
+						cmds[i] = admitScript.Eval(ctx, pipe, c.keys, append([]any{1, holdKeysTTL.Milliseconds(), 0}, c.args...)...)
 					}
 				}
 				for i, h := range hcs {
-					cmds[len(calls)+i] = admitScript.Eval(ctx, pipe, h.keys, append([]any{0, holdKeysTTL.Milliseconds()}, h.args...)...)
+					cmds[len(calls)+i] = admitScript.Eval(ctx, pipe, h.keys, append([]any{0, holdKeysTTL.Milliseconds(), 0}, h.args...)...)
 				}
 				return nil
 			})

@@ -40,7 +40,11 @@ import (
 // worst case against the budgets of its spend accounts (holdsLua): all are
 // checked before any is written, so a request one of them refuses takes
 // nothing from the others. ARGV[1] is the number of things, ARGV[2] the
-// time the keys of holds are kept (ms). KEYS, three per thing: the lease
+// time the keys of holds are kept (ms), ARGV[3] the number of slots given
+// back with the call (r, slots other requests of this relay freed: the
+// call carries them rather than the worker that gives back). KEYS: first
+// the r slots' lease sets, their ids the next r of ARGV; removed before
+// anything is counted. Then, three per thing: the lease
 // set, the rate's arrival time, the token bucket; then per hold: the
 // account's holds, its held total, and one spend total per budget. ARGV,
 // twelve per thing: the lease id, max concurrency (0: none), lease ms, rate
@@ -70,7 +74,8 @@ import (
 var admitScript = redis.NewScript(holdsLua + `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local n, keyttl = tonumber(ARGV[1]), tonumber(ARGV[2])
+local n, keyttl, r = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+for i = 1, r do redis.call('ZREM', KEYS[i], ARGV[3 + i]) end
 local function settat(th)
   if th.tat > now then
     redis.call('SET', th.kr, th.tat, 'PX', math.ceil(th.tat - now) + 1000)
@@ -84,7 +89,7 @@ local function setlevel(th)
 end
 local things = {}
 for i = 1, n do
-  local k, a = (i - 1) * 3, (i - 1) * 12 + 2
+  local k, a = r + (i - 1) * 3, 3 + r + (i - 1) * 12
   local th = {lease = ARGV[a + 1], maxc = tonumber(ARGV[a + 2]), ttl = tonumber(ARGV[a + 3]),
     emission = tonumber(ARGV[a + 4]), burst = tonumber(ARGV[a + 5]),
     rtake = tonumber(ARGV[a + 6]), rret = tonumber(ARGV[a + 7]),
@@ -111,7 +116,7 @@ for i = 1, n do
   things[i] = th
 end
 local holds, verdicts = {}, {}
-local ki, ai = n * 3 + 1, n * 12 + 3
+local ki, ai = r + n * 3 + 1, 3 + r + n * 12 + 1
 while ai <= #ARGV do
   local h = {kz = KEYS[ki], kh = KEYS[ki + 1], member = ARGV[ai], ttl = tonumber(ARGV[ai + 1]),
     amount = ARGV[ai + 2], np = tonumber(ARGV[ai + 3]), periods = {}}
@@ -523,9 +528,16 @@ func (f *fleet) admitAll(now time.Time, calls []*admitCall, holds []*holdCall) (
 		}
 	}
 	if asked > 0 || len(holds) > 0 {
-		keys = make([]string, 0, 3*asked+4*len(holds))
-		args = make([]any, 0, 2+12*asked+8*len(holds))
-		args = append(args, asked, holdKeysTTL.Milliseconds())
+		carried := f.takeSlots(maxCarried)
+		keys = make([]string, 0, len(carried)+3*asked+4*len(holds))
+		args = make([]any, 0, 3+len(carried)+12*asked+8*len(holds))
+		args = append(args, asked, holdKeysTTL.Milliseconds(), len(carried))
+		for _, l := range carried {
+			keys = append(keys, l.set)
+		}
+		for _, l := range carried {
+			args = append(args, l.id)
+		}
 		for _, c := range calls {
 			if c.redis {
 				keys = append(keys, c.keys...)
@@ -553,6 +565,7 @@ func (f *fleet) admitAll(now time.Time, calls []*admitCall, holds []*holdCall) (
 			for _, c := range calls {
 				c.undo()
 			}
+			f.pendSlots(carried...) // removing one twice is harmless
 			return -1, scopeNone, 0, holdAnswer{}, err
 		}
 		lefts := make([]headroom, len(calls))
@@ -614,18 +627,103 @@ func (s *sharedLimit) chargeBlock(gen uint64, n int64) bool {
 }
 
 // giveBack gives back what a request admitted by the fleet holds: its
-// lease, and the correction of its tokens to what it used.
+// lease, and the correction of its tokens to what it used. Outside a
+// Redis Cluster, the lease goes with the next admission this relay sends,
+// or with the worker that gives back when none comes soon (pendSlots).
 func (s *sharedLimit) giveBack(spec limits, g grant, correction int64) {
 	r := release{limit: s, lease: g.lease}
 	if correction != 0 && spec.tokens.n > 0 && !s.chargeBlock(g.tgen, correction) {
 		r.tokens, r.perMs, r.burst = correction, spec.tokensPerMs(), spec.tokens.n
 	}
 	if r.lease != "" {
-		s.f.drop(leaseRef{s.lease, r.lease}, false)
+		l := leaseRef{s.lease, r.lease}
+		s.f.drop(l, false)
+		if !s.f.cluster {
+			s.f.pendSlots(l)
+			r.lease = ""
+		}
 	}
 	if r.lease != "" || r.tokens != 0 {
 		s.queue(r)
 	}
+}
+
+// Slots given back with the next admission. At one request at a time, a
+// slot freed by one request goes with the next one's admission instead of
+// a round trip of its own; the worker gives back what no admission took
+// within the fleet's slotDelay (defaultSlotDelay). A slot so given back
+// counts a moment longer (at most slotDelay) against its limit on the
+// other relays: the safe side.
+const (
+	defaultSlotDelay = 2 * time.Millisecond
+	maxCarried       = 64 // slots one admission carries at most
+)
+
+// pendSlots queues slots freed on this relay, to be given back with the
+// next admission or by the worker.
+func (f *fleet) pendSlots(ls ...leaseRef) {
+	if len(ls) == 0 {
+		return
+	}
+	f.slotsMu.Lock()
+	f.slots = append(f.slots, ls...)
+	f.slotsMu.Unlock()
+	select {
+	case f.slotsNew <- struct{}{}:
+	default:
+	}
+}
+
+// takeSlots takes at most n of the slots freed and not yet given back.
+func (f *fleet) takeSlots(n int) []leaseRef {
+	f.slotsMu.Lock()
+	defer f.slotsMu.Unlock()
+	if len(f.slots) == 0 {
+		return nil
+	}
+	k := min(n, len(f.slots))
+	out := append([]leaseRef(nil), f.slots[len(f.slots)-k:]...)
+	f.slots = f.slots[:len(f.slots)-k]
+	return out
+}
+
+// giveBackSlots gives back, slotDelay after they were freed, the slots no
+// admission carried, until ctx ends.
+func (f *fleet) giveBackSlots(ctx context.Context) {
+	t := time.NewTimer(time.Duration(f.slotDelay.Load()))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-f.slotsNew:
+		}
+		t.Reset(time.Duration(f.slotDelay.Load()))
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		f.flushSlots()
+	}
+}
+
+// flushSlots gives back every slot freed and not given back yet, in one
+// round trip.
+func (f *fleet) flushSlots() {
+	slots := f.takeSlots(math.MaxInt)
+	if len(slots) == 0 {
+		return
+	}
+	_ = f.do("release", func(ctx context.Context) error {
+		_, err := f.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+			for _, l := range slots {
+				pipe.ZRem(ctx, l.set, l.id)
+			}
+			return nil
+		})
+		return err
+	})
 }
 
 // queue hands r to the worker that gives back to Redis. It never waits for
