@@ -320,7 +320,7 @@ func TestEndUsersAndIdentitiesShareLimitsInAFleet(t *testing.T) {
 }
 
 // admitOps counts the admissions the relay has asked Redis for so far.
-func admitOps(t *testing.T) float64 {
+func admitOps(t testing.TB) float64 {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(metricFleetSeconds)
