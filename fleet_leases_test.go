@@ -2,9 +2,11 @@ package relay
 
 import (
 	"context"
+	"encoding/json"
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -526,5 +528,46 @@ func BenchmarkFleetAdmit(b *testing.B) {
 			b.StopTimer()
 			b.ReportMetric((admitOps(b)-before)/float64(b.N), "admits/op")
 		})
+	}
+}
+
+// TestTheFleetRouteStatesEachNodesBlocks: GET /relay/fleet stays an array
+// of nodes, each with the blocks it held at its last heartbeat and the
+// error each allows the fleet.
+func TestTheFleetRouteStatesEachNodesBlocks(t *testing.T) {
+	srv := redistest.Start(t)
+	block := strings.Replace(fleetBlock(srv.Addr, "local", "fleet-leases"), "rate 3/m", "rate 60000/m", 1)
+	startRelay(t, block)
+	// the next heartbeat, now: first so that the relays up are known and
+	// the key's block is sized, then so that the block is listed
+	beat := func() { fleets.Range(func(_, v any) bool { v.(*fleet).beat(); return true }) }
+	beat()
+	if r := message(t, simpleBody); r.status != 200 {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	beat()
+	resp, err := client.Get(adminURL + "/relay/fleet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var nodes []map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&nodes); err != nil || len(nodes) != 1 {
+		t.Fatalf("GET /relay/fleet: %d nodes, %v", len(nodes), err)
+	}
+	for _, field := range []string{"id", "address", "version", "last_seen", "state", "leases"} {
+		if _, ok := nodes[0][field]; !ok {
+			t.Errorf("a node has no %q: %v", field, nodes[0])
+		}
+	}
+	leases, _ := nodes[0]["leases"].([]any)
+	if len(leases) != 1 {
+		t.Fatalf("leases %v, want the key's rate's block", nodes[0]["leases"])
+	}
+	// alone in its fleet: a block of 60000 / 10 requests, the whole error
+	b := leases[0].(map[string]any)
+	if b["limit"] != "k:fleet-leases-key" || b["kind"] != "requests" || b["block"] != 6000.0 || b["left"] != 5999.0 ||
+		b["nodes"] != 1.0 || b["max_fleet_error"] != 6000.0 || b["until"] == "" {
+		t.Fatalf("block %v", b)
 	}
 }
