@@ -571,3 +571,46 @@ func TestTheFleetRouteStatesEachNodesBlocks(t *testing.T) {
 		t.Fatalf("block %v", b)
 	}
 }
+
+// TestAClusterPipelinesItsAdmissions: in a Redis Cluster one script
+// cannot touch a key's and a channel's limits (two slots): each is a
+// script of its own, sent in one pipeline, and what one took is given
+// back when the other refused.
+func TestAClusterPipelinesItsAdmissions(t *testing.T) {
+	srv := redistest.StartCluster(t)
+	r := &Relay{
+		// two addresses make a cluster client, here of a one-node cluster
+		Fleet: &Fleet{Redis: &FleetRedis{Address: []string{srv.Addr, srv.Addr}, Prefix: "cl:"}},
+		Keys: []*Key{{Secret: "sk-cluster-0123456789abcdef", Group: "cl-g",
+			KeyOptions: KeyOptions{Name: "cl-key", Concurrency: 10, UserRate: "100/m"}}},
+		Channels: []*Channel{{Name: "cl-ch", UpstreamRaw: upstream("mock"), Rate: "1/h"}},
+		Groups:   []*Group{{Name: "cl-g", Channels: []string{"cl-ch"}, MaxQueue: -1}}, // a busy channel is an answer, not a wait
+	}
+	provisionHandler(t, r)
+	if !r.fleet.cluster {
+		t.Fatal("not a cluster client")
+	}
+	body := `{"model":"m","max_tokens":8,"metadata":{"user_id":"carol"},"messages":[{"role":"user","content":"hi"}]}`
+	send := func() int {
+		w, _ := serveHandler(t, r, newRequest(body, "sk-cluster-0123456789abcdef"))
+		return w.Code
+	}
+	before := admitOps(t)
+	if code := send(); code != 200 {
+		t.Fatalf("first request: %d", code)
+	}
+	if ops := admitOps(t) - before; ops != 1 {
+		t.Fatalf("the key's, the end user's and the channel's limits took %v round trips, want 1 (a pipeline)", ops)
+	}
+	// the channel's rate is spent: the key's slot and the end user's
+	// request, taken in the same pipeline, go back
+	if code := send(); code == 200 {
+		t.Fatal("second request admitted past the channel's rate of 1/h")
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	waitFor(t, "the key's slot given back", 2*time.Second, func() bool {
+		n, err := rdb.ZCard(context.Background(), "cl:{k:cl-key}:leases").Result()
+		return err == nil && n == 0
+	})
+}
