@@ -41,7 +41,8 @@ import (
 // estimates and corrections to the block while it lasts (the block may go
 // into debt, as the bucket may), and gives back the rest, or charges the
 // debt, when it ends. A correction that comes after its block ended goes to
-// Redis, off the request's path, as without leases.
+// the node's next block, or to Redis (off the request's path, as without
+// leases) when it holds none: either way it is counted once.
 
 // Lease sizing.
 const (

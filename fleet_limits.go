@@ -367,7 +367,7 @@ func (s *sharedLimit) prepare(now time.Time, spec limits, estimate int64) *admit
 		case b.live(now) && b.left >= 1:
 			b.left -= float64(estimate)
 			c.tokens = blockUse{local: true, gen: b.gen, took: float64(estimate)}
-			c.g.tgen = b.gen
+			c.g.fromBlock = true
 			perMs = 0 // the tokens are not asked
 		case b.refilling:
 		default:
@@ -495,7 +495,7 @@ func (c *admitCall) granted(now time.Time, ans headroom, rgot, tgot int64) grant
 			s.gens++
 			s.tb = block{gen: s.gens, until: now.Add(c.tokens.lease), left: float64(tgot - c.estimate), size: c.tokens.ask, nodes: c.tokens.nodes,
 				per: c.spec.tokensPerMs(), burst: c.spec.tokens.n, fleetLeft: ans.tokens, full: ans.tokensFull}
-			g.tgen = s.gens
+			g.fromBlock = true
 			installed = true
 		}
 	}
@@ -601,25 +601,23 @@ func (f *fleet) admitAll(now time.Time, calls []*admitCall, holds []*holdCall) (
 }
 
 // correct charges n more tokens (negative: gives them back) to a request
-// that holds g: to the block it was charged from while that block lasts,
-// else to Redis, off the request's path (the worker that gives back leases
-// sends it).
+// that holds g: to this node's token block when it was charged to one and
+// one is held (the block it was charged to, or the one after it: the
+// block that ended gave back its rest without this), else to Redis, off
+// the request's path (the worker that gives back leases sends it).
 func (s *sharedLimit) correct(spec limits, g *grant, n int64) {
-	if s.chargeBlock(g.tgen, n) {
+	if g.fromBlock && s.chargeBlock(n) {
 		return
 	}
 	s.queue(release{limit: s, tokens: n, perMs: spec.tokensPerMs(), burst: spec.tokens.n})
 }
 
-// chargeBlock charges n tokens to this node's token block when it is the
-// block of gen (0: none) and it has not ended.
-func (s *sharedLimit) chargeBlock(gen uint64, n int64) bool {
-	if gen == 0 {
-		return false
-	}
+// chargeBlock charges n tokens to this node's token block, when it holds
+// one.
+func (s *sharedLimit) chargeBlock(n int64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.tb.gen != gen || !s.tb.held() {
+	if !s.tb.held() {
 		return false
 	}
 	s.tb.left -= float64(n)
@@ -632,7 +630,7 @@ func (s *sharedLimit) chargeBlock(gen uint64, n int64) bool {
 // or with the worker that gives back when none comes soon (pendSlots).
 func (s *sharedLimit) giveBack(spec limits, g grant, correction int64) {
 	r := release{limit: s, lease: g.lease}
-	if correction != 0 && spec.tokens.n > 0 && !s.chargeBlock(g.tgen, correction) {
+	if correction != 0 && spec.tokens.n > 0 && !(g.fromBlock && s.chargeBlock(correction)) {
 		r.tokens, r.perMs, r.burst = correction, spec.tokensPerMs(), spec.tokens.n
 	}
 	if r.lease != "" {

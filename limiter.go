@@ -153,22 +153,22 @@ const (
 // grant is what a limiter admitted, to give back with done: where it was
 // taken, so that it goes back there.
 type grant struct {
-	store   *sharedLimit // the fleet's limits that admitted it; nil: this relay's
-	lease   string       // the store's concurrency slot; "" for none
-	tokens  bool         // it is held to the token limit
-	charged int64        // tokens charged so far, corrected by done
-	// left is what the fleet's store said the limits had left when it
-	// admitted (or refused) the request; this relay's own limits are read
-	// when asked instead
-	left headroom
-	// tgen is the life of this node's block of the store's token limit
-	// that its tokens were charged to (0: none): corrections go there
-	// while it lasts
-	tgen uint64
+	store  *sharedLimit // the fleet's limits that admitted it; nil: this relay's
+	lease  string       // the store's concurrency slot; "" for none
+	tokens bool         // it is held to the token limit
+	// fromBlock says its tokens were charged to this node's block of the
+	// store's token limit: its corrections go to the block held then,
+	// whichever it is, as long as one is (fleet_leases.go)
+	fromBlock bool
 	// pending says the request passed the gate of limits the fleet keeps
 	// (enter) and is admitted with its first channel; charged is then the
 	// estimate to charge, when tokens is set
 	pending bool
+	charged int64 // tokens charged so far, corrected by done
+	// left is what the fleet's store said the limits had left when it
+	// admitted (or refused) the request; this relay's own limits are read
+	// when asked instead
+	left headroom
 }
 
 // scopeFleetDown refuses a request because the fleet's store did not answer
