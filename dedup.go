@@ -393,6 +393,9 @@ func (r *Relay) share(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 	now := r.now()
 	if c != nil {
 		if e, result := c.get(d, now); e != nil {
+			if rerr := r.admitPending(in); rerr != nil {
+				return refused(rerr)
+			}
 			metricCache.WithLabelValues(g, result).Inc()
 			if result == cacheStale {
 				r.revalidate(req, in, c, d)
@@ -403,14 +406,22 @@ func (r *Relay) share(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 	}
 	dk := newDedupKey(in.who.stateID, idem, d)
 	if retry {
-		if f := dedups.find(dk, now, r.dedupWindow); f != nil && r.replay(w, req.Context(), in, f, sharedDedup) {
-			metricDedup.WithLabelValues(g).Inc()
-			return nil
+		if f := dedups.find(dk, now, r.dedupWindow); f != nil {
+			if rerr := r.admitPending(in); rerr != nil {
+				return refused(rerr)
+			}
+			if r.replay(w, req.Context(), in, f, sharedDedup) {
+				metricDedup.WithLabelValues(g).Inc()
+				return nil
+			}
 		}
 	}
 	f := newFlight()
 	if c != nil {
 		if other := c.join(d, f); other != nil {
+			if rerr := r.admitPending(in); rerr != nil {
+				return refused(rerr)
+			}
 			if r.replay(w, req.Context(), in, other, sharedCoalesced) {
 				metricCache.WithLabelValues(g, cacheHit).Inc()
 				return nil

@@ -122,14 +122,10 @@ func (r *Relay) failover(w http.ResponseWriter, req *http.Request, in *inbound, 
 			if t, scope, rerr = r.admitHeld(req.Context(), in, ch, sel.now, q); rerr != nil {
 				return refused(rerr)
 			}
-		} else if u := in.grant.endUserPending; u != nil { // one round trip for the end user and the channel
-			ug, wait, byUser := grant{}, time.Duration(0), false
-			t, ug, scope, wait, byUser = ch.health.admitAlong(sel.now, in.ask.estimate, u, in.grant.endUserEstimate)
-			if byUser && scope != scopeFleetDown {
-				return refused(endUserRefused(in, scope, wait))
-			}
-			if t != nil {
-				in.grant.endUser, in.grant.endUserGrant, in.grant.endUserPending = u, ug, nil
+		} else if in.grant.keyGrant.pending || in.grant.endUserPending != nil { // one round trip for the key, the end user and the channel
+			var rerr *relayError
+			if t, scope, _, rerr = r.admitFirst(in, ch, sel.now, nil); rerr != nil {
+				return refused(rerr)
 			}
 		} else {
 			t, scope = ch.health.admit(sel.now, in.ask.estimate)

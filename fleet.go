@@ -74,7 +74,10 @@ type FleetRedis struct {
 
 	// Lease is how long a concurrency slot held by a relay stays taken if
 	// that relay stops renewing it (it died, or lost Redis): a relay renews
-	// its slots every third of it. Default: 15s.
+	// its slots every third of it. It also bounds how long a relay admits
+	// from a block of a large rate or token limit it took from Redis
+	// before it gives back what is left (a tenth of the limit's period,
+	// at least 100ms, at most this). Default: 15s.
 	Lease caddy.Duration `json:"lease,omitempty"`
 }
 
@@ -141,6 +144,30 @@ type fleet struct {
 	holdLeases map[leaseRef]struct{}
 	spendMu    sync.Mutex // one spend sync at a time
 
+	// blocks are the sharedLimits of which this node holds a block of a
+	// large limit (fleet_leases.go); blocksNew wakes the worker that ends
+	// them when their lease runs out
+	blocksMu  sync.Mutex
+	blocks    map[*sharedLimit]struct{}
+	blocksNew chan struct{}
+	// nodesUp is the number of relays up in the fleet, as the last
+	// heartbeat found (0: not known yet), which sizes the blocks;
+	// nodesPinned, when set, is taken instead (tests run several nodes in
+	// one process, which has one node id)
+	nodesUp, nodesPinned atomic.Int64
+	// noLeases takes no blocks: every limit is asked of Redis at every
+	// request (for tests and benchmarks that compare)
+	noLeases atomic.Bool
+	now      func() time.Time // the clock blocks' leases end by
+
+	// slots are concurrency slots freed on this relay and not given back
+	// yet: the next admission carries them, or giveBackSlots after
+	// slotDelay; slotsNew wakes it
+	slotsMu   sync.Mutex
+	slots     []leaseRef
+	slotsNew  chan struct{}
+	slotDelay atomic.Int64 // ns
+
 	releases chan release       // given back off the request path
 	publish  chan healthChange  // health changes of this node, to publish
 	resync   chan struct{}      // asks for a sync of every shared channel's health
@@ -176,18 +203,23 @@ func newFleet(ctx caddy.Context, s *FleetRedis) (*fleet, error) {
 		return nil, fmt.Errorf("storage redis: password: %w", err)
 	}
 	f := &fleet{
-		prefix:   s.Prefix,
-		timeout:  time.Duration(s.Timeout),
-		deny:     s.OnError == "deny",
-		lease:    time.Duration(s.Lease),
-		cluster:  s.MasterName == "" && len(s.Address) > 1,
-		leases:   map[leaseRef]struct{}{},
-		releases: make(chan release, 4096),
-		publish:  make(chan healthChange, 1024),
-		resync:   make(chan struct{}, 1),
-		spendNow: make(chan struct{}, 1),
+		prefix:    s.Prefix,
+		timeout:   time.Duration(s.Timeout),
+		deny:      s.OnError == "deny",
+		lease:     time.Duration(s.Lease),
+		cluster:   s.MasterName == "" && len(s.Address) > 1,
+		leases:    map[leaseRef]struct{}{},
+		blocks:    map[*sharedLimit]struct{}{},
+		blocksNew: make(chan struct{}, 1),
+		slotsNew:  make(chan struct{}, 1),
+		now:       time.Now,
+		releases:  make(chan release, 4096),
+		publish:   make(chan healthChange, 1024),
+		resync:    make(chan struct{}, 1),
+		spendNow:  make(chan struct{}, 1),
 	}
 	f.holdLeases = map[leaseRef]struct{}{}
+	f.slotDelay.Store(int64(defaultSlotDelay))
 	if f.prefix == "" {
 		f.prefix = defaultRedisPrefix
 	}
@@ -235,7 +267,7 @@ func newFleet(ctx caddy.Context, s *FleetRedis) (*fleet, error) {
 	})
 	work, stop := context.WithCancel(context.Background())
 	f.stop = stop
-	for _, run := range []func(context.Context){f.renewLeases, f.giveBack, f.heartbeat, f.publishHealth, f.subscribeHealth, f.syncSpend} {
+	for _, run := range []func(context.Context){f.renewLeases, f.giveBack, f.heartbeat, f.publishHealth, f.subscribeHealth, f.syncSpend, f.expireBlocks, f.giveBackSlots} {
 		f.done.Add(1)
 		go func() {
 			defer f.done.Done()
@@ -248,13 +280,24 @@ func newFleet(ctx caddy.Context, s *FleetRedis) (*fleet, error) {
 
 // Destruct implements caddy.Destructor: the last config that used the
 // fleet is gone. Spend not yet added is added (with it, the holds of the
-// requests that spent it are given back), slots still held are given back,
-// the node leaves. The holds of requests still in flight expire with their
-// lease: their cost is not known yet.
+// requests that spent it are given back), what the worker had not given
+// back yet and the unused part of this node's blocks of large limits are
+// given back, slots still held are given back, the node leaves. The holds
+// of requests still in flight expire with their lease: their cost is not
+// known yet.
 func (f *fleet) Destruct() error {
 	f.stop()
 	f.done.Wait()
 	f.flushSpend()
+	f.endBlocks(f.now(), true)
+	var rest []release
+	for len(f.releases) > 0 {
+		rest = append(rest, <-f.releases)
+	}
+	if len(rest) > 0 {
+		f.flush(rest)
+	}
+	f.flushSlots()
 	f.closed.Store(true)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()

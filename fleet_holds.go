@@ -137,43 +137,18 @@ func (f *fleet) prepareHold(a *spendAccount, now time.Time, n nanoUSD, member st
 	return c
 }
 
-// admitAll admits one request against the limits of things and holds its
-// worst case against its accounts' budgets, in one round trip: all or
-// none. It returns what each thing has left, the thing that refused
-// (-1: none) with its scope and wait, and the verdict on the holds.
-func (f *fleet) admitAll(now time.Time, things []*admitCall, holds []*holdCall) (lefts []headroom, refused int, scope limitScope, wait time.Duration, ans holdAnswer, err error) {
-	keys := make([]string, 0, 3*len(things)+4*len(holds))
-	args := make([]any, 0, 2+8*len(things)+8*len(holds))
-	args = append(args, len(things), holdKeysTTL.Milliseconds())
-	for _, c := range things {
-		keys = append(keys, c.keys...)
-		args = append(args, c.args...)
-	}
-	for _, h := range holds {
-		keys = append(keys, h.keys...)
-		args = append(args, h.args...)
-	}
-	var res []int64
-	err = f.do("admit", func(ctx context.Context) error {
-		var e error
-		res, e = admitScript.Run(ctx, f.client, keys, args...).Int64Slice()
-		return e
-	})
-	if err == nil && len(res) != 6*len(things)+4*len(holds) {
-		err = errFleetDown
-	}
-	if err != nil {
-		return nil, -1, scopeNone, 0, holdAnswer{}, err
-	}
-	base := 6 * len(things)
+// readHolds reads the verdicts on holds from the admission script's
+// answer (res, the holds' part of it).
+func readHolds(res []int64, holds []*holdCall) (holdAnswer, error) {
+	var ans holdAnswer
 	for i, h := range holds {
-		v := res[base+4*i:]
+		v := res[4*i:]
 		if v[0] == 0 {
 			continue
 		}
 		j := int(v[1]) - 1
 		if j < 0 || j >= len(h.periods) {
-			return nil, -1, scopeNone, 0, holdAnswer{}, errFleetDown // not an answer of this script
+			return holdAnswer{}, errFleetDown // not an answer of this script
 		}
 		ans = holdAnswer{verdict: holdWait, i: i, period: h.periods[j], spent: nanoUSD(v[2]), held: nanoUSD(v[3])}
 		if v[0] == 2 {
@@ -181,144 +156,200 @@ func (f *fleet) admitAll(now time.Time, things []*admitCall, holds []*holdCall) 
 			break
 		}
 	}
+	return ans, nil
+}
+
+// admitAny is admitAll, but in a Redis Cluster, where one script cannot
+// touch two things' keys (a key's and its channel's, a key's account and
+// its group's), each thing and each hold takes a script of its own, all
+// sent in one pipeline (to the nodes that hold their slots, at once); what
+// was taken is given back when another refused.
+func (f *fleet) admitAny(now time.Time, calls []*admitCall, hcs []*holdCall) (refused int, scope limitScope, wait time.Duration, ans holdAnswer, err error) {
+	if !f.cluster || len(calls)+len(hcs) < 2 {
+		return f.admitAll(now, calls, hcs)
+	}
 	refused = -1
-	lefts = make([]headroom, len(things))
-	for i, c := range things {
-		left, s, w := c.read(now, res[6*i:6*i+6])
-		lefts[i] = left
+	cmds := make([]*redis.Cmd, len(calls)+len(hcs))
+	asked := len(hcs) > 0
+	for _, c := range calls {
+		asked = asked || c.redis
+	}
+	if asked {
+		err = f.do("admit", func(ctx context.Context) error {
+			_, err := f.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+				for i, c := range calls {
+					if c.redis {
+						c.sent = true
+						cmds[i] = admitScript.Eval(ctx, pipe, c.keys, append([]any{1, holdKeysTTL.Milliseconds(), 0}, c.args...)...)
+					}
+				}
+				for i, h := range hcs {
+					cmds[len(calls)+i] = admitScript.Eval(ctx, pipe, h.keys, append([]any{0, holdKeysTTL.Milliseconds(), 0}, h.args...)...)
+				}
+				return nil
+			})
+			return err
+		})
+	}
+	failed := false
+	type answer struct {
+		left       headroom
+		rgot, tgot int64
+		admitted   bool
+	}
+	got := make([]answer, len(calls))
+	for i, c := range calls {
+		if !c.redis {
+			got[i].admitted = true
+			continue
+		}
+		res, e := cmds[i].Int64Slice()
+		if e != nil || len(res) != admitAnswer {
+			failed = true
+			continue
+		}
+		left, s, w, rgot, tgot := c.read(now, res)
+		got[i] = answer{left: left, rgot: rgot, tgot: tgot, admitted: s == scopeNone}
 		if s != scopeNone && refused < 0 {
 			refused, scope, wait = i, s, w
 		}
 	}
-	return lefts, refused, scope, wait, ans, nil
-}
-
-// admitHolds is admitAll, but in a Redis Cluster, where one script cannot
-// touch two accounts' keys (a key's and its group's), each hold takes a
-// script of its own, in order, and those taken are given back when a
-// later one is not. (In a cluster, calls is empty: the limits go on their
-// own.)
-func (f *fleet) admitHolds(now time.Time, calls []*admitCall, hcs []*holdCall) (lefts []headroom, refused int, scope limitScope, wait time.Duration, ans holdAnswer, err error) {
-	if !f.cluster || len(hcs) < 2 || len(calls) > 0 {
-		return f.admitAll(now, calls, hcs)
-	}
+	taken := make([]bool, len(hcs))
 	for i := range hcs {
-		if _, _, _, _, ans, err = f.admitAll(now, nil, hcs[i:i+1]); err != nil || ans.verdict != holdTaken {
-			for _, taken := range hcs[:i] {
-				f.queueRelease(release{holdSet: taken.keys[0], holdTotal: taken.keys[1], member: taken.member})
-			}
-			ans.i = i
-			return nil, -1, scopeNone, 0, ans, err
+		res, e := cmds[len(calls)+i].Int64Slice()
+		if e != nil || len(res) != 4 {
+			failed = true
+			continue
+		}
+		a, e := readHolds(res, hcs[i:i+1])
+		switch {
+		case e != nil:
+			failed = true
+		case a.verdict == holdTaken:
+			taken[i] = true
+		case ans.verdict == holdTaken || a.verdict == holdRefused && ans.verdict != holdRefused:
+			ans, ans.i = a, i
 		}
 	}
-	return nil, -1, scopeNone, 0, holdAnswer{}, nil
+	if !failed && refused < 0 && ans.verdict == holdTaken {
+		for i, c := range calls {
+			c.g = c.granted(now, got[i].left, got[i].rgot, got[i].tgot)
+		}
+		return -1, scopeNone, 0, ans, nil
+	}
+	// not admitted: what the others took goes back
+	for i, c := range calls {
+		if c.redis && got[i].admitted {
+			g := c.granted(now, got[i].left, got[i].rgot, got[i].tgot)
+			c.s.giveBack(c.spec, g, -g.charged)
+			c.g = grant{left: g.left}
+			continue
+		}
+		c.undo()
+		c.g = grant{left: c.refusedLeft(got[i].left)}
+	}
+	for i, h := range hcs {
+		if taken[i] {
+			f.queueRelease(release{holdSet: h.keys[0], holdTotal: h.keys[1], member: h.member})
+		}
+	}
+	if failed {
+		return -1, scopeNone, 0, holdAnswer{}, errFleetDown
+	}
+	return refused, scope, wait, ans, nil
 }
 
-// takeHeld is takeHeld (hold.go) for holds the fleet keeps: the end
-// user's and the channel's limits that f keeps go in one script with the
-// holds; the others are taken first, on their own. While Redis does not
+// admitHolds takes holds alone (a batch's), as admitAny does.
+func (f *fleet) admitHolds(now time.Time, calls []*admitCall, hcs []*holdCall) ([]headroom, int, limitScope, time.Duration, holdAnswer, error) {
+	refused, scope, wait, ans, err := f.admitAny(now, calls, hcs)
+	return nil, refused, scope, wait, ans, err
+}
+
+// takeAll is takeAll (limiter.go) for a request whose limits f keeps
+// (some of them) and whose holds it keeps (hs; nil: none): the limits f
+// keeps go in one script with the holds (in a Redis Cluster, one pipeline
+// of a script each), and only when this node's blocks do not serve them
+// all; the others are taken first, on their own. While Redis does not
 // answer, the holds are taken on this relay, with the limits, as the
 // limits are (or, on_error deny, refused).
-func (f *fleet) takeHeld(now time.Time, user *limiter, ue int64, ch *limiter, ce int64, hs *holds) (gu, gc grant, scope limitScope, wait time.Duration, byUser bool, ans holdAnswer) {
-	var su, sc *sharedLimit
-	if !f.cluster { // a Redis Cluster runs no script over two things' keys
-		if user != nil {
-			if s := user.shared.Load(); s != nil && s.f == f {
-				su = s
+func (f *fleet) takeAll(now time.Time, asks []ask, hs *holds) (refused int, scope limitScope, wait time.Duration, ans holdAnswer) {
+	var inScript [4]bool
+	for i := range asks {
+		if l := asks[i].l; l != nil {
+			if s := l.shared.Load(); s != nil && s.f == f {
+				inScript[i] = true
 			}
 		}
-		if s := ch.shared.Load(); s != nil && s.f == f {
-			sc = s
-		}
 	}
-	if user != nil && su == nil {
-		if gu, scope, wait = user.take(now, ue); scope != scopeNone {
-			return grant{}, grant{}, scope, wait, true, ans
-		}
-	}
-	if sc == nil {
-		if gc, scope, wait = ch.take(now, ce); scope != scopeNone {
-			if user != nil && su == nil {
-				user.done(now, gu, 0)
-			}
-			return grant{}, grant{}, scope, wait, false, ans
-		}
+	isIn := func(i int) bool { return inScript[i] }
+	if i, scope, wait := inTurn(now, asks, isIn, (*limiter).take); i >= 0 {
+		return i, scope, wait, ans
 	}
 	undo := func() { // what was taken outside the script
-		if sc == nil {
-			ch.done(now, gc, 0)
+		giveBackAsks(now, asks, isIn)
+	}
+	var calls [4]*admitCall
+	var which [4]int
+	n := 0
+	for i := range asks {
+		if inScript[i] {
+			a := &asks[i]
+			calls[n], which[n] = a.l.shared.Load().prepare(now, a.l.limits(), a.est), i
+			n++
 		}
-		if user != nil && su == nil {
-			user.done(now, gu, 0)
+	}
+	var hcs []*holdCall
+	if hs != nil {
+		hcs = make([]*holdCall, hs.n)
+		for i := range hs.n {
+			h := &hs.list[i]
+			hcs[i] = f.prepareHold(h.a, now, h.usd, holdMember(f.leaseID(), h.usd), f.lease)
 		}
 	}
-	var calls []*admitCall
-	if su != nil {
-		calls = append(calls, su.prepare(user.limits(), ue))
-	}
-	if sc != nil {
-		calls = append(calls, sc.prepare(ch.limits(), ce))
-	}
-	hcs := make([]*holdCall, hs.n)
-	for i := range hs.n {
-		h := &hs.list[i]
-		hcs[i] = f.prepareHold(h.a, now, h.usd, holdMember(f.leaseID(), h.usd), f.lease)
-	}
-	lefts, refused, rscope, rwait, hans, err := f.admitHolds(now, calls, hcs)
+	r, rscope, rwait, hans, err := f.admitAny(now, calls[:n], hcs)
 	switch {
 	case err != nil && f.deny:
 		undo()
-		return grant{}, grant{}, scopeFleetDown, 0, false, holdAnswer{}
+		return 0, scopeFleetDown, 0, holdAnswer{}
 	case err != nil: // Redis is down: this relay's own holds and limits meanwhile
-		if ans = hs.reserve(now); ans.verdict != holdTaken {
+		if hs != nil {
+			if ans = hs.reserve(now); ans.verdict != holdTaken {
+				undo()
+				return -1, scopeNone, 0, ans
+			}
+		}
+		notIn := func(i int) bool { return !inScript[i] }
+		if i, scope, wait := inTurn(now, asks, notIn, (*limiter).takeLocal); i >= 0 {
+			if hs != nil {
+				hs.unreserve()
+			}
 			undo()
-			return grant{}, grant{}, scopeNone, 0, false, ans
+			return i, scope, wait, holdAnswer{}
 		}
-		if su != nil {
-			if gu, scope, wait = user.takeLocal(now, ue); scope != scopeNone {
-				hs.unreserve()
-				undo()
-				return grant{}, grant{}, scope, wait, true, holdAnswer{}
-			}
-		}
-		if sc != nil {
-			if gc, scope, wait = ch.takeLocal(now, ce); scope != scopeNone {
-				if su != nil {
-					user.done(now, gu, 0)
-				}
-				hs.unreserve()
-				undo()
-				return grant{}, grant{}, scope, wait, false, holdAnswer{}
-			}
-		}
-		return gu, gc, scopeNone, 0, false, holdAnswer{}
+		return -1, scopeNone, 0, holdAnswer{}
 	case hans.verdict != holdTaken:
 		undo()
-		return grant{}, grant{}, scopeNone, 0, false, hans
-	case refused >= 0:
+		return -1, scopeNone, 0, hans
+	case r >= 0:
 		undo()
-		l := ch
-		if calls[refused].s == su && su != nil {
-			l, byUser = user, true
+		i := which[r]
+		a := &asks[i]
+		a.g, _, _, _ = a.l.settle(now, calls[r].s, calls[r].g, rscope, rwait, nil)
+		return i, rscope, rwait, holdAnswer{}
+	}
+	for k := range n {
+		a := &asks[which[k]]
+		a.g, _, _, _ = a.l.settle(now, calls[k].s, calls[k].g, scopeNone, 0, nil)
+	}
+	if hs != nil {
+		for i := range hs.n {
+			h := &hs.list[i]
+			h.lease = hcs[i].member
+			h.a.holdsHere(h.usd)
+			f.hold(leaseRef{hcs[i].keys[0], h.lease}, true)
 		}
-		l.settle(now, calls[refused].s, grant{left: lefts[refused]}, rscope, rwait, nil)
-		return grant{}, grant{}, rscope, rwait, byUser, holdAnswer{}
 	}
-	i := 0
-	if su != nil {
-		gu, _, _, _ = user.settle(now, su, calls[i].granted(lefts[i]), scopeNone, 0, nil)
-		i++
-	}
-	if sc != nil {
-		gc, _, _, _ = ch.settle(now, sc, calls[i].granted(lefts[i]), scopeNone, 0, nil)
-	}
-	for i := range hs.n {
-		h := &hs.list[i]
-		h.lease = hcs[i].member
-		h.a.holdsHere(h.usd)
-		f.hold(leaseRef{hcs[i].keys[0], h.lease}, true)
-	}
-	return gu, gc, scopeNone, 0, false, holdAnswer{}
+	return -1, scopeNone, 0, holdAnswer{}
 }
 
 // releaseHold gives back, off the request's path, a hold of a in Redis

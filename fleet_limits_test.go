@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-relay/relay/internal/redistest"
@@ -134,8 +135,9 @@ func TestSharedRateKeepsSubMillisecondIntervals(t *testing.T) {
 	start := time.Now()
 	_, err := rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 		for range 50 {
-			// one thing, no holds; lease, concurrency, lease ms, emission ms, burst, tokens/ms, token burst, charge
-			cmds = append(cmds, admitScript.Eval(ctx, pipe, []string{"fine:l", "fine:r", "fine:t"}, 1, 0, "x", 0, 1000, 0.02, 1, 0, 0, -1))
+			// one thing, no holds, no slots carried; lease, concurrency, lease ms, emission ms, burst,
+			// requests to take, requests given back, tokens/ms, token burst, charge, tokens to take and given back
+			cmds = append(cmds, admitScript.Eval(ctx, pipe, []string{"fine:l", "fine:r", "fine:t"}, 1, 0, 0, "x", 0, 1000, 0.02, 1, 1, 0, 0, 0, -1, 0, 0))
 		}
 		return nil
 	})
@@ -145,7 +147,7 @@ func TestSharedRateKeepsSubMillisecondIntervals(t *testing.T) {
 	}
 	admitted := 0
 	for _, c := range cmds {
-		if v, _ := c.Int64Slice(); len(v) == 6 && v[0] == 0 {
+		if v, _ := c.Int64Slice(); len(v) == admitAnswer && v[0] == 0 {
 			admitted++
 		}
 	}
@@ -242,5 +244,61 @@ func TestSharedLimitKeysAreTagged(t *testing.T) {
 	}
 	if got := f.healthKey("x"); got != "p:{c:x}:health" {
 		t.Fatal(got)
+	}
+}
+
+// TestAFreedSlotGoesWithTheNextAdmission: a slot a request frees is given
+// back with the next admission the relay sends, not in a round trip of
+// its own; the worker gives back what no admission took, and so does a
+// relay that stops.
+func TestAFreedSlotGoesWithTheNextAdmission(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	f := testFleet(t, srv.Addr, "carry:", 0)
+	f.slotDelay.Store(int64(time.Hour)) // no worker: only admissions carry them
+	l := sharedLimiter(t, f, "k:carry", limits{concurrency: 1})
+	slots := func() int64 {
+		n, err := rdb.ZCard(context.Background(), "carry:{k:carry}:leases").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	releases := func() float64 {
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(metricFleetSeconds)
+		mfs, _ := reg.Gather()
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				for _, lp := range m.GetLabel() {
+					if lp.GetName() == "op" && lp.GetValue() == "release" {
+						return float64(m.GetHistogram().GetSampleCount())
+					}
+				}
+			}
+		}
+		return 0
+	}
+	before := releases()
+	for i := range 5 {
+		g, scope, _ := l.take(time.Now(), -1)
+		if scope != scopeNone {
+			t.Fatalf("request %d: refused by %q: the slot freed before it was not given back with it", i+1, scope)
+		}
+		if n := slots(); n != 1 {
+			t.Fatalf("request %d: %d slots held in Redis, want 1", i+1, n)
+		}
+		l.done(time.Now(), g, 0)
+	}
+	if n := releases() - before; n != 0 {
+		t.Fatalf("the freed slots took %v round trips of their own, want none", n)
+	}
+	// the last one: nobody carries it, the relay stops and gives it back
+	if err := f.Destruct(); err != nil {
+		t.Fatal(err)
+	}
+	if n := slots(); n != 0 {
+		t.Fatalf("%d slots held after the relay stopped, want none", n)
 	}
 }

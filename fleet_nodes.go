@@ -26,6 +26,11 @@ type nodeInfo struct {
 	Address string    `json:"address"`
 	Version string    `json:"version"`
 	Started time.Time `json:"started"`
+	// Leases are the blocks of large limits the node held at its last
+	// heartbeat (fleet_leases.go): each is how far the fleet's count of
+	// its limit may be off because of this node, the most being one block
+	// per node. Empty: none, and the fleet's limits are exact.
+	Leases []blockInfo `json:"leases"`
 }
 
 // fleetNode is one row of GET /relay/fleet.
@@ -38,7 +43,9 @@ type fleetNode struct {
 
 // heartbeatScript records a heartbeat and forgets the nodes long gone.
 // KEYS: the set of nodes by last seen, the hash of their info. ARGV: the
-// node's id, its info, the ms after which a node is forgotten.
+// node's id, its info, the ms after which a node is forgotten, the ms
+// after which a node is gone. It returns the number of nodes up (seen
+// more recently than gone), this one included.
 var heartbeatScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -47,7 +54,7 @@ redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 local old = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[3]))
 for _, id in ipairs(old) do redis.call('HDEL', KEYS[2], id) end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[3]))
-return now
+return redis.call('ZCOUNT', KEYS[1], now - tonumber(ARGV[4]), '+inf')
 `)
 
 // fleetScript reads the nodes: Redis's time in ms, then each node's id,
@@ -71,18 +78,32 @@ func (f *fleet) nodeKeys() []string {
 // heartbeat writes this node's heartbeat every heartbeatEvery until ctx
 // ends. While Redis is away, it is also what finds it back.
 func (f *fleet) heartbeat(ctx context.Context) {
-	info, _ := json.Marshal(thisNode())
 	t := time.NewTicker(heartbeatEvery)
 	defer t.Stop()
 	for {
-		_ = f.do("heartbeat", func(ctx context.Context) error {
-			return heartbeatScript.Run(ctx, f.client, f.nodeKeys(), f.node, info, nodeForgottenAfter.Milliseconds()).Err()
-		})
+		f.beat()
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// beat writes one heartbeat: this node, and the blocks it holds; it
+// learns how many relays are up, which sizes the blocks it takes.
+func (f *fleet) beat() {
+	self := thisNode()
+	self.Leases = f.blockInfos(f.now())
+	info, _ := json.Marshal(self)
+	var up int64
+	err := f.do("heartbeat", func(ctx context.Context) error {
+		var err error
+		up, err = heartbeatScript.Run(ctx, f.client, f.nodeKeys(), f.node, info, nodeForgottenAfter.Milliseconds(), nodeGoneAfter.Milliseconds()).Int64()
+		return err
+	})
+	if err == nil && up > 0 {
+		f.nodesUp.Store(up)
 	}
 }
 
@@ -157,6 +178,11 @@ func fleetRows() ([]fleetNode, error) {
 	}
 	if rows == nil {
 		rows = []fleetNode{{nodeInfo: thisNode(), LastSeen: time.Now().UTC(), State: "up"}}
+	}
+	for i := range rows {
+		if rows[i].Leases == nil {
+			rows[i].Leases = []blockInfo{}
+		}
 	}
 	return rows, nil
 }

@@ -31,43 +31,38 @@ func (h *channelHealth) admit(now time.Time, estimate int64) (*ticket, limitScop
 	return &ticket{h: h, done: done, grant: g}, scopeNone
 }
 
-// admitAlong admits an attempt as admit does, and with it the request's
-// end user's limits (user, charged userEstimate tokens), both or neither,
-// in one round trip when the fleet keeps both. byUser says that the end
-// user's limits refused; else a refusal is the channel's, as admit's.
-func (h *channelHealth) admitAlong(now time.Time, estimate int64, user *limiter, userEstimate int64) (t *ticket, userGrant grant, scope limitScope, wait time.Duration, byUser bool) {
-	ug, g, scope, wait, byUser := takeBoth(now, user, userEstimate, &h.limits, estimate)
-	if scope != scopeNone {
-		return nil, grant{}, scope, wait, byUser
+// admitWith admits an attempt as admit does, and with it what goes along
+// with a request's first attempt: the limits of riders (its key's and its
+// end user's, when a fleet keeps them) and its holds of its budgets (hs;
+// nil: none), all or nothing, in one round trip when the fleet keeps them.
+// refused is the rider whose limits refused (-1: none; else a refusal is
+// the channel's, as admit's); ans says why the holds were not taken. An
+// admitted rider's g is what its limits admitted.
+func (h *channelHealth) admitWith(now time.Time, estimate int64, riders []ask, hs *holds) (t *ticket, refused int, scope limitScope, wait time.Duration, ans holdAnswer) {
+	var buf [4]ask
+	asks := append(buf[:0], riders...)
+	asks = append(asks, ask{l: &h.limits, est: estimate})
+	refused, scope, wait, ans = takeAll(now, asks, hs)
+	copy(riders, asks)
+	if scope == scopeFleetDown {
+		return nil, -1, scope, 0, ans
 	}
-	done, err := h.breaker.Load().Allow()
-	if err != nil { // its half-open breaker is busy with other probes
-		h.limits.done(now, g, 0)
-		user.done(now, ug, 0)
-		return nil, grant{}, scopeNone, 0, false
-	}
-	return &ticket{h: h, done: done, grant: g}, ug, scopeNone, 0, false
-}
-
-// admitHeld admits an attempt as admitAlong does (user nil: no end user's
-// limits), and with it the request's holds of its budgets (hs), all or
-// nothing: in the same round trip when the fleet keeps them. ans says why
-// the holds were not taken, when they were not.
-func (h *channelHealth) admitHeld(now time.Time, estimate int64, user *limiter, userEstimate int64, hs *holds) (t *ticket, userGrant grant, scope limitScope, wait time.Duration, byUser bool, ans holdAnswer) {
-	ug, g, scope, wait, byUser, ans := takeHeld(now, user, userEstimate, &h.limits, estimate, hs)
-	if scope != scopeNone || ans.verdict != holdTaken {
-		return nil, grant{}, scope, wait, byUser, ans
-	}
-	done, err := h.breaker.Load().Allow()
-	if err != nil { // its half-open breaker is busy with other probes
-		h.limits.done(now, g, 0)
-		if user != nil {
-			user.done(now, ug, 0)
+	if refused >= 0 || ans.verdict != holdTaken {
+		if refused == len(riders) { // the channel's own
+			refused = -1
 		}
-		hs.unreserve()
-		return nil, grant{}, scopeNone, 0, false, holdAnswer{}
+		return nil, refused, scope, wait, ans
 	}
-	return &ticket{h: h, done: done, grant: g}, ug, scopeNone, 0, false, holdAnswer{}
+	done, err := h.breaker.Load().Allow()
+	if err != nil { // its half-open breaker is busy with other probes
+		giveBackAsks(now, asks, nil)
+		copy(riders, asks)
+		if hs != nil {
+			hs.unreserve()
+		}
+		return nil, -1, scopeNone, 0, holdAnswer{}
+	}
+	return &ticket{h: h, done: done, grant: asks[len(riders)].g}, -1, scopeNone, 0, holdAnswer{}
 }
 
 // finish records the verdict of the attempt: limits, counters, breaker,

@@ -323,7 +323,7 @@ func (r *Relay) planHolds(in *inbound) *relayError {
 }
 
 // admitHeld admits an attempt on ch together with the request's holds
-// (and its end user's limits, when they are pending), all or nothing, in
+// (and its key's and end user's limits, when they are pending), all or nothing, in
 // one round trip to the fleet when the fleet keeps them. A hold that
 // cannot fit answers the request (rerr); a hold that must wait for holds in
 // flight waits in the queue, and then the loop picks again (nil ticket,
@@ -344,7 +344,7 @@ func (r *Relay) admitHeld(ctx context.Context, in *inbound, ch *channel, now tim
 	for i := range hs.n {
 		freed[i] = hs.list[i].a.freed.Load()
 	}
-	t, ug, scope, wait, byUser, ans := ch.health.admitHeld(now, in.ask.estimate, in.grant.endUserPending, in.grant.endUserEstimate, hs)
+	t, scope, ans, rerr := r.admitFirst(in, ch, now, hs)
 	switch {
 	case ans.verdict != holdTaken && hs.channel != nil && hs.list[ans.i].a == hs.channel:
 		return nil, scopeCapped, nil // the channel's cap cannot take it: the next channel may
@@ -354,13 +354,10 @@ func (r *Relay) admitHeld(ctx context.Context, in *inbound, ch *channel, now tim
 	case ans.verdict == holdWait:
 		settled := func() bool { return hs.list[ans.i].a.freed.Load() != freed[ans.i] }
 		return nil, scopeBudget, r.waitForHolds(ctx, in, q, ans, settled)
-	case byUser && scope != scopeFleetDown:
-		return nil, scope, endUserRefused(in, scope, wait)
+	case rerr != nil:
+		return nil, scope, rerr
 	case t != nil:
 		hs.taken = true
-		if in.grant.endUserPending != nil {
-			in.grant.endUser, in.grant.endUserGrant, in.grant.endUserPending = in.grant.endUserPending, ug, nil
-		}
 	}
 	return t, scope, nil
 }
@@ -487,29 +484,6 @@ func (r *Relay) settleHolds(in *inbound, cost float64) {
 	if in.end.answered != nil {
 		charge(in.end.answered.spend)
 	}
-}
-
-// takeHeld admits one request against its end user's limits (user, nil
-// for none) and its channel's (ch), as takeBoth does, and against its
-// holds: all or nothing. Holds on this relay are taken first, then the
-// limits; in a fleet, the limits the fleet keeps go in one script with
-// the holds, and the others are taken before it.
-func takeHeld(now time.Time, user *limiter, ue int64, ch *limiter, ce int64, hs *holds) (gu, gc grant, scope limitScope, wait time.Duration, byUser bool, ans holdAnswer) {
-	if f := hs.fleet(); f != nil {
-		return f.takeHeld(now, user, ue, ch, ce, hs)
-	}
-	if ans = hs.reserve(now); ans.verdict != holdTaken {
-		return
-	}
-	if user != nil {
-		gu, gc, scope, wait, byUser = takeBoth(now, user, ue, ch, ce)
-	} else {
-		gc, scope, wait = ch.take(now, ce)
-	}
-	if scope != scopeNone {
-		hs.unreserve()
-	}
-	return
 }
 
 // fleet is the fleet that keeps every hold of the request; nil when a hold

@@ -450,7 +450,8 @@ func TestFleetHoldsLeaseAndSettleWithTheirCost(t *testing.T) {
 	take := func(acct *spendAccount, usd float64) (*holds, holdAnswer) {
 		hs := &holds{}
 		hs.add(acct, toNano(usd))
-		_, _, scope, _, _, ans := takeHeld(now, nil, 0, new(limiter), 0, hs)
+		asks := []ask{{l: new(limiter), est: 0}}
+		_, scope, _, ans := takeAll(now, asks, hs)
 		if scope != scopeNone {
 			t.Fatalf("refused by %s", scope)
 		}
@@ -547,7 +548,7 @@ func BenchmarkAdmitAndSelectWithBudget(b *testing.B) {
 		if ch == nil {
 			b.Fatal(rerr)
 		}
-		t, _, _, _, _, ans := ch.health.admitHeld(now, 100, nil, 0, in.grant.holds)
+		t, _, _, _, ans := ch.health.admitWith(now, 100, nil, in.grant.holds)
 		if t == nil || ans.verdict != holdTaken {
 			b.Fatal("channel or hold refused")
 		}

@@ -78,9 +78,15 @@ type limiter struct {
 	inflight atomic.Int64  // this relay's, whoever admitted them
 
 	// shared, when set, is where the limits are kept for the whole fleet;
-	// refusedUntil is when the store last said a refused limit lifts
+	// refusedUntil is when the store last said a refused limit lifts, and
+	// refusedBy which limit it was (a limitScope's index in scriptScopes)
 	shared       atomic.Pointer[sharedLimit]
 	refusedUntil atomic.Int64
+	refusedBy    atomic.Int32
+	// waiting counts the requests that passed this relay's gate of limits
+	// the fleet keeps (enter) and wait to be admitted with their first
+	// channel
+	waiting atomic.Int64
 }
 
 // share keeps the limits in the fleet f, as thing ("k:" and a key's name,
@@ -89,19 +95,26 @@ type limiter struct {
 func (l *limiter) share(f *fleet, thing string) {
 	spec := l.limits()
 	if f == nil || spec == (limits{}) {
-		l.shared.Store(nil)
+		if old := l.shared.Swap(nil); old != nil {
+			old.endAllBlocks()
+		}
 		return
 	}
 	if cur := l.shared.Load(); cur != nil && cur.f == f {
 		return
 	}
-	l.shared.Store(newSharedLimit(f, thing))
+	if old := l.shared.Swap(newSharedLimit(f, thing)); old != nil {
+		old.endAllBlocks()
+	}
 }
 
 // configure pushes new limits in, at now.
 func (l *limiter) configure(spec limits, now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if s := l.shared.Load(); s != nil && spec != l.spec {
+		s.endAllBlocks() // blocks sized for the old limits go back
+	}
 	l.maxConc.Store(spec.concurrency)
 	if spec.rate != l.spec.rate {
 		if spec.rate.n == 0 {
@@ -140,10 +153,18 @@ const (
 // grant is what a limiter admitted, to give back with done: where it was
 // taken, so that it goes back there.
 type grant struct {
-	store   *sharedLimit // the fleet's limits that admitted it; nil: this relay's
-	lease   string       // the store's concurrency slot; "" for none
-	tokens  bool         // it is held to the token limit
-	charged int64        // tokens charged so far, corrected by done
+	store  *sharedLimit // the fleet's limits that admitted it; nil: this relay's
+	lease  string       // the store's concurrency slot; "" for none
+	tokens bool         // it is held to the token limit
+	// fromBlock says its tokens were charged to this node's block of the
+	// store's token limit: its corrections go to the block held then,
+	// whichever it is, as long as one is (fleet_leases.go)
+	fromBlock bool
+	// pending says the request passed the gate of limits the fleet keeps
+	// (enter) and is admitted with its first channel; charged is then the
+	// estimate to charge, when tokens is set
+	pending bool
+	charged int64 // tokens charged so far, corrected by done
 	// left is what the fleet's store said the limits had left when it
 	// admitted (or refused) the request; this relay's own limits are read
 	// when asked instead
@@ -172,6 +193,49 @@ func (l *limiter) take(now time.Time, estimate int64) (grant, limitScope, time.D
 	return l.takeLocal(now, estimate)
 }
 
+// enter lets a request in before its body is read: as take, but limits
+// the fleet keeps are only gated here, on what this relay knows without
+// asking Redis, and admitted along with the request's first channel in its
+// one round trip (the grant is pending until resolve). The gate refuses
+// when this relay alone holds the concurrency limit's worth of the
+// limiter's requests (admitted, or past the gate), and while Redis last
+// said the rate or the token limit refuses, until when it said they lift.
+// A pending grant is given back with done too.
+func (l *limiter) enter(now time.Time, estimate int64) (grant, limitScope, time.Duration) {
+	s := l.shared.Load()
+	if s == nil {
+		return l.take(now, estimate)
+	}
+	if until := l.refusedUntil.Load(); until > now.UnixNano() {
+		if by := scriptScopes[l.refusedBy.Load()]; by == scopeRate || by == scopeTokens {
+			return grant{left: s.lastLeft()}, by, time.Duration(until - now.UnixNano())
+		}
+	}
+	if max := l.maxConc.Load(); max > 0 {
+		for {
+			cur := l.waiting.Load()
+			if cur+l.inflight.Load() >= max {
+				return grant{left: s.lastLeft()}, scopeConcurrency, 0
+			}
+			if l.waiting.CompareAndSwap(cur, cur+1) {
+				break
+			}
+		}
+	} else {
+		l.waiting.Add(1)
+	}
+	return grant{pending: true, tokens: estimate >= 0, charged: max(estimate, 0)}, scopeNone, 0
+}
+
+// resolve puts g, what the limiter admitted a request that passed its
+// gate with, in place of its pending grant.
+func (l *limiter) resolve(pending *grant, g grant) {
+	if pending.pending {
+		l.waiting.Add(-1)
+	}
+	*pending = g
+}
+
 // settle takes in what the fleet's store said of an admission; false when
 // it did not answer and the relay is to use its own limits meanwhile.
 func (l *limiter) settle(now time.Time, s *sharedLimit, g grant, scope limitScope, wait time.Duration, err error) (grant, limitScope, time.Duration, bool) {
@@ -181,6 +245,11 @@ func (l *limiter) settle(now time.Time, s *sharedLimit, g grant, scope limitScop
 		return g, scopeNone, 0, true
 	case err == nil:
 		l.refusedUntil.Store(now.Add(max(wait, sharedBusyHint)).UnixNano())
+		for i, sc := range scriptScopes {
+			if sc == scope {
+				l.refusedBy.Store(int32(i))
+			}
+		}
 		return grant{left: g.left}, scope, wait, true
 	case s.f.deny:
 		return grant{}, scopeFleetDown, 0, true
@@ -188,45 +257,87 @@ func (l *limiter) settle(now time.Time, s *sharedLimit, g grant, scope limitScop
 	return grant{}, scopeNone, 0, false
 }
 
-// takeBoth admits one request against limiters a and b, as take admits it
-// against each, both or neither: in one round trip when one fleet keeps
-// both (a request's end user's limits and its channel's, which then make
-// the request's one round trip to Redis after its body), else one after
-// the other. byA says that a refused, when one did.
-func takeBoth(now time.Time, a *limiter, ea int64, b *limiter, eb int64) (ga, gb grant, scope limitScope, wait time.Duration, byA bool) {
-	sa, sb := a.shared.Load(), b.shared.Load()
-	if sa == nil || sb == nil || sa.f != sb.f || sa.f.cluster {
-		return inTurn(now, (*limiter).take, a, ea, b, eb)
-	}
-	ga, gb, refused, scope, wait, err := sa.f.admitPair(now, sa.prepare(a.limits(), ea), sb.prepare(b.limits(), eb))
-	switch {
-	case err != nil && sa.f.deny:
-		return grant{}, grant{}, scopeFleetDown, 0, true
-	case err != nil: // Redis is down: each keeps its own limits meanwhile
-		return inTurn(now, (*limiter).takeLocal, a, ea, b, eb)
-	case refused == 1:
-		a.settle(now, sa, ga, scope, wait, nil)
-		return grant{}, grant{}, scope, wait, true
-	case refused == 2:
-		b.settle(now, sb, gb, scope, wait, nil)
-		return grant{}, grant{}, scope, wait, false
-	}
-	a.settle(now, sa, ga, scopeNone, 0, nil)
-	b.settle(now, sb, gb, scopeNone, 0, nil)
-	return ga, gb, scopeNone, 0, false
+// ask is one limiter's part of a request's admission: the tokens it
+// charges (-1: not held to tokens), and what it admitted (or, refused,
+// what it has left).
+type ask struct {
+	l   *limiter // nil: none
+	est int64
+	g   grant
 }
 
-// inTurn admits one request against a, then b, with take; when b refuses,
-// what a admitted is given back.
-func inTurn(now time.Time, take func(*limiter, time.Time, int64) (grant, limitScope, time.Duration), a *limiter, ea int64, b *limiter, eb int64) (ga, gb grant, scope limitScope, wait time.Duration, byA bool) {
-	if ga, scope, wait = take(a, now, ea); scope != scopeNone {
-		return grant{}, grant{}, scope, wait, true
+// takeAll admits one request against the limiters of asks (a request's
+// key's and end user's limits, when they go with its first channel, and
+// that channel's) and its holds (hs; nil or taken: none), all or nothing:
+// in one round trip when one fleet keeps them, and in none when this
+// node's blocks of them serve it (fleet_leases.go). refused is the ask
+// whose limiter refused (-1: none; with scopeFleetDown, the fleet's store
+// did not answer and on_error says deny); ans says why the holds were not
+// taken. Each admitted ask's g is to give back with done.
+func takeAll(now time.Time, asks []ask, hs *holds) (refused int, scope limitScope, wait time.Duration, ans holdAnswer) {
+	var f *fleet
+	local := false // the holds are this relay's
+	if hs.pending() {
+		if f = hs.fleet(); f == nil {
+			if ans = hs.reserve(now); ans.verdict != holdTaken {
+				return -1, scopeNone, 0, ans
+			}
+			local = true
+		}
 	}
-	if gb, scope, wait = take(b, now, eb); scope != scopeNone {
-		a.done(now, ga, 0)
-		return grant{}, grant{}, scope, wait, false
+	if f == nil {
+		for i := range asks {
+			if asks[i].l != nil {
+				if s := asks[i].l.shared.Load(); s != nil {
+					f = s.f
+					break
+				}
+			}
+		}
 	}
-	return ga, gb, scopeNone, 0, false
+	switch {
+	case f == nil:
+		refused, scope, wait = inTurn(now, asks, nil, (*limiter).take)
+	case local || !hs.pending():
+		refused, scope, wait, ans = f.takeAll(now, asks, nil)
+	default:
+		refused, scope, wait, ans = f.takeAll(now, asks, hs)
+	}
+	if local && (refused >= 0 || ans.verdict != holdTaken) {
+		hs.unreserve()
+	}
+	return refused, scope, wait, ans
+}
+
+// inTurn admits one request against the limiters of asks that skip does
+// not name (nil: all), one after the other with take; when one refuses,
+// what the others admitted is given back. It returns the ask that
+// refused (-1: none).
+func inTurn(now time.Time, asks []ask, skip func(int) bool, take func(*limiter, time.Time, int64) (grant, limitScope, time.Duration)) (int, limitScope, time.Duration) {
+	for i := range asks {
+		a := &asks[i]
+		if a.l == nil || skip != nil && skip(i) {
+			continue
+		}
+		g, scope, wait := take(a.l, now, a.est)
+		if scope != scopeNone {
+			giveBackAsks(now, asks[:i], skip)
+			a.g = g
+			return i, scope, wait
+		}
+		a.g = g
+	}
+	return -1, scopeNone, 0
+}
+
+// giveBackAsks gives back what the asks that skip does not name admitted.
+func giveBackAsks(now time.Time, asks []ask, skip func(int) bool) {
+	for i := range asks {
+		if a := &asks[i]; a.l != nil && (skip == nil || !skip(i)) {
+			a.l.done(now, a.g, 0)
+			a.g = grant{}
+		}
+	}
 }
 
 // takeLocal admits one request against this relay's own limits.
@@ -294,9 +405,12 @@ func (l *limiter) charge(now time.Time, g *grant, n int64) {
 		return
 	}
 	g.charged += n
+	if g.pending { // charged when admitted
+		return
+	}
 	if g.store != nil {
 		spec := l.limits()
-		g.store.correct(spec, n)
+		g.store.correct(spec, g, n)
 		g.left.charge(spec.tokens, n)
 		return
 	}
@@ -383,13 +497,17 @@ func (l *limiter) remaining(now time.Time) (requests, tokens *int64) {
 // done gives back a request's concurrency slot and corrects its token
 // charge to what it really used (actual), where it was taken.
 func (l *limiter) done(now time.Time, g grant, actual int64) {
+	if g.pending { // it passed the gate, and was never admitted
+		l.waiting.Add(-1)
+		return
+	}
 	l.inflight.Add(-1)
 	correction := int64(0)
 	if g.tokens {
 		correction = actual - g.charged
 	}
 	if g.store != nil {
-		g.store.giveBack(l.limits(), g.lease, correction)
+		g.store.giveBack(l.limits(), g, correction)
 		return
 	}
 	l.mu.Lock()

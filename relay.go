@@ -466,8 +466,9 @@ func (r *Relay) answer(w http.ResponseWriter, in *inbound, f *failure) {
 // user *) before its body is read:
 // concurrency, request rate, and a token limit in debt. A message is
 // charged the tokens its Content-Length suggests (none when it has none:
-// chargeKeyTokens charges them once the body is read). In a fleet, this is
-// the request's one round trip to the store before its body.
+// chargeKeyTokens charges them once the body is read). In a fleet, limits
+// that Redis keeps are gated here and admitted with the request's first
+// channel, in its one round trip to the store.
 func (r *Relay) admitKey(in *inbound, contentLength int64) *relayError {
 	estimate := int64(-1) // other routes are not held to the token limit
 	if in.route == routeMessages {
@@ -479,10 +480,10 @@ func (r *Relay) admitKey(in *inbound, contentLength int64) *relayError {
 			estimate = contentLength/4 + 1
 		}
 	}
-	g, scope, wait := in.who.state.limits.take(r.now(), estimate)
+	g, scope, wait := in.who.state.limits.enter(r.now(), estimate) // in a fleet, admitted with its first channel (fleet_admit.go)
 	switch scope {
 	case scopeNone:
-		in.grant.keyGrant, in.grant.keyAsked = g, true
+		in.grant.keyGrant, in.grant.keyAsked = g, !g.pending
 		return nil
 	case scopeFleetDown:
 		return errStorageUnavailable()

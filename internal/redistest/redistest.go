@@ -23,10 +23,11 @@ const Install = "apt-get install -y redis-server (Debian and Ubuntu), or brew in
 
 // Server is a running redis-server.
 type Server struct {
-	Addr string // 127.0.0.1:<port>
-	bin  string
-	t    testing.TB
-	cmd  *exec.Cmd
+	Addr    string // 127.0.0.1:<port>
+	bin     string
+	t       testing.TB
+	cmd     *exec.Cmd
+	cluster bool
 }
 
 // Start starts a redis-server for the test.
@@ -45,6 +46,36 @@ func Start(t testing.TB) *Server {
 	return s
 }
 
+// StartCluster starts a redis-server for the test as a Redis Cluster of
+// one node that holds every slot: a client sees a cluster (a script may
+// not touch keys of two slots), on one process.
+func StartCluster(t testing.TB) *Server {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("redis-server is not installed (CI must have it): %s", Install)
+		}
+		t.Skipf("redis-server is not installed; to run this test: %s", Install)
+	}
+	s := &Server{Addr: freeAddr(t), bin: bin, t: t, cluster: true}
+	s.Restart()
+	t.Cleanup(s.Kill)
+	if reply, err := s.Command("CLUSTER", "ADDSLOTSRANGE", "0", "16383"); err != nil || reply != "+OK" {
+		t.Fatalf("CLUSTER ADDSLOTSRANGE: %q %v", reply, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if info, err := s.Command("CLUSTER", "INFO"); err == nil && strings.Contains(info, "cluster_state:ok") {
+			return s
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the cluster on %s did not come up within 10s", s.Addr)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // Kill kills the server (SIGKILL), as a crash would; its data is gone.
 func (s *Server) Kill() {
 	if s.cmd == nil {
@@ -60,8 +91,13 @@ func (s *Server) Kill() {
 func (s *Server) Restart() {
 	s.t.Helper()
 	_, port, _ := net.SplitHostPort(s.Addr)
-	s.cmd = exec.Command(s.bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", s.t.TempDir(), "--enable-debug-command", "local")
+	dir := s.t.TempDir()
+	args := []string{"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", dir, "--enable-debug-command", "local"}
+	if s.cluster {
+		args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", dir+"/nodes.conf")
+	}
+	s.cmd = exec.Command(s.bin, args...)
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatalf("redis-server: %v", err)

@@ -1,0 +1,616 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-relay/relay/internal/redistest"
+)
+
+// testNodes starts n nodes of one fleet on the Redis at addr, each
+// sizing its blocks for n relays up (one process is one node to the
+// heartbeats: TestHeartbeatsCountTheRelaysUp checks that count).
+func testNodes(t *testing.T, addr, prefix string, n int) []*fleet {
+	t.Helper()
+	nodes := make([]*fleet, n)
+	for i := range nodes {
+		nodes[i] = testFleet(t, addr, prefix, 0)
+		nodes[i].nodesPinned.Store(int64(n))
+	}
+	return nodes
+}
+
+// TestHeartbeatsCountTheRelaysUp: a heartbeat counts the relays seen
+// within the last few heartbeats, which sizes the blocks; before the
+// first, nothing is leased.
+func TestHeartbeatsCountTheRelaysUp(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	ctx := context.Background()
+	f := &fleet{prefix: "beat:", lease: defaultLease}
+	if f.blockSize(6000, minRateBlock) != 0 {
+		t.Fatal("a block was sized before the relays up were known")
+	}
+	f = testFleet(t, srv.Addr, "beat:", 0)
+	now, _ := rdb.Time(ctx).Result()
+	for i, seen := range []time.Duration{-time.Second, -3 * time.Second, -time.Minute} {
+		rdb.ZAdd(ctx, "beat:{nodes}:seen", redis.Z{Score: float64(now.Add(seen).UnixMilli()), Member: "peer-" + strconv.Itoa(i)})
+	}
+	f.beat()
+	if up := f.nodesUp.Load(); up != 3 {
+		t.Fatalf("%d relays up, want 3: this one and the two seen in the last %v", up, nodeGoneAfter)
+	}
+	if b := f.blockSize(6000, minRateBlock); b != 200 {
+		t.Fatalf("a block of 6000/m for 3 relays: %d, want 200", b)
+	}
+	if b := f.blockSize(299, minRateBlock); b != 0 {
+		t.Fatalf("a limit of 299 for 3 relays (blocks of 9) is leased in blocks of %d, want none", b)
+	}
+	if b := f.blockSize(299_999, minTokenBlock); b != 0 {
+		t.Fatalf("tokens of 299,999 for 3 relays are leased in blocks of %d, want none", b)
+	}
+}
+
+// redisRate reads the requests a rate of n a period has left in Redis,
+// as GCRA counts them from its stored arrival time, and Redis's time.
+func redisRate(t *testing.T, rdb *redis.Client, key string, spec rateSpec) (left float64) {
+	t.Helper()
+	ctx := context.Background()
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tat, err := rdb.Get(ctx, key).Float64()
+	if err == redis.Nil {
+		return spec.n
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	emission := float64(spec.period.Milliseconds()) / spec.n
+	nowMs := float64(now.UnixNano()) / 1e6
+	return spec.n - math.Max(0, tat-nowMs)/emission
+}
+
+// hammer takes from the limiters of nodes with workers goroutines each,
+// every worker until the limit refuses it, and returns how many were
+// admitted.
+func hammer(t *testing.T, nodes []*limiter, workers int) int64 {
+	t.Helper()
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for _, l := range nodes {
+		for range workers {
+			wg.Go(func() {
+				for {
+					g, scope, _ := l.take(time.Now(), -1)
+					if scope != scopeNone {
+						if scope != scopeRate {
+							t.Errorf("refused by %q, want rate", scope)
+						}
+						return
+					}
+					admitted.Add(1)
+					l.done(time.Now(), g, 0)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	return admitted.Load()
+}
+
+// TestASmallLimitStaysExactAcrossNodes: 30 a minute on three nodes is too
+// small to lease (a block would be one request), so every request asks
+// Redis and the fleet admits 30 (one more should the rate refill one
+// while the test runs).
+func TestASmallLimitStaysExactAcrossNodes(t *testing.T) {
+	srv := redistest.Start(t)
+	spec := limits{rate: rateSpec{n: 30, period: time.Minute}}
+	var nodes []*limiter
+	for _, f := range testNodes(t, srv.Addr, "small:", 3) {
+		nodes = append(nodes, sharedLimiter(t, f, "k:small", spec))
+	}
+	if n := hammer(t, nodes, 4); n < 30 || n > 31 {
+		t.Fatalf("three nodes admitted %d of a rate of 30/m, want 30 (+1)", n)
+	}
+	for _, l := range nodes {
+		if s := l.shared.Load(); s.rb.held() || s.gens != 0 {
+			t.Fatal("a node leased a block of a limit of 30/m across 3 nodes")
+		}
+	}
+}
+
+// TestALargeLimitStaysWithinOneBlockPerNode: 6000 a minute on three nodes
+// is leased in blocks of 200 (6000 / (10 x 3)). Under load from three
+// nodes at once the fleet admits what the exact limit would, give or take
+// one block per node, and asks Redis for a fraction of its requests.
+func TestALargeLimitStaysWithinOneBlockPerNode(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	spec := limits{rate: rateSpec{n: 6000, period: time.Minute}}
+	fleets := testNodes(t, srv.Addr, "large:", 3)
+	var nodes []*limiter
+	for _, f := range fleets {
+		nodes = append(nodes, sharedLimiter(t, f, "k:large", spec))
+	}
+	ctx := context.Background()
+	start, _ := rdb.Time(ctx).Result()
+	before := admitOps(t)
+	admitted := int64(0)
+	for i, l := range nodes { // each node takes its first block
+		g, scope, _ := l.take(time.Now(), -1)
+		if scope != scopeNone {
+			t.Fatal(scope)
+		}
+		admitted++
+		l.done(time.Now(), g, 0)
+		// GET /relay/fleet states the bound with each node's blocks
+		infos := fleets[i].blockInfos(time.Now())
+		if len(infos) != 1 {
+			t.Fatalf("a node lists %d blocks, want 1", len(infos))
+		}
+		if b := infos[0]; b.Limit != "k:large" || b.Kind != "requests" || b.Block != 200 || b.Left != 199 || b.Nodes != 3 || b.MaxFleetError != 600 {
+			t.Errorf("block info %+v", b)
+		}
+	}
+	// one request at a time on each node: a round trip per block of 200
+	var wg sync.WaitGroup
+	for _, l := range nodes {
+		wg.Go(func() {
+			for range 999 {
+				g, scope, _ := l.take(time.Now(), -1)
+				if scope != scopeNone {
+					t.Errorf("refused by %q with the limit far from spent", scope)
+					return
+				}
+				l.done(time.Now(), g, 0)
+			}
+		})
+	}
+	wg.Wait()
+	admitted += 3 * 999
+	if ops := admitOps(t) - before; ops != 15 {
+		t.Errorf("3000 requests, 1000 on each node, asked Redis %v times, want 15: 5 blocks of 200 a node", ops)
+	}
+	// then eight at a time on each, until the limit refuses them all (a
+	// request that comes while its node takes the next block asks Redis
+	// alone)
+	admitted += hammer(t, nodes, 8)
+	end, _ := rdb.Time(ctx).Result()
+	// the exact limit: its burst, and what it refilled meanwhile (100/s)
+	exact := 6000 + end.Sub(start).Seconds()*100
+	const bound = 3 * 200 // one block per node
+	if d := float64(admitted) - exact; d > bound || d < -bound {
+		t.Fatalf("admitted %d, the exact limit %.0f: off by %.0f, the bound is %d", admitted, exact, d, bound)
+	}
+}
+
+// TestAStoppedNodeGivesBackItsBlock: a node that stops gives back what is
+// left of its block, and the others can then use it.
+func TestAStoppedNodeGivesBackItsBlock(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	// an hour's period: the rate refills under 2 a second while it runs
+	spec := limits{rate: rateSpec{n: 6000, period: time.Hour}}
+	fleets := testNodes(t, srv.Addr, "stop:", 3)
+	a := sharedLimiter(t, fleets[0], "k:stop", spec)
+	others := []*limiter{sharedLimiter(t, fleets[1], "k:stop", spec), sharedLimiter(t, fleets[2], "k:stop", spec)}
+	g, scope, _ := a.take(time.Now(), -1)
+	if scope != scopeNone {
+		t.Fatal(scope)
+	}
+	a.done(time.Now(), g, 0)
+	if left := redisRate(t, rdb, "stop:{k:stop}:rate", spec.rate); left > 5800+1 {
+		t.Fatalf("Redis has %.1f left after a block of 200 was taken, want 5800", left)
+	}
+	// the two others spend the rest: a's block of 199 is not theirs
+	first := hammer(t, others, 4)
+	if first < 5800-400 || first > 5800+400+2 {
+		t.Fatalf("the other nodes admitted %d, want 5800 less their own blocks' rests", first)
+	}
+	// a stops: its 199 go back to Redis, and the others take them
+	if err := fleets[0].Destruct(); err != nil {
+		t.Fatal(err)
+	}
+	then := hammer(t, others, 4)
+	if then < 199 || then > 199+2 {
+		t.Fatalf("after a node stopped, the others admitted %d more, want its block's 199 (+2 refilled)", then)
+	}
+}
+
+// TestABlockIsNotUsedPastItsLease: a block admits locally until its lease
+// ends, on the clock of the requests; the first request after that ends
+// it, gives back what is left and takes a new one, in one call.
+func TestABlockIsNotUsedPastItsLease(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	spec := limits{rate: rateSpec{n: 6000, period: time.Hour}} // alone: blocks of 600
+	f := testNodes(t, srv.Addr, "expiry:", 1)[0]
+	l := sharedLimiter(t, f, "k:exp", spec)
+	s := l.shared.Load()
+	lease := f.blockLease(spec.rate.period)
+	if lease != defaultLease {
+		t.Fatalf("a block of a limit per hour is leased for %v, want the storage lease %v", lease, defaultLease)
+	}
+	t0 := time.Now()
+	take := func(at time.Time) {
+		t.Helper()
+		g, scope, _ := l.take(at, -1)
+		if scope != scopeNone {
+			t.Fatal(scope)
+		}
+		l.done(at, g, 0)
+	}
+	left := func() float64 { return redisRate(t, rdb, "expiry:{k:exp}:rate", spec.rate) }
+	take(t0)
+	if got := left(); got > 5400+1 || s.gens != 1 {
+		t.Fatalf("after the first request: %.1f left in Redis and %d blocks, want 5400 and 1", got, s.gens)
+	}
+	before := admitOps(t)
+	for i := range 9 {
+		take(t0.Add(lease - time.Duration(9-i)*time.Millisecond))
+	}
+	if ops := admitOps(t) - before; ops != 0 || s.gens != 1 {
+		t.Fatalf("9 requests within the lease asked Redis %v times and took %d blocks, want none", ops, s.gens-1)
+	}
+	// the lease is over: 590 are left of the block; they go back and a
+	// new block of 600 comes, in the request's one call
+	take(t0.Add(lease))
+	if ops := admitOps(t) - before; ops != 1 || s.gens != 3 {
+		t.Fatalf("the request after the lease asked Redis %v times (%d lives), want once, one block ended and one begun", ops, s.gens)
+	}
+	if got := left(); got > 5400+590-600+1 || got < 5400+590-600 {
+		t.Fatalf("Redis has %.1f left, want 5390: 590 given back, 600 taken", got)
+	}
+	// the worker ends a block whose lease ran out with nobody asking
+	f.endBlocks(t0.Add(2*lease), false)
+	waitFor(t, "the block's rest reaches Redis", 2*time.Second, func() bool { return left() >= 5390+599 })
+	if s.rb.held() {
+		t.Fatal("the block is held after its lease")
+	}
+}
+
+// TestATokenBlockTakesCorrectionsAndGivesBackItsRest: a token limit's
+// block is charged the estimates and corrections of the requests it
+// admitted, and gives back the rest when it ends; a request larger than
+// what is left puts it in debt, charged to Redis when the next block is
+// taken.
+func TestATokenBlockTakesCorrectionsAndGivesBackItsRest(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	// 10M tokens over 1000 hours: alone, blocks of 1M; 3 tokens a second
+	// refill while it runs
+	spec := limits{tokens: rateSpec{n: 10_000_000, period: 1000 * time.Hour}}
+	f := testNodes(t, srv.Addr, "tokblock:", 1)[0]
+	l := sharedLimiter(t, f, "k:tok", spec)
+	level := func() float64 {
+		t.Helper()
+		v, err := rdb.HGet(context.Background(), "tokblock:{k:tok}:tokens", "level").Float64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	now := time.Now()
+	g, scope, _ := l.take(now, 1000)
+	if scope != scopeNone {
+		t.Fatal(scope)
+	}
+	if got := level(); got != 9_000_000 {
+		t.Fatalf("Redis holds %.0f after a block of 1M was taken, want 9M", got)
+	}
+	l.charge(now, &g, 500) // the body said more
+	l.done(now, g, 2500)   // it used 2500
+	g2, scope, _ := l.take(now, 996_000)
+	if scope != scopeNone {
+		t.Fatal(scope)
+	}
+	l.done(now, g2, 1_000_000) // 4000 more than its estimate: the block is 2500 in debt
+	if got := level(); got > 9_000_000+10 {
+		t.Fatalf("Redis holds %.0f: the block's charges went to Redis", got)
+	}
+	// the block is in debt: the next request takes a new block, and the
+	// debt is charged with it
+	g3, scope, _ := l.take(now, 10)
+	if scope != scopeNone {
+		t.Fatal(scope)
+	}
+	l.done(now, g3, 10)
+	if got := level(); got < 9_000_000-2500-1_000_000 || got > 9_000_000-2500-1_000_000+100 {
+		t.Fatalf("Redis holds %.0f, want 7,997,500: 2500 of debt and a new block charged", got)
+	}
+	// the block ends: its rest (1M - 10) goes back
+	l.shared.Load().endAllBlocks()
+	waitFor(t, "the rest of the block reaches Redis", 2*time.Second, func() bool { return level() >= 8_997_490 })
+	if got := level(); got > 8_997_490+100 {
+		t.Fatalf("Redis holds %.0f, want 8,997,490", got)
+	}
+}
+
+// TestBlocksOutliveRedisForTheirLease: while Redis is down, a node admits
+// from the block it holds; once the block is spent, on_error decides:
+// refused (deny), or this relay's own limits (local).
+func TestBlocksOutliveRedisForTheirLease(t *testing.T) {
+	srv := redistest.Start(t)
+	spec := limits{rate: rateSpec{n: 1000, period: time.Hour}} // two nodes: blocks of 50
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	deny, err := newFleet(ctx, &FleetRedis{Address: []string{srv.Addr}, Prefix: "down:", OnError: "deny", Timeout: caddy.Duration(time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = deny.Destruct() })
+	local := testFleet(t, srv.Addr, "down:", 0)
+	now := time.Now()
+	var nodes []*limiter
+	for _, f := range []*fleet{deny, local} {
+		f.nodesPinned.Store(2)
+		l := sharedLimiter(t, f, "k:down", spec)
+		g, scope, _ := l.take(now, -1)
+		if scope != scopeNone {
+			t.Fatal(scope)
+		}
+		l.done(now, g, 0)
+		nodes = append(nodes, l)
+	}
+	srv.Kill()
+	for i, then := range []limitScope{scopeFleetDown, scopeNone} {
+		l := nodes[i]
+		admitted := 0
+		for range 100 {
+			g, scope, _ := l.take(now, -1)
+			if scope != scopeNone {
+				if scope != then {
+					t.Fatalf("refused by %q, want %q", scope, then)
+				}
+				break
+			}
+			s := l.shared.Load()
+			s.mu.Lock()
+			held := s.rb.held()
+			s.mu.Unlock()
+			if !held {
+				t.Fatal("admitted on this relay's own limits with the block not spent")
+			}
+			admitted++
+			l.done(now, g, 0)
+			if admitted == 49 && then == scopeNone {
+				break
+			}
+		}
+		if admitted != 49 {
+			t.Fatalf("admitted %d from a block of 50 (one used) with Redis down, want 49", admitted)
+		}
+	}
+	// on_error local: this relay's own limits once the block is spent
+	if _, scope, _ := nodes[1].take(now, -1); scope != scopeNone {
+		t.Fatalf("on_error local with the block spent: refused by %q", scope)
+	}
+}
+
+// TestALeasedKeyAsksRedisNothing: a request whose key's limits are all
+// leased, and whose channel has none, asks Redis nothing once the key's
+// blocks are taken; a key with a concurrency limit asks once per request,
+// with its channel's limits and its end user's in the same script.
+func TestALeasedKeyAsksRedisNothing(t *testing.T) {
+	srv := redistest.Start(t)
+	r := &Relay{
+		Fleet: &Fleet{Redis: &FleetRedis{Address: []string{srv.Addr}, Prefix: "leasedkey:"}},
+		Keys: []*Key{
+			{Secret: "sk-leased-0123456789abcdef", Group: "leased-g", KeyOptions: KeyOptions{Name: "leased", Rate: "100000/m", Tokens: "100000000/m"}},
+			{Secret: "sk-counted-0123456789abcdef", Group: "leased-g", KeyOptions: KeyOptions{Name: "counted", Rate: "100000/m", Concurrency: 100}},
+		},
+		Channels: []*Channel{{Name: "leased-ch", UpstreamRaw: upstream("mock"), Rate: "100000/m"}},
+		Groups:   []*Group{{Name: "leased-g", Channels: []string{"leased-ch"}}},
+	}
+	provisionHandler(t, r)
+	r.fleet.beat()
+	send := func(key string) {
+		t.Helper()
+		w, _ := serveHandler(t, r, newRequest(simpleBody, key))
+		if w.Code != http.StatusOK {
+			t.Fatalf("%d %s", w.Code, w.Body)
+		}
+		if w.Header().Get("Anthropic-Ratelimit-Requests-Remaining") == "" {
+			t.Fatal("no rate limit headers")
+		}
+	}
+	send("sk-leased-0123456789abcdef") // takes the blocks
+	before := admitOps(t)
+	for range 20 {
+		send("sk-leased-0123456789abcdef")
+	}
+	if ops := admitOps(t) - before; ops != 0 {
+		t.Errorf("20 requests of a key and a channel with leased limits asked Redis %v times, want none", ops)
+	}
+	before = admitOps(t)
+	for range 20 {
+		send("sk-counted-0123456789abcdef")
+	}
+	if ops := admitOps(t) - before; ops != 20 {
+		t.Errorf("20 requests of a key with a concurrency limit asked Redis %v times, want 20", ops)
+	}
+}
+
+// TestTheGateRefusesWhatRedisRefused: once Redis refused a key's rate,
+// its next requests are refused before their bodies, without asking
+// Redis, until the rate lifts.
+func TestTheGateRefusesWhatRedisRefused(t *testing.T) {
+	srv := redistest.Start(t)
+	r := &Relay{
+		Fleet:    &Fleet{Redis: &FleetRedis{Address: []string{srv.Addr}, Prefix: "gate:"}},
+		Keys:     []*Key{{Secret: "sk-gate-0123456789abcdefgh", Group: "gate-g", KeyOptions: KeyOptions{Name: "gate", Rate: "2/h"}}},
+		Channels: []*Channel{{Name: "gate-ch", UpstreamRaw: upstream("mock")}},
+		Groups:   []*Group{{Name: "gate-g", Channels: []string{"gate-ch"}}},
+	}
+	provisionHandler(t, r)
+	send := func() int {
+		w, _ := serveHandler(t, r, newRequest(simpleBody, "sk-gate-0123456789abcdefgh"))
+		return w.Code
+	}
+	before := admitOps(t)
+	for i, want := range []int{200, 200, 429} {
+		if got := send(); got != want {
+			t.Fatalf("request %d: %d, want %d", i+1, got, want)
+		}
+	}
+	if ops := admitOps(t) - before; ops != 3 {
+		t.Fatalf("3 requests asked Redis %v times, want 3", ops)
+	}
+	for range 5 {
+		if got := send(); got != 429 {
+			t.Fatalf("after a refusal: %d, want 429", got)
+		}
+	}
+	if ops := admitOps(t) - before; ops != 3 {
+		t.Fatalf("refused again, the requests asked Redis %v more times, want none", ops-3)
+	}
+}
+
+// BenchmarkFleetAdmit admits and gives back one request against a key's
+// limits kept in a real redis-server on loopback, as one relay of a fleet
+// of one: a rate and a token limit large enough to lease (and, as the
+// benchmark harness's target (g), a concurrency limit, which is never
+// leased), with blocks and with every admission asked of Redis. It
+// reports the admissions asked of Redis per request.
+func BenchmarkFleetAdmit(b *testing.B) {
+	srv := redistest.Start(b)
+	// far above what the loop spends (a request a microsecond, 2,600
+	// tokens each), so that nothing is refused
+	large := limits{rate: rateSpec{n: 1e9, period: time.Second}, tokens: rateSpec{n: 1e13, period: time.Second}}
+	withConc := large
+	withConc.concurrency = 100_000
+	for _, c := range []struct {
+		name   string
+		spec   limits
+		leases bool
+	}{
+		{"rate+tokens/leased", large, true},
+		{"rate+tokens/each-in-redis", large, false},
+		{"rate+tokens+concurrency/leased", withConc, true},
+		{"rate+tokens+concurrency/each-in-redis", withConc, false},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			f := testFleet(b, srv.Addr, "bench-"+c.name+":", 0)
+			f.nodesPinned.Store(1)
+			f.noLeases.Store(!c.leases)
+			l := new(limiter)
+			l.configure(c.spec, time.Now())
+			l.share(f, "k:bench")
+			before := admitOps(b)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				now := time.Now()
+				g, scope, _ := l.take(now, 2500)
+				if scope != scopeNone {
+					b.Fatal(scope)
+				}
+				l.done(now, g, 2600)
+			}
+			b.StopTimer()
+			b.ReportMetric((admitOps(b)-before)/float64(b.N), "admits/op")
+		})
+	}
+}
+
+// TestTheFleetRouteStatesEachNodesBlocks: GET /relay/fleet stays an array
+// of nodes, each with the blocks it held at its last heartbeat and the
+// error each allows the fleet.
+func TestTheFleetRouteStatesEachNodesBlocks(t *testing.T) {
+	srv := redistest.Start(t)
+	block := strings.Replace(fleetBlock(srv.Addr, "local", "fleet-leases"), "rate 3/m", "rate 60000/m", 1)
+	startRelay(t, block)
+	// the next heartbeat, now: first so that the relays up are known and
+	// the key's block is sized, then so that the block is listed
+	beat := func() { fleets.Range(func(_, v any) bool { v.(*fleet).beat(); return true }) }
+	beat()
+	if r := message(t, simpleBody); r.status != 200 {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	beat()
+	resp, err := client.Get(adminURL + "/relay/fleet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var nodes []map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&nodes); err != nil || len(nodes) != 1 {
+		t.Fatalf("GET /relay/fleet: %d nodes, %v", len(nodes), err)
+	}
+	for _, field := range []string{"id", "address", "version", "last_seen", "state", "leases"} {
+		if _, ok := nodes[0][field]; !ok {
+			t.Errorf("a node has no %q: %v", field, nodes[0])
+		}
+	}
+	leases, _ := nodes[0]["leases"].([]any)
+	if len(leases) != 1 {
+		t.Fatalf("leases %v, want the key's rate's block", nodes[0]["leases"])
+	}
+	// alone in its fleet: a block of 60000 / 10 requests, the whole error
+	b := leases[0].(map[string]any)
+	if b["limit"] != "k:fleet-leases-key" || b["kind"] != "requests" || b["block"] != 6000.0 || b["left"] != 5999.0 ||
+		b["nodes"] != 1.0 || b["max_fleet_error"] != 6000.0 || b["until"] == "" {
+		t.Fatalf("block %v", b)
+	}
+}
+
+// TestAClusterPipelinesItsAdmissions: in a Redis Cluster one script
+// cannot touch a key's and a channel's limits (two slots): each is a
+// script of its own, sent in one pipeline, and what one took is given
+// back when the other refused.
+func TestAClusterPipelinesItsAdmissions(t *testing.T) {
+	srv := redistest.StartCluster(t)
+	r := &Relay{
+		// two addresses make a cluster client, here of a one-node cluster
+		Fleet: &Fleet{Redis: &FleetRedis{Address: []string{srv.Addr, srv.Addr}, Prefix: "cl:"}},
+		Keys: []*Key{{Secret: "sk-cluster-0123456789abcdef", Group: "cl-g",
+			KeyOptions: KeyOptions{Name: "cl-key", Concurrency: 10, UserRate: "100/m"}}},
+		Channels: []*Channel{{Name: "cl-ch", UpstreamRaw: upstream("mock"), Rate: "1/h"}},
+		Groups:   []*Group{{Name: "cl-g", Channels: []string{"cl-ch"}, MaxQueue: -1}}, // a busy channel is an answer, not a wait
+	}
+	provisionHandler(t, r)
+	if !r.fleet.cluster {
+		t.Fatal("not a cluster client")
+	}
+	body := `{"model":"m","max_tokens":8,"metadata":{"user_id":"carol"},"messages":[{"role":"user","content":"hi"}]}`
+	send := func() int {
+		w, _ := serveHandler(t, r, newRequest(body, "sk-cluster-0123456789abcdef"))
+		return w.Code
+	}
+	before := admitOps(t)
+	if code := send(); code != 200 {
+		t.Fatalf("first request: %d", code)
+	}
+	if ops := admitOps(t) - before; ops != 1 {
+		t.Fatalf("the key's, the end user's and the channel's limits took %v round trips, want 1 (a pipeline)", ops)
+	}
+	// the channel's rate is spent: the key's slot and the end user's
+	// request, taken in the same pipeline, go back
+	if code := send(); code == 200 {
+		t.Fatal("second request admitted past the channel's rate of 1/h")
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	waitFor(t, "the key's slot given back", 2*time.Second, func() bool {
+		n, err := rdb.ZCard(context.Background(), "cl:{k:cl-key}:leases").Result()
+		return err == nil && n == 0
+	})
+}
