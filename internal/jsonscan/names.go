@@ -3,6 +3,7 @@ package jsonscan
 import (
 	"bytes"
 	"hash/maphash"
+	"slices"
 )
 
 // linearMax is how many names an object may have before its names are
@@ -34,21 +35,22 @@ type name struct{ off, end int }
 // by one; from there on its names are in index too: open addressing with
 // linear probing, keyed by a seeded hash of the unescaped name, shared by
 // every open object (an entry belongs to the innermost object when it
-// points at or after base), each name's hash kept in hashes. Nothing is
-// allocated once the buffers have grown to what the documents need.
+// points at or after base). Hashes are not kept: the rare removal and
+// growth compute them again, so a large object costs about 32 bytes a
+// member. Nothing is allocated once the buffers have grown to what the
+// documents need.
 type nameSet struct {
 	names   []name
 	base    int    // where the innermost open object's names start in names
 	scratch []byte // the unescaped bytes of names that had escapes
 	index   []uint32
-	hashes  []uint64 // of names in index, at the same positions as in names
-	inIndex int      // entries in index
+	inIndex int // entries in index
 }
 
 // reset empties the set, keeping its buffers unless they grew large.
 func (ns *nameSet) reset() {
 	if cap(ns.names) > keepNames {
-		ns.names, ns.hashes = nil, nil
+		ns.names = nil
 	}
 	if cap(ns.scratch) > keepScratch {
 		ns.scratch = nil
@@ -61,17 +63,28 @@ func (ns *nameSet) reset() {
 	ns.names, ns.scratch, ns.base, ns.inIndex = ns.names[:0], ns.scratch[:0], 0, 0
 }
 
+// push appends n to names, doubling their room when they need more (not
+// by a quarter, as append does past a few hundred: a hostile object's
+// names would then be copied about five times over).
+func (ns *nameSet) push(n name) {
+	if len(ns.names) == cap(ns.names) {
+		ns.names = slices.Grow(ns.names, max(len(ns.names), 64))
+	}
+	ns.names = append(ns.names, n)
+}
+
 // enter starts the names of a new innermost object.
 func (ns *nameSet) enter() {
-	ns.names = append(ns.names, name{off: ns.base, end: len(ns.scratch)})
+	ns.push(name{off: ns.base, end: len(ns.scratch)})
 	ns.base = len(ns.names)
 }
 
 // leave ends the innermost object's names.
-func (ns *nameSet) leave() {
+func (s *Scanner) leave() {
+	ns := &s.nameSet
 	if len(ns.names)-ns.base > linearMax {
 		for k := len(ns.names) - 1; k >= ns.base; k-- {
-			ns.remove(k)
+			s.remove(k)
 		}
 	}
 	f := ns.names[ns.base-1]
@@ -85,6 +98,9 @@ func (s *Scanner) bytesOf(n name) []byte {
 	}
 	return s.buf[n.off:n.end]
 }
+
+// hashOf is the index's hash of names[k].
+func (s *Scanner) hashOf(k int) uint64 { return maphash.Bytes(seed, s.bytesOf(s.names[k])) }
 
 // add adds to the innermost object the name whose raw string is
 // buf[start:end], with escapes or not, or reports that it has it already.
@@ -105,24 +121,21 @@ func (s *Scanner) add(start, end int, esc bool) error {
 				return s.errDuplicate(start, v)
 			}
 		}
-		ns.names = append(ns.names, n)
+		ns.push(n)
 		return nil
 	}
 	if len(have) == linearMax {
 		// the object outgrows comparisons one by one: index its names
-		for 2*(ns.inIndex+linearMax+1) > len(ns.index) {
-			ns.grow()
-		}
 		for k := ns.base; k < len(ns.names); k++ {
-			ns.insert(k, maphash.Bytes(seed, s.bytesOf(ns.names[k])))
+			s.insert(k, s.hashOf(k))
 		}
 	}
 	h := maphash.Bytes(seed, v)
 	if s.has(v, h) {
 		return s.errDuplicate(start, v)
 	}
-	ns.names = append(ns.names, n)
-	ns.insert(len(ns.names)-1, h)
+	ns.push(n)
+	s.insert(len(ns.names)-1, h)
 	return nil
 }
 
@@ -133,7 +146,7 @@ func (s *Scanner) has(v []byte, h uint64) bool {
 	mask := uint64(len(ns.index) - 1)
 	for j := h & mask; ns.index[j] != 0; j = (j + 1) & mask {
 		k := int(ns.index[j] - 1)
-		if k >= ns.base && ns.hashes[k] == h && bytes.Equal(s.bytesOf(ns.names[k]), v) {
+		if k >= ns.base && bytes.Equal(s.bytesOf(ns.names[k]), v) {
 			return true
 		}
 	}
@@ -142,23 +155,19 @@ func (s *Scanner) has(v []byte, h uint64) bool {
 
 // insert puts names[k], of hash h, in the index, growing it to keep it at
 // most half full.
-func (ns *nameSet) insert(k int, h uint64) {
+func (s *Scanner) insert(k int, h uint64) {
+	ns := &s.nameSet
 	if 2*(ns.inIndex+1) > len(ns.index) {
-		ns.grow()
+		s.grow()
 	}
-	if k >= len(ns.hashes) {
-		ns.hashes = append(ns.hashes, make([]uint64, k+1-len(ns.hashes))...)
-	}
-	ns.hashes[k] = h
-	ns.place(k)
+	ns.place(k, h)
 	ns.inIndex++
 }
 
-// place puts k, whose hash is in hashes, in the first free slot of its
-// probe sequence.
-func (ns *nameSet) place(k int) {
+// place puts k, of hash h, in the first free slot of its probe sequence.
+func (ns *nameSet) place(k int, h uint64) {
 	mask := uint64(len(ns.index) - 1)
-	j := ns.hashes[k] & mask
+	j := h & mask
 	for ns.index[j] != 0 {
 		j = (j + 1) & mask
 	}
@@ -166,12 +175,13 @@ func (ns *nameSet) place(k int) {
 }
 
 // grow doubles the index and places its entries again.
-func (ns *nameSet) grow() {
+func (s *Scanner) grow() {
+	ns := &s.nameSet
 	old := ns.index
 	ns.index = make([]uint32, max(64, 2*len(old)))
 	for _, e := range old {
 		if e != 0 {
-			ns.place(int(e - 1))
+			ns.place(int(e-1), s.hashOf(int(e-1)))
 		}
 	}
 }
@@ -179,14 +189,15 @@ func (ns *nameSet) grow() {
 // remove takes names[k] out of the index, moving back the entries after it
 // in its cluster that would no longer be found (deletion in linear probing
 // without tombstones).
-func (ns *nameSet) remove(k int) {
+func (s *Scanner) remove(k int) {
+	ns := &s.nameSet
 	mask := uint64(len(ns.index) - 1)
-	i := ns.hashes[k] & mask
+	i := s.hashOf(k) & mask
 	for ns.index[i] != uint32(k+1) {
 		i = (i + 1) & mask
 	}
 	for j := (i + 1) & mask; ns.index[j] != 0; j = (j + 1) & mask {
-		home := ns.hashes[ns.index[j]-1] & mask
+		home := s.hashOf(int(ns.index[j]-1)) & mask
 		// the entry at j stays when its home is cyclically in (i, j]
 		if i <= j && i < home && home <= j || i > j && (i < home || home <= j) {
 			continue
