@@ -1,8 +1,10 @@
 package jsonscan
 
 import (
+	"encoding/binary"
 	"errors"
 	"io"
+	"math/bits"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -338,6 +340,27 @@ func TestNoAllocations(t *testing.T) {
 		}
 		if n := testing.AllocsPerRun(20, func() { _ = s.Valid(b) }); n != 0 {
 			t.Errorf("%s: %v allocations", name, n)
+		}
+	}
+}
+
+// TestSpecials checks the word-wide test on every byte at every place of a
+// word, among bytes of every kind: it finds the first byte sought.
+func TestSpecials(t *testing.T) {
+	for c := range 256 {
+		sought := c == '"' || c == '\\' || c < 0x20
+		for at := range 8 {
+			for _, fill := range []byte{'a', ' ', '!', '#', '[', ']', 0x21, 0x5b, 0x5d, 0x7f, 0x80, 0xa1, 0xdc, 0xe3, 0xff} {
+				var w [8]byte
+				for k := range w {
+					w[k] = fill
+				}
+				w[at] = byte(c)
+				m := specials(binary.LittleEndian.Uint64(w[:]))
+				if sought != (m != 0) || sought && bits.TrailingZeros64(m)>>3 != at {
+					t.Fatalf("byte %#x at %d among %#x: mask %#x", c, at, fill, m)
+				}
+			}
 		}
 	}
 }

@@ -20,12 +20,14 @@ const (
 // into the next bytes). It is the "has a byte below n" trick,
 // (v - n*0x01..) &^ v & 0x80.., twice: for '\\', on x xor '\\' with n = 1;
 // for '"' and the control characters at once, on x xor 0x02, which maps
-// '"' to 0x20 and 0x00-0x1f onto themselves, with n = 0x21. Bytes from 0x80
-// up never set their high bit in it.
+// '"' to 0x20 and 0x00-0x1f onto themselves, with n = 0x21. Both xors keep
+// each byte's high bit, so one &^ x serves both: it drops the bytes from
+// 0x80 up, the only ones that set their high bit in a difference without
+// being sought (before the first byte sought, nothing borrows).
 func specials(x uint64) uint64 {
 	v := x ^ (ones * 0x02)
 	e := x ^ (ones * '\\')
-	return ((v-ones*0x21)&^v | (e-ones)&^e) & highs
+	return ((v - ones*0x21) | (e - ones)) &^ x & highs
 }
 
 // run is the index of the first '"', '\\' or control byte in b at or after
