@@ -2,6 +2,7 @@ package jsonscan
 
 import (
 	"errors"
+	"io"
 	"strconv"
 	"unicode/utf8"
 )
@@ -58,6 +59,11 @@ func (e *Error) Unwrap() error { return e.Err }
 
 // The constructors below run only on failure: kept out of line, they leave
 // the scanning loops small.
+
+// errEOF is the error of a document that ends too soon.
+func (s *Scanner) errEOF() error {
+	return &Error{Offset: len(s.buf), Err: io.ErrUnexpectedEOF}
+}
 
 //go:noinline
 func (s *Scanner) errChar(i int, where string) error {

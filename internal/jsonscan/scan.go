@@ -20,10 +20,6 @@
 // whole with ReadValue, which validates it without decoding it.
 package jsonscan
 
-import (
-	"io"
-)
-
 // MaxDepth is how deeply arrays and objects may nest, as in jsontext.
 const MaxDepth = 10000
 
@@ -498,9 +494,4 @@ func digits(b []byte, i int) int {
 		i++
 	}
 	return i
-}
-
-// errEOF is the error of a document that ends too soon.
-func (s *Scanner) errEOF() error {
-	return &Error{Offset: len(s.buf), Err: io.ErrUnexpectedEOF}
 }
