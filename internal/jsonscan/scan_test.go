@@ -1,6 +1,7 @@
 package jsonscan
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"io"
@@ -359,6 +360,39 @@ func TestSpecials(t *testing.T) {
 				m := specials(binary.LittleEndian.Uint64(w[:]))
 				if sought != (m != 0) || sought && bits.TrailingZeros64(m)>>3 != at {
 					t.Fatalf("byte %#x at %d among %#x: mask %#x", c, at, fill, m)
+				}
+			}
+		}
+	}
+}
+
+// TestRun checks the string scan against a byte-by-byte one, on strings
+// whose bytes sought and bytes from 0x80 up fall at every place of the
+// 32-byte and 8-byte steps.
+func TestRun(t *testing.T) {
+	for n := range 80 {
+		for at := range n + 1 {
+			for _, c := range []byte{'"', '\\', 0x00, 0x1f, 0xe3, 0x80, 'a'} {
+				b := []byte(strings.Repeat("x", n))
+				if at < n {
+					b[at] = c
+				}
+				for _, high := range []int{-1, 0, at / 2, n - 1} {
+					d := bytes.Clone(b)
+					if high >= 0 && high < n && high != at {
+						d[high] = 0xc3
+					}
+					want, wantHigh := len(d), false
+					for k, c := range d {
+						if c == '"' || c == '\\' || c < 0x20 {
+							want = k
+							break
+						}
+						wantHigh = wantHigh || c >= 0x80
+					}
+					if j, h := run(d, 0); j != want || h != wantHigh {
+						t.Fatalf("%q: run = %d, %v; want %d, %v", d, j, h, want, wantHigh)
+					}
 				}
 			}
 		}

@@ -30,11 +30,36 @@ func specials(x uint64) uint64 {
 	return ((v - ones*0x21) | (e - ones)) &^ x & highs
 }
 
+// sought is specials without its last step, &^ x: on a word of ASCII
+// bytes, which never set a high bit in the differences unless sought, it
+// says as much at two operations less.
+func sought(x uint64) uint64 {
+	return (x ^ (ones * 0x02) - ones*0x21) | (x ^ (ones * '\\') - ones)
+}
+
 // run is the index of the first '"', '\\' or control byte in b at or after
 // i (len(b) when there is none), and whether a byte from 0x80 up comes
 // before it: then the run b[i:j] must be checked as UTF-8. It looks at 32
-// bytes a step, then (in tail) 8, then one.
+// bytes a step while they are ASCII and none is sought, then (in
+// runExact) with the test that needs no ASCII.
 func run(b []byte, i int) (j int, high bool) {
+	rest := b[i:]
+	for len(rest) >= 32 {
+		x := binary.LittleEndian.Uint64(rest)
+		y := binary.LittleEndian.Uint64(rest[8:])
+		z := binary.LittleEndian.Uint64(rest[16:])
+		w := binary.LittleEndian.Uint64(rest[24:])
+		if (sought(x)|sought(y)|sought(z)|sought(w)|x|y|z|w)&highs != 0 {
+			break
+		}
+		rest = rest[32:]
+	}
+	return runExact(b, len(b)-len(rest))
+}
+
+// runExact is run for text that is not all ASCII: 32 bytes a step, then
+// (in tail) 8, then one.
+func runExact(b []byte, i int) (j int, high bool) {
 	var h uint64
 	rest := b[i:]
 	for len(rest) >= 32 {
@@ -52,8 +77,8 @@ func run(b []byte, i int) (j int, high bool) {
 	return j, high || h&highs != 0
 }
 
-// tail is run from i, 8 bytes a step: apart from run's loop, which has
-// then the registers to itself.
+// tail is runExact from i, 8 bytes a step: apart from its loop, which
+// has then the registers to itself.
 func tail(b []byte, i int) (int, bool) {
 	var h uint64
 	rest := b[i:]
