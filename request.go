@@ -17,6 +17,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/caddy-relay/relay/internal/jsonscan"
 	"github.com/caddy-relay/relay/provider"
 	"github.com/go-json-experiment/json/jsontext"
 	"github.com/tidwall/gjson"
@@ -331,13 +332,9 @@ type attemptRecord struct {
 // and first byte are the recorder's to see).
 func (in *inbound) committed(ch *channel) { in.end.answered = ch }
 
-// bodyScanner is a pooled strict JSON decoder for request bodies.
-type bodyScanner struct {
-	src bytes.Buffer
-	dec jsontext.Decoder
-}
-
-var scanners = sync.Pool{New: func() any { return new(bodyScanner) }}
+// scanners pools the strict JSON scanners of request bodies, which keep
+// the buffers they grew (internal/jsonscan).
+var scanners = sync.Pool{New: func() any { return new(jsonscan.Scanner) }}
 
 // maxModelLen bounds a model name: the longest real ids (Bedrock inference
 // profile ARNs) are about 100 characters.
@@ -351,77 +348,58 @@ const maxModelLen = 256
 // in any object: a parser that kept the first of two "model" keys, or read
 // only the first of two objects, would otherwise serve another model than
 // the one the relay routed and priced. Values the relay does not read are
-// validated and skipped, never decoded.
+// validated and skipped, never decoded. The scan is internal/jsonscan's,
+// which accepts exactly what jsontext accepts, eight bytes a step.
 func (in *inbound) inspect() *relayError {
-	sc := scanners.Get().(*bodyScanner)
+	sc := scanners.Get().(*jsonscan.Scanner)
 	defer func() {
-		sc.src = bytes.Buffer{} // no reference to the pooled body stays
-		sc.dec.Reset(&sc.src)
+		sc.Reset(nil) // no reference to the pooled body stays
 		scanners.Put(sc)
 	}()
-	sc.src = *bytes.NewBuffer(in.ask.body) // parsed in place, never copied
-	dec := &sc.dec
-	dec.Reset(&sc.src)
+	sc.Reset(in.ask.body)
 
-	tok, err := dec.ReadToken()
-	if err != nil {
-		return errBodyJSON(err)
-	}
-	if tok.Kind() != '{' {
+	if k := sc.PeekKind(); k != '{' && k != 0 { // 0: not JSON, which ReadObjectStart says
 		return errInvalid("request body must be a JSON object")
 	}
-	var model jsontext.Value
-	for dec.PeekKind() == '"' {
-		name, err := dec.ReadValue()
-		if err != nil {
-			return errBodyJSON(err)
-		}
-		field := unquoteJSON(name)
-		if field == "tools" && dec.PeekKind() == '[' {
-			if err := in.scanTools(dec); err != nil {
-				return errBodyJSON(err)
-			}
-			continue
-		}
-		v, err := dec.ReadValue()
-		if err != nil {
-			return errBodyJSON(err)
-		}
-		switch field {
-		case "model":
-			model = v
-			in.ask.modelEnd = int(dec.InputOffset())
-			in.ask.modelStart = in.ask.modelEnd - len(v)
-		case "stream":
-			in.ask.stream = v.Kind() == 't'
-		case "max_tokens":
-			if v.Kind() == '0' {
-				n, _ := strconv.ParseInt(unsafe.String(unsafe.SliceData(v), len(v)), 10, 32)
-				in.ask.maxOut = int32(n)
-			}
-		case "metadata":
-			if u := gjson.Get(unsafe.String(unsafe.SliceData(v), len(v)), "user_id"); u.Type == gjson.String && v.Kind() == '{' {
-				in.ask.userID = strings.Clone(u.Str)
-			}
-		case "anthropic_beta":
-			return errInvalid("anthropic_beta: betas go in the anthropic-beta header, which the relay routes on")
-		default:
-			if f := fieldFeature(field); f != 0 && v.Kind() != 'n' {
-				in.ask.needs.set |= f
-			}
-		}
-	}
-	if _, err := dec.ReadToken(); err != nil { // the closing brace
+	if err := sc.ReadObjectStart(); err != nil {
 		return errBodyJSON(err)
 	}
-	if _, err := dec.ReadToken(); err != io.EOF {
-		return errInvalid("request body is not valid JSON: data after the top-level object")
+	var model []byte
+	for {
+		name, err := sc.NextName()
+		if err != nil {
+			return errBodyJSON(err)
+		}
+		if name == nil { // the closing brace
+			break
+		}
+		field := unquoteJSON(name)
+		switch k := sc.PeekKind(); {
+		case field == "tools" && k == '[':
+			if err := in.scanTools(sc); err != nil {
+				return errBodyJSON(err)
+			}
+		case field == "metadata" && k == '{':
+			if err := in.scanMetadata(sc); err != nil {
+				return errBodyJSON(err)
+			}
+		default:
+			if rerr := in.readField(sc, field, &model); rerr != nil {
+				return rerr
+			}
+		}
+	}
+	if err := sc.End(); err != nil {
+		if errors.Is(err, jsonscan.ErrSyntax) {
+			return errInvalid("request body is not valid JSON: data after the top-level object")
+		}
+		return errBodyJSON(err)
 	}
 
 	if model == nil {
 		return errInvalid("model: field required")
 	}
-	if model.Kind() != '"' || len(model) == 2 {
+	if jsonscan.KindOf(model) != '"' || len(model) == 2 {
 		return errInvalid("model: must be a non-empty string")
 	}
 	name := unquoteJSON(model) // valid: the scan checked it
@@ -442,52 +420,104 @@ func (in *inbound) inspect() *relayError {
 	return nil
 }
 
-// scanTools reads a `tools` array, noting the server tools among them by
-// the type of each: the same strict pass, one level deeper.
-func (in *inbound) scanTools(dec *jsontext.Decoder) error {
-	if _, err := dec.ReadToken(); err != nil { // [
+// readField reads the value of the top-level field, noting what the relay
+// routes on: the raw model (into model, with its offsets), stream,
+// max_tokens and the feature fields; a body anthropic_beta is refused.
+func (in *inbound) readField(sc *jsonscan.Scanner, field string, model *[]byte) *relayError {
+	v, err := sc.ReadValue()
+	if err != nil {
+		return errBodyJSON(err)
+	}
+	switch field {
+	case "model":
+		*model = v
+		in.ask.modelEnd = sc.InputOffset()
+		in.ask.modelStart = in.ask.modelEnd - len(v)
+	case "stream":
+		in.ask.stream = jsonscan.KindOf(v) == 't'
+	case "max_tokens":
+		if jsonscan.KindOf(v) == '0' {
+			n, _ := strconv.ParseInt(unsafe.String(unsafe.SliceData(v), len(v)), 10, 32)
+			in.ask.maxOut = int32(n)
+		}
+	case "anthropic_beta":
+		return errInvalid("anthropic_beta: betas go in the anthropic-beta header, which the relay routes on")
+	default:
+		if f := fieldFeature(field); f != 0 && jsonscan.KindOf(v) != 'n' {
+			in.ask.needs.set |= f
+		}
+	}
+	return nil
+}
+
+// scanMetadata reads a `metadata` object for its user_id, a string: the
+// same strict pass, one level deeper.
+func (in *inbound) scanMetadata(sc *jsonscan.Scanner) error {
+	if err := sc.ReadObjectStart(); err != nil {
 		return err
 	}
-	for dec.PeekKind() != ']' {
-		if dec.PeekKind() != '{' {
-			if _, err := dec.ReadValue(); err != nil {
+	for {
+		name, err := sc.NextName()
+		if err != nil || name == nil {
+			return err
+		}
+		v, err := sc.ReadValue()
+		if err != nil {
+			return err
+		}
+		if jsonscan.KindOf(v) == '"' && unquoteJSON(name) == "user_id" {
+			in.ask.userID = strings.Clone(unquoteJSON(v))
+		}
+	}
+}
+
+// scanTools reads a `tools` array, noting the server tools among them by
+// the type of each: the same strict pass, one level deeper.
+func (in *inbound) scanTools(sc *jsonscan.Scanner) error {
+	if err := sc.ReadArrayStart(); err != nil {
+		return err
+	}
+	for {
+		more, err := sc.NextElement()
+		if err != nil || !more {
+			return err
+		}
+		if sc.PeekKind() != '{' {
+			if _, err := sc.ReadValue(); err != nil {
 				return err
 			}
 			continue
 		}
-		if _, err := dec.ReadToken(); err != nil { // {
+		if err := sc.ReadObjectStart(); err != nil {
 			return err
 		}
-		for dec.PeekKind() == '"' {
-			name, err := dec.ReadValue()
+		for {
+			name, err := sc.NextName()
 			if err != nil {
 				return err
 			}
-			v, err := dec.ReadValue()
+			if name == nil {
+				break
+			}
+			v, err := sc.ReadValue()
 			if err != nil {
 				return err
 			}
-			if v.Kind() == '"' && unquoteJSON(name) == "type" {
+			if jsonscan.KindOf(v) == '"' && unquoteJSON(name) == "type" {
 				in.ask.needs.set |= toolFeature(unquoteJSON(v))
 			}
 		}
-		if _, err := dec.ReadToken(); err != nil { // }
-			return err
-		}
 	}
-	_, err := dec.ReadToken() // ]
-	return err
 }
 
 // unquoteJSON is the string a raw JSON string holds: shared with the body
 // when it has no escape sequence (compare it, never keep it), decoded
-// when it has.
+// when it has. The string must be valid (the scan checked it).
 func unquoteJSON(raw []byte) string {
 	if s := fieldName(raw); s != "" || len(raw) == 2 {
 		return s
 	}
-	b, _ := jsontext.AppendUnquote(nil, raw)
-	return string(b)
+	return string(jsonscan.AppendUnquote(nil, raw))
 }
 
 // fieldName is the name a raw JSON object key holds when it has no escape
@@ -501,24 +531,38 @@ func fieldName(raw []byte) string {
 	return unsafe.String(unsafe.SliceData(inner), len(inner))
 }
 
-// errBodyJSON answers a body the strict scan refused, saying where and why
+// errBodyJSON answers a body the strict scan refused (internal/jsonscan's,
+// or jsontext's where a route still decodes with it), saying where and why
 // without echoing more of the body than a short key.
 func errBodyJSON(err error) *relayError {
-	if err == io.EOF || err == io.ErrUnexpectedEOF {
+	if err == io.EOF || errors.Is(err, io.ErrUnexpectedEOF) {
 		return errInvalid("request body is not valid JSON: it ends before the object does")
 	}
-	var se *jsontext.SyntacticError
-	if errors.As(err, &se) {
-		if errors.Is(se.Err, jsontext.ErrDuplicateName) {
-			key := se.JSONPointer.LastToken()
-			if len(key) > 64 {
-				key = key[:64] + "..."
-			}
-			return errInvalid("request body is not valid JSON: duplicate key " + strconv.Quote(key) + " at " + strconv.Quote(string(se.JSONPointer)[:min(len(se.JSONPointer), 128)]))
+	var key, pointer string
+	var offset int64
+	var se *jsonscan.Error
+	var jse *jsontext.SyntacticError
+	switch {
+	case errors.As(err, &se):
+		key, pointer, offset = se.Name, se.Pointer, int64(se.Offset)
+		if !errors.Is(se.Err, jsonscan.ErrDuplicateName) {
+			pointer = ""
 		}
-		return errInvalid("request body is not valid JSON: error at byte offset " + strconv.FormatInt(se.ByteOffset, 10))
+	case errors.As(err, &jse):
+		offset = jse.ByteOffset
+		if errors.Is(jse.Err, jsontext.ErrDuplicateName) {
+			key, pointer = jse.JSONPointer.LastToken(), string(jse.JSONPointer)
+		}
+	default:
+		return errInvalid("request body is not valid JSON")
 	}
-	return errInvalid("request body is not valid JSON")
+	if pointer != "" {
+		if len(key) > 64 {
+			key = key[:64] + "..."
+		}
+		return errInvalid("request body is not valid JSON: duplicate key " + strconv.Quote(key) + " at " + strconv.Quote(pointer[:min(len(pointer), 128)]))
+	}
+	return errInvalid("request body is not valid JSON: error at byte offset " + strconv.FormatInt(offset, 10))
 }
 
 // modelIDProblem says why s cannot be a model id, or "" when it can be:
