@@ -30,7 +30,8 @@ type gate struct {
 	answer  chan struct{}
 	open    sync.Once
 	mu      sync.Mutex
-	last    []byte // the last request's body
+	last    []byte          // the last request's body
+	waiting []chan struct{} // one for each request held, in the order they came
 }
 
 func newGate() *gate { return &gate{arrived: make(chan struct{}, 100), answer: make(chan struct{})} }
@@ -40,17 +41,29 @@ func (g *gate) openAll() { g.open.Do(func() { close(g.answer) }) }
 
 func (g *gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body) // read to its end: the server then notices a client that leaves
+	mine := make(chan struct{})
 	g.mu.Lock()
 	g.last = body
+	g.waiting = append(g.waiting, mine)
 	g.mu.Unlock()
 	g.arrived <- struct{}{}
 	select {
+	case <-mine:
 	case <-g.answer:
 	case <-r.Context().Done():
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(fakeupstream.MessageBody("m-hold", "ok", fakeupstream.Usage{OutputTokens: 10}))
+}
+
+// answerFirst answers the request held longest (a value on answer goes to
+// whichever held request takes it first).
+func (g *gate) answerFirst() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	close(g.waiting[0])
+	g.waiting = g.waiting[1:]
 }
 
 // arrival waits for the next request at the gate.
@@ -196,7 +209,7 @@ func TestAHoldWaitsOnlyForHoldsInFlight(t *testing.T) {
 	}
 
 	// A costs $0.10: $0.10 spent and $0.40 held leave room for C
-	g.answer <- struct{}{}
+	g.answerFirst()
 	if w := a.wait(t, "A"); w.Code != 200 {
 		t.Fatalf("A: %d %s", w.Code, w.Body)
 	}
