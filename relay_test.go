@@ -244,13 +244,19 @@ func benchServeWith(b *testing.B, body, suffix string, cache *ResponseCache, hea
 		name += "-stream"
 	}
 	r := benchServeRelay(name, up.URL, cache)
+	benchLoop(b, r, len(body), func(int) *http.Request { return benchServeRequest(name, body, header...) })
+}
+
+// benchLoop provisions r and serves it b.N requests of size bytes, the
+// i-th made by request, each of which must be answered 200.
+func benchLoop(b *testing.B, r *Relay, size int, request func(i int) *http.Request) {
 	provisionHandler(b, r)
 	srv := &caddyhttp.Server{}
 	b.ReportAllocs()
-	b.SetBytes(int64(len(body)))
+	b.SetBytes(int64(size))
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		req := benchServeRequest(name, body, header...)
+		req := request(i)
 		w := &discardWriter{h: http.Header{}}
 		req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), w, srv)
 		if err := r.ServeHTTP(w, req, nil); err != nil {
@@ -304,25 +310,13 @@ func BenchmarkServeHTTPFeatures(b *testing.B) {
 		Channels: []*Channel{{Name: name, UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", channelKey), Models: []string{"claude-sonnet-4-5"}}},
 		Groups:   []*Group{{Name: name, Channels: []string{name}, Budgets: []string{"1000000usd/day"}}},
 	}
-	provisionHandler(b, r)
-	srv := &caddyhttp.Server{}
-	b.ReportAllocs()
-	b.SetBytes(int64(len(benchBody)))
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
+	benchLoop(b, r, len(benchBody), func(i int) *http.Request {
 		req := httptest.NewRequest(http.MethodPost, "/v1/messages", strings.NewReader(benchBody))
 		req.Header.Set("Anthropic-Version", "2023-06-01")
 		req.Header.Set("X-Bench-User", "user-"+strconv.Itoa(i%1000)+"@bench.example")
 		req.Header.Set("X-Stainless-Retry-Count", "0")
-		w := &discardWriter{h: http.Header{}}
-		req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), w, srv)
-		if err := r.ServeHTTP(w, req, nil); err != nil {
-			b.Fatal(err)
-		}
-		if w.status != http.StatusOK {
-			b.Fatalf("request %d: status %d, not 200", i, w.status)
-		}
-	}
+		return req
+	})
 }
 
 // BenchmarkServeHTTP is one non-streaming request end to end: route, key,
