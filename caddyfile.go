@@ -335,25 +335,9 @@ func (p positions) errf(d *caddyfile.Dispenser, err error) error {
 	return d.Errf("relay: %v", err)
 }
 
-// parseArg parses an option's one argument into dst with parse; errors
-// name the option.
-func parseArg[T any](d *caddyfile.Dispenser, dst *T, parse func(string) (T, error)) error {
-	opt := d.Val()
-	var v string
-	if !d.AllArgs(&v) {
-		return d.ArgErr()
-	}
-	x, err := parse(v)
-	if err != nil {
-		return d.Errf("%s: %v", opt, err)
-	}
-	*dst = x
-	return nil
-}
-
 // parseSize parses an option's one argument as a size in bytes (32MiB).
 func parseSize(d *caddyfile.Dispenser, dst *int64) error {
-	return parseArg(d, dst, func(v string) (int64, error) {
+	return provider.ParseArg(d, dst, func(v string) (int64, error) {
 		size, err := humanize.ParseBytes(v)
 		if err == nil && size > math.MaxInt64 {
 			err = fmt.Errorf("%s is too large", v)
@@ -470,7 +454,7 @@ func parsePricing(d *caddyfile.Dispenser, r *Relay) error {
 
 // parseDuration parses an option's one argument as a duration (90s, 1h).
 func parseDuration(d *caddyfile.Dispenser, dst *caddy.Duration) error {
-	return parseArg(d, dst, func(v string) (caddy.Duration, error) {
+	return provider.ParseArg(d, dst, func(v string) (caddy.Duration, error) {
 		dur, err := caddy.ParseDuration(v)
 		return caddy.Duration(dur), err
 	})
@@ -478,7 +462,7 @@ func parseDuration(d *caddyfile.Dispenser, dst *caddy.Duration) error {
 
 // parseInt parses an option's one argument as an integer.
 func parseInt(d *caddyfile.Dispenser, dst *int) error {
-	return parseArg(d, dst, func(v string) (int, error) {
+	return provider.ParseArg(d, dst, func(v string) (int, error) {
 		n, err := strconv.Atoi(v)
 		if err != nil {
 			return 0, fmt.Errorf("%q is not an integer", v)

@@ -66,7 +66,7 @@ func parseChannel(d *caddyfile.Dispenser, pos positions) (*Channel, error) {
 			up.take(d)
 		case "price_factor":
 			var f float64
-			if err := parseArg(d, &f, func(v string) (float64, error) {
+			if err := provider.ParseArg(d, &f, func(v string) (float64, error) {
 				f, err := strconv.ParseFloat(v, 64)
 				if err != nil || !(f > 0) || math.IsInf(f, 0) {
 					return 0, fmt.Errorf("%q is not a number above 0 (the channel's price over the list price: 0.8 for 80%%)", v)

@@ -55,7 +55,7 @@ func (o Options) Parse(d *caddyfile.Dispenser) (bool, error) {
 		return true, nil
 	}
 	if dst, ok := o.Ints[name]; ok {
-		return true, parseArg(d, dst, func(v string) (int, error) {
+		return true, ParseArg(d, dst, func(v string) (int, error) {
 			n, err := strconv.Atoi(v)
 			if err != nil {
 				return 0, fmt.Errorf("%q is not an integer", v)
@@ -64,19 +64,20 @@ func (o Options) Parse(d *caddyfile.Dispenser) (bool, error) {
 		})
 	}
 	if dst, ok := o.Durations[name]; ok {
-		return true, parseArg(d, dst, func(v string) (caddy.Duration, error) {
+		return true, ParseArg(d, dst, func(v string) (caddy.Duration, error) {
 			dur, err := caddy.ParseDuration(v)
 			return caddy.Duration(dur), err
 		})
 	}
 	if dst, ok := o.Ratios[name]; ok {
-		return true, parseArg(d, dst, Ratio)
+		return true, ParseArg(d, dst, Ratio)
 	}
 	return false, nil
 }
 
-// parseArg parses an option's one argument into dst.
-func parseArg[T any](d *caddyfile.Dispenser, dst *T, parse func(string) (T, error)) error {
+// ParseArg parses an option's one argument (the Dispenser is on the
+// option's name) into dst with parse; errors name the option.
+func ParseArg[T any](d *caddyfile.Dispenser, dst *T, parse func(string) (T, error)) error {
 	opt := d.Val()
 	var v string
 	if !d.AllArgs(&v) {
