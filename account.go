@@ -39,7 +39,7 @@ func (r *Relay) account(in *inbound) {
 		r.estimated(in, group)
 	}
 	metricRequests.WithLabelValues(group, channel, model, statusLabel(in.end.status), in.causeLabel()).Inc()
-	metricDuration.WithLabelValues(group, model).Observe(duration.Seconds())
+	in.tr.observe(metricDuration.WithLabelValues(group, model), duration.Seconds())
 	if in.route == routeMessages && in.end.answered != nil {
 		for _, t := range [...]struct {
 			kind string
@@ -55,6 +55,7 @@ func (r *Relay) account(in *inbound) {
 		}
 	}
 
+	in.tr.end(in, priced)
 	recentRequests.record(in, duration, cost)
 
 	c := r.logger.Check(zap.InfoLevel, "relayed request")

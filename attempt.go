@@ -68,7 +68,7 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 	in.end.chain = append(in.end.chain, attemptRecord{channel: ch.name, outcome: v.outcome, duration: time.Since(start)})
 	metricAttempts.WithLabelValues(ch.name, v.outcome.String()).Inc()
 	if res.firstByte > 0 {
-		metricFirstByte.WithLabelValues(ch.name).Observe(res.firstByte.Seconds())
+		in.tr.observe(metricFirstByte.WithLabelValues(ch.name), res.firstByte.Seconds())
 	}
 	if cooled := t.finish(v, ch.cooldown, r.now(), res.firstByte, tokens); cooled > 0 {
 		r.logCooling(in, ch, &v, cooled)
@@ -118,6 +118,7 @@ func (r *Relay) lacking(v *verdict, in *inbound, ch *channel, body []byte) {
 		return
 	}
 	v.features = lacked
+	in.tr.learnedLack(ch, lacked)
 	for _, f := range lacked {
 		metricCapabilityMisses.WithLabelValues(ch.name, featureLabel(f)).Inc()
 	}
@@ -149,6 +150,9 @@ func (r *Relay) exchange(w http.ResponseWriter, req *http.Request, in *inbound, 
 	upReq, err := ch.provider.NewRequest(ctx, call)
 	if err != nil {
 		return r.notSent(ctx, req, in, ch, err)
+	}
+	if ch.forwardTraceparent {
+		in.tr.injectTraceparent(ctx, upReq.Header)
 	}
 	if in.ask.stream {
 		dl.start(stageFirstByte, ch.firstByte)
@@ -254,6 +258,7 @@ func (r *Relay) message(ctx context.Context, w http.ResponseWriter, req *http.Re
 	}
 	dl.stop()
 	in.end.usage.fromMessage(buf.Bytes())
+	in.tr.fromMessage(buf.Bytes())
 	if dl.gone() {
 		// its client left while it came: nothing is written, but the answer
 		// was made for the client, whose bill it is (settle.go)

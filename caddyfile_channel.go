@@ -83,6 +83,11 @@ func parseChannel(d *caddyfile.Dispenser, pos positions) (*Channel, error) {
 				return nil, d.Errf("model_class takes a glob of upstream model ids and a class: model_class <glob> <class>")
 			}
 			ch.ModelClasses = append(ch.ModelClasses, m)
+		case "forward_traceparent":
+			if d.NextArg() {
+				return nil, d.ArgErr()
+			}
+			ch.ForwardTraceparent = true
 		case "probe":
 			p, err := parseProbe(d)
 			if err != nil {

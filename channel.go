@@ -40,6 +40,9 @@ type channel struct {
 	probe        *probe        // nil: no active probes
 	priceFactor  float64       // its price over the list price
 	spend        *spendAccount // what was spent on it, and its spend caps; nil: no cap
+	// forwardTraceparent: its upstream requests carry the attempt's
+	// traceparent (trace.go)
+	forwardTraceparent bool
 
 	// model classes (health_classes.go): the class of each model it
 	// lists, by the client's name; its model_class lines; the price rows
@@ -87,7 +90,7 @@ func (r *Relay) provisionChannel(ctx caddy.Context, cfg *Channel) (*channel, err
 		priority: max(cfg.Priority, 1),
 		weight:   cfg.Weight,
 	}
-	ch.priceFactor = 1
+	ch.priceFactor, ch.forwardTraceparent = 1, cfg.ForwardTraceparent
 	if cfg.PriceFactor != nil {
 		ch.priceFactor = *cfg.PriceFactor // validated already
 	}
@@ -446,6 +449,14 @@ type Channel struct {
 	// succeeds. Probes are not client traffic: they count in no request
 	// counter.
 	Probe *Probe `json:"probe,omitempty"`
+
+	// ForwardTraceparent sends the W3C `traceparent` (and `tracestate`) of
+	// each attempt's span to the upstream, so that an upstream that traces
+	// (a gateway of your own, a self-hosted model server) continues the
+	// trace. It needs Caddy's `tracing` directive. Without it, no trace
+	// context reaches the upstream: neither the client's traceparent nor
+	// the one Caddy's tracing sets on the request. Default: off.
+	ForwardTraceparent bool `json:"forward_traceparent,omitempty"`
 
 	Tuning
 }

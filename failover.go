@@ -150,9 +150,12 @@ func (r *Relay) failover(w http.ResponseWriter, req *http.Request, in *inbound, 
 		in.end.attempts = n
 		if n > 1 {
 			metricFailovers.WithLabelValues(g.name).Inc()
+			in.tr.failover(&last, n)
 			in.waste(last, wasteFailover)
 		}
+		in.tr.startAttempt(in, ch, n)
 		res := route.attempt(r, w, req, in, ch, n, t)
+		in.tr.endAttempt(in, &res)
 		switch {
 		case res.done:
 			return nil

@@ -309,6 +309,8 @@ func (q *queued) leave() {
 	q.g.state.queue.leave(q.w)
 	p := q.in.who.key.prio.String()
 	metricQueueDepth.WithLabelValues(q.g.name, p).Dec()
-	metricQueueWait.WithLabelValues(q.g.name, p).Observe(q.r.now().Sub(q.w.since).Seconds())
+	wait := q.r.now().Sub(q.w.since)
+	q.in.tr.observe(metricQueueWait.WithLabelValues(q.g.name, p), wait.Seconds())
+	q.in.tr.queued(p, wait)
 	q.w = nil
 }

@@ -335,6 +335,7 @@ func (r *Relay) Cleanup() error {
 func (r *Relay) ServeHTTP(w http.ResponseWriter, req *http.Request, _ caddyhttp.Handler) error {
 	in := &inbound{id: newRequestID(), start: time.Now(), ask: asked{rawQuery: req.URL.RawQuery, header: req.Header}}
 	in.end.chain = in.chainBuf[:0]
+	in.tr, req = startSpans(req) // nil without Caddy's tracing (trace.go)
 	if repl, ok := req.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
 		repl.Map(in.placeholder)
 	}

@@ -154,6 +154,7 @@ type inbound struct {
 	route route
 	start time.Time
 	rec   answerRecorder // the one exit its answer leaves by (recorder.go)
+	tr    *spans         // its spans, with Caddy's tracing on; nil: none (trace.go)
 
 	call     provider.Call // the current attempt's, for its provider
 	strip    featureSet    // the features the current attempt's channel removes

@@ -108,6 +108,7 @@ func (s *streamAttempt) hold(rd *sse.Reader, held []byte) (_ []byte, res attempt
 			continue
 		}
 		s.in.end.usage.fromEvent(ev.Name, ev.Data)
+		s.in.tr.fromEvent(ev.Name, ev.Data)
 		held = append(held, ev.Raw...)
 		switch string(ev.Name) {
 		case "message_start", "ping", "":
@@ -181,6 +182,7 @@ func (s *streamAttempt) pump(rd *sse.Reader) attemptResult {
 			continue
 		}
 		s.in.end.usage.fromEvent(ev.Name, ev.Data)
+		s.in.tr.fromEvent(ev.Name, ev.Data)
 		if _, err := s.w.Write(ev.Raw); err != nil {
 			return s.settle(rd, sse.Event{}, nil)
 		}
