@@ -74,6 +74,13 @@ func TestCaddyfileAdapts(t *testing.T) {
 	if n := len(h["channels"].([]any)); n != 5 {
 		t.Errorf("relay handler has %d channels, want 5", n)
 	}
+	// forward_traceparent is the channel's, in JSON as in the Caddyfile
+	for _, c := range h["channels"].([]any) {
+		c := c.(map[string]any)
+		if got, want := c["forward_traceparent"] == true, c["name"] == "local-proxy"; got != want {
+			t.Errorf("channel %v: forward_traceparent %v, want %v", c["name"], c["forward_traceparent"], want)
+		}
+	}
 	if strings.Contains(string(out), "sk-relay-literal") {
 		t.Errorf("the adapted config holds a literal key secret")
 	}

@@ -85,7 +85,7 @@ func parseChannel(d *caddyfile.Dispenser, pos positions) (*Channel, error) {
 			ch.ModelClasses = append(ch.ModelClasses, m)
 		case "forward_traceparent":
 			if d.NextArg() {
-				return nil, d.ArgErr()
+				return nil, d.Errf("forward_traceparent takes no value: the line alone turns it on")
 			}
 			ch.ForwardTraceparent = true
 		case "probe":

@@ -75,6 +75,7 @@ const fullRelayCaddyfile = `relay {
 		url http://127.0.0.1:9000/anthropic
 		api_key {file./run/secrets/proxy}
 		priority 2
+		forward_traceparent
 		transport http {
 			dial_timeout 5s
 		}
@@ -169,7 +170,7 @@ func TestCaddyfileFullConfig(t *testing.T) {
 					AuthCooldown:        caddy.Duration(time.Hour),
 				},
 			},
-			{Name: "local-proxy", UpstreamRaw: json.RawMessage(`{"api_key":"{file./run/secrets/proxy}","provider":"anthropic","url":"http://127.0.0.1:9000/anthropic"}`), Priority: 2},
+			{Name: "local-proxy", UpstreamRaw: json.RawMessage(`{"api_key":"{file./run/secrets/proxy}","provider":"anthropic","url":"http://127.0.0.1:9000/anthropic"}`), Priority: 2, ForwardTraceparent: true},
 			{Name: "default-url", UpstreamRaw: json.RawMessage(`{"api_key":"{env.SECOND_KEY}","provider":"anthropic"}`)},
 			{Name: "mock-a", UpstreamRaw: json.RawMessage(`{"fail_rate":0.1,"latency":50000000,"provider":"mock","reply_tokens":32}`), Weight: 3},
 			{Name: "mock-b", UpstreamRaw: json.RawMessage(`{"fail_rate":0.25,"provider":"mock"}`), PriceFactor: priceFactor(0.8)},
@@ -429,6 +430,11 @@ func TestCaddyfileErrors(t *testing.T) {
 			name:  "unknown key option",
 			input: caddyfileWith("key sk-test g {\n\tlabel x\n}\n", "", ""),
 			want:  []string{`unrecognized key option "label"`},
+		},
+		{
+			name:  "forward_traceparent with a value",
+			input: caddyfileWith("", "channel a {\n\tapi_key {env.A}\n\tforward_traceparent yes\n}\n", ""),
+			want:  []string{"forward_traceparent takes no value"},
 		},
 		{
 			name:  "a price factor of 0",
