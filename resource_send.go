@@ -63,12 +63,15 @@ func (c *resourceCtx) sendAdmitted(ch *channel, t *ticket, rp provider.ResourceP
 	if err != nil {
 		return fail(err)
 	}
+	if ch.forwardTraceparent {
+		c.in.tr.injectTraceparent(ctx, upReq.Header)
+	}
 	resp, err := ch.rt.RoundTrip(upReq)
 	if err != nil {
 		return fail(err)
 	}
 	firstByte := time.Since(a.start)
-	metricFirstByte.WithLabelValues(ch.name).Observe(firstByte.Seconds())
+	c.in.tr.observe(metricFirstByte.WithLabelValues(ch.name), firstByte.Seconds())
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		body, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 		_ = resp.Body.Close()

@@ -107,14 +107,16 @@ func (s *spans) startAttempt(in *inbound, ch *channel, n int) {
 	if s == nil {
 		return
 	}
+	attrs := make([]attribute.KeyValue, 0, 5)
+	attrs = append(attrs, genAIProvider(ch), attrChannel.String(ch.name), attrAttempt.Int(n))
+	if in.route == routeMessages { // a message: a batch's or a file's call is no GenAI operation of its own
+		attrs = append(attrs, semconv.GenAIOperationNameChat)
+	}
+	if in.grant.target != "" {
+		attrs = append(attrs, semconv.GenAIRequestModel(ch.upstreamModel(in.grant.target)))
+	}
 	ctx := trace.ContextWithSpan(context.Background(), s.span)
-	_, s.attempt = s.tracer.Start(ctx, spanAttempt, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(
-		semconv.GenAIOperationNameChat,
-		genAIProvider(ch),
-		semconv.GenAIRequestModel(ch.upstreamModel(in.grant.target)),
-		attrChannel.String(ch.name),
-		attrAttempt.Int(n),
-	))
+	_, s.attempt = s.tracer.Start(ctx, spanAttempt, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
 }
 
 // endAttempt ends the current attempt's span with how it ended: an attempt
