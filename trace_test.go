@@ -430,3 +430,96 @@ func TestTraceparentWithoutTracing(t *testing.T) {
 		t.Errorf("without tracing the upstream got traceparent %q, tracestate %q", h.Get("Traceparent"), h.Get("Tracestate"))
 	}
 }
+
+// TestTraceEvents: a feature an upstream's refusal shows its channel lacks
+// is an event of the attempt that learned it; a retry answered from the
+// attempt it repeats is a relay span without attempts, marked shared; a
+// wait in the group's queue is an event of the relay span.
+func TestTraceEvents(t *testing.T) {
+	rcv := otlp()
+	forgetDedups(t)
+	event := func(s *tracepb.Span, name string) *tracepb.Span_Event {
+		for _, e := range s.Events {
+			if e.Name == name {
+				return e
+			}
+		}
+		t.Errorf("span %s has no event %s: %v", s.Name, name, s.Events)
+		return &tracepb.Span_Event{}
+	}
+
+	// a learned lack
+	first := fakeupstream.New(t, lacking("first", "context_management", ""))
+	second := fakeupstream.New(t, fakeupstream.Message("second"))
+	startRelayWith(t, tracingSite, channelBlock("tev-lack", first.URL, "priority 1")+channelBlock("tev-has", second.URL, "priority 2")+
+		keyAndGroup("tev-l", "tev-lack tev-has"))
+	tp, traceID := newTraceparent()
+	withFeature := `{"model":"claude-sonnet-4-5","max_tokens":8,"context_management":{"edits":[{"type":"clear_tool_uses_20250919"}]},"messages":[{"role":"user","content":"Hi"}]}`
+	if r := message(t, withFeature, "Traceparent", tp); r.status != http.StatusOK || second.Hits() != 1 {
+		t.Fatalf("status %d, second channel's hits %d: %s", r.status, second.Hits(), r.body)
+	}
+	spans := rcv.trace(t, traceID, 10*time.Second, func(s []*tracepb.Span) bool {
+		return len(named(s, "relay")) == 1 && len(named(s, "relay.attempt")) == 2
+	})
+	attempts := named(spans, "relay.attempt")
+	sort.Slice(attempts, func(i, j int) bool { return attempts[i].StartTimeUnixNano < attempts[j].StartTimeUnixNano })
+	if got := attr(attempts[0].Attributes, "relay.outcome"); got != "lacks_feature" || attempts[0].GetStatus().GetCode() != tracepb.Status_STATUS_CODE_ERROR {
+		t.Errorf("the refused attempt: outcome %q, status %v", got, attempts[0].GetStatus())
+	}
+	if e := event(attempts[0], "relay.learned_lack"); attr(e.Attributes, "relay.channel") != "tev-lack" || attr(e.Attributes, "relay.features") != "[context_management]" {
+		t.Errorf("the learned lack says %v", e.Attributes)
+	}
+
+	// a retry attached to its first attempt, and a wait in the queue
+	up := newGatedUpstream(t)
+	t.Cleanup(func() {
+		select {
+		case <-up.gate:
+		default:
+			close(up.gate)
+		}
+	})
+	startRelayWith(t, tracingSite, channelBlock("tev-q", up.URL, "concurrency 1")+keyAndGroup("tev-q", "tev-q"))
+	retryTP, retryID := newTraceparent()
+	queuedTP, queuedID := newTraceparent()
+	var wg sync.WaitGroup
+	replies := make([]reply, 3)
+	post := func(i int, body string, header ...string) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var err error
+			if replies[i], err = do(http.MethodPost, "/v1/messages", clientKey, body, header...); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	post(0, bodyWithID("lead"), "X-Stainless-Retry-Count", "0")
+	<-up.arrived
+	post(1, bodyWithID("lead"), "X-Stainless-Retry-Count", "1", "Traceparent", retryTP)
+	waitFor(t, "the retry attaches", 5*time.Second, func() bool { return dedupFollowers() == 1 })
+	post(2, bodyWithID("queued"), "Traceparent", queuedTP)
+	waitFor(t, "a request queues", 5*time.Second, func() bool { return queueDepth(t, "tev-q", "normal") == 1 })
+	close(up.gate)
+	wg.Wait()
+	for i, r := range replies {
+		if r.status != http.StatusOK {
+			t.Fatalf("request %d: status %d: %s", i, r.status, r.body)
+		}
+	}
+	if n := up.Hits(); n != 2 {
+		t.Errorf("upstream hits %d, want 2 (the retry shares its first attempt's)", n)
+	}
+	spans = rcv.trace(t, retryID, 10*time.Second, func(s []*tracepb.Span) bool { return len(named(s, "relay")) == 1 })
+	relay := named(spans, "relay")[0]
+	if got := attr(relay.Attributes, "relay.shared"); got != "dedup" || attr(relay.Attributes, "relay.outcome") != "shared" || len(named(spans, "relay.attempt")) != 0 {
+		t.Errorf("the retry's relay span: shared %q, outcome %q, %d attempts", got, attr(relay.Attributes, "relay.outcome"), len(named(spans, "relay.attempt")))
+	}
+	event(relay, "relay.shared")
+	spans = rcv.trace(t, queuedID, 10*time.Second, func(s []*tracepb.Span) bool {
+		return len(named(s, "relay")) == 1 && len(named(s, "relay.attempt")) == 1
+	})
+	if e := event(named(spans, "relay")[0], "relay.queue_wait"); attr(e.Attributes, "relay.priority") != "normal" || attr(e.Attributes, "relay.wait_seconds") == "" {
+		t.Errorf("the queue wait says %v", e.Attributes)
+	}
+}
