@@ -23,6 +23,8 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
@@ -522,4 +524,19 @@ func TestTraceEvents(t *testing.T) {
 	if e := event(named(spans, "relay")[0], "relay.queue_wait"); attr(e.Attributes, "relay.priority") != "normal" || attr(e.Attributes, "relay.wait_seconds") == "" {
 		t.Errorf("the queue wait says %v", e.Attributes)
 	}
+}
+
+// BenchmarkServeHTTPTraced is BenchmarkServeHTTP with each request under a
+// recording server span, as Caddy's tracing makes it (a provider without
+// an exporter): what the relay's spans, attributes and exemplars cost.
+func BenchmarkServeHTTPTraced(b *testing.B) {
+	up := fakeupstream.Start(fakeupstream.Fast(), false)
+	defer up.Close()
+	name := "bench-traced"
+	tracer := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample())).Tracer("caddy")
+	benchLoop(b, benchServeRelay(name, up.URL, nil), len(benchBody), func(int) *http.Request {
+		req := benchServeRequest(name, benchBody)
+		ctx, _ := tracer.Start(req.Context(), "caddy", trace.WithSpanKind(trace.SpanKindServer))
+		return req.WithContext(ctx)
+	})
 }
