@@ -99,6 +99,9 @@ func (r *Relay) account(in *inbound) {
 	if in.end.estimated {
 		fields = append(fields, zap.Bool("estimated", true))
 	}
+	if in.tr != nil {
+		fields = append(fields, zap.String("trace_id", in.tr.traceID))
+	}
 	c.Write(fields...)
 }
 
