@@ -55,6 +55,7 @@ func (r *Relay) account(in *inbound) {
 		}
 	}
 
+	r.settleAffinity(in)
 	recentRequests.record(in, duration, cost)
 
 	c := r.logger.Check(zap.InfoLevel, "relayed request")
