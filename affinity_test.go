@@ -3,6 +3,9 @@ package relay
 import (
 	"encoding/json"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -195,5 +198,50 @@ func BenchmarkAffinityLookup(b *testing.B) {
 		if p.route(tier, sel) == nil {
 			b.Fatal("not warm")
 		}
+	}
+}
+
+// TestCacheReadRatioDropAlertOnSeries runs the alert of the rules file in
+// promtool: a channel whose cache read ratio falls from 90% to 10% pages
+// after 15 minutes below half its past level; one that holds 90% does not.
+func TestCacheReadRatioDropAlertOnSeries(t *testing.T) {
+	promtool := needTool(t, "promtool", "apt-get install -y prometheus")
+	rules, err := filepath.Abs("examples/prometheus/relay-rules.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	test := fmt.Sprintf(`rule_files: [%q]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'relay_tokens_total{group="g",channel="a",model="claude-sonnet-4-5",kind="cache_read"}'
+        values: '0+900x400 360000+100x60'
+      - series: 'relay_tokens_total{group="g",channel="a",model="claude-sonnet-4-5",kind="input"}'
+        values: '0+100x400 40000+900x60'
+      - series: 'relay_tokens_total{group="g",channel="b",model="claude-sonnet-4-5",kind="cache_read"}'
+        values: '0+900x460'
+      - series: 'relay_tokens_total{group="g",channel="b",model="claude-sonnet-4-5",kind="input"}'
+        values: '0+100x460'
+    alert_rule_test:
+      - eval_time: 410m
+        alertname: RelayCacheReadRatioDrop
+        exp_alerts: []
+      - eval_time: 455m
+        alertname: RelayCacheReadRatioDrop
+        exp_alerts:
+          - exp_labels:
+              severity: warning
+              channel: a
+            exp_annotations:
+              summary: "Channel a: the prompt cache read ratio fell to 10%%, under half its level of the last six hours"
+              description: "Prompts that read the cache now write it again, at 1.25 times the input price. relay_cache_affinity_total and relay_cache_miss_usd_total by reason tell whether the relay's routing moved them; otherwise the clients' prompts changed."
+`, rules)
+	path := filepath.Join(t.TempDir(), "cache.test.yml")
+	if err := os.WriteFile(path, []byte(test), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(promtool, "test", "rules", path).CombinedOutput(); err != nil {
+		t.Errorf("promtool test rules: %v\n%s", err, out)
 	}
 }
