@@ -245,3 +245,22 @@ tests:
 		t.Errorf("promtool test rules: %v\n%s", err, out)
 	}
 }
+
+// BenchmarkPrefixDigest is the digest of a coding agent's prompt (about
+// 15,000 tokens of tools and system prompt, two breakpoints) before its
+// first pick: one pass of xxhash over the prefix's bytes.
+func BenchmarkPrefixDigest(b *testing.B) {
+	in := &inbound{route: routeMessages, who: requester{key: &key{group: &group{name: "g", affinity: true}}},
+		ask: asked{body: []byte(cachedBody(strings.Repeat(sharedSystem, 10), `[{"role":"user","content":[{"type":"text","text":"q","cache_control":{"type":"ephemeral"}}]}]`))}}
+	if rerr := in.inspect(); rerr != nil {
+		b.Fatal(rerr)
+	}
+	p := in.ask.prefix
+	b.SetBytes(int64(len(in.ask.body)))
+	b.ReportAllocs()
+	for range b.N {
+		if !p.digest(42, "g", in.ask.model, in.ask.body) {
+			b.Fatal("no key")
+		}
+	}
+}
