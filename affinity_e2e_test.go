@@ -160,4 +160,3 @@ func TestCacheAffinityOffLeavesStickySessionsWhereTheyAre(t *testing.T) {
 		t.Errorf("relay_cache_affinity_total{group=aff3-on,result=warm} = %v, want 1", got)
 	}
 }
-
