@@ -62,3 +62,51 @@ func TestCacheAffinityAdapts(t *testing.T) {
 		}
 	}
 }
+
+// inspectVerdict is inspect's answer to body for a group with affinity on
+// or off: "" when it takes it (and then its prefixes are digested).
+func inspectVerdict(body []byte, on bool) string {
+	in := &inbound{route: routeMessages, who: requester{key: &key{group: &group{name: "g", affinity: on}}}, ask: asked{body: body}}
+	if rerr := in.inspect(); rerr != nil {
+		return rerr.msg
+	}
+	if p := in.ask.prefix; p != nil {
+		p.digest(1, "g", in.ask.model, in.ask.body) // must not panic, whatever the body
+	}
+	return ""
+}
+
+// breakpointBodies are bodies with cache_control, valid and not, that the
+// walk into system and messages must judge as the scan without it does.
+var breakpointBodies = []string{
+	`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[{"type":"text","text":"a","cache_control":{"type":"ephemeral"}}]}]}`,
+	`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[{"type":"text","text":"a","cache_control":{"type":"ephemeral"},"text":"b"}]}]}`,
+	`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[{"type":"text","text":"a","cache_control":{"type":"ephemeral"}}]}`,
+	`{"model":"m","max_tokens":1,"messages":{"cache_control":1},"system":7}`,
+	`{"model":"m","max_tokens":1,"system":[{"cache_control":{"type":"ephemeral"},"cache_control":null}],"messages":[]}`,
+	`{"model":"m","max_tokens":1,"system":[1,"x",null,{"cache_control":[]}],"messages":[[[]],{"content":[{"content":[{"content":[{"cache_control":{}}]}]}]}]}`,
+	`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[{"type":"text","text":"\ud800","cache_control":{"type":"ephemeral"}}]}]}`,
+	`{"model":"m","max_tokens":1,"messages":[],"cache_control":{"type":"ephemeral","ttl":"1h"}} {}`,
+	`{"model":"m","max_tokens":1,"tools":[{"name":"t","cache_control":{"type":"ephemeral"},"name":"u"}],"messages":[]}`,
+}
+
+func TestBreakpointWalkJudgesBodiesAsTheScanDoes(t *testing.T) {
+	for _, b := range breakpointBodies {
+		if on, off := inspectVerdict([]byte(b), true), inspectVerdict([]byte(b), false); on != off {
+			t.Errorf("%s: with affinity %q, without %q", b, on, off)
+		}
+	}
+}
+
+// FuzzBreakpointWalk holds the walk into system and messages to the same
+// verdict as the scan without it, on any body.
+func FuzzBreakpointWalk(f *testing.F) {
+	for _, b := range breakpointBodies {
+		f.Add([]byte(b))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		if on, off := inspectVerdict(body, true), inspectVerdict(body, false); on != off {
+			t.Errorf("%q: with affinity %q, without %q", body, on, off)
+		}
+	})
+}
