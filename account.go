@@ -55,6 +55,7 @@ func (r *Relay) account(in *inbound) {
 		}
 	}
 
+	r.settleAffinity(in)
 	in.tr.end(in, priced)
 	recentRequests.record(in, duration, cost)
 

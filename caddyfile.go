@@ -146,6 +146,7 @@ func declareInCaddyfile(state map[string]any, r *Relay, by string) error {
 //			max_queue <n>
 //			max_wait  realtime|normal|batch <duration>
 //			policy    weighted|adaptive|sticky
+//			cache_affinity on|off
 //			split     <channel> <share|percent>
 //			fallback  <model> <fallback model>...
 //			expose_channel

@@ -84,6 +84,13 @@ func parseGroup(d *caddyfile.Dispenser, pos positions) (*Group, error) {
 				g.Fallbacks = map[string][]string{}
 			}
 			g.Fallbacks[args[0]] = append(g.Fallbacks[args[0]], args[1:]...)
+		case "cache_affinity":
+			var v string
+			if !d.Args(&v) || d.NextArg() || (v != "on" && v != "off") {
+				return nil, d.Errf("cache_affinity takes on or off: cache_affinity off")
+			}
+			on := v == "on"
+			g.CacheAffinity = &on
 		case "cache":
 			if g.Cache != nil {
 				return nil, d.Err("cache is given twice")

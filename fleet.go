@@ -172,6 +172,7 @@ type fleet struct {
 	publish  chan healthChange  // health changes of this node, to publish
 	resync   chan struct{}      // asks for a sync of every shared channel's health
 	spendNow chan struct{}      // asks for a sync of the spend
+	affinity chan affinityWrite // prompt-cache affinity records, to write (affinity_fleet.go)
 	closed   atomic.Bool        // Destruct ran: nothing more goes to Redis
 	stop     context.CancelFunc // ends the background work
 	done     sync.WaitGroup
@@ -217,6 +218,7 @@ func newFleet(ctx caddy.Context, s *FleetRedis) (*fleet, error) {
 		publish:   make(chan healthChange, 1024),
 		resync:    make(chan struct{}, 1),
 		spendNow:  make(chan struct{}, 1),
+		affinity:  make(chan affinityWrite, 4096),
 	}
 	f.holdLeases = map[leaseRef]struct{}{}
 	f.slotDelay.Store(int64(defaultSlotDelay))
@@ -267,7 +269,7 @@ func newFleet(ctx caddy.Context, s *FleetRedis) (*fleet, error) {
 	})
 	work, stop := context.WithCancel(context.Background())
 	f.stop = stop
-	for _, run := range []func(context.Context){f.renewLeases, f.giveBack, f.heartbeat, f.publishHealth, f.subscribeHealth, f.syncSpend, f.expireBlocks, f.giveBackSlots} {
+	for _, run := range []func(context.Context){f.renewLeases, f.giveBack, f.heartbeat, f.publishHealth, f.subscribeHealth, f.syncSpend, f.expireBlocks, f.giveBackSlots, f.writeAffinity} {
 		f.done.Add(1)
 		go func() {
 			defer f.done.Done()

@@ -88,6 +88,16 @@ type Group struct {
 	// BudgetWarn is the share of a group budget at which the relay logs a
 	// warning, once per period. Default: 0.8.
 	BudgetWarn float64 `json:"budget_warn,omitempty"`
+
+	// CacheAffinity sends a request whose prompt prefix (up to a
+	// cache_control breakpoint) is warm in a channel's prompt cache to
+	// that channel, when it is a live channel of the best tier, whatever
+	// the policy would pick in the tier: another session or key of the
+	// group with the same system prompt and tools reads the cache instead
+	// of writing it again. The relay remembers which channel served each
+	// prefix for the breakpoint's TTL (5m or 1h), per node, or in Redis
+	// for a fleet. Default: true; false turns it off.
+	CacheAffinity *bool `json:"cache_affinity,omitempty"`
 }
 
 // Policies.
@@ -119,6 +129,8 @@ type group struct {
 	maxPriceFactor float64
 	spend          *spendAccount // what the group spent, and its budgets
 	capped         bool          // a channel of it has a spend cap
+	affinity       bool          // prompt-cache affinity is on (affinity.go)
+	table          *affinityTable
 }
 
 // provisionGroups builds the groups and takes their state (retry budget,
@@ -161,6 +173,9 @@ func (r *Relay) provisionGroups(channels map[string]*channel) error {
 		g.state.spend.Store(g.spend)
 		if cfg.Cache != nil {
 			g.cache = g.state.cacheFor(*cfg.Cache)
+		}
+		if g.affinity = cfg.CacheAffinity == nil || *cfg.CacheAffinity; g.affinity {
+			g.table = g.state.affinityTable()
 		}
 		for _, name := range cfg.Channels {
 			ch := channels[name]
@@ -208,6 +223,9 @@ type groupState struct {
 	queue  waitQueue
 	mu     sync.Mutex
 	cache  *responseCache // the last config's, kept while its settings stay
+	// affinity is its prompt-cache affinity records, made at the first
+	// config that turns it on
+	affinity *affinityTable
 	// spend is the group's spend account (spend_scopes.go), for the status
 	// page
 	spend atomic.Pointer[spendAccount]

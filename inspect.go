@@ -38,6 +38,7 @@ func (in *inbound) inspect() *relayError {
 		scanners.Put(sc)
 	}()
 	sc.Reset(in.ask.body)
+	in.ask.prefix = newCachePrefix(in) // nil: no breakpoint in the body, nothing more to read
 
 	if k := sc.PeekKind(); k != '{' && k != 0 { // 0: not JSON, which ReadObjectStart says
 		return errInvalid("request body must be a JSON object")
@@ -57,7 +58,15 @@ func (in *inbound) inspect() *relayError {
 		field := unquoteJSON(name)
 		switch k := sc.PeekKind(); {
 		case field == "tools" && k == '[':
+			start := sc.InputOffset()
 			if err := in.scanTools(sc); err != nil {
+				return errBodyJSON(err)
+			}
+			if in.ask.prefix != nil {
+				in.ask.prefix.noteSpan(sectTools, valueStart(in.ask.body, start), sc.InputOffset())
+			}
+		case in.ask.prefix != nil && (field == "system" || field == "messages"):
+			if err := in.ask.prefix.scanSection(sc, in.ask.body, sectionOf(field)); err != nil {
 				return errBodyJSON(err)
 			}
 		case field == "metadata" && k == '{':
@@ -127,6 +136,9 @@ func (in *inbound) readField(sc *jsonscan.Scanner, field string, model *[]byte) 
 		if f := fieldFeature(field); f != 0 && jsonscan.KindOf(v) != 'n' {
 			in.ask.needs.set |= f
 		}
+		if field == "cache_control" && in.ask.prefix != nil { // automatic caching
+			in.ask.prefix.noteAutomatic(v)
+		}
 	}
 	return nil
 }
@@ -172,6 +184,7 @@ func (in *inbound) scanTools(sc *jsonscan.Scanner) error {
 		if err := sc.ReadObjectStart(); err != nil {
 			return err
 		}
+		marked, long := false, false
 		for {
 			name, err := sc.NextName()
 			if err != nil {
@@ -187,6 +200,12 @@ func (in *inbound) scanTools(sc *jsonscan.Scanner) error {
 			if jsonscan.KindOf(v) == '"' && unquoteJSON(name) == "type" {
 				in.ask.needs.set |= toolFeature(unquoteJSON(v))
 			}
+			if in.ask.prefix != nil && fieldName(name) == "cache_control" {
+				marked, long = isBreakpoint(v)
+			}
+		}
+		if marked {
+			in.ask.prefix.mark(sectTools, sc.InputOffset(), long)
 		}
 	}
 }

@@ -68,6 +68,16 @@ var (
 		Help: "Retries answered from the request they repeat (in flight or answered within dedup_window) instead of an upstream, by group.",
 	}, []string{"group"})
 
+	metricCacheAffinity = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "relay_cache_affinity_total",
+		Help: "Messages requests with a prompt prefix long enough to cache, by group and prompt-cache affinity result: warm (sent to the channel whose cache holds the prefix), cold (no channel is known to hold it), moved (the channel that holds it was not a live channel of the best tier; the prefix follows the channel that serves it).",
+	}, []string{"group", "result"})
+
+	metricCacheMissUSD = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "relay_cache_miss_usd_total",
+		Help: "What the prompt-cache writes of requests not served warm cost beyond reading the same tokens from a warm cache, in US dollars, by group and reason: failover (the warm channel failed and another answered), cold, moved.",
+	}, []string{"group", "reason"})
+
 	metricCache = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "relay_cache_total",
 		Help: "Messages requests of groups with a response cache, by group and result: hit (a fresh answer, or an identical miss in flight), stale (a stale answer while one request revalidates it), miss, bypass (the client sent cache-control: no-cache).",
@@ -158,6 +168,7 @@ var collectors = []prometheus.Collector{
 	metricCapabilityMisses,
 	metricDedup, metricCache, metricSavedTokens, metricSavedUSD,
 	metricResources, metricBatchResultsAccounted,
+	metricCacheAffinity, metricCacheMissUSD,
 }
 
 // fleetCollectors are registered only by a config with a fleet (`storage`).

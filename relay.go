@@ -180,6 +180,7 @@ type Relay struct {
 	graceTimer    func(time.Duration, func()) *time.Timer // time.AfterFunc; a test's, to end the grace itself
 	rand          randIntN
 	now           func() time.Time
+	affinity      *affinitySeed // keys the digests of prompt prefixes (affinity_table.go)
 }
 
 const (
@@ -249,6 +250,7 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 	if err := r.provisionResourceSecret(ctx); err != nil {
 		return fmt.Errorf("resource_secret: %w", err)
 	}
+	r.affinity = new(affinitySeed)
 	r.owners = newOwnerStore(r.fleet, r.storage, func() time.Time { return r.now() })
 	spend.use(ctx, r.logger)
 	r.held.addSpendStore()

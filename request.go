@@ -197,7 +197,8 @@ type asked struct {
 	// modelStart and modelEnd delimit the raw model value (quotes included)
 	// in body, so a mapped name is spliced in without re-encoding the JSON.
 	modelStart, modelEnd int
-	estimate             int64 // input tokens guessed from the body, for the token limits
+	estimate             int64        // input tokens guessed from the body, for the token limits
+	prefix               *cachePrefix // its prompt's cache breakpoints (affinity.go); nil: none
 }
 
 // granted is what the admit and select steps gave the request: its limits'

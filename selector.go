@@ -33,6 +33,7 @@ type selection struct {
 	accept func(ch *channel, now time.Time) bool
 	now    time.Time
 	rand   randIntN
+	prefix *cachePrefix // its prompt's cached prefixes, for prompt-cache affinity; nil: none
 }
 
 // halfOpenRetry is the wait suggested for a channel whose half-open breaker
@@ -252,6 +253,9 @@ func (g *group) pick(s *selection) pickResult {
 	}
 
 	tier := bestTier(cands)
+	if ch := s.prefix.route(tier, s); ch != nil { // where its prompt is warm
+		return pickResult{ch: ch, reason: picked}
+	}
 	var ch *channel
 	switch g.policy {
 	case policyAdaptive:

@@ -42,6 +42,7 @@ type fleetConfig struct {
 	channel   string   // more options of every channel
 	extra     string   // more lines of the relay block
 	group     string   // more options of the group
+	sameTier  bool     // every channel is of priority 1
 }
 
 func (c fleetConfig) caddyfile(site, admin string) string {
@@ -53,7 +54,11 @@ func (c fleetConfig) caddyfile(site, admin string) string {
 	for i, ch := range c.channels {
 		name, url, _ := strings.Cut(ch, "=")
 		names = append(names, name)
-		fmt.Fprintf(&b, "\t\tchannel %s {\n\t\t\turl %s\n\t\t\tapi_key %s\n\t\t\tpriority %d\n%s\t\t}\n", name, url, fakeupstream.Key, i+1, c.channel)
+		prio := i + 1
+		if c.sameTier {
+			prio = 1
+		}
+		fmt.Fprintf(&b, "\t\tchannel %s {\n\t\t\turl %s\n\t\t\tapi_key %s\n\t\t\tpriority %d\n%s\t\t}\n", name, url, fakeupstream.Key, prio, c.channel)
 	}
 	fmt.Fprintf(&b, "\t\tgroup fleet {\n\t\t\tchannels %s\n\t\t\tretries 2\n%s\t\t}\n\t}\n}\n", strings.Join(names, " "), c.group)
 	return b.String()
