@@ -61,6 +61,7 @@ func (r *Relay) failover(w http.ResponseWriter, req *http.Request, in *inbound, 
 	if g.policy == policySticky || len(g.splits) > 0 {
 		sel.session = in.sessionID()
 	}
+	in.signerFor(sel, g)
 	var last attemptResult
 	var notLive *relayError // why the requested model could not be served, when a fallback was tried
 	var recoveryDeadline time.Time

@@ -64,6 +64,10 @@ func (in *inbound) inspect() *relayError {
 			if err := in.scanMetadata(sc); err != nil {
 				return errBodyJSON(err)
 			}
+		case field == "messages" && k == '[' && in.route == routeMessages:
+			if err := in.scanMessages(sc); err != nil { // the thinking blocks' signers (thinking.go)
+				return errBodyJSON(err)
+			}
 		default:
 			if rerr := in.readField(sc, field, &model); rerr != nil {
 				return rerr
@@ -121,6 +125,8 @@ func (in *inbound) readField(sc *jsonscan.Scanner, field string, model *[]byte) 
 			n, _ := strconv.ParseInt(unsafe.String(unsafe.SliceData(v), len(v)), 10, 32)
 			in.ask.maxOut = int32(n)
 		}
+	case "thinking":
+		in.ask.thinking.on = thinkingOn(v)
 	case "anthropic_beta":
 		return errInvalid("anthropic_beta: betas go in the anthropic-beta header, which the relay routes on")
 	default:
