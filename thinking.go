@@ -419,7 +419,8 @@ func stripThinking(body []byte, domain string) (_ []byte, ok bool) {
 	out := make([]byte, 0, len(body))
 	at := 0
 	for _, s := range spans {
-		if s.start < at { // inside a range removed already
+		if s.start < at { // it starts in a range removed already
+			at = max(at, s.end)
 			continue
 		}
 		out = append(out, body[at:s.start]...)

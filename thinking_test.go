@@ -1,0 +1,161 @@
+package relay
+
+import (
+	"encoding/json"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// learnSig makes the signature table know that domain signed sig.
+func learnSig(sig, domain string) {
+	signatures.learn(signatureDigest([]byte(`"`+sig+`"`)), domain)
+}
+
+func TestStripThinkingRemovesWhatTheTargetDidNotSign(t *testing.T) {
+	learnSig("sig-strip-A1", "strip-A")
+	learnSig("sig-strip-A2", "strip-A")
+	learnSig("sig-strip-B1", "strip-B")
+	const (
+		thA1 = `{"type":"thinking","thinking":"a1","signature":"sig-strip-A1"}`
+		thA2 = `{"type":"thinking","thinking":"a2","signature":"sig-strip-A2"}`
+		thB1 = `{"type":"thinking","thinking":"b1","signature":"sig-strip-B1"}`
+		redA = `{"type":"redacted_thinking","data":"sig-strip-A2"}`
+		text = `{"type":"text","text":"hello"}`
+		tool = `{"type":"tool_use","id":"toolu_1","name":"ls","input":{}}`
+		res  = `{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_1","content":"ok"}]}`
+		user = `{"role":"user","content":"Hi"}`
+	)
+	asst := func(blocks ...string) string { return `{"role":"assistant","content":[` + strings.Join(blocks, ",") + `]}` }
+	body := func(thinking bool, msgs ...string) string {
+		b := `{"model":"claude-sonnet-4-5","max_tokens":2048,`
+		if thinking {
+			b += `"thinking":{"type":"enabled","budget_tokens":1024},`
+		}
+		return b + `"messages":[` + strings.Join(msgs, ",") + `]}`
+	}
+	for _, tc := range []struct {
+		name, in, want string
+	}{
+		{"an earlier turn's thinking block goes, its text stays",
+			body(true, user, asst(thA1, text), user),
+			body(true, user, asst(text), user)},
+		{"the block in the middle of a message goes with one comma",
+			body(true, user, asst(text, thA1, text), user),
+			body(true, user, asst(text, text), user)},
+		{"the last block goes with the comma before it",
+			body(true, user, asst(text, thA1), user),
+			body(true, user, asst(text), user)},
+		{"the target's own blocks stay, the other domain's go",
+			body(true, user, asst(thA1, text), user, asst(thB1, text), user),
+			body(true, user, asst(text), user, asst(thB1, text), user)},
+		{"a redacted block goes like a signed one",
+			body(true, user, asst(redA, thA2, text), user),
+			body(true, user, asst(text), user)},
+		{"a message of nothing but thinking goes whole",
+			body(true, user, asst(thA1), user, asst(text), user),
+			body(true, user, user, asst(text), user)},
+		{"a tool loop's last assistant turn loses its block, and the request its thinking",
+			body(true, user, asst(thA1, text, tool), res),
+			`{"model":"claude-sonnet-4-5","max_tokens":2048,"messages":[` + user + `,` + asst(text, tool) + `,` + res + `]}`},
+		{"an earlier tool loop's turn keeps the request's thinking",
+			body(true, user, asst(thA1, tool), res, asst(thB1, text), user),
+			body(true, user, asst(tool), res, asst(thB1, text), user)},
+		{"whitespace of a pretty body stays where nothing went",
+			"{\n  \"model\": \"m\",\n  \"max_tokens\": 1,\n  \"messages\": [\n    " + user + ",\n    {\"role\": \"assistant\", \"content\": [\n      " + thA1 + ",\n      " + text + "\n    ]},\n    " + user + "\n  ]\n}",
+			"{\n  \"model\": \"m\",\n  \"max_tokens\": 1,\n  \"messages\": [\n    " + user + ",\n    {\"role\": \"assistant\", \"content\": [\n      " + text + "\n    ]},\n    " + user + "\n  ]\n}"},
+		{"the thinking member last in the body goes with the comma before it",
+			`{"model":"m","max_tokens":1,"messages":[` + user + `,` + asst(thA1, tool) + `,` + res + `],"thinking":{"type":"enabled","budget_tokens":1024}}`,
+			`{"model":"m","max_tokens":1,"messages":[` + user + `,` + asst(tool) + `,` + res + `]}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := stripThinking([]byte(tc.in), "strip-B")
+			if !ok || string(got) != tc.want {
+				t.Errorf("stripThinking:\n got %s (%v)\nwant %s", got, ok, tc.want)
+			}
+			if !json.Valid(got) {
+				t.Errorf("not valid JSON: %s", got)
+			}
+		})
+	}
+
+	// nothing of another domain: the body as it was
+	in := body(true, user, asst(thB1, text), user)
+	if got, ok := stripThinking([]byte(in), "strip-B"); ok || string(got) != in {
+		t.Errorf("nothing to strip: got %s (%v)", got, ok)
+	}
+}
+
+// TestInspectNotesTheSigner reads the signer of a body's thinking blocks
+// in inspect's pass: the last known block's domain, and whether another
+// domain signed an earlier one.
+func TestInspectNotesTheSigner(t *testing.T) {
+	learnSig("sig-inspect-A", "inspect-A")
+	learnSig("sig-inspect-B", "inspect-B")
+	for _, tc := range []struct {
+		name, messages string
+		signed         int32
+		signer         string
+		mixed          bool
+	}{
+		{"no thinking", `[{"role":"user","content":"Hi"}]`, 0, "", false},
+		{"a known signer", `[{"role":"user","content":"Hi"},{"role":"assistant","content":[{"type":"thinking","thinking":"x","signature":"sig-inspect-A"},{"type":"text","text":"y"}]},{"role":"user","content":"Hi"}]`, 1, "inspect-A", false},
+		{"an escaped signature is the same", `[{"role":"assistant","content":[{"signature":"sig-inspect\u002dA","type":"thinking","thinking":"x"}]}]`, 1, "inspect-A", false},
+		{"garbage is unknown", `[{"role":"assistant","content":[{"type":"thinking","thinking":"x","signature":"garbage"}]}]`, 1, "", false},
+		{"the last known wins", `[{"role":"assistant","content":[{"type":"redacted_thinking","data":"sig-inspect-A"}]},{"role":"assistant","content":[{"type":"thinking","thinking":"x","signature":"sig-inspect-B"}]}]`, 2, "inspect-B", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := &inbound{route: routeMessages}
+			in.ask.body = []byte(`{"model":"claude-sonnet-4-5","max_tokens":1,"thinking":{"type":"enabled","budget_tokens":1024},"messages":` + tc.messages + `}`)
+			in.ask.header = http.Header{}
+			if err := in.inspect(); err != nil {
+				t.Fatal(err.msg)
+			}
+			got := in.ask.thinking
+			if !got.on || got.signed != tc.signed || got.signer != tc.signer || got.mixed != tc.mixed {
+				t.Errorf("thinking = %+v, want signed %d signer %q mixed %v", got, tc.signed, tc.signer, tc.mixed)
+			}
+		})
+	}
+}
+
+func TestDropSpans(t *testing.T) {
+	// "[E0, E1, E2]": elements at 1-3, 5-7, 9-11
+	els := func(drops ...bool) []element {
+		out := []element{{span: span{1, 3}}, {span: span{5, 7}}, {span: span{9, 11}}}
+		for i, d := range drops {
+			out[i].drop = d
+		}
+		return out
+	}
+	const raw = "[E0, E1, E2]"
+	apply := func(spans []span) string {
+		slices.SortFunc(spans, func(a, b span) int { return a.start - b.start })
+		out, at := "", 0
+		for _, s := range spans {
+			if s.start < at {
+				continue
+			}
+			out += raw[at:s.start]
+			at = s.end
+		}
+		return out + raw[at:]
+	}
+	for _, tc := range []struct {
+		drops []bool
+		want  string
+	}{
+		{[]bool{true, false, false}, "[E1, E2]"},
+		{[]bool{false, true, false}, "[E0, E2]"},
+		{[]bool{false, false, true}, "[E0, E1]"},
+		{[]bool{true, true, false}, "[E2]"},
+		{[]bool{false, true, true}, "[E0]"},
+		{[]bool{true, false, true}, "[E1]"},
+		{[]bool{true, true, true}, "[]"},
+	} {
+		if got := apply(dropSpans(nil, els(tc.drops...))); got != tc.want {
+			t.Errorf("drop %v: %q, want %q", tc.drops, got, tc.want)
+		}
+	}
+}
