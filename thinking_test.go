@@ -159,3 +159,90 @@ func TestDropSpans(t *testing.T) {
 		}
 	}
 }
+
+// TestThinkingOptionsAdapt reads signature_domain and thinking_failover
+// from a Caddyfile into the JSON config, which decodes and validates.
+func TestThinkingOptionsAdapt(t *testing.T) {
+	out, err := adaptCaddyfile(`:8080 {
+	relay {
+		key sk-client-secret-0123456789 g
+		channel a {
+			api_key {env.A}
+			signature_domain org-acme
+		}
+		channel b {
+			api_key {env.B}
+		}
+		group g {
+			channels a b
+			thinking_failover strip
+		}
+	}
+}
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(out, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	h := findHandler(cfg, "relay")
+	b, _ := json.Marshal(h)
+	var r Relay
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatalf("the adapted relay does not decode: %v", err)
+	}
+	if r.Channels[0].SignatureDomain != "org-acme" || r.Channels[1].SignatureDomain != "" || r.Groups[0].ThinkingFailover != "strip" {
+		t.Errorf("channels %+v, group %+v", r.Channels, r.Groups[0])
+	}
+	if err := r.validateConfig(); err != nil {
+		t.Errorf("validate: %v", err)
+	}
+	if !strings.Contains(string(out), `"signature_domain":"org-acme"`) || !strings.Contains(string(out), `"thinking_failover":"strip"`) {
+		t.Errorf("adapted: %s", out)
+	}
+}
+
+// TestSignatureDomainDefaults: a channel's default domain is its
+// provider's and its credential's account, which names no secret.
+func TestSignatureDomainDefaults(t *testing.T) {
+	const secret = "sk-ant-api03-secret-of-domain-test"
+	t.Setenv("DOMAIN_TEST_KEY", secret)
+	r := &Relay{
+		Keys: []*Key{{Secret: "sk-client-secret-0123456789", Group: "dom-g"}},
+		Channels: []*Channel{
+			{Name: "dom-a", UpstreamRaw: upstream("anthropic", "api_key", "{env.DOMAIN_TEST_KEY}")},
+			{Name: "dom-b", UpstreamRaw: upstream("anthropic", "api_key", "{env.DOMAIN_TEST_KEY}")},
+			{Name: "dom-c", UpstreamRaw: upstream("anthropic", "api_key", "{env.DOMAIN_TEST_KEY}", "url", "https://reseller.example")},
+			{Name: "dom-d", UpstreamRaw: upstream("anthropic", "api_key", "{env.DOMAIN_TEST_KEY}"), SignatureDomain: "org-x"},
+			{Name: "dom-br", UpstreamRaw: upstream("bedrock", "region", "us-east-1", "access_key_id", "{env.DOMAIN_TEST_KEY}", "secret_access_key", "{env.DOMAIN_TEST_KEY}")},
+			{Name: "dom-m", UpstreamRaw: upstream("mock")},
+		},
+		Groups: []*Group{{Name: "dom-g", Channels: []string{"dom-a", "dom-b", "dom-c", "dom-d", "dom-br", "dom-m"}}},
+	}
+	provisionHandler(t, r)
+	d := func(name string) string {
+		for _, ch := range r.groups["dom-g"].channels {
+			if ch.name == name {
+				return ch.domain
+			}
+		}
+		t.Fatalf("no channel %s", name)
+		return ""
+	}
+	if d("dom-a") != d("dom-b") || !strings.HasPrefix(d("dom-a"), "anthropic:key-") {
+		t.Errorf("one key, one domain: %q %q", d("dom-a"), d("dom-b"))
+	}
+	if d("dom-c") == d("dom-a") {
+		t.Errorf("the key at another upstream shares its domain: %q", d("dom-c"))
+	}
+	if d("dom-d") != "org-x" || !strings.HasPrefix(d("dom-br"), "bedrock:us-east-1/key-") || d("dom-m") != "mock:channel:dom-m" {
+		t.Errorf("domains %q %q %q", d("dom-d"), d("dom-br"), d("dom-m"))
+	}
+	for _, name := range []string{"dom-a", "dom-c", "dom-br"} {
+		if strings.Contains(d(name), secret) || strings.Contains(d(name), secret[len(secret)-8:]) {
+			t.Errorf("domain %q shows the key", d(name))
+		}
+	}
+}
