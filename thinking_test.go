@@ -27,7 +27,9 @@ func TestStripThinkingRemovesWhatTheTargetDidNotSign(t *testing.T) {
 		res  = `{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_1","content":"ok"}]}`
 		user = `{"role":"user","content":"Hi"}`
 	)
-	asst := func(blocks ...string) string { return `{"role":"assistant","content":[` + strings.Join(blocks, ",") + `]}` }
+	asst := func(blocks ...string) string {
+		return `{"role":"assistant","content":[` + strings.Join(blocks, ",") + `]}`
+	}
 	body := func(thinking bool, msgs ...string) string {
 		b := `{"model":"claude-sonnet-4-5","max_tokens":2048,`
 		if thinking {
