@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -245,6 +246,69 @@ func TestSignatureDomainDefaults(t *testing.T) {
 	for _, name := range []string{"dom-a", "dom-c", "dom-br"} {
 		if strings.Contains(d(name), secret) || strings.Contains(d(name), secret[len(secret)-8:]) {
 			t.Errorf("domain %q shows the key", d(name))
+		}
+	}
+}
+
+// BenchmarkInspectMessages is BenchmarkInspect on the Messages route,
+// whose messages the scan walks for thinking blocks; with route 0 it
+// skips them as a whole value, as before thinking signatures.
+func BenchmarkInspectMessages(b *testing.B) {
+	for _, bc := range []struct {
+		name  string
+		route route
+	}{{"walked", routeMessages}, {"skipped", 0}} {
+		b.Run(bc.name, func(b *testing.B) {
+			body := []byte(benchBody)
+			b.ReportAllocs()
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				in := inbound{route: bc.route, ask: asked{body: body}}
+				if err := in.inspect(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkInspectThinking is the scan of a conversation of 20 turns,
+// each with a signed thinking block the table knows.
+func BenchmarkInspectThinking(b *testing.B) {
+	var turns []string
+	for i := range 20 {
+		sig := strings.Repeat("EqQBCkgIARABGAIiQL", 20) + strconv.Itoa(i)
+		learnSig(sig, "bench-domain")
+		turns = append(turns, `{"role":"user","content":"question `+strconv.Itoa(i)+`"}`,
+			`{"role":"assistant","content":[{"type":"thinking","thinking":"`+strings.Repeat("reasoning ", 50)+`","signature":"`+sig+`"},{"type":"text","text":"`+strings.Repeat("answer ", 40)+`"}]}`)
+	}
+	body := []byte(`{"model":"claude-sonnet-4-5","max_tokens":2048,"thinking":{"type":"enabled","budget_tokens":1024},"messages":[` + strings.Join(append(turns, `{"role":"user","content":"go on"}`), ",") + `]}`)
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		in := inbound{route: routeMessages, ask: asked{body: body}}
+		if err := in.inspect(); err != nil || in.ask.thinking.signer != "bench-domain" {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkStripThinking is the body of that conversation for another
+// domain: every block found and removed.
+func BenchmarkStripThinking(b *testing.B) {
+	sig := strings.Repeat("EqQBCkgIARABGAIiQL", 20)
+	learnSig(sig, "bench-domain")
+	var turns []string
+	for i := range 20 {
+		turns = append(turns, `{"role":"user","content":"question `+strconv.Itoa(i)+`"}`,
+			`{"role":"assistant","content":[{"type":"thinking","thinking":"`+strings.Repeat("reasoning ", 50)+`","signature":"`+sig+`"},{"type":"text","text":"`+strings.Repeat("answer ", 40)+`"}]}`)
+	}
+	body := []byte(`{"model":"claude-sonnet-4-5","max_tokens":2048,"messages":[` + strings.Join(append(turns, `{"role":"user","content":"go on"}`), ",") + `]}`)
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		if _, ok := stripThinking(body, "other-domain"); !ok {
+			b.Fatal("nothing stripped")
 		}
 	}
 }
