@@ -339,10 +339,16 @@ func learnEvent(name, data []byte, ch *channel) {
 	}
 }
 
-// learnRaw remembers a raw JSON string signature, when it is one.
+// learnRaw remembers a raw JSON string signature, when it is one, and
+// shares it with the fleet the channel's health is shared with.
 func learnRaw(raw string, ch *channel) {
-	if len(raw) > 2 && raw[0] == '"' {
-		signatures.learn(signatureDigest([]byte(raw)), ch.domain)
+	if len(raw) <= 2 || raw[0] != '"' {
+		return
+	}
+	d := signatureDigest([]byte(raw))
+	signatures.learn(d, ch.domain)
+	if f := ch.health.fleet.Load(); f != nil {
+		f.share(signedEntry{d, ch.domain})
 	}
 }
 
