@@ -262,7 +262,7 @@ func (in *inbound) scanContent(sc *jsonscan.Scanner) error {
 // thinkingOn reports whether a raw `thinking` value asks for thinking: an
 // object whose type is not disabled.
 func thinkingOn(v []byte) bool {
-	return jsonscan.KindOf(v) == '{' && gjson.GetBytes(v, "type").String() != "disabled"
+	return jsonscan.KindOf(v) == '{' && gjson.Get(unsafe.String(unsafe.SliceData(v), len(v)), "type").Str != "disabled"
 }
 
 // signerFor sets what the selection knows of the request's signer: the
