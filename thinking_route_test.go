@@ -109,6 +109,12 @@ func TestThinkingAcrossDomainsIsRefused(t *testing.T) {
 	if r := send(t, http.MethodPost, "/v1/messages", otherKey, thinkingBody(hiUser)); r.status != 200 || b.Hits() != 1 {
 		t.Errorf("status %d, b %d hits: %s", r.status, b.Hits(), r.body)
 	}
+	// and a count of tokens, which ignores earlier turns' thinking, is
+	// routed as before
+	count := `{"model":"claude-sonnet-4-5","messages":[` + hiUser + `,` + signedTurn(secretA, "streamed plan", `{"type":"text","text":"ok"}`) + `,` + nextUser + `]}`
+	if r := send(t, http.MethodPost, "/v1/messages/count_tokens", otherKey, count); r.status != 200 || b.Hits() != 2 {
+		t.Errorf("count_tokens: status %d, b %d hits: %s", r.status, b.Hits(), r.body)
+	}
 }
 
 func TestThinkingFailoverStripRemovesForeignThinking(t *testing.T) {
