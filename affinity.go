@@ -122,22 +122,26 @@ func isBreakpoint(v []byte) (ok, long bool) {
 
 // scanSection reads the value of `system` or `messages` in inspect's pass,
 // walking an array's blocks for their breakpoints.
-func (p *cachePrefix) scanSection(sc *jsonscan.Scanner, body []byte, sect int) error {
+//
+// th, when not nil, is told of each message's content blocks (their
+// signed thinking, thinking.go): the messages are walked once for both.
+func (p *cachePrefix) scanSection(sc *jsonscan.Scanner, body []byte, sect int, th *thinkingAsk) error {
 	start := valueStart(body, sc.InputOffset())
 	if sc.PeekKind() != '[' {
 		_, err := sc.ReadValue()
 		p.noteSpan(sect, start, sc.InputOffset())
 		return err
 	}
-	err := p.scanBlocks(sc, uint8(sect), 0)
+	err := p.scanBlocks(sc, uint8(sect), 0, th)
 	p.noteSpan(sect, start, sc.InputOffset())
 	return err
 }
 
 // scanBlocks walks an array of blocks (system's), or of messages whose
 // content blocks, and a tool result's content blocks in them, may be
-// marked: a marked block is a breakpoint at its end.
-func (p *cachePrefix) scanBlocks(sc *jsonscan.Scanner, sect uint8, depth int) error {
+// marked: a marked block is a breakpoint at its end. A message's content
+// blocks (depth 1) are also shown to th when it is not nil.
+func (p *cachePrefix) scanBlocks(sc *jsonscan.Scanner, sect uint8, depth int, th *thinkingAsk) error {
 	if err := sc.ReadArrayStart(); err != nil {
 		return err
 	}
@@ -156,6 +160,7 @@ func (p *cachePrefix) scanBlocks(sc *jsonscan.Scanner, sect uint8, depth int) er
 			return err
 		}
 		marked, long := false, false
+		var typ, sig, data []byte // a content block's, for th
 		for {
 			name, err := sc.NextName()
 			if err != nil {
@@ -164,9 +169,9 @@ func (p *cachePrefix) scanBlocks(sc *jsonscan.Scanner, sect uint8, depth int) er
 			if name == nil {
 				break
 			}
-			switch field := fieldName(name); {
+			switch field := unquoteJSON(name); {
 			case field == "content" && depth < 2 && sc.PeekKind() == '[':
-				if err := p.scanBlocks(sc, sect, depth+1); err != nil {
+				if err := p.scanBlocks(sc, sect, depth+1, th); err != nil {
 					return err
 				}
 			default:
@@ -174,10 +179,20 @@ func (p *cachePrefix) scanBlocks(sc *jsonscan.Scanner, sect uint8, depth int) er
 				if err != nil {
 					return err
 				}
-				if field == "cache_control" {
+				switch field {
+				case "cache_control":
 					marked, long = isBreakpoint(v)
+				case "type":
+					typ = v
+				case "signature":
+					sig = v
+				case "data":
+					data = v
 				}
 			}
+		}
+		if th != nil && depth == 1 {
+			th.block(typ, sig, data)
 		}
 		if marked {
 			p.mark(sect, sc.InputOffset(), long)

@@ -270,6 +270,9 @@ func (r *Relay) message(ctx context.Context, w http.ResponseWriter, req *http.Re
 	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
 	w.WriteHeader(resp.StatusCode)
 	_, _ = w.Write(buf.Bytes())
+	if in.ask.thinking.on {
+		learnMessage(buf.Bytes(), ch) // its signatures are ch's domain's (thinking.go)
+	}
 	return attemptResult{verdict: verdict{outcome: outcomeSuccess, reason: "status " + strconv.Itoa(resp.StatusCode)}, done: true, firstByte: firstByte}
 }
 

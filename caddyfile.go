@@ -122,6 +122,7 @@ func declareInCaddyfile(state map[string]any, r *Relay, by string) error {
 //			concurrency <n>
 //			price_factor <factor>
 //			spend_cap    <amount>usd/day|week|month|total
+//			signature_domain <name>
 //			transport http {
 //				<reverse_proxy's http transport options>
 //			}
@@ -152,6 +153,7 @@ func declareInCaddyfile(state map[string]any, r *Relay, by string) error {
 //			expose_channel
 //			budget      <amount>usd/day|week|month|total
 //			budget_warn <ratio|percent>
+//			thinking_failover strip
 //			cache {
 //				ttl      <duration>
 //				stale    <duration>

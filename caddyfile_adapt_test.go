@@ -271,6 +271,8 @@ func TestCaddyfileErrorsPointAtTheirLine(t *testing.T) {
 		"a split of no share":                      base("", "", "\t\tsplit a 0 # here\n"),
 		"a channel's bad price factor":             base("", "\t\tprice_factor -1 # here\n", ""),
 		"an openai channel's bedrock option":       base("", "\t\tprovider openai\n\t\tregion us-east-1 # here\n", ""),
+		"a signature_domain with a space":          base("", "\t\tsignature_domain \"org a\" # here\n", ""),
+		"a thinking_failover of no known value":    base("", "", "\t\tthinking_failover drop # here\n"),
 	} {
 		wantErrorAtMarkedLine(t, name, src)
 	}

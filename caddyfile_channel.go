@@ -26,7 +26,7 @@ func parseChannel(d *caddyfile.Dispenser, pos positions) (*Channel, error) {
 		return nil, d.ArgErr()
 	}
 	opts := provider.Options{
-		Strings: map[string]*string{"rate": &ch.Rate},
+		Strings: map[string]*string{"rate": &ch.Rate, "signature_domain": &ch.SignatureDomain},
 		Lists: map[string]*[]string{"models": &ch.Models, "allow": &ch.Allow,
 			"supports": &ch.Supports, "lacks": &ch.Lacks, "strip": &ch.Strip, "spend_cap": &ch.SpendCaps},
 		Ints: map[string]*int{"priority": &ch.Priority, "weight": &ch.Weight, "concurrency": &ch.Concurrency},

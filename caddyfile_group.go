@@ -20,7 +20,7 @@ func parseGroup(d *caddyfile.Dispenser, pos positions) (*Group, error) {
 		return nil, d.ArgErr()
 	}
 	opts := provider.Options{
-		Strings:   map[string]*string{"policy": &g.Policy},
+		Strings:   map[string]*string{"policy": &g.Policy, "thinking_failover": &g.ThinkingFailover},
 		Lists:     map[string]*[]string{"channels": &g.Channels, "budget": &g.Budgets},
 		Ints:      map[string]*int{"max_queue": &g.MaxQueue},
 		Ratios:    map[string]*float64{"budget_warn": &g.BudgetWarn},

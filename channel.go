@@ -43,6 +43,7 @@ type channel struct {
 	// forwardTraceparent: its upstream requests carry the attempt's
 	// traceparent (trace.go)
 	forwardTraceparent bool
+	domain             string // its signature domain (thinking.go)
 
 	// model classes (health_classes.go): the class of each model it
 	// lists, by the client's name; its model_class lines; the price rows
@@ -117,6 +118,7 @@ func (r *Relay) provisionChannel(ctx caddy.Context, cfg *Channel) (*channel, err
 		return nil, err
 	}
 	ch.features = newChannelFeatures(ch.provider, append(cfg.Allow, cfg.Supports...), cfg.Lacks, cfg.Strip)
+	ch.domain = signatureDomain(cfg, ch)
 
 	if cfg.Probe != nil {
 		ch.probe = newProbe(cfg)
@@ -410,6 +412,20 @@ type Channel struct {
 	// picked only when no channel can serve it whole. Nothing a client sent
 	// is ever removed otherwise.
 	Strip []string `json:"strip,omitempty"`
+
+	// SignatureDomain names the accounts whose signed thinking blocks this
+	// channel's upstream accepts: Claude signs the thinking blocks of an
+	// answer for the account that made it, and another account's upstream
+	// refuses them ("Invalid signature in thinking block"). A conversation
+	// that carries signed thinking goes to channels of the domain that
+	// signed it (see the group's ThinkingFailover). Default: the channel's
+	// provider and its credential's account as the provider tells it (an
+	// Anthropic key's digest, a Bedrock region and credential, a Vertex
+	// project), so channels with the same credential share one; give
+	// channels of one organisation (several keys of it) the same name to
+	// let their conversations move between them. Letters, digits and
+	// - _ . : / @, at most 128 characters.
+	SignatureDomain string `json:"signature_domain,omitempty"`
 
 	// TransportRaw configures the HTTP transport exactly as reverse_proxy's
 	// `transport http { ... }` does (timeouts, keepalive, TLS, versions...).

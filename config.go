@@ -319,6 +319,11 @@ func (g *Group) validate(channels map[string]*Channel) error {
 	if g.WaitForRecovery < 0 {
 		return errAt([]string{"wait_for_recovery"}, "group %q: wait_for_recovery must not be negative", g.Name)
 	}
+	switch g.ThinkingFailover {
+	case "", thinkingFailoverStrip:
+	default:
+		return errAt([]string{"thinking_failover"}, "group %q: thinking_failover is %q or unset, not %q", g.Name, thinkingFailoverStrip, g.ThinkingFailover)
+	}
 	switch g.Policy {
 	case "", policyWeighted, policyAdaptive, policySticky:
 	default:
@@ -494,6 +499,9 @@ func (ch *Channel) validate() error {
 	}
 	if err := ch.checkFeatures(); err != nil {
 		return err
+	}
+	if d := ch.SignatureDomain; d != "" && !validDomainName(d) {
+		return errAt([]string{"signature_domain"}, "signature_domain %q: letters, digits and - _ . : / @ only, at most %d characters", d, maxDomainLen)
 	}
 	if err := checkLimits(ch.Rate, ch.Tokens, ch.Concurrency); err != nil {
 		return err

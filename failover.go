@@ -62,6 +62,7 @@ func (r *Relay) failover(w http.ResponseWriter, req *http.Request, in *inbound, 
 		sel.session = in.sessionID()
 	}
 	sel.prefix = r.lookupAffinity(in, g)
+	in.signerFor(sel, g)
 	var last attemptResult
 	var notLive *relayError // why the requested model could not be served, when a fallback was tried
 	var recoveryDeadline time.Time

@@ -170,6 +170,7 @@ type fleet struct {
 
 	releases chan release       // given back off the request path
 	publish  chan healthChange  // health changes of this node, to publish
+	signed   chan signedEntry   // signatures this node learned, to publish (fleet_signatures.go)
 	resync   chan struct{}      // asks for a sync of every shared channel's health
 	spendNow chan struct{}      // asks for a sync of the spend
 	affinity chan affinityWrite // prompt-cache affinity records, to write (affinity_fleet.go)
@@ -216,6 +217,7 @@ func newFleet(ctx caddy.Context, s *FleetRedis) (*fleet, error) {
 		now:       time.Now,
 		releases:  make(chan release, 4096),
 		publish:   make(chan healthChange, 1024),
+		signed:    make(chan signedEntry, 1024),
 		resync:    make(chan struct{}, 1),
 		spendNow:  make(chan struct{}, 1),
 		affinity:  make(chan affinityWrite, 4096),
@@ -269,7 +271,7 @@ func newFleet(ctx caddy.Context, s *FleetRedis) (*fleet, error) {
 	})
 	work, stop := context.WithCancel(context.Background())
 	f.stop = stop
-	for _, run := range []func(context.Context){f.renewLeases, f.giveBack, f.heartbeat, f.publishHealth, f.subscribeHealth, f.syncSpend, f.expireBlocks, f.giveBackSlots, f.writeAffinity} {
+	for _, run := range []func(context.Context){f.renewLeases, f.giveBack, f.heartbeat, f.publishHealth, f.subscribeHealth, f.publishSignatures, f.subscribeSignatures, f.syncSpend, f.expireBlocks, f.giveBackSlots, f.writeAffinity} {
 		f.done.Add(1)
 		go func() {
 			defer f.done.Done()

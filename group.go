@@ -98,6 +98,14 @@ type Group struct {
 	// prefix for the breakpoint's TTL (5m or 1h), per node, or in Redis
 	// for a fleet. Default: true; false turns it off.
 	CacheAffinity *bool `json:"cache_affinity,omitempty"`
+	// ThinkingFailover says what a conversation carrying thinking blocks
+	// signed by one signature domain may do when none of that domain's
+	// channels can serve it. Unset (the default): it stays in its domain,
+	// and gets 503 capability_not_available naming thinking_signature when
+	// the group has no channel of it. `strip`: it may go to a channel of
+	// another domain, the thinking blocks that domain did not sign removed
+	// from the body sent to it (counted in relay_thinking_stripped_total).
+	ThinkingFailover string `json:"thinking_failover,omitempty"`
 }
 
 // Policies.
@@ -131,6 +139,7 @@ type group struct {
 	capped         bool          // a channel of it has a spend cap
 	affinity       bool          // prompt-cache affinity is on (affinity.go)
 	table          *affinityTable
+	stripThinking  bool // thinking_failover strip
 }
 
 // provisionGroups builds the groups and takes their state (retry budget,
@@ -140,7 +149,8 @@ func (r *Relay) provisionGroups(channels map[string]*channel) error {
 	for _, cfg := range r.Groups {
 		g := &group{name: cfg.Name, retries: defaultRetries, expose: cfg.ExposeChannel,
 			budgetRatio: defaultRetryBudget, budgetFloor: defaultRetryBudgetFloor, waitMax: time.Duration(cfg.WaitForRecovery),
-			maxQueue: defaultMaxQueue, maxWait: defaultMaxWait, policy: cmp.Or(cfg.Policy, policyWeighted), fallbacks: cfg.Fallbacks}
+			maxQueue: defaultMaxQueue, maxWait: defaultMaxWait, policy: cmp.Or(cfg.Policy, policyWeighted), fallbacks: cfg.Fallbacks,
+			stripThinking: cfg.ThinkingFailover == thinkingFailoverStrip}
 		for name, share := range cfg.Splits {
 			g.splits = append(g.splits, groupSplit{ch: channels[name], share: share})
 		}

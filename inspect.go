@@ -66,11 +66,19 @@ func (in *inbound) inspect() *relayError {
 				in.ask.prefix.noteSpan(sectTools, valueStart(in.ask.body, start), sc.InputOffset())
 			}
 		case in.ask.prefix != nil && (field == "system" || field == "messages"):
-			if err := in.ask.prefix.scanSection(sc, in.ask.body, sectionOf(field)); err != nil {
+			var th *thinkingAsk // the messages' signed thinking, in the same walk
+			if field == "messages" && in.route == routeMessages {
+				th = &in.ask.thinking
+			}
+			if err := in.ask.prefix.scanSection(sc, in.ask.body, sectionOf(field), th); err != nil {
 				return errBodyJSON(err)
 			}
 		case field == "metadata" && k == '{':
 			if err := in.scanMetadata(sc); err != nil {
+				return errBodyJSON(err)
+			}
+		case field == "messages" && k == '[' && in.route == routeMessages:
+			if err := in.scanMessages(sc); err != nil { // the thinking blocks' signers (thinking.go)
 				return errBodyJSON(err)
 			}
 		default:
@@ -130,6 +138,8 @@ func (in *inbound) readField(sc *jsonscan.Scanner, field string, model *[]byte) 
 			n, _ := strconv.ParseInt(unsafe.String(unsafe.SliceData(v), len(v)), 10, 32)
 			in.ask.maxOut = int32(n)
 		}
+	case "thinking":
+		in.ask.thinking.on = thinkingOn(v)
 	case "anthropic_beta":
 		return errInvalid("anthropic_beta: betas go in the anthropic-beta header, which the relay routes on")
 	default:

@@ -123,6 +123,12 @@ var (
 		Name: "relay_capability_misses_total",
 		Help: "Attempts a channel's upstream refused for a feature its wire does not support (the relay failed over and set the feature aside on the channel), by channel and feature (a name of the feature table, or other).",
 	}, []string{"channel", "feature"})
+
+	metricThinkingStripped = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "relay_thinking_stripped_total",
+		Help: "Attempts sent to a channel of another signature domain than the one that signed the request's thinking blocks, those blocks removed (a group with thinking_failover strip), by group.",
+	}, []string{"group"})
+
 	metricResources = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "relay_resource_requests_total",
 		Help: "Successful calls of the Message Batches and Files APIs, by group, the channel that holds the item (none for a list, which asks them all), resource (batches, files) and operation (create, list, get, delete, cancel, results, content). Files cost nothing; this is how they are counted.",
@@ -165,7 +171,7 @@ var collectors = []prometheus.Collector{
 	metricRequests, metricDuration, metricFirstByte, metricAttempts, metricFailovers,
 	metricTokens, metricCost, metricWasted, metricIncomplete, metricEstimated, metricDropped, metricStates,
 	metricRateLimited, metricQueueWait, metricQueueDepth, metricFallbacks, metricSpend,
-	metricCapabilityMisses,
+	metricCapabilityMisses, metricThinkingStripped,
 	metricDedup, metricCache, metricSavedTokens, metricSavedUSD,
 	metricResources, metricBatchResultsAccounted,
 	metricCacheAffinity, metricCacheMissUSD,

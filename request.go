@@ -168,6 +168,11 @@ type inbound struct {
 	// left is when the client left, in Unix nanoseconds; 0: it has not, as
 	// far as the relay knows (settle.go)
 	left atomic.Int64
+
+	// thinkingTo, when set, is the signature domain of the current
+	// attempt's channel, which gets the body without the thinking blocks
+	// it did not sign (thinking.go)
+	thinkingTo string
 }
 
 // requester is who asks: the key (or identity) a request is served as, set
@@ -199,6 +204,10 @@ type asked struct {
 	modelStart, modelEnd int
 	estimate             int64        // input tokens guessed from the body, for the token limits
 	prefix               *cachePrefix // its prompt's cache breakpoints (affinity.go); nil: none
+
+	// thinking is whether it asks for thinking, and who signed the
+	// thinking blocks it carries (thinking.go)
+	thinking thinkingAsk
 }
 
 // granted is what the admit and select steps gave the request: its limits'
@@ -269,7 +278,7 @@ func (in *inbound) releaseBody() {
 // of its own, without the features the current attempt's channel strips.
 // When nothing changes it is the pooled buffer itself, not a copy.
 func (in *inbound) Body(model string) []byte {
-	if model == in.ask.model && in.strip == 0 {
+	if model == in.ask.model && in.strip == 0 && in.thinkingTo == "" {
 		return in.ask.body
 	}
 	out := in.ask.body
@@ -286,6 +295,9 @@ func (in *inbound) Body(model string) []byte {
 		if stripped, err := stripBody(out, in.strip); err == nil {
 			out = stripped
 		}
+	}
+	if in.thinkingTo != "" {
+		out, _ = stripThinking(out, in.thinkingTo)
 	}
 	return out
 }
@@ -360,6 +372,9 @@ func (in *inbound) callFor(ch *channel) *provider.Call {
 	in.call = provider.NewCall(provider.Call{Channel: ch.name, Path: in.route.upstreamPath(), RawQuery: in.ask.rawQuery, Header: in.ask.header,
 		Model: ch.upstreamModel(in.grant.target), Stream: in.ask.stream}, in)
 	in.strip = 0
+	if in.grant.sel.signer != "" {
+		in.stripThinkingFor(ch)
+	}
 	if !in.ask.needs.empty() {
 		set, betas := ch.stripFor(&in.ask.needs, in.grant.sel.now)
 		in.strip = set

@@ -25,6 +25,12 @@ type selection struct {
 	skipped   []*channel // picked, but their half-open breaker had no slot left
 	capped    []*channel // picked, but their spend cap could not take the request's hold
 	avoidHost string     // after a 529: prefer a channel on another upstream host
+	// signer is the signature domain of the thinking blocks the request
+	// carries, when known: its channels come first, and with crossSigner
+	// (thinking_failover strip) the others may serve it, else none of
+	// them (thinking.go)
+	signer      string
+	crossSigner bool
 	// accept, when set, chooses the candidates instead of the model (a
 	// resource's create, whose candidates no one model names): it says
 	// whether a channel serves the request and does not refuse it. Its
@@ -82,6 +88,9 @@ func (p pickResult) err(s *selection, g *group) *relayError {
 	case modelRefused:
 		return errModelRefused(s.model, g.name, p.until)
 	case noCapability:
+		if len(p.missing) == 1 && p.missing[0] == featThinkingSignature {
+			return errThinkingSignature(g.name)
+		}
 		return errCapability(p.missing, p.together, g.name)
 	case upstreamReset:
 		return errRateLimitedUpstream(s.model, untilFrom(p.until, s.now))
@@ -153,6 +162,12 @@ func (g *group) pick(s *selection) pickResult {
 			}
 			missing, together := missingFeatures(model, s.needs, s.now)
 			return pickResult{reason: noCapability, missing: missing, together: together}
+		}
+	}
+
+	if s.signer != "" && !s.crossSigner {
+		if cands = filter(cands, s.signedBy); len(cands) == 0 {
+			return none(noCapability, time.Time{}).signature()
 		}
 	}
 
@@ -243,6 +258,11 @@ func (g *group) pick(s *selection) pickResult {
 			cands = whole
 		}
 	}
+	if s.signer != "" {
+		if own := filter(cands, s.signedBy); len(own) > 0 {
+			cands = own
+		}
+	}
 	if s.avoidHost != "" {
 		if other := filter(cands, func(ch *channel) bool { return ch.host != s.avoidHost }); len(other) > 0 {
 			cands = other
@@ -285,7 +305,7 @@ func (g *group) anotherTakes(s *selection, ch *channel, lacked []string) bool {
 		if refused, _ := c.health.refuses(s.model, s.now); refused {
 			continue
 		}
-		if ok, _ := c.takes(s.needs, s.now); ok && c.features.names(lacked) {
+		if ok, _ := c.takes(s.needs, s.now); ok && c.features.names(lacked) && s.signerAllows(c) {
 			return true
 		}
 	}

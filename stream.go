@@ -109,6 +109,9 @@ func (s *streamAttempt) hold(rd *sse.Reader, held []byte) (_ []byte, res attempt
 		}
 		s.in.end.usage.fromEvent(ev.Name, ev.Data)
 		s.in.tr.fromEvent(ev.Name, ev.Data)
+		if s.in.ask.thinking.on {
+			learnEvent(ev.Name, ev.Data, s.ch) // thinking.go
+		}
 		held = append(held, ev.Raw...)
 		switch string(ev.Name) {
 		case "message_start", "ping", "":
@@ -183,6 +186,9 @@ func (s *streamAttempt) pump(rd *sse.Reader) attemptResult {
 		}
 		s.in.end.usage.fromEvent(ev.Name, ev.Data)
 		s.in.tr.fromEvent(ev.Name, ev.Data)
+		if s.in.ask.thinking.on {
+			learnEvent(ev.Name, ev.Data, s.ch) // thinking.go
+		}
 		if _, err := s.w.Write(ev.Raw); err != nil {
 			return s.settle(rd, sse.Event{}, nil)
 		}

@@ -45,6 +45,7 @@ type Upstream struct {
 
 	keys      []string // the credentials it accepts
 	lenient   bool     // no checks: every request goes to the handler
+	account   string   // the secret its thinking signatures are made with; "": it verifies none (thinking.go)
 	refusedBy func(string)
 }
 

@@ -200,7 +200,10 @@ func (u *Upstream) check(r *http.Request, w wire, body []byte) *refusal {
 		}
 		switch w {
 		case anthropicMessages:
-			return anthropicBody(body, "", messagesSchema)
+			if f := anthropicBody(body, "", messagesSchema); f != nil {
+				return f
+			}
+			return u.thinkingRules(body) // thinking.go
 		case anthropicCountTokens:
 			return anthropicBody(body, "", countTokensSchema)
 		case anthropicBatchCreate:

@@ -190,6 +190,22 @@ func TestStrictUpstreamRefusesWhatTheRealAPIRefuses(t *testing.T) {
 		{"an unknown chat parameter", "POST", "/v1/chat/completions", map[string]string{"Authorization": "Bearer " + Key}, `{"model":"gpt-5","messages":[{"role":"user","content":"Hi"}],"max_tokens_to_sample":5}`, nil,
 			openAIErr(400, "Unrecognized request argument supplied: max_tokens_to_sample", "", "")},
 
+		// thinking blocks: an account's signatures, a tool loop's last turn
+		{"an account takes its own signature", "POST", "/v1/messages", anthropicHeaders(), thinkingMsgs(false, signedBlock("acct", "plan"), textBlock), []Option{Account("acct")}, passed},
+		{"an account refuses another's signature", "POST", "/v1/messages", anthropicHeaders(), thinkingMsgs(false, signedBlock("other", "plan"), textBlock), []Option{Account("acct")},
+			anthropicErr(400, "invalid_request_error", "messages.1.content.0: Invalid `signature` in `thinking` block")},
+		{"a signature of other text is refused", "POST", "/v1/messages", anthropicHeaders(), thinkingMsgs(false, textBlock, `{"type":"thinking","thinking":"edited","signature":"`+Signature("acct", "plan")+`"}`), []Option{Account("acct")},
+			anthropicErr(400, "invalid_request_error", "messages.1.content.1: Invalid `signature` in `thinking` block")},
+		{"an account takes its own redacted block", "POST", "/v1/messages", anthropicHeaders(), thinkingMsgs(false, `{"type":"redacted_thinking","data":"`+RedactedData("acct", "n1")+`"}`, textBlock), []Option{Account("acct")}, passed},
+		{"an account refuses another's redacted block", "POST", "/v1/messages", anthropicHeaders(), thinkingMsgs(false, `{"type":"redacted_thinking","data":"`+RedactedData("other", "n1")+`"}`, textBlock), []Option{Account("acct")},
+			anthropicErr(400, "invalid_request_error", "messages.1.content.0: Invalid `data` in `redacted_thinking` block")},
+		{"without an account no signature is checked", "POST", "/v1/messages", anthropicHeaders(), thinkingMsgs(false, signedBlock("other", "plan"), textBlock), nil, passed},
+		{"a tool loop's last turn starts with its thinking", "POST", "/v1/messages", anthropicHeaders(), thinkingMsgs(true, textBlock, toolBlock), nil,
+			anthropicErr(400, "invalid_request_error", "messages.1.content.0.type: Expected `thinking` or `redacted_thinking`, but found `text`. When `thinking` is enabled, a final `assistant` message must start with a thinking block (preceeding the lastmost set of `tool_use` and `tool_result` blocks). We recommend you include thinking blocks from previous turns. To avoid this requirement, disable `thinking`. Please consult our documentation at https://docs.claude.com/en/docs/build-with-claude/extended-thinking")},
+		{"a tool loop with its thinking passes", "POST", "/v1/messages", anthropicHeaders(), thinkingMsgs(true, signedBlock("acct", "plan"), toolBlock), []Option{Account("acct")}, passed},
+		{"an empty message", "POST", "/v1/messages", anthropicHeaders(), `{"model":"m","max_tokens":16,"thinking":{"type":"enabled","budget_tokens":1024},"messages":[{"role":"user","content":"Hi"},{"role":"assistant","content":[]},{"role":"user","content":"Hi"}]}`, nil,
+			anthropicErr(400, "invalid_request_error", "messages.1: all messages must have non-empty content except for the optional final assistant message")},
+
 		// what no wire claims, and the opt-out
 		{"another path is the handler's", "POST", "/token", nil, `grant_type=x`, nil, passed},
 		{"Lenient lets anything through", "POST", "/v1/messages", nil, `{"x":1}`, []Option{Lenient()}, passed},
@@ -356,4 +372,26 @@ func TestARefusalFailsTheTest(t *testing.T) {
 	if want := "upstream " + u.URL + " refused POST /v1/messages: anthropic-version: header is required, as the real API would"; len(rt.errs) != 1 || rt.errs[0] != want {
 		t.Errorf("errors %q, want %q", rt.errs, want)
 	}
+}
+
+// Blocks and bodies of the thinking cases.
+const (
+	textBlock = `{"type":"text","text":"ok"}`
+	toolBlock = `{"type":"tool_use","id":"toolu_1","name":"ls","input":{}}`
+)
+
+func signedBlock(secret, thinking string) string {
+	return `{"type":"thinking","thinking":"` + thinking + `","signature":"` + Signature(secret, thinking) + `"}`
+}
+
+// thinkingMsgs is a Messages body with thinking on whose second message is
+// an assistant turn of blocks; with loop, the last message answers its
+// tool_use.
+func thinkingMsgs(loop bool, blocks ...string) string {
+	last := `{"role":"user","content":"Hi"}`
+	if loop {
+		last = `{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_1","content":"a"}]}`
+	}
+	return `{"model":"m","max_tokens":2048,"thinking":{"type":"enabled","budget_tokens":1024},"messages":[{"role":"user","content":"Hi"},{"role":"assistant","content":[` +
+		strings.Join(blocks, ",") + `]},` + last + `]}`
 }

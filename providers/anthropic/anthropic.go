@@ -86,6 +86,13 @@ func (p *Provider) BaseURL() string {
 	return strings.TrimSuffix(cmp.Or(p.URL, DefaultURL), "/")
 }
 
+// Account implements provider.AccountNamer. A key does not say which
+// organisation it belongs to, so the account is the key's digest, with
+// the upstream it is sent to: channels sharing one key share a signature
+// domain, and channels of one organisation with different keys share one
+// only when their config says so (signature_domain).
+func (p *Provider) Account() string { return "key-" + provider.Digest(p.base, p.apiKey) }
+
 // NewRequest implements provider.Provider.
 func (p *Provider) NewRequest(ctx context.Context, c *provider.Call) (*http.Request, error) {
 	u := p.base + c.Path
@@ -166,6 +173,7 @@ var (
 	_ provider.ResourceProvider = (*Provider)(nil)
 	_ provider.FeatureSupport   = (*Provider)(nil)
 	_ provider.OptionsProvider  = (*Provider)(nil)
+	_ provider.AccountNamer     = (*Provider)(nil)
 	_ caddy.Provisioner         = (*Provider)(nil)
 	_ caddyfile.Unmarshaler     = (*Provider)(nil)
 )

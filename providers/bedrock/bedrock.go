@@ -87,6 +87,7 @@ type Provider struct {
 	signer   *v4.Signer
 	version  string
 	drop     []string // body fields removed: model, stream and strip_fields
+	account  string   // the credential's account, as Account says
 }
 
 // CaddyModule returns the Caddy module information.
@@ -129,6 +130,7 @@ func (p *Provider) Provision(ctx caddy.Context) error {
 	switch {
 	case p.APIKey != "":
 		p.apiKey, err = provider.Secret(ctx, "api_key", p.APIKey)
+		p.account = p.Region + "/key-" + provider.Digest(p.apiKey)
 	case p.AccessKeyID != "":
 		var id, secret, session string
 		if id, err = provider.Secret(ctx, "access_key_id", p.AccessKeyID); err != nil {
@@ -143,15 +145,24 @@ func (p *Provider) Provision(ctx caddy.Context) error {
 			}
 		}
 		p.creds = credentials.NewStaticCredentialsProvider(id, secret, session)
+		p.account = p.Region + "/key-" + provider.Digest(id)
 	default:
 		awsCfg, cerr := awsconfig.LoadDefaultConfig(ctx, awsconfig.WithRegion(p.Region))
 		if cerr != nil {
 			return fmt.Errorf("AWS default credentials: %v", cerr)
 		}
 		p.creds = awsCfg.Credentials
+		p.account = p.Region + "/default-credentials"
 	}
 	return err
 }
+
+// Account implements provider.AccountNamer: the region and the digest of
+// the credential (the access key id, or the API key); with the AWS default
+// chain, the region alone, since every such channel of a process signs as
+// the same principal. An AWS account reached with two access keys is two
+// domains unless the channels' config names one (signature_domain).
+func (p *Provider) Account() string { return p.account }
 
 // features is what InvokeModel takes of the feature table; it refuses
 // every other feature, and a whole request for a beta flag it does not know
@@ -489,6 +500,7 @@ var (
 	_ provider.FeatureSupport  = (*Provider)(nil)
 	_ provider.RefusalReader   = (*Provider)(nil)
 	_ provider.OptionsProvider = (*Provider)(nil)
+	_ provider.AccountNamer    = (*Provider)(nil)
 	_ caddy.Provisioner        = (*Provider)(nil)
 	_ caddyfile.Unmarshaler    = (*Provider)(nil)
 )

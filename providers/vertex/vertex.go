@@ -127,6 +127,10 @@ func (p *Provider) Provision(ctx caddy.Context) error {
 	return nil
 }
 
+// Account implements provider.AccountNamer: the Google Cloud project,
+// whose channels (in any region) share a signature domain.
+func (p *Provider) Account() string { return "project-" + p.Project }
+
 // UnmarshalCaddyfile reads the provider's lines of a channel block:
 //
 //	project           <project>
@@ -346,6 +350,7 @@ var (
 	_ provider.Provider        = (*Provider)(nil)
 	_ provider.FeatureSupport  = (*Provider)(nil)
 	_ provider.OptionsProvider = (*Provider)(nil)
+	_ provider.AccountNamer    = (*Provider)(nil)
 	_ caddy.Provisioner        = (*Provider)(nil)
 	_ caddyfile.Unmarshaler    = (*Provider)(nil)
 	_ caddy.Destructor         = (*vertexAuth)(nil)

@@ -1,0 +1,66 @@
+package relay
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-relay/relay/internal/redistest"
+)
+
+// TestSignaturesTravelTheFleet: what one node learns the others learn,
+// through Redis's pub/sub, and a malformed or own message teaches nothing.
+func TestSignaturesTravelTheFleet(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	r, _ := fleetRelay(t, srv.Addr, "sig:", "fleet-sig")
+	ctx := context.Background()
+	waitFor(t, "the node subscribes", 2*time.Second, func() bool {
+		n, _ := rdb.PubSubNumSub(ctx, "sig:signatures").Result()
+		return n["sig:signatures"] == 1
+	})
+
+	// another node's
+	d := signatureDigest([]byte(`"sig-from-another-node"`))
+	bad := signatureDigest([]byte(`"sig-of-a-bad-domain"`))
+	msg := "another-node\n" + strconv.FormatUint(d, 16) + " org-far\nnot-hex org-x\n" + strconv.FormatUint(bad, 16) + " bad domain"
+	if err := rdb.Publish(ctx, "sig:signatures", msg).Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the other node's signature", 2*time.Second, func() bool { return signatures.domainOf(d) == "org-far" })
+	if got := signatures.domainOf(bad); got != "" {
+		t.Errorf("a malformed line taught %q", got)
+	}
+
+	// this node's: published for the others
+	sub := rdb.Subscribe(ctx, "sig:signatures")
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ch := r.groups["fleet-sig-g"].channels[0]
+	learnRaw(`"sig-learned-here"`, ch)
+	m, err := sub.ReceiveMessage(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "\n" + strconv.FormatUint(signatureDigest([]byte(`"sig-learned-here"`)), 16) + " " + ch.domain
+	if !strings.HasSuffix(m.Payload, want) || strings.Contains(m.Payload, "sig-learned-here") {
+		t.Errorf("published %q, want it to end with %q and hold no signature", m.Payload, want)
+	}
+	// its own message, heard back, teaches nothing
+	node := ch.health.fleet.Load().node
+	if from, _, _ := strings.Cut(m.Payload, "\n"); from != node {
+		t.Errorf("published as %q, not as the node %q", from, node)
+	}
+	own := signatureDigest([]byte(`"sig-own-echo"`))
+	learnShared(node+"\n"+strconv.FormatUint(own, 16)+" org-own", node)
+	if got := signatures.domainOf(own); got != "" {
+		t.Errorf("its own message taught %q", got)
+	}
+}
