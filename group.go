@@ -88,6 +88,11 @@ type Group struct {
 	// BudgetWarn is the share of a group budget at which the relay logs a
 	// warning, once per period. Default: 0.8.
 	BudgetWarn float64 `json:"budget_warn,omitempty"`
+
+	// SessionLimits hold each agent session of the group's keys and users
+	// to a budget, a rate and a loop guard, unless the key or user entry
+	// sets its own.
+	SessionLimits
 }
 
 // Policies.
@@ -119,6 +124,7 @@ type group struct {
 	maxPriceFactor float64
 	spend          *spendAccount // what the group spent, and its budgets
 	capped         bool          // a channel of it has a spend cap
+	sessions       *sessionRules // its session limits; nil: none
 }
 
 // provisionGroups builds the groups and takes their state (retry budget,
@@ -149,6 +155,7 @@ func (r *Relay) provisionGroups(channels map[string]*channel) error {
 			p, _ := priorityByName(class)
 			g.maxWait[p] = time.Duration(d)
 		}
+		g.sessions = (*sessionRules)(nil).under(&cfg.SessionLimits)
 		st, _, err := groupStates.LoadOrNew(cfg.Name, func() (caddy.Destructor, error) { return new(groupState), nil })
 		if err != nil {
 			return err
@@ -211,6 +218,9 @@ type groupState struct {
 	// spend is the group's spend account (spend_scopes.go), for the status
 	// page
 	spend atomic.Pointer[spendAccount]
+	// sessions are its keys' agent sessions (sessions.go); nil until the
+	// first one
+	sessions atomic.Pointer[idleCache[*session]]
 }
 
 // cacheFor returns the group's response cache for cfg: the one it has

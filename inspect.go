@@ -24,7 +24,9 @@ const maxModelLen = 256
 // inspect reads the fields routing needs in one strict pass over the body:
 // model, stream, metadata.user_id and the features it needs (the feature
 // fields, the types of its tools; and its anthropic-beta values and
-// whether its prompt needs a long context). The body must
+// whether its prompt needs a long context), and, when a loop guard
+// applies, the tool call and result its messages end with
+// (session_loop.go). The body must
 // be exactly one valid JSON object, with no data after it and no key twice
 // in any object: a parser that kept the first of two "model" keys, or read
 // only the first of two objects, would otherwise serve another model than
@@ -58,6 +60,10 @@ func (in *inbound) inspect() *relayError {
 		switch k := sc.PeekKind(); {
 		case field == "tools" && k == '[':
 			if err := in.scanTools(sc); err != nil {
+				return errBodyJSON(err)
+			}
+		case field == "messages" && k == '[' && in.wantsLoop():
+			if err := in.scanMessages(sc); err != nil {
 				return errBodyJSON(err)
 			}
 		case field == "metadata" && k == '{':
