@@ -36,7 +36,7 @@ type spendAccount struct {
 	// period is periods[periodDay], a window of this length aligned to
 	// UTC (sessions.go); 0: calendar periods
 	window time.Duration
-	now     func() time.Time    // the clock of its relay
+	now    func() time.Time // the clock of its relay
 
 	// holds (hold.go): what this relay's requests in flight hold, and how
 	// many hold; what batches hold, by batch (on a single relay: in a
