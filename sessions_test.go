@@ -2,8 +2,10 @@ package relay
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -347,4 +349,34 @@ func TestGetRelaySessionsListsTheCostliest(t *testing.T) {
 	if code, _, msg := get("?top=0"); code != 400 || !strings.Contains(msg, "top must be") {
 		t.Errorf("top=0: %d %s", code, msg)
 	}
+}
+
+// TestSessionAlertRules evaluates the session alerts with promtool: a loop
+// guard's refusal pages once, a steady stream of refusals for 15 minutes
+// pages, a few refusals do not.
+func TestSessionAlertRules(t *testing.T) {
+	promtool := needTool(t, "promtool", "apt-get install -y prometheus")
+	rules, err := filepath.Abs("examples/prometheus/relay-rules.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	exprs := alertExprs(t, rules)
+	series := `      - series: 'relay_session_refusals_total{group="looping",reason="loop"}'
+        values: '0 0 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1'
+      - series: 'relay_session_refusals_total{group="runaway",reason="budget"}'
+        values: '0+5x30'
+      - series: 'relay_session_refusals_total{group="calm",reason="budget"}'
+        values: '0 1 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2'
+`
+	promtoolTest(t, promtool, rules, series, fmt.Sprintf(`      - expr: %q
+        eval_time: 5m
+        exp_samples:
+          - labels: '{group="looping"}'
+            value: 1
+      - expr: %q
+        eval_time: 25m
+        exp_samples:
+          - labels: '{group="runaway",reason="budget"}'
+            value: 5
+`, exprs["RelaySessionLooping"], "round("+exprs["RelaySessionRefusalsSustained"]+")"), "the session alerts")
 }
