@@ -138,6 +138,8 @@ type session struct {
 	rules     *sessionRules // what it was last configured with
 	spend     *spendAccount // session_budget; nil: none
 	limits    *limiter      // session_rate; nil: none
+	fleet     *fleet        // where its loop guard counts, in a fleet; nil: here
+	tag       string        // where the fleet keeps it
 	loopLast  uint64        // the digest of the last (tool call, tool result) pair its conversation ended with
 	loopCount int           // in a row
 	loopHits  int           // requests the loop guard refused
@@ -211,6 +213,7 @@ func (r *Relay) session(in *inbound, sid string, rules *sessionRules, now time.T
 // limiter, made or dropped as the rules say. It runs under s.mu.
 func (r *Relay) configureSession(s *session, id string, rules *sessionRules, now time.Time) {
 	s.rules = rules
+	s.fleet, s.tag = r.fleet, "x:"+digest(id)
 	if rules.budgetUSD > 0 {
 		if s.spend == nil {
 			aid := sessionSpendPrefix + digest(id)
@@ -233,7 +236,7 @@ func (r *Relay) configureSession(s *session, id string, rules *sessionRules, now
 			s.limits = new(limiter)
 		}
 		s.limits.configure(rules.rate, now)
-		s.limits.share(r.fleet, "x:"+digest(id))
+		s.limits.share(r.fleet, s.tag)
 	} else {
 		s.limits = nil
 	}
@@ -255,7 +258,8 @@ func (r *Relay) admitSession(in *inbound) *relayError {
 	now := r.now()
 	s := r.session(in, sid, rules, now)
 	in.grant.session = s
-	retry := in.ask.header.Get("X-Stainless-Retry-Count")
+	rc := in.ask.header.Get("X-Stainless-Retry-Count")
+	retry := rc != "" && rc != "0" // an SDK's retry is the same request again, not a new turn
 	s.mu.Lock()
 	s.lastSeen = now
 	switch {
@@ -263,14 +267,23 @@ func (r *Relay) admitSession(in *inbound) *relayError {
 		s.loopLast, s.loopCount = 0, 0
 	case in.ask.loop != s.loopLast:
 		s.loopLast, s.loopCount = in.ask.loop, 1
-	case retry == "" || retry == "0": // an SDK's retry is the same request again, not a new turn
+	case !retry:
 		s.loopCount++
 	}
+	f, tag, lim := s.fleet, s.tag, s.limits
+	s.mu.Unlock()
+	if f != nil && rules.loopGuard > 0 {
+		if run, ok := f.loopRun(tag, in.ask.loop, retry); ok { // the session's requests reach every relay
+			s.mu.Lock()
+			s.loopCount = run
+			s.mu.Unlock()
+		}
+	}
+	s.mu.Lock()
 	looping := rules.loopGuard > 0 && s.loopCount >= rules.loopGuard
 	if looping {
 		s.loopHits++
 	}
-	lim := s.limits
 	s.mu.Unlock()
 	if looping {
 		metricSessionRefusals.WithLabelValues(s.group, sessionLoop).Inc()

@@ -21,15 +21,16 @@ import (
 	"github.com/caddy-relay/relay/internal/redistest"
 )
 
-// sessionBody is a Claude Code request of session sid.
-func sessionBody(sid string) string {
+// sessionBody is a Claude Code request of session sid whose messages
+// after the prompt are turns.
+func sessionBody(sid string, turns ...string) string {
 	return `{"model":"claude-sonnet-4-5","max_tokens":8,"metadata":{"user_id":"user_7f3a9c0d_account_1b2c3d4e_session_` + sid +
-		`"},"messages":[{"role":"user","content":"hi"}]}`
+		`"},"messages":[{"role":"user","content":"hi"}` + strings.Join(append([]string{""}, turns...), ",") + `]}`
 }
 
 // sendSession sends one message of session sid to the node.
-func (n *fleetNode) sendSession(sid string) (int, string, error) {
-	req, _ := http.NewRequest(http.MethodPost, "http://"+n.site+"/v1/messages", strings.NewReader(sessionBody(sid)))
+func (n *fleetNode) sendSession(sid string, turns ...string) (int, string, error) {
+	req, _ := http.NewRequest(http.MethodPost, "http://"+n.site+"/v1/messages", strings.NewReader(sessionBody(sid, turns...)))
 	req.Header.Set("X-Api-Key", fleetKey)
 	req.Header.Set("Anthropic-Version", "2023-06-01")
 	req.Header.Set("Content-Type", "application/json")
@@ -67,12 +68,13 @@ func (n *fleetNode) sessionRows(t *testing.T) []map[string]any {
 // upstream at once, on both relays together; the rest wait, and those
 // that no longer fit once the others settled are refused with
 // session_budget_exceeded. Another session of the key is served after.
+// A session that loops over both relays is stopped at its loop_guard.
 func TestFleetSessionBudgetHoldsAcrossNodes(t *testing.T) {
 	srv := redistest.Start(t)
 	probe := &concurrencyProbe{release: make(chan struct{})}
 	up := fakeupstream.New(t, probe)
 	cfg := fleetConfig{redisAddr: srv.Addr, prefix: "sessions:", channels: []string{"up=" + up.URL}, storage: "\t\t\ttimeout 2s\n",
-		keyOpts: "\t\t\tsession_budget 1usd/24h\n",
+		keyOpts: "\t\t\tsession_budget 1usd/24h\n\t\t\tloop_guard 3\n",
 		extra:   "\t\tpricing {\n\t\t\tclaude-sonnet-4-5 input 100 output 10000\n\t\t}\n"}
 	nodes := startFleet(t, 2, cfg)
 
@@ -142,6 +144,22 @@ func TestFleetSessionBudgetHoldsAcrossNodes(t *testing.T) {
 		}
 		if s, body, err := n.sendSession("other-" + n.site); s != 200 || err != nil {
 			t.Errorf("node %s, another session: %d %s %v", n.site, s, body, err)
+		}
+	}
+
+	// a loop whose turns go to one relay and the other: counted in the fleet
+	var turns []string
+	for i := range 4 {
+		id := "toolu_" + strconv.Itoa(i)
+		turns = append(turns, `{"role":"assistant","content":[{"type":"tool_use","id":"`+id+`","name":"Bash","input":{"command":"make"}}]}`,
+			`{"role":"user","content":[{"type":"tool_result","tool_use_id":"`+id+`","content":"make: *** [all] Error 2","is_error":true}]}`)
+		s, body, err := nodes[i%2].sendSession("looping", turns...)
+		want := 200
+		if i >= 2 {
+			want = 429
+		}
+		if s != want || err != nil || want == 429 && !strings.Contains(body, `"code":"session_loop"`) {
+			t.Errorf("turn %d of a loop, on node %d: %d %s %v; want %d", i+1, i%2, s, body, err, want)
 		}
 	}
 }
