@@ -380,3 +380,26 @@ func TestSessionAlertRules(t *testing.T) {
             value: 5
 `, exprs["RelaySessionLooping"], "round("+exprs["RelaySessionRefusalsSustained"]+")"), "the session alerts")
 }
+
+// BenchmarkServeHTTPSessions is BenchmarkServeHTTP for requests of 100
+// Claude Code sessions under session_budget, session_rate and loop_guard:
+// what a session's state, its hold and its loop guard's reading cost.
+func BenchmarkServeHTTPSessions(b *testing.B) {
+	up := fakeupstream.Start(fakeupstream.Fast(), false)
+	defer up.Close()
+	name := "bench-sessions"
+	limits := SessionLimits{SessionBudget: "1000000usd/24h", SessionRate: "1000000/s", LoopGuard: 5}
+	r := &Relay{
+		Identity: "{http.request.header.X-Bench-User}",
+		Users:    []*User{{ID: "*", Group: name, KeyOptions: KeyOptions{SessionLimits: limits}}},
+		Channels: []*Channel{{Name: name, UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", channelKey), Models: []string{"claude-sonnet-4-5"}}},
+		Groups:   []*Group{{Name: name, Channels: []string{name}}},
+	}
+	benchLoop(b, r, len(benchBody), func(i int) *http.Request {
+		req := httptest.NewRequest(http.MethodPost, "/v1/messages", strings.NewReader(benchBody))
+		req.Header.Set("Anthropic-Version", "2023-06-01")
+		req.Header.Set("X-Bench-User", "dev@bench.example")
+		req.Header.Set("X-Claude-Code-Session-Id", "session-"+strconv.Itoa(i%100))
+		return req
+	})
+}
