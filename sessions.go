@@ -156,11 +156,14 @@ func (s *session) settled(now time.Time) bool {
 	return (s.spend == nil || s.spend.idle()) && (s.limits == nil || s.limits.settled(now))
 }
 
-// drop lets go of the session's spend account: a session's spend is
-// never stored.
+// drop lets go of the session's spend account when its cache drops it
+// (under the cache's lock): a session's spend is never stored.
 func (s *session) drop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.spend != nil {
 		_, _ = spendAccounts.Delete(s.spend.id)
+		s.spend = nil
 	}
 }
 
@@ -228,7 +231,7 @@ func (r *Relay) configureSession(s *session, id string, rules *sessionRules, now
 		budgetSpec{scope: spendOfSession, caps: caps, window: rules.window, label: s.id,
 			logger: r.logger, now: func() time.Time { return r.now() }}.apply(s.spend, r.fleet)
 	} else if s.spend != nil {
-		s.drop()
+		_, _ = spendAccounts.Delete(s.spend.id)
 		s.spend = nil
 	}
 	if rules.rate != (limits{}) {

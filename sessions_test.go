@@ -403,3 +403,34 @@ func BenchmarkServeHTTPSessions(b *testing.B) {
 		return req
 	})
 }
+
+// TestAnIdleSessionIsDroppedWithItsAccount: a session unused for
+// sessionIdle, with nothing in flight, is dropped when another session
+// comes, and its spend account leaves the pool: a session's spend is never
+// kept past its session.
+func TestAnIdleSessionIsDroppedWithItsAccount(t *testing.T) {
+	var hits atomic.Int32
+	name := "session-idle"
+	r := sessionRelay(t, &name, SessionLimits{SessionBudget: "1usd/1h"}, tenOutputTokens(&hits))
+	clock := &fakeClock{t: time.Date(2030, time.March, 15, 10, 0, 0, 0, time.UTC)}
+	r.now = clock.now
+	key := "sk-" + name
+	old := newCCSession("idle-" + name)
+	if w, _ := serveHandler(t, r, old.request(key, 10)); w.Code != 200 {
+		t.Fatalf("%d %s", w.Code, w.Body)
+	}
+	account := sessionSpendPrefix + digest(name+"\x00"+old.id)
+	if n, _ := spendAccounts.References(account); n != 1 {
+		t.Fatalf("the session's account has %d references, want 1", n)
+	}
+	clock.advance(sessionIdle + time.Minute)
+	if w, _ := serveHandler(t, r, newCCSession("new-"+name).request(key, 10)); w.Code != 200 {
+		t.Fatalf("%d %s", w.Code, w.Body)
+	}
+	if n, _ := spendAccounts.References(account); n != 0 {
+		t.Errorf("the idle session's account has %d references, want none", n)
+	}
+	if sv := r.sessionsOf(name); len(sv) != 1 || sv[0].Session != sessionDigest("new-"+name) {
+		t.Errorf("sessions after the idle one went: %+v", sv)
+	}
+}
