@@ -37,12 +37,15 @@ import (
 // entry or a group.
 type SessionLimits struct {
 	// SessionBudget caps what one session may spend, as
-	// `<amount>usd/<duration>` such as `5usd/5h`: its spend counts in
-	// windows of the duration, aligned to UTC (24h is the calendar day, 1h
-	// the clock hour), and renews with each. A session's request holds its
-	// worst case against it as against the key's budget; past it: 429
-	// rate_limit_error, code session_budget_exceeded, x-should-retry:
-	// false, with a retry-after to the window's end.
+	// `<amount>usd/<duration>` such as `5usd/4h`: its spend counts in
+	// windows of the duration, and renews with each. Windows lie on a grid
+	// fixed in UTC, the same on every relay of a fleet: a duration that
+	// divides a day starts them at midnight UTC and every multiple after
+	// it (24h is the calendar day), 168h is the week from Monday. A
+	// session's request holds its worst case against it as against the
+	// key's budget; past it: 429 rate_limit_error, code
+	// session_budget_exceeded, x-should-retry: false, with a retry-after to
+	// the window's end.
 	SessionBudget string `json:"session_budget,omitempty"`
 
 	// SessionRate limits the requests of one session, as `N/period`
@@ -76,11 +79,11 @@ func parseSessionBudget(s string) (float64, time.Duration, error) {
 	amount, window, ok := strings.Cut(strings.ToLower(strings.TrimSpace(s)), "/")
 	n, err := strconv.ParseFloat(strings.TrimSuffix(amount, "usd"), 64)
 	if !ok || err != nil || !strings.HasSuffix(amount, "usd") || !(n > 0 && n <= 1e12) {
-		return 0, 0, fmt.Errorf("session_budget %q: want <amount>usd/<duration>, such as 5usd/5h", s)
+		return 0, 0, fmt.Errorf("session_budget %q: want <amount>usd/<duration>, such as 5usd/4h", s)
 	}
 	d, err := caddy.ParseDuration(window)
 	if err != nil || d < time.Minute || d > 366*24*time.Hour {
-		return 0, 0, fmt.Errorf("session_budget %q: the window must be a duration from 1m to 366d, such as 5h", s)
+		return 0, 0, fmt.Errorf("session_budget %q: the window must be a duration from 1m to 366d, such as 4h", s)
 	}
 	return n, d, nil
 }
