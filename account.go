@@ -35,6 +35,9 @@ func (r *Relay) account(in *inbound) {
 	priced := r.price(in)
 	cost := in.end.cost
 	r.settleHolds(in, cost)
+	if in.grant.session != nil {
+		r.sessionEnded(in, cost)
+	}
 	if in.end.estimated {
 		r.estimated(in, group)
 	}

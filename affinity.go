@@ -122,26 +122,23 @@ func isBreakpoint(v []byte) (ok, long bool) {
 
 // scanSection reads the value of `system` or `messages` in inspect's pass,
 // walking an array's blocks for their breakpoints.
-//
-// th, when not nil, is told of each message's content blocks (their
-// signed thinking, thinking.go): the messages are walked once for both.
-func (p *cachePrefix) scanSection(sc *jsonscan.Scanner, body []byte, sect int, th *thinkingAsk) error {
+// An array of messages is walked by inspect_messages.go instead.
+func (p *cachePrefix) scanSection(sc *jsonscan.Scanner, body []byte, sect int) error {
 	start := valueStart(body, sc.InputOffset())
 	if sc.PeekKind() != '[' {
 		_, err := sc.ReadValue()
 		p.noteSpan(sect, start, sc.InputOffset())
 		return err
 	}
-	err := p.scanBlocks(sc, uint8(sect), 0, th)
+	err := p.scanBlocks(sc, uint8(sect), 0)
 	p.noteSpan(sect, start, sc.InputOffset())
 	return err
 }
 
 // scanBlocks walks an array of blocks (system's), or of messages whose
 // content blocks, and a tool result's content blocks in them, may be
-// marked: a marked block is a breakpoint at its end. A message's content
-// blocks (depth 1) are also shown to th when it is not nil.
-func (p *cachePrefix) scanBlocks(sc *jsonscan.Scanner, sect uint8, depth int, th *thinkingAsk) error {
+// marked: a marked block is a breakpoint at its end.
+func (p *cachePrefix) scanBlocks(sc *jsonscan.Scanner, sect uint8, depth int) error {
 	if err := sc.ReadArrayStart(); err != nil {
 		return err
 	}
@@ -160,7 +157,6 @@ func (p *cachePrefix) scanBlocks(sc *jsonscan.Scanner, sect uint8, depth int, th
 			return err
 		}
 		marked, long := false, false
-		var typ, sig, data []byte // a content block's, for th
 		for {
 			name, err := sc.NextName()
 			if err != nil {
@@ -171,7 +167,7 @@ func (p *cachePrefix) scanBlocks(sc *jsonscan.Scanner, sect uint8, depth int, th
 			}
 			switch field := unquoteJSON(name); {
 			case field == "content" && depth < 2 && sc.PeekKind() == '[':
-				if err := p.scanBlocks(sc, sect, depth+1, th); err != nil {
+				if err := p.scanBlocks(sc, sect, depth+1); err != nil {
 					return err
 				}
 			default:
@@ -179,20 +175,10 @@ func (p *cachePrefix) scanBlocks(sc *jsonscan.Scanner, sect uint8, depth int, th
 				if err != nil {
 					return err
 				}
-				switch field {
-				case "cache_control":
+				if field == "cache_control" {
 					marked, long = isBreakpoint(v)
-				case "type":
-					typ = v
-				case "signature":
-					sig = v
-				case "data":
-					data = v
 				}
 			}
-		}
-		if th != nil && depth == 1 {
-			th.block(typ, sig, data)
 		}
 		if marked {
 			p.mark(sect, sc.InputOffset(), long)

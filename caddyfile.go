@@ -97,6 +97,9 @@ func declareInCaddyfile(state map[string]any, r *Relay, by string) error {
 //			disabled
 //			user_rate   <n>/<period>
 //			user_tokens <n>/<period>
+//			session_budget <usd>usd/<duration>
+//			session_rate   <n>/<period>
+//			loop_guard     <n>
 //		}
 //		keys_file <path>
 //
@@ -154,6 +157,9 @@ func declareInCaddyfile(state map[string]any, r *Relay, by string) error {
 //			budget      <amount>usd/day|week|month|total
 //			budget_warn <ratio|percent>
 //			thinking_failover strip
+//			session_budget <usd>usd/<duration>
+//			session_rate   <n>/<period>
+//			loop_guard     <n>
 //			cache {
 //				ttl      <duration>
 //				stale    <duration>

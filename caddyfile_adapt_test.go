@@ -294,3 +294,49 @@ func wantErrorAtMarkedLine(t *testing.T, name, src string) {
 		t.Errorf("%s: error %v, want it at %s", name, err, want)
 	}
 }
+
+// TestCaddyfileSessionLimits: session_budget, session_rate and loop_guard
+// on a key, a user entry and a group adapt to their JSON fields, and
+// values that cannot work fail the adapt naming the line's option.
+func TestCaddyfileSessionLimits(t *testing.T) {
+	site := func(key, group string) string {
+		return ":8080 {\n\trelay {\n\t\tidentity {http.auth.user.id}\n\t\tkey sk-session-limits-0123456789 team {\n" + key +
+			"\t\t}\n\t\tuser * team {\n\t\t\tloop_guard 4\n\t\t}\n\t\tchannel a {\n\t\t\tprovider mock\n\t\t}\n\t\tgroup team {\n\t\t\tchannels a\n" + group + "\t\t}\n\t}\n}\n"
+	}
+	out, err := adaptCaddyfile(site("\t\t\tsession_budget 5usd/5h\n\t\t\tsession_rate 60/m\n",
+		"\t\t\tsession_budget 20usd/24h\n\t\t\tloop_guard 5\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg any
+	if err := json.Unmarshal(out, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	h := findHandler(cfg, "relay")
+	key := h["keys"].([]any)[0].(map[string]any)
+	user := h["users"].([]any)[0].(map[string]any)
+	group := h["groups"].([]any)[0].(map[string]any)
+	if key["session_budget"] != "5usd/5h" || key["session_rate"] != "60/m" || key["loop_guard"] != nil {
+		t.Errorf("key: %v", key)
+	}
+	if user["loop_guard"] != 4.0 {
+		t.Errorf("user: %v", user)
+	}
+	if group["session_budget"] != "20usd/24h" || group["loop_guard"] != 5.0 {
+		t.Errorf("group: %v", group)
+	}
+	for _, bad := range []struct{ key, group, want string }{
+		{"\t\t\tsession_budget 5usd\n", "", "session_budget"},
+		{"\t\t\tsession_budget 5/5h\n", "", "session_budget"},
+		{"\t\t\tsession_budget 5usd/month\n", "", "window must be a duration"},
+		{"\t\t\tsession_budget 5usd/10s\n", "", "window must be a duration"},
+		{"\t\t\tsession_rate fast\n", "", "session_rate"},
+		{"", "\t\t\tloop_guard 1\n", "loop_guard must be 2 or more"},
+		{"\t\t\tloop_guard -3\n", "", "loop_guard"},
+		{"\t\t\tloop_guard\n", "", "loop_guard"},
+	} {
+		if _, err := adaptCaddyfile(site(bad.key, bad.group)); err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("key %q group %q: want an error naming %q, got %v", bad.key, bad.group, bad.want, err)
+		}
+	}
+}

@@ -20,9 +20,9 @@ func parseGroup(d *caddyfile.Dispenser, pos positions) (*Group, error) {
 		return nil, d.ArgErr()
 	}
 	opts := provider.Options{
-		Strings:   map[string]*string{"policy": &g.Policy, "thinking_failover": &g.ThinkingFailover},
+		Strings:   map[string]*string{"policy": &g.Policy, "thinking_failover": &g.ThinkingFailover, "session_budget": &g.SessionBudget, "session_rate": &g.SessionRate},
 		Lists:     map[string]*[]string{"channels": &g.Channels, "budget": &g.Budgets},
-		Ints:      map[string]*int{"max_queue": &g.MaxQueue},
+		Ints:      map[string]*int{"max_queue": &g.MaxQueue, "loop_guard": &g.LoopGuard},
 		Ratios:    map[string]*float64{"budget_warn": &g.BudgetWarn},
 		Durations: map[string]*caddy.Duration{"wait_for_recovery": &g.WaitForRecovery},
 	}

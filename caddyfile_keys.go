@@ -36,8 +36,9 @@ func parseKey(d *caddyfile.Dispenser, pos positions, at []string) (*Key, error) 
 func parseKeyOptions(d *caddyfile.Dispenser, pos positions, at []string, what string, o *KeyOptions) error {
 	opts := provider.Options{
 		Strings: map[string]*string{"name": &o.Name, "priority": &o.Priority, "rate": &o.Rate, "tokens": &o.Tokens,
-			"user_rate": &o.UserRate, "user_tokens": &o.UserTokens, "expires": &o.Expires},
-		Ints:   map[string]*int{"concurrency": &o.Concurrency},
+			"user_rate": &o.UserRate, "user_tokens": &o.UserTokens, "expires": &o.Expires,
+			"session_budget": &o.SessionBudget, "session_rate": &o.SessionRate},
+		Ints:   map[string]*int{"concurrency": &o.Concurrency, "loop_guard": &o.LoopGuard},
 		Lists:  map[string]*[]string{"budget": &o.Budgets},
 		Ratios: map[string]*float64{"budget_warn": &o.BudgetWarn},
 	}

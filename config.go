@@ -201,7 +201,7 @@ func (k *Key) check(i int, groups map[string]bool) error {
 	if strings.HasPrefix(k.Name, userStatePrefix) {
 		return errAt([]string{"name"}, "%s: a key's name may not start with %q, which names user entries", k.label(i), userStatePrefix)
 	}
-	for _, prefix := range [...]string{groupSpendPrefix, channelSpendPrefix} {
+	for _, prefix := range [...]string{groupSpendPrefix, channelSpendPrefix, sessionSpendPrefix} {
 		if strings.HasPrefix(k.Name, prefix) {
 			return errAt([]string{"name"}, "%s: a key's name may not start with %q, which names the spend of groups and channels", k.label(i), prefix)
 		}
@@ -283,7 +283,7 @@ func (o *KeyOptions) validate() error {
 	if _, err := parseExpires(o.Expires); err != nil {
 		return errAt([]string{"expires"}, "expires: %v", err)
 	}
-	return nil
+	return o.SessionLimits.validate()
 }
 
 // validate checks a group against the channels of its config.
@@ -315,6 +315,9 @@ func (g *Group) validate(channels map[string]*Channel) error {
 	}
 	if g.BudgetWarn < 0 || g.BudgetWarn > 1 {
 		return errAt([]string{"budget_warn"}, "group %q: budget_warn must be a share between 0 and 1 (or 0%% to 100%%)", g.Name)
+	}
+	if err := g.SessionLimits.validate(); err != nil {
+		return within(err, "group "+strconv.Quote(g.Name))
 	}
 	if g.WaitForRecovery < 0 {
 		return errAt([]string{"wait_for_recovery"}, "group %q: wait_for_recovery must not be negative", g.Name)

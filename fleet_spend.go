@@ -43,6 +43,9 @@ func (a *spendAccount) share(f *fleet) {
 // spendKey is the Redis key of an account's total for the period that
 // began at start.
 func (f *fleet) spendKey(id string, p budgetPeriod, start time.Time) string {
+	if start.Hour() != 0 || start.Minute() != 0 || start.Second() != 0 { // a session's window
+		return f.key(tag("s:", id), p.String()+":"+start.UTC().Format("20060102T150405"))
+	}
 	return f.key(tag("s:", id), p.String()+":"+start.Format("20060102"))
 }
 
@@ -66,6 +69,7 @@ type spendSync struct {
 	p       budgetPeriod
 	start   time.Time
 	pending nanoUSD
+	end     time.Time     // of the period
 	cmd     *redis.IntCmd // the total, after adding pending
 	get     *redis.StringCmd
 	total   int64 // from the account's settleScript
@@ -107,7 +111,7 @@ func (f *fleet) flushSpend() {
 			// what was charged here goes to Redis; totals are read for the
 			// budgets (and come back with every addition)
 			if ps := a.periods[p]; ps.pending != 0 || a.caps[p] > 0 {
-				w := &spendSync{a: a, p: p, start: ps.start, pending: ps.pending}
+				w := &spendSync{a: a, p: p, start: ps.start, pending: ps.pending, end: a.periodEnd(p, ps.start)}
 				if h != nil {
 					h.periods = append(h.periods, w)
 				} else {
@@ -127,7 +131,7 @@ func (f *fleet) flushSpend() {
 				k := f.spendKey(w.a.id, w.p, w.start)
 				if w.pending != 0 {
 					w.cmd = pipe.IncrBy(ctx, k, int64(w.pending))
-					pipe.PExpireAt(ctx, k, w.p.end(w.start).Add(spendKeyTTL))
+					pipe.PExpireAt(ctx, k, w.end.Add(w.a.keepFor()))
 				} else {
 					w.get = pipe.Get(ctx, k)
 				}
@@ -138,7 +142,7 @@ func (f *fleet) flushSpend() {
 				args := []any{len(h.periods)}
 				for _, w := range h.periods {
 					keys = append(keys, f.spendKey(w.a.id, w.p, w.start))
-					args = append(args, int64(w.pending), w.p.end(w.start).Add(spendKeyTTL).UnixMilli())
+					args = append(args, int64(w.pending), w.end.Add(w.a.keepFor()).UnixMilli())
 				}
 				for _, r := range h.releases {
 					args = append(args, r.lease)

@@ -106,6 +106,10 @@ type Group struct {
 	// another domain, the thinking blocks that domain did not sign removed
 	// from the body sent to it (counted in relay_thinking_stripped_total).
 	ThinkingFailover string `json:"thinking_failover,omitempty"`
+	// SessionLimits hold each agent session of the group's keys and users
+	// to a budget, a rate and a loop guard, unless the key or user entry
+	// sets its own.
+	SessionLimits
 }
 
 // Policies.
@@ -139,7 +143,8 @@ type group struct {
 	capped         bool          // a channel of it has a spend cap
 	affinity       bool          // prompt-cache affinity is on (affinity.go)
 	table          *affinityTable
-	stripThinking  bool // thinking_failover strip
+	stripThinking  bool          // thinking_failover strip
+	sessions       *sessionRules // its session limits; nil: none
 }
 
 // provisionGroups builds the groups and takes their state (retry budget,
@@ -171,6 +176,7 @@ func (r *Relay) provisionGroups(channels map[string]*channel) error {
 			p, _ := priorityByName(class)
 			g.maxWait[p] = time.Duration(d)
 		}
+		g.sessions = (*sessionRules)(nil).under(&cfg.SessionLimits)
 		st, _, err := groupStates.LoadOrNew(cfg.Name, func() (caddy.Destructor, error) { return new(groupState), nil })
 		if err != nil {
 			return err
@@ -239,6 +245,9 @@ type groupState struct {
 	// spend is the group's spend account (spend_scopes.go), for the status
 	// page
 	spend atomic.Pointer[spendAccount]
+	// sessions are its keys' agent sessions (sessions.go); nil until the
+	// first one
+	sessions atomic.Pointer[idleCache[*session]]
 }
 
 // cacheFor returns the group's response cache for cfg: the one it has

@@ -282,7 +282,7 @@ func ceilNano(usd float64) nanoUSD {
 }
 
 // planHolds plans the holds of a message against every budget that
-// applies to it (its key's or user entry's, its group's), and refuses it
+// applies to it (its key's or user entry's, its group's, its session's), and refuses it
 // at once when one of them could never fit: what was spent and its worst
 // case exceed a budget. Its hold of a channel's spend cap is planned with
 // each attempt (holdChannel). A request to which no budget and no cap
@@ -292,9 +292,9 @@ func (r *Relay) planHolds(in *inbound) *relayError {
 		return nil
 	}
 	g := in.group()
-	var accts [2]*spendAccount
+	var accts [3]*spendAccount
 	n := 0
-	for _, a := range [2]*spendAccount{in.who.state.spend, g.spend} {
+	for _, a := range [3]*spendAccount{in.who.state.spend, g.spend, in.grant.session.budgetAccount()} {
 		if a != nil && a.budgeted.Load() {
 			accts[n] = a
 			n++
@@ -388,6 +388,9 @@ func (r *Relay) waitForHolds(ctx context.Context, in *inbound, q *queued, ans ho
 			tail = "; the queue is full"
 		}
 		now := h.a.tightest(r.now(), h.usd) // as things stand when it gives up
+		if h.a.session() {
+			return r.sessionBudgetRefusal(in, h.a, h.usd, now, tail)
+		}
 		return errBudgetHeld(h.a.who(), now, h.a.capOf(now.period), h.usd, tail)
 	})
 }
@@ -414,6 +417,9 @@ func (a *spendAccount) tightest(now time.Time, n nanoUSD) holdAnswer {
 // budgetRefusal answers a request whose hold of worst could never fit in
 // the budget ans names.
 func (r *Relay) budgetRefusal(in *inbound, a *spendAccount, worst nanoUSD, ans holdAnswer) *relayError {
+	if a.session() {
+		return r.sessionBudgetRefusal(in, a, worst, ans, "")
+	}
 	metricRateLimited.WithLabelValues(in.who.key.name, string(scopeBudget)).Inc()
 	now := r.now()
 	end := ans.period.end(ans.period.start(now))
@@ -484,6 +490,7 @@ func (r *Relay) settleHolds(in *inbound, cost float64) {
 	if in.end.answered != nil {
 		charge(in.end.answered.spend)
 	}
+	charge(in.grant.session.budgetAccount())
 }
 
 // fleet is the fleet that keeps every hold of the request; nil when a hold

@@ -24,7 +24,10 @@ const maxModelLen = 256
 // inspect reads the fields routing needs in one strict pass over the body:
 // model, stream, metadata.user_id and the features it needs (the feature
 // fields, the types of its tools; and its anthropic-beta values and
-// whether its prompt needs a long context). The body must
+// whether its prompt needs a long context), and what its conversation
+// says to the features that read it, in one walk of its messages
+// (inspect_messages.go: cache breakpoints, thinking signers, the tool
+// call and result it ends with). The body must
 // be exactly one valid JSON object, with no data after it and no key twice
 // in any object: a parser that kept the first of two "model" keys, or read
 // only the first of two objects, would otherwise serve another model than
@@ -65,20 +68,17 @@ func (in *inbound) inspect() *relayError {
 			if in.ask.prefix != nil {
 				in.ask.prefix.noteSpan(sectTools, valueStart(in.ask.body, start), sc.InputOffset())
 			}
-		case in.ask.prefix != nil && (field == "system" || field == "messages"):
-			var th *thinkingAsk // the messages' signed thinking, in the same walk
-			if field == "messages" && in.route == routeMessages {
-				th = &in.ask.thinking
+		case field == "messages" && k == '[' && in.route == routeMessages:
+			// one walk for every feature that reads the conversation
+			if err := in.scanMessages(sc); err != nil {
+				return errBodyJSON(err)
 			}
-			if err := in.ask.prefix.scanSection(sc, in.ask.body, sectionOf(field), th); err != nil {
+		case in.ask.prefix != nil && (field == "system" || field == "messages"):
+			if err := in.ask.prefix.scanSection(sc, in.ask.body, sectionOf(field)); err != nil {
 				return errBodyJSON(err)
 			}
 		case field == "metadata" && k == '{':
 			if err := in.scanMetadata(sc); err != nil {
-				return errBodyJSON(err)
-			}
-		case field == "messages" && k == '[' && in.route == routeMessages:
-			if err := in.scanMessages(sc); err != nil { // the thinking blocks' signers (thinking.go)
 				return errBodyJSON(err)
 			}
 		default:

@@ -104,6 +104,11 @@ type KeyOptions struct {
 	// 401 authentication_error with code key_disabled, and its limits are
 	// kept for when it is enabled again.
 	Disabled bool `json:"disabled,omitempty"`
+
+	// SessionLimits hold each agent session of the key (Claude Code's
+	// session) to a budget, a rate and a loop guard of its own. Each one
+	// the key leaves unset is its group's.
+	SessionLimits
 }
 
 // label names a key in errors without revealing its secret.
@@ -126,11 +131,12 @@ type key struct {
 	opts     *KeyOptions // as configured: its limits are pushed into its state when it is taken
 	active   atomic.Bool // its state is taken (state and limits are set): at its first request, or at provisioning
 	disabled bool
-	endUsers bool      // it has user_rate or user_tokens
-	state    *keyState // kept across reloads by stateID
-	limits   *limiter  // state.limits; nil for user *, whose identities each have their own
-	expires  time.Time // zero: never
-	relay    *Relay    // the handler that provisioned it: its clock, and whose Cleanup removes it from provisionedKeys
+	endUsers bool          // it has user_rate or user_tokens
+	sessions *sessionRules // its session limits and its group's; nil: none
+	state    *keyState     // kept across reloads by stateID
+	limits   *limiter      // state.limits; nil for user *, whose identities each have their own
+	expires  time.Time     // zero: never
+	relay    *Relay        // the handler that provisioned it: its clock, and whose Cleanup removes it from provisionedKeys
 }
 
 // kind is kindKey or kindUser.
@@ -190,6 +196,7 @@ func (k *key) setOptions(opts *KeyOptions, r *Relay) {
 	k.expires, _ = parseExpires(opts.Expires) // validated already
 	k.disabled = opts.Disabled
 	k.endUsers = opts.UserRate != "" || opts.UserTokens != ""
+	k.sessions = k.group.sessions.under(&opts.SessionLimits)
 }
 
 // takeState takes k's state from the process-wide pool, by its state id,

@@ -103,6 +103,11 @@ var (
 		Help: "Requests refused by a limit, by key name and scope (rate, tokens, concurrency, queue).",
 	}, []string{"key", "scope"})
 
+	metricSessionRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "relay_session_refusals_total",
+		Help: "Requests of agent sessions refused by their session's limits, by group and reason (budget: session_budget, rate: session_rate, loop: loop_guard).",
+	}, []string{"group", "reason"})
+
 	metricQueueWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "relay_queue_wait_seconds",
 		Help:    "Time requests waited in their group's queue for a busy channel, by group and priority class.",
@@ -170,7 +175,7 @@ var (
 var collectors = []prometheus.Collector{
 	metricRequests, metricDuration, metricFirstByte, metricAttempts, metricFailovers,
 	metricTokens, metricCost, metricWasted, metricIncomplete, metricEstimated, metricDropped, metricStates,
-	metricRateLimited, metricQueueWait, metricQueueDepth, metricFallbacks, metricSpend,
+	metricRateLimited, metricSessionRefusals, metricQueueWait, metricQueueDepth, metricFallbacks, metricSpend,
 	metricCapabilityMisses, metricThinkingStripped,
 	metricDedup, metricCache, metricSavedTokens, metricSavedUSD,
 	metricResources, metricBatchResultsAccounted,

@@ -406,6 +406,9 @@ func (r *Relay) serve(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 			in.grant.endUser.done(r.now(), in.grant.endUserGrant, in.billed())
 		}
 	}()
+	if rerr = r.admitSession(in); rerr != nil {
+		return refused(rerr)
+	}
 	if rerr = r.planHolds(in); rerr != nil {
 		return refused(rerr)
 	}

@@ -208,6 +208,11 @@ type asked struct {
 	// thinking is whether it asks for thinking, and who signed the
 	// thinking blocks it carries (thinking.go)
 	thinking thinkingAsk
+
+	// loop is the digest of the (tool call, tool result) pair the
+	// conversation ends with, read when a loop guard applies (session_loop.go);
+	// 0: none
+	loop uint64
 }
 
 // granted is what the admit and select steps gave the request: its limits'
@@ -230,6 +235,12 @@ type granted struct {
 	// pinned, for a message that references files, is its group with only
 	// the channel that holds them
 	pinned *group
+	// session is its agent session, when its key has session limits
+	// (sessions.go); nil: none. sessionLimits admitted it to session_rate
+	// with sessionGrant.
+	session       *session
+	sessionLimits *limiter
+	sessionGrant  grant
 }
 
 // ending is how the request ended, written by the attempt, stream and
@@ -348,22 +359,18 @@ func (in *inbound) committed(ch *channel) { in.end.answered = ch }
 // or its JSON form with session_id; any other user_id as a whole), else the
 // principal (the key, or the identity).
 func (in *inbound) sessionID() string {
-	if h := in.ask.header.Get("X-Claude-Code-Session-Id"); h != "" {
-		return h
+	if sid := in.agentSession(); sid != "" {
+		return sid
 	}
 	if u := in.ask.userID; u != "" {
-		if i := strings.LastIndex(u, "_session_"); i >= 0 && i+len("_session_") < len(u) {
-			return u[i+len("_session_"):]
-		}
-		if strings.HasPrefix(u, "{") {
-			if sid := gjson.Get(u, "session_id").String(); sid != "" {
-				return sid
-			}
-		}
 		return u
 	}
 	return "key:" + in.who.stateID
 }
+
+// jsonSessionID is the session_id of the JSON form of metadata.user_id;
+// "" for none.
+func jsonSessionID(u string) string { return gjson.Get(u, "session_id").String() }
 
 // callFor is the Call of an attempt of the request on ch: the request as
 // the channel's provider sees it. One Call serves the request's attempts in

@@ -32,7 +32,11 @@ type spendAccount struct {
 	dayEnd  time.Time           // the end of periods[periodDay], when roll has work again
 	caps    [numPeriods]nanoUSD // budgets; 0: none
 	warn    float64             // share of a budget that warns
-	now     func() time.Time    // the clock of its relay
+	// window, for a session's account, is its budget's window: its only
+	// period is periods[periodDay], a window of this length aligned to
+	// UTC (sessions.go); 0: calendar periods
+	window time.Duration
+	now    func() time.Time // the clock of its relay
 
 	// holds (hold.go): what this relay's requests in flight hold, and how
 	// many hold; what batches hold, by batch (on a single relay: in a
@@ -63,12 +67,16 @@ type budgetSpec struct {
 	label  string
 	logger *zap.Logger
 	now    func() time.Time
+	window time.Duration // a session's; 0: calendar periods
 }
 
 // apply configures account a with the spec, shared by fleet f (nil: none).
 func (b budgetSpec) apply(a *spendAccount, f *fleet) {
 	a.mu.Lock()
 	a.scope = b.scope
+	if a.window != b.window {
+		a.window, a.dayEnd = b.window, time.Time{} // rolls at its next look
+	}
 	a.mu.Unlock()
 	a.configure(b.caps, b.warn, b.label, b.logger, b.now)
 	a.share(f)
@@ -114,6 +122,16 @@ func (a *spendAccount) configure(caps [numPeriods]float64, warn float64, label s
 // nothing rolls; the total never does, once begun (a record stored before
 // there were totals has none yet). It runs under a.mu.
 func (a *spendAccount) roll(now time.Time) {
+	if a.window > 0 {
+		if now.Before(a.dayEnd) && !now.Before(a.periods[periodDay].start) {
+			return
+		}
+		if s := now.Truncate(a.window); !a.periods[periodDay].start.Equal(s) {
+			a.periods[periodDay] = periodSpend{start: s}
+		}
+		a.dayEnd = a.periods[periodDay].start.Add(a.window)
+		return
+	}
 	if day := a.periods[periodDay].start; !now.Before(day) && now.Before(a.dayEnd) && !a.periods[periodTotal].start.IsZero() {
 		return
 	}
@@ -186,7 +204,21 @@ func (a *spendAccount) addLocked(n nanoUSD, shared bool) {
 // the accounts that come and go (each identity of user *, keys removed
 // from the config) leave no record that is never dropped. It runs under
 // a.mu.
-func (a *spendAccount) counts(p budgetPeriod) bool { return p != periodTotal || a.caps[p] > 0 }
+func (a *spendAccount) counts(p budgetPeriod) bool {
+	if a.window > 0 {
+		return p == periodDay
+	}
+	return p != periodTotal || a.caps[p] > 0
+}
+
+// periodEnd is when the account's period p that began at start ends: a
+// session's window, or the calendar's. It runs under a.mu.
+func (a *spendAccount) periodEnd(p budgetPeriod, start time.Time) time.Time {
+	if a.window > 0 {
+		return start.Add(a.window)
+	}
+	return p.end(start)
+}
 
 // chargedEstimate records that usd of what was charged at now is the cost
 // of an estimated output (settle.go).
@@ -246,7 +278,7 @@ func (a *spendAccount) crossed() []warning {
 // warnOf logs the budgets that crossed their warning share.
 func (a *spendAccount) warnOf(crossed []warning) {
 	logger := a.logger.Load()
-	if logger == nil {
+	if logger == nil || a.scope == spendOfSession { // a session is told; it has no name to log
 		return
 	}
 	for _, w := range crossed {

@@ -43,10 +43,13 @@ func (c spendCollector) Collect(ch chan<- prometheus.Metric) {
 		if a.perIdentity.Load() {
 			return true
 		}
-		usd, caps := a.spent(time.Time{})
 		a.mu.Lock()
 		label, warn, scope := a.label, a.warn, a.scope
 		a.mu.Unlock()
+		if scope == spendOfSession {
+			return true
+		}
+		usd, caps := a.spent(time.Time{})
 		names := [3]string{}
 		names[scope] = label
 		for p := range numPeriods {

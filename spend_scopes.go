@@ -32,9 +32,10 @@ const (
 	spendOfKey     spendScope = iota // a key's or a user entry's (or one identity's)
 	spendOfGroup                     // a group's: its keys' and users' together
 	spendOfChannel                   // a channel's: what requests served on it cost
+	spendOfSession                   // an agent session's (sessions.go): never stored, never a metric
 )
 
-var spendScopeNames = [...]string{"key", "group", "channel"}
+var spendScopeNames = [...]string{"key", "group", "channel", "session"}
 
 func (s spendScope) String() string { return spendScopeNames[s] }
 

@@ -164,6 +164,9 @@ func (s *spendStore) stored(id string) *spendAccount {
 // found again if its key comes back; one that spent nothing needs no
 // record (and identities that come and go leave none).
 func (s *spendStore) keep(a *spendAccount) {
+	if a.session() {
+		return
+	}
 	rec := a.record()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -219,7 +222,7 @@ func (s *spendStore) save() {
 	storage, logger := s.storage, s.logger
 	s.mu.Unlock()
 	spendAccounts.Range(func(k, v any) bool {
-		if a := v.(*spendAccount); a.fleet.Load() == nil { // a fleet's spend is in Redis
+		if a := v.(*spendAccount); a.fleet.Load() == nil && !a.session() { // a fleet's spend is in Redis; a session's is not kept
 			out[k.(string)] = a.record()
 		}
 		return true

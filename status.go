@@ -147,6 +147,9 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 // page is sent each time it changes: a relay may have a hundred thousand.
 const statusMaxKeys = 500
 
+// statusMaxSessions bounds the sessions the status page shows.
+const statusMaxSessions = 20
+
 // statusSnapshot is everything the page shows but the requests.
 type statusSnapshot struct {
 	Node     string          `json:"node"`
@@ -157,6 +160,9 @@ type statusSnapshot struct {
 	// month); KeysTotal counts every key. GET /relay/keys lists them all.
 	Keys      []keyStatus `json:"keys"`
 	KeysTotal int         `json:"keys_total"`
+	// Sessions are the costliest live agent sessions, at most
+	// statusMaxSessions (GET /relay/sessions lists more).
+	Sessions []sessionView `json:"sessions"`
 	// Fleet lists the fleet's nodes when a relay handler has storage;
 	// FleetError says why it could not be read.
 	Fleet      []fleetNode `json:"fleet,omitempty"`
@@ -255,6 +261,7 @@ func snapshot(now time.Time, rows []recentRequest, fleet func() ([]fleetNode, er
 	slices.SortFunc(snap.Keys, func(a, b keyStatus) int {
 		return cmp.Or(strings.Compare(a.Name, b.Name), strings.Compare(a.Kind, b.Kind))
 	})
+	snap.Sessions = topSessions(now, statusMaxSessions)
 	if fleet != nil {
 		nodes, err := fleet()
 		if err != nil {

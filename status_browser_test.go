@@ -110,7 +110,7 @@ func TestStatusPageInABrowser(t *testing.T) {
 	// model names are model ids (a name with markup is refused), so what
 	// carries markup is a key's name, which the page shows in two tables
 	block := channelBlock("st-browser", up.URL, "cooldown 30s") +
-		"\t\tkey " + clientKey + " stg {\n\t\t\tname \"" + hostile + "\"\n\t\t}\n\t\tgroup stg {\n\t\t\tchannels st-browser\n\t\t\tretries 0\n\t\t}\n"
+		"\t\tkey " + clientKey + " stg {\n\t\t\tname \"" + hostile + "\"\n\t\t}\n\t\tgroup stg {\n\t\t\tchannels st-browser\n\t\t\tretries 0\n\t\t\tloop_guard 3\n\t\t}\n"
 	startRelayWith(t, statusSite, block)
 
 	var mu sync.Mutex
@@ -225,6 +225,29 @@ func TestStatusPageInABrowser(t *testing.T) {
 		waitInPage(t, ctx, "the disabled badge", 3*time.Second,
 			`document.querySelector('tr[data-channel="st-browser"] .badge').dataset.state === "disabled"`)
 		adminPost(t, "st-browser", "enable")
+	})
+
+	t.Run("a looping session shows in the sessions panel", func(t *testing.T) {
+		const sid = "7a8b9c0d-1e2f-4a3b-8c4d-5e6f7a8b9c0d"
+		turn := `{"role":"assistant","content":[{"type":"tool_use","id":"toolu_1","name":"Bash","input":{"command":"npm test"}}]},` +
+			`{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_1","content":"FAIL","is_error":true}]}`
+		body := `{"model":"claude-sonnet-4-5","max_tokens":8,"messages":[{"role":"user","content":"fix it"}`
+		statuses := []int{}
+		for range 3 {
+			body += "," + turn
+			statuses = append(statuses, message(t, body+`]}`, "X-Claude-Code-Session-Id", sid).status)
+		}
+		if statuses[0] != 200 || statuses[1] != 200 || statuses[2] != 429 {
+			t.Fatalf("three turns of the same call and result under loop_guard 3: %v", statuses)
+		}
+		row := `[...document.querySelectorAll("#sessions tbody tr")].find(tr => tr.cells[0].textContent === ` + jsString(sessionDigest(sid)) + `)`
+		waitInPage(t, ctx, "the session's row", 3*time.Second, `(r => !!r && r.cells[1].textContent === `+jsString(hostile)+` && r.cells[5].textContent === "2" && r.cells[6].textContent === "1")(`+row+`)`)
+		if n := eval[int](t, ctx, `document.querySelectorAll("main img, main b").length`); n != 0 {
+			t.Errorf("the key's name became %d elements", n)
+		}
+		if shown := eval[bool](t, ctx, `document.getElementById("sessions").textContent.includes(`+jsString(sid)+`)`); shown {
+			t.Error("the sessions panel shows the session id")
+		}
 	})
 
 	t.Run("the page reconnects after a reload", func(t *testing.T) {

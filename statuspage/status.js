@@ -159,6 +159,32 @@
 		});
 	}
 
+	function renderSessions() {
+		fill($("sessions").tBodies[0], state.sessions || [], (x) => {
+			const tr = el("tr");
+			cell(tr, x.session, "mono");
+			cell(tr, x.key, "mono");
+			cell(tr, x.group);
+			const td = cell(tr, "", "num");
+			if (x.budget_usd) {
+				td.appendChild(el("span", money(x.window_spend_usd || 0) + " / " + money(x.budget_usd)));
+				const m = el("meter");
+				m.min = 0; m.max = x.budget_usd; m.low = x.budget_usd * 0.75; m.high = x.budget_usd * 0.9; m.optimum = 0;
+				m.value = Math.min(x.window_spend_usd || 0, x.budget_usd);
+				td.appendChild(document.createTextNode(" "));
+				td.appendChild(m);
+			} else {
+				td.textContent = money(x.spend_usd);
+			}
+			cell(tr, x.held_usd ? money(x.held_usd) : "", "num");
+			cell(tr, x.requests, "num");
+			cell(tr, x.loop_guard_hits || "", "num" + (x.loop_guard_hits ? " bad" : ""));
+			const t = cell(tr, new Date(x.last_seen).toLocaleTimeString());
+			t.title = x.last_seen;
+			return tr;
+		});
+	}
+
 	function renderFleet() {
 		const box = $("fleet-box");
 		box.hidden = !state.fleet && !state.fleet_error;
@@ -228,6 +254,7 @@
 			renderChannels();
 			renderGroups();
 			renderKeys();
+			renderSessions();
 			renderFleet();
 		});
 		es.addEventListener("requests", (ev) => {

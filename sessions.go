@@ -1,0 +1,372 @@
+package relay
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// Sessions. An agent such as Claude Code runs for hours, request after
+// request, in one session: it sends X-Claude-Code-Session-Id, and the
+// session again at the end of metadata.user_id
+// (`user_<hash>_account_<id>_session_<uuid>`). A key, a user entry or a
+// group may hold each such session to a budget of its own (a runaway agent
+// stops at it, the key's budget is left for the rest of the day), a rate,
+// and a loop guard: the request whose conversation ends with the same
+// tool call and the same tool result as the n-1 before it in the session
+// is refused, since an agent that keeps getting the same answer to the
+// same call is stuck.
+//
+// A session is its principal's (the key, the user entry or the identity):
+// two keys that send the same session id have two sessions. Its state is
+// kept in its group's bounded idle cache, by the principal's state id and
+// the session id, and dropped when idle; its budget is a spend account
+// (spend.go) that its requests hold against as against any budget
+// (hold.go), shared in a fleet through Redis as the others are, and never
+// stored, exported as a metric or named by the client's id: the id shown
+// is a digest.
+
+// SessionLimits are the limits of each agent session of a key, a user
+// entry or a group.
+type SessionLimits struct {
+	// SessionBudget caps what one session may spend, as
+	// `<amount>usd/<duration>` such as `5usd/4h`: its spend counts in
+	// windows of the duration, and renews with each. Windows lie on a grid
+	// fixed in UTC, the same on every relay of a fleet: a duration that
+	// divides a day starts them at midnight UTC and every multiple after
+	// it (24h is the calendar day), 168h is the week from Monday. A
+	// session's request holds its worst case against it as against the
+	// key's budget; past it: 429 rate_limit_error, code
+	// session_budget_exceeded, x-should-retry: false, with a retry-after to
+	// the window's end.
+	SessionBudget string `json:"session_budget,omitempty"`
+
+	// SessionRate limits the requests of one session, as `N/period`
+	// (period s, m, h, d or a duration): `60/m`. Past it: 429
+	// rate_limit_error, code session_rate_limited, x-should-retry: false,
+	// with the retry-after it takes.
+	SessionRate string `json:"session_rate,omitempty"`
+
+	// LoopGuard, n, refuses the request of a session whose conversation
+	// ends with the same tool call (name and input) and the same tool
+	// result as the requests before it, for the n-th time in a row: 429
+	// rate_limit_error, code session_loop, x-should-retry: false. A request
+	// that ends otherwise (another result, a new prompt) is served and
+	// starts the count again. An SDK's retry of a request
+	// (x-stainless-retry-count above 0) does not count. At least 2; 0: off.
+	LoopGuard int `json:"loop_guard,omitempty"`
+}
+
+// sessionRules are parsed SessionLimits: a key's own, over its group's.
+type sessionRules struct {
+	budgetUSD float64       // 0: no session_budget
+	window    time.Duration // the budget's
+	budget    string        // as configured, for messages
+	rate      limits        // session_rate; zero: none
+	rateSpec  string
+	loopGuard int // 0: off
+}
+
+// parseSessionBudget reads `<amount>usd/<duration>`.
+func parseSessionBudget(s string) (float64, time.Duration, error) {
+	amount, window, ok := strings.Cut(strings.ToLower(strings.TrimSpace(s)), "/")
+	n, err := strconv.ParseFloat(strings.TrimSuffix(amount, "usd"), 64)
+	if !ok || err != nil || !strings.HasSuffix(amount, "usd") || !(n > 0 && n <= 1e12) {
+		return 0, 0, fmt.Errorf("session_budget %q: want <amount>usd/<duration>, such as 5usd/4h", s)
+	}
+	d, err := caddy.ParseDuration(window)
+	if err != nil || d < time.Minute || d > 366*24*time.Hour {
+		return 0, 0, fmt.Errorf("session_budget %q: the window must be a duration from 1m to 366d, such as 4h", s)
+	}
+	return n, d, nil
+}
+
+// validate checks the session limits.
+func (o *SessionLimits) validate() error {
+	if o.SessionBudget != "" {
+		if _, _, err := parseSessionBudget(o.SessionBudget); err != nil {
+			return errAt([]string{"session_budget"}, "%v", err)
+		}
+	}
+	if _, err := parseRateSpec(o.SessionRate); err != nil {
+		return errAt([]string{"session_rate"}, "session_rate: %v", err)
+	}
+	if o.LoopGuard < 0 || o.LoopGuard == 1 {
+		return errAt([]string{"loop_guard"}, "loop_guard must be 2 or more (the times in a row the same tool call and result may come), or 0 for none")
+	}
+	return nil
+}
+
+// under is the rules of o, each limit it leaves unset taken from rs (a
+// group's; nil: none); nil when no limit is set. o is validated.
+func (rs *sessionRules) under(o *SessionLimits) *sessionRules {
+	out := sessionRules{}
+	if rs != nil {
+		out = *rs
+	}
+	if o.SessionBudget != "" {
+		out.budgetUSD, out.window, _ = parseSessionBudget(o.SessionBudget)
+		out.budget = o.SessionBudget
+	}
+	if o.SessionRate != "" {
+		out.rate, _ = parseLimits(o.SessionRate, "", 0)
+		out.rateSpec = o.SessionRate
+	}
+	if o.LoopGuard > 0 {
+		out.loopGuard = o.LoopGuard
+	}
+	if out == (sessionRules{}) {
+		return nil
+	}
+	if rs != nil && out == *rs {
+		return rs // shared, so a session sees its rules unchanged
+	}
+	return &out
+}
+
+// session is one agent session's state.
+type session struct {
+	id    string // a digest of the client's session id: what is shown
+	key   string // the name of the key or user entry it is served as
+	group string
+
+	mu        sync.Mutex
+	rules     *sessionRules // what it was last configured with
+	spend     *spendAccount // session_budget; nil: none
+	limits    *limiter      // session_rate; nil: none
+	fleet     *fleet        // where its loop guard counts, in a fleet; nil: here
+	tag       string        // where the fleet keeps it
+	loopLast  uint64        // the digest of the last (tool call, tool result) pair its conversation ended with
+	loopCount int           // in a row
+	loopHits  int           // requests the loop guard refused
+	requests  int64         // admitted
+	spent     nanoUSD       // what its requests cost on this relay
+	lastSeen  time.Time
+}
+
+// settled reports whether dropping the session forgives nothing: no
+// request holds against its budget, and its rate limit is full.
+func (s *session) settled(now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return (s.spend == nil || s.spend.idle()) && (s.limits == nil || s.limits.settled(now))
+}
+
+// drop lets go of the session's spend account when its cache drops it
+// (under the cache's lock): a session's spend is never stored.
+func (s *session) drop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.spend != nil {
+		_, _ = spendAccounts.Delete(s.spend.id)
+		s.spend = nil
+	}
+}
+
+// Bounds of the sessions kept.
+const (
+	// maxSessions bounds the sessions one group keeps on a relay.
+	maxSessions = 10_000
+	// sessionIdle is how long a session goes unused before it may be
+	// dropped: Claude Code's prompt cache lasts 5 minutes, and a person
+	// may read for longer before the next prompt.
+	sessionIdle = 30 * time.Minute
+)
+
+// sessionSpendPrefix starts the ids of sessions' spend accounts.
+const sessionSpendPrefix = "session:"
+
+// sessionDigest is how a session id is shown: the first 16 hex digits of
+// its sha256, which a developer can compute from their own id.
+func sessionDigest(sid string) string {
+	sum := sha256.Sum256([]byte(sid))
+	return hex.EncodeToString(sum[:8])
+}
+
+// session is the state of the session sid of the principal stateID,
+// made when it has none, configured with rules.
+func (r *Relay) session(in *inbound, sid string, rules *sessionRules, now time.Time) *session {
+	gs := in.who.key.group.state
+	c := gs.sessions.Load()
+	if c == nil {
+		gs.mu.Lock()
+		if c = gs.sessions.Load(); c == nil {
+			c = newIdleCacheDropping(maxSessions, sessionIdle, (*session).drop)
+			gs.sessions.Store(c)
+		}
+		gs.mu.Unlock()
+	}
+	id := in.who.stateID + "\x00" + boundedID(sid)
+	s := c.get(id, now, func() *session {
+		return &session{id: sessionDigest(sid), key: in.who.key.name, group: in.who.key.group.name}
+	})
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.rules != rules {
+		r.configureSession(s, id, rules, now)
+	}
+	return s
+}
+
+// configureSession pushes rules into s: its budget's account and its rate
+// limiter, made or dropped as the rules say. It runs under s.mu.
+func (r *Relay) configureSession(s *session, id string, rules *sessionRules, now time.Time) {
+	s.rules = rules
+	s.fleet, s.tag = r.fleet, "x:"+digest(id)
+	if rules.budgetUSD > 0 {
+		if s.spend == nil {
+			aid := sessionSpendPrefix + digest(id)
+			a, err := spend.account(aid)
+			if err != nil { // the pool's constructor does not fail
+				a = &spendAccount{id: aid}
+			}
+			s.spend = a
+		}
+		var caps [numPeriods]float64
+		caps[periodDay] = rules.budgetUSD
+		budgetSpec{scope: spendOfSession, caps: caps, window: rules.window, label: s.id,
+			logger: r.logger, now: func() time.Time { return r.now() }}.apply(s.spend, r.fleet)
+	} else if s.spend != nil {
+		_, _ = spendAccounts.Delete(s.spend.id)
+		s.spend = nil
+	}
+	if rules.rate != (limits{}) {
+		if s.limits == nil {
+			s.limits = new(limiter)
+		}
+		s.limits.configure(rules.rate, now)
+		s.limits.share(r.fleet, s.tag)
+	} else {
+		s.limits = nil
+	}
+}
+
+// admitSession holds a message of an agent session to its session's
+// limits: the loop guard, then session_rate; its session_budget is one
+// more of the holds planHolds plans. A request of no session, or of a key
+// whose limits have none, pays nothing.
+func (r *Relay) admitSession(in *inbound) *relayError {
+	rules := in.who.key.sessions
+	if rules == nil || in.route != routeMessages {
+		return nil
+	}
+	sid := in.agentSession()
+	if sid == "" {
+		return nil
+	}
+	now := r.now()
+	s := r.session(in, sid, rules, now)
+	in.grant.session = s
+	rc := in.ask.header.Get("X-Stainless-Retry-Count")
+	retry := rc != "" && rc != "0" // an SDK's retry is the same request again, not a new turn
+	s.mu.Lock()
+	s.lastSeen = now
+	switch {
+	case in.ask.loop == 0:
+		s.loopLast, s.loopCount = 0, 0
+	case in.ask.loop != s.loopLast:
+		s.loopLast, s.loopCount = in.ask.loop, 1
+	case !retry:
+		s.loopCount++
+	}
+	f, tag, lim := s.fleet, s.tag, s.limits
+	s.mu.Unlock()
+	if f != nil && rules.loopGuard > 0 {
+		if run, ok := f.loopRun(tag, in.ask.loop, retry); ok { // the session's requests reach every relay
+			s.mu.Lock()
+			s.loopCount = run
+			s.mu.Unlock()
+		}
+	}
+	s.mu.Lock()
+	looping := rules.loopGuard > 0 && s.loopCount >= rules.loopGuard
+	if looping {
+		s.loopHits++
+	}
+	s.mu.Unlock()
+	if looping {
+		metricSessionRefusals.WithLabelValues(s.group, sessionLoop).Inc()
+		return errSessionLoop(in.who.key.describe(), rules.loopGuard)
+	}
+	if lim != nil {
+		g, scope, wait := lim.take(now, -1)
+		switch scope {
+		case scopeNone:
+			in.grant.sessionGrant, in.grant.sessionLimits = g, lim
+		case scopeFleetDown:
+			return errStorageUnavailable()
+		default:
+			metricSessionRefusals.WithLabelValues(s.group, sessionRate).Inc()
+			return errSessionRate(in.who.key.describe(), rules.rateSpec, wait)
+		}
+	}
+	s.mu.Lock()
+	s.requests++
+	s.mu.Unlock()
+	return nil
+}
+
+// sessionEnded gives back what the request's session admitted and adds
+// its cost to the session's.
+func (r *Relay) sessionEnded(in *inbound, cost float64) {
+	s := in.grant.session
+	if in.grant.sessionLimits != nil {
+		in.grant.sessionLimits.done(r.now(), in.grant.sessionGrant, 0)
+		in.grant.sessionLimits = nil
+	}
+	if cost > 0 {
+		s.mu.Lock()
+		s.spent += toNano(cost)
+		s.mu.Unlock()
+	}
+}
+
+// budgetAccount is the spend account of the session's budget; nil: none.
+func (s *session) budgetAccount() *spendAccount {
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.spend
+}
+
+// agentSession is the request's agent session: Claude Code's
+// X-Claude-Code-Session-Id, else the session part of metadata.user_id
+// (`..._session_<id>`, or session_id of its JSON form); "" for none.
+func (in *inbound) agentSession() string {
+	if h := in.ask.header.Get("X-Claude-Code-Session-Id"); h != "" {
+		return h
+	}
+	if u := in.ask.userID; u != "" {
+		if i := strings.LastIndex(u, "_session_"); i >= 0 && i+len("_session_") < len(u) {
+			return u[i+len("_session_"):]
+		}
+		if strings.HasPrefix(u, "{") {
+			return jsonSessionID(u)
+		}
+	}
+	return ""
+}
+
+// Reasons of relay_session_refusals_total.
+const (
+	sessionBudget = "budget"
+	sessionRate   = "rate"
+	sessionLoop   = "loop"
+)
+
+// window is how a session budget's window is said in messages: 5h, 30m.
+func windowString(d time.Duration) string {
+	s := d.String()
+	s = strings.TrimSuffix(s, "0s")
+	s = strings.TrimSuffix(s, "0m")
+	return cmp.Or(s, d.String())
+}
