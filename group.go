@@ -3,6 +3,7 @@ package relay
 import (
 	"cmp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -88,6 +89,12 @@ type Group struct {
 	// BudgetWarn is the share of a group budget at which the relay logs a
 	// warning, once per period. Default: 0.8.
 	BudgetWarn float64 `json:"budget_warn,omitempty"`
+
+	// BudgetDegrade serves the messages of the group's keys and users more
+	// cheaply as the tightest budget that applies to each (its key's or
+	// user's, or the group's) nears its end, as a key's budget_degrade
+	// does; a key or user entry with steps of its own follows its own.
+	BudgetDegrade []BudgetDegrade `json:"budget_degrade,omitempty"`
 }
 
 // Policies.
@@ -119,6 +126,8 @@ type group struct {
 	maxPriceFactor float64
 	spend          *spendAccount // what the group spent, and its budgets
 	capped         bool          // a channel of it has a spend cap
+	degrade        []degradeRule // its budget_degrade steps, by share
+	degradeCfg     []BudgetDegrade
 }
 
 // provisionGroups builds the groups and takes their state (retry budget,
@@ -172,6 +181,10 @@ func (r *Relay) provisionGroups(channels map[string]*channel) error {
 					g.models = append(g.models, m)
 				}
 			}
+		}
+		g.degrade, g.degradeCfg = degradeRules(cfg.BudgetDegrade), cfg.BudgetDegrade
+		if err := checkDegradeModels(cfg.BudgetDegrade, g, "group "+strconv.Quote(g.name)); err != nil {
+			return err
 		}
 		r.groups[cfg.Name] = g
 	}

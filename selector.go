@@ -25,6 +25,7 @@ type selection struct {
 	skipped   []*channel // picked, but their half-open breaker had no slot left
 	capped    []*channel // picked, but their spend cap could not take the request's hold
 	avoidHost string     // after a 529: prefer a channel on another upstream host
+	cheaper   bool       // budget_degrade cheaper: the lowest price_factor of the live tier
 	// accept, when set, chooses the candidates instead of the model (a
 	// resource's create, whose candidates no one model names): it says
 	// whether a channel serves the request and does not refuse it. Its
@@ -252,6 +253,9 @@ func (g *group) pick(s *selection) pickResult {
 	}
 
 	tier := bestTier(cands)
+	if s.cheaper {
+		tier = cheapest(tier)
+	}
 	var ch *channel
 	switch g.policy {
 	case policyAdaptive:
