@@ -3,11 +3,16 @@ package relay
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.yaml.in/yaml/v3"
 )
 
 func TestBudgetDegradeAdapts(t *testing.T) {
@@ -243,4 +248,76 @@ func BenchmarkDegrade(b *testing.B) {
 	if !in.grant.degrade.cheaper || in.grant.target != "claude-haiku-4-5" {
 		b.Fatalf("not degraded: %+v", in.grant.degrade)
 	}
+}
+
+// TestDegradeAlertOnSeries runs the degrade alert of the rules file in
+// promtool: a group whose messages are served degraded for more than 15
+// minutes on end is told of; one degraded once is not.
+func TestDegradeAlertOnSeries(t *testing.T) {
+	promtool := needTool(t, "promtool", "apt-get install -y prometheus")
+	rules, err := filepath.Abs("examples/prometheus/relay-rules.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	test := fmt.Sprintf(`rule_files: [%q]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'relay_degraded_total{group="steady",mode="model"}'
+        values: '0+2x40'
+      - series: 'relay_degraded_total{group="once",mode="cheaper"}'
+        values: '0 1x40'
+    alert_rule_test:
+      - eval_time: 10m
+        alertname: RelayBudgetDegrading
+        exp_alerts: []
+      - eval_time: 30m
+        alertname: RelayBudgetDegrading
+        exp_alerts:
+          - exp_labels:
+              severity: info
+              group: steady
+              mode: model
+            exp_annotations:
+              summary: "Group steady serves messages degraded (model)"
+              description: %q
+`, rules, alertDescription(t, rules, "RelayBudgetDegrading"))
+	path := filepath.Join(t.TempDir(), "degrade.test.yml")
+	if err := os.WriteFile(path, []byte(test), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(promtool, "test", "rules", path).CombinedOutput(); err != nil {
+		t.Errorf("promtool test rules: %v\n%s", err, out)
+	}
+}
+
+// alertDescription reads the description annotation of an alert of a
+// rules file.
+func alertDescription(t *testing.T, rules, alert string) string {
+	t.Helper()
+	var file struct {
+		Groups []struct {
+			Rules []struct {
+				Alert       string
+				Annotations map[string]string
+			} `yaml:"rules"`
+		} `yaml:"groups"`
+	}
+	b, err := os.ReadFile(rules)
+	if err == nil {
+		err = yaml.Unmarshal(b, &file)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range file.Groups {
+		for _, r := range g.Rules {
+			if r.Alert == alert {
+				return r.Annotations["description"]
+			}
+		}
+	}
+	t.Fatalf("no alert %s in %s", alert, rules)
+	return ""
 }
