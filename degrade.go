@@ -159,8 +159,9 @@ func (b budgetRoom) percent() float64 {
 	return float64(b.spent+b.held) * 100 / float64(b.limit)
 }
 
-// tighter reports whether b leaves less than c (or as little, and is more
-// used): the tightest budget is the one with the least left.
+// tighter reports whether b leaves less than c (or as little, and is
+// spent where c is not, or is more used): the tightest budget is the one
+// with the least left, and a spent one when any is.
 func (b budgetRoom) tighter(c budgetRoom) bool {
 	if !c.known {
 		return b.known
@@ -170,6 +171,9 @@ func (b budgetRoom) tighter(c budgetRoom) bool {
 	}
 	if bl, cl := b.left(), c.left(); bl != cl {
 		return bl < cl
+	}
+	if bs, cs := b.spent >= b.limit, c.spent >= c.limit; bs != cs {
+		return bs
 	}
 	return b.percent() > c.percent()
 }

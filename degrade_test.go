@@ -168,6 +168,10 @@ func TestTheTightestBudgetIsTheOneWithTheLeastLeft(t *testing.T) {
 	if over.left() != 0 || over.percent() != 140 {
 		t.Errorf("held past the budget: %d left, %v%%; want 0 and 140", over.left(), over.percent())
 	}
+	spent := budgetRoom{known: true, limit: 1e9, spent: 1e9}
+	if !spent.tighter(over) || over.tighter(spent) {
+		t.Error("with nothing left in either, the spent budget is the tighter, however much the other holds")
+	}
 }
 
 func TestDegradeStepsAreOrderedByShare(t *testing.T) {
