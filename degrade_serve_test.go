@@ -120,11 +120,16 @@ func TestBudgetDegradeStepsDownBeforeRefusing(t *testing.T) {
 // key of a $5 daily budget (and a looser monthly one): a message, an
 // upstream's error, the relay's own error, the models list, a stream;
 // each answer says exactly what is left of the daily budget, its own hold
-// counted while it runs. A key without a budget gets no such header.
+// counted while it runs. A key without a budget gets no such header, not
+// even the one its upstream (a relay itself) sent.
 func TestTheRemainingHeaderIsOnEveryAnswer(t *testing.T) {
 	var out atomic.Int64
 	out.Store(100) // $1 a message of m-dg-big
-	up := fakeupstream.New(t, meteredAnswer(&out))
+	metered := meteredAnswer(&out)
+	up := fakeupstream.New(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Relay-Budget-Remaining-Usd", "999") // the operator's own, at an upstream relay
+		metered(w, r)
+	}))
 	failing := fakeupstream.New(t, fakeupstream.Error(400, "invalid_request_error", "messages: bad"))
 	const key, free = "sk-remaining-0123456789abcdef", "sk-remaining-free-0123456789abcdef"
 	ask := oneConnection(t)
