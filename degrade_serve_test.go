@@ -118,7 +118,8 @@ func TestBudgetDegradeStepsDownBeforeRefusing(t *testing.T) {
 
 // TestTheRemainingHeaderIsOnEveryAnswer asks, on a running Caddy, with a
 // key of a $5 daily budget (and a looser monthly one): a message, an
-// upstream's error, the relay's own error, the models list, a stream;
+// upstream's error, the relay's own error, the models list, a stream, a
+// Chat Completion;
 // each answer says exactly what is left of the daily budget, its own hold
 // counted while it runs. A key without a budget gets no such header, not
 // even the one its upstream (a relay itself) sent.
@@ -158,6 +159,8 @@ func TestTheRemainingHeaderIsOnEveryAnswer(t *testing.T) {
 	remaining("the relay's own error", r, 400, "4")
 	remaining("the models list", ask(t, http.MethodGet, "/v1/models", key, ""), 200, "4")
 	remaining("a stream", ask(t, http.MethodPost, "/v1/messages", key, strings.Replace(degradeBody, `"max_tokens":20`, `"max_tokens":20,"stream":true`, 1)), 200, "3.8")
+	// $2 spent: a Chat Completion holds $0.20 as a message does
+	remaining("a chat completion", ask(t, http.MethodPost, PathChatCompletions, key, `{"model":"m-dg-big","max_tokens":20,"messages":[{"role":"user","content":"go on"}]}`), 200, "2.8")
 
 	if r := ask(t, http.MethodPost, "/v1/messages", free, degradeBody); r.status != 200 || r.header.Get("X-Relay-Budget-Remaining-Usd") != "" {
 		t.Errorf("a key without a budget: %d, x-relay-budget-remaining-usd %q, want none", r.status, r.header.Get("X-Relay-Budget-Remaining-Usd"))
