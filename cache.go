@@ -182,7 +182,7 @@ func (r *Relay) revalidate(req *http.Request, in *inbound, c *responseCache, d b
 	ask := in.ask
 	ask.header, ask.body, ask.chat = in.ask.header.Clone(), bytes.Clone(in.ask.body), nil
 	bg := &inbound{id: newRequestID(), start: time.Now(), route: in.route, who: in.who, ask: ask,
-		grant: granted{target: in.ask.model, pinned: in.grant.pinned}, end: ending{shared: sharedRevalidation}}
+		grant: granted{target: in.grant.target, pinned: in.grant.pinned, degrade: in.grant.degrade}, end: ending{shared: sharedRevalidation}}
 	bg.end.chain = bg.chainBuf[:0]
 	bgReq := req.WithContext(context.WithoutCancel(req.Context())) // the client's leaving ends nothing
 	go func() {

@@ -93,6 +93,7 @@ func declareInCaddyfile(state map[string]any, r *Relay, by string) error {
 //			concurrency <n>
 //			budget      <usd>usd/day|week|month|total
 //			budget_warn <0..1|percent>
+//			budget_degrade <percent> cheaper|model <model>
 //			expires     <RFC 3339 time>
 //			disabled
 //			user_rate   <n>/<period>
@@ -160,6 +161,7 @@ func declareInCaddyfile(state map[string]any, r *Relay, by string) error {
 //			session_budget <usd>usd/<duration>
 //			session_rate   <n>/<period>
 //			loop_guard     <n>
+//			budget_degrade <percent> cheaper|model <model>
 //			cache {
 //				ttl      <duration>
 //				stale    <duration>

@@ -100,6 +100,12 @@ func parseGroup(d *caddyfile.Dispenser, pos positions) (*Group, error) {
 				return nil, err
 			}
 			g.Cache = c
+		case "budget_degrade":
+			step, err := parseBudgetDegrade(d)
+			if err != nil {
+				return nil, err
+			}
+			g.BudgetDegrade = append(g.BudgetDegrade, step)
 		case "max_wait":
 			var class, dur string
 			if !d.AllArgs(&class, &dur) {

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
+	"strconv"
 	"strings"
 
 	"github.com/caddy-relay/relay/provider"
@@ -51,11 +52,46 @@ func parseKeyOptions(d *caddyfile.Dispenser, pos positions, at []string, what st
 			o.Disabled = true
 			continue
 		}
+		if d.Val() == "budget_degrade" {
+			step, err := parseBudgetDegrade(d)
+			if err != nil {
+				return err
+			}
+			o.BudgetDegrade = append(o.BudgetDegrade, step)
+			continue
+		}
 		if ok, err := opts.Parse(d); err != nil || !ok {
 			return cmp.Or(err, d.Errf("unrecognized %s option %q", what, d.Val()))
 		}
 	}
 	return nil
+}
+
+// parseBudgetDegrade parses `budget_degrade <percent> cheaper` or
+// `budget_degrade <percent> model <id>`; the percent may end in %.
+func parseBudgetDegrade(d *caddyfile.Dispenser) (BudgetDegrade, error) {
+	const usage = "budget_degrade takes a percent and a mode: budget_degrade 80% cheaper, or budget_degrade 95% model claude-haiku-4-5"
+	args := d.RemainingArgs()
+	if len(args) < 2 {
+		return BudgetDegrade{}, d.Err(usage)
+	}
+	pct, err := strconv.ParseFloat(strings.TrimSuffix(args[0], "%"), 64)
+	if err != nil {
+		return BudgetDegrade{}, d.Errf("budget_degrade: %q is not a percent, such as 80%%", args[0])
+	}
+	step := BudgetDegrade{Percent: pct, Mode: args[1]}
+	switch {
+	case args[1] == degradeCheaper && len(args) == 2:
+	case args[1] == degradeModel && len(args) == 3:
+		step.Model = args[2]
+	case args[1] == degradeModel:
+		return BudgetDegrade{}, d.Errf("budget_degrade %s model takes one model to serve instead: budget_degrade %s model claude-haiku-4-5", args[0], args[0])
+	case args[1] == degradeCheaper:
+		return BudgetDegrade{}, d.Errf("budget_degrade %s cheaper takes nothing more", args[0])
+	default:
+		return BudgetDegrade{}, d.Errf("budget_degrade: mode must be cheaper or model <id>, not %q", args[1])
+	}
+	return step, nil
 }
 
 // parseUser parses `user <id> <group> [{ <the options of a key> }]`.

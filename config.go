@@ -280,6 +280,9 @@ func (o *KeyOptions) validate() error {
 	if o.BudgetWarn < 0 || o.BudgetWarn > 1 {
 		return errAt([]string{"budget_warn"}, "budget_warn must be a share between 0 and 1 (or 0%% to 100%%)")
 	}
+	if err := checkDegrade(o.BudgetDegrade); err != nil {
+		return errAt([]string{"budget_degrade"}, "%v", err)
+	}
 	if _, err := parseExpires(o.Expires); err != nil {
 		return errAt([]string{"expires"}, "expires: %v", err)
 	}
@@ -318,6 +321,9 @@ func (g *Group) validate(channels map[string]*Channel) error {
 	}
 	if err := g.SessionLimits.validate(); err != nil {
 		return within(err, "group "+strconv.Quote(g.Name))
+	}
+	if err := checkDegrade(g.BudgetDegrade); err != nil {
+		return errAt([]string{"budget_degrade"}, "group %q: %v", g.Name, err)
 	}
 	if g.WaitForRecovery < 0 {
 		return errAt([]string{"wait_for_recovery"}, "group %q: wait_for_recovery must not be negative", g.Name)

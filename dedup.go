@@ -85,6 +85,10 @@ func (in *inbound) digestInto(w io.Writer) {
 	}
 	_, _ = w.Write(nul)
 	_, _ = w.Write(in.ask.body)
+	if m := in.grant.degrade.model; m != "" { // served as another model: another answer
+		_, _ = w.Write(nul)
+		_, _ = io.WriteString(w, m)
+	}
 }
 
 var nul, comma = []byte{0}, []byte{','}
@@ -166,7 +170,7 @@ func (f *flight) waiter() <-chan struct{} {
 func (f *flight) begin(status int, h http.Header) {
 	kept := make(http.Header, len(h))
 	for k, vs := range h {
-		if k == "X-Relay-Request-Id" || isRatelimitHeader(k) {
+		if k == "X-Relay-Request-Id" || k == headerBudgetRemaining || isRatelimitHeader(k) {
 			continue
 		}
 		kept[k] = vs

@@ -24,7 +24,7 @@ type relayError struct {
 
 func errNotFound(path string) *relayError {
 	return &relayError{status: http.StatusNotFound, typ: "not_found_error",
-		msg: "no such endpoint: " + path + " (the relay serves POST /v1/messages, POST /v1/messages/count_tokens, POST /v1/chat/completions, GET /v1/models, and the Message Batches and Files APIs)"}
+		msg: "no such endpoint: " + path + " (the relay serves POST /v1/messages, POST /v1/messages/count_tokens, POST /v1/chat/completions, GET /v1/models, GET /v1/relay/usage, and the Message Batches and Files APIs)"}
 }
 
 func errMethod(method, allow string) *relayError {

@@ -53,7 +53,7 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 func (r *Relay) failover(w http.ResponseWriter, req *http.Request, in *inbound, route attempter) *failure {
 	g := in.group()
 	g.state.budget.request(r.now())
-	in.grant.sel = selection{model: in.ask.model, tried: in.triedBuf[:0], rand: r.rand, accept: route.accept()}
+	in.grant.sel = selection{model: in.grant.target, tried: in.triedBuf[:0], rand: r.rand, accept: route.accept(), cheaper: in.grant.degrade.cheaper}
 	sel := &in.grant.sel
 	if !in.ask.needs.empty() {
 		sel.needs = &in.ask.needs
@@ -81,7 +81,7 @@ func (r *Relay) failover(w http.ResponseWriter, req *http.Request, in *inbound, 
 		switch p.reason {
 		case exhausted, cooling, modelRefused, upstreamReset:
 			// no channel of this model is live: a similar model may serve
-			if next := g.fallbacks[in.ask.model]; in.grant.fallbacks < len(next) {
+			if next := g.fallbacks[in.servedAs()]; in.grant.fallbacks < len(next) {
 				if notLive == nil && p.reason != exhausted {
 					notLive = p.err(sel, g)
 				}

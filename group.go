@@ -3,6 +3,7 @@ package relay
 import (
 	"cmp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -110,6 +111,11 @@ type Group struct {
 	// to a budget, a rate and a loop guard, unless the key or user entry
 	// sets its own.
 	SessionLimits
+	// BudgetDegrade serves the messages of the group's keys and users more
+	// cheaply as the tightest budget that applies to each (its key's or
+	// user's, or the group's) nears its end, as a key's budget_degrade
+	// does; a key or user entry with steps of its own follows its own.
+	BudgetDegrade []BudgetDegrade `json:"budget_degrade,omitempty"`
 }
 
 // Policies.
@@ -145,6 +151,8 @@ type group struct {
 	table          *affinityTable
 	stripThinking  bool          // thinking_failover strip
 	sessions       *sessionRules // its session limits; nil: none
+	degrade        []degradeRule // its budget_degrade steps, by share
+	degradeCfg     []BudgetDegrade
 }
 
 // provisionGroups builds the groups and takes their state (retry budget,
@@ -203,6 +211,10 @@ func (r *Relay) provisionGroups(channels map[string]*channel) error {
 					g.models = append(g.models, m)
 				}
 			}
+		}
+		g.degrade, g.degradeCfg = degradeRules(cfg.BudgetDegrade), cfg.BudgetDegrade
+		if err := checkDegradeModels(cfg.BudgetDegrade, g, "group "+strconv.Quote(g.name)); err != nil {
+			return err
 		}
 		r.groups[cfg.Name] = g
 	}

@@ -241,8 +241,9 @@ func (a *spendAccount) heldLocked() nanoUSD {
 // group's channels. A model without a price costs nothing.
 func (r *Relay) worstCase(in *inbound) float64 {
 	g := in.group()
-	worst := r.costCeiling(in.ask.model, in.ask.estimate, int64(in.ask.maxOut))
-	for _, m := range g.fallbacks[in.ask.model] {
+	model := in.servedAs()
+	worst := r.costCeiling(model, in.ask.estimate, int64(in.ask.maxOut))
+	for _, m := range g.fallbacks[model] {
 		worst = max(worst, r.costCeiling(m, in.ask.estimate, int64(in.ask.maxOut)))
 	}
 	return worst * g.maxPriceFactor

@@ -71,6 +71,9 @@ func (r *Relay) provisionUsers() error {
 		k := &key{name: cmp.Or(cfg.Name, userStatePrefix+cfg.ID), id: cfg.ID,
 			stateID: userStateID(cfg.ID), group: r.groups[cfg.Group]}
 		k.setOptions(&cfg.KeyOptions, r)
+		if err := k.checkDegrade(cfg.label()); err != nil {
+			return err
+		}
 		if err := r.takeState(k, k.opts); err != nil {
 			return err
 		}

@@ -95,6 +95,16 @@ type KeyOptions struct {
 	// warning, once per period. Default: 0.8.
 	BudgetWarn float64 `json:"budget_warn,omitempty"`
 
+	// BudgetDegrade serves the key's messages more cheaply as the tightest
+	// budget that applies to them (the key's or its group's, what was
+	// spent and what requests in flight hold) nears its end: from each
+	// step's percent on, on the cheapest channels of the live tier
+	// (cheaper) or as another model (model). Steps add up: past 80%
+	// cheaper and 95% model claude-haiku-4-5, a message is served as
+	// claude-haiku-4-5 on the cheapest channels. A spent budget still
+	// refuses (429 budget_exceeded). Default: the group's steps.
+	BudgetDegrade []BudgetDegrade `json:"budget_degrade,omitempty"`
+
 	// Expires is when the key stops working, as an RFC 3339 time such as
 	// `2027-01-31T00:00:00Z`. From then on its requests get a 401
 	// authentication_error with code key_expired. Default: never.
@@ -133,6 +143,7 @@ type key struct {
 	disabled bool
 	endUsers bool          // it has user_rate or user_tokens
 	sessions *sessionRules // its session limits and its group's; nil: none
+	degrade  []degradeRule // its budget_degrade steps, by share; nil: its group's
 	state    *keyState     // kept across reloads by stateID
 	limits   *limiter      // state.limits; nil for user *, whose identities each have their own
 	expires  time.Time     // zero: never
@@ -197,6 +208,7 @@ func (k *key) setOptions(opts *KeyOptions, r *Relay) {
 	k.disabled = opts.Disabled
 	k.endUsers = opts.UserRate != "" || opts.UserTokens != ""
 	k.sessions = k.group.sessions.under(&opts.SessionLimits)
+	k.degrade = degradeRules(opts.BudgetDegrade)
 }
 
 // takeState takes k's state from the process-wide pool, by its state id,
@@ -343,6 +355,9 @@ func (r *Relay) provisionKeys() ([]fileKeyDecl, error) {
 		name := keyName(cfg, digest)
 		k := &key{name: name, stateID: name, group: r.groups[cfg.Group]}
 		k.setOptions(&cfg.KeyOptions, r)
+		if err := k.checkDegrade(label()); err != nil {
+			return "", err
+		}
 		if n, _ := keyStates.References(k.stateID); n > 0 || len(cfg.Budgets) > 0 {
 			if err := r.takeState(k, k.opts); err != nil {
 				return "", err

@@ -124,6 +124,11 @@ var (
 		Help: "Requests served by a fallback model because no channel of the requested one was live, by group, requested model and fallback.",
 	}, []string{"group", "from", "to"})
 
+	metricDegraded = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "relay_degraded_total",
+		Help: "Messages served more cheaply because the tightest budget that applies to them neared its end (budget_degrade), by group and mode: cheaper (the channels of the lowest price_factor in the live tier), model (another model served instead). A message both steps reach counts once in each.",
+	}, []string{"group", "mode"})
+
 	metricCapabilityMisses = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "relay_capability_misses_total",
 		Help: "Attempts a channel's upstream refused for a feature its wire does not support (the relay failed over and set the feature aside on the channel), by channel and feature (a name of the feature table, or other).",
@@ -176,7 +181,7 @@ var collectors = []prometheus.Collector{
 	metricRequests, metricDuration, metricFirstByte, metricAttempts, metricFailovers,
 	metricTokens, metricCost, metricWasted, metricIncomplete, metricEstimated, metricDropped, metricStates,
 	metricRateLimited, metricSessionRefusals, metricQueueWait, metricQueueDepth, metricFallbacks, metricSpend,
-	metricCapabilityMisses, metricThinkingStripped,
+	metricCapabilityMisses, metricThinkingStripped, metricDegraded,
 	metricDedup, metricCache, metricSavedTokens, metricSavedUSD,
 	metricResources, metricBatchResultsAccounted,
 	metricCacheAffinity, metricCacheMissUSD,

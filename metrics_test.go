@@ -299,7 +299,7 @@ func TestRulesFileIsWellFormed(t *testing.T) {
 			alerts[r.Alert] = r.For
 		}
 	}
-	for _, a := range []string{"RelayChannelOpen", "RelayChannelClassCooling", "RelayGroupDown", "RelayFailoverRatioHigh", "RelayHigh5xxRatio", "RelayStorageDown", "RelayBudgetNearlySpent", "RelayBudgetExhausted"} {
+	for _, a := range []string{"RelayChannelOpen", "RelayChannelClassCooling", "RelayGroupDown", "RelayFailoverRatioHigh", "RelayHigh5xxRatio", "RelayStorageDown", "RelayBudgetNearlySpent", "RelayBudgetExhausted", "RelayBudgetDegrading"} {
 		if _, ok := alerts[a]; !ok {
 			t.Errorf("alert %s is missing", a)
 		}
@@ -320,7 +320,7 @@ func TestRulesFileIsWellFormed(t *testing.T) {
 	for _, p := range dash.Panels {
 		titles[p.Title] = true
 	}
-	for _, want := range []string{"Budget spent by key and period", "Budget spent by group and period", "Spend cap used by channel and period"} {
+	for _, want := range []string{"Budget spent by key and period", "Budget spent by group and period", "Spend cap used by channel and period", "Degraded messages by group and mode"} {
 		if !titles[want] {
 			t.Errorf("the dashboard has no panel %q", want)
 		}

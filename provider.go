@@ -29,10 +29,14 @@ var hopHeaders = map[string]bool{
 
 // upstreamOnlyHeaders never reach a client: the relay is shared by
 // tenants who have no business learning which upstream organisation serves
-// them, and an upstream's cookies belong to the relay's session with it.
+// them, and an upstream's cookies belong to the relay's session with it. An
+// upstream that is itself a relay tells what is left of the budget of the
+// channel's key there, which is the operator's, not the client's (the
+// client's own is set where the answer leaves, degrade.go).
 var upstreamOnlyHeaders = map[string]bool{
 	"Anthropic-Organization-Id": true,
 	"Set-Cookie":                true,
+	headerBudgetRemaining:       true,
 }
 
 // copyResponseHeaders copies upstream response headers to the client's,

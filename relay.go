@@ -369,6 +369,9 @@ func (r *Relay) serve(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 	if in.route == routeModels || in.route == routeModel {
 		return refused(serveModels(w, req, in))
 	}
+	if in.route == routeUsage { // the principal's own usage: no upstream, no limit spent
+		return refused(r.serveUsage(w, req, in))
+	}
 	if in.route == routeResource {
 		return r.serveResource(w, req, in)
 	}
@@ -398,6 +401,7 @@ func (r *Relay) serve(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 		}
 	}
 	r.chargeKeyTokens(in)
+	r.degrade(in)
 	if rerr = r.admitEndUser(in); rerr != nil {
 		return refused(rerr)
 	}

@@ -28,6 +28,7 @@ const (
 	routeModels
 	routeModel    // GET /v1/models/{id}
 	routeResource // the Message Batches and Files APIs (resources.go)
+	routeUsage    // GET /v1/relay/usage (self_usage.go)
 	routeCount
 )
 
@@ -64,6 +65,8 @@ func routeOf(req *http.Request) (route, *relayError) {
 		rt = routeMessages // translated to a message (openai.go)
 	case p == "/v1/models":
 		rt = routeModels
+	case p == PathRelayUsage:
+		rt = routeUsage
 	case strings.HasPrefix(p, "/v1/models/") && len(p) > len("/v1/models/") && !strings.Contains(p[len("/v1/models/"):], "/"):
 		rt = routeModel
 	case isResourcePath(p):
@@ -72,7 +75,7 @@ func routeOf(req *http.Request) (route, *relayError) {
 		return 0, errNotFound(p)
 	}
 	want := http.MethodPost
-	if rt == routeModels || rt == routeModel {
+	if rt == routeModels || rt == routeModel || rt == routeUsage {
 		want = http.MethodGet
 	}
 	if req.Method != want {
@@ -241,6 +244,8 @@ type granted struct {
 	session       *session
 	sessionLimits *limiter
 	sessionGrant  grant
+	// degrade is what budget_degrade did to it (degrade.go)
+	degrade degraded
 }
 
 // ending is how the request ended, written by the attempt, stream and

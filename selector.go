@@ -31,6 +31,7 @@ type selection struct {
 	// them (thinking.go)
 	signer      string
 	crossSigner bool
+	cheaper     bool // budget_degrade cheaper: the lowest price_factor of the live tier
 	// accept, when set, chooses the candidates instead of the model (a
 	// resource's create, whose candidates no one model names): it says
 	// whether a channel serves the request and does not refuse it. Its
@@ -273,6 +274,9 @@ func (g *group) pick(s *selection) pickResult {
 	}
 
 	tier := bestTier(cands)
+	if s.cheaper {
+		tier = cheapest(tier)
+	}
 	if ch := s.prefix.route(tier, s); ch != nil { // where its prompt is warm
 		return pickResult{ch: ch, reason: picked}
 	}

@@ -1,0 +1,343 @@
+package relay
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Degrade before refusing. A budget that nears its end need not stop a
+// developer in the middle of a task: from a share of the tightest budget
+// that applies to a message (its principal's or its group's, after the
+// holds in flight), budget_degrade serves it more cheaply, on the channels
+// of the live tier with the lowest price_factor (cheaper) or as another,
+// cheaper model (model <id>). Only a budget that is spent refuses it, with
+// the usual 429 budget_exceeded. Every answer to a request a budget
+// applies to says what is left of the tightest one, in
+// x-relay-budget-remaining-usd.
+
+// BudgetDegrade is one step of budget_degrade: from a share of the
+// tightest budget that applies to a message, it is served more cheaply.
+type BudgetDegrade struct {
+	// Percent is the share of the tightest budget, in percent (above 0 and
+	// below 100), from which the step applies: what was spent in the
+	// budget's period and what the requests in flight hold, over the
+	// budget. The tightest budget is the one with the least left, of the
+	// principal's and its group's.
+	Percent float64 `json:"percent"`
+
+	// Mode is what the step does: `cheaper` picks among the channels of
+	// the live tier those with the lowest price_factor; `model` serves the
+	// message as Model instead (announced in the x-relay-model response
+	// header, and billed at that model's price) when that costs less than
+	// the model asked.
+	Mode string `json:"mode"`
+
+	// Model is the model a `model` step serves instead of the one asked;
+	// a channel of the group must serve it.
+	Model string `json:"model,omitempty"`
+}
+
+// Modes of budget_degrade, and the mode label of relay_degraded_total.
+const (
+	degradeCheaper = "cheaper"
+	degradeModel   = "model"
+)
+
+// degradeRule is a provisioned BudgetDegrade.
+type degradeRule struct {
+	percent float64
+	model   string // "" for cheaper
+}
+
+// checkDegrade checks the steps of an entry's budget_degrade: each share
+// within (0, 100), each mode known, a model for model steps and none
+// otherwise, one cheaper step at most, and model steps at different
+// shares.
+func checkDegrade(steps []BudgetDegrade) error {
+	cheaper, models := false, map[float64]string{}
+	for i, s := range steps {
+		at := fmt.Sprintf("budget_degrade #%d", i+1)
+		if !(s.Percent > 0 && s.Percent < 100) {
+			return fmt.Errorf("%s: the percent must be above 0 and below 100 (at 100%% the budget is spent and refuses), not %v", at, s.Percent)
+		}
+		switch s.Mode {
+		case degradeCheaper:
+			if s.Model != "" {
+				return fmt.Errorf("%s: mode cheaper takes no model (to serve another model, use mode model)", at)
+			}
+			if cheaper {
+				return fmt.Errorf("%s: cheaper is given twice: give it once, at the share it should start from", at)
+			}
+			cheaper = true
+		case degradeModel:
+			if !validModelName(s.Model) {
+				return fmt.Errorf("%s: mode model needs the model to serve instead, such as claude-haiku-4-5, not %q", at, s.Model)
+			}
+			if was, dup := models[s.Percent]; dup {
+				return fmt.Errorf("%s: two models at %v%% (%s and %s): give each its own share", at, s.Percent, was, s.Model)
+			}
+			models[s.Percent] = s.Model
+		default:
+			return fmt.Errorf("%s: mode must be cheaper or model, not %q", at, s.Mode)
+		}
+	}
+	return nil
+}
+
+// degradeRules provisions checked steps, by share.
+func degradeRules(steps []BudgetDegrade) []degradeRule {
+	if len(steps) == 0 {
+		return nil
+	}
+	out := make([]degradeRule, 0, len(steps))
+	for _, s := range steps {
+		out = append(out, degradeRule{percent: s.Percent, model: s.Model})
+	}
+	slices.SortStableFunc(out, func(a, b degradeRule) int {
+		switch {
+		case a.percent < b.percent:
+			return -1
+		case a.percent > b.percent:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// checkDegradeModels checks that a channel of g serves each model that
+// steps serve instead; who names their entry.
+func checkDegradeModels(steps []BudgetDegrade, g *group, who string) error {
+	for _, s := range steps {
+		if s.Mode == degradeModel && !g.servesModel(s.Model) {
+			return fmt.Errorf("%s: budget_degrade %v%% model %s: no channel of group %q serves %s", who, s.Percent, s.Model, g.name, s.Model)
+		}
+	}
+	return nil
+}
+
+// servesModel reports whether a channel of g serves model.
+func (g *group) servesModel(model string) bool {
+	for _, ch := range g.channels {
+		if ch.serves(model) {
+			return true
+		}
+	}
+	return false
+}
+
+// degraded is what budget_degrade did to a request.
+type degraded struct {
+	cheaper bool   // it picks among the cheapest channels of the live tier
+	model   string // the model it is served as in place of the one asked; "" none
+}
+
+// budgetRoom is one budget as a request sees it: what it is, what was
+// spent in its period and what the requests in flight hold against it.
+type budgetRoom struct {
+	a                  *spendAccount
+	period             budgetPeriod
+	limit, spent, held nanoUSD
+	start              time.Time // of its period
+	known              bool      // a budget applies
+}
+
+// left is what remains of the budget once the holds in flight cost what
+// they hold: never below zero.
+func (b budgetRoom) left() nanoUSD { return max(0, b.limit-b.spent-b.held) }
+
+// percent is the share of the budget spent and held, in percent, from 0
+// (exact for whole shares of whole amounts: $8 of $10 is 80).
+func (b budgetRoom) percent() float64 {
+	if b.limit <= 0 {
+		return 0
+	}
+	return float64(b.spent+b.held) * 100 / float64(b.limit)
+}
+
+// tighter reports whether b leaves less than c (or as little, and is
+// spent where c is not, or is more used): the tightest budget is the one
+// with the least left, and a spent one when any is.
+func (b budgetRoom) tighter(c budgetRoom) bool {
+	if !c.known {
+		return b.known
+	}
+	if !b.known {
+		return false
+	}
+	if bl, cl := b.left(), c.left(); bl != cl {
+		return bl < cl
+	}
+	if bs, cs := b.spent >= b.limit, c.spent >= c.limit; bs != cs {
+		return bs
+	}
+	return b.percent() > c.percent()
+}
+
+// rooms calls each with every budget of the account at now.
+func (a *spendAccount) rooms(now time.Time, each func(budgetRoom)) {
+	a.mu.Lock()
+	a.roll(now)
+	held := a.heldLocked()
+	var rs [numPeriods]budgetRoom
+	n := 0
+	for p := range numPeriods {
+		if limit := a.caps[p]; limit > 0 {
+			rs[n] = budgetRoom{a: a, period: p, limit: limit, spent: a.periods[p].usd, held: held, start: a.periods[p].start, known: true}
+			n++
+		}
+	}
+	a.mu.Unlock()
+	for _, r := range rs[:n] {
+		each(r)
+	}
+}
+
+// budgetAccounts are the accounts whose budgets apply to a request of
+// in: its principal's and its group's, those with a budget.
+func (in *inbound) budgetAccounts() (accts [2]*spendAccount, n int) {
+	if in.who.key == nil || in.who.state == nil {
+		return accts, 0
+	}
+	for _, a := range [2]*spendAccount{in.who.state.spend, in.group().spend} {
+		if a != nil && a.budgeted.Load() {
+			accts[n] = a
+			n++
+		}
+	}
+	return accts, n
+}
+
+// tightestBudget is the budget with the least left of those that apply to
+// in, at now; known is false when none does.
+func (in *inbound) tightestBudget(now time.Time) budgetRoom {
+	accts, n := in.budgetAccounts()
+	var t budgetRoom
+	for _, a := range accts[:n] {
+		a.rooms(now, func(b budgetRoom) {
+			if b.tighter(t) {
+				t = b
+			}
+		})
+	}
+	return t
+}
+
+// degradeSteps are the budget_degrade steps of a request of in: its
+// principal's entry's, else its group's.
+func (in *inbound) degradeSteps() []degradeRule {
+	if steps := in.who.key.degrade; len(steps) > 0 {
+		return steps
+	}
+	return in.group().degrade
+}
+
+// degrade applies the budget_degrade steps a message has reached: every
+// cheaper step, and the model of the last model step, when it costs less
+// for this request than the model asked and the group serves it. A spent
+// budget degrades nothing: the request is refused by its holds. A request
+// without steps pays nothing.
+func (r *Relay) degrade(in *inbound) {
+	if in.route != routeMessages || in.who.state == nil {
+		return
+	}
+	steps := in.degradeSteps()
+	if len(steps) == 0 {
+		return
+	}
+	t := in.tightestBudget(r.now())
+	if !t.known || t.spent >= t.limit {
+		return
+	}
+	used, model := t.percent(), ""
+	for _, s := range steps {
+		if used < s.percent {
+			break
+		}
+		if s.model == "" {
+			in.grant.degrade.cheaper = true
+		} else {
+			model = s.model
+		}
+	}
+	g := in.group()
+	if model != "" && model != in.ask.model && g.servesModel(model) &&
+		r.costCeiling(model, in.ask.estimate, int64(in.ask.maxOut)) < r.costCeiling(in.ask.model, in.ask.estimate, int64(in.ask.maxOut)) {
+		in.grant.degrade.model, in.grant.target = model, model
+		metricDegraded.WithLabelValues(g.name, degradeModel).Inc()
+	}
+	if in.grant.degrade.cheaper {
+		metricDegraded.WithLabelValues(g.name, degradeCheaper).Inc()
+	}
+}
+
+// servedAs is the model a request is served as before any fallback: the
+// one asked, or the one budget_degrade serves instead.
+func (in *inbound) servedAs() string {
+	if in.grant.degrade.model != "" {
+		return in.grant.degrade.model
+	}
+	return in.ask.model
+}
+
+// cheapest keeps the channels of the lowest price_factor, in place.
+func cheapest(chs []*channel) []*channel {
+	least := chs[0].priceFactor
+	for _, ch := range chs[1:] {
+		least = min(least, ch.priceFactor)
+	}
+	return filter(chs, func(ch *channel) bool { return ch.priceFactor == least })
+}
+
+// headerBudgetRemaining is what is left of the tightest budget that
+// applies to a request, in US dollars, on every answer to it.
+const headerBudgetRemaining = "X-Relay-Budget-Remaining-Usd"
+
+// budgetHeader sets x-relay-budget-remaining-usd on an answer to in, when
+// a budget applies to it: what is left of the tightest, once the requests
+// in flight (this one among them, while it holds) cost what they hold. A
+// request no budget applies to pays nothing for it.
+func (in *inbound) budgetHeader(h http.Header) {
+	if in.who.key == nil || in.who.state == nil {
+		return
+	}
+	if _, n := in.budgetAccounts(); n == 0 {
+		return
+	}
+	if t := in.tightestBudget(in.who.key.relay.now()); t.known {
+		h[headerBudgetRemaining] = []string{formatUSD(t.left())}
+	}
+}
+
+// formatUSD writes n as a plain decimal number of US dollars, exactly (to
+// the billionth), without trailing zeros: 12, 0.75, 0.000001.
+func formatUSD(n nanoUSD) string {
+	sign := ""
+	if n < 0 {
+		sign, n = "-", -n
+	}
+	whole, frac := int64(n)/1e9, int64(n)%1e9
+	if frac == 0 {
+		return sign + strconv.FormatInt(whole, 10)
+	}
+	f := strconv.FormatInt(frac+1e9, 10)[1:] // nine digits, leading zeros kept
+	return sign + strconv.FormatInt(whole, 10) + "." + strings.TrimRight(f, "0")
+}
+
+// checkDegrade checks, once its group is known, the budget_degrade steps
+// of a key or user entry (who names it): a model step's model must be
+// served by the group, and some budget must apply for a step to reach.
+func (k *key) checkDegrade(who string) error {
+	steps := k.opts.BudgetDegrade
+	if len(steps) == 0 {
+		return nil
+	}
+	if len(k.opts.Budgets) == 0 && !k.group.spend.budgeted.Load() {
+		return fmt.Errorf("%s: budget_degrade needs a budget to degrade by, and neither it nor group %q has one: give it a budget", who, k.group.name)
+	}
+	return checkDegradeModels(steps, k.group, who)
+}
