@@ -56,6 +56,7 @@ func (r *Relay) account(in *inbound) {
 	}
 
 	recentRequests.record(in, duration, cost)
+	r.ledger.record(in, r.now(), duration, cost)
 
 	c := r.logger.Check(zap.InfoLevel, "relayed request")
 	if c == nil {

@@ -43,9 +43,10 @@ func (a adminAPI) Routes() []caddy.AdminRoute {
 		{Pattern: "/relay/fleet", Handler: only(http.MethodGet, a.fleet)},
 		{Pattern: "/relay/keys", Handler: only(http.MethodGet, a.keys)},
 		{Pattern: "/relay/keys/{name}/spend/reset", Handler: only(http.MethodPost, a.resetSpend)},
+		{Pattern: "/relay/usage", Handler: only(http.MethodGet, a.usage)},
 		{Pattern: "/relay/", Handler: caddy.AdminHandlerFunc(func(_ http.ResponseWriter, r *http.Request) error {
 			return caddy.APIError{HTTPStatus: http.StatusNotFound,
-				Err: fmt.Errorf("no relay admin route %s (GET /relay/channels, POST /relay/channels/<name>/reset|disable|enable, GET /relay/fleet, GET /relay/keys, POST /relay/keys/<name>/spend/reset[?period=day|week|month|total])", r.URL.Path)}
+				Err: fmt.Errorf("no relay admin route %s (GET /relay/channels, POST /relay/channels/<name>/reset|disable|enable, GET /relay/fleet, GET /relay/keys, POST /relay/keys/<name>/spend/reset[?period=day|week|month|total], GET /relay/usage)", r.URL.Path)}
 		})},
 	}
 }
