@@ -13,6 +13,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -37,12 +38,15 @@ func (s *Server) DSN() string {
 	return fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=postgres sslmode=disable connect_timeout=2", s.Port)
 }
 
-// binDir finds the server's programs: on the PATH, else Debian's
+// binDir finds the server's programs: where the postgres on the PATH
+// really is (a link on the PATH may stand for it alone), else Debian's
 // /usr/lib/postgresql/<version>/bin.
 func binDir() string {
-	if p, err := exec.LookPath("initdb"); err == nil {
-		if _, err := exec.LookPath("postgres"); err == nil {
-			return filepath.Dir(p)
+	if p, err := exec.LookPath("postgres"); err == nil {
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			if _, err := os.Stat(filepath.Join(filepath.Dir(real), "pg_isready")); err == nil {
+				return filepath.Dir(real)
+			}
 		}
 	}
 	found, _ := filepath.Glob("/usr/lib/postgresql/*/bin/postgres")
@@ -105,15 +109,51 @@ func (s *Server) run(name string, args ...string) {
 	}
 }
 
-// Kill kills the server and every backend (SIGKILL to its process
-// group), as a crash would; the data stays, and Restart recovers it.
+// Kill kills the server and every backend (SIGKILL), as a crash would;
+// the data stays, and Restart recovers it. Backends are in sessions of
+// their own, so they are found by their parent: the postmaster is frozen
+// first, so that it forks none meanwhile.
 func (s *Server) Kill() {
 	if s.cmd == nil {
 		return
 	}
-	_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+	pid := s.cmd.Process.Pid
+	_ = syscall.Kill(pid, syscall.SIGSTOP)
+	children := childrenOf(pid)
+	for _, c := range children {
+		_ = syscall.Kill(c, syscall.SIGKILL)
+	}
+	_ = syscall.Kill(pid, syscall.SIGKILL)
 	_ = s.cmd.Wait()
 	s.cmd = nil
+	// they hold the shared memory a restart needs until they are gone
+	for _, c := range children {
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			if syscall.Kill(c, 0) == syscall.ESRCH {
+				break
+			}
+		}
+	}
+}
+
+// childrenOf lists the processes whose parent is pid, from /proc.
+func childrenOf(pid int) []int {
+	var out []int
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, f := range stats {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces, so read after its ')'
+		rest := string(b[strings.LastIndexByte(string(b), ')')+1:])
+		fields := strings.Fields(rest)
+		if len(fields) > 1 && fields[1] == strconv.Itoa(pid) {
+			c, _ := strconv.Atoi(filepath.Base(filepath.Dir(f)))
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // Restart starts the server (again, after Kill) on the same port and data,
@@ -123,6 +163,13 @@ func (s *Server) Restart() {
 	s.cmd = exec.Command(filepath.Join(s.bin, "postgres"), "-D", s.dir, "-p", strconv.Itoa(s.Port),
 		"-h", "127.0.0.1", "-k", filepath.Dir(s.dir), "-c", "fsync=off", "-c", "logging_collector=off")
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: s.cred}
+	logFile := filepath.Join(filepath.Dir(s.dir), "postgres.log")
+	log, err := os.OpenFile(logFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer log.Close()
+	s.cmd.Stdout, s.cmd.Stderr = log, log
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatalf("postgres: %v", err)
 	}
@@ -133,7 +180,8 @@ func (s *Server) Restart() {
 			return
 		}
 		if time.Now().After(deadline) {
-			s.t.Fatalf("postgres on port %d was not ready within 30s", s.Port)
+			out, _ := os.ReadFile(logFile)
+			s.t.Fatalf("postgres on port %d was not ready within 30s; its log:\n%s", s.Port, out)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
