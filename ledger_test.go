@@ -3,8 +3,11 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -233,5 +236,46 @@ func TestLedgerSQLiteOnDisk(t *testing.T) {
 	_ = s.close()
 	if _, err := openSQLiteLedger(path); err == nil || !strings.Contains(err.Error(), "newer than this relay's") {
 		t.Errorf("opening a newer schema: %v", err)
+	}
+}
+
+// TestLedgerDroppingAlertOnSeries runs the ledger's alert in promtool: rows
+// dropped page while they drop, and stop paging once the drops stop.
+func TestLedgerDroppingAlertOnSeries(t *testing.T) {
+	promtool := needTool(t, "promtool", "apt-get install -y prometheus")
+	rules, err := filepath.Abs("examples/prometheus/relay-rules.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	test := fmt.Sprintf(`rule_files: [%q]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'relay_ledger_dropped_total{instance="relay-1"}'
+        values: '0x10 0 50 100 150 150x20'
+    alert_rule_test:
+      - eval_time: 10m
+        alertname: RelayLedgerDropping
+        exp_alerts: []
+      - eval_time: 14m
+        alertname: RelayLedgerDropping
+        exp_alerts:
+          - exp_labels:
+              severity: warning
+              instance: relay-1
+            exp_annotations:
+              summary: "Relay relay-1 dropped 150 usage ledger rows in 5 minutes"
+              description: "The ledger's database did not take its rows for longer than the queue holds (100,000 rows). Requests are served and budgets still count their spend, but GET /relay/usage and invoices miss these requests. The relay's log says when the outage began (ledger unavailable) and ended (ledger is back)."
+      - eval_time: 25m
+        alertname: RelayLedgerDropping
+        exp_alerts: []
+`, rules)
+	path := filepath.Join(t.TempDir(), "ledger.test.yml")
+	if err := os.WriteFile(path, []byte(test), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(promtool, "test", "rules", path).CombinedOutput(); err != nil {
+		t.Errorf("promtool test rules: %v\n%s", err, out)
 	}
 }

@@ -299,7 +299,7 @@ func TestRulesFileIsWellFormed(t *testing.T) {
 			alerts[r.Alert] = r.For
 		}
 	}
-	for _, a := range []string{"RelayChannelOpen", "RelayChannelClassCooling", "RelayGroupDown", "RelayFailoverRatioHigh", "RelayHigh5xxRatio", "RelayStorageDown", "RelayBudgetNearlySpent", "RelayBudgetExhausted"} {
+	for _, a := range []string{"RelayChannelOpen", "RelayChannelClassCooling", "RelayGroupDown", "RelayFailoverRatioHigh", "RelayHigh5xxRatio", "RelayStorageDown", "RelayBudgetNearlySpent", "RelayBudgetExhausted", "RelayLedgerDropping"} {
 		if _, ok := alerts[a]; !ok {
 			t.Errorf("alert %s is missing", a)
 		}
