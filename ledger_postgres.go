@@ -37,6 +37,7 @@ var postgresDialect = dialect{
 			first_byte_ms BIGINT NOT NULL
 		);
 		CREATE INDEX relay_usage_time ON relay_usage (time);`,
+		dailyMigration(`to_char(time AT TIME ZONE 'UTC', 'YYYY-MM-DD')`),
 	},
 	// relays of a fleet that start together migrate one after the other
 	lock:    `SELECT pg_advisory_xact_lock(7251460934)`,

@@ -59,6 +59,7 @@ var sqliteDialect = dialect{
 			first_byte_ms INTEGER NOT NULL
 		);
 		CREATE INDEX relay_usage_time ON relay_usage (time);`,
+		dailyMigration(`strftime('%Y-%m-%d', time / 1000, 'unixepoch')`),
 	},
 	timeArg: func(t time.Time) any { return t.UnixMilli() },
 	day:     `strftime('%Y-%m-%d', time / 1000, 'unixepoch')`,

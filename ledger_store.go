@@ -123,11 +123,20 @@ func (s *sqlLedger) insertSQL(n int) string {
 	return b.String()
 }
 
+// write adds rows to the table and their sums to the daily rollup, in one
+// transaction. Only the rows the insert wrote (RETURNING: not the ones a
+// retried batch had written already) are added to the rollup, so both
+// count each request once.
 func (s *sqlLedger) write(ctx context.Context, rows []ledgerRow) error {
 	q := s.insertFull
 	if len(rows) != ledgerBatch {
 		q = s.insertSQL(len(rows))
 	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }()
 	args := make([]any, 0, len(rows)*len(ledgerColumns))
 	for i := range rows {
 		r := &rows[i]
@@ -137,13 +146,112 @@ func (s *sqlLedger) write(ctx context.Context, rows []ledgerRow) error {
 			r.costNano, r.estimated, r.incomplete, sessionDigest(r.session),
 			r.duration.Milliseconds(), r.firstByte.Milliseconds())
 	}
-	_, err := s.db.ExecContext(ctx, q, args...)
-	return err
+	res, err := tx.QueryContext(ctx, q+" RETURNING request_id", args...)
+	if err != nil {
+		return err
+	}
+	written := make(map[string]bool, len(rows))
+	for res.Next() {
+		var id string
+		if err := res.Scan(&id); err != nil {
+			res.Close()
+			return err
+		}
+		written[id] = true
+	}
+	if err := res.Close(); err != nil {
+		return err
+	}
+	if err := res.Err(); err != nil {
+		return err
+	}
+	sums := map[dailyKey]*usageRow{}
+	var order []dailyKey
+	for i := range rows {
+		r := &rows[i]
+		if !written[r.id] {
+			continue
+		}
+		k := dailyKey{r.at.UTC().Format(time.DateOnly), r.key, r.user, r.group, r.channel, r.served}
+		u := sums[k]
+		if u == nil {
+			u = new(usageRow)
+			sums[k] = u
+			order = append(order, k)
+		}
+		u.requests++
+		u.input += r.input
+		u.output += r.output
+		u.cacheRead += r.cacheRead
+		u.cacheWrite += r.cacheWrite
+		u.costNano += r.costNano
+	}
+	for _, k := range order {
+		u := sums[k]
+		if _, err := tx.ExecContext(ctx, s.upsertDaily(), k.day, k.key, k.user, k.group, k.channel, k.model,
+			u.requests, u.input, u.output, u.cacheRead, u.cacheWrite, u.costNano); err != nil {
+			return err
+		}
+	}
+	return tx.Commit()
 }
 
+// dailyKey is a row of the daily rollup: a UTC day and every column a
+// usage answer may be grouped by.
+type dailyKey struct{ day, key, user, group, channel, model string }
+
+// upsertDaily adds one sum to the daily rollup.
+func (s *sqlLedger) upsertDaily() string {
+	p := make([]string, 12)
+	for i := range p {
+		p[i] = s.d.param(i + 1)
+	}
+	return `INSERT INTO relay_usage_daily (day, key_name, user_name, group_name, channel_name, served_model,
+		requests, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost_nano_usd)
+		VALUES (` + strings.Join(p, ", ") + `)
+		ON CONFLICT (day, key_name, user_name, group_name, channel_name, served_model) DO UPDATE SET
+		requests = relay_usage_daily.requests + excluded.requests,
+		input_tokens = relay_usage_daily.input_tokens + excluded.input_tokens,
+		output_tokens = relay_usage_daily.output_tokens + excluded.output_tokens,
+		cache_read_tokens = relay_usage_daily.cache_read_tokens + excluded.cache_read_tokens,
+		cache_write_tokens = relay_usage_daily.cache_write_tokens + excluded.cache_write_tokens,
+		cost_nano_usd = relay_usage_daily.cost_nano_usd + excluded.cost_nano_usd`
+}
+
+// dailyMigration adds the daily rollup (the sums by day and every
+// group_by column, which a usage answer over whole days reads instead of
+// every row), filled from the rows already written; day is the dialect's
+// expression of a row's day.
+func dailyMigration(day string) string {
+	return `CREATE TABLE relay_usage_daily (
+			day TEXT NOT NULL,
+			key_name TEXT NOT NULL,
+			user_name TEXT NOT NULL,
+			group_name TEXT NOT NULL,
+			channel_name TEXT NOT NULL,
+			served_model TEXT NOT NULL,
+			requests BIGINT NOT NULL,
+			input_tokens BIGINT NOT NULL,
+			output_tokens BIGINT NOT NULL,
+			cache_read_tokens BIGINT NOT NULL,
+			cache_write_tokens BIGINT NOT NULL,
+			cost_nano_usd BIGINT NOT NULL,
+			PRIMARY KEY (day, key_name, user_name, group_name, channel_name, served_model)
+		);
+		INSERT INTO relay_usage_daily
+			SELECT ` + day + `, key_name, user_name, group_name, channel_name, served_model, COUNT(*),
+				SUM(input_tokens), SUM(output_tokens), SUM(cache_read_tokens), SUM(cache_write_tokens), SUM(cost_nano_usd)
+			FROM relay_usage GROUP BY 1, 2, 3, 4, 5, 6;`
+}
+
+// prune deletes the rows before before, and the days of the rollup that
+// end before it.
 func (s *sqlLedger) prune(ctx context.Context, before time.Time) (int64, error) {
 	res, err := s.db.ExecContext(ctx, `DELETE FROM relay_usage WHERE time < `+s.d.param(1), s.d.timeArg(before))
 	if err != nil {
+		return 0, err
+	}
+	if _, err := s.db.ExecContext(ctx, `DELETE FROM relay_usage_daily WHERE day < `+s.d.param(1), before.UTC().Format(time.DateOnly)); err != nil {
 		return 0, err
 	}
 	return res.RowsAffected()
@@ -154,18 +262,26 @@ func (s *sqlLedger) close() error { return s.db.Close() }
 // usage runs q, giving emit each row as it is read, so a large answer is
 // streamed rather than held.
 func (s *sqlLedger) usage(ctx context.Context, q usageQuery, emit func(usageRow) error) error {
+	// over whole UTC days the rollup answers; else the rows themselves
+	daily := wholeDay(q.from) && wholeDay(q.to)
 	cols := make([]string, len(q.groupBy))
 	for i, c := range q.groupBy {
-		cols[i] = s.column(c)
+		cols[i] = s.column(c, daily)
+	}
+	count, table, where := "COUNT(*)", "relay_usage", "time"
+	from, to := s.d.timeArg(q.from), s.d.timeArg(q.to)
+	if daily {
+		count, table, where = s.d.sum("requests"), "relay_usage_daily", "day"
+		from, to = q.from.Format(time.DateOnly), q.to.Format(time.DateOnly)
 	}
 	sel := append(append([]string(nil), cols...),
-		"COUNT(*)", s.d.sum("input_tokens"), s.d.sum("output_tokens"),
+		count, s.d.sum("input_tokens"), s.d.sum("output_tokens"),
 		s.d.sum("cache_read_tokens"), s.d.sum("cache_write_tokens"), s.d.sum("cost_nano_usd"))
-	stmt := "SELECT " + strings.Join(sel, ", ") + " FROM relay_usage WHERE time >= " + s.d.param(1) + " AND time < " + s.d.param(2)
+	stmt := "SELECT " + strings.Join(sel, ", ") + " FROM " + table + " WHERE " + where + " >= " + s.d.param(1) + " AND " + where + " < " + s.d.param(2)
 	if len(cols) > 0 {
 		stmt += " GROUP BY " + strings.Join(cols, ", ") + " ORDER BY " + strings.Join(cols, ", ")
 	}
-	rows, err := s.db.QueryContext(ctx, stmt, s.d.timeArg(q.from), s.d.timeArg(q.to))
+	rows, err := s.db.QueryContext(ctx, stmt, from, to)
 	if err != nil {
 		return err
 	}
@@ -188,8 +304,15 @@ func (s *sqlLedger) usage(ctx context.Context, q usageQuery, emit func(usageRow)
 	return rows.Err()
 }
 
-// column is the expression of a group_by column.
-func (s *sqlLedger) column(c string) string {
+// wholeDay reports whether t is a UTC midnight.
+func wholeDay(t time.Time) bool {
+	t = t.UTC()
+	return t.Equal(t.Truncate(24 * time.Hour))
+}
+
+// column is the expression of a group_by column, in the rows or in the
+// daily rollup.
+func (s *sqlLedger) column(c string, daily bool) string {
 	switch c {
 	case "key":
 		return "key_name"
@@ -201,6 +324,9 @@ func (s *sqlLedger) column(c string) string {
 		return "channel_name"
 	case "model":
 		return "served_model"
+	}
+	if daily {
+		return "day"
 	}
 	return s.d.day
 }
