@@ -222,7 +222,7 @@ func TestAnUnfilteredAccessLogShowsTheKey(t *testing.T) {
 func TestDashboardAndRulesQueryExistingMetrics(t *testing.T) {
 	exported := map[string]bool{}
 	descs := make(chan *prometheus.Desc, 64)
-	for _, c := range append(collectors[:len(collectors):len(collectors)], fleetCollectors...) {
+	for _, c := range append(append(collectors[:len(collectors):len(collectors)], fleetCollectors...), ledgerCollectors...) {
 		c.Describe(descs)
 	}
 	close(descs)
