@@ -61,6 +61,7 @@ func (r *Relay) account(in *inbound) {
 	r.settleAffinity(in)
 	in.tr.end(in, priced)
 	recentRequests.record(in, duration, cost)
+	r.ledger.record(in, r.now(), duration, cost)
 
 	c := r.logger.Check(zap.InfoLevel, "relayed request")
 	if c == nil {

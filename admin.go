@@ -44,9 +44,10 @@ func (a adminAPI) Routes() []caddy.AdminRoute {
 		{Pattern: "/relay/keys", Handler: only(http.MethodGet, a.keys)},
 		{Pattern: "/relay/keys/{name}/spend/reset", Handler: only(http.MethodPost, a.resetSpend)},
 		{Pattern: "/relay/sessions", Handler: only(http.MethodGet, a.sessions)},
+		{Pattern: "/relay/usage", Handler: only(http.MethodGet, a.usage)},
 		{Pattern: "/relay/", Handler: caddy.AdminHandlerFunc(func(_ http.ResponseWriter, r *http.Request) error {
 			return caddy.APIError{HTTPStatus: http.StatusNotFound,
-				Err: fmt.Errorf("no relay admin route %s (GET /relay/channels, POST /relay/channels/<name>/reset|disable|enable, GET /relay/fleet, GET /relay/keys, POST /relay/keys/<name>/spend/reset[?period=day|week|month|total], GET /relay/sessions[?top=N])", r.URL.Path)}
+				Err: fmt.Errorf("no relay admin route %s (GET /relay/channels, POST /relay/channels/<name>/reset|disable|enable, GET /relay/fleet, GET /relay/keys, POST /relay/keys/<name>/spend/reset[?period=day|week|month|total], GET /relay/sessions[?top=N], GET /relay/usage)", r.URL.Path)}
 		})},
 	}
 }

@@ -139,6 +139,12 @@ func declareInCaddyfile(state map[string]any, r *Relay, by string) error {
 //			# for this channel only
 //		}
 //
+//		ledger [sqlite [<path>]]
+//		ledger postgres {
+//			dsn <dsn|{env.NAME}>
+//		}
+//		ledger_retention <duration>
+//
 //		pricing {
 //			<model> input <usd> output <usd> [cache_read <usd>] [cache_write <usd>] [cache_write_1h <usd>] [batch <factor>] [above <tokens> input <usd> ...]
 //		}
@@ -282,6 +288,14 @@ func (r *Relay) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			r.Groups = append(r.Groups, g)
 		case "pricing":
 			if err := parsePricing(d, r); err != nil {
+				return err
+			}
+		case "ledger":
+			if err := parseLedger(d, r); err != nil {
+				return err
+			}
+		case "ledger_retention":
+			if err := parseLedgerRetention(d, r); err != nil {
 				return err
 			}
 		case "storage":

@@ -119,6 +119,11 @@ func (r *Relay) validateConfig() error {
 	if err := r.Tuning.validate(); err != nil {
 		return err
 	}
+	if r.Ledger != nil {
+		if err := r.Ledger.validate(); err != nil {
+			return errAt([]string{"ledger"}, "%v", err)
+		}
+	}
 	switch r.UpstreamRatelimitHeaders {
 	case "", ratelimitReplace, ratelimitPass:
 	default:

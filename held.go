@@ -15,6 +15,7 @@ type held struct {
 	keys       []string   // keyStates entries
 	transports []string   // transports entries
 	fleet      string     // the fleets entry; "": none
+	ledger     string     // the ledgers entry; "": none
 	spend      []string   // spendAccounts entries
 	spendStore bool       // it uses the spend store (spend.use)
 	released   bool       // release ran: state taken from now on is not given back
@@ -35,6 +36,9 @@ func (h *held) addTransport(key string) { h.transports = append(h.transports, ke
 // addFleet records that the config holds the entry key in fleets.
 func (h *held) addFleet(key string) { h.fleet = key }
 
+// addLedger records that the config holds the entry key in ledgers.
+func (h *held) addLedger(key string) { h.ledger = key }
+
 // addSpend records that the config holds the account id in spendAccounts.
 func (h *held) addSpend(id string) { h.spend = append(h.spend, id) }
 
@@ -43,7 +47,7 @@ func (h *held) addSpendStore() { h.spendStore = true }
 
 // release gives back everything h holds for the config r, in this order:
 // the channels' health (r stops being one of their owners), the groups',
-// the keys' states, the transports; then the fleet, before the spend
+// the keys' states, the transports; then the fleet, then the ledger, before the spend
 // accounts, because the fleet's last sync, when this was its last config,
 // adds their spend to the fleet's; then the spend store, whose last user
 // saves the spend. A second release gives back nothing.
@@ -63,6 +67,9 @@ func (h *held) release(r *Relay) {
 	}
 	if h.fleet != "" {
 		_, _ = fleets.Delete(h.fleet)
+	}
+	if h.ledger != "" { // its last config writes its queue out
+		_, _ = ledgers.Delete(h.ledger)
 	}
 	for _, id := range h.spend {
 		_, _ = spendAccounts.Delete(id)

@@ -165,6 +165,16 @@ var (
 		Buckets: []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25},
 	}, []string{"op"})
 
+	metricLedgerDropped = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "relay_ledger_dropped_total",
+		Help: "Rows of the usage ledger dropped: the database was away (or slower than the traffic) for longer than the queue holds, or the relay stopped before it could write them. Their requests were served; their cost is in the budgets' spend and relay_cost_usd_total, not in the ledger.",
+	})
+
+	metricLedgerWritten = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "relay_ledger_rows_total",
+		Help: "Rows written to the usage ledger.",
+	})
+
 	metricStates = stateCollector{
 		state: prometheus.NewDesc("relay_channel_state",
 			"1 for the state each channel is in (healthy, cooldown, open, half_open, disabled), 0 for the others.", []string{"channel", "state"}, nil),
@@ -189,6 +199,9 @@ var collectors = []prometheus.Collector{
 
 // fleetCollectors are registered only by a config with a fleet (`storage`).
 var fleetCollectors = []prometheus.Collector{metricFleetUp, metricFleetErrors, metricFleetSeconds}
+
+// ledgerCollectors are registered only by a config with a ledger.
+var ledgerCollectors = []prometheus.Collector{metricLedgerDropped, metricLedgerWritten}
 
 // registerFleetMetrics registers the fleet's collectors in a config's
 // registry.

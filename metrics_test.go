@@ -222,7 +222,7 @@ func TestAnUnfilteredAccessLogShowsTheKey(t *testing.T) {
 func TestDashboardAndRulesQueryExistingMetrics(t *testing.T) {
 	exported := map[string]bool{}
 	descs := make(chan *prometheus.Desc, 64)
-	for _, c := range append(collectors[:len(collectors):len(collectors)], fleetCollectors...) {
+	for _, c := range append(append(collectors[:len(collectors):len(collectors)], fleetCollectors...), ledgerCollectors...) {
 		c.Describe(descs)
 	}
 	close(descs)
@@ -299,7 +299,7 @@ func TestRulesFileIsWellFormed(t *testing.T) {
 			alerts[r.Alert] = r.For
 		}
 	}
-	for _, a := range []string{"RelayChannelOpen", "RelayChannelClassCooling", "RelayGroupDown", "RelayFailoverRatioHigh", "RelayHigh5xxRatio", "RelayStorageDown", "RelayBudgetNearlySpent", "RelayBudgetExhausted", "RelayBudgetDegrading"} {
+	for _, a := range []string{"RelayChannelOpen", "RelayChannelClassCooling", "RelayGroupDown", "RelayFailoverRatioHigh", "RelayHigh5xxRatio", "RelayStorageDown", "RelayBudgetNearlySpent", "RelayBudgetExhausted", "RelayBudgetDegrading", "RelayLedgerDropping"} {
 		if _, ok := alerts[a]; !ok {
 			t.Errorf("alert %s is missing", a)
 		}

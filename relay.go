@@ -140,6 +140,12 @@ type Relay struct {
 	// in memory and needs nothing.
 	Fleet *Fleet `json:"storage,omitempty"`
 
+	// Ledger, when set, records every request of a key or an identity (its
+	// tokens, cost, status, ...) in a database, for GET /relay/usage and
+	// for finance's own SQL: SQLite on this machine, or PostgreSQL for a
+	// fleet. Without it, no such record is kept.
+	Ledger *Ledger `json:"ledger,omitempty"`
+
 	// UpstreamRatelimitHeaders says what clients learn of rate limits.
 	// `replace` (the default): no upstream's anthropic-ratelimit-* header
 	// reaches a client (they describe the upstream organisation, which the
@@ -166,6 +172,7 @@ type Relay struct {
 	users         map[string]*key // user entries by id, but user *
 	anyUser       *key            // user *; nil: none
 	fleet         *fleet          // the fleet this relay shares state with; nil: none
+	ledger        *ledger         // where each request's row goes; nil: none
 	logger        *zap.Logger
 	prices        pricebook
 	classRows     []string          // the price rows that are model classes of their own
@@ -244,6 +251,9 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 		return err
 	}
 	if err := r.joinFleet(ctx); err != nil {
+		return err
+	}
+	if err := r.openLedger(ctx); err != nil {
 		return err
 	}
 	r.storage = configStorage(ctx)

@@ -183,9 +183,13 @@ const (
 // sessionSpendPrefix starts the ids of sessions' spend accounts.
 const sessionSpendPrefix = "session:"
 
-// sessionDigest is how a session id is shown: the first 16 hex digits of
-// its sha256, which a developer can compute from their own id.
+// sessionDigest is how a session id is shown and kept (the status page,
+// GET /relay/sessions, the usage ledger): the first 16 hex digits of its
+// sha256, which a developer can compute from their own id; "" for none.
 func sessionDigest(sid string) string {
+	if sid == "" {
+		return ""
+	}
 	sum := sha256.Sum256([]byte(sid))
 	return hex.EncodeToString(sum[:8])
 }

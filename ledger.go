@@ -1,0 +1,433 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+)
+
+// Ledger keeps one row per request in a database that finance can query
+// (GET /relay/usage on the admin API, or SQL): who asked, what was served,
+// its tokens and its cost. It is `ledger` in the JSON config and the
+// Caddyfile. Without it, the relay keeps no such record. Rows are written
+// off the request path, in batches; a database that is away never slows or
+// fails a request.
+type Ledger struct {
+	// SQLite keeps the ledger in a SQLite file of this machine: right for
+	// a single relay. It is the default when neither is set.
+	SQLite *LedgerSQLite `json:"sqlite,omitempty"`
+
+	// Postgres keeps the ledger in a PostgreSQL database, which the
+	// relays of a fleet share.
+	Postgres *LedgerPostgres `json:"postgres,omitempty"`
+
+	// Retention is how long rows are kept: older ones are deleted once an
+	// hour. Default: 400d (a year and a month, for a year-on-year
+	// comparison).
+	Retention caddy.Duration `json:"retention,omitempty"`
+}
+
+// LedgerSQLite is a SQLite ledger file, written in WAL mode.
+type LedgerSQLite struct {
+	// Path is the database file. Placeholders such as {env.NAME} are
+	// resolved. Default: relay/ledger.db in Caddy's data directory.
+	Path string `json:"path,omitempty"`
+}
+
+// LedgerPostgres is a PostgreSQL ledger.
+type LedgerPostgres struct {
+	// DSN is the connection string (postgres://user:pass@host/db?... or
+	// key=value pairs). Use a placeholder such as {env.RELAY_PG_DSN}: it is
+	// resolved when the config loads and never shows in GET /config/ or
+	// the logs.
+	DSN string `json:"dsn,omitempty"`
+}
+
+// Ledger defaults and bounds.
+const (
+	defaultLedgerRetention = 400 * 24 * time.Hour
+	ledgerBatch            = 1000        // rows per write
+	ledgerEvery            = time.Second // a partial batch waits at most this
+	ledgerPruneEvery       = time.Hour
+	ledgerWriteTimeout     = 5 * time.Second  // one batch's write
+	ledgerStopTimeout      = 10 * time.Second // writing the queue out at a stop
+)
+
+// ledgerQueue is how many rows may wait for the database (about 30 MB):
+// more are dropped. A variable for the tests that reach it.
+var ledgerQueue = 100_000
+
+func (l *Ledger) validate() error {
+	if l.SQLite != nil && l.Postgres != nil {
+		return fmt.Errorf("ledger: sqlite or postgres, not both")
+	}
+	if l.Postgres != nil && l.Postgres.DSN == "" {
+		return fmt.Errorf("ledger postgres: dsn is required")
+	}
+	if l.Retention < 0 {
+		return fmt.Errorf("ledger_retention must not be negative")
+	}
+	return nil
+}
+
+// ledgers keeps each ledger's writer across config reloads, by its
+// database: one writer per database in a process, whatever the number of
+// relay handlers and configs that use it. The last config to go writes its
+// queue out and closes it.
+var ledgers = caddy.NewUsagePool()
+
+// ledgerRow is one request's record, as account hands it over: the
+// strings refer to what the request already holds, so handing it over
+// allocates nothing. The session id is digested by the writer, off the
+// request path; the raw id is never stored.
+type ledgerRow struct {
+	at                                   time.Time
+	id, key, user, group, channel        string
+	model, served, cause, session        string
+	status                               int
+	input, output, cacheRead, cacheWrite int64
+	costNano                             int64
+	estimated, incomplete                bool
+	duration, firstByte                  time.Duration
+}
+
+// record hands the request's row to the ledger's queue; a nil ledger (none
+// configured) does nothing. Only requests of a principal (a key or an
+// identity) are recorded: an unauthenticated one is nobody's usage.
+func (l *ledger) record(in *inbound, at time.Time, duration time.Duration, cost float64) {
+	if l == nil || in.who.key == nil {
+		return
+	}
+	row := ledgerRow{
+		at: at, id: in.id, key: in.who.key.name, group: in.who.key.group.name,
+		model: in.ask.model, served: in.grant.target, cause: in.causeLabel(),
+		session: sessionOf(in.ask.header, in.ask.userID), status: in.end.status,
+		input: in.end.usage.input, output: in.end.usage.output,
+		cacheRead: in.end.usage.cacheRead, cacheWrite: in.end.usage.cacheWrite,
+		costNano:  int64(toNano(cost)), // as the budgets' spend counts it
+		estimated: in.end.estimated, incomplete: in.end.incomplete,
+		duration: duration, firstByte: in.end.firstByte,
+	}
+	if in.who.key.kind() == kindUser {
+		row.user = strings.TrimPrefix(in.who.stateID, "user:")
+	}
+	if in.end.answered != nil {
+		row.channel = in.end.answered.name
+	}
+	l.add(row)
+}
+
+// sessionOf is the request's session id: Claude Code's
+// X-Claude-Code-Session-Id, else the session part of metadata.user_id
+// ("..._session_<id>"); "" for none. It allocates nothing.
+func sessionOf(h http.Header, userID string) string {
+	if v := h["X-Claude-Code-Session-Id"]; len(v) > 0 && v[0] != "" {
+		return v[0]
+	}
+	if _, s, ok := strings.Cut(userID, "_session_"); ok {
+		return s
+	}
+	return ""
+}
+
+// ledger is one database's writer: a bounded queue that requests hand
+// rows to, and a goroutine that writes them in batches.
+type ledger struct {
+	store  ledgerStore
+	name   string // the database, for logs: "sqlite <path>" or "postgres" (never the DSN)
+	logger *zap.Logger
+
+	mu       sync.Mutex
+	pending  []ledgerRow // handed over, not taken by the writer yet
+	spare    []ledgerRow // the writer's buffer, swapped with pending
+	held     int         // rows pending plus those the writer holds: bounded by limit
+	limit    int
+	closed   bool          // Destruct ran: rows are not taken any more
+	kick     chan struct{} // a batch is full
+	stop     chan struct{}
+	done     chan struct{}
+	retain   time.Duration
+	down     bool // the last write failed: one log line per outage
+	dropped  int64
+	lostFrom time.Time
+	now      func() time.Time
+}
+
+// ledgerStore is a ledger's database.
+type ledgerStore interface {
+	write(ctx context.Context, rows []ledgerRow) error
+	prune(ctx context.Context, before time.Time) (int64, error)
+	usage(ctx context.Context, q usageQuery, emit func(usageRow) error) error
+	close() error
+}
+
+// loadLedger returns the ledger of config c, from the pool, and the key the
+// caller gives back with ledgers.Delete when its config ends. A reload
+// that keeps the database keeps its writer and its queue, and takes the
+// new retention.
+func loadLedger(ctx caddy.Context, c *Ledger) (*ledger, string, error) {
+	if err := c.validate(); err != nil {
+		return nil, "", err
+	}
+	key, open, err := ledgerBackend(ctx, c)
+	if err != nil {
+		return nil, "", err
+	}
+	v, _, err := ledgers.LoadOrNew(key, func() (caddy.Destructor, error) {
+		store, name, err := open()
+		if err != nil {
+			return nil, err
+		}
+		l := newLedger(store, name, ctx.Logger(), ledgerQueue)
+		go l.run()
+		return l, nil
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	l := v.(*ledger)
+	l.mu.Lock()
+	l.retain = defaultLedgerRetention
+	if c.Retention > 0 {
+		l.retain = time.Duration(c.Retention)
+	}
+	l.logger = ctx.Logger()
+	l.mu.Unlock()
+	return l, key, nil
+}
+
+// ledgerBackend says which database c names (the pool's key: a SQLite
+// file's absolute path, or the DSN as configured, a placeholder, never
+// resolved) and how to open it.
+func ledgerBackend(ctx caddy.Context, c *Ledger) (string, func() (ledgerStore, string, error), error) {
+	if c.Postgres != nil {
+		dsn, err := resolveSecret(c.Postgres.DSN)
+		if err != nil {
+			return "", nil, fmt.Errorf("ledger postgres: dsn: %w", err)
+		}
+		if !strings.HasPrefix(c.Postgres.DSN, "{") {
+			ctx.Logger().Warn("the ledger's postgres dsn is written in the config; use a placeholder such as {env.RELAY_PG_DSN} to keep its password out of GET /config/ and autosave.json")
+		}
+		raw, _ := json.Marshal(c.Postgres)
+		return "postgres:" + string(raw), func() (ledgerStore, string, error) {
+			s, err := openPostgresLedger(dsn)
+			return s, "postgres", err
+		}, nil
+	}
+	path, err := sqliteLedgerPath(c.SQLite)
+	if err != nil {
+		return "", nil, err
+	}
+	return "sqlite:" + path, func() (ledgerStore, string, error) {
+		s, err := openSQLiteLedger(path)
+		return s, "sqlite " + path, err
+	}, nil
+}
+
+func newLedger(store ledgerStore, name string, logger *zap.Logger, limit int) *ledger {
+	return &ledger{
+		store: store, name: name, logger: logger, limit: limit,
+		pending: make([]ledgerRow, 0, 2*ledgerBatch),
+		spare:   make([]ledgerRow, 0, 2*ledgerBatch),
+		kick:    make(chan struct{}, 1),
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
+		retain:  defaultLedgerRetention,
+		now:     time.Now,
+	}
+}
+
+// add queues row; it never waits on the database. Past the queue's bound,
+// or after the ledger stopped, the row is dropped and counted.
+func (l *ledger) add(row ledgerRow) {
+	l.mu.Lock()
+	if l.closed || l.held >= l.limit {
+		l.dropped++
+		l.mu.Unlock()
+		metricLedgerDropped.Inc()
+		return
+	}
+	l.pending = append(l.pending, row)
+	l.held++
+	full := len(l.pending) >= ledgerBatch
+	l.mu.Unlock()
+	if full {
+		select {
+		case l.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// run is the writer: each second, or when a batch is full, it writes what
+// is queued; once an hour it prunes old rows. At a stop it writes the
+// queue out.
+func (l *ledger) run() {
+	defer close(l.done)
+	tick := time.NewTicker(ledgerEvery)
+	defer tick.Stop()
+	var own []ledgerRow // taken from pending, not written yet
+	var pruned time.Time
+	for {
+		select {
+		case <-l.stop:
+			ctx, cancel := context.WithTimeout(context.Background(), ledgerStopTimeout)
+			for {
+				own = l.take(own)
+				if len(own) == 0 || !l.flush(ctx, &own) {
+					break
+				}
+			}
+			cancel()
+			return
+		case <-tick.C:
+		case <-l.kick:
+		}
+		own = l.take(own)
+		ctx, cancel := context.WithTimeout(context.Background(), ledgerWriteTimeout)
+		ok := l.flush(ctx, &own)
+		cancel()
+		if now := l.now(); ok && now.Sub(pruned) >= ledgerPruneEvery {
+			pruned = now
+			l.prune(now)
+		}
+	}
+}
+
+// take gives the writer the queued rows when it has written all of its
+// own; a writer with rows left from a failed write retries those first.
+func (l *ledger) take(own []ledgerRow) []ledgerRow {
+	if len(own) > 0 {
+		return own
+	}
+	l.mu.Lock()
+	own, l.pending = l.pending, own[:0]
+	l.mu.Unlock()
+	return own
+}
+
+// flush writes *own in batches; what a failed write leaves stays in *own
+// for the next try. It reports whether all of it was written.
+func (l *ledger) flush(ctx context.Context, own *[]ledgerRow) bool {
+	rows := *own
+	for len(rows) > 0 {
+		n := min(len(rows), ledgerBatch)
+		if err := l.store.write(ctx, rows[:n]); err != nil {
+			l.failed(err, len(rows))
+			*own = append((*own)[:0], rows...) // memmove: rows is a suffix of *own
+			return false
+		}
+		rows = rows[n:]
+		l.mu.Lock()
+		l.held -= n
+		l.mu.Unlock()
+		metricLedgerWritten.Add(float64(n))
+	}
+	l.back()
+	*own = (*own)[:0]
+	return true
+}
+
+// failed logs the first failed write of an outage, once.
+func (l *ledger) failed(err error, waiting int) {
+	l.mu.Lock()
+	first := !l.down
+	l.down = true
+	dropped := l.dropped
+	logger := l.logger
+	l.mu.Unlock()
+	if first {
+		logger.Error("ledger unavailable: rows wait in memory, then are dropped (relay_ledger_dropped_total)",
+			zap.String("ledger", l.name), zap.Int("waiting", waiting), zap.Int("queue", l.limit),
+			zap.Int64("dropped_before", dropped), zap.Error(err))
+	}
+}
+
+// back logs the end of an outage.
+func (l *ledger) back() {
+	l.mu.Lock()
+	if !l.down {
+		l.mu.Unlock()
+		return
+	}
+	l.down = false
+	dropped, logger := l.dropped, l.logger
+	l.mu.Unlock()
+	logger.Info("ledger is back: queued rows written", zap.String("ledger", l.name), zap.Int64("dropped_total", dropped))
+}
+
+// prune deletes the rows older than the retention.
+func (l *ledger) prune(now time.Time) {
+	l.mu.Lock()
+	retain := l.retain
+	l.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	n, err := l.store.prune(ctx, now.Add(-retain))
+	if err != nil {
+		l.logger.Warn("ledger: pruning old rows failed", zap.String("ledger", l.name), zap.Error(err))
+		return
+	}
+	if n > 0 {
+		l.logger.Info("ledger: old rows pruned", zap.String("ledger", l.name), zap.Int64("rows", n), zap.Duration("retention", retain))
+	}
+}
+
+// Destruct implements caddy.Destructor: the last config that used the
+// ledger is gone. The queue is written out (for at most
+// ledgerStopTimeout), then the database is closed.
+func (l *ledger) Destruct() error {
+	close(l.stop)
+	<-l.done
+	l.mu.Lock()
+	l.closed = true
+	lost := l.held
+	l.mu.Unlock()
+	if lost > 0 {
+		metricLedgerDropped.Add(float64(lost))
+		l.logger.Error("ledger: rows not written at stop", zap.String("ledger", l.name), zap.Int("rows", lost))
+	}
+	return l.store.close()
+}
+
+// theLedger is the ledger GET /relay/usage reads: the only one the
+// process writes. With none or several, it says why not.
+func theLedger() (*ledger, error) {
+	var found []*ledger
+	ledgers.Range(func(_, v any) bool {
+		found = append(found, v.(*ledger))
+		return true
+	})
+	switch len(found) {
+	case 0:
+		return nil, fmt.Errorf("no ledger is configured (the relay's ledger option)")
+	case 1:
+		return found[0], nil
+	}
+	return nil, fmt.Errorf("%d ledgers are configured in this process; GET /relay/usage reads one", len(found))
+}
+
+// openLedger takes the config's ledger from the pool (opening its
+// database when no config holds it yet).
+func (r *Relay) openLedger(ctx caddy.Context) error {
+	if r.Ledger == nil {
+		return nil
+	}
+	if err := register(ctx.GetMetricsRegistry(), ledgerCollectors); err != nil {
+		return err
+	}
+	l, key, err := loadLedger(ctx, r.Ledger)
+	if err != nil {
+		return err
+	}
+	r.ledger = l
+	r.held.addLedger(key)
+	return nil
+}

@@ -1,0 +1,167 @@
+package relay
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/pgtest"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
+)
+
+func TestLedgerPostgresStore(t *testing.T) {
+	pg := pgtest.Start(t)
+	s, err := openPostgresLedger(pg.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+	checkStore(t, s)
+	// a second relay of the fleet starting on the same database migrates
+	// nothing
+	s2, err := openPostgresLedger(pg.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.close()
+	var v int
+	if err := s2.db.QueryRow(`SELECT MAX(version) FROM schema_version`).Scan(&v); err != nil || v != 2 {
+		t.Errorf("schema_version %d %v", v, err)
+	}
+}
+
+func TestLedgerPostgresRowsWaitThenDropOnlyPastTheQueueBound(t *testing.T) {
+	pg := pgtest.Start(t)
+	s, err := openPostgresLedger(pg.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+	l := newLedger(s, "postgres", zap.NewNop(), 20)
+	dropped := testutil.ToFloat64(metricLedgerDropped)
+	pg.Kill()
+	var own []ledgerRow
+	for i := range 50 {
+		l.add(ledgerRow{id: fmt.Sprintf("bound-%02d", i), at: time.Now(), key: "k"})
+		if i%10 == 9 {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			own = l.take(own)
+			if l.flush(ctx, &own) {
+				t.Fatal("a write to a killed postgres succeeded")
+			}
+			cancel()
+		}
+	}
+	if got := testutil.ToFloat64(metricLedgerDropped) - dropped; got != 30 {
+		t.Errorf("%v rows dropped, want the 30 past the queue's 20", got)
+	}
+	pg.Restart()
+	for range 2 {
+		own = l.take(own)
+		if !l.flush(context.Background(), &own) {
+			t.Fatal("the write failed after postgres came back")
+		}
+	}
+	var n int
+	var first, last string
+	if err := s.db.QueryRow(`SELECT COUNT(*), MIN(request_id), MAX(request_id) FROM relay_usage`).Scan(&n, &first, &last); err != nil || n != 20 || first != "bound-00" || last != "bound-19" {
+		t.Errorf("%d rows %s..%s (%v), want the 20 that waited", n, first, last, err)
+	}
+}
+
+func TestLedgerPostgresKilledAndRestartedMidLoad(t *testing.T) {
+	pg := pgtest.Start(t)
+	t.Setenv("RELAY_TEST_PG_DSN", pg.DSN())
+	ok := fakeupstream.New(t, http.HandlerFunc(ledgerUpstream))
+	const key = "sk-ledger-pg-0123456789"
+	startRelay(t, fmt.Sprintf(`
+		ledger postgres {
+			dsn {env.RELAY_TEST_PG_DSN}
+		}
+		key %s ledger-pg
+		group ledger-pg {
+			channels ledger-pg-ok
+		}
+`, key)+channelBlock("ledger-pg-ok", ok.URL, "models claude-sonnet-4-5"))
+	db, err := sql.Open("pgx", pg.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	count := func() int {
+		var n int
+		if err := db.QueryRow(`SELECT COUNT(*) FROM relay_usage`).Scan(&n); err != nil {
+			return -1
+		}
+		return n
+	}
+	dropped := testutil.ToFloat64(metricLedgerDropped)
+
+	// the load: clients that send messages until told to stop
+	var sent, failed atomic.Int64
+	var slowest atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				start := time.Now()
+				r, err := do("POST", "/v1/messages", key, `{"model":"claude-sonnet-4-5","max_tokens":5,"messages":[{"role":"user","content":"Hi"}]}`)
+				sent.Add(1)
+				if err != nil || r.status != 200 {
+					failed.Add(1)
+				}
+				if d := int64(time.Since(start)); d > slowest.Load() {
+					slowest.Store(d)
+				}
+			}
+		})
+	}
+	waitFor(t, "rows written before the kill", 10*time.Second, func() bool { return count() > 0 })
+	pg.Kill()
+	before := sent.Load()
+	waitFor(t, "requests served while postgres is down", 10*time.Second, func() bool { return sent.Load() > before+200 })
+	pg.Restart()
+	waitFor(t, "requests served after postgres is back", 10*time.Second, func() bool { return sent.Load() > before+400 })
+	close(stop)
+	wg.Wait()
+
+	waitFor(t, "every request's row written once postgres is back", 15*time.Second, func() bool { return count() == int(sent.Load()) })
+	if failed.Load() != 0 {
+		t.Errorf("%d of %d requests failed", failed.Load(), sent.Load())
+	}
+	if d := time.Duration(slowest.Load()); d > 2*time.Second {
+		t.Errorf("the slowest request took %v: the ledger's outage slowed requests", d)
+	}
+	if got := testutil.ToFloat64(metricLedgerDropped) - dropped; got != 0 {
+		t.Errorf("%v rows dropped within the queue's bound", got)
+	}
+	// the DSN is resolved, never shown
+	resp, err := client.Get(adminURL + "/config/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if strings.Contains(string(body), "host=127.0.0.1") || !strings.Contains(string(body), "{env.RELAY_TEST_PG_DSN}") {
+		t.Errorf("GET /config/ shows the resolved DSN:\n%s", body)
+	}
+	code, usage := getUsage(t, "group_by=key")
+	if code != 200 || !strings.Contains(usage, fmt.Sprintf(`"requests":%d,`, sent.Load())) {
+		t.Errorf("usage from postgres: %d %s (sent %d)", code, usage, sent.Load())
+	}
+}

@@ -1,0 +1,208 @@
+package relay
+
+import (
+	"bufio"
+	"encoding/csv"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// usageQuery is what GET /relay/usage asks of the ledger: the rows of
+// [from, to), summed by the groupBy columns.
+type usageQuery struct {
+	from, to time.Time
+	groupBy  []string // of usageColumns, each once
+	csv      bool
+}
+
+// usageColumns are the columns a usage answer may be grouped by; model is
+// the model that served the request.
+var usageColumns = []string{"key", "user", "group", "channel", "model", "day"}
+
+// usageRow is one row of a usage answer: the groupBy columns' values, then
+// the sums.
+type usageRow struct {
+	values                               []string
+	requests                             int64
+	input, output, cacheRead, cacheWrite int64
+	costNano                             int64
+}
+
+// parseUsageQuery reads a usage query's parameters; without from and to
+// it covers the current UTC month. from and to are RFC 3339 times or UTC
+// dates (YYYY-MM-DD); to is exclusive, but a date covers its whole day.
+func parseUsageQuery(v url.Values, now time.Time) (usageQuery, error) {
+	var q usageQuery
+	for name := range v {
+		switch name {
+		case "from", "to", "group_by", "format":
+		default:
+			return q, fmt.Errorf("unknown parameter %q (from, to, group_by, format)", name)
+		}
+	}
+	now = now.UTC()
+	q.from = time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
+	q.to = q.from.AddDate(0, 1, 0)
+	var err error
+	if s := v.Get("from"); s != "" {
+		if q.from, err = usageTime(s, false); err != nil {
+			return q, fmt.Errorf("from: %w", err)
+		}
+	}
+	if s := v.Get("to"); s != "" {
+		if q.to, err = usageTime(s, true); err != nil {
+			return q, fmt.Errorf("to: %w", err)
+		}
+	}
+	if !q.to.After(q.from) {
+		return q, fmt.Errorf("to (%s) must be after from (%s)", q.to.Format(time.RFC3339), q.from.Format(time.RFC3339))
+	}
+	if s := v.Get("group_by"); s != "" {
+		for c := range strings.SplitSeq(s, ",") {
+			c = strings.TrimSpace(c)
+			if !slices.Contains(usageColumns, c) {
+				return q, fmt.Errorf("group_by: unknown column %q (key, user, group, channel, model, day)", c)
+			}
+			if slices.Contains(q.groupBy, c) {
+				return q, fmt.Errorf("group_by: column %q is given twice", c)
+			}
+			q.groupBy = append(q.groupBy, c)
+		}
+	}
+	switch v.Get("format") {
+	case "", "json":
+	case "csv":
+		q.csv = true
+	default:
+		return q, fmt.Errorf("format must be json or csv, not %q", v.Get("format"))
+	}
+	return q, nil
+}
+
+// usageTime reads an RFC 3339 time or a date; a date that ends a range
+// covers its whole day.
+func usageTime(s string, end bool) (time.Time, error) {
+	if t, err := time.Parse(time.DateOnly, s); err == nil {
+		if end {
+			t = t.AddDate(0, 0, 1)
+		}
+		return t, nil
+	}
+	t, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		return t, fmt.Errorf("%q is neither a date (2026-01-31) nor an RFC 3339 time (2026-01-31T00:00:00Z)", s)
+	}
+	return t, nil
+}
+
+// usage answers GET /relay/usage from the ledger: {"rows": [...]}, or CSV
+// with one header row, written as the database gives the rows.
+func (adminAPI) usage(w http.ResponseWriter, r *http.Request) error {
+	q, err := parseUsageQuery(r.URL.Query(), time.Now())
+	if err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
+	}
+	l, err := theLedger()
+	if err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: err}
+	}
+	return writeUsage(w, r, l, q)
+}
+
+// writeUsage streams q's answer from l to w.
+func writeUsage(w http.ResponseWriter, r *http.Request, l *ledger, q usageQuery) error {
+	header := append(append([]string(nil), q.groupBy...),
+		"requests", "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "cost_usd")
+	if q.csv {
+		w.Header().Set("Content-Type", "text/csv; charset=utf-8")
+		w.Header().Set("Content-Disposition", `attachment; filename="usage-`+q.from.Format(time.DateOnly)+`.csv"`)
+	} else {
+		w.Header().Set("Content-Type", "application/json")
+	}
+	bw := bufio.NewWriterSize(w, 32<<10)
+	cw := csv.NewWriter(bw)
+	started := false
+	start := func() {
+		started = true
+		if q.csv {
+			_ = cw.Write(header)
+		} else {
+			_, _ = bw.WriteString(`{"rows":[`)
+		}
+	}
+	n := 0
+	rec := make([]string, len(header))
+	err := l.store.usage(r.Context(), q, func(u usageRow) error {
+		if !started {
+			start()
+		}
+		copy(rec, u.values)
+		k := len(u.values)
+		rec[k] = strconv.FormatInt(u.requests, 10)
+		rec[k+1] = strconv.FormatInt(u.input, 10)
+		rec[k+2] = strconv.FormatInt(u.output, 10)
+		rec[k+3] = strconv.FormatInt(u.cacheRead, 10)
+		rec[k+4] = strconv.FormatInt(u.cacheWrite, 10)
+		rec[k+5] = usdDecimal(u.costNano)
+		if q.csv {
+			cw.Write(rec) //nolint:errcheck // its error is cw.Error's, checked at the end
+		} else {
+			if n > 0 {
+				_ = bw.WriteByte(',')
+			}
+			_ = bw.WriteByte('{')
+			for i, name := range header {
+				if i > 0 {
+					_ = bw.WriteByte(',')
+				}
+				_, _ = bw.WriteString(`"` + name + `":`)
+				if i < k {
+					s, _ := json.Marshal(rec[i])
+					_, _ = bw.Write(s)
+				} else {
+					_, _ = bw.WriteString(rec[i])
+				}
+			}
+			_ = bw.WriteByte('}')
+		}
+		n++
+		return nil
+	})
+	if err != nil && !started {
+		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("the ledger did not answer: %v", err)}
+	}
+	if !started {
+		start()
+	}
+	if q.csv {
+		cw.Flush()
+	} else if err == nil {
+		_, _ = bw.WriteString("]}\n")
+	}
+	// a failure after the answer began leaves it cut short: not valid
+	// JSON, or a CSV without its last rows, which a client notices
+	return bw.Flush()
+}
+
+// usdDecimal formats an amount in nano-USD as a decimal number of
+// dollars, exactly.
+func usdDecimal(n int64) string {
+	sign := ""
+	if n < 0 {
+		sign, n = "-", -n
+	}
+	whole, frac := n/1e9, n%1e9
+	if frac == 0 {
+		return sign + strconv.FormatInt(whole, 10)
+	}
+	f := strings.TrimRight(fmt.Sprintf("%09d", frac), "0")
+	return sign + strconv.FormatInt(whole, 10) + "." + f
+}

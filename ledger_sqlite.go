@@ -1,0 +1,94 @@
+package relay
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	_ "modernc.org/sqlite" // the pure-Go SQLite driver: the xcaddy build needs no C toolchain
+)
+
+// sqliteLedgerPath is the file of a SQLite ledger: the configured one
+// (placeholders resolved), else relay/ledger.db in Caddy's data directory;
+// absolute, so that two configs naming one file share its writer.
+func sqliteLedgerPath(c *LedgerSQLite) (string, error) {
+	path := filepath.Join(caddy.AppDataDir(), "relay", "ledger.db")
+	if c != nil && c.Path != "" {
+		p, err := caddy.NewReplacer().ReplaceOrErr(c.Path, true, true)
+		if err != nil {
+			return "", fmt.Errorf("ledger sqlite: path: %w", err)
+		}
+		path = p
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", fmt.Errorf("ledger sqlite: path: %w", err)
+	}
+	return abs, nil
+}
+
+// sqliteDialect keeps time as Unix milliseconds (UTC).
+var sqliteDialect = dialect{
+	migrations: []string{
+		`CREATE TABLE relay_usage (
+			request_id TEXT PRIMARY KEY,
+			time INTEGER NOT NULL,
+			key_name TEXT NOT NULL,
+			user_name TEXT NOT NULL,
+			group_name TEXT NOT NULL,
+			channel_name TEXT NOT NULL,
+			model TEXT NOT NULL,
+			served_model TEXT NOT NULL,
+			status INTEGER NOT NULL,
+			cause TEXT NOT NULL,
+			input_tokens INTEGER NOT NULL,
+			output_tokens INTEGER NOT NULL,
+			cache_read_tokens INTEGER NOT NULL,
+			cache_write_tokens INTEGER NOT NULL,
+			cost_nano_usd INTEGER NOT NULL,
+			estimated INTEGER NOT NULL,
+			incomplete INTEGER NOT NULL,
+			session_digest TEXT NOT NULL,
+			duration_ms INTEGER NOT NULL,
+			first_byte_ms INTEGER NOT NULL
+		);
+		CREATE INDEX relay_usage_time ON relay_usage (time);`,
+		dailyMigration(`strftime('%Y-%m-%d', time / 1000, 'unixepoch')`),
+	},
+	timeArg: func(t time.Time) any { return t.UnixMilli() },
+	day:     `strftime('%Y-%m-%d', time / 1000, 'unixepoch')`,
+	sum:     func(c string) string { return "COALESCE(SUM(" + c + "), 0)" },
+	param:   func(int) string { return "?" },
+}
+
+// openSQLiteLedger opens (and makes) the SQLite ledger at path, in WAL
+// mode: a write is durable once its transaction commits, so a relay killed
+// at any moment loses at most the rows it had not written yet (at most a
+// second's), and readers (GET /relay/usage) never wait on the writer.
+func openSQLiteLedger(path string) (*sqlLedger, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("ledger sqlite: %w", err)
+	}
+	q := url.Values{}
+	for _, p := range []string{"journal_mode(WAL)", "synchronous(NORMAL)", "busy_timeout(" + strconv.Itoa(int(ledgerWriteTimeout/time.Millisecond)) + ")"} {
+		q.Add("_pragma", p)
+	}
+	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
+	if err != nil {
+		return nil, fmt.Errorf("ledger sqlite: %w", err)
+	}
+	db.SetMaxOpenConns(4) // one writer (the ledger's), readers beside it
+	ctx, cancel := context.WithTimeout(context.Background(), ledgerWriteTimeout)
+	defer cancel()
+	s, err := newSQLLedger(ctx, db, sqliteDialect)
+	if err != nil {
+		return nil, fmt.Errorf("ledger sqlite %s: %w", path, err)
+	}
+	return s, nil
+}

@@ -1,0 +1,332 @@
+package relay
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// sqlLedger is a ledger in a SQL database through database/sql: SQLite
+// and PostgreSQL differ only in their dialect.
+type sqlLedger struct {
+	db *sql.DB
+	d  dialect
+	// insertFull is the statement of a full batch, built once
+	insertFull string
+}
+
+// dialect is what differs between the databases: the schema's
+// migrations, how a time is stored, how a day is told, placeholders.
+type dialect struct {
+	// migrations are the schema's steps, in order: step i brings the
+	// schema to version i+1, recorded in schema_version
+	migrations []string
+	// lock, when set, runs in the migration's transaction first, so two
+	// relays that start together migrate one after the other
+	lock string
+	// timeArg is a time as the time column stores it
+	timeArg func(time.Time) any
+	// day is the expression of a row's UTC day, YYYY-MM-DD
+	day string
+	// sum wraps a SUM so it scans as an int64
+	sum func(string) string
+	// param is the n-th placeholder (from 1)
+	param func(n int) string
+}
+
+// ledgerColumns are the ledger table's columns, in the order of a row's
+// values (ledgerValues).
+var ledgerColumns = []string{
+	"request_id", "time", "key_name", "user_name", "group_name", "channel_name",
+	"model", "served_model", "status", "cause",
+	"input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens",
+	"cost_nano_usd", "estimated", "incomplete", "session_digest", "duration_ms", "first_byte_ms",
+}
+
+func newSQLLedger(ctx context.Context, db *sql.DB, d dialect) (*sqlLedger, error) {
+	s := &sqlLedger{db: db, d: d}
+	if err := s.migrate(ctx); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	s.insertFull = s.insertSQL(ledgerBatch)
+	return s, nil
+}
+
+// migrate brings the schema to the version this relay writes: the steps
+// it has not taken yet, each in a transaction with its version. A database
+// of a newer version (a newer relay wrote it) is refused.
+func (s *sqlLedger) migrate(ctx context.Context) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("ledger: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	if s.d.lock != "" {
+		if _, err := tx.ExecContext(ctx, s.d.lock); err != nil {
+			return fmt.Errorf("ledger: lock for the migration: %w", err)
+		}
+	}
+	if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)`); err != nil {
+		return fmt.Errorf("ledger: schema_version: %w", err)
+	}
+	var version int
+	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_version`).Scan(&version); err != nil {
+		return fmt.Errorf("ledger: schema_version: %w", err)
+	}
+	if version > len(s.d.migrations) {
+		return fmt.Errorf("ledger: the database's schema is version %d, newer than this relay's %d", version, len(s.d.migrations))
+	}
+	for i := version; i < len(s.d.migrations); i++ {
+		if _, err := tx.ExecContext(ctx, s.d.migrations[i]); err != nil {
+			return fmt.Errorf("ledger: migration to version %d: %w", i+1, err)
+		}
+	}
+	if version < len(s.d.migrations) {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM schema_version`); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO schema_version (version) VALUES (`+strconv.Itoa(len(s.d.migrations))+`)`); err != nil {
+			return err
+		}
+	}
+	return tx.Commit()
+}
+
+// insertSQL is the statement that writes n rows at once. A row already
+// written (a write whose success was lost and was tried again) is kept
+// once: the request id is the table's key.
+func (s *sqlLedger) insertSQL(n int) string {
+	var b strings.Builder
+	b.WriteString("INSERT INTO relay_usage (")
+	b.WriteString(strings.Join(ledgerColumns, ", "))
+	b.WriteString(") VALUES ")
+	p := 1
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('(')
+		for j := range ledgerColumns {
+			if j > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(s.d.param(p))
+			p++
+		}
+		b.WriteByte(')')
+	}
+	b.WriteString(" ON CONFLICT (request_id) DO NOTHING")
+	return b.String()
+}
+
+// write adds rows to the table and their sums to the daily rollup, in one
+// transaction. Only the rows the insert wrote (RETURNING: not the ones a
+// retried batch had written already) are added to the rollup, so both
+// count each request once.
+func (s *sqlLedger) write(ctx context.Context, rows []ledgerRow) error {
+	q := s.insertFull
+	if len(rows) != ledgerBatch {
+		q = s.insertSQL(len(rows))
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }()
+	args := make([]any, 0, len(rows)*len(ledgerColumns))
+	for i := range rows {
+		r := &rows[i]
+		args = append(args, r.id, s.d.timeArg(r.at), r.key, r.user, r.group, r.channel,
+			r.model, r.served, r.status, r.cause,
+			r.input, r.output, r.cacheRead, r.cacheWrite,
+			r.costNano, r.estimated, r.incomplete, sessionDigest(r.session),
+			r.duration.Milliseconds(), r.firstByte.Milliseconds())
+	}
+	res, err := tx.QueryContext(ctx, q+" RETURNING request_id", args...)
+	if err != nil {
+		return err
+	}
+	written := make(map[string]bool, len(rows))
+	for res.Next() {
+		var id string
+		if err := res.Scan(&id); err != nil {
+			res.Close()
+			return err
+		}
+		written[id] = true
+	}
+	if err := res.Close(); err != nil {
+		return err
+	}
+	if err := res.Err(); err != nil {
+		return err
+	}
+	sums := map[dailyKey]*usageRow{}
+	var order []dailyKey
+	for i := range rows {
+		r := &rows[i]
+		if !written[r.id] {
+			continue
+		}
+		k := dailyKey{r.at.UTC().Format(time.DateOnly), r.key, r.user, r.group, r.channel, r.served}
+		u := sums[k]
+		if u == nil {
+			u = new(usageRow)
+			sums[k] = u
+			order = append(order, k)
+		}
+		u.requests++
+		u.input += r.input
+		u.output += r.output
+		u.cacheRead += r.cacheRead
+		u.cacheWrite += r.cacheWrite
+		u.costNano += r.costNano
+	}
+	for _, k := range order {
+		u := sums[k]
+		if _, err := tx.ExecContext(ctx, s.upsertDaily(), k.day, k.key, k.user, k.group, k.channel, k.model,
+			u.requests, u.input, u.output, u.cacheRead, u.cacheWrite, u.costNano); err != nil {
+			return err
+		}
+	}
+	return tx.Commit()
+}
+
+// dailyKey is a row of the daily rollup: a UTC day and every column a
+// usage answer may be grouped by.
+type dailyKey struct{ day, key, user, group, channel, model string }
+
+// upsertDaily adds one sum to the daily rollup.
+func (s *sqlLedger) upsertDaily() string {
+	p := make([]string, 12)
+	for i := range p {
+		p[i] = s.d.param(i + 1)
+	}
+	return `INSERT INTO relay_usage_daily (day, key_name, user_name, group_name, channel_name, served_model,
+		requests, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost_nano_usd)
+		VALUES (` + strings.Join(p, ", ") + `)
+		ON CONFLICT (day, key_name, user_name, group_name, channel_name, served_model) DO UPDATE SET
+		requests = relay_usage_daily.requests + excluded.requests,
+		input_tokens = relay_usage_daily.input_tokens + excluded.input_tokens,
+		output_tokens = relay_usage_daily.output_tokens + excluded.output_tokens,
+		cache_read_tokens = relay_usage_daily.cache_read_tokens + excluded.cache_read_tokens,
+		cache_write_tokens = relay_usage_daily.cache_write_tokens + excluded.cache_write_tokens,
+		cost_nano_usd = relay_usage_daily.cost_nano_usd + excluded.cost_nano_usd`
+}
+
+// dailyMigration adds the daily rollup (the sums by day and every
+// group_by column, which a usage answer over whole days reads instead of
+// every row), filled from the rows already written; day is the dialect's
+// expression of a row's day.
+func dailyMigration(day string) string {
+	return `CREATE TABLE relay_usage_daily (
+			day TEXT NOT NULL,
+			key_name TEXT NOT NULL,
+			user_name TEXT NOT NULL,
+			group_name TEXT NOT NULL,
+			channel_name TEXT NOT NULL,
+			served_model TEXT NOT NULL,
+			requests BIGINT NOT NULL,
+			input_tokens BIGINT NOT NULL,
+			output_tokens BIGINT NOT NULL,
+			cache_read_tokens BIGINT NOT NULL,
+			cache_write_tokens BIGINT NOT NULL,
+			cost_nano_usd BIGINT NOT NULL,
+			PRIMARY KEY (day, key_name, user_name, group_name, channel_name, served_model)
+		);
+		INSERT INTO relay_usage_daily
+			SELECT ` + day + `, key_name, user_name, group_name, channel_name, served_model, COUNT(*),
+				SUM(input_tokens), SUM(output_tokens), SUM(cache_read_tokens), SUM(cache_write_tokens), SUM(cost_nano_usd)
+			FROM relay_usage GROUP BY 1, 2, 3, 4, 5, 6;`
+}
+
+// prune deletes the rows before before, and the days of the rollup that
+// end before it.
+func (s *sqlLedger) prune(ctx context.Context, before time.Time) (int64, error) {
+	res, err := s.db.ExecContext(ctx, `DELETE FROM relay_usage WHERE time < `+s.d.param(1), s.d.timeArg(before))
+	if err != nil {
+		return 0, err
+	}
+	if _, err := s.db.ExecContext(ctx, `DELETE FROM relay_usage_daily WHERE day < `+s.d.param(1), before.UTC().Format(time.DateOnly)); err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+func (s *sqlLedger) close() error { return s.db.Close() }
+
+// usage runs q, giving emit each row as it is read, so a large answer is
+// streamed rather than held.
+func (s *sqlLedger) usage(ctx context.Context, q usageQuery, emit func(usageRow) error) error {
+	// over whole UTC days the rollup answers; else the rows themselves
+	daily := wholeDay(q.from) && wholeDay(q.to)
+	cols := make([]string, len(q.groupBy))
+	for i, c := range q.groupBy {
+		cols[i] = s.column(c, daily)
+	}
+	count, table, where := "COUNT(*)", "relay_usage", "time"
+	from, to := s.d.timeArg(q.from), s.d.timeArg(q.to)
+	if daily {
+		count, table, where = s.d.sum("requests"), "relay_usage_daily", "day"
+		from, to = q.from.Format(time.DateOnly), q.to.Format(time.DateOnly)
+	}
+	sel := append(append([]string(nil), cols...),
+		count, s.d.sum("input_tokens"), s.d.sum("output_tokens"),
+		s.d.sum("cache_read_tokens"), s.d.sum("cache_write_tokens"), s.d.sum("cost_nano_usd"))
+	stmt := "SELECT " + strings.Join(sel, ", ") + " FROM " + table + " WHERE " + where + " >= " + s.d.param(1) + " AND " + where + " < " + s.d.param(2)
+	if len(cols) > 0 {
+		stmt += " GROUP BY " + strings.Join(cols, ", ") + " ORDER BY " + strings.Join(cols, ", ")
+	}
+	rows, err := s.db.QueryContext(ctx, stmt, from, to)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	var r usageRow
+	r.values = make([]string, len(cols))
+	dest := make([]any, 0, len(cols)+6)
+	for i := range r.values {
+		dest = append(dest, &r.values[i])
+	}
+	dest = append(dest, &r.requests, &r.input, &r.output, &r.cacheRead, &r.cacheWrite, &r.costNano)
+	for rows.Next() {
+		if err := rows.Scan(dest...); err != nil {
+			return err
+		}
+		if err := emit(r); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}
+
+// wholeDay reports whether t is a UTC midnight.
+func wholeDay(t time.Time) bool {
+	t = t.UTC()
+	return t.Equal(t.Truncate(24 * time.Hour))
+}
+
+// column is the expression of a group_by column, in the rows or in the
+// daily rollup.
+func (s *sqlLedger) column(c string, daily bool) string {
+	switch c {
+	case "key":
+		return "key_name"
+	case "user":
+		return "user_name"
+	case "group":
+		return "group_name"
+	case "channel":
+		return "channel_name"
+	case "model":
+		return "served_model"
+	}
+	if daily {
+		return "day"
+	}
+	return s.d.day
+}

@@ -1,0 +1,293 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// flakyStore is a ledger database that fails while told to, and keeps
+// what it was given.
+type flakyStore struct {
+	mu    sync.Mutex
+	down  bool
+	rows  []ledgerRow
+	calls int
+}
+
+func (s *flakyStore) write(_ context.Context, rows []ledgerRow) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls++
+	if s.down {
+		return errors.New("connection refused")
+	}
+	s.rows = append(s.rows, rows...)
+	return nil
+}
+func (s *flakyStore) prune(context.Context, time.Time) (int64, error) { return 0, nil }
+func (s *flakyStore) usage(context.Context, usageQuery, func(usageRow) error) error {
+	return nil
+}
+func (s *flakyStore) close() error { return nil }
+
+func TestLedgerRowsWaitThenDropPastTheQueueBoundOneLogLinePerOutage(t *testing.T) {
+	store := &flakyStore{down: true}
+	core, logs := observer.New(zap.InfoLevel)
+	l := newLedger(store, "test", zap.New(core), 10)
+	dropped := testutil.ToFloat64(metricLedgerDropped)
+	var own []ledgerRow
+	for i := range 25 {
+		l.add(ledgerRow{id: "r" + string(rune('a'+i))})
+		if i%5 == 4 { // the writer tries while the database is away
+			own = l.take(own)
+			if l.flush(context.Background(), &own) {
+				t.Fatal("a write to a database that is down succeeded")
+			}
+		}
+	}
+	if got := testutil.ToFloat64(metricLedgerDropped) - dropped; got != 15 {
+		t.Errorf("dropped %v rows, want 15: the 10 the queue holds wait", got)
+	}
+	if n := logs.FilterMessageSnippet("ledger unavailable").Len(); n != 1 {
+		t.Errorf("%d log lines for one outage, want 1", n)
+	}
+	store.mu.Lock()
+	store.down = false
+	store.mu.Unlock()
+	own = l.take(own)
+	if !l.flush(context.Background(), &own) {
+		t.Fatal("the write failed once the database was back")
+	}
+	own = l.take(own)
+	l.flush(context.Background(), &own)
+	if len(store.rows) != 10 || store.rows[0].id != "ra" || store.rows[9].id != "rj" {
+		t.Fatalf("written %d rows (%v...), want the first 10 in order", len(store.rows), store.rows)
+	}
+	if logs.FilterMessageSnippet("ledger is back").Len() != 1 {
+		t.Error("no log line when the ledger came back")
+	}
+	// the queue is empty again: rows are taken
+	l.add(ledgerRow{id: "later"})
+	if got := testutil.ToFloat64(metricLedgerDropped) - dropped; got != 15 {
+		t.Errorf("a row was dropped with room in the queue (%v dropped)", got)
+	}
+}
+
+func TestLedgerStopWritesTheQueueOut(t *testing.T) {
+	store := &flakyStore{}
+	l := newLedger(store, "test", zap.NewNop(), 100)
+	go l.run()
+	for range 42 {
+		l.add(ledgerRow{id: newRequestID()})
+	}
+	if err := l.Destruct(); err != nil {
+		t.Fatal(err)
+	}
+	if len(store.rows) != 42 {
+		t.Fatalf("%d rows written at the stop, want 42", len(store.rows))
+	}
+}
+
+func TestSessionIDIsNeverStoredRaw(t *testing.T) {
+	h := http.Header{}
+	if s := sessionOf(h, "user_abc_account__session_5f1c"); s != "5f1c" {
+		t.Errorf("session of metadata.user_id = %q", s)
+	}
+	h.Set("X-Claude-Code-Session-Id", "cc-session-1")
+	if s := sessionOf(h, "user_abc_account__session_5f1c"); s != "cc-session-1" {
+		t.Errorf("the header comes first, got %q", s)
+	}
+	if d := sessionDigest("cc-session-1"); len(d) != 16 || strings.Contains(d, "session") {
+		t.Errorf("digest %q", d)
+	}
+	if sessionDigest("") != "" {
+		t.Error("no session, no digest")
+	}
+}
+
+func TestUsageQueryParameters(t *testing.T) {
+	now := time.Date(2026, 3, 17, 12, 0, 0, 0, time.UTC)
+	q, err := parseUsageQuery(url.Values{}, now)
+	if err != nil || !q.from.Equal(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)) || !q.to.Equal(time.Date(2026, 4, 1, 0, 0, 0, 0, time.UTC)) || q.csv || len(q.groupBy) != 0 {
+		t.Errorf("default query %+v %v, want the current UTC month", q, err)
+	}
+	q, err = parseUsageQuery(url.Values{"from": {"2026-01-01"}, "to": {"2026-01-31"}, "group_by": {"key,day"}, "format": {"csv"}}, now)
+	if err != nil || !q.to.Equal(time.Date(2026, 2, 1, 0, 0, 0, 0, time.UTC)) || strings.Join(q.groupBy, ",") != "key,day" || !q.csv {
+		t.Errorf("query %+v %v: a date as to covers its day", q, err)
+	}
+	for _, c := range []struct {
+		v    url.Values
+		want string
+	}{
+		{url.Values{"group_by": {"key,tenant"}}, `group_by: unknown column "tenant" (key, user, group, channel, model, day)`},
+		{url.Values{"group_by": {"key,key"}}, `column "key" is given twice`},
+		{url.Values{"format": {"xml"}}, `format must be json or csv, not "xml"`},
+		{url.Values{"from": {"yesterday"}}, `from: "yesterday" is neither a date`},
+		{url.Values{"from": {"2026-02-01"}, "to": {"2026-01-01"}}, `must be after from`},
+		{url.Values{"group": {"key"}}, `unknown parameter "group"`},
+	} {
+		if _, err := parseUsageQuery(c.v, now); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: error %v, want %q", c.v, err, c.want)
+		}
+	}
+}
+
+func TestUSDDecimalIsExact(t *testing.T) {
+	for n, want := range map[int64]string{0: "0", 1: "0.000000001", 1_500_000_000: "1.5", 123_456_789_012: "123.456789012", -2_000_000_000: "-2"} {
+		if got := usdDecimal(n); got != want {
+			t.Errorf("usdDecimal(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
+
+// testRows are rows of two keys over two days.
+func testRows(day1, day2 time.Time) []ledgerRow {
+	return []ledgerRow{
+		{id: "a", at: day1, key: "k1", group: "g", channel: "c1", served: "claude-sonnet-4-5", status: 200, input: 10, output: 5, costNano: 1_000_000_000, session: "s1"},
+		{id: "b", at: day1.Add(time.Hour), key: "k1", group: "g", channel: "c2", served: "claude-sonnet-4-5", status: 200, input: 20, output: 5, cacheRead: 3, costNano: 500_000_000},
+		{id: "c", at: day2, key: "k2", user: "alice", group: "g", channel: "c1", served: "claude-opus-4-1", status: 200, input: 1, output: 1, cacheWrite: 7, costNano: 3},
+		{id: "d", at: day2, key: "k2", group: "g", status: 429, cause: "client"},
+	}
+}
+
+// checkStore writes testRows to s (twice: a write retried keeps one row
+// per request) and checks what usage answers.
+func checkStore(t *testing.T, s *sqlLedger) {
+	t.Helper()
+	ctx := context.Background()
+	day1 := time.Date(2026, 3, 2, 10, 0, 0, 0, time.UTC)
+	day2 := time.Date(2026, 3, 3, 23, 59, 0, 0, time.UTC)
+	for range 2 {
+		if err := s.write(ctx, testRows(day1, day2)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	q := usageQuery{from: day1.AddDate(0, 0, -1), to: day2.AddDate(0, 0, 1), groupBy: []string{"key", "day"}}
+	var got []string
+	err := s.usage(ctx, q, func(u usageRow) error {
+		got = append(got, strings.Join(u.values, "|")+" "+strings.Join([]string{
+			i64(u.requests), i64(u.input), i64(u.output), i64(u.cacheRead), i64(u.cacheWrite), usdDecimal(u.costNano)}, " "))
+		return nil
+	})
+	want := []string{"k1|2026-03-02 2 30 10 3 0 1.5", "k2|2026-03-03 2 1 1 0 7 0.000000003"}
+	if err != nil || strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("usage by key and day: %v\n%s\nwant\n%s", err, strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	// over whole days, the daily rollup answers the same (the batch
+	// written twice counted once there too)
+	got = nil
+	q.from, q.to = time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC), time.Date(2026, 3, 4, 0, 0, 0, 0, time.UTC)
+	err = s.usage(ctx, q, func(u usageRow) error {
+		got = append(got, strings.Join(u.values, "|")+" "+strings.Join([]string{
+			i64(u.requests), i64(u.input), i64(u.output), i64(u.cacheRead), i64(u.cacheWrite), usdDecimal(u.costNano)}, " "))
+		return nil
+	})
+	if err != nil || strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("usage by key and day from the rollup: %v\n%s\nwant\n%s", err, strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	got = nil
+	q.groupBy = nil
+	q.to = day1.AddDate(0, 0, 1)
+	_ = s.usage(ctx, q, func(u usageRow) error { got = append(got, i64(u.requests)+" "+usdDecimal(u.costNano)); return nil })
+	if strings.Join(got, ",") != "2 1.5" {
+		t.Errorf("total of day 1: %v", got)
+	}
+	n, err := s.prune(ctx, day2)
+	if err != nil || n != 2 {
+		t.Errorf("pruned %d rows (%v), want day 1's 2", n, err)
+	}
+	var digest string
+	if err := s.db.QueryRow(`SELECT session_digest FROM relay_usage WHERE request_id = 'c'`).Scan(&digest); err != nil || digest != "" {
+		t.Errorf("session digest of a request without a session: %q %v", digest, err)
+	}
+}
+
+func i64(n int64) string { return strconv.FormatInt(n, 10) }
+
+func TestLedgerSQLiteOnDisk(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "sub", "ledger.db")
+	s, err := openSQLiteLedger(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkStore(t, s)
+	var mode string
+	if err := s.db.QueryRow(`PRAGMA journal_mode`).Scan(&mode); err != nil || mode != "wal" {
+		t.Errorf("journal_mode %q %v, want wal", mode, err)
+	}
+	_ = s.close()
+	// opened again, the schema is not migrated twice
+	s, err = openSQLiteLedger(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+	var v, n int
+	if err := s.db.QueryRow(`SELECT MAX(version), COUNT(*) FROM schema_version`).Scan(&v, &n); err != nil || v != 2 || n != 1 {
+		t.Errorf("schema_version %d (%d rows) %v", v, n, err)
+	}
+	// a database a newer relay migrated is refused, not written
+	if _, err := s.db.Exec(`UPDATE schema_version SET version = 99`); err != nil {
+		t.Fatal(err)
+	}
+	_ = s.close()
+	if _, err := openSQLiteLedger(path); err == nil || !strings.Contains(err.Error(), "newer than this relay's") {
+		t.Errorf("opening a newer schema: %v", err)
+	}
+}
+
+// TestLedgerDroppingAlertOnSeries runs the ledger's alert in promtool: rows
+// dropped page while they drop, and stop paging once the drops stop.
+func TestLedgerDroppingAlertOnSeries(t *testing.T) {
+	promtool := needTool(t, "promtool", "apt-get install -y prometheus")
+	rules, err := filepath.Abs("examples/prometheus/relay-rules.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	test := fmt.Sprintf(`rule_files: [%q]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'relay_ledger_dropped_total{instance="relay-1"}'
+        values: '0x10 0 50 100 150 150x20'
+    alert_rule_test:
+      - eval_time: 10m
+        alertname: RelayLedgerDropping
+        exp_alerts: []
+      - eval_time: 14m
+        alertname: RelayLedgerDropping
+        exp_alerts:
+          - exp_labels:
+              severity: warning
+              instance: relay-1
+            exp_annotations:
+              summary: "Relay relay-1 dropped 150 usage ledger rows in 5 minutes"
+              description: "The ledger's database did not take its rows for longer than the queue holds (100,000 rows). Requests are served and budgets still count their spend, but GET /relay/usage and invoices miss these requests. The relay's log says when the outage began (ledger unavailable) and ended (ledger is back)."
+      - eval_time: 25m
+        alertname: RelayLedgerDropping
+        exp_alerts: []
+`, rules)
+	path := filepath.Join(t.TempDir(), "ledger.test.yml")
+	if err := os.WriteFile(path, []byte(test), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(promtool, "test", "rules", path).CombinedOutput(); err != nil {
+		t.Errorf("promtool test rules: %v\n%s", err, out)
+	}
+}
