@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
 )
 
 func init() {
@@ -43,7 +44,7 @@ func (a adminAPI) Routes() []caddy.AdminRoute {
 		{Pattern: "/relay/fleet", Handler: only(http.MethodGet, a.fleet)},
 		{Pattern: "/relay/keys", Handler: only(http.MethodGet, a.keys)},
 		{Pattern: "/relay/keys/{name}/spend/reset", Handler: only(http.MethodPost, a.resetSpend)},
-		{Pattern: "/relay/", Handler: caddy.AdminHandlerFunc(func(_ http.ResponseWriter, r *http.Request) error {
+		{Pattern: "/relay/", Handler: plainErrors(func(_ http.ResponseWriter, r *http.Request) error {
 			return caddy.APIError{HTTPStatus: http.StatusNotFound,
 				Err: fmt.Errorf("no relay admin route %s (GET /relay/channels, POST /relay/channels/<name>/reset|disable|enable, GET /relay/fleet, GET /relay/keys, POST /relay/keys/<name>/spend/reset[?period=day|week|month|total])", r.URL.Path)}
 		})},
@@ -53,13 +54,40 @@ func (a adminAPI) Routes() []caddy.AdminRoute {
 // only serves h for method alone, and answers other methods 405 with
 // Allow.
 func only(method string, h caddy.AdminHandlerFunc) caddy.AdminHandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) error {
+	return plainErrors(func(w http.ResponseWriter, r *http.Request) error {
 		if r.Method != method {
 			w.Header().Set("Allow", method)
 			return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed,
 				Err: fmt.Errorf("method %s is not allowed on %s; use %s", r.Method, r.URL.Path, method)}
 		}
 		return h(w, r)
+	})
+}
+
+// plainErrors writes h's error as Caddy's admin API does ({"error": ...},
+// and a log line), but without escaping <, > and & as \u003c: the
+// messages name routes such as /relay/channels/<name>/reset for a person
+// to read.
+func plainErrors(h caddy.AdminHandlerFunc) caddy.AdminHandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		err := h(w, r)
+		if err == nil {
+			return nil
+		}
+		apiErr, ok := err.(caddy.APIError)
+		if !ok {
+			apiErr = caddy.APIError{HTTPStatus: http.StatusInternalServerError, Err: err}
+		}
+		if apiErr.Message == "" && apiErr.Err != nil {
+			apiErr.Message = apiErr.Err.Error()
+		}
+		status := cmp.Or(apiErr.HTTPStatus, http.StatusInternalServerError)
+		caddy.Log().Named("admin.api").Error("request error", zap.Error(err), zap.Int("status_code", status))
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		enc := json.NewEncoder(w)
+		enc.SetEscapeHTML(false)
+		return enc.Encode(apiErr)
 	}
 }
 
@@ -179,7 +207,9 @@ func findChannel(name string) *channelHealth {
 
 func writeAdminJSON(w http.ResponseWriter, v any) error {
 	w.Header().Set("Content-Type", "application/json")
-	return json.NewEncoder(w).Encode(v)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
 }
 
 // channelStatus is one row of GET /relay/channels. State is cooldown
