@@ -555,7 +555,7 @@ func TestFleetExampleRunsAsTwoNodes(t *testing.T) {
 	for i := range 16 {
 		req, _ := http.NewRequest(http.MethodPost, "http://"+nodes[i%2].site+"/v1/messages",
 			strings.NewReader(`{"model":"claude-haiku-5-5","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`))
-		req.Header.Set("X-Api-Key", "sk-relay-fleet-demo")
+		req.Header.Set("X-Api-Key", "sk-relay-fleet-demo-key")
 		req.Header.Set("Anthropic-Version", "2023-06-01")
 		req.Header.Set("Content-Type", "application/json")
 		resp, err := fleetClient.Do(req)
