@@ -230,6 +230,9 @@ type channelStatus struct {
 	LastError       string     `json:"last_error,omitempty"`
 	LastErrorReason string     `json:"last_error_reason,omitempty"`
 	LastErrorAt     *time.Time `json:"last_error_at,omitempty"`
+	// ResetAt is when the channel was last reset: its last error and its
+	// recent error rate may be from before it.
+	ResetAt *time.Time `json:"reset_at,omitempty"`
 	// Classes are the model classes cooling on the channel (a 429, a 529
 	// or a spent anthropic-ratelimit-* quota for one of its models): it
 	// serves the other classes meanwhile.
@@ -305,6 +308,10 @@ func (h *channelHealth) status(name string, now time.Time) channelStatus {
 	if !h.lastErrorAt.IsZero() {
 		at := h.lastErrorAt
 		st.LastError, st.LastErrorReason, st.LastErrorAt = h.lastError.String(), h.lastReason, &at
+	}
+	if !h.resetAt.IsZero() {
+		at := h.resetAt
+		st.ResetAt = &at
 	}
 	return st
 }
