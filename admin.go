@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
 )
 
 func init() {
@@ -45,7 +46,7 @@ func (a adminAPI) Routes() []caddy.AdminRoute {
 		{Pattern: "/relay/keys/{name}/spend/reset", Handler: only(http.MethodPost, a.resetSpend)},
 		{Pattern: "/relay/sessions", Handler: only(http.MethodGet, a.sessions)},
 		{Pattern: "/relay/usage", Handler: only(http.MethodGet, a.usage)},
-		{Pattern: "/relay/", Handler: caddy.AdminHandlerFunc(func(_ http.ResponseWriter, r *http.Request) error {
+		{Pattern: "/relay/", Handler: plainErrors(func(_ http.ResponseWriter, r *http.Request) error {
 			return caddy.APIError{HTTPStatus: http.StatusNotFound,
 				Err: fmt.Errorf("no relay admin route %s (GET /relay/channels, POST /relay/channels/<name>/reset|disable|enable, GET /relay/fleet, GET /relay/keys, POST /relay/keys/<name>/spend/reset[?period=day|week|month|total], GET /relay/sessions[?top=N], GET /relay/usage)", r.URL.Path)}
 		})},
@@ -55,13 +56,40 @@ func (a adminAPI) Routes() []caddy.AdminRoute {
 // only serves h for method alone, and answers other methods 405 with
 // Allow.
 func only(method string, h caddy.AdminHandlerFunc) caddy.AdminHandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) error {
+	return plainErrors(func(w http.ResponseWriter, r *http.Request) error {
 		if r.Method != method {
 			w.Header().Set("Allow", method)
 			return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed,
 				Err: fmt.Errorf("method %s is not allowed on %s; use %s", r.Method, r.URL.Path, method)}
 		}
 		return h(w, r)
+	})
+}
+
+// plainErrors writes h's error as Caddy's admin API does ({"error": ...},
+// and a log line), but without escaping <, > and & as \u003c: the
+// messages name routes such as /relay/channels/<name>/reset for a person
+// to read.
+func plainErrors(h caddy.AdminHandlerFunc) caddy.AdminHandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		err := h(w, r)
+		if err == nil {
+			return nil
+		}
+		apiErr, ok := err.(caddy.APIError)
+		if !ok {
+			apiErr = caddy.APIError{HTTPStatus: http.StatusInternalServerError, Err: err}
+		}
+		if apiErr.Message == "" && apiErr.Err != nil {
+			apiErr.Message = apiErr.Err.Error()
+		}
+		status := cmp.Or(apiErr.HTTPStatus, http.StatusInternalServerError)
+		caddy.Log().Named("admin.api").Error("request error", zap.Error(err), zap.Int("status_code", status))
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		enc := json.NewEncoder(w)
+		enc.SetEscapeHTML(false)
+		return enc.Encode(apiErr)
 	}
 }
 
@@ -181,7 +209,9 @@ func findChannel(name string) *channelHealth {
 
 func writeAdminJSON(w http.ResponseWriter, v any) error {
 	w.Header().Set("Content-Type", "application/json")
-	return json.NewEncoder(w).Encode(v)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
 }
 
 // channelStatus is one row of GET /relay/channels. State is cooldown
@@ -202,6 +232,9 @@ type channelStatus struct {
 	LastError       string     `json:"last_error,omitempty"`
 	LastErrorReason string     `json:"last_error_reason,omitempty"`
 	LastErrorAt     *time.Time `json:"last_error_at,omitempty"`
+	// ResetAt is when the channel was last reset: its last error and its
+	// recent error rate may be from before it.
+	ResetAt *time.Time `json:"reset_at,omitempty"`
 	// Classes are the model classes cooling on the channel (a 429, a 529
 	// or a spent anthropic-ratelimit-* quota for one of its models): it
 	// serves the other classes meanwhile.
@@ -277,6 +310,10 @@ func (h *channelHealth) status(name string, now time.Time) channelStatus {
 	if !h.lastErrorAt.IsZero() {
 		at := h.lastErrorAt
 		st.LastError, st.LastErrorReason, st.LastErrorAt = h.lastError.String(), h.lastReason, &at
+	}
+	if !h.resetAt.IsZero() {
+		at := h.resetAt
+		st.ResetAt = &at
 	}
 	return st
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -371,8 +372,12 @@ func TestAdminErrorsAreJSON(t *testing.T) {
 		var body struct {
 			Error string `json:"error"`
 		}
-		err = json.NewDecoder(resp.Body).Decode(&body)
+		raw, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
+		err = json.Unmarshal(raw, &body)
+		if bytes.Contains(raw, []byte(`\u003c`)) || strings.Contains(body.Error, "/relay/channels/<name>/") && !bytes.Contains(raw, []byte("/relay/channels/<name>/")) {
+			t.Errorf("%s %s: the error escapes < for HTML: %s", c.method, c.path, raw)
+		}
 		if resp.StatusCode != c.status || err != nil || !strings.Contains(body.Error, c.says) ||
 			resp.Header.Get("Content-Type") != "application/json" || resp.Header.Get("Allow") != c.allow {
 			t.Errorf("%s %s: %d %q (%v), Allow %q; want %d JSON saying %q, Allow %q",

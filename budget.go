@@ -2,6 +2,7 @@ package relay
 
 import (
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -156,5 +157,20 @@ func errBudgetExceeded(who string, p budgetPeriod, capUSD, spent float64, wait t
 		msg: msg, retryAfter: retryAfter, noRetry: true}
 }
 
-// dollars formats an amount in US dollars for a message.
-func dollars(v float64) string { return "$" + strconv.FormatFloat(v, 'f', 2, 64) }
+// dollars formats an amount in US dollars for a message: cents, and below
+// a dollar at least two significant digits, so that a sub-cent amount
+// reads $0.0042 and not $0.00.
+func dollars(v float64) string {
+	decimals := 2
+	if v > 0 && v < 1 {
+		decimals = min(max(2, 1-int(math.Floor(math.Log10(v)))), 10)
+	}
+	s := strconv.FormatFloat(v, 'f', decimals, 64)
+	if decimals > 2 {
+		s = strings.TrimRight(s, "0")
+		if len(s)-strings.IndexByte(s, '.')-1 < 2 {
+			s = strconv.FormatFloat(v, 'f', 2, 64)
+		}
+	}
+	return "$" + s
+}

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -279,12 +280,28 @@ func TestBudgetRefusesARequestItCannotAffordUpFront(t *testing.T) {
 	if w.Code != 429 || !strings.Contains(w.Body.String(), `"code":"budget_exceeded"`) || !strings.Contains(w.Body.String(), "cannot afford") {
 		t.Fatalf("an unaffordable request: %d %s", w.Code, w.Body)
 	}
+	// sub-cent amounts keep their significant digits
+	if msg := w.Body.String(); !strings.Contains(msg, "of its daily $0.01 budget") ||
+		!regexp.MustCompile(`may cost up to \$0\.0[1-9]\d*\b`).MatchString(msg) || strings.Contains(msg, "$0.00") {
+		t.Errorf("an unaffordable request's amounts: %s", msg)
+	}
 	if hits.Load() != 0 {
 		t.Errorf("the upstream was called %d times, want 0", hits.Load())
 	}
 	// a small one is served
 	if w, _ := serveHandler(t, r, newRequest(`{"model":"m-budget","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`, "sk-budget-big")); w.Code != 200 {
 		t.Fatalf("a small request: %d %s", w.Code, w.Body)
+	}
+}
+
+func TestDollarsKeepSignificantDigits(t *testing.T) {
+	for v, want := range map[float64]string{
+		0: "$0.00", 0.0042: "$0.0042", 0.00421: "$0.0042", 0.01: "$0.01", 0.025: "$0.025",
+		0.2: "$0.20", 0.0999: "$0.10", 1: "$1.00", 12.5: "$12.50", 200: "$200.00", 0.000000071: "$0.000000071",
+	} {
+		if got := dollars(v); got != want {
+			t.Errorf("dollars(%v) = %s, want %s", v, got, want)
+		}
 	}
 }
 

@@ -308,7 +308,7 @@ func (r *Relay) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			r.Fleet = s
 		default:
-			return d.Errf("unrecognized relay option %q", opt)
+			return d.Errf("unrecognized relay option %q%s", opt, didYouMean(opt, relayOptions, tuningNames()))
 		}
 	}
 	if err := r.validateConfig(); err != nil {
@@ -379,12 +379,17 @@ func parseTuning(d *caddyfile.Dispenser, t *Tuning) (bool, error) {
 		t.Breaker = b
 		return true, err
 	}
+	return tuningOptions(t).Parse(d)
+}
+
+// tuningOptions are the tuning options of t, but its breaker.
+func tuningOptions(t *Tuning) provider.Options {
 	return provider.Options{Durations: map[string]*caddy.Duration{
 		"first_byte_timeout": &t.FirstByteTimeout, "first_content_timeout": &t.FirstContentTimeout,
 		"response_timeout": &t.ResponseTimeout, "stream_idle_timeout": &t.StreamIdleTimeout,
 		"cooldown": &t.Cooldown, "max_cooldown": &t.MaxCooldown, "auth_cooldown": &t.AuthCooldown,
 		"capability_ttl": &t.CapabilityTTL,
-	}}.Parse(d)
+	}}
 }
 
 // parseBreaker parses a `breaker { ... }` block; unset fields keep their
@@ -406,7 +411,7 @@ func parseBlock(d *caddyfile.Dispenser, what string, o provider.Options) error {
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		if ok, err := o.Parse(d); err != nil || !ok {
-			return cmp.Or(err, d.Errf("unrecognized %s option %q", what, d.Val()))
+			return cmp.Or(err, d.Errf("unrecognized %s option %q%s", what, d.Val(), didYouMean(d.Val(), optionNames(o))))
 		}
 	}
 	return nil

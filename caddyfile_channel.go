@@ -105,7 +105,13 @@ func parseChannel(d *caddyfile.Dispenser, pos positions) (*Channel, error) {
 			}
 			transport = mod
 		default:
-			// the provider's own options: its module reads them
+			// the provider's own options: its module reads them; a typo of
+			// an option no provider takes is answered here
+			if names, taken := providerOptionNames(opt); !taken {
+				if hint := didYouMean(opt, optionNames(opts), channelOptions, tuningNames(), names); hint != "" {
+					return nil, d.Errf("unrecognized channel option %q%s", opt, hint)
+				}
+			}
 			up.take(d)
 		}
 	}

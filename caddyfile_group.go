@@ -120,7 +120,7 @@ func parseGroup(d *caddyfile.Dispenser, pos positions) (*Group, error) {
 			}
 			g.MaxWait[class] = caddy.Duration(v)
 		default:
-			return nil, d.Errf("unrecognized group option %q", d.Val())
+			return nil, d.Errf("unrecognized group option %q%s", d.Val(), didYouMean(d.Val(), optionNames(opts), groupOptions))
 		}
 	}
 	return g, nil

@@ -61,7 +61,7 @@ func parseKeyOptions(d *caddyfile.Dispenser, pos positions, at []string, what st
 			continue
 		}
 		if ok, err := opts.Parse(d); err != nil || !ok {
-			return cmp.Or(err, d.Errf("unrecognized %s option %q", what, d.Val()))
+			return cmp.Or(err, d.Errf("unrecognized %s option %q%s", what, d.Val(), didYouMean(d.Val(), optionNames(opts), []string{"disabled"})))
 		}
 	}
 	return nil

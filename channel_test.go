@@ -122,6 +122,9 @@ func TestModelFilterAndMapping(t *testing.T) {
 
 	r = message(t, `{"model":"claude-3-opus"}`)
 	wantRelayError(t, r, 503, "relay_error", "model_not_found")
+	if want := `no channel of group \"models\" serves model \"claude-3-opus\"; it serves claude-opus-4-1, claude-haiku-4-5, claude-sonnet-4-5"`; !strings.Contains(string(r.body), want) {
+		t.Errorf("an unknown model's answer should list the group's models (%s): %s", want, r.body)
+	}
 	if r.header.Get("X-Should-Retry") != "false" {
 		t.Errorf("model_not_found must say x-should-retry: false")
 	}

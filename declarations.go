@@ -135,10 +135,11 @@ func fileKeyConflict(name, was, now string) error {
 // writes access logs: Caddy logs a copy of each request's headers taken
 // before any handler runs, and redacts Authorization and Cookie but not
 // X-Api-Key, which holds the relay key; no handler can change that copy,
-// only the log's own filter can.
+// only the log's own filter can. A server whose access logs all filter it
+// gets no warning (access_log.go).
 func (r *Relay) warnAccessLog(ctx caddy.Context) {
 	srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
-	if !ok || srv.Logs == nil {
+	if !ok || srv.Logs == nil || !accessLogShowsKey(ctx, srv) {
 		return
 	}
 	declarations.Lock()

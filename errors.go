@@ -54,9 +54,23 @@ func errInvalid(msg string) *relayError {
 	return &relayError{status: http.StatusBadRequest, typ: "invalid_request_error", msg: msg}
 }
 
-func errTooLarge(limit int64) *relayError {
+// errTooLarge answers a body over the limit that option (max_body_size,
+// max_upload_size) sets, naming the option so that an operator knows what
+// to raise.
+func errTooLarge(option string, limit int64) *relayError {
 	return &relayError{status: http.StatusRequestEntityTooLarge, typ: "request_too_large",
-		msg: "request body is larger than the relay's limit of " + strconv.FormatInt(limit, 10) + " bytes"}
+		msg: "request body is larger than the relay's " + option + " of " + mebibytes(limit) + " (" + strconv.FormatInt(limit, 10) + " bytes)"}
+}
+
+// mebibytes formats a size in MiB with up to two decimals (in KiB below
+// one MiB), as the size options are written.
+func mebibytes(n int64) string {
+	unit, div := " MiB", float64(1<<20)
+	if n < 1<<20 {
+		unit, div = " KiB", 1<<10
+	}
+	s := strconv.FormatFloat(float64(n)/div, 'f', 2, 64)
+	return strings.TrimSuffix(strings.TrimRight(s, "0"), ".") + unit
 }
 
 // errBodyTimeout answers a client that did not send its body within
@@ -66,10 +80,21 @@ func errBodyTimeout(limit time.Duration) *relayError {
 		msg: "the request body did not arrive within the relay's read_body_timeout of " + limit.String()}
 }
 
-func errModelNotFound(model, group string) *relayError {
-	return &relayError{status: http.StatusServiceUnavailable, typ: "relay_error", code: "model_not_found",
-		msg: "no channel of group " + strconv.Quote(group) + " serves model " + strconv.Quote(model), noRetry: true}
+// errModelNotFound answers a model no channel of the group serves, and
+// lists the models it does serve (the first few of them).
+func errModelNotFound(model string, g *group) *relayError {
+	msg := "no channel of group " + strconv.Quote(g.name) + " serves model " + strconv.Quote(model)
+	if len(g.models) > 0 {
+		msg += "; it serves " + strings.Join(g.models[:min(len(g.models), maxModelsListed)], ", ")
+		if more := len(g.models) - maxModelsListed; more > 0 {
+			msg += " and " + strconv.Itoa(more) + " more (GET /v1/models lists them all)"
+		}
+	}
+	return &relayError{status: http.StatusServiceUnavailable, typ: "relay_error", code: "model_not_found", msg: msg, noRetry: true}
 }
+
+// maxModelsListed bounds the models an unknown model's answer lists.
+const maxModelsListed = 10
 
 // errModelRefused answers a model that every channel serving it refused
 // (403) recently: the relay does not ask them again before until.

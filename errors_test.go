@@ -2,6 +2,7 @@ package relay
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http/httptest"
 	"reflect"
@@ -31,10 +32,10 @@ func TestRelayErrorBodyIsAnthropicShape(t *testing.T) {
 		},
 		{
 			name: "relay's own condition carries a code",
-			err:  errModelNotFound("claude-x", "prod"),
+			err:  errModelNotFound("claude-x", &group{name: "prod", models: []string{"claude-sonnet-5-5", "claude-haiku-5-5"}}),
 			want: map[string]any{
 				"type":       "error",
-				"error":      map[string]any{"type": "relay_error", "message": `no channel of group "prod" serves model "claude-x"`, "code": "model_not_found"},
+				"error":      map[string]any{"type": "relay_error", "message": `no channel of group "prod" serves model "claude-x"; it serves claude-sonnet-5-5, claude-haiku-5-5`, "code": "model_not_found"},
 				"request_id": "relay_abc",
 			},
 		},
@@ -89,7 +90,7 @@ func TestRelayErrorWrite(t *testing.T) {
 		},
 		{
 			name:       "model not found tells the SDK not to retry",
-			err:        errModelNotFound("m", "g"),
+			err:        errModelNotFound("m", &group{name: "g"}),
 			wantStatus: 503,
 			wantHeader: map[string]string{"X-Should-Retry": "false", "Retry-After": "", "Retry-After-Ms": ""},
 		},
@@ -113,7 +114,7 @@ func TestRelayErrorWrite(t *testing.T) {
 		},
 		{
 			name:       "too large",
-			err:        errTooLarge(1024),
+			err:        errTooLarge("max_body_size", 1024),
 			wantStatus: 413,
 			wantHeader: map[string]string{"Allow": ""},
 		},
@@ -145,6 +146,33 @@ func TestRelayErrorWrite(t *testing.T) {
 				t.Errorf("body %s does not decode to the error (%v)", body, err)
 			}
 		})
+	}
+}
+
+func TestAnUnknownModelListsAFewOfTheGroupsModels(t *testing.T) {
+	var models []string
+	for i := range 13 {
+		models = append(models, fmt.Sprintf("m%d", i))
+	}
+	msg := errModelNotFound("x", &group{name: "g", models: models}).msg
+	if want := `no channel of group "g" serves model "x"; it serves m0, m1, m2, m3, m4, m5, m6, m7, m8, m9 and 3 more (GET /v1/models lists them all)`; msg != want {
+		t.Errorf("got  %s\nwant %s", msg, want)
+	}
+}
+
+func TestTooLargeNamesItsOptionInMiB(t *testing.T) {
+	for _, tt := range []struct {
+		option string
+		limit  int64
+		want   string
+	}{
+		{"max_body_size", 32 << 20, "the relay's max_body_size of 32 MiB (33554432 bytes)"},
+		{"max_upload_size", 500_000_000, "the relay's max_upload_size of 476.84 MiB (500000000 bytes)"},
+		{"max_body_size", 1536, "the relay's max_body_size of 1.5 KiB (1536 bytes)"},
+	} {
+		if msg := errTooLarge(tt.option, tt.limit).msg; !strings.Contains(msg, tt.want) {
+			t.Errorf("%s %d: %s", tt.option, tt.limit, msg)
+		}
 	}
 }
 

@@ -387,15 +387,41 @@ var thisNode = sync.OnceValue(func() nodeInfo {
 
 // relayVersion is the module's version as built in.
 func relayVersion() string {
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		for _, m := range bi.Deps {
-			if m.Path == "github.com/caddy-relay/relay" {
-				return m.Version
+	bi, _ := debug.ReadBuildInfo()
+	return moduleVersion(bi)
+}
+
+// moduleVersion is the relay module's version in bi: its version as a
+// dependency (built with xcaddy), else the main module's version when the
+// go command stamped one, else the commit it was built from (+dirty when
+// changed), else (devel), as under go run and go test.
+func moduleVersion(bi *debug.BuildInfo) string {
+	const module = "github.com/caddy-relay/relay"
+	if bi == nil {
+		return "(devel)"
+	}
+	for _, m := range bi.Deps {
+		if m.Path == module {
+			if m.Replace != nil && m.Replace.Version != "" {
+				return m.Replace.Version
 			}
+			return m.Version
 		}
-		if bi.Main.Path == "github.com/caddy-relay/relay" {
-			return bi.Main.Version
+	}
+	if bi.Main.Path == module && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	var rev, dirty string
+	for _, s := range bi.Settings {
+		switch {
+		case s.Key == "vcs.revision":
+			rev = s.Value[:min(len(s.Value), 12)]
+		case s.Key == "vcs.modified" && s.Value == "true":
+			dirty = "+dirty"
 		}
+	}
+	if rev != "" {
+		return rev + dirty
 	}
 	return "(devel)"
 }
@@ -442,6 +468,7 @@ var _ caddy.Destructor = (*fleet)(nil)
 // joinFleet connects the relay to its fleet (the `storage` config), when
 // it has one.
 func (r *Relay) joinFleet(ctx caddy.Context) error {
+	noteListenAddress(ctx)
 	if r.Fleet == nil || r.Fleet.Redis == nil {
 		return nil
 	}

@@ -4,13 +4,16 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -39,6 +42,43 @@ type fleetNode struct {
 	LastSeen time.Time `json:"last_seen"`
 	// State is up (seen within the last few heartbeats) or gone.
 	State string `json:"state"`
+	// Self marks the node that answered.
+	Self bool `json:"self"`
+}
+
+// listenAddress is where the server of the relay provisioned last listens
+// (host:port, the host's address for a wildcard): the address this node
+// gives its fleet. Nil: no relay has said yet.
+var listenAddress atomic.Pointer[string]
+
+// noteListenAddress records the first TCP listen address of the server
+// that ctx provisions a relay for.
+func noteListenAddress(ctx caddy.Context) {
+	srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
+	if !ok {
+		return
+	}
+	for _, l := range srv.Listen {
+		na, err := caddy.ParseNetworkAddress(l)
+		if err != nil || na.IsUnixNetwork() || na.IsFdNetwork() {
+			continue
+		}
+		if na.Host == "" || net.ParseIP(na.Host).IsUnspecified() {
+			na.Host = hostAddress()
+		}
+		a := na.JoinHostPort(0)
+		listenAddress.Store(&a)
+		return
+	}
+}
+
+// nodeAddress is this node's address: where its relay listens, else its
+// host's address.
+func nodeAddress() string {
+	if a := listenAddress.Load(); a != nil {
+		return *a
+	}
+	return hostAddress()
 }
 
 // heartbeatScript records a heartbeat and forgets the nodes long gone.
@@ -94,6 +134,7 @@ func (f *fleet) heartbeat(ctx context.Context) {
 // learns how many relays are up, which sizes the blocks it takes.
 func (f *fleet) beat() {
 	self := thisNode()
+	self.Address = nodeAddress()
 	self.Leases = f.blockInfos(f.now())
 	info, _ := json.Marshal(self)
 	var up int64
@@ -177,9 +218,12 @@ func fleetRows() ([]fleetNode, error) {
 		return nil, fmt.Errorf("the fleet's storage (Redis) did not answer: %v", failed)
 	}
 	if rows == nil {
-		rows = []fleetNode{{nodeInfo: thisNode(), LastSeen: time.Now().UTC(), State: "up"}}
+		self := fleetNode{nodeInfo: thisNode(), LastSeen: time.Now().UTC(), State: "up"}
+		self.Address = nodeAddress()
+		rows = []fleetNode{self}
 	}
 	for i := range rows {
+		rows[i].Self = rows[i].ID == thisNode().ID
 		if rows[i].Leases == nil {
 			rows[i].Leases = []blockInfo{}
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -215,8 +216,9 @@ func TestFleetRouteListsTheNodes(t *testing.T) {
 	// without storage, the fleet is this node
 	startRelay(t, "\t\tkey "+clientKey+" solo-g\n\t\tchannel solo-ch {\n\t\t\tprovider mock\n\t\t}\n\t\tgroup solo-g {\n\t\t\tchannels solo-ch\n\t\t}\n")
 	nodes := fleetNodes(t)
-	if len(nodes) != 1 || nodes[0].ID != thisNode().ID || nodes[0].State != "up" || nodes[0].Version == "" {
-		t.Fatalf("nodes %+v", nodes)
+	if len(nodes) != 1 || nodes[0].ID != thisNode().ID || nodes[0].State != "up" || nodes[0].Version == "" ||
+		!nodes[0].Self || !strings.HasSuffix(nodes[0].Address, ":9080") {
+		t.Fatalf("nodes %+v; want this node alone, self, at its listen port 9080", nodes)
 	}
 
 	srv := redistest.Start(t)
@@ -232,11 +234,11 @@ func TestFleetRouteListsTheNodes(t *testing.T) {
 	for _, n := range fleetNodes(t) {
 		switch n.ID {
 		case thisNode().ID:
-			if n.State != "up" || n.Address == "" || time.Since(n.LastSeen) > 5*time.Second {
+			if n.State != "up" || !strings.HasSuffix(n.Address, ":9080") || !n.Self || time.Since(n.LastSeen) > 5*time.Second {
 				t.Errorf("this node: %+v", n)
 			}
 		case "old-node":
-			if n.State != "gone" || n.Address != "10.0.0.9" || n.Version != "v0.9.0" {
+			if n.State != "gone" || n.Address != "10.0.0.9" || n.Version != "v0.9.0" || n.Self {
 				t.Errorf("the old node: %+v", n)
 			}
 		default:
@@ -251,6 +253,28 @@ func TestFleetRouteListsTheNodes(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 405 || resp.Header.Get("Allow") != "GET" {
 		t.Fatalf("POST /relay/fleet: %d Allow %q", resp.StatusCode, resp.Header.Get("Allow"))
+	}
+}
+
+func TestModuleVersion(t *testing.T) {
+	const module = "github.com/caddy-relay/relay"
+	vcs := []debug.BuildSetting{{Key: "vcs.revision", Value: "0123456789abcdef0123"}, {Key: "vcs.modified", Value: "true"}}
+	for _, tt := range []struct {
+		name string
+		bi   *debug.BuildInfo
+		want string
+	}{
+		{"no build info", nil, "(devel)"},
+		{"a dependency (xcaddy)", &debug.BuildInfo{Main: debug.Module{Path: "caddy", Version: "(devel)"},
+			Deps: []*debug.Module{{Path: module, Version: "v1.4.0"}}, Settings: vcs}, "v1.4.0"},
+		{"a dependency replaced", &debug.BuildInfo{Deps: []*debug.Module{{Path: module, Version: "v1.4.0", Replace: &debug.Module{Path: "../relay", Version: ""}}}}, "v1.4.0"},
+		{"the main module, stamped", &debug.BuildInfo{Main: debug.Module{Path: module, Version: "v1.5.0"}}, "v1.5.0"},
+		{"the main module, its commit", &debug.BuildInfo{Main: debug.Module{Path: module, Version: "(devel)"}, Settings: vcs}, "0123456789ab+dirty"},
+		{"go run", &debug.BuildInfo{Main: debug.Module{Path: module, Version: "(devel)"}}, "(devel)"},
+	} {
+		if got := moduleVersion(tt.bi); got != tt.want {
+			t.Errorf("%s: %q, want %q", tt.name, got, tt.want)
+		}
 	}
 }
 

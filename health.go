@@ -85,6 +85,7 @@ type channelHealth struct {
 	lastError   outcome
 	lastReason  string
 	lastErrorAt time.Time
+	resetAt     time.Time // the last reset: what came before it is history
 	owners      []channelOwner
 }
 

@@ -250,6 +250,7 @@ func (h *channelHealth) reset() {
 	h.lacks.Store(nil)
 	h.classes.Store(nil)
 	h.consecutive = 0
+	h.resetAt = time.Now()
 	h.resetBreaker()
 }
 

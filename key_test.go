@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -37,6 +38,38 @@ func TestLiteralKeyIsHashedInConfig(t *testing.T) {
 	resp.Body.Close()
 	if bytes.Contains(cfg, []byte(clientKey)) || !bytes.Contains(cfg, []byte(`"secret":"sha256:`)) {
 		t.Errorf("a literal client key must be stored as its sha256: %s", cfg)
+	}
+}
+
+// TestTheExamplesKeysAreNotWeak: an example that trips the relay's own
+// weak-key warning teaches a newcomer to ignore it.
+func TestTheExamplesKeysAreNotWeak(t *testing.T) {
+	files, _ := filepath.Glob("examples/*.Caddyfile")
+	if len(files) == 0 {
+		t.Fatal("no examples/*.Caddyfile")
+	}
+	keyLine := regexp.MustCompile(`(?m)^\s*key\s+(\S+)`)
+	literal := 0
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range keyLine.FindAllStringSubmatch(string(b), -1) {
+			if strings.Contains(m[1], "{") || strings.HasPrefix(m[1], sha256Prefix) {
+				continue
+			}
+			literal++
+			if weakKey(m[1]) {
+				t.Errorf("%s: the key %s trips the weak-key warning", f, m[1])
+			}
+		}
+	}
+	if literal == 0 {
+		t.Fatal("no example writes a key in clear: the test checks nothing")
+	}
+	if !weakKey("sk-relay-fleet-demo") {
+		t.Error("a 19-character key is not weak any more: update this test")
 	}
 }
 

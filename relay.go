@@ -312,6 +312,7 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 			go r.runProbes(ctx, ch)
 		}
 	}
+	r.logReady()
 	return nil
 }
 

@@ -52,7 +52,11 @@ func TestBadInputGetsAnthropicErrors(t *testing.T) {
 	})
 	t.Run("oversized body", func(t *testing.T) {
 		big := `{"model":"claude-sonnet-4-5","pad":"` + strings.Repeat("x", 2048) + `"}`
-		wantRelayError(t, message(t, big), 413, "request_too_large", "")
+		r := message(t, big)
+		wantRelayError(t, r, 413, "request_too_large", "")
+		if !bytes.Contains(r.body, []byte("the relay's max_body_size of 1 KiB (1024 bytes)")) {
+			t.Errorf("the 413 should name max_body_size and its limit: %s", r.body)
+		}
 	})
 	t.Run("wrong method", func(t *testing.T) {
 		r := send(t, http.MethodGet, "/v1/messages", clientKey, "")

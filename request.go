@@ -107,7 +107,7 @@ const maxBodyReserve = 64 << 10
 func (r *Relay) readBody(w http.ResponseWriter, req *http.Request) (*bytes.Buffer, *relayError) {
 	limit, timeout := r.MaxBodySize, time.Duration(r.ReadBodyTimeout)
 	if req.ContentLength > limit {
-		return nil, errTooLarge(limit)
+		return nil, errTooLarge("max_body_size", limit)
 	}
 	// the connection's read deadline bounds a client that sends slowly; it
 	// is lifted afterwards, or the server's background read of an idle
@@ -131,7 +131,7 @@ func (r *Relay) readBody(w http.ResponseWriter, req *http.Request) (*bytes.Buffe
 		return nil, errInvalid("could not read the request body: " + err.Error())
 	case int64(buf.Len()) > limit:
 		releaseBody(buf)
-		return nil, errTooLarge(limit)
+		return nil, errTooLarge("max_body_size", limit)
 	}
 	// read to its end: closed now, net/http knows it has nothing left to
 	// discard when the response's headers go out, and does not look (a read

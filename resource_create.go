@@ -79,7 +79,7 @@ func (c *resourceCtx) create() *failure {
 	}
 	if c.rq.kind == kindFile {
 		if c.req.ContentLength > c.r.MaxUploadSize {
-			return refused(errTooLarge(c.r.MaxUploadSize))
+			return refused(errTooLarge("max_upload_size", c.r.MaxUploadSize))
 		}
 		ca.upload = &uploadBody{r: c.req.Body, limit: c.r.MaxUploadSize}
 	}
@@ -155,7 +155,7 @@ func (a *createAttempt) attempt(r *Relay, w http.ResponseWriter, req *http.Reque
 		return done
 	}
 	if a.upload != nil && a.upload.over.Load() {
-		r.answer(w, in, refused(errTooLarge(r.MaxUploadSize)))
+		r.answer(w, in, refused(errTooLarge("max_upload_size", r.MaxUploadSize)))
 		return done
 	}
 	res := ra.res

@@ -85,7 +85,7 @@ type pickResult struct {
 func (p pickResult) err(s *selection, g *group) *relayError {
 	switch p.reason {
 	case noModel:
-		return errModelNotFound(s.model, g.name)
+		return errModelNotFound(s.model, g)
 	case modelRefused:
 		return errModelRefused(s.model, g.name, p.until)
 	case noCapability:

@@ -212,6 +212,44 @@ func TestStatusPageInABrowser(t *testing.T) {
 		adminPost(t, "st-browser", "reset")
 		waitInPage(t, ctx, "the cooling classes cell emptied by the reset", 3*time.Second,
 			`document.querySelector('tr[data-channel="st-browser"] td.classes').textContent === ""`)
+		// healthy again, and what it shows of the 529 says it came before
+		waitInPage(t, ctx, "the last error and the error rate marked as from before the reset", 3*time.Second,
+			`(tr => tr.querySelector(".badge").dataset.state === "healthy" &&
+				tr.querySelector("td.last-error").textContent.startsWith("before the reset: ") &&
+				tr.querySelector("td.errors").classList.contains("before-reset"))(document.querySelector('tr[data-channel="st-browser"]'))`)
+	})
+
+	t.Run("columns line up and nothing overflows at 1400 px", func(t *testing.T) {
+		inBrowser(t, ctx, 10*time.Second, chromedp.EmulateViewport(1400, 900))
+		defer inBrowser(t, ctx, 10*time.Second, chromedp.EmulateViewport(1280, 900))
+		// a long model name and a long chain, the widest a row gets
+		message(t, `{"model":"claude-sonnet-4-5-20250929-with-a-long-dated-suffix","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`)
+		waitInPage(t, ctx, "rows in the groups, keys and requests tables", 3*time.Second,
+			`["groups", "keys", "requests"].every(id => document.querySelector("#" + id + " tbody tr"))`)
+		// every header sits as its column's values do: numbers on the right
+		misaligned := eval[[]string](t, ctx, `[...document.querySelectorAll("main table")].flatMap(table => {
+			const row = table.tBodies[0].rows[0];
+			if (!row) return [];
+			return [...table.tHead.rows[0].cells].slice(0, row.cells.length).filter((th, i) =>
+				getComputedStyle(th).textAlign !== getComputedStyle(row.cells[i]).textAlign).map(th => table.id + ": " + th.textContent);
+		})`)
+		if len(misaligned) != 0 {
+			t.Errorf("headers not aligned as their values: %v", misaligned)
+		}
+		for _, id := range []string{"groups", "keys"} {
+			if n := eval[int](t, ctx, `document.querySelectorAll("#`+id+` thead th.num").length`); n == 0 {
+				t.Errorf("the %s table has no right-aligned header", id)
+			}
+		}
+		overflowing := eval[[]string](t, ctx, `[...document.querySelectorAll("main .scroll")].filter(s => s.scrollWidth > s.clientWidth + 1).map(s => s.querySelector("table").id + ": " + s.scrollWidth + " > " + s.clientWidth)`)
+		if len(overflowing) != 0 {
+			t.Errorf("tables wider than the page at 1400 px: %v %v", overflowing, eval[[]string](t, ctx, `[...document.querySelectorAll("#requests thead th")].map(th => th.textContent + "=" + Math.round(th.getBoundingClientRect().width))`))
+		}
+		if !eval[bool](t, ctx, `(() => { const s = document.querySelector("#requests").parentElement.getBoundingClientRect();
+			const th = [...document.querySelectorAll("#requests thead th")].pop().getBoundingClientRect();
+			return th.right <= s.right + 1 && th.width > 0; })()`) {
+			t.Error("the requests table's error column is cut at 1400 px")
+		}
 	})
 
 	t.Run("clicking disable disables the channel", func(t *testing.T) {
@@ -321,16 +359,17 @@ func TestStatusScreenshot(t *testing.T) {
 		}
 `)
 	for i := range 12 {
-		model := "claude-sonnet-4-5"
+		model := "claude-sonnet-5-5"
 		if i%3 == 0 {
-			model = "claude-haiku-4-5"
+			model = "claude-haiku-5-5"
 		}
 		message(t, `{"model":"`+model+`","max_tokens":64,"messages":[{"role":"user","content":"hi"}]}`)
 	}
 	adminPost(t, "shot-fallback", "disable")
 	defer adminPost(t, "shot-fallback", "enable")
-	send(t, http.MethodPost, "/v1/messages", "sk-not-a-key-of-this-relay-000", `{"model":"claude-sonnet-4-5","max_tokens":8,"messages":[]}`)
+	send(t, http.MethodPost, "/v1/messages", "sk-not-a-key-of-this-relay-000", `{"model":"claude-sonnet-5-5","max_tokens":8,"messages":[]}`)
 	inBrowser(t, ctx, 20*time.Second,
+		chromedp.EmulateViewport(1400, 900),
 		chromedp.Navigate(relayURL+"/status/"),
 		chromedp.WaitVisible(chromedp.CSS(`tr[data-channel="shot-flaky"]`)),
 		chromedp.Sleep(time.Second), // the requests' event

@@ -88,6 +88,7 @@ func (StatusPage) CaddyModule() caddy.ModuleInfo {
 // streams, which reconnect to the config that follows.
 func (s *StatusPage) Provision(ctx caddy.Context) error {
 	s.ctx, s.nodes, s.hosts = ctx, new(fleetCache), new(hostCheck)
+	logStatusPage(ctx)
 	return nil
 }
 

@@ -19,6 +19,14 @@
 		const frag = document.createDocumentFragment();
 		for (const it of items) frag.appendChild(render(it));
 		tbody.replaceChildren(frag);
+		// a column of numbers has its header over them, on the right
+		const first = tbody.rows[0], head = tbody.parentElement.tHead;
+		if (first && head) {
+			const ths = head.rows[0].cells;
+			for (let i = 0; i < first.cells.length && i < ths.length; i++) {
+				ths[i].classList.toggle("num", first.cells[i].classList.contains("num"));
+			}
+		}
 	}
 	function money(v) { return v === undefined || v === null ? "" : "$" + Number(v).toFixed(v < 1 ? 4 : 2); }
 	function msText(v) { return v > 0 ? (v >= 1000 ? (v / 1000).toFixed(2) + " s" : Math.round(v) + " ms") : ""; }
@@ -87,11 +95,18 @@
 			cell(tr, c.inflight, "num");
 			const r = c.recent;
 			cell(tr, r.per_minute[r.per_minute.length - 1], "num");
-			cell(tr, r.error_ratio > 0 ? Math.round(r.error_ratio * 100) + "%" : "0%", "num" + (r.error_ratio > 0.2 ? " bad" : ""));
+			// what came before a reset (in the last 5 minutes) is marked so
+			const resetAt = c.reset_at ? Date.parse(c.reset_at) : 0;
+			const rate = cell(tr, r.error_ratio > 0 ? Math.round(r.error_ratio * 100) + "%" : "0%", "num errors" + (r.error_ratio > 0.2 ? " bad" : ""));
+			if (r.error_ratio > 0 && resetAt > Date.now() + offset - 5 * 60 * 1000) {
+				rate.classList.add("before-reset");
+				rate.title = "includes attempts from before the reset at " + new Date(resetAt).toLocaleTimeString();
+			}
 			cell(tr, msText(r.first_byte_p50_ms), "num");
 			cell(tr, "").appendChild(spark(r.per_minute, r.errors_per_minute));
 			const err = c.last_error ? c.last_error + (c.last_error_reason ? ": " + c.last_error_reason : "") : "";
-			const e = cell(tr, err, "wrap");
+			const old = err && resetAt && Date.parse(c.last_error_at) <= resetAt;
+			const e = cell(tr, old ? "before the reset: " + err : err, "wrap last-error" + (old ? " before-reset" : ""));
 			if (c.last_error_at) e.title = c.last_error_at;
 			cell(tr, (c.groups || []).join(" "));
 			const btns = cell(tr, "");
@@ -220,10 +235,12 @@
 			tr.dataset.id = r.id;
 			const t = cell(tr, new Date(r.at).toLocaleTimeString());
 			t.title = r.at;
-			cell(tr, r.id, "mono");
-			cell(tr, r.key, "mono key");
-			cell(tr, r.model + (r.served ? " → " + r.served : ""), "mono model");
-			cell(tr, r.chain.join(" → "), "mono");
+			// long values are cut (ids, keys, models) or wrapped between
+			// channels to fit the width, whole in their title
+			for (const [text, cls] of [[r.id, "mono trunc"], [r.key, "mono key trunc"],
+				[r.model + (r.served ? " → " + r.served : ""), "mono model trunc"], [r.chain.join(" → "), "mono chain"]]) {
+				cell(tr, text, cls).title = text;
+			}
 			cell(tr, r.attempts, "num");
 			cell(tr, r.status, "num" + (r.status >= 400 ? " bad" : ""));
 			cell(tr, msText(r.first_byte_ms), "num");

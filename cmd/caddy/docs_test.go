@@ -287,6 +287,39 @@ func checkContents(t *testing.T, f docFile) {
 	}
 }
 
+// TestCIRunsTheREADMEsTestCommand: CI (.ci/run) runs go vet, then exactly
+// the test command the README's first block gives a newcomer, so that what
+// the README promises is what CI proves.
+func TestCIRunsTheREADMEsTestCommand(t *testing.T) {
+	files := docFiles(t)
+	var first []string
+	for _, b := range files[0].blocks(t) {
+		if b.shell() {
+			first = strings.Split(b.body, "\n")
+			break
+		}
+	}
+	if len(first) != 2 {
+		t.Fatalf("README.md's first shell block has %d lines, want 2: the quickstart and the tests", len(first))
+	}
+	want, _, _ := strings.Cut(first[1], "#")
+	want = strings.TrimSpace(want)
+	ci, err := os.ReadFile(filepath.Join(repoRoot, ".ci/run"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var commands []string
+	for _, line := range strings.Split(string(ci), "\n") {
+		if line = strings.TrimSpace(line); strings.HasPrefix(line, "go vet") || strings.HasPrefix(line, "go test") {
+			commands = append(commands, line)
+		}
+	}
+	vet, test := slices.Index(commands, "go vet ./..."), slices.Index(commands, want)
+	if vet < 0 || test < 0 || vet > test {
+		t.Errorf(".ci/run runs %q; want go vet ./..., then the README's test command %q", commands, want)
+	}
+}
+
 // TestSDKExampleBuilds compiles the Go program the README shows.
 func TestSDKExampleBuilds(t *testing.T) {
 	cmd := exec.Command("go", "build", "-o", filepath.Join(t.TempDir(), "sdk-example"), "./examples/sdk/go")

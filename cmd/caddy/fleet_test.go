@@ -515,6 +515,19 @@ func TestFleetListsItsNodes(t *testing.T) {
 		}
 		return len(rows) == 3 && up == 3
 	})
+	// each node gives the port it serves on, and the one asked says so
+	ports := map[string]bool{}
+	for _, n := range nodes {
+		ports[n.site[strings.LastIndex(n.site, ":"):]] = true
+	}
+	for _, r := range list() {
+		addr, _ := r["address"].(string)
+		port := addr[max(strings.LastIndex(addr, ":"), 0):]
+		if !ports[port] || r["self"] != (port == nodes[1].site[strings.LastIndex(nodes[1].site, ":"):]) {
+			t.Errorf("node %v: address %q, self %v; want one of the nodes' ports, self on the node asked (%s)", r["id"], addr, r["self"], nodes[1].site)
+		}
+		delete(ports, port)
+	}
 	nodes[2].stop()
 	within(t, "the killed node gone", 10*time.Second, func() bool {
 		gone := 0
@@ -560,7 +573,7 @@ func TestFleetExampleRunsAsTwoNodes(t *testing.T) {
 	for i := range 16 {
 		req, _ := http.NewRequest(http.MethodPost, "http://"+nodes[i%2].site+"/v1/messages",
 			strings.NewReader(`{"model":"claude-haiku-5-5","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`))
-		req.Header.Set("X-Api-Key", "sk-relay-fleet-demo")
+		req.Header.Set("X-Api-Key", "sk-relay-fleet-demo-key")
 		req.Header.Set("Anthropic-Version", "2023-06-01")
 		req.Header.Set("Content-Type", "application/json")
 		resp, err := fleetClient.Do(req)
