@@ -19,6 +19,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/caddy-relay/relay/internal/apirules"
 )
 
 // Request is what the upstream received.
@@ -46,6 +48,7 @@ type Upstream struct {
 	keys      []string // the credentials it accepts
 	lenient   bool     // no checks: every request goes to the handler
 	account   string   // the secret its thinking signatures are made with; "": it verifies none (thinking.go)
+	rules     apirules.Rules
 	refusedBy func(string)
 }
 
@@ -87,6 +90,7 @@ func unstarted(h http.Handler, record bool, opts []Option) *Upstream {
 	for _, o := range opts {
 		o(u)
 	}
+	u.rules = u.rulesOf()
 	u.Server = httptest.NewUnstartedServer(http.HandlerFunc(u.serve))
 	u.Server.Config.ConnState = func(_ net.Conn, s http.ConnState) {
 		switch s {
@@ -113,15 +117,15 @@ func (u *Upstream) OpenConns() int64 { return u.open.Load() }
 var bodies = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
 func (u *Upstream) serve(w http.ResponseWriter, r *http.Request) {
-	wire := wireOther
+	wire := apirules.Other
 	if !u.lenient {
-		wire = wireOf(r)
+		wire = apirules.WireOf(r.Method, r.URL.Path)
 	}
 	var body []byte
 	switch {
 	case u.record:
 		body, _ = io.ReadAll(r.Body)
-	case wire.readsBody():
+	case wire.ReadsBody():
 		buf := bodies.Get().(*bytes.Buffer)
 		buf.Reset()
 		_, _ = buf.ReadFrom(r.Body)
@@ -134,8 +138,8 @@ func (u *Upstream) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	h := u.handler
 	u.mu.Unlock()
-	if f := u.check(r, wire, body); f != nil {
-		line := r.Method + " " + r.URL.Path + ": " + f.msg
+	if f := u.rules.Check(wire, r.Header, body); f != nil {
+		line := r.Method + " " + r.URL.Path + ": " + f.Message
 		if u.record {
 			u.mu.Lock()
 			u.refused = append(u.refused, line)
@@ -144,7 +148,7 @@ func (u *Upstream) serve(w http.ResponseWriter, r *http.Request) {
 		if u.refusedBy != nil {
 			u.refusedBy(line)
 		}
-		f.write(w)
+		f.Write(w)
 		return
 	}
 	if body != nil {
@@ -291,8 +295,7 @@ func WriteEvent(w http.ResponseWriter, ev string) bool {
 
 // ErrorBody is an Anthropic error body.
 func ErrorBody(typ, msg string) []byte {
-	b, _ := json.Marshal(map[string]any{"type": "error", "error": map[string]string{"type": typ, "message": msg}, "request_id": "req_fake_error"})
-	return b
+	return apirules.ErrorBody(typ, msg, requestID)
 }
 
 // Error answers with status and an Anthropic error body; header pairs

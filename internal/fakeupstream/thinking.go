@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"strings"
 
@@ -22,10 +21,10 @@ import (
 // thinking block it did not sign.
 //
 // Every fake also holds a Messages body to the API's rules on thinking
-// blocks that need no account: no message but the final assistant one may
-// have empty content, and while thinking is on, the final assistant
-// message of a tool loop (one with a tool_use) starts with a thinking
-// block.
+// blocks that need no account (internal/apirules): no message but the
+// final assistant one may have empty content, and while thinking is on,
+// the final assistant message of a tool loop (one with a tool_use) starts
+// with a thinking block.
 
 // Account makes the upstream an account whose secret signs its thinking
 // blocks, and verifies those it is sent back.
@@ -59,58 +58,14 @@ func redactedValid(secret, data string) bool {
 	return ok && hmac.Equal([]byte(data), []byte(RedactedData(secret, nonce)))
 }
 
-// thinkingRules checks a Messages body against the API's rules on
-// thinking blocks (and, with an account, their signatures).
-func (u *Upstream) thinkingRules(body []byte) *refusal {
-	if !bytes.Contains(body, []byte(`"thinking"`)) && !bytes.Contains(body, []byte(`"redacted_thinking"`)) {
-		return nil // neither asks for thinking nor carries a block
+// signed reports whether a thinking or redacted_thinking block is one the
+// upstream's account signed: the apirules' Rules.Thinking of an upstream
+// with an Account.
+func (u *Upstream) signed(b gjson.Result) bool {
+	if b.Get("type").Str == "redacted_thinking" {
+		return redactedValid(u.account, b.Get("data").Str)
 	}
-	root := parse(body)
-	msgs := root.Get("messages").Array()
-	lastAssistant := -1
-	for i, m := range msgs {
-		content := m.Get("content")
-		if content.IsArray() && len(content.Array()) == 0 && !(i == len(msgs)-1 && m.Get("role").Str == "assistant") {
-			return anthropicRefusal(400, "invalid_request_error", fmt.Sprintf("messages.%d: all messages must have non-empty content except for the optional final assistant message", i))
-		}
-		if m.Get("role").Str != "assistant" {
-			continue
-		}
-		lastAssistant = i
-		if u.account == "" {
-			continue
-		}
-		for j, b := range content.Array() {
-			switch b.Get("type").Str {
-			case "thinking":
-				if !hmac.Equal([]byte(b.Get("signature").Str), []byte(Signature(u.account, b.Get("thinking").Str))) {
-					return anthropicRefusal(400, "invalid_request_error", fmt.Sprintf("messages.%d.content.%d: Invalid `signature` in `thinking` block", i, j))
-				}
-			case "redacted_thinking":
-				if !redactedValid(u.account, b.Get("data").Str) {
-					return anthropicRefusal(400, "invalid_request_error", fmt.Sprintf("messages.%d.content.%d: Invalid `data` in `redacted_thinking` block", i, j))
-				}
-			}
-		}
-	}
-	if t := root.Get("thinking"); lastAssistant < 0 || !t.IsObject() || t.Get("type").Str == "disabled" {
-		return nil
-	}
-	blocks := msgs[lastAssistant].Get("content").Array()
-	tool := false
-	for _, b := range blocks {
-		tool = tool || b.Get("type").Str == "tool_use"
-	}
-	if !tool {
-		return nil
-	}
-	if first := blocks[0].Get("type").Str; first != "thinking" && first != "redacted_thinking" {
-		return anthropicRefusal(400, "invalid_request_error", fmt.Sprintf("messages.%d.content.0.type: Expected `thinking` or `redacted_thinking`, but found `%s`. "+
-			"When `thinking` is enabled, a final `assistant` message must start with a thinking block (preceeding the lastmost set of `tool_use` and `tool_result` blocks). "+
-			"We recommend you include thinking blocks from previous turns. To avoid this requirement, disable `thinking`. "+
-			"Please consult our documentation at https://docs.claude.com/en/docs/build-with-claude/extended-thinking", lastAssistant, first))
-	}
-	return nil
+	return hmac.Equal([]byte(b.Get("signature").Str), []byte(Signature(u.account, b.Get("thinking").Str)))
 }
 
 // ThinkingContent is the content of an answer with a thinking block
