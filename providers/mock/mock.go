@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/apirules"
 	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -28,8 +29,13 @@ func init() {
 // Provider answers Anthropic requests in-process, so the relay can be
 // tried, and clients chaos-tested, without any credential: a plausible
 // Messages reply or SSE stream whose text names the channel, with correct
-// usage numbers. Its answers go through exactly the same classification,
-// commit point and streaming as a real upstream's.
+// usage numbers. It is as strict as Anthropic's API behind the relay's
+// provider anthropic: a request the API refuses (no max_tokens, no
+// messages, an unknown field, a tool loop without its thinking block) it
+// refuses with the API's 400 invalid_request_error and message, so that a
+// client's mistake shows on the first try, locally. Its answers go through
+// exactly the same classification, commit point and streaming as a real
+// upstream's.
 type Provider struct {
 	// Latency is how long it waits before answering.
 	Latency caddy.Duration `json:"latency,omitempty"`
@@ -84,13 +90,20 @@ func (*Provider) Supports(name string) provider.Support { return provider.Anthro
 // Transport implements provider.Transporter: the answers are made in-process.
 func (p *Provider) Transport() http.RoundTripper { return p.transport }
 
-// NewRequest implements provider.Provider.
+// NewRequest implements provider.Provider: the request provider anthropic
+// would send, the client's anthropic-* headers forwarded and the API
+// version set when the client named none, without a credential.
 func (p *Provider) NewRequest(ctx context.Context, c *provider.Call) (*http.Request, error) {
 	req, err := c.NewRequest(ctx, http.MethodPost, p.BaseURL()+c.Path, c.Body())
-	if err == nil {
-		req.Header.Set(mockChannelHeader, c.Channel)
+	if err != nil {
+		return nil, err
 	}
-	return req, err
+	c.ForwardHeaders(req.Header)
+	if req.Header.Get("Anthropic-Version") == "" {
+		req.Header.Set("Anthropic-Version", provider.AnthropicVersion)
+	}
+	req.Header.Set(mockChannelHeader, c.Channel)
+	return req, nil
 }
 
 // mockChannelHeader tells the in-process transport which channel it
@@ -135,6 +148,18 @@ func (m *mockTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil {
 		return nil, err
 	}
+	id := "req_mock_" + strconv.FormatUint(rand.Uint64(), 36)
+	// what the real API refuses, the mock refuses, at once and always (a
+	// fail_rate does not hide it): the rules of the tests' strict upstream,
+	// without their credential check
+	rules := apirules.Rules{RequestID: id}
+	if f := rules.Check(apirules.WireOf(req.Method, req.URL.Path), req.Header, body); f != nil {
+		resp := mockResponse(req, f.Status, "application/json", id, f.Body)
+		for k, vs := range f.Header {
+			resp.Header[k] = vs
+		}
+		return resp, nil
+	}
 	if m.latency > 0 {
 		t := time.NewTimer(m.latency)
 		select {
@@ -144,7 +169,6 @@ func (m *mockTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, req.Context().Err()
 		}
 	}
-	id := "req_mock_" + strconv.FormatUint(rand.Uint64(), 36)
 	if m.failRate > 0 && rand.Float64() < m.failRate {
 		return mockResponse(req, 529, "application/json", id,
 			[]byte(`{"type":"error","error":{"type":"overloaded_error","message":"Overloaded (mock channel `+channel+` fail_rate)"},"request_id":"`+id+`"}`)), nil
