@@ -414,3 +414,46 @@ func runBlock(script string, timeout time.Duration) (string, error) {
 	}
 	return string(out), err
 }
+
+// outputMarkerPrefix marks a listing as what a command prints: the docs
+// test runs the command with the binary it built and compares.
+const outputMarkerPrefix = "<!-- output of: ./caddy "
+
+// TestDocsCommandOutputs: a listing marked "output of: ./caddy <args> |
+// grep <word>" is what this package's binary prints for it (the modules
+// docs/operations.md says list-modules shows), so the text follows the
+// code when a module is added.
+func TestDocsCommandOutputs(t *testing.T) {
+	checked := 0
+	for _, f := range docFiles(t) {
+		for _, b := range f.blocks(t) {
+			rest, ok := strings.CutPrefix(b.marker, outputMarkerPrefix)
+			if !ok {
+				continue
+			}
+			command, ok := strings.CutSuffix(rest, " -->")
+			args, word, piped := strings.Cut(command, " | grep ")
+			if !ok || !piped {
+				t.Errorf("%s: the marker must read %q", b.where(), outputMarkerPrefix+"<args> | grep <word> -->")
+				continue
+			}
+			out, err := exec.Command(caddyBin, strings.Fields(args)...).CombinedOutput()
+			if err != nil {
+				t.Fatalf("%s: caddy %s: %v\n%s", b.where(), args, err, out)
+			}
+			var want []string
+			for line := range strings.SplitSeq(string(out), "\n") {
+				if strings.Contains(line, strings.TrimSpace(word)) {
+					want = append(want, line)
+				}
+			}
+			if got := strings.Join(want, "\n"); got != b.body {
+				t.Errorf("%s: the listing differs from what caddy %s | grep %s prints; copy it:\n%s", b.where(), args, word, got)
+			}
+			checked++
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no listing marked " + outputMarkerPrefix + "...: docs/operations.md shows what list-modules prints")
+	}
+}
