@@ -56,7 +56,7 @@ const (
 // or reset a channel. It has no options: put it in a loopback site, or
 // behind Caddy's basic_auth or forward_auth.
 type StatusPage struct {
-	ctx   caddy.Context
+	ctx    caddy.Context
 	nodes  *fleetCache
 	hosts  *hostCheck
 	spends *spendCache

@@ -232,8 +232,10 @@
 	// the Spend view: cost by day per group as stacked bars, drawn here
 	function spendChart(v) {
 		const svg = $("spend-chart");
-		const W = 20, H = 150, X = 48, n = v.days.length;
-		svg.setAttribute("viewBox", "0 0 " + (X + n * W + 4) + " " + (H + 24));
+		// drawn to the width it has, so its text is not scaled
+		const width = Math.max(svg.clientWidth, 320), H = 150, X = 56, n = v.days.length;
+		const W = (width - X - 4) / n;
+		svg.setAttribute("viewBox", "0 0 " + width + " " + (H + 24));
 		const totals = v.days.map((_, i) => v.groups.reduce((a, g) => a + g.cost_usd[i], 0));
 		const top = Math.max(...totals) || 1;
 		const kids = [];
@@ -254,14 +256,14 @@
 				if (!(c > 0)) return;
 				const h = Math.max(1, c / top * (H - 12));
 				y -= h;
-				const r = node("rect", { x: X + i * W + 2, y: y.toFixed(1), width: W - 4, height: h.toFixed(1), class: "c" + (j % 8) });
+				const r = node("rect", { x: (X + i * W + W * 0.15).toFixed(1), y: y.toFixed(1), width: (W * 0.7).toFixed(1), height: h.toFixed(1), class: "c" + (j % 8) });
 				r.dataset.group = grp.name;
 				r.dataset.cost = String(c);
 				g.appendChild(r);
 			});
 			const lines = v.groups.filter((grp) => grp.cost_usd[i] > 0).map((grp) => grp.name + " " + money(grp.cost_usd[i]));
 			g.appendChild(node("title", {}, day + ": " + money(totals[i]) + (lines.length ? "\n" + lines.join("\n") : "")));
-			if (i === 0 || i === n - 1 || i % 7 === (n - 1) % 7) {
+			if ((n - 1 - i) % 7 === 0) { // a label a week, today's the last
 				g.appendChild(node("text", { x: X + i * W + W / 2, y: H + 16, "text-anchor": "middle" }, day.slice(5)));
 			}
 			kids.push(g);
