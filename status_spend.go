@@ -4,10 +4,13 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
 )
 
 // The status page's Spend view: what the ledger holds of the last
@@ -161,5 +164,11 @@ func (s *StatusPage) spendCSV(w http.ResponseWriter, r *http.Request) error {
 		w.Header().Set("Content-Type", "text/csv; charset=utf-8")
 		return nil
 	}
-	return writeUsage(w, r, l, usageQuery{from: from, to: to, groupBy: []string{"day", "group", "key", "model"}, csv: true})
+	err = writeUsage(w, r, l, usageQuery{from: from, to: to, groupBy: []string{"day", "group", "key", "model"}, csv: true})
+	var api caddy.APIError
+	if errors.As(err, &api) { // the ledger did not answer: nothing is written yet
+		w.Header().Del("Content-Disposition")
+		return statusError(w, api.HTTPStatus, api.Err.Error())
+	}
+	return err
 }
