@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"context"
 	"database/sql"
 	"encoding/csv"
 	"encoding/json"
@@ -149,5 +150,35 @@ func TestStatusSpendViewWithoutALedger(t *testing.T) {
 	}
 	if code, _, body := get(t, "/status/spend.csv"); code != http.StatusNotFound || !strings.Contains(body, "no ledger") {
 		t.Errorf("spend.csv without a ledger: %d %s", code, body)
+	}
+}
+
+// BenchmarkStatusSpend builds the Spend view from a SQLite ledger whose
+// daily rollup is as large as a month of 1M rows of benchRows' spread (600
+// key, group, channel and model combinations a day, for 30 days).
+func BenchmarkStatusSpend(b *testing.B) {
+	s, err := openSQLiteLedger(filepath.Join(b.TempDir(), "ledger.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.close()
+	now := time.Now().UTC()
+	from, _ := spendRange(now)
+	ctx := context.Background()
+	for k := 0; k < 60*ledgerBatch; k += ledgerBatch {
+		rows := benchRows(ledgerBatch, from, k)
+		for i := range rows { // each run of 600 rows (every combination) on one day
+			rows[i].at = from.AddDate(0, 0, (k+i)/600%spendDays).Add(time.Hour)
+		}
+		if err := s.write(ctx, rows); err != nil {
+			b.Fatal(err)
+		}
+	}
+	l := &ledger{store: s}
+	b.ResetTimer()
+	for b.Loop() {
+		if v := buildSpend(ctx, l, now); v.Notice != "" || len(v.Groups) != 8 || len(v.TopKeys) != spendTop {
+			b.Fatalf("%+v", v)
+		}
 	}
 }
