@@ -138,6 +138,12 @@ func TestStatusSpendViewFromTheLedger(t *testing.T) {
 		if got := strings.Join(recs[1], ","); got != past+",spend-a,spend-ka,claude-opus-4-5,1,0,0,0,0,0.0001" {
 			t.Errorf("first row: %s", got)
 		}
+		_, _, view := get(t, "/status/spend")
+		for _, secret := range []string{spendKeyA, spendKeyB, channelKey} {
+			if strings.Contains(body, secret) || strings.Contains(view, secret) {
+				t.Errorf("the Spend view shows the secret %s", secret)
+			}
+		}
 	})
 }
 
