@@ -34,6 +34,7 @@ func parseChannel(d *caddyfile.Dispenser, pos positions) (*Channel, error) {
 	up := providerLines{name: providerAnthropic}
 	var transport caddyfile.Unmarshaler
 	var transportName string
+	var unknown []caddyfile.Token // lines no provider declares, for typo
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
 		pos.line(d, "channel", ch.Name)
@@ -106,14 +107,16 @@ func parseChannel(d *caddyfile.Dispenser, pos positions) (*Channel, error) {
 			transport = mod
 		default:
 			// the provider's own options: its module reads them; a typo of
-			// an option no provider takes is answered here
-			if names, taken := providerOptionNames(opt); !taken {
-				if hint := didYouMean(opt, optionNames(opts), channelOptions, tuningNames(), names); hint != "" {
-					return nil, d.Errf("unrecognized channel option %q%s", opt, hint)
-				}
+			// an option no provider takes is answered once the provider is
+			// known (typo)
+			if !providerTakes(opt) {
+				unknown = append(unknown, d.Token())
 			}
 			up.take(d)
 		}
+	}
+	if err := up.typo(unknown, opts); err != nil {
+		return nil, err
 	}
 	p, err := up.unmarshal(chLine)
 	if err != nil {

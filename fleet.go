@@ -263,6 +263,7 @@ func newFleet(ctx caddy.Context, s *FleetRedis) (*fleet, error) {
 	f.node = thisNode().ID
 	f.logger.Store(ctx.Logger())
 	f.up.Store(true)
+	metricFleetUp.Set(1) // before the workers start: the first that fails sets 0, and nothing after it may set 1 again
 	f.breaker = gobreaker.NewCircuitBreaker[any](gobreaker.Settings{
 		Name:        "redis",
 		MaxRequests: 1,
@@ -278,7 +279,6 @@ func newFleet(ctx caddy.Context, s *FleetRedis) (*fleet, error) {
 			run(work)
 		}()
 	}
-	metricFleetUp.Set(1)
 	return f, nil
 }
 

@@ -218,8 +218,9 @@ func (h *channelHealth) applyClass(c healthChange, now time.Time) {
 
 // applyStored brings in the state stored in Redis (as healthScript returns
 // it), when node joins or rejoins. The last error comes with a cooldown
-// still running, so that every node can say why a channel is out, unless
-// node itself saw it; a class's reason likewise.
+// still running (the channel's or a class's), so that every node can say
+// why a channel is out, unless node itself saw it; a class's reason
+// likewise.
 func (h *channelHealth) applyStored(st []any, now time.Time, node string) {
 	if len(st) < 7 || (len(st)-7)%4 != 0 {
 		return
@@ -239,7 +240,8 @@ func (h *channelHealth) applyStored(st []any, now time.Time, node string) {
 		ms[i], _ = st[i].(int64)
 	}
 	c := healthChange{Kind: changeCool, Until: ms[0], Limited: ms[1], Quota: ms[2]}
-	if reason, _ := st[6].(string); (ms[0] > 0 || ms[2] > 0) && !strings.HasSuffix(reason, "(seen by "+node+")") {
+	cooling := ms[0] > 0 || ms[2] > 0 || len(st) > 7 // the channel, or a class of it
+	if reason, _ := st[6].(string); cooling && !strings.HasSuffix(reason, "(seen by "+node+")") {
 		c.Error, _ = st[5].(string)
 		c.Reason = reason
 	}
@@ -340,8 +342,8 @@ func (f *fleet) send(batch []healthChange) error {
 				msg, _ := json.Marshal(c)
 				seen := " (seen by " + c.Node + ")"
 				args := []any{c.Kind, c.Until, c.Limited, c.Quota, c.Open, c.Error, c.Reason + seen}
-				if c.Class != "" { // the class's times and reason, not the channel's
-					args = []any{c.Kind, 0, 0, 0, 0, "", "", c.Class, c.Until, c.Limited, c.Reason + seen}
+				if c.Class != "" { // the class's times and reason, not the channel's; its last error
+					args = []any{c.Kind, 0, 0, 0, 0, c.Error, c.Reason + " (class " + c.Class + ")" + seen, c.Class, c.Until, c.Limited, c.Reason + seen}
 				}
 				healthScript.Eval(ctx, pipe, []string{f.healthKey(c.Channel)}, args...)
 				pipe.Publish(ctx, f.healthTopic(), msg)

@@ -226,7 +226,8 @@ func TestAClassCooldownIsSharedByTheFleet(t *testing.T) {
 	key := "hc:{c:fleet-class}:health"
 
 	// an opus 429 on this node: published with its class, stored in the
-	// class's fields; the channel's own are untouched
+	// class's fields; the channel's own times are untouched, and its last
+	// error says which class (so a node that joins later can say why)
 	h.record(verdict{outcome: outcomeRateLimited, wait: 20 * time.Second, reason: "status 429", class: "opus"},
 		cooldownPolicy{base: time.Second, max: time.Minute}, time.Now(), 0)
 	if c := next(); c.Kind != changeCool || c.Class != "opus" || c.Until != 20000 || c.Limited != 20000 || c.Error != "rate_limited" || c.Reason != "status 429" {
@@ -235,7 +236,8 @@ func TestAClassCooldownIsSharedByTheFleet(t *testing.T) {
 	redisNow, _ := rdb.Time(ctx).Result()
 	stored, _ := rdb.HGetAll(ctx, key).Result()
 	if left := time.Duration(atoi(stored["cu:opus"])-redisNow.UnixMilli()) * time.Millisecond; left < 19*time.Second || left > 20*time.Second ||
-		stored["cl:opus"] != stored["cu:opus"] || stored["cr:opus"] != "status 429 (seen by "+thisNode().ID+")" || stored["until"] != "" || stored["error"] != "" {
+		stored["cl:opus"] != stored["cu:opus"] || stored["cr:opus"] != "status 429 (seen by "+thisNode().ID+")" || stored["until"] != "" ||
+		stored["error"] != "rate_limited" || stored["reason"] != "status 429 (class opus) (seen by "+thisNode().ID+")" {
 		t.Fatalf("stored %v", stored)
 	}
 	if h.until.Load() != 0 {
@@ -280,13 +282,21 @@ func TestANodeTakesTheStoredClassCooldownsWhenItJoins(t *testing.T) {
 	// what earlier nodes stored: opus cooling for 20s, haiku's ended
 	key := "hk:{c:fleet-class-join}:health"
 	rdb.HSet(ctx, key, "cu:opus", now.UnixMilli()+20000, "cl:opus", now.UnixMilli()+20000, "cr:opus", "status 429 (seen by node-a)",
-		"cu:haiku", now.UnixMilli()-1000, "cr:haiku", "status 529 (seen by node-a)")
+		"cu:haiku", now.UnixMilli()-1000, "cr:haiku", "status 529 (seen by node-a)",
+		"error", "rate_limited", "reason", "status 429 (class opus) (seen by node-a)")
 	_, h := fleetRelay(t, srv.Addr, "hk:", "fleet-class-join")
 	waitFor(t, "the stored class applied", 2*time.Second, func() bool { return h.classCooling(time.Now()) })
 	cl := h.coolingClasses(time.Now())
 	if c := cl["opus"]; len(cl) != 1 || c.reason != "status 429 (seen by node-a)" || c.limited != c.until ||
 		time.Until(time.Unix(0, c.until)) < 15*time.Second {
 		t.Fatalf("a joining node's classes: %+v", cl)
+	}
+	// the channel does not cool, but why its class does is its last error
+	h.mu.Lock()
+	last, why := h.lastError.String(), h.lastReason
+	h.mu.Unlock()
+	if last != "rate_limited" || why != "status 429 (class opus) (seen by node-a)" {
+		t.Errorf("a joining node's last error: %q %q", last, why)
 	}
 	if ok, _ := rdb.HExists(ctx, key, "cu:haiku").Result(); ok {
 		t.Error("an ended class's fields are still stored")

@@ -320,9 +320,43 @@ func TestRulesFileIsWellFormed(t *testing.T) {
 	for _, p := range dash.Panels {
 		titles[p.Title] = true
 	}
-	for _, want := range []string{"Budget spent by key and period", "Budget spent by group and period", "Spend cap used by channel and period", "Degraded messages by group and mode"} {
+	for _, want := range []string{"Budget spent by key and period", "Budget spent by group and period", "Spend cap used by channel and period", "Degraded messages by group and mode",
+		"Cooling model classes by channel (seconds left)", "Thinking stripped by group"} {
 		if !titles[want] {
 			t.Errorf("the dashboard has no panel %q", want)
+		}
+	}
+}
+
+// TestDashboardLayout checks that the dashboard's panels have ids of their
+// own and places on the 24-column grid that no other panel takes.
+func TestDashboardLayout(t *testing.T) {
+	var dash struct {
+		Panels []struct {
+			ID      int                      `json:"id"`
+			Title   string                   `json:"title"`
+			GridPos struct{ X, Y, W, H int } `json:"gridPos"`
+		} `json:"panels"`
+	}
+	b, _ := os.ReadFile("examples/grafana/relay-dashboard.json")
+	if err := json.Unmarshal(b, &dash); err != nil || len(dash.Panels) < 10 {
+		t.Fatalf("dashboard: %v, %d panels", err, len(dash.Panels))
+	}
+	ids := map[int]string{}
+	for i, p := range dash.Panels {
+		if other, ok := ids[p.ID]; ok || p.ID == 0 {
+			t.Errorf("panels %q and %q share the id %d", other, p.Title, p.ID)
+		}
+		ids[p.ID] = p.Title
+		g := p.GridPos
+		if g.W <= 0 || g.H <= 0 || g.X < 0 || g.Y < 0 || g.X+g.W > 24 {
+			t.Errorf("panel %q is off the grid: %+v", p.Title, g)
+		}
+		for _, q := range dash.Panels[:i] {
+			h := q.GridPos
+			if g.X < h.X+h.W && h.X < g.X+g.W && g.Y < h.Y+h.H && h.Y < g.Y+g.H {
+				t.Errorf("panels %q %+v and %q %+v overlap", q.Title, h, p.Title, g)
+			}
 		}
 	}
 }

@@ -4,9 +4,11 @@ package relay
 
 import (
 	"context"
+	"database/sql"
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -330,7 +332,9 @@ func TestStatusScreenshot(t *testing.T) {
 	}
 	ctx := browser(t)
 	flaky := fakeupstream.New(t, fakeupstream.Error(529, "overloaded_error", "Overloaded"))
+	ledgerPath := filepath.Join(t.TempDir(), "ledger.db")
 	startRelayWith(t, statusSite, `
+		ledger sqlite `+ledgerPath+`
 		channel shot-primary {
 			provider mock
 			latency 40ms
@@ -365,6 +369,12 @@ func TestStatusScreenshot(t *testing.T) {
 		}
 		message(t, `{"model":"`+model+`","max_tokens":64,"messages":[{"role":"user","content":"hi"}]}`)
 	}
+	db, err := sql.Open("sqlite", "file:"+ledgerPath+"?mode=ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	waitFor(t, "the requests in the ledger", 10*time.Second, func() bool { return ledgerRows(t, db) == 12 })
 	adminPost(t, "shot-fallback", "disable")
 	defer adminPost(t, "shot-fallback", "enable")
 	send(t, http.MethodPost, "/v1/messages", "sk-not-a-key-of-this-relay-000", `{"model":"claude-sonnet-5-5","max_tokens":8,"messages":[]}`)
@@ -372,6 +382,7 @@ func TestStatusScreenshot(t *testing.T) {
 		chromedp.EmulateViewport(1400, 900),
 		chromedp.Navigate(relayURL+"/status/"),
 		chromedp.WaitVisible(chromedp.CSS(`tr[data-channel="shot-flaky"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#spend-chart rect`)),
 		chromedp.Sleep(time.Second), // the requests' event
 	)
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)

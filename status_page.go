@@ -56,9 +56,10 @@ const (
 // or reset a channel. It has no options: put it in a loopback site, or
 // behind Caddy's basic_auth or forward_auth.
 type StatusPage struct {
-	ctx   caddy.Context
-	nodes *fleetCache
-	hosts *hostCheck
+	ctx    caddy.Context
+	nodes  *fleetCache
+	hosts  *hostCheck
+	spends *spendCache
 }
 
 // hostCheck says whether a route that leads to the page matches on the
@@ -87,7 +88,7 @@ func (StatusPage) CaddyModule() caddy.ModuleInfo {
 // Provision keeps the config's context: its end closes the page's event
 // streams, which reconnect to the config that follows.
 func (s *StatusPage) Provision(ctx caddy.Context) error {
-	s.ctx, s.nodes, s.hosts = ctx, new(fleetCache), new(hostCheck)
+	s.ctx, s.nodes, s.hosts, s.spends = ctx, new(fleetCache), new(hostCheck), new(spendCache)
 	logStatusPage(ctx)
 	return nil
 }
@@ -112,8 +113,8 @@ func parseStatusCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, 
 
 // ServeHTTP serves the page at the path it is mounted on (a path that does
 // not end in / is sent to the same with /, so the page's relative links
-// hold), its files and `events` beside it, and
-// POST channels/<name>/<action>.
+// hold), its files, its data (`events`, `spend`, `spend.csv`) beside it,
+// and POST channels/<name>/<action>.
 func (s *StatusPage) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
 	h := w.Header()
 	h.Set("X-Content-Type-Options", "nosniff")
@@ -129,9 +130,16 @@ func (s *StatusPage) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyht
 		return statusError(w, http.StatusMethodNotAllowed, "method "+r.Method+" is not allowed here")
 	}
 	last := segs[n-1]
-	if last == "events" {
+	switch last {
+	case "events", "spend", "spend.csv": // the page's data: for its own hosts only
 		if !s.trustedHost(r) {
 			return statusError(w, http.StatusForbidden, errUntrustedHost)
+		}
+		switch last {
+		case "spend":
+			return s.spend(w, r)
+		case "spend.csv":
+			return s.spendCSV(w, r)
 		}
 		return s.events(w, r)
 	}

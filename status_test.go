@@ -216,8 +216,10 @@ func TestStatusPageAnswersOnlyItsOwnHosts(t *testing.T) {
 		{"127.0.0.1:9081", "[::1]:9081", true},
 		{"127.0.0.1:9082", "status.example:9082", true},
 	} {
-		if got := served(http.MethodGet, c.addr, c.host, "/events"); got != c.want {
-			t.Errorf("events with Host %s: served %v, want %v", c.host, got, c.want)
+		for _, data := range []string{"/events", "/spend"} {
+			if got := served(http.MethodGet, c.addr, c.host, data); got != c.want {
+				t.Errorf("%s with Host %s: served %v, want %v", data, c.host, got, c.want)
+			}
 		}
 		got := served(http.MethodPost, c.addr, c.host, "/channels/st-host/disable")
 		disabled := channels(t)["st-host"].State == stateDisabled

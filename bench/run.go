@@ -92,9 +92,11 @@ func run(ctx context.Context, o options) (*report, error) {
 			return nil, err
 		}
 	}
-	if b.deadAddr, err = freeAddr(); err != nil {
+	var releaseDead func()
+	if b.deadAddr, releaseDead, err = deadAddr(); err != nil {
 		return nil, err
 	}
+	defer releaseDead()
 	fast := fakeupstream.Fast()
 	b.fast = fakeupstream.Start(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b.fastHits.Add(1)
@@ -460,7 +462,7 @@ func buildInTemp(ctx context.Context, logf func(string, ...any)) (dir, bin strin
 }
 
 // freeAddr returns a loopback address nothing listens on: free for a caddy
-// site, or refusing connections for the dead channel.
+// site.
 func freeAddr() (string, error) {
 	ln, err := net.Listen("tcp", ":0")
 	if err != nil {

@@ -28,7 +28,20 @@
 			}
 		}
 	}
-	function money(v) { return v === undefined || v === null ? "" : "$" + Number(v).toFixed(v < 1 ? 4 : 2); }
+	// dollars: cents from $1 up, two significant digits below (as the
+	// relay's own messages write them), so a cheap request is not $0.0000
+	function money(v) {
+		if (v === undefined || v === null) return "";
+		v = Number(v);
+		let d = 2;
+		if (v > 0 && v < 1) d = Math.min(Math.max(2, 1 - Math.floor(Math.log10(v))), 10);
+		let s = v.toFixed(d);
+		if (d > 2) {
+			s = s.replace(/0+$/, "");
+			if (s.length - s.indexOf(".") - 1 < 2) s = v.toFixed(2);
+		}
+		return "$" + s;
+	}
 	function msText(v) { return v > 0 ? (v >= 1000 ? (v / 1000).toFixed(2) + " s" : Math.round(v) + " ms") : ""; }
 	function left(until) {
 		if (!until) return "";
@@ -216,6 +229,83 @@
 		});
 	}
 
+	// the Spend view: cost by day per group as stacked bars, drawn here
+	function spendChart(v) {
+		const svg = $("spend-chart");
+		// drawn to the width it has, so its text is not scaled
+		const width = Math.max(svg.clientWidth, 320), H = 150, X = 56, n = v.days.length;
+		const W = (width - X - 4) / n;
+		svg.setAttribute("viewBox", "0 0 " + width + " " + (H + 24));
+		const totals = v.days.map((_, i) => v.groups.reduce((a, g) => a + g.cost_usd[i], 0));
+		const top = Math.max(...totals) || 1;
+		const kids = [];
+		const node = (tag, attrs, text) => {
+			const e = document.createElementNS(svgNS, tag);
+			for (const k in attrs) e.setAttribute(k, attrs[k]);
+			if (text !== undefined) e.textContent = text;
+			return e;
+		};
+		kids.push(node("line", { x1: X, y1: H + 0.5, x2: X + n * W, y2: H + 0.5, class: "axis" }));
+		kids.push(node("text", { x: X - 4, y: 10, "text-anchor": "end" }, money(top)));
+		kids.push(node("text", { x: X - 4, y: H, "text-anchor": "end" }, "$0"));
+		v.days.forEach((day, i) => {
+			const g = node("g", { class: "day", "data-day": day });
+			let y = H;
+			v.groups.forEach((grp, j) => {
+				const c = grp.cost_usd[i];
+				if (!(c > 0)) return;
+				const h = Math.max(1, c / top * (H - 12));
+				y -= h;
+				const r = node("rect", { x: (X + i * W + W * 0.15).toFixed(1), y: y.toFixed(1), width: (W * 0.7).toFixed(1), height: h.toFixed(1), class: "c" + (j % 8) });
+				r.dataset.group = grp.name;
+				r.dataset.cost = String(c);
+				g.appendChild(r);
+			});
+			const lines = v.groups.filter((grp) => grp.cost_usd[i] > 0).map((grp) => grp.name + " " + money(grp.cost_usd[i]));
+			g.appendChild(node("title", {}, day + ": " + money(totals[i]) + (lines.length ? "\n" + lines.join("\n") : "")));
+			if ((n - 1 - i) % 7 === 0) { // a label a week, today's the last
+				g.appendChild(node("text", { x: X + i * W + W / 2, y: H + 16, "text-anchor": "middle" }, day.slice(5)));
+			}
+			kids.push(g);
+		});
+		svg.replaceChildren(...kids);
+		const legend = $("spend-legend");
+		legend.replaceChildren(...v.groups.map((grp, j) => {
+			const li = el("li", null, "c" + (j % 8));
+			li.dataset.group = grp.name;
+			li.appendChild(el("span", grp.name + " " + money(grp.cost_usd.reduce((a, b) => a + b, 0))));
+			return li;
+		}));
+	}
+
+	function renderSpend(v) {
+		$("spend-notice").hidden = !v.notice;
+		$("spend-notice").textContent = v.notice ? "Spend: " + v.notice : "";
+		const shown = v.ledger && !v.notice;
+		$("spend-body").hidden = !shown;
+		$("spend-csv").hidden = !shown;
+		$("spend-total").textContent = shown ? "(" + money(v.total_usd) + ")" : "";
+		if (!shown) return;
+		spendChart(v);
+		for (const [id, list] of [["spend-keys", v.top_keys], ["spend-models", v.top_models]]) {
+			fill($(id).tBodies[0], list, (t) => {
+				const tr = el("tr");
+				tr.dataset.name = t.name;
+				cell(tr, t.name, "mono");
+				cell(tr, t.requests, "num");
+				cell(tr, money(t.cost_usd), "num");
+				return tr;
+			});
+		}
+	}
+
+	function loadSpend() {
+		fetch("spend", { credentials: "same-origin" })
+			.then((r) => r.json())
+			.then(renderSpend)
+			.catch(() => {}); // the next load tries again
+	}
+
 	function matches(r, q, only) {
 		if (only === "errors" && r.status < 400) return false;
 		if (only === "ok" && r.status >= 400) return false;
@@ -260,6 +350,7 @@
 		es = new EventSource("events");
 		es.addEventListener("open", () => {
 			rows = []; // the stream starts with every row it has
+			loadSpend();
 			$("live").textContent = "live";
 			$("live").className = "live on";
 		});
@@ -294,6 +385,7 @@
 		$("search").addEventListener("input", renderRequests);
 		$("only").addEventListener("change", renderRequests);
 		setInterval(tick, 1000);
+		setInterval(loadSpend, 30000);
 		connect();
 	});
 })();

@@ -36,13 +36,14 @@ type fleetNode struct {
 type fleetConfig struct {
 	redisAddr string
 	prefix    string
-	storage   string   // more storage options
-	keyOpts   string   // options of the key
-	channels  []string // name=url, first is priority 1, next 2...
-	channel   string   // more options of every channel
-	extra     string   // more lines of the relay block
-	group     string   // more options of the group
-	sameTier  bool     // every channel is of priority 1
+	storage   string            // more storage options
+	keyOpts   string            // options of the key
+	channels  []string          // name=url, first is priority 1, next 2...
+	channel   string            // more options of every channel
+	options   map[string]string // more options of the channel of that name
+	extra     string            // more lines of the relay block
+	group     string            // more options of the group
+	sameTier  bool              // every channel is of priority 1
 }
 
 func (c fleetConfig) caddyfile(site, admin string) string {
@@ -58,7 +59,7 @@ func (c fleetConfig) caddyfile(site, admin string) string {
 		if c.sameTier {
 			prio = 1
 		}
-		fmt.Fprintf(&b, "\t\tchannel %s {\n\t\t\turl %s\n\t\t\tapi_key %s\n\t\t\tpriority %d\n%s\t\t}\n", name, url, fakeupstream.Key, prio, c.channel)
+		fmt.Fprintf(&b, "\t\tchannel %s {\n\t\t\turl %s\n\t\t\tapi_key %s\n\t\t\tpriority %d\n%s%s\t\t}\n", name, url, fakeupstream.Key, prio, c.channel, c.options[name])
 	}
 	fmt.Fprintf(&b, "\t\tgroup fleet {\n\t\t\tchannels %s\n\t\t\tretries 2\n%s\t\t}\n\t}\n}\n", strings.Join(names, " "), c.group)
 	return b.String()
