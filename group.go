@@ -149,10 +149,14 @@ type group struct {
 	capped         bool          // a channel of it has a spend cap
 	affinity       bool          // prompt-cache affinity is on (affinity.go)
 	table          *affinityTable
-	stripThinking  bool          // thinking_failover strip
-	sessions       *sessionRules // its session limits; nil: none
-	degrade        []degradeRule // its budget_degrade steps, by share
-	degradeCfg     []BudgetDegrade
+	stripThinking  bool // thinking_failover strip
+	// signers: who signed a request's thinking blocks can change where it
+	// goes (its channels span several signature domains, or it strips),
+	// so inspect reads them (inspect_messages.go)
+	signers    bool
+	sessions   *sessionRules // its session limits; nil: none
+	degrade    []degradeRule // its budget_degrade steps, by share
+	degradeCfg []BudgetDegrade
 }
 
 // provisionGroups builds the groups and takes their state (retry budget,

@@ -68,7 +68,7 @@ func (in *inbound) inspect() *relayError {
 			if in.ask.prefix != nil {
 				in.ask.prefix.noteSpan(sectTools, valueStart(in.ask.body, start), sc.InputOffset())
 			}
-		case field == "messages" && k == '[' && in.route == routeMessages:
+		case field == "messages" && k == '[' && in.walksMessages():
 			// one walk for every feature that reads the conversation
 			if err := in.scanMessages(sc); err != nil {
 				return errBodyJSON(err)

@@ -15,9 +15,16 @@ import "github.com/caddy-relay/relay/internal/jsonscan"
 //   - the loop guard (session_loop.go): what the last two messages say of
 //     tool use, as slices of the body.
 //
-// A request that uses none of them still has its blocks' types read for
-// thinking; the walk keeps slices of the body and allocates nothing unless
-// a field name is written with escapes.
+// A request that needs none of them (no breakpoint, no loop guard, and no
+// signature learned yet, so no signer could be known) skips its messages
+// as any other value. The walk keeps slices of the body and allocates
+// nothing unless a field name is written with escapes.
+
+// walksMessages reports whether a feature reads the request's
+// conversation.
+func (in *inbound) walksMessages() bool {
+	return in.route == routeMessages && (in.ask.prefix != nil || in.wantsLoop() || signatures.some.Load())
+}
 
 // messageWalk is what the walk notes, for the features that asked.
 type messageWalk struct {

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/caddy-relay/relay/internal/jsonscan"
@@ -91,6 +92,9 @@ const maxSignatures = 100_000
 type signatureTable struct {
 	mu  sync.Mutex
 	lru *simplelru.LRU[uint64, string]
+	// some: it has learned a signature; until then no request's signer
+	// can be known, and inspect does not read them
+	some atomic.Bool
 }
 
 var signatures = newSignatureTable(maxSignatures)
@@ -105,6 +109,9 @@ func (t *signatureTable) learn(d uint64, domain string) {
 	t.mu.Lock()
 	t.lru.Add(d, domain)
 	t.mu.Unlock()
+	if !t.some.Load() {
+		t.some.Store(true)
+	}
 }
 
 // domainOf is the domain that signed the signature whose digest is d; ""

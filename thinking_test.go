@@ -113,7 +113,7 @@ func TestInspectNotesTheSigner(t *testing.T) {
 		for _, system := range []string{"", `"system":[{"type":"text","text":"s","cache_control":{"type":"ephemeral"}}],`} {
 			t.Run(tc.name+map[bool]string{true: ", cached", false: ""}[system != ""], func(t *testing.T) {
 				in := &inbound{route: routeMessages}
-				in.who.key = &key{group: &group{affinity: true}}
+				in.who.key = &key{group: &group{affinity: system != ""}}
 				in.ask.body = []byte(`{"model":"claude-sonnet-4-5","max_tokens":1,` + system + `"thinking":{"type":"enabled","budget_tokens":1024},"messages":` + tc.messages + `}`)
 				in.ask.header = http.Header{}
 				if err := in.inspect(); err != nil {
