@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -324,11 +325,16 @@ func jsString(s string) string {
 
 // TestStatusScreenshot writes the page's screenshot to the file named by
 // RELAY_STATUS_SCREENSHOT (docs/status.png), on mock channels with some
-// traffic; without it, it is skipped.
+// traffic, at RELAY_STATUS_SCREENSHOT_WIDTH px (default 1400;
+// docs/status-400.png is taken at 400); without it, it is skipped.
 func TestStatusScreenshot(t *testing.T) {
 	out := os.Getenv("RELAY_STATUS_SCREENSHOT")
 	if out == "" {
 		t.Skip("set RELAY_STATUS_SCREENSHOT=docs/status.png to take the page's screenshot")
+	}
+	width := int64(1400)
+	if w, err := strconv.ParseInt(os.Getenv("RELAY_STATUS_SCREENSHOT_WIDTH"), 10, 64); err == nil && w > 0 {
+		width = w
 	}
 	ctx := browser(t)
 	flaky := fakeupstream.New(t, fakeupstream.Error(529, "overloaded_error", "Overloaded"))
@@ -379,7 +385,7 @@ func TestStatusScreenshot(t *testing.T) {
 	defer adminPost(t, "shot-fallback", "enable")
 	send(t, http.MethodPost, "/v1/messages", "sk-not-a-key-of-this-relay-000", `{"model":"claude-sonnet-5-5","max_tokens":8,"messages":[]}`)
 	inBrowser(t, ctx, 20*time.Second,
-		chromedp.EmulateViewport(1400, 900),
+		chromedp.EmulateViewport(width, 900),
 		chromedp.Navigate(relayURL+"/status/"),
 		chromedp.WaitVisible(chromedp.CSS(`tr[data-channel="shot-flaky"]`)),
 		chromedp.WaitVisible(chromedp.CSS(`#spend-chart rect`)),
