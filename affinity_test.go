@@ -4,9 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -208,12 +205,7 @@ func BenchmarkAffinityLookup(b *testing.B) {
 // promtool: a channel whose cache read ratio falls from 90% to 10% pages
 // after 15 minutes below half its past level; one that holds 90% does not.
 func TestCacheReadRatioDropAlertOnSeries(t *testing.T) {
-	promtool := needTool(t, "promtool", "apt-get install -y prometheus")
-	rules, err := filepath.Abs("examples/prometheus/relay-rules.yml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	test := fmt.Sprintf(`rule_files: [%q]
+	promtoolRulesTest(t, `rule_files: [%q]
 evaluation_interval: 1m
 tests:
   - interval: 1m
@@ -239,14 +231,7 @@ tests:
             exp_annotations:
               summary: "Channel a: the prompt cache read ratio fell to 10%%, under half its level of the last six hours"
               description: "Prompts that read the cache now write it again, at 1.25 times the input price. relay_cache_affinity_total and relay_cache_miss_usd_total by reason tell whether the relay's routing moved them; otherwise the clients' prompts changed."
-`, rules)
-	path := filepath.Join(t.TempDir(), "cache.test.yml")
-	if err := os.WriteFile(path, []byte(test), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command(promtool, "test", "rules", path).CombinedOutput(); err != nil {
-		t.Errorf("promtool test rules: %v\n%s", err, out)
-	}
+`)
 }
 
 // BenchmarkPrefixDigest is the digest of a coding agent's prompt (about

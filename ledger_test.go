@@ -3,11 +3,8 @@ package relay
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 	"net/url"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -254,12 +251,7 @@ func TestLedgerSQLiteOnDisk(t *testing.T) {
 // TestLedgerDroppingAlertOnSeries runs the ledger's alert in promtool: rows
 // dropped page while they drop, and stop paging once the drops stop.
 func TestLedgerDroppingAlertOnSeries(t *testing.T) {
-	promtool := needTool(t, "promtool", "apt-get install -y prometheus")
-	rules, err := filepath.Abs("examples/prometheus/relay-rules.yml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	test := fmt.Sprintf(`rule_files: [%q]
+	promtoolRulesTest(t, `rule_files: [%q]
 evaluation_interval: 1m
 tests:
   - interval: 1m
@@ -282,12 +274,5 @@ tests:
       - eval_time: 25m
         alertname: RelayLedgerDropping
         exp_alerts: []
-`, rules)
-	path := filepath.Join(t.TempDir(), "ledger.test.yml")
-	if err := os.WriteFile(path, []byte(test), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command(promtool, "test", "rules", path).CombinedOutput(); err != nil {
-		t.Errorf("promtool test rules: %v\n%s", err, out)
-	}
+`)
 }

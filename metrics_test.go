@@ -420,12 +420,7 @@ func TestAlertRulesOnAScriptedMix(t *testing.T) {
 // file in promtool: a class that cools on for 20 minutes pages, one that
 // cooled for 10 does not, nor does a channel whose classes take turns.
 func TestClassCoolingAlertOnSeries(t *testing.T) {
-	promtool := needTool(t, "promtool", "apt-get install -y prometheus")
-	rules, err := filepath.Abs("examples/prometheus/relay-rules.yml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	test := fmt.Sprintf(`rule_files: [%q]
+	promtoolRulesTest(t, `rule_files: [%q]
 evaluation_interval: 1m
 tests:
   - interval: 1m
@@ -450,14 +445,7 @@ tests:
             exp_annotations:
               summary: "Channel a: model class opus cooling for more than 15 minutes"
               description: "Its upstream keeps saying that the class's limit is spent or overloaded; the other channels serve that class meanwhile. GET /relay/channels shows the class's reason; raise the upstream's limit for the class or add a channel that serves it."
-`, rules)
-	path := filepath.Join(t.TempDir(), "class.test.yml")
-	if err := os.WriteFile(path, []byte(test), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command(promtool, "test", "rules", path).CombinedOutput(); err != nil {
-		t.Errorf("promtool test rules: %v\n%s", err, out)
-	}
+`)
 }
 
 // promtoolTest runs `promtool test rules` on the rules file with the input
@@ -505,4 +493,22 @@ func alertExprs(t *testing.T, rules string) map[string]string {
 		}
 	}
 	return exprs
+}
+
+// promtoolRulesTest runs promtool's rule tests in test, a promtool test
+// file whose one %q is the rules file's path (examples/prometheus).
+func promtoolRulesTest(t *testing.T, test string) {
+	t.Helper()
+	promtool := needTool(t, "promtool", "apt-get install -y prometheus")
+	rules, err := filepath.Abs("examples/prometheus/relay-rules.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "rules.test.yml")
+	if err := os.WriteFile(path, []byte(fmt.Sprintf(test, rules)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(promtool, "test", "rules", path).CombinedOutput(); err != nil {
+		t.Errorf("promtool test rules: %v\n%s", err, out)
+	}
 }
