@@ -267,6 +267,7 @@ func (r *Relay) loadTransport(ctx caddy.Context, cfg *Channel, https bool) (http
 			if err := t.Provision(transportContext()); err != nil {
 				return nil, err
 			}
+			pooledCopies(t.Transport)
 			return pooledTransport{t}, nil
 		})
 		if err != nil {
@@ -283,6 +284,9 @@ func (r *Relay) loadTransport(ctx caddy.Context, cfg *Channel, https bool) (http
 	rt, ok := mod.(http.RoundTripper)
 	if !ok {
 		return nil, fmt.Errorf("transport: module %T is not an HTTP round tripper", mod)
+	}
+	if ht, ok := mod.(*reverseproxy.HTTPTransport); ok {
+		pooledCopies(ht.Transport)
 	}
 	return rt, nil
 }
