@@ -2,15 +2,17 @@ package relay
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
-	"hash/maphash"
 	"io"
 	"net/http"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/zeebo/xxh3"
 )
 
 // Duplicate requests. The official SDKs retry a request that timed out or
@@ -42,18 +44,23 @@ const (
 // anthropic-version and anthropic-beta headers and its body.
 type bodyDigest [sha256.Size]byte
 
-// digestSeeds key the digests of requests no other principal can match
+// digestSeed keys the digests of requests no other principal can match
 // (requestDigest); chosen at start, never shown.
-var digestSeeds = [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}
+var digestSeed = func() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand never fails on the platforms Go supports
+	return binary.LittleEndian.Uint64(b[:])
+}()
 
 // requestDigest digests in. A digest the response cache keeps (shared) is
 // matched by every key of the group, so it is SHA-256: no tenant can make
 // a request whose digest is another's. A dedup entry only ever matches the
 // requests of its own principal (dedupKey), and every official SDK marks
 // every request for it, so the common digest is the cheap one: 128 bits of
-// two keyed hashes (hash/maphash, with seeds no client sees; a tenant that
-// made two of its own requests collide would only be answered one of its
-// own answers, and cannot see a digest to search for one).
+// XXH3 with a seed no client sees (a tenant that made two of its own
+// requests collide would only be answered one of its own answers, and
+// cannot see a digest to search for one). The body, most of the bytes, is
+// hashed in one call; the other parts then with the body's hash.
 func requestDigest(in *inbound, shared bool) bodyDigest {
 	var d bodyDigest
 	if shared {
@@ -62,14 +69,33 @@ func requestDigest(in *inbound, shared bool) bodyDigest {
 		h.Sum(d[:0])
 		return d
 	}
-	var h [2]maphash.Hash
-	h[0].SetSeed(digestSeeds[0])
-	h[1].SetSeed(digestSeeds[1])
-	in.digestInto(&h[0])
-	in.digestInto(&h[1])
-	binary.LittleEndian.PutUint64(d[0:8], h[0].Sum64())
-	binary.LittleEndian.PutUint64(d[8:16], h[1].Sum64())
+	var buf [256]byte
+	b := in.appendDigestParts(buf[:0])
+	body := xxh3.Hash128Seed(in.ask.body, digestSeed)
+	b = binary.LittleEndian.AppendUint64(b, body.Lo)
+	b = binary.LittleEndian.AppendUint64(b, body.Hi)
+	h := xxh3.Hash128Seed(b, digestSeed)
+	binary.LittleEndian.PutUint64(d[0:8], h.Lo)
+	binary.LittleEndian.PutUint64(d[8:16], h.Hi)
 	return d
+}
+
+// appendDigestParts appends what a request's digest covers but its body,
+// each part closed by a NUL: the same parts as digestInto.
+func (in *inbound) appendDigestParts(b []byte) []byte {
+	b = append(b, in.route.upstreamPath()...)
+	for _, name := range [...]string{"Anthropic-Version", "Anthropic-Beta"} {
+		b = append(b, 0)
+		for _, v := range in.ask.header[name] {
+			b = append(b, v...)
+			b = append(b, ',')
+		}
+	}
+	b = append(b, 0)
+	if m := in.grant.degrade.model; m != "" { // served as another model: another answer
+		b = append(b, m...)
+	}
+	return append(b, 0)
 }
 
 // digestInto writes what a request's digest covers into w, each part
