@@ -65,7 +65,9 @@ var quotaReasons = func() (out [len(rateLimitHeaders)]string) {
 // that said so; zero when none is spent.
 func spentQuota(hdr http.Header, now time.Time, limit time.Duration) (until time.Time, reason string) {
 	for i, names := range rateLimitHeaders {
-		if hdr.Get(names.remaining) != "0" {
+		// the names are canonical: read the map without Get's
+		// canonicalizing, on every answer
+		if v := hdr[names.remaining]; len(v) == 0 || v[0] != "0" {
 			continue
 		}
 		t, err := time.Parse(time.RFC3339, hdr.Get(names.reset))
