@@ -1,11 +1,14 @@
 package relay
 
 import (
+	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 )
 
 // Label values for requests that never got that far (no key, no model, no
@@ -41,17 +44,30 @@ func (r *Relay) account(in *inbound) {
 	if in.end.estimated {
 		r.estimated(in, group)
 	}
-	metricRequests.WithLabelValues(group, channel, model, statusLabel(in.end.status), in.causeLabel()).Inc()
-	in.tr.observe(metricDuration.WithLabelValues(group, model), duration.Seconds())
+	var sm *servedMetrics // a success's children, which its channel keeps
+	if in.end.answered != nil && in.end.status == http.StatusOK && in.causeLabel() == causeOK {
+		sm = in.end.answered.metrics.servedFor(channel, servedKey{group, model, served})
+		sm.requests.Inc()
+		in.tr.observe(sm.duration, duration.Seconds())
+	} else {
+		metricRequests.WithLabelValues(group, channel, model, statusLabel(in.end.status), in.causeLabel()).Inc()
+		in.tr.observe(metricDuration.WithLabelValues(group, model), duration.Seconds())
+	}
 	if in.route == routeMessages && in.end.answered != nil {
-		for _, t := range [...]struct {
-			kind string
-			n    int64
-		}{{"input", u.input}, {"output", u.output}, {"cache_read", u.cacheRead}, {"cache_write", u.cacheWrite}} {
-			metricTokens.WithLabelValues(group, channel, served, t.kind).Add(float64(t.n))
+		counts := [4]int64{u.input, u.output, u.cacheRead, u.cacheWrite} // in tokenKinds' order
+		for i, n := range counts {
+			if sm != nil {
+				sm.tokens[i].Add(float64(n))
+			} else {
+				metricTokens.WithLabelValues(group, channel, served, tokenKinds[i]).Add(float64(n))
+			}
 		}
 		if cost > 0 {
-			metricCost.WithLabelValues(group, channel, served).Add(cost)
+			if sm != nil {
+				sm.costOf(group, channel, served).Add(cost)
+			} else {
+				metricCost.WithLabelValues(group, channel, served).Add(cost)
+			}
 		}
 		if in.end.incomplete {
 			metricIncomplete.WithLabelValues(group, model).Inc()
@@ -67,19 +83,14 @@ func (r *Relay) account(in *inbound) {
 	if c == nil {
 		return
 	}
-	chain := make([]string, len(in.end.chain))
-	for i, a := range in.end.chain {
-		chain[i] = a.channel + ":" + a.outcome.String() + ":" + a.duration.Round(time.Millisecond).String()
-	}
-	// room for the optional fields too, so the slice is allocated once
-	fields := make([]zap.Field, 0, 20)
-	fields = append(fields,
+	fp := logFields.Get().(*[]zap.Field)
+	fields := append((*fp)[:0],
 		zap.String("request_id", in.id),
 		zap.String("key", key),
 		zap.String("group", group),
 		zap.String("model", in.ask.model),
 		zap.Bool("stream", in.ask.stream),
-		zap.Strings("attempts", chain),
+		zap.Array("attempts", (*attemptChain)(&in.end.chain)),
 		zap.Int("status", in.end.status),
 		zap.Duration("first_byte", in.end.firstByte),
 		zap.Duration("duration", duration),
@@ -108,6 +119,33 @@ func (r *Relay) account(in *inbound) {
 		fields = append(fields, zap.String("trace_id", in.tr.traceID))
 	}
 	c.Write(fields...)
+	clear(fields) // a pooled slice keeps no strings alive
+	*fp = fields[:0]
+	logFields.Put(fp)
+}
+
+// logFields are the field slices of the log line: a core encodes a line's
+// fields before Write returns and keeps none of them.
+var logFields = sync.Pool{New: func() any {
+	s := make([]zap.Field, 0, 20) // room for the optional fields too
+	return &s
+}}
+
+// attemptChain is the log line's attempts: channel:outcome:duration for
+// each attempt, written into the line as they are encoded.
+type attemptChain []attemptRecord
+
+func (c *attemptChain) MarshalLogArray(enc zapcore.ArrayEncoder) error {
+	var b [128]byte
+	for _, a := range *c {
+		out := append(b[:0], a.channel...)
+		out = append(out, ':')
+		out = append(out, a.outcome.String()...)
+		out = append(out, ':')
+		out = append(out, a.duration.Round(time.Millisecond).String()...)
+		enc.AppendByteString(out)
+	}
+	return nil
 }
 
 // price sets in.cost, what the request costs: the list price of the usage

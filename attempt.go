@@ -66,9 +66,15 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 		v.class = ch.classOf(in.grant.target)
 	}
 	in.end.chain = append(in.end.chain, attemptRecord{channel: ch.name, outcome: v.outcome, duration: time.Since(start)})
-	metricAttempts.WithLabelValues(ch.name, v.outcome.String()).Inc()
-	if res.firstByte > 0 {
-		in.tr.observe(metricFirstByte.WithLabelValues(ch.name), res.firstByte.Seconds())
+	if v.outcome == outcomeSuccess && res.firstByte > 0 {
+		m := ch.metrics.attempted(ch.name)
+		m.success.Inc()
+		in.tr.observe(m.firstByte, res.firstByte.Seconds())
+	} else {
+		metricAttempts.WithLabelValues(ch.name, v.outcome.String()).Inc()
+		if res.firstByte > 0 {
+			in.tr.observe(metricFirstByte.WithLabelValues(ch.name), res.firstByte.Seconds())
+		}
 	}
 	if cooled := t.finish(v, ch.cooldown, r.now(), res.firstByte, tokens); cooled > 0 {
 		r.logCooling(in, ch, &v, cooled)

@@ -52,6 +52,8 @@ type channel struct {
 	classRules []ModelClass
 	classRows  []string
 	classNames []string
+
+	metrics channelMetrics // children of its hot metrics (account_metrics.go)
 }
 
 // Defaults of the timeouts and cooldowns.
