@@ -153,7 +153,9 @@ func (r *Relay) exchange(w http.ResponseWriter, req *http.Request, in *inbound, 
 	ctx = httptrace.WithClientTrace(ctx, &dl.trace)
 
 	call := in.callFor(ch)
+	in.attemptTrace = &dl.trace
 	upReq, err := ch.provider.NewRequest(ctx, call)
+	in.attemptTrace = nil
 	if err != nil {
 		return r.notSent(ctx, req, in, ch, err)
 	}

@@ -168,6 +168,10 @@ type inbound struct {
 	// body: net/http may write a request body even after RoundTrip returned,
 	// until its WroteRequest trace says it is done.
 	writing atomic.Int32
+	// attemptTrace is the current attempt's trace, in its context already:
+	// NewRequest sets its WroteRequest rather than add a trace of its own
+	// (a second one is composed with the first by reflection)
+	attemptTrace *httptrace.ClientTrace
 	// left is when the client left, in Unix nanoseconds; 0: it has not, as
 	// far as the relay knows (settle.go)
 	left atomic.Int64
@@ -326,7 +330,11 @@ func (in *inbound) NewRequest(ctx context.Context, method, url string, b []byte)
 	getBody := func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
 	shared := len(b) > 0 && len(in.ask.body) > 0 && &b[0] == &in.ask.body[0] // else a copy (a mapped model): nothing shared
 	if shared {
-		ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: in.wrote})
+		if t := in.attemptTrace; t != nil && t.WroteRequest == nil {
+			t.WroteRequest = in.wrote
+		} else {
+			ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: in.wrote})
+		}
 	}
 	req, err := http.NewRequestWithContext(ctx, method, url, bytes.NewReader(b))
 	if err != nil {
