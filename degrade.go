@@ -1,11 +1,11 @@
 package relay
 
 import (
+	"bytes"
 	"fmt"
 	"net/http"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -316,16 +316,24 @@ func (in *inbound) budgetHeader(h http.Header) {
 // formatUSD writes n as a plain decimal number of US dollars, exactly (to
 // the billionth), without trailing zeros: 12, 0.75, 0.000001.
 func formatUSD(n nanoUSD) string {
-	sign := ""
+	var b [32]byte
+	return string(appendUSD(b[:0], n))
+}
+
+// appendUSD appends formatUSD(n) to b.
+func appendUSD(b []byte, n nanoUSD) []byte {
 	if n < 0 {
-		sign, n = "-", -n
+		b, n = append(b, '-'), -n
 	}
 	whole, frac := int64(n)/1e9, int64(n)%1e9
+	b = strconv.AppendInt(b, whole, 10)
 	if frac == 0 {
-		return sign + strconv.FormatInt(whole, 10)
+		return b
 	}
-	f := strconv.FormatInt(frac+1e9, 10)[1:] // nine digits, leading zeros kept
-	return sign + strconv.FormatInt(whole, 10) + "." + strings.TrimRight(f, "0")
+	dot := len(b)
+	b = strconv.AppendInt(append(b, '.'), frac+1e9, 10) // a 1, then nine digits, leading zeros kept
+	b = append(b[:dot+1], b[dot+2:]...)
+	return bytes.TrimRight(b, "0")
 }
 
 // checkDegrade checks, once its group is known, the budget_degrade steps
