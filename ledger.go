@@ -147,18 +147,22 @@ func (l *ledger) addBatch(row ledgerRow, b *batchCharge) {
 		l.add(row)
 		return
 	}
-	rest := row.costNano // the first row's: what the others leave of the whole
-	for _, m := range b.models[1:] {
-		rest -= int64(toNano(m.cost))
-	}
-	id := row.id
+	// each row's cost is what it adds to the running sum, rounded as the
+	// budgets round the whole: never negative, and the last row ends at
+	// the whole the budgets charged (accountBatch sums in the same order)
+	id, total := row.id, row.costNano
+	var sum float64
+	var prev int64
 	for i, m := range b.models {
+		sum += m.cost
+		upTo := int64(toNano(sum))
+		if i == len(b.models)-1 {
+			upTo = total
+		}
 		row.model, row.served = m.model, m.model
 		row.input, row.output, row.cacheRead, row.cacheWrite = m.usage.input, m.usage.output, m.usage.cacheRead, m.usage.cacheWrite
-		row.costNano = int64(toNano(m.cost))
-		if i == 0 {
-			row.costNano = rest
-		} else {
+		row.costNano, prev = upTo-prev, upTo
+		if i > 0 {
 			row.id = id + "/" + m.model
 		}
 		l.add(row)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
 	"github.com/caddy-relay/relay/internal/redistest"
+	"go.uber.org/zap"
 )
 
 // ledgerCostByKey sums the ledger's cost of today by key, in nano-USD.
@@ -113,5 +114,39 @@ func TestLedgerKeepsBatchesReconciledReadTwiceAndInAFleet(t *testing.T) {
 				t.Errorf("%d rows of batch results are the payer's, want 2", batchRows)
 			}
 		})
+	}
+}
+
+// TestLedgerBatchRowsAddUpToTheCharge: the rows of a batch's results, one
+// per model, add up to the nano-USD the budgets charged for the whole,
+// none negative, even where each model's cost alone rounds otherwise.
+func TestLedgerBatchRowsAddUpToTheCharge(t *testing.T) {
+	l := newLedger(discardStore{new(flakyStore)}, "test", zap.NewNop(), 100)
+	in := &inbound{id: "req-1", who: requester{key: &key{name: "reader", group: &group{name: "g"}}}}
+	in.end.status = 200
+	b := &batchCharge{}
+	for i, c := range []float64{0.5e-9, 0.5e-9, 0.5e-9, 0.5e-9, 1.25e-6} { // each of the first four rounds up alone
+		m := fmt.Sprintf("claude-m%d", i)
+		b.models = append(b.models, batchModel{model: m, usage: usage{input: int64(i + 1)}, cost: c})
+		in.end.cost += c
+	}
+	in.end.batch = b
+	l.record(in, time.Now(), time.Millisecond, in.end.cost)
+	if len(l.pending) != 5 {
+		t.Fatalf("%d rows, want one per model", len(l.pending))
+	}
+	var sum int64
+	for i, row := range l.pending {
+		sum += row.costNano
+		wantID := "req-1"
+		if i > 0 {
+			wantID += "/" + row.served
+		}
+		if row.costNano < 0 || row.id != wantID || row.cause != "batch" || row.key != "reader" || row.served != row.model || row.input != int64(i+1) {
+			t.Errorf("row %d: %+v", i, row)
+		}
+	}
+	if want := int64(toNano(in.end.cost)); sum != want {
+		t.Errorf("the rows cost %d nano-USD, the budgets charged %d", sum, want)
 	}
 }
