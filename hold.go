@@ -456,7 +456,9 @@ func errBudgetHeld(who string, ans holdAnswer, limit, worst nanoUSD, tail string
 // settleHolds turns what the request holds into what it cost: each
 // account's hold is given back and the cost charged, under one lock. The
 // accounts its cost goes to that it held nothing against (its principal's,
-// its group's, the spend cap's of the channel that answered) are charged.
+// its group's, the spend cap's of the channel that answered) are charged;
+// for a batch's results whose maker's hold they settle, the maker pays in
+// place of the request's principal.
 func (r *Relay) settleHolds(in *inbound, cost float64) {
 	now := r.now()
 	var settled [maxHolds]*spendAccount
@@ -482,8 +484,8 @@ func (r *Relay) settleHolds(in *inbound, cost float64) {
 			a.charge(now, cost, r.logger)
 		}
 	}
-	if in.who.state != nil {
-		charge(in.who.state.spend)
+	if in.who.state != nil && (in.end.batch == nil || in.end.batch.payer == nil) {
+		charge(in.who.state.spend) // unless a batch's maker pays for its results
 	}
 	if in.who.key != nil {
 		charge(in.group().spend)

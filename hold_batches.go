@@ -315,6 +315,24 @@ func (r *Relay) settleBatch(in *inbound, channel, up string) {
 		return
 	}
 	in.grant.holds = hs
+	in.payBatch(hs)
+}
+
+// payBatch notes whose spend the cost of the batch results that the
+// request settles the holds hs of goes to: the principal that made the
+// batch, when it held (its key's or identity's account is among hs). The
+// request's own principal is then not charged (settleHolds): a batch's
+// cost is charged once, to one key, whichever key of the group reads it.
+func (in *inbound) payBatch(hs *holds) {
+	if in.end.batch == nil {
+		return
+	}
+	for i := range hs.n {
+		if a := hs.list[i].a; a.scopeIs(spendOfKey) {
+			in.end.batch.payer = a
+			return
+		}
+	}
 }
 
 // settleFleetBatch is settleBatch in a fleet: the batch's record says whose
@@ -353,6 +371,7 @@ func (r *Relay) settleFleetBatch(in *inbound, id string) {
 	}
 	if hs.n > 0 {
 		in.grant.holds = hs
+		in.payBatch(hs)
 	}
 }
 

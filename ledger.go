@@ -121,7 +121,52 @@ func (l *ledger) record(in *inbound, at time.Time, duration time.Duration, cost 
 	if in.end.answered != nil {
 		row.channel = in.end.answered.name
 	}
+	if in.end.batch != nil {
+		l.addBatch(row, in.end.batch)
+		return
+	}
 	l.add(row)
+}
+
+// causeBatch is the cause of the rows of a batch's results, charged by the
+// request that read them first.
+const causeBatch = "batch"
+
+// addBatch queues the rows of the request (row) that accounted a batch's
+// results: one per model the results used, each with that model's tokens
+// and cost, the first under the request's id and each further one under
+// <request id>/<model>; one row without a model when no result succeeded.
+// They are the principal's that paid (the batch's maker's), cause batch.
+// Their costs add up, to the nano-USD, to the cost the budgets charged.
+func (l *ledger) addBatch(row ledgerRow, b *batchCharge) {
+	row.cause, row.model, row.served = causeBatch, "", ""
+	if b.payer != nil {
+		row.key, row.user = b.payer.principal()
+	}
+	if len(b.models) == 0 {
+		l.add(row)
+		return
+	}
+	// each row's cost is what it adds to the running sum, rounded as the
+	// budgets round the whole: never negative, and the last row ends at
+	// the whole the budgets charged (accountBatch sums in the same order)
+	id, total := row.id, row.costNano
+	var sum float64
+	var prev int64
+	for i, m := range b.models {
+		sum += m.cost
+		upTo := int64(toNano(sum))
+		if i == len(b.models)-1 {
+			upTo = total
+		}
+		row.model, row.served = m.model, m.model
+		row.input, row.output, row.cacheRead, row.cacheWrite = m.usage.input, m.usage.output, m.usage.cacheRead, m.usage.cacheWrite
+		row.costNano, prev = upTo-prev, upTo
+		if i > 0 {
+			row.id = id + "/" + m.model
+		}
+		l.add(row)
+	}
 }
 
 // sessionOf is the request's session id: Claude Code's

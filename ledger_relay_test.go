@@ -9,6 +9,7 @@ import (
 	"math"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -56,10 +57,68 @@ func getUsage(t *testing.T, query string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
+// makeBatch creates a batch as key, one request per model given, with the
+// custom_ids given (each "r<i>" unless named); it returns the relay's id.
+func makeBatch(t *testing.T, key string, models []string, ids ...string) string {
+	t.Helper()
+	reqs := make([]string, len(models))
+	for i, m := range models {
+		id := fmt.Sprintf("r%d", i)
+		if i < len(ids) {
+			id = ids[i]
+		}
+		reqs[i] = fmt.Sprintf(`{"custom_id":%q,"params":{"model":%q,"max_tokens":16,"messages":[{"role":"user","content":"Hi"}]}}`, id, m)
+	}
+	r := send(t, "POST", "/v1/messages/batches", key, `{"requests":[`+strings.Join(reqs, ",")+`]}`)
+	var made struct{ ID string }
+	if err := json.Unmarshal(r.body, &made); r.status != 200 || err != nil || made.ID == "" {
+		t.Fatalf("a batch of %v: %d %s", models, r.status, r.body)
+	}
+	return made.ID
+}
+
+// readResults reads a batch's results as key.
+func readResults(t *testing.T, key, id string) reply {
+	t.Helper()
+	r := send(t, "GET", "/v1/messages/batches/"+id+"/results", key, "")
+	if r.status != 200 || !strings.Contains(string(r.body), `"custom_id":"r0"`) {
+		t.Fatalf("results of %s: %d %s", id, r.status, r.body)
+	}
+	return r
+}
+
+// batchUSD is what n results of 10 input and 5 output tokens cost at the
+// batch price (half), at input and output prices per million.
+func batchUSD(n int, in, out float64) float64 { return float64(n) * (10*in + 5*out) / 1e6 * 0.5 }
+
+// ledgerSpend is what GET /relay/keys says each key spent today.
+func ledgerSpend(t *testing.T) map[string]float64 {
+	t.Helper()
+	resp, err := client.Get(adminURL + "/relay/keys")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []keyStatus
+	_ = json.NewDecoder(resp.Body).Decode(&keys)
+	resp.Body.Close()
+	spent := map[string]float64{}
+	for _, k := range keys {
+		spent[k.Name] = k.SpendUSD["day"]
+	}
+	return spent
+}
+
 func TestLedgerRecordsEveryRequestAndReconcilesWithTheBudgetsSpend(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ledger.db")
 	bad := fakeupstream.New(t, fakeupstream.Error(529, "overloaded_error", "Overloaded"))
-	ok := fakeupstream.New(t, http.HandlerFunc(ledgerUpstream))
+	store := fakeupstream.NewStore("ledger")
+	ok := fakeupstream.New(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/v1/messages/batches") {
+			store.ServeHTTP(w, r)
+			return
+		}
+		ledgerUpstream(w, r)
+	}))
 	const keyA, keyB = "sk-ledger-a-0123456789", "sk-ledger-b-0123456789"
 	startRelay(t, fmt.Sprintf(`
 		ledger sqlite %s
@@ -75,8 +134,8 @@ func TestLedgerRecordsEveryRequestAndReconcilesWithTheBudgetsSpend(t *testing.T)
 		group ledger-g {
 			channels ledger-bad ledger-ok
 		}
-`, path, keyA, keyB)+channelBlock("ledger-bad", bad.URL, "priority 1", "models claude-sonnet-4-5")+
-		channelBlock("ledger-ok", ok.URL, "priority 2", "models claude-sonnet-4-5"))
+`, path, keyA, keyB)+channelBlock("ledger-bad", bad.URL, "priority 1", "models claude-sonnet-4-5 claude-haiku-4-5")+
+		channelBlock("ledger-ok", ok.URL, "priority 2", "models claude-sonnet-4-5 claude-haiku-4-5"))
 	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro")
 	if err != nil {
 		t.Fatal(err)
@@ -117,7 +176,25 @@ func TestLedgerRecordsEveryRequestAndReconcilesWithTheBudgetsSpend(t *testing.T)
 	cancel()
 	sent++
 
-	waitFor(t, "every request's row in the ledger", 10*time.Second, func() bool { return ledgerRows(t, db) == sent })
+	messages := sent
+
+	// batches, made past ledger-bad's 529: ledger-a's, read first by
+	// ledger-b (ledger-a, whose budget held it, pays), then again by
+	// ledger-a (nothing more); ledger-b's, of two models and two requests
+	// that did not end in a reply, canceled before its results are read
+	sonnet := []string{"claude-sonnet-4-5", "claude-sonnet-4-5"}
+	madeByA := makeBatch(t, keyA, sonnet)
+	crossRead := readResults(t, keyB, madeByA)
+	againRead := readResults(t, keyA, madeByA)
+	mixed := makeBatch(t, keyB, []string{"claude-sonnet-4-5", "claude-haiku-4-5", "claude-sonnet-4-5", "claude-haiku-4-5"}, "r0", "r1", "expired-2", "canceled-3")
+	if r := send(t, "POST", "/v1/messages/batches/"+mixed+"/cancel", keyB, ""); r.status != 200 {
+		t.Fatalf("cancel: %d %s", r.status, r.body)
+	}
+	mixedRead := readResults(t, keyB, mixed)
+	sent += 6
+	rows := sent + 1 // the mixed batch's read has a row per model
+
+	waitFor(t, "every request's row in the ledger", 10*time.Second, func() bool { return ledgerRows(t, db) == rows })
 
 	// one request's row, by the id its answer carried
 	var (
@@ -156,6 +233,35 @@ func TestLedgerRecordsEveryRequestAndReconcilesWithTheBudgetsSpend(t *testing.T)
 		t.Errorf("the refused request's row: status %d channel %q", refusedStatus, refusedChannel)
 	}
 
+	// the batches' rows: the cost of the results, on the first read, as
+	// the maker's, by model
+	type batchRow struct {
+		key, model, cause string
+		in, out, cost     int64
+	}
+	batchRowOf := func(id string) batchRow {
+		var b batchRow
+		if err := db.QueryRow(`SELECT key_name, served_model, cause, input_tokens, output_tokens, cost_nano_usd FROM relay_usage
+			WHERE request_id = ? AND channel_name = 'ledger-ok' AND model = served_model`, id).Scan(&b.key, &b.model, &b.cause, &b.in, &b.out, &b.cost); err != nil {
+			t.Fatalf("the row of %s: %v", id, err)
+		}
+		return b
+	}
+	nano := func(usd float64) int64 { return int64(math.Round(usd * 1e9)) }
+	for _, c := range []struct {
+		id   string
+		want batchRow
+	}{
+		{crossRead.header.Get("X-Relay-Request-Id"), batchRow{"ledger-a", "claude-sonnet-4-5", "batch", 20, 10, nano(batchUSD(2, 3, 15))}},
+		{againRead.header.Get("X-Relay-Request-Id"), batchRow{"ledger-a", "", "ok", 0, 0, 0}},
+		{mixedRead.header.Get("X-Relay-Request-Id"), batchRow{"ledger-b", "claude-haiku-4-5", "batch", 10, 5, nano(batchUSD(1, 1, 5))}},
+		{mixedRead.header.Get("X-Relay-Request-Id") + "/claude-sonnet-4-5", batchRow{"ledger-b", "claude-sonnet-4-5", "batch", 10, 5, nano(batchUSD(1, 3, 15))}},
+	} {
+		if got := batchRowOf(c.id); got != c.want {
+			t.Errorf("the batch row %s: %+v, want %+v", c.id, got, c.want)
+		}
+	}
+
 	// the admin API: by key and day, the ledger's cost is the spend the
 	// budgets saw
 	code, body := getUsage(t, "group_by=key,day")
@@ -165,17 +271,7 @@ func TestLedgerRecordsEveryRequestAndReconcilesWithTheBudgetsSpend(t *testing.T)
 	if err := json.Unmarshal([]byte(body), &answer); code != 200 || err != nil || len(answer.Rows) != 2 {
 		t.Fatalf("GET /relay/usage: %d %v\n%s", code, err, body)
 	}
-	resp, err := client.Get(adminURL + "/relay/keys")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var keys []keyStatus
-	_ = json.NewDecoder(resp.Body).Decode(&keys)
-	resp.Body.Close()
-	spent := map[string]float64{}
-	for _, k := range keys {
-		spent[k.Name] = k.SpendUSD["day"]
-	}
+	spent := ledgerSpend(t)
 	today := time.Now().UTC().Format(time.DateOnly)
 	total := 0.0
 	for _, row := range answer.Rows {
@@ -191,15 +287,20 @@ func TestLedgerRecordsEveryRequestAndReconcilesWithTheBudgetsSpend(t *testing.T)
 			}
 		}
 	}
-	if int(total) != sent {
-		t.Errorf("the rows count %v requests, want %d", total, sent)
+	if int(total) != rows {
+		t.Errorf("the rows count %v requests, want %d", total, rows)
 	}
 
+	// by model, the batches' results count at their own model: the
+	// messages and both batches' sonnet rows, the mixed batch's haiku row
 	code, body = getUsage(t, "group_by=group,model&format=csv")
 	lines := strings.Split(strings.TrimSpace(body), "\n")
-	if code != 200 || len(lines) != 3 || lines[0] != "group,model,requests,input_tokens,output_tokens,cache_read_tokens,cache_write_tokens,cost_usd" ||
-		!strings.HasPrefix(lines[1], "ledger-g,claude-sonnet-4-5,"+strconv.Itoa(sent-1)+",") {
-		t.Errorf("csv: %d\n%q", code, body)
+	if code != 200 || lines[0] != "group,model,requests,input_tokens,output_tokens,cache_read_tokens,cache_write_tokens,cost_usd" ||
+		!slices.ContainsFunc(lines, func(l string) bool {
+			return strings.HasPrefix(l, "ledger-g,claude-sonnet-4-5,"+strconv.Itoa(messages-1+2)+",")
+		}) ||
+		!slices.Contains(lines, "ledger-g,claude-haiku-4-5,1,10,5,0,0,"+strconv.FormatFloat(batchUSD(1, 1, 5), 'f', -1, 64)) {
+		t.Errorf("csv: %d\n%s", code, body)
 	}
 	code, body = getUsage(t, "group_by=key,tenant")
 	if code != 400 || !strings.Contains(body, `unknown column \"tenant\"`) {

@@ -268,6 +268,9 @@ type ending struct {
 	cost       float64 // in USD: list price x price_factor of the channel that answered; set by account (price)
 	wasted     int64   // input tokens of attempts abandoned on the way (relay_wasted_tokens_total)
 	shared     string  // what answered it instead of an upstream (dedup.go); "": none
+	// batch is what the request charged for the batch results it
+	// accounted (resource_batches.go); nil for every other request
+	batch *batchCharge
 }
 
 // group is the group whose channels serve the request: its key's, or only

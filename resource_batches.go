@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"io/fs"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -136,6 +138,7 @@ func (c *resourceCtx) results(a *resourceAttempt, up string) {
 		c.stream(a, nil)
 		return
 	}
+	c.in.end.batch = &batchCharge{}
 	c.r.settleBatch(c.in, a.ch.name, up) // the batch's hold becomes what its results cost
 	b := &batchUsage{limit: int(c.r.MaxResponseSize)}
 	complete := c.stream(a, b.see)
@@ -145,6 +148,25 @@ func (c *resourceCtx) results(a *resourceAttempt, up string) {
 	c.accountBatch(a.ch, b, complete)
 }
 
+// batchCharge is what a request that accounted a batch's results charged,
+// for its ledger rows: whose spend, and the cost of each model.
+type batchCharge struct {
+	// payer is the account of the principal the cost went to: the batch
+	// maker's, whose hold the results settled; nil: the request's own
+	// principal (the maker held nothing, or is gone)
+	payer *spendAccount
+	// models are the results' usage and cost by model, sorted by model
+	models []batchModel
+}
+
+// batchModel is the usage of a batch's results of one model, and its cost
+// in USD.
+type batchModel struct {
+	model string
+	usage usage
+	cost  float64
+}
+
 // accountBatch accounts a batch's usage at the batch price: metrics by
 // model, the request's cost (the key's spend) and its tokens (the key's
 // token limit).
@@ -152,7 +174,9 @@ func (c *resourceCtx) accountBatch(ch *channel, b *batchUsage, complete bool) {
 	r, in := c.r, c.in
 	in.end.usage, in.end.incomplete = b.total, !complete
 	in.end.cost = 0
-	for model, u := range b.byModel {
+	models := slices.Sorted(maps.Keys(b.byModel))
+	for _, model := range models {
+		u := b.byModel[model]
 		label := r.modelLabel(model)
 		for _, t := range [...]struct {
 			kind string
@@ -160,14 +184,16 @@ func (c *resourceCtx) accountBatch(ch *channel, b *batchUsage, complete bool) {
 		}{{"input", u.input}, {"output", u.output}, {"cache_read", u.cacheRead}, {"cache_write", u.cacheWrite}} {
 			metricTokens.WithLabelValues(c.group.name, ch.name, label, t.kind).Add(float64(t.n))
 		}
-		rates := r.prices.lookup(model)
-		if rates == nil {
-			continue
+		cost := 0.0
+		if rates := r.prices.lookup(model); rates != nil {
+			cost = rates.cost(u) * rates.batch * ch.priceFactor
 		}
-		cost := rates.cost(u) * rates.batch * ch.priceFactor
 		in.end.cost += cost
 		if cost > 0 {
 			metricCost.WithLabelValues(c.group.name, ch.name, label).Add(cost)
+		}
+		if in.end.batch != nil {
+			in.end.batch.models = append(in.end.batch.models, batchModel{model: model, usage: u, cost: cost})
 		}
 	}
 	metricBatchResultsAccounted.WithLabelValues(c.group.name, ch.name).Inc()

@@ -3,6 +3,7 @@ package relay
 import (
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -42,6 +43,25 @@ func (s spendScope) String() string { return spendScopeNames[s] }
 // who names the account's owner in an answer: key "ci", group "team-a".
 func (a *spendAccount) who() string {
 	return a.scope.String() + " " + strconv.Quote(a.label)
+}
+
+// scopeIs reports whether the account is of scope s.
+func (a *spendAccount) scopeIs(s spendScope) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.scope == s
+}
+
+// principal names the key's or identity's account as the ledger does: the
+// key's (or user entry's) name, and the identity ("" for a relay key).
+func (a *spendAccount) principal() (key, user string) {
+	a.mu.Lock()
+	key = a.label
+	a.mu.Unlock()
+	if id, ok := strings.CutPrefix(a.id, userStatePrefix); ok {
+		user = id
+	}
+	return key, user
 }
 
 // The ids of groups' and channels' accounts; a key's name may not start

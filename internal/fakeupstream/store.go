@@ -19,7 +19,9 @@ import (
 // Store is one fake upstream organisation's Files and Message Batches: it
 // keeps what it is given in memory and serves it in Anthropic's shapes,
 // newest first. Batches end as soon as they are created, each request
-// answered with a reply of 10 input and 5 output tokens. POST /v1/messages
+// answered with a reply of 10 input and 5 output tokens, but one whose
+// custom_id starts with errored, canceled or expired, which ends so (as
+// the requests of a batch canceled, or not done within 24 hours, do). POST /v1/messages
 // is answered with a reply whose text lists the file ids the body
 // references, so a test sees which ids reached the upstream; count_tokens
 // with 10 input tokens.
@@ -247,14 +249,25 @@ func (s *Store) createBatch(w http.ResponseWriter, r *http.Request) {
 	id := s.nextID("msgbatch_")
 	at := created().Format(time.RFC3339)
 	var results strings.Builder
+	counts := map[string]int{"processing": 0, "succeeded": 0, "errored": 0, "canceled": 0, "expired": 0}
 	for _, q := range req.Requests {
-		line, _ := json.Marshal(map[string]any{"custom_id": q.CustomID, "result": map[string]any{"type": "succeeded",
-			"message": json.RawMessage(MessageBody(q.Params.Model, "batch reply from "+s.Name, Usage{InputTokens: 10, OutputTokens: 5}))}})
+		result := map[string]any{"type": "succeeded",
+			"message": json.RawMessage(MessageBody(q.Params.Model, "batch reply from "+s.Name, Usage{InputTokens: 10, OutputTokens: 5}))}
+		for _, end := range []string{"errored", "canceled", "expired"} {
+			if strings.HasPrefix(q.CustomID, end) {
+				result = map[string]any{"type": end}
+			}
+		}
+		if result["type"] == "errored" {
+			result["error"] = map[string]any{"type": "error", "error": map[string]any{"type": "invalid_request_error", "message": "errored as asked"}}
+		}
+		counts[result["type"].(string)]++
+		line, _ := json.Marshal(map[string]any{"custom_id": q.CustomID, "result": result})
 		results.Write(line)
 		results.WriteByte('\n')
 	}
 	obj := map[string]any{"id": id, "type": "message_batch", "processing_status": "ended",
-		"request_counts": map[string]int{"processing": 0, "succeeded": len(req.Requests), "errored": 0, "canceled": 0, "expired": 0},
+		"request_counts": counts,
 		"created_at":     at, "ended_at": at, "expires_at": at, "archived_at": nil, "cancel_initiated_at": nil,
 		"results_url": "https://api.anthropic.com/v1/messages/batches/" + id + "/results"}
 	s.batches = append(s.batches, &storedBatch{obj: obj, results: []byte(results.String())})
