@@ -318,7 +318,7 @@ func (l *ledger) run() {
 	defer close(l.done)
 	tick := time.NewTicker(ledgerEvery)
 	defer tick.Stop()
-	var own []ledgerRow // taken from pending, not written yet
+	own := l.spare // taken from pending, not written yet; swapped with it
 	var pruned time.Time
 	for {
 		select {

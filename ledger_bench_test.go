@@ -3,11 +3,17 @@ package relay
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/memtest"
+	"github.com/caddy-relay/relay/internal/pgtest"
 	"go.uber.org/zap"
 )
 
@@ -75,8 +81,10 @@ func benchRows(n int, start time.Time, from int) []ledgerRow {
 }
 
 // TestLedgerMillionRowMonth fills a SQLite ledger with a month of 1M rows
-// and times the usage query by key and day, which must answer in under a
-// second. It takes about a minute to fill, so it runs only with
+// and times the usage queries, which must answer in under a second: over
+// whole days, and over a range that is not (the whole days from the
+// rollup, the partial days at its edges from the rows, through the index
+// on time). It takes about a minute to fill, so it runs only with
 // RELAY_LEDGER_1M=1.
 func TestLedgerMillionRowMonth(t *testing.T) {
 	if os.Getenv("RELAY_LEDGER_1M") != "1" {
@@ -87,6 +95,42 @@ func TestLedgerMillionRowMonth(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.close()
+	millionRowMonth(t, s, func(stmt string, args []any) string { return explainSQLite(t, s, stmt, args) })
+}
+
+// TestLedgerPostgresMillionRowMonth is TestLedgerMillionRowMonth in a real
+// Postgres (a few minutes to fill), with RELAY_LEDGER_1M=1.
+func TestLedgerPostgresMillionRowMonth(t *testing.T) {
+	if os.Getenv("RELAY_LEDGER_1M") != "1" {
+		t.Skip("set RELAY_LEDGER_1M=1 to fill a ledger with 1M rows and time the usage query")
+	}
+	pg := pgtest.Start(t)
+	s, err := openPostgresLedger(pg.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+	millionRowMonth(t, s, func(stmt string, args []any) string {
+		rows, err := s.db.Query("EXPLAIN "+stmt, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		var plan []string
+		for rows.Next() {
+			var line string
+			if err := rows.Scan(&line); err != nil {
+				t.Fatal(err)
+			}
+			plan = append(plan, line)
+		}
+		return strings.Join(plan, "\n")
+	})
+}
+
+// millionRowMonth fills s with 1M rows over March 2026 and times the usage
+// queries; explain returns the plan of a statement.
+func millionRowMonth(t *testing.T, s *sqlLedger, explain func(stmt string, args []any) string) {
 	start := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
 	ctx := context.Background()
 	began := time.Now()
@@ -96,18 +140,126 @@ func TestLedgerMillionRowMonth(t *testing.T) {
 		}
 	}
 	fill := time.Since(began)
-	q := usageQuery{from: start, to: start.AddDate(0, 1, 0), groupBy: []string{"key", "day"}}
-	for _, groupBy := range [][]string{{"key", "day"}, {"group", "model"}, nil} {
-		q.groupBy = groupBy
+	t.Logf("1M rows written in %v (%.0f rows/s)", fill, 1e6/fill.Seconds())
+	month := usageQuery{from: start, to: start.AddDate(0, 1, 0)}
+	// noon to noon: 29 whole days and two halves
+	noon := usageQuery{from: start.Add(12 * time.Hour), to: start.AddDate(0, 1, 0).Add(-12 * time.Hour)}
+	for _, c := range []struct {
+		q       usageQuery
+		groupBy []string
+		want    int64
+	}{
+		{month, []string{"key", "day"}, 1_000_000},
+		{month, []string{"group", "model"}, 1_000_000},
+		{month, nil, 1_000_000},
+		{noon, []string{"key", "day"}, 0},
+		{noon, []string{"group", "model"}, 0},
+		{noon, nil, 0},
+	} {
+		q := c.q
+		q.groupBy = c.groupBy
 		began = time.Now()
 		rows, requests := 0, int64(0)
 		if err := s.usage(ctx, q, func(u usageRow) error { rows++; requests += u.requests; return nil }); err != nil {
 			t.Fatal(err)
 		}
 		took := time.Since(began)
-		t.Logf("1M rows written in %v (%.0f rows/s); usage by %v: %d rows in %v", fill, 1e6/fill.Seconds(), groupBy, rows, took)
-		if requests != 1_000_000 || took > time.Second {
-			t.Errorf("usage by %v: %d requests in %v, want 1000000 in under 1s", groupBy, requests, took)
+		t.Logf("usage %s..%s by %v: %d rows, %d requests, in %v", q.from.Format(time.RFC3339), q.to.Format(time.RFC3339), q.groupBy, rows, requests, took)
+		if (c.want != 0 && requests != c.want) || requests == 0 || took > time.Second {
+			t.Errorf("usage by %v: %d requests in %v, want %d in under 1s", q.groupBy, requests, took, c.want)
 		}
+		if q.from != noon.from {
+			continue
+		}
+		// the same from the rows alone: what the answer took before the
+		// rollup answered the whole days of such a range
+		began = time.Now()
+		rowsOnly := int64(0)
+		if err := s.usageOf(ctx, q.groupBy, []usageSpan{{from: q.from, to: q.to}}, func(u usageRow) error { rowsOnly += u.requests; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("  the same from the rows alone: %v", time.Since(began))
+		if rowsOnly != requests {
+			t.Errorf("usage by %v: %d requests, but the rows hold %d", q.groupBy, requests, rowsOnly)
+		}
+	}
+	edge, args := s.spanSQL([]string{"key", "day"}, usageSpans(noon.from, noon.to)[0], nil)
+	plan := explain(edge, args)
+	t.Logf("the plan of an edge's rows:\n%s", plan)
+	if !strings.Contains(plan, "relay_usage_time") {
+		t.Errorf("the rows of an edge are not read through the time index")
+	}
+}
+
+// BenchmarkServeHTTPLedger is BenchmarkServeHTTP with a SQLite ledger
+// configured: each request hands its row to the queue, and the writer
+// writes them to a file beside the requests, in batches. What the writer
+// allocates is counted here too, though none of it is on the request
+// path: TestAllocationOfTheLedger holds the request path alone.
+func BenchmarkServeHTTPLedger(b *testing.B) {
+	up := fakeupstream.Start(fakeupstream.Fast(), false)
+	defer up.Close()
+	r := benchServeRelay("bench-serve-ledger", up.URL, nil)
+	r.Ledger = &Ledger{SQLite: &LedgerSQLite{Path: filepath.Join(b.TempDir(), "ledger.db")}}
+	benchLoop(b, r, len(benchBody), func(int) *http.Request { return benchServeRequest("bench-serve-ledger", benchBody) })
+}
+
+// countingStore takes every row, keeps none and counts them.
+type countingStore struct {
+	*flakyStore
+	rows *atomic.Int64
+}
+
+func (s countingStore) write(_ context.Context, rows []ledgerRow) error {
+	s.rows.Add(int64(len(rows)))
+	return nil
+}
+
+// benchServeLedgerQueue returns BenchmarkServeHTTP with a ledger whose
+// writer counts the rows in rows and writes them nowhere: what a request
+// allocates with the ledger on, without the database's work, which is the
+// writer's, off the request path (BenchmarkLedgerSQLiteWrite).
+func benchServeLedgerQueue(rows *atomic.Int64) func(*testing.B) {
+	return func(b *testing.B) {
+		up := fakeupstream.Start(fakeupstream.Fast(), false)
+		defer up.Close()
+		r := benchServeRelay("bench-serve", up.URL, nil)
+		// what Provision sets from a ledger in the config (its writer
+		// from the pool); the request path reads nothing else of it
+		l := newLedger(countingStore{new(flakyStore), rows}, "counting", zap.NewNop(), ledgerQueue)
+		go l.run()
+		b.Cleanup(func() { _ = l.Destruct() }) // writes the queue out
+		r.ledger = l
+		benchLoop(b, r, len(benchBody), func(int) *http.Request { return benchServeRequest("bench-serve", benchBody) })
+	}
+}
+
+// TestAllocationOfTheLedger: a request hands its row to the ledger's
+// queue and allocates nothing more for it, measured as the allocation
+// gate measures BenchmarkServeHTTP, with the ledger off and on; and every
+// request's row did reach the writer. Named for .ci/run's run of the
+// allocation tests without the race detector, which allocates for itself.
+func TestAllocationOfTheLedger(t *testing.T) {
+	if memtest.Race {
+		t.Skip("the race detector changes what code allocates; .ci/run runs this test without -race")
+	}
+	if testing.Short() {
+		t.Skip("starts an upstream on loopback")
+	}
+	var rows atomic.Int64
+	const n = 2000
+	m := measureAllocs(t, []allocBench{
+		{"BenchmarkServeHTTP", BenchmarkServeHTTP, n},
+		{"BenchmarkServeHTTP with the ledger", benchServeLedgerQueue(&rows), n},
+	})
+	off, on := m["BenchmarkServeHTTP"], m["BenchmarkServeHTTP with the ledger"]
+	// testing.Benchmark runs once with b.N = 1, then with the iterations
+	if want := int64(allocRounds * (1 + n)); rows.Load() != want {
+		t.Errorf("the ledger's writer took %d rows, want one a request: %d", rows.Load(), want)
+	}
+	// bytes move by a fraction of a percent between two runs of the same
+	// benchmark (see allocTolerance); a row kept on the heap would be ~300
+	if on.allocs > off.allocs || float64(on.bytes) > float64(off.bytes)*1.005 {
+		t.Errorf("a request allocates %d times, %d B, with the ledger; %d times, %d B, without", on.allocs, on.bytes, off.allocs, off.bytes)
 	}
 }

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"bufio"
+	"context"
 	"encoding/csv"
 	"encoding/json"
 	"fmt"
@@ -205,4 +206,142 @@ func usdDecimal(n int64) string {
 	}
 	f := strings.TrimRight(fmt.Sprintf("%09d", frac), "0")
 	return sign + strconv.FormatInt(whole, 10) + "." + f
+}
+
+// usageSpan is a part of a usage query's range, [from, to), and where its
+// sums come from: the daily rollup for whole UTC days, else the rows.
+type usageSpan struct {
+	from, to time.Time
+	daily    bool
+}
+
+// usageSpans splits [from, to) into the whole UTC days inside it, which
+// the daily rollup answers, and the parts of a day at its edges, at most
+// two, whose rows are read (through the index on time). A range with no
+// whole day in it is read from its rows, two partial days at most.
+func usageSpans(from, to time.Time) []usageSpan {
+	from, to = from.UTC(), to.UTC()
+	first, last := from.Truncate(24*time.Hour), to.Truncate(24*time.Hour)
+	if first.Before(from) {
+		first = first.Add(24 * time.Hour)
+	}
+	if !first.Before(last) {
+		return []usageSpan{{from: from, to: to}}
+	}
+	var spans []usageSpan
+	if from.Before(first) {
+		spans = append(spans, usageSpan{from: from, to: first})
+	}
+	spans = append(spans, usageSpan{from: first, to: last, daily: true})
+	if last.Before(to) {
+		spans = append(spans, usageSpan{from: last, to: to})
+	}
+	return spans
+}
+
+// usage runs q, giving emit each row as it is read, so a large answer is
+// streamed rather than held: the whole days of its range summed from the
+// daily rollup, the partial days at its edges from the rows.
+func (s *sqlLedger) usage(ctx context.Context, q usageQuery, emit func(usageRow) error) error {
+	return s.usageOf(ctx, q.groupBy, usageSpans(q.from, q.to), emit)
+}
+
+// usageOf sums spans, grouped by groupBy, in one statement: a span's own
+// SELECT when there is one, else their sums added up (UNION ALL, then
+// summed again by the same columns). Every sum is of integers, so the
+// answer is exact whichever way it was summed.
+func (s *sqlLedger) usageOf(ctx context.Context, groupBy []string, spans []usageSpan, emit func(usageRow) error) error {
+	var args []any
+	branches := make([]string, len(spans))
+	for i, sp := range spans {
+		branches[i], args = s.spanSQL(groupBy, sp, args)
+	}
+	aliases := make([]string, len(groupBy))
+	for i := range groupBy {
+		aliases[i] = "g" + strconv.Itoa(i)
+	}
+	stmt := branches[0]
+	if len(branches) > 1 {
+		sel := append(append([]string(nil), aliases...),
+			s.d.sum("requests"), s.d.sum("input_tokens"), s.d.sum("output_tokens"),
+			s.d.sum("cache_read_tokens"), s.d.sum("cache_write_tokens"), s.d.sum("cost_nano_usd"))
+		stmt = "SELECT " + strings.Join(sel, ", ") + " FROM (" + strings.Join(branches, " UNION ALL ") + ") AS spans"
+		if len(aliases) > 0 {
+			stmt += " GROUP BY " + strings.Join(aliases, ", ")
+		}
+	}
+	if len(aliases) > 0 {
+		stmt += " ORDER BY " + strings.Join(aliases, ", ")
+	}
+	rows, err := s.db.QueryContext(ctx, stmt, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	var r usageRow
+	r.values = make([]string, len(groupBy))
+	dest := make([]any, 0, len(groupBy)+6)
+	for i := range r.values {
+		dest = append(dest, &r.values[i])
+	}
+	dest = append(dest, &r.requests, &r.input, &r.output, &r.cacheRead, &r.cacheWrite, &r.costNano)
+	for rows.Next() {
+		if err := rows.Scan(dest...); err != nil {
+			return err
+		}
+		if err := emit(r); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}
+
+// spanSQL is the SELECT of one span's sums grouped by groupBy (columns
+// named g0, g1, ...; sums named as the rollup's columns), with its
+// arguments appended to args.
+func (s *sqlLedger) spanSQL(groupBy []string, sp usageSpan, args []any) (string, []any) {
+	cols := make([]string, len(groupBy))
+	sel := make([]string, 0, len(groupBy)+6)
+	for i, c := range groupBy {
+		cols[i] = s.column(c, sp.daily)
+		sel = append(sel, cols[i]+" AS g"+strconv.Itoa(i))
+	}
+	count, table, where := "COUNT(*)", "relay_usage", "time"
+	from, to := s.d.timeArg(sp.from), s.d.timeArg(sp.to)
+	if sp.daily {
+		count, table, where = s.d.sum("requests"), "relay_usage_daily", "day"
+		from, to = sp.from.Format(time.DateOnly), sp.to.Format(time.DateOnly)
+	}
+	sel = append(sel, count+" AS requests",
+		s.d.sum("input_tokens")+" AS input_tokens", s.d.sum("output_tokens")+" AS output_tokens",
+		s.d.sum("cache_read_tokens")+" AS cache_read_tokens", s.d.sum("cache_write_tokens")+" AS cache_write_tokens",
+		s.d.sum("cost_nano_usd")+" AS cost_nano_usd")
+	args = append(args, from, to)
+	stmt := "SELECT " + strings.Join(sel, ", ") + " FROM " + table +
+		" WHERE " + where + " >= " + s.d.param(len(args)-1) + " AND " + where + " < " + s.d.param(len(args))
+	if len(cols) > 0 {
+		stmt += " GROUP BY " + strings.Join(cols, ", ")
+	}
+	return stmt, args
+}
+
+// column is the expression of a group_by column, in the rows or in the
+// daily rollup.
+func (s *sqlLedger) column(c string, daily bool) string {
+	switch c {
+	case "key":
+		return "key_name"
+	case "user":
+		return "user_name"
+	case "group":
+		return "group_name"
+	case "channel":
+		return "channel_name"
+	case "model":
+		return "served_model"
+	}
+	if daily {
+		return "day"
+	}
+	return s.d.day
 }

@@ -13,7 +13,9 @@ import (
 // so that it cannot rot: each target must have a row under every workload
 // it applies to, with numbers and no failed request, and the report its
 // CPU targets and the comparison with a baseline build (here the
-// checkout's own binary, not built again). Without redis-server
+// checkout's own binary, not built again). The ledger's target (i) must
+// start and serve, and its ledger hold a row for every request the run
+// sent it (run fails otherwise). Without redis-server
 // the targets that need it are left out, and a subtest says so as a skip;
 // under CI=true, that fails instead.
 func TestHarnessSmoke(t *testing.T) {
@@ -64,7 +66,8 @@ func TestHarnessSmoke(t *testing.T) {
 	}
 	table := rep.markdown()
 	t.Logf("\n%s", table)
-	for _, want := range []string{"| CPU/req |", "| CPU/req vs reverse_proxy |", "(h) relay, budgets, identity and dedup headers", "(c0) relay, 1 channel, HEAD", "\n- (c) vs (c0): CPU/req "} {
+	for _, want := range []string{"| CPU/req |", "| CPU/req vs reverse_proxy |", "(h) relay, budgets, identity and dedup headers", "(c0) relay, 1 channel, HEAD",
+		"| (i) relay, 1 channel, ledger |", "\n- ledger: CPU per request of (c) with the ledger <= 1.02x (c): ", "\n- (c) vs (c0): CPU/req "} {
 		if !strings.Contains(table, want) {
 			t.Errorf("the report has no %q", want)
 		}
@@ -73,6 +76,18 @@ func TestHarnessSmoke(t *testing.T) {
 		if strings.Contains(line, "not measured") && !strings.HasPrefix(line, "- fleet:") {
 			t.Errorf("a target was not measured: %s", line)
 		}
+	}
+}
+
+// TestLedgerTargetIsCWithALedger: (i) is (c)'s config and one line more,
+// the ledger's, so that the two differ by the ledger alone.
+func TestLedgerTargetIsCWithALedger(t *testing.T) {
+	const line = "\t\tledger sqlite $LEDGER\n"
+	if !strings.Contains(relayLedger.caddyfile, line) || strings.Replace(relayLedger.caddyfile, line, "", 1) != relayOne.caddyfile {
+		t.Errorf("(i)'s config is not (c)'s with %q:\n%s", line, relayLedger.caddyfile)
+	}
+	if !relayLedger.runs(fullRun().cpuWorkload()) || relayLedger.runs(workload{kind: nonStreaming, concurrency: 10}) || relayLedger.runs(workload{kind: streaming, concurrency: 10}) {
+		t.Errorf("(i) must be measured in the CPU comparison alone")
 	}
 }
 

@@ -3,14 +3,14 @@
 // the result as a markdown table.
 //
 // Run it from the repository root; the full run takes about eleven minutes
-// (36 measured runs of 5s in each of 3 rounds, 3 of 3s in each of 8
+// (36 measured runs of 5s in each of 3 rounds, 4 of 3s in each of 8
 // rounds, then the idle streams):
 //
 //	go run ./bench                 # the full run, table on stdout
 //	go run ./bench -out bench.md   # the table also written to bench.md
 //	go run ./bench -smoke          # a few seconds: short runs, few streams
 //	go run ./bench -idle-only      # only the idle streams of (b) and (c)
-//	go run ./bench -cpu-only       # only the CPU comparison (about two minutes)
+//	go run ./bench -cpu-only       # only the CPU comparison (about two and a half minutes)
 //	go run ./bench -cpu-only -baseline 2f0c701   # and the relay as built at 2f0c701
 //	go run ./bench -reload 60s     # only the reload under load (see reload.go)
 //	go run ./bench -big-config     # only a big config's load and reloads (bigconfig.go)
@@ -18,7 +18,7 @@
 // It builds ./cmd/caddy once into a temporary directory, starts an
 // in-process fake Anthropic upstream (internal/fakeupstream: Fast answers at
 // once, Idle streams that ping every 30s) and a redis-server, and measures
-// eight targets one after another, each in its own caddy process on a free
+// nine targets one after another, each in its own caddy process on a free
 // port:
 //
 //	(a) direct             the fake upstream itself, no Caddy
@@ -46,8 +46,16 @@
 //	                       the SDKs' first attempts do, so dedup records it
 //	                       (after the warm-up the harness checks that a
 //	                       retry is answered without the upstream)
+//	(i) relay, 1 channel,  (c) with `ledger sqlite <file>` (a file in the
+//	    ledger             run's temporary directory): each request's row
+//	                       handed to the ledger's queue and written to
+//	                       SQLite in batches by the same process; measured
+//	                       in the CPU comparison alone. After the load the
+//	                       harness asks its admin endpoint for GET
+//	                       /relay/usage and fails unless the ledger holds a
+//	                       row for every request it sent
 //
-// With -baseline REV, a ninth: (c0), (c)'s config served by cmd/caddy as
+// With -baseline REV, a tenth: (c0), (c)'s config served by cmd/caddy as
 // built from REV, a git revision of the repository (its tree written by git
 // archive into a temporary directory, built there with the same GOFLAGS,
 // removed after the build), so that a change is measured against the build
@@ -64,7 +72,7 @@
 //
 //   - non-streaming: POST /v1/messages with a 10 KB body, closed loop at
 //     concurrency 1, 10 and 100;
-//   - the CPU comparison (targets b, c, h and c0): the same at concurrency
+//   - the CPU comparison (targets b, c, h, i and c0): the same at concurrency
 //     50 (-cpu-concurrency), in 8 rounds (-cpu-rounds) of 3s
 //     (-cpu-duration); -cpu-only measures it alone;
 //   - fixed rate (targets b, c, f and g): the same request at a constant
@@ -111,7 +119,8 @@
 // fleet costs, (g) against (f): the p50 it adds at the fixed rate (a
 // target), and its throughput at the worst closed-loop concurrency
 // (reported, not a target); at the CPU comparison, (c)'s CPU per request
-// and throughput and (h)'s CPU per request against (b); and with -baseline,
+// and throughput and (h)'s CPU per request against (b), and (i)'s CPU per
+// request against (c), what the ledger adds; and with -baseline,
 // (c) against (c0), CPU per request and throughput (reported). The
 // harness runs on Linux (it reads /proc); it raises its open-file limit,
 // which the caddy processes inherit. bench_test.go runs the -smoke mode so
@@ -140,7 +149,7 @@ func main() {
 	flag.IntVar(&o.cpuRounds, "cpu-rounds", o.cpuRounds, "rounds of the CPU comparison")
 	flag.DurationVar(&o.cpuDuration, "cpu-duration", o.cpuDuration, "length of each measured run of the CPU comparison")
 	flag.BoolVar(&o.idleOnly, "idle-only", false, "measure only the idle streams (targets b and c), not the load")
-	flag.BoolVar(&o.cpuOnly, "cpu-only", false, "measure only the CPU comparison (targets b, c, h, and c0 with -baseline), about two minutes")
+	flag.BoolVar(&o.cpuOnly, "cpu-only", false, "measure only the CPU comparison (targets b, c, h, i, and c0 with -baseline), about two and a half minutes")
 	flag.StringVar(&o.baseline, "baseline", "", "also build cmd/caddy from this git revision and measure it as (c0), the same config as (c), taking turns with the others")
 	flag.StringVar(&o.profileDir, "profile", "", "write heap and goroutine profiles of each caddy process holding the idle streams, and CPU and allocation profiles of each target in the last round of the CPU comparison, to this directory")
 	reload := flag.Duration("reload", 0, "instead of the rest, run the reload-under-load mode for this long (60s for the full check)")

@@ -64,7 +64,7 @@ func (r *report) markdown() string {
 	targets := "Targets, for (c) and (d) against (b) unless named:"
 	if r.cpuOnly {
 		rounds = fmt.Sprintf("the medians of %d rounds of %s (targets taking turns), closed loop (vegeta), 10 KB request bodies", r.cpuRounds, r.cpuDuration)
-		targets = "Targets, against (b):"
+		targets = "Targets, against (b) unless named:"
 	}
 	fmt.Fprintf(&b, "Machine: %s. Each row: %s; CPU/req: the user and system CPU time of the target's caddy process in a round over the requests it answered.\n\n", r.machine, rounds)
 	b.WriteString("| workload | target | req/s | success | p50 | p99 | first byte p50 | CPU/req | memory / idle stream | req/s vs reverse_proxy | p50 vs reverse_proxy | p99 vs reverse_proxy | CPU/req vs reverse_proxy |\n")
@@ -206,11 +206,16 @@ const (
 	maxCPURelay    = 0.85 // (c)'s CPU per request, at most, times (b)'s
 	minReqsRelay   = 1.10 // (c)'s throughput, at least, times (b)'s
 	maxCPUFeatures = 0.90 // (h)'s CPU per request, at most, times (b)'s
+	// maxCPULedger is (i)'s CPU per request, at most, times (c)'s: what
+	// keeping a usage ledger (the row handed over, and the writer's
+	// batches into SQLite in the same process) adds to a request
+	maxCPULedger = 1.02
 )
 
-// cpuGoals checks the CPU targets. Each is on one row, the CPU comparison
-// workload's; without it (a run that left its target out), it says it was
-// not measured.
+// cpuGoals checks the CPU targets: against reverse_proxy, then the
+// ledger's against (c). Each is on one row, the CPU comparison workload's;
+// without it (a run that left its target out), it says it was not
+// measured.
 func (r *report) cpuGoals() []string {
 	w := r.cpuWorkload()
 	cpuName := fmt.Sprintf("CPU comparison: CPU per request <= %.2fx reverse_proxy", maxCPURelay)
@@ -229,7 +234,21 @@ func (r *report) cpuGoals() []string {
 	} else {
 		goals = append(goals, notMeasured(featuresName))
 	}
-	return goals
+	return append(goals, r.ledgerGoal())
+}
+
+// ledgerGoal checks what the usage ledger costs, (i) against (c) at the
+// CPU comparison workload: CPU per request.
+func (r *report) ledgerGoal() string {
+	w := r.cpuWorkload()
+	name := fmt.Sprintf("ledger: CPU per request of (c) with the ledger <= %.2fx (c)", maxCPULedger)
+	x, okX := r.find(relayLedger, w)
+	c, okC := r.find(relayOne, w)
+	if !okX || !okC {
+		return notMeasured(name)
+	}
+	cpu := float64(x.cpuPerReq) / float64(c.cpuPerReq)
+	return goal(name, times(cpu), x.target.name+", "+w.String(), cpu <= maxCPULedger)
 }
 
 // pairAt returns t's row of w paired with reverse_proxy's, if both were

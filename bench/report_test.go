@@ -14,18 +14,19 @@ func TestCPUOnlyReport(t *testing.T) {
 	o := fullRun()
 	o.cpuOnly, o.baseline = true, "2f0c701"
 	c0 := baselineTarget(o.baseline)
-	o.targets = []*target{reverseProxy, relayOne, c0, relayFeatures}
+	o.targets = []*target{reverseProxy, relayOne, c0, relayFeatures, relayLedger}
 	w := o.cpuWorkload()
 	rep := &report{options: o, machine: "test machine", rows: []row{
 		{target: reverseProxy, workload: w, reqPerSec: 4000, success: 1, p50: 10 * time.Millisecond, p99: 30 * time.Millisecond, cpuPerReq: 200 * time.Microsecond},
 		{target: relayOne, workload: w, reqPerSec: 4400, success: 1, p50: 9 * time.Millisecond, p99: 27 * time.Millisecond, cpuPerReq: 170 * time.Microsecond},
 		{target: c0, workload: w, reqPerSec: 4000, success: 1, p50: 10 * time.Millisecond, p99: 30 * time.Millisecond, cpuPerReq: 200 * time.Microsecond},
 		{target: relayFeatures, workload: w, reqPerSec: 3900, success: 1, p50: 11 * time.Millisecond, p99: 33 * time.Millisecond, cpuPerReq: 182 * time.Microsecond},
+		{target: relayLedger, workload: w, reqPerSec: 4300, success: 1, p50: 9 * time.Millisecond, p99: 28 * time.Millisecond, cpuPerReq: 173 * time.Microsecond},
 	}}
 	got := rep.markdown()
 	for _, want := range []string{
 		"the medians of 8 rounds of 3s (targets taking turns), closed loop (vegeta), 10 KB request bodies; CPU/req: ",
-		"\nTargets, against (b):\n",
+		"\nTargets, against (b) unless named:\n",
 		"| non-streaming c=50 | (b) reverse_proxy | 4000 | 100% | 10.00 ms | 30.00 ms |  | 200 µs |  |  |  |  |  |\n",
 		"| non-streaming c=50 | (c) relay, 1 channel | 4400 | 100% | 9.00 ms | 27.00 ms |  | 170 µs |  | 1.10x | 0.90x | 0.90x | 0.85x |\n",
 		"| non-streaming c=50 | (c0) relay, 1 channel, 2f0c701 | 4000 | 100% | 10.00 ms | 30.00 ms |  | 200 µs |  | 1.00x | 1.00x | 1.00x | 1.00x |\n",
@@ -33,13 +34,19 @@ func TestCPUOnlyReport(t *testing.T) {
 		"- CPU comparison: CPU per request <= 0.85x reverse_proxy: 0.85x at (c) relay, 1 channel, non-streaming c=50: met\n",
 		"- CPU comparison: throughput >= 1.10x reverse_proxy: 1.10x at (c) relay, 1 channel, non-streaming c=50: met\n",
 		"- CPU comparison: CPU per request with budgets, identity and dedup headers <= 0.90x reverse_proxy: 0.91x at (h) relay, budgets, identity and dedup headers, non-streaming c=50: **MISSED**\n",
+		"- ledger: CPU per request of (c) with the ledger <= 1.02x (c): 1.02x at (i) relay, 1 channel, ledger, non-streaming c=50: met\n",
 		"- (c) vs (c0): CPU/req 0.85x, throughput 1.10x (non-streaming c=50; (c0) is 2f0c701; reported, not a target)\n",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("the report has no %q; it is:\n%s", want, got)
 		}
 	}
-	if n := strings.Count(got, "\n- "); n != 4 {
-		t.Errorf("%d lines of targets, want the 3 CPU targets and the baseline line:\n%s", n, got)
+	if n := strings.Count(got, "\n- "); n != 5 {
+		t.Errorf("%d lines of targets, want the 4 CPU targets and the baseline line:\n%s", n, got)
+	}
+	// (i) at 1.04x (c)'s CPU per request misses its target
+	rep.rows[4].cpuPerReq = 176 * time.Microsecond
+	if want := "- ledger: CPU per request of (c) with the ledger <= 1.02x (c): 1.04x at (i) relay, 1 channel, ledger, non-streaming c=50: **MISSED**\n"; !strings.Contains(rep.markdown(), want) {
+		t.Errorf("the report has no %q; it is:\n%s", want, rep.markdown())
 	}
 }

@@ -144,10 +144,11 @@ func run(ctx context.Context, o options) (*report, error) {
 func (b *bench) measureLoad(ctx context.Context) ([]row, error) {
 	urls := make(map[*target]string, len(b.targets))
 	procs := make(map[*target]*caddyProcess, len(b.targets))
-	admins := make(map[*target]string, len(b.targets)) // with -profile: each process's admin endpoint
+	admins := make(map[*target]string, len(b.targets)) // with -profile, or a ledger: the process's admin endpoint
+	sent := make(map[*target]int64, len(b.targets))    // the requests each target was sent
 	for _, t := range b.targets {
 		served := t
-		if b.profileDir != "" && t.caddyfile != "" {
+		if (b.profileDir != "" || t.ledger) && t.caddyfile != "" {
 			addr, err := freeAddr()
 			if err != nil {
 				return nil, err
@@ -165,7 +166,7 @@ func (b *bench) measureLoad(ctx context.Context) ([]row, error) {
 		}
 		urls[t], procs[t] = url, proc
 		b.logf("%s: warm-up", t.name)
-		attack(ctx, t, url, workload{kind: nonStreaming, concurrency: b.warmUpConcurrency()}, b.duration/10)
+		sent[t] += attack(ctx, t, url, workload{kind: nonStreaming, concurrency: b.warmUpConcurrency()}, b.duration/10).requests
 		if t.dedup {
 			if err := b.checkDedup(ctx, t, url); err != nil {
 				return nil, fmt.Errorf("%s: %w", t.name, err)
@@ -187,7 +188,7 @@ func (b *bench) measureLoad(ctx context.Context) ([]row, error) {
 				// with -profile, the last round of the CPU comparison is
 				// profiled too (CPU for the round, then allocations)
 				var prof *cpuProfile
-				if addr := admins[ts[i]]; addr != "" && w.cpu && round == n-1 {
+				if addr := admins[ts[i]]; addr != "" && b.profileDir != "" && w.cpu && round == n-1 {
 					prof = startCPUProfile(ctx, addr, d)
 				}
 				r, err := measureRound(ctx, ts[i], urls[ts[i]], procs[ts[i]], w, d)
@@ -200,6 +201,7 @@ func (b *bench) measureLoad(ctx context.Context) ([]row, error) {
 					}
 				}
 				rounds[i] = append(rounds[i], r)
+				sent[ts[i]] += r.requests
 				if err := ctx.Err(); err != nil {
 					return nil, err
 				}
@@ -207,6 +209,13 @@ func (b *bench) measureLoad(ctx context.Context) ([]row, error) {
 		}
 		for i := range ts {
 			rows = append(rows, median(rounds[i]))
+		}
+	}
+	for _, t := range b.targets {
+		if t.ledger {
+			if err := b.checkLedger(ctx, t, admins[t], sent[t]); err != nil {
+				return nil, fmt.Errorf("%s: %w", t.name, err)
+			}
 		}
 	}
 	return rows, nil
@@ -416,7 +425,8 @@ func (b *bench) serve(ctx context.Context, t *target, up *fakeupstream.Upstream)
 		redisAddr = b.redis.addr
 	}
 	// $UPSTREAM_URL and $UPSTREAM_TLS first: $UPSTREAM is a prefix of both
-	cfg := strings.NewReplacer("$UPSTREAM_URL", upURL, "$UPSTREAM_TLS", upTLS, "$PORT", port, "$UPSTREAM", upAddr, "$DEAD", b.deadAddr, "$REDIS", redisAddr).Replace(t.caddyfile)
+	cfg := strings.NewReplacer("$UPSTREAM_URL", upURL, "$UPSTREAM_TLS", upTLS, "$PORT", port, "$UPSTREAM", upAddr, "$DEAD", b.deadAddr, "$REDIS", redisAddr,
+		"$LEDGER", filepath.Join(b.dir, profileName(t)+"-ledger.db")).Replace(t.caddyfile)
 	bin := b.caddy
 	if t.rev != "" {
 		bin = b.baselineCaddy

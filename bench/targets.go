@@ -18,7 +18,8 @@ import (
 type target struct {
 	name string
 	// caddyfile is the config of its caddy process, with $PORT (the site's
-	// port), $UPSTREAM, $DEAD and $REDIS (host:port) to fill in, and for
+	// port), $UPSTREAM, $DEAD and $REDIS (host:port) and $LEDGER (a file
+	// in the run's temporary directory) to fill in, and for
 	// the targets whose idle streams are measured over both HTTP/1.1 and
 	// HTTP/2, $UPSTREAM_URL (with its scheme) and $UPSTREAM_TLS (the
 	// transport block that trusts the upstream's self-signed certificate,
@@ -37,6 +38,13 @@ type target struct {
 	fixedRate bool
 	// cpu says whether the CPU comparison workload is measured.
 	cpu bool
+	// onlyCPU says that the CPU comparison is the only workload measured.
+	onlyCPU bool
+	// ledger says that the caddyfile keeps a usage ledger in a SQLite file
+	// at $LEDGER: its process gets an admin endpoint, and after the load
+	// the harness checks that the ledger holds a row for every request it
+	// sent (bench.checkLedger).
+	ledger bool
 	// header returns the headers of the load's seq-th request (from 0);
 	// nil: requestHeader(), the same for every request.
 	header func(seq uint64) http.Header
@@ -51,13 +59,15 @@ type target struct {
 	rev string
 }
 
-// runs reports whether t is measured under w: every target under the
-// closed-loop and streaming workloads but the CPU comparison, some under
-// the others.
+// runs reports whether t is measured under w: every target but those of
+// the CPU comparison alone under the closed-loop and streaming workloads
+// but the CPU comparison, some under the others.
 func (t *target) runs(w workload) bool {
 	switch {
 	case w.cpu:
 		return t.cpu
+	case t.onlyCPU:
+		return false
 	case w.kind == fixedRate:
 		return t.fixedRate
 	case w.kind == idle:
@@ -247,7 +257,17 @@ var (
 }
 `}
 
-	targets = []*target{direct, reverseProxy, relayOne, relayTiers, relayFailover, relayKeyLimits, relayRedis, relayFeatures}
+	// relayLedger is (c) with a usage ledger in a SQLite file: each
+	// request hands its row to the ledger's queue, and the ledger's writer
+	// writes the rows to the file in batches, in the same process, so its
+	// CPU counts in the row. Measured in the CPU comparison alone, against
+	// (c); after the load the harness reads GET /relay/usage from the
+	// process's admin endpoint and fails unless every request it sent has
+	// its row.
+	relayLedger = &target{name: "(i) relay, 1 channel, ledger", cpu: true, onlyCPU: true, ledger: true,
+		caddyfile: strings.Replace(relayOne.caddyfile, "\t\tkey sk-bench bench\n", "\t\tledger sqlite $LEDGER\n\t\tkey sk-bench bench\n", 1)}
+
+	targets = []*target{direct, reverseProxy, relayOne, relayTiers, relayFailover, relayKeyLimits, relayRedis, relayFeatures, relayLedger}
 )
 
 // benchIdentities is how many identities the load of relayFeatures takes
