@@ -14,9 +14,18 @@ import (
 type sqlLedger struct {
 	db *sql.DB
 	d  dialect
-	// insertFull is the statement of a full batch, built once
-	insertFull string
+	// insert holds the statements that write insertSizes[i] rows, and
+	// upsert the one that adds to the daily rollup, prepared once: a
+	// statement of a thousand rows took longer to parse than to run, and
+	// the rollup's upsert was parsed again for every sum
+	insert [len(insertSizes)]*sql.Stmt
+	upsert *sql.Stmt
 }
+
+// insertSizes are the row counts of the prepared inserts, largest first:
+// a batch is written as whole statements of these sizes (a full batch in
+// one), so that no batch needs a statement parsed for it.
+var insertSizes = [...]int{ledgerBatch, 100, 10, 1}
 
 // dialect is what differs between the databases: the schema's
 // migrations, how a time is stored, how a day is told, placeholders.
@@ -52,7 +61,20 @@ func newSQLLedger(ctx context.Context, db *sql.DB, d dialect) (*sqlLedger, error
 		_ = db.Close()
 		return nil, err
 	}
-	s.insertFull = s.insertSQL(ledgerBatch)
+	for i, n := range insertSizes {
+		st, err := db.PrepareContext(ctx, s.insertSQL(n)+" RETURNING request_id")
+		if err != nil {
+			_ = db.Close()
+			return nil, fmt.Errorf("ledger: prepare the insert of %d rows: %w", n, err)
+		}
+		s.insert[i] = st
+	}
+	st, err := db.PrepareContext(ctx, s.upsertDaily())
+	if err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("ledger: prepare the daily rollup: %w", err)
+	}
+	s.upsert = st
 	return s, nil
 }
 
@@ -128,42 +150,36 @@ func (s *sqlLedger) insertSQL(n int) string {
 // retried batch had written already) are added to the rollup, so both
 // count each request once.
 func (s *sqlLedger) write(ctx context.Context, rows []ledgerRow) error {
-	q := s.insertFull
-	if len(rows) != ledgerBatch {
-		q = s.insertSQL(len(rows))
-	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = tx.Rollback() }()
-	args := make([]any, 0, len(rows)*len(ledgerColumns))
-	for i := range rows {
-		r := &rows[i]
-		args = append(args, r.id, s.d.timeArg(r.at), r.key, r.user, r.group, r.channel,
-			r.model, r.served, r.status, r.cause,
-			r.input, r.output, r.cacheRead, r.cacheWrite,
-			r.costNano, r.estimated, r.incomplete, sessionDigest(r.session),
-			r.duration.Milliseconds(), r.firstByte.Milliseconds())
-	}
-	res, err := tx.QueryContext(ctx, q+" RETURNING request_id", args...)
-	if err != nil {
-		return err
-	}
 	written := make(map[string]bool, len(rows))
-	for res.Next() {
-		var id string
-		if err := res.Scan(&id); err != nil {
-			res.Close()
+	args := make([]any, 0, min(len(rows), ledgerBatch)*len(ledgerColumns))
+	for rest := rows; len(rest) > 0; {
+		i := 0
+		for insertSizes[i] > len(rest) {
+			i++
+		}
+		chunk := rest[:insertSizes[i]]
+		rest = rest[len(chunk):]
+		args = args[:0]
+		for j := range chunk {
+			r := &chunk[j]
+			args = append(args, r.id, s.d.timeArg(r.at), r.key, r.user, r.group, r.channel,
+				r.model, r.served, r.status, r.cause,
+				r.input, r.output, r.cacheRead, r.cacheWrite,
+				r.costNano, r.estimated, r.incomplete, sessionDigest(r.session),
+				r.duration.Milliseconds(), r.firstByte.Milliseconds())
+		}
+		res, err := tx.StmtContext(ctx, s.insert[i]).QueryContext(ctx, args...)
+		if err != nil {
 			return err
 		}
-		written[id] = true
-	}
-	if err := res.Close(); err != nil {
-		return err
-	}
-	if err := res.Err(); err != nil {
-		return err
+		if err := readWritten(res, written); err != nil {
+			return err
+		}
 	}
 	sums := map[dailyKey]*usageRow{}
 	var order []dailyKey
@@ -188,12 +204,29 @@ func (s *sqlLedger) write(ctx context.Context, rows []ledgerRow) error {
 	}
 	for _, k := range order {
 		u := sums[k]
-		if _, err := tx.ExecContext(ctx, s.upsertDaily(), k.day, k.key, k.user, k.group, k.channel, k.model,
+		if _, err := tx.StmtContext(ctx, s.upsert).ExecContext(ctx, k.day, k.key, k.user, k.group, k.channel, k.model,
 			u.requests, u.input, u.output, u.cacheRead, u.cacheWrite, u.costNano); err != nil {
 			return err
 		}
 	}
 	return tx.Commit()
+}
+
+// readWritten adds the request ids of an insert's RETURNING to written:
+// the rows it wrote, not those a retried batch had written already.
+func readWritten(res *sql.Rows, written map[string]bool) error {
+	for res.Next() {
+		var id string
+		if err := res.Scan(&id); err != nil {
+			res.Close()
+			return err
+		}
+		written[id] = true
+	}
+	if err := res.Close(); err != nil {
+		return err
+	}
+	return res.Err()
 }
 
 // dailyKey is a row of the daily rollup: a UTC day and every column a
@@ -257,4 +290,10 @@ func (s *sqlLedger) prune(ctx context.Context, before time.Time) (int64, error) 
 	return res.RowsAffected()
 }
 
-func (s *sqlLedger) close() error { return s.db.Close() }
+func (s *sqlLedger) close() error {
+	for _, st := range s.insert {
+		_ = st.Close()
+	}
+	_ = s.upsert.Close()
+	return s.db.Close()
+}
