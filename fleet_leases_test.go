@@ -405,7 +405,8 @@ func TestBlocksOutliveRedisForTheirLease(t *testing.T) {
 
 // TestALeasedKeyAsksRedisNothing: a request whose key's limits are all
 // leased, and whose channel has none, asks Redis nothing once the key's
-// blocks are taken; a key with a concurrency limit asks once per request,
+// blocks are taken, a large concurrency limit's block of slots among them;
+// a key with a concurrency limit too small to lease asks once per request,
 // with its channel's limits and its end user's in the same script.
 func TestALeasedKeyAsksRedisNothing(t *testing.T) {
 	srv := redistest.Start(t)
@@ -413,7 +414,9 @@ func TestALeasedKeyAsksRedisNothing(t *testing.T) {
 		Fleet: &Fleet{Redis: &FleetRedis{Address: []string{srv.Addr}, Prefix: "leasedkey:"}},
 		Keys: []*Key{
 			{Secret: "sk-leased-0123456789abcdef", Group: "leased-g", KeyOptions: KeyOptions{Name: "leased", Rate: "100000/m", Tokens: "100000000/m"}},
-			{Secret: "sk-counted-0123456789abcdef", Group: "leased-g", KeyOptions: KeyOptions{Name: "counted", Rate: "100000/m", Concurrency: 100}},
+			{Secret: "sk-slots-0123456789abcdefgh", Group: "leased-g", KeyOptions: KeyOptions{Name: "slots", Rate: "100000/m", Concurrency: 100}},
+			// alone in its fleet, a block of 99 slots would be 9: not leased
+			{Secret: "sk-counted-0123456789abcdef", Group: "leased-g", KeyOptions: KeyOptions{Name: "counted", Rate: "100000/m", Concurrency: 99}},
 		},
 		Channels: []*Channel{{Name: "leased-ch", UpstreamRaw: upstream("mock"), Rate: "100000/m"}},
 		Groups:   []*Group{{Name: "leased-g", Channels: []string{"leased-ch"}}},
@@ -440,10 +443,17 @@ func TestALeasedKeyAsksRedisNothing(t *testing.T) {
 	}
 	before = admitOps(t)
 	for range 20 {
+		send("sk-slots-0123456789abcdefgh")
+	}
+	if ops := admitOps(t) - before; ops != 1 {
+		t.Errorf("20 requests of a key with a leased concurrency limit asked Redis %v times, want 1: its block of 10 slots", ops)
+	}
+	before = admitOps(t)
+	for range 20 {
 		send("sk-counted-0123456789abcdef")
 	}
 	if ops := admitOps(t) - before; ops != 20 {
-		t.Errorf("20 requests of a key with a concurrency limit asked Redis %v times, want 20", ops)
+		t.Errorf("20 requests of a key with a concurrency limit of 99 asked Redis %v times, want 20", ops)
 	}
 }
 
