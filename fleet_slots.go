@@ -45,9 +45,14 @@ const (
 	maxSlotBlock = 1000 // slots: members one admission adds at most
 )
 
+// defaultSlotEvery is how long a node keeps the slots the peak of its
+// requests in flight needed before it gives back what the next peak does
+// not need (at most the storage's lease).
+const defaultSlotEvery = time.Second
+
 // slotLease is how long a node keeps the slots its peak needed before it
 // shrinks what it holds to what the next peak needs.
-func (f *fleet) slotLease() time.Duration { return min(time.Second, f.lease) }
+func (f *fleet) slotLease() time.Duration { return time.Duration(f.slotEvery.Load()) }
 
 // slotBlock is what this node holds of a concurrency limit: members of the
 // limit's lease set. Guarded by its sharedLimit's mu.
