@@ -495,9 +495,10 @@ func TestTheGateRefusesWhatRedisRefused(t *testing.T) {
 // BenchmarkFleetAdmit admits and gives back one request against a key's
 // limits kept in a real redis-server on loopback, as one relay of a fleet
 // of one: a rate and a token limit large enough to lease (and, as the
-// benchmark harness's target (g), a concurrency limit, which is never
-// leased), with blocks and with every admission asked of Redis. It
-// reports the admissions asked of Redis per request.
+// benchmark harness's target (g), a concurrency limit large enough to
+// lease in blocks of slots; and a concurrency limit alone), with blocks
+// and with every admission asked of Redis. It reports the admissions
+// asked of Redis per request.
 func BenchmarkFleetAdmit(b *testing.B) {
 	srv := redistest.Start(b)
 	// far above what the loop spends (a request a microsecond, 2,600
@@ -505,6 +506,7 @@ func BenchmarkFleetAdmit(b *testing.B) {
 	large := limits{rate: rateSpec{n: 1e9, period: time.Second}, tokens: rateSpec{n: 1e13, period: time.Second}}
 	withConc := large
 	withConc.concurrency = 100_000
+	concOnly := limits{concurrency: 100_000}
 	for _, c := range []struct {
 		name   string
 		spec   limits
@@ -514,6 +516,8 @@ func BenchmarkFleetAdmit(b *testing.B) {
 		{"rate+tokens/each-in-redis", large, false},
 		{"rate+tokens+concurrency/leased", withConc, true},
 		{"rate+tokens+concurrency/each-in-redis", withConc, false},
+		{"concurrency/leased", concOnly, true},
+		{"concurrency/each-in-redis", concOnly, false},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			f := testFleet(b, srv.Addr, "bench-"+c.name+":", 0)
