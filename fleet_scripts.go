@@ -12,7 +12,8 @@ import (
 //   - concurrency: a sorted set of leases, scored by their expiry; expired
 //     leases are dropped before counting. A relay renews the leases it
 //     holds every third of the lease time, so a relay that dies frees its
-//     slots within that time.
+//     slots within that time. The slots of a large limit's blocks are
+//     members too, one each (fleet_slots.go).
 //   - request rate: GCRA (the generic cell rate algorithm), one timestamp
 //     per limit: the theoretical arrival time of the next request. With a
 //     burst of n it admits exactly what a token bucket of n would.
