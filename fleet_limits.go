@@ -188,8 +188,11 @@ func (c *admitCall) undo() {
 	if c.tokens.ask > 0 {
 		s.tb.refilling = false
 	}
-	c.undoSlots()
+	back := c.undoSlots()
 	s.mu.Unlock()
+	if back != "" {
+		s.f.releaseSlots(s, []string{back})
+	}
 	c.rate, c.tokens = blockUse{}, blockUse{}
 	if !c.sent && (c.rret > 0 || c.tret != 0) {
 		s.f.queueRelease(blockRelease(s, c.rret, c.spec.emission(), c.tret, c.spec.tokensPerMs(), c.spec.tokens.n))

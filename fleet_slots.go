@@ -158,16 +158,35 @@ func (s *sharedLimit) prepareSlots(c *admitCall, now time.Time, spec limits) (fr
 }
 
 // undoSlots puts back the slot the call took, or ends its taking of a
-// block (s.mu held).
-func (c *admitCall) undoSlots() {
+// block (s.mu held). It returns a slot to give back to Redis: when the
+// slots were given back meanwhile, one of those the requests used.
+func (c *admitCall) undoSlots() (back string) {
 	b := &c.s.cb
-	if c.slots.gen != 0 && b.gen == c.slots.gen && b.used > 0 {
-		b.used--
+	if c.slots.gen != 0 {
+		back = b.unuse(c.slots.gen)
 	}
 	if c.slots.ask > 0 {
 		b.refilling = false
 	}
 	c.slots = slotUse{}
+	return back
+}
+
+// unuse ends the use of a slot of gen: it is free again, or, when the
+// slots of gen were given back while it was used, one of those used goes
+// back to Redis (returned).
+func (b *slotBlock) unuse(gen uint64) string {
+	if gen == b.gen && b.used > 0 {
+		b.used--
+		return ""
+	}
+	n := len(b.draining)
+	if n == 0 {
+		return ""
+	}
+	id := b.draining[n-1]
+	b.draining = b.draining[:n-1]
+	return id
 }
 
 // grantSlots takes in the block of got slots the call took, one of them
@@ -201,16 +220,7 @@ func (c *admitCall) grantSlots(now time.Time, g *grant, got int64) []string {
 // it ran, to Redis.
 func (s *sharedLimit) freeSlot(gen uint64) {
 	s.mu.Lock()
-	b := &s.cb
-	if gen == b.gen && b.used > 0 {
-		b.used--
-		s.mu.Unlock()
-		return
-	}
-	var id string
-	if n := len(b.draining); n > 0 {
-		id, b.draining = b.draining[n-1], b.draining[:n-1]
-	}
+	id := s.cb.unuse(gen)
 	s.mu.Unlock()
 	if id != "" {
 		s.f.releaseSlots(s, []string{id})

@@ -355,3 +355,44 @@ func TestLeasedSlotsAllocateNothing(t *testing.T) {
 		t.Fatalf("a request on a leased slot allocates %.1f, one without a concurrency limit %.1f", with, without)
 	}
 }
+
+// TestASlotGoesBackWhenAnotherLimitRefuses: a request that took one of
+// the node's slots and that its rate (too small to lease, so asked of
+// Redis) refuses puts the slot back.
+func TestASlotGoesBackWhenAnotherLimitRefuses(t *testing.T) {
+	srv := redistest.Start(t)
+	f := testNodes(t, srv.Addr, "slotundo:", 1)[0]
+	l := sharedLimiter(t, f, "k:undo", limits{concurrency: 1000, rate: rateSpec{n: 2, period: time.Hour}})
+	s := l.shared.Load()
+	takeN(t, l, 2)
+	if _, scope, _ := l.take(time.Now(), -1); scope != scopeRate {
+		t.Fatalf("the third request of a rate of 2/h: %q, want rate", scope)
+	}
+	if held, used := slotState(s); held != 100 || used != 2 {
+		t.Fatalf("%d slots held, %d used, want 100 and the 2 admitted", held, used)
+	}
+}
+
+// TestSlotsInUseDrainOnePerRequest: slots given back all at once while
+// requests use them go back one as each of those requests ends, whether
+// it ends normally or is taken back.
+func TestSlotsInUseDrainOnePerRequest(t *testing.T) {
+	var gens uint64 = 1
+	b := slotBlock{gen: 1, ids: []string{"a/1", "a/2", "a/3", "a/4"}, used: 2}
+	if free := b.end(&gens); len(free) != 2 || free[0] != "a/3" || free[1] != "a/4" {
+		t.Fatalf("given back at once: %v, want the two unused", free)
+	}
+	if b.held() || b.gen != 2 || len(b.draining) != 2 {
+		t.Fatalf("after the end: %+v", b)
+	}
+	b.ids, b.used = []string{"b/1"}, 1 // a new block, of gen 2
+	if id := b.unuse(1); id == "" || len(b.draining) != 1 || b.used != 1 {
+		t.Fatalf("a request of the ended slots ends: %q given back, %d draining, %d used", id, len(b.draining), b.used)
+	}
+	if id := b.unuse(2); id != "" || b.used != 0 {
+		t.Fatalf("a request of the new block ends: %q given back, %d used", id, b.used)
+	}
+	if id := b.unuse(1); id == "" || len(b.draining) != 0 {
+		t.Fatalf("the last request of the ended slots: %q given back, %d draining", id, len(b.draining))
+	}
+}

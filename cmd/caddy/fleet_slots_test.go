@@ -83,7 +83,9 @@ func awaitRelaysUp(t *testing.T, node *fleetNode, n int) {
 // not), at least 270 reach it (no relay holds a block's worth unused),
 // the others are refused with 429 key_rate_limited, and GET /relay/fleet
 // lists each relay's block with the error it allows. Then a relay dies:
-// its slots expire within the lease and the others take them.
+// its slots expire within the lease and the others take them. (A timeout
+// of a second: a renewal that a loaded machine delays past the default
+// 50ms would fail, and the living relays' slots could expire in use.)
 func TestFleetLeasesSlotsOfALargeConcurrency(t *testing.T) {
 	srv := redistest.Start(t)
 	probe := &arrivals{concurrencyProbe: concurrencyProbe{release: make(chan struct{})}}
@@ -91,7 +93,7 @@ func TestFleetLeasesSlotsOfALargeConcurrency(t *testing.T) {
 	t.Cleanup(released)
 	up := fakeupstream.New(t, probe)
 	const limit, relays, each, lease = 300, 3, 110, 2 * time.Second
-	nodes := startFleet(t, relays, fleetConfig{redisAddr: srv.Addr, prefix: "slots:", storage: "\t\t\tlease 2s\n",
+	nodes := startFleet(t, relays, fleetConfig{redisAddr: srv.Addr, prefix: "slots:", storage: "\t\t\tlease 2s\n\t\t\ttimeout 1s\n",
 		keyOpts: "\t\t\tconcurrency 300\n", channels: []string{"up=" + up.URL}})
 	awaitRelaysUp(t, nodes[0], relays)
 
