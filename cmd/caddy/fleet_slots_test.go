@@ -83,9 +83,10 @@ func awaitRelaysUp(t *testing.T, node *fleetNode, n int) {
 // not), at least 270 reach it (no relay holds a block's worth unused),
 // the others are refused with 429 key_rate_limited, and GET /relay/fleet
 // lists each relay's block with the error it allows. Then a relay dies:
-// its slots expire within the lease and the others take them. (A timeout
-// of a second: a renewal that a loaded machine delays past the default
-// 50ms would fail, and the living relays' slots could expire in use.)
+// its slots expire within the lease and the others take them. (Redis gets
+// a timeout of a second: on a loaded machine an admission past the
+// default 50ms fails, and on_error local then admits on the relay's own
+// limits, as documented, past the fleet's.)
 func TestFleetLeasesSlotsOfALargeConcurrency(t *testing.T) {
 	srv := redistest.Start(t)
 	probe := &arrivals{concurrencyProbe: concurrencyProbe{release: make(chan struct{})}}
