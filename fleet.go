@@ -167,6 +167,9 @@ type fleet struct {
 	slots     []leaseRef
 	slotsNew  chan struct{}
 	slotDelay atomic.Int64 // ns
+	// slotEvery is how long a node keeps the slots its requests' peak
+	// needed before it gives back the rest (fleet_slots.go), in ns
+	slotEvery atomic.Int64
 
 	releases chan release       // given back off the request path
 	publish  chan healthChange  // health changes of this node, to publish
@@ -233,6 +236,7 @@ func newFleet(ctx caddy.Context, s *FleetRedis) (*fleet, error) {
 	if f.lease <= 0 {
 		f.lease = defaultLease
 	}
+	f.slotEvery.Store(int64(min(defaultSlotEvery, f.lease)))
 	opts := &redis.UniversalOptions{
 		Addrs:      s.Address,
 		MasterName: s.MasterName,

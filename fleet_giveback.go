@@ -37,6 +37,9 @@ func (s *sharedLimit) chargeBlock(n int64) bool {
 // Redis Cluster, the lease goes with the next admission this relay sends,
 // or with the worker that gives back when none comes soon (pendSlots).
 func (s *sharedLimit) giveBack(spec limits, g grant, correction int64) {
+	if g.slotGen != 0 {
+		s.freeSlot(g.slotGen)
+	}
 	r := release{limit: s, lease: g.lease}
 	if correction != 0 && spec.tokens.n > 0 && !(g.fromBlock && s.chargeBlock(correction)) {
 		r.tokens, r.perMs, r.burst = correction, spec.tokensPerMs(), spec.tokens.n
@@ -250,7 +253,8 @@ func (f *fleet) renewLeases(ctx context.Context) {
 }
 
 // renew moves the expiry of every lease this node holds: its concurrency
-// slots and its requests' holds.
+// slots (its blocks' too) and its requests' holds; and confirms that
+// Redis still holds its blocks of slots.
 func (f *fleet) renew() {
 	bySet := map[string][]any{}
 	f.leaseMu.Lock()
@@ -264,13 +268,20 @@ func (f *fleet) renew() {
 	if len(bySet) == 0 {
 		return
 	}
-	_ = f.do("renew", func(ctx context.Context) error {
+	checks := f.slotChecks() // after the leases: a block taken since is confirmed by its taking
+	start := f.now()
+	var found []*redis.Cmd
+	err := f.do("renew", func(ctx context.Context) error {
 		_, err := f.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 			for set, ids := range bySet {
 				renewScript.Eval(ctx, pipe, []string{set}, append([]any{f.lease.Milliseconds()}, ids...)...)
 			}
+			found = checkSlots(ctx, pipe, f.lease.Milliseconds(), checks)
 			return nil
 		})
 		return err
 	})
+	if err == nil {
+		confirmSlots(start, checks, found)
+	}
 }

@@ -193,9 +193,9 @@ func (f *fleet) admitAny(now time.Time, calls []*admitCall, hcs []*holdCall) (re
 	}
 	failed := false
 	type answer struct {
-		left       headroom
-		rgot, tgot int64
-		admitted   bool
+		left     headroom
+		got      taken
+		admitted bool
 	}
 	got := make([]answer, len(calls))
 	for i, c := range calls {
@@ -208,8 +208,8 @@ func (f *fleet) admitAny(now time.Time, calls []*admitCall, hcs []*holdCall) (re
 			failed = true
 			continue
 		}
-		left, s, w, rgot, tgot := c.read(now, res)
-		got[i] = answer{left: left, rgot: rgot, tgot: tgot, admitted: s == scopeNone}
+		left, s, w, taken := c.read(now, res)
+		got[i] = answer{left: left, got: taken, admitted: s == scopeNone}
 		if s != scopeNone && refused < 0 {
 			refused, scope, wait = i, s, w
 		}
@@ -233,14 +233,14 @@ func (f *fleet) admitAny(now time.Time, calls []*admitCall, hcs []*holdCall) (re
 	}
 	if !failed && refused < 0 && ans.verdict == holdTaken {
 		for i, c := range calls {
-			c.g = c.granted(now, got[i].left, got[i].rgot, got[i].tgot)
+			c.g = c.granted(now, got[i].left, got[i].got)
 		}
 		return -1, scopeNone, 0, ans, nil
 	}
 	// not admitted: what the others took goes back
 	for i, c := range calls {
 		if c.redis && got[i].admitted {
-			g := c.granted(now, got[i].left, got[i].rgot, got[i].tgot)
+			g := c.granted(now, got[i].left, got[i].got)
 			c.s.giveBack(c.spec, g, -g.charged)
 			c.g = grant{left: g.left}
 			continue

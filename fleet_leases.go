@@ -16,8 +16,8 @@ import (
 // (the admission script of the request that needs it), admits from the
 // block with no round trip until the block is spent or its lease ends, and
 // gives back what it did not use when the lease ends, when the limit
-// changes, or when the node stops. Concurrency and budgets are never
-// leased: they stay exact.
+// changes, or when the node stops. Large concurrency limits are leased in
+// blocks of slots (fleet_slots.go); budgets are never leased.
 //
 //   - Size: a block is a tenth of a node's even share of the limit,
 //     n / (10 x nodes) for a limit of n requests or tokens a period, with
@@ -171,6 +171,11 @@ func (f *fleet) endBlocks(now time.Time, all bool) time.Time {
 		if r.requests > 0 || r.tokens != 0 {
 			f.queueRelease(r)
 		}
+		slots, until := s.endSlots(now, all)
+		if slots && (next.IsZero() || until.Before(next)) {
+			next = until
+		}
+		held = held || slots
 		if !held {
 			f.blocksMu.Lock()
 			if s.holdsNone() {
@@ -212,7 +217,7 @@ func (s *sharedLimit) endBlocks(now time.Time, all bool) (release, bool) {
 func (s *sharedLimit) holdsNone() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return !s.rb.held() && !s.tb.held() && !s.rb.refilling && !s.tb.refilling
+	return !s.rb.held() && !s.tb.held() && !s.cb.held() && !s.rb.refilling && !s.tb.refilling && !s.cb.refilling
 }
 
 // giveBackRateScript gives back requests of a rate's block that were not
@@ -252,11 +257,16 @@ type blockInfo struct {
 	// Limit is the thing whose limit it is: k:<key name>, u:<identity>,
 	// c:<channel>, e:<digest of an end user>.
 	Limit string `json:"limit"`
-	// Kind is requests (a rate) or tokens.
+	// Kind is requests (a rate), tokens, or concurrency (slots).
 	Kind string `json:"kind"`
-	// Block is what the node took; Left what it has not used yet.
+	// Block is what the node took; Left what it has not used yet. Of
+	// concurrency, Block is the size of a block of slots, Held the slots
+	// the node holds (whole blocks, the last one maybe smaller) and Left
+	// those no request of it uses; Until is when it next gives back what
+	// its requests in flight did not need.
 	Block int64 `json:"block"`
 	Left  int64 `json:"left"`
+	Held  int64 `json:"held,omitempty"`
 	// Nodes is the number of relays up the block was sized for, and
 	// MaxFleetError the most the fleet's count of this limit can be off
 	// while each holds a block of this size: one block per node.
@@ -286,6 +296,11 @@ func (f *fleet) blockInfos(now time.Time) []blockInfo {
 					Nodes: b.nodes, MaxFleetError: b.size * b.nodes, Until: f.wallTime(now, b.until)})
 			}
 		}
+		if b := &s.cb; b.held() {
+			held := int64(len(b.ids))
+			out = append(out, blockInfo{Limit: s.thing, Kind: "concurrency", Block: b.size, Left: held - b.used, Held: held,
+				Nodes: b.nodes, MaxFleetError: b.size * b.nodes, Until: f.wallTime(now, b.until)})
+		}
 		s.mu.Unlock()
 	}
 	slices.SortFunc(out, func(a, b blockInfo) int {
@@ -307,11 +322,12 @@ func (f *fleet) wallTime(now, t time.Time) time.Time {
 
 // endAllBlocks ends every block of s, and gives back what is left of them
 // off the request's path: its limits changed, or are no longer the
-// fleet's.
+// fleet's. Slots that requests use go back as each ends.
 func (s *sharedLimit) endAllBlocks() {
 	if r, _ := s.endBlocks(time.Time{}, true); r.requests > 0 || r.tokens != 0 {
 		s.f.queueRelease(r)
 	}
+	s.endSlots(time.Time{}, true)
 }
 
 // lastLeft is what Redis last said the limits had left (not known: it was

@@ -405,7 +405,8 @@ func TestBlocksOutliveRedisForTheirLease(t *testing.T) {
 
 // TestALeasedKeyAsksRedisNothing: a request whose key's limits are all
 // leased, and whose channel has none, asks Redis nothing once the key's
-// blocks are taken; a key with a concurrency limit asks once per request,
+// blocks are taken, a large concurrency limit's block of slots among them;
+// a key with a concurrency limit too small to lease asks once per request,
 // with its channel's limits and its end user's in the same script.
 func TestALeasedKeyAsksRedisNothing(t *testing.T) {
 	srv := redistest.Start(t)
@@ -413,7 +414,9 @@ func TestALeasedKeyAsksRedisNothing(t *testing.T) {
 		Fleet: &Fleet{Redis: &FleetRedis{Address: []string{srv.Addr}, Prefix: "leasedkey:"}},
 		Keys: []*Key{
 			{Secret: "sk-leased-0123456789abcdef", Group: "leased-g", KeyOptions: KeyOptions{Name: "leased", Rate: "100000/m", Tokens: "100000000/m"}},
-			{Secret: "sk-counted-0123456789abcdef", Group: "leased-g", KeyOptions: KeyOptions{Name: "counted", Rate: "100000/m", Concurrency: 100}},
+			{Secret: "sk-slots-0123456789abcdefgh", Group: "leased-g", KeyOptions: KeyOptions{Name: "slots", Rate: "100000/m", Concurrency: 100}},
+			// alone in its fleet, a block of 99 slots would be 9: not leased
+			{Secret: "sk-counted-0123456789abcdef", Group: "leased-g", KeyOptions: KeyOptions{Name: "counted", Rate: "100000/m", Concurrency: 99}},
 		},
 		Channels: []*Channel{{Name: "leased-ch", UpstreamRaw: upstream("mock"), Rate: "100000/m"}},
 		Groups:   []*Group{{Name: "leased-g", Channels: []string{"leased-ch"}}},
@@ -440,10 +443,17 @@ func TestALeasedKeyAsksRedisNothing(t *testing.T) {
 	}
 	before = admitOps(t)
 	for range 20 {
+		send("sk-slots-0123456789abcdefgh")
+	}
+	if ops := admitOps(t) - before; ops != 1 {
+		t.Errorf("20 requests of a key with a leased concurrency limit asked Redis %v times, want 1: its block of 10 slots", ops)
+	}
+	before = admitOps(t)
+	for range 20 {
 		send("sk-counted-0123456789abcdef")
 	}
 	if ops := admitOps(t) - before; ops != 20 {
-		t.Errorf("20 requests of a key with a concurrency limit asked Redis %v times, want 20", ops)
+		t.Errorf("20 requests of a key with a concurrency limit of 99 asked Redis %v times, want 20", ops)
 	}
 }
 
@@ -485,9 +495,10 @@ func TestTheGateRefusesWhatRedisRefused(t *testing.T) {
 // BenchmarkFleetAdmit admits and gives back one request against a key's
 // limits kept in a real redis-server on loopback, as one relay of a fleet
 // of one: a rate and a token limit large enough to lease (and, as the
-// benchmark harness's target (g), a concurrency limit, which is never
-// leased), with blocks and with every admission asked of Redis. It
-// reports the admissions asked of Redis per request.
+// benchmark harness's target (g), a concurrency limit large enough to
+// lease in blocks of slots; and a concurrency limit alone), with blocks
+// and with every admission asked of Redis. It reports the admissions
+// asked of Redis per request.
 func BenchmarkFleetAdmit(b *testing.B) {
 	srv := redistest.Start(b)
 	// far above what the loop spends (a request a microsecond, 2,600
@@ -495,6 +506,7 @@ func BenchmarkFleetAdmit(b *testing.B) {
 	large := limits{rate: rateSpec{n: 1e9, period: time.Second}, tokens: rateSpec{n: 1e13, period: time.Second}}
 	withConc := large
 	withConc.concurrency = 100_000
+	concOnly := limits{concurrency: 100_000}
 	for _, c := range []struct {
 		name   string
 		spec   limits
@@ -504,6 +516,8 @@ func BenchmarkFleetAdmit(b *testing.B) {
 		{"rate+tokens/each-in-redis", large, false},
 		{"rate+tokens+concurrency/leased", withConc, true},
 		{"rate+tokens+concurrency/each-in-redis", withConc, false},
+		{"concurrency/leased", concOnly, true},
+		{"concurrency/each-in-redis", concOnly, false},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			f := testFleet(b, srv.Addr, "bench-"+c.name+":", 0)

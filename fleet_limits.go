@@ -18,9 +18,10 @@ type sharedLimit struct {
 	bkt   string
 
 	mu   sync.Mutex
-	rb   block  // of its request rate
-	tb   block  // of its token limit
-	gens uint64 // numbers the blocks' lives
+	rb   block     // of its request rate
+	tb   block     // of its token limit
+	cb   slotBlock // of its concurrency limit (fleet_slots.go)
+	gens uint64    // numbers the blocks' lives
 	// last is what Redis last said the limits had left, for the requests
 	// admitted without asking it
 	last headroom
@@ -72,6 +73,7 @@ type admitCall struct {
 	// the tokens (for this request, or for a block)
 	askRate, askTokens bool
 	rate, tokens       blockUse
+	slots              slotUse
 	estimate           int64 // tokens charged; -1: not held to tokens
 	// what ended blocks left, given back with the call: requests, and
 	// tokens (negative: a debt, charged)
@@ -95,10 +97,7 @@ type blockUse struct {
 func (s *sharedLimit) prepare(now time.Time, spec limits, estimate int64) *admitCall {
 	c := &admitCall{s: s, spec: spec, estimate: -1}
 	c.g.store = s
-	if spec.concurrency > 0 {
-		c.g.lease = s.f.leaseID()
-		c.redis = true
-	}
+	var free []string // slots given back
 	emission, perMs := spec.emission(), 0.0
 	if spec.tokens.n > 0 && estimate >= 0 {
 		perMs = spec.tokensPerMs()
@@ -107,6 +106,9 @@ func (s *sharedLimit) prepare(now time.Time, spec limits, estimate int64) *admit
 	burst := math.Ceil(spec.rate.n)
 	rtake, ttake := int64(1), int64(0)
 	s.mu.Lock()
+	if spec.concurrency > 0 {
+		free = s.prepareSlots(c, now, spec)
+	}
 	if emission > 0 {
 		b := &s.rb
 		switch size := s.f.blockSize(burst, minRateBlock); {
@@ -143,6 +145,7 @@ func (s *sharedLimit) prepare(now time.Time, spec limits, estimate int64) *admit
 		}
 	}
 	s.mu.Unlock()
+	s.f.releaseSlots(s, free)
 	c.askRate, c.askTokens = emission > 0, perMs > 0
 	if c.tret != 0 && perMs == 0 { // a debt or a rest to give back, the tokens not asked
 		perMs = spec.tokensPerMs()
@@ -160,7 +163,10 @@ func (s *sharedLimit) prepare(now time.Time, spec limits, estimate int64) *admit
 	}
 	c.keys = []string{s.lease, s.rate, s.bkt}
 	c.args = []any{c.g.lease, spec.concurrency, s.f.lease.Milliseconds(), emission, burst, rtake, c.rret,
-		perMs, spec.tokens.n, charge, ttake, c.tret}
+		perMs, spec.tokens.n, charge, ttake, c.tret, c.slots.ask}
+	if c.slots.gen != 0 {
+		c.args[1] = 0 // its slot is held: the concurrency is not asked
+	}
 	return c
 }
 
@@ -182,7 +188,11 @@ func (c *admitCall) undo() {
 	if c.tokens.ask > 0 {
 		s.tb.refilling = false
 	}
+	back := c.undoSlots()
 	s.mu.Unlock()
+	if back != "" {
+		s.f.releaseSlots(s, []string{back})
+	}
 	c.rate, c.tokens = blockUse{}, blockUse{}
 	if !c.sent && (c.rret > 0 || c.tret != 0) {
 		s.f.queueRelease(blockRelease(s, c.rret, c.spec.emission(), c.tret, c.spec.tokensPerMs(), c.spec.tokens.n))
@@ -190,16 +200,19 @@ func (c *admitCall) undo() {
 	c.rret, c.tret = 0, 0
 }
 
+// taken is what blocks an admission took: requests, tokens and slots.
+type taken struct{ requests, tokens, slots int64 }
+
 // read takes one thing's answer of the script: what is left, the limit
 // that refused (none: scopeNone) with its wait, and the blocks taken.
-func (c *admitCall) read(now time.Time, res []int64) (left headroom, scope limitScope, wait time.Duration, rgot, tgot int64) {
+func (c *admitCall) read(now time.Time, res []int64) (left headroom, scope limitScope, wait time.Duration, got taken) {
 	left = headroom{known: true,
 		requests: res[2], requestsFull: now.Add(time.Duration(res[3]) * time.Millisecond),
 		tokens: res[4], tokensFull: now.Add(time.Duration(res[5]) * time.Millisecond)}
 	if res[0] < 0 || res[0] >= int64(len(scriptScopes)) {
-		return left, scopeConcurrency, 0, 0, 0 // not an answer of this script: refuse, do not guess
+		return left, scopeConcurrency, 0, taken{} // not an answer of this script: refuse, do not guess
 	}
-	return left, scriptScopes[res[0]], time.Duration(res[1]) * time.Millisecond, res[6], res[7]
+	return left, scriptScopes[res[0]], time.Duration(res[1]) * time.Millisecond, taken{res[6], res[7], res[8]}
 }
 
 // leftLocked is what the thing has left as the call knows it (s.mu held):
@@ -237,14 +250,15 @@ func (c *admitCall) refusedLeft(ans headroom) headroom {
 }
 
 // granted is what an admitted request holds: its lease is this node's to
-// renew until given back, and the blocks the call took (rgot requests,
-// tgot tokens) are this node's to admit from, this request's share taken
-// out.
-func (c *admitCall) granted(now time.Time, ans headroom, rgot, tgot int64) grant {
+// renew until given back, and the blocks the call took (got) are this
+// node's to admit from, this request's share taken out.
+func (c *admitCall) granted(now time.Time, ans headroom, got taken) grant {
 	s := c.s
 	g := c.g
-	installed := false
+	rgot, tgot := got.requests, got.tokens
 	s.mu.Lock()
+	slots := c.grantSlots(now, &g, got.slots)
+	installed := len(slots) > 0
 	if c.rate.ask > 0 {
 		s.rb.refilling = false
 		if rgot > 0 {
@@ -267,6 +281,7 @@ func (c *admitCall) granted(now time.Time, ans headroom, rgot, tgot int64) grant
 	g.left = c.leftLocked(ans, true)
 	s.mu.Unlock()
 	if installed {
+		s.f.holdSlots(s, slots)
 		s.f.leaseBlocks(s)
 	}
 	if g.lease != "" {
@@ -334,15 +349,15 @@ func (f *fleet) admitAll(now time.Time, calls []*admitCall, holds []*holdCall) (
 			return -1, scopeNone, 0, holdAnswer{}, err
 		}
 		lefts := make([]headroom, len(calls))
-		gots := make([][2]int64, len(calls))
+		gots := make([]taken, len(calls))
 		i := 0
 		for j, c := range calls {
 			if !c.redis {
 				continue
 			}
-			left, s, w, rgot, tgot := c.read(now, res[admitAnswer*i:admitAnswer*(i+1)])
+			left, s, w, got := c.read(now, res[admitAnswer*i:admitAnswer*(i+1)])
 			i++
-			lefts[j], gots[j] = left, [2]int64{rgot, tgot}
+			lefts[j], gots[j] = left, got
 			if s != scopeNone && refused < 0 {
 				refused, scope, wait = j, s, w
 			}
@@ -355,12 +370,12 @@ func (f *fleet) admitAll(now time.Time, calls []*admitCall, holds []*holdCall) (
 			return refused, scope, wait, ans, nil
 		}
 		for j, c := range calls {
-			c.g = c.granted(now, lefts[j], gots[j][0], gots[j][1])
+			c.g = c.granted(now, lefts[j], gots[j])
 		}
 		return -1, scopeNone, 0, ans, nil
 	}
 	for _, c := range calls { // this node's blocks served them all
-		c.g = c.granted(now, headroom{}, 0, 0)
+		c.g = c.granted(now, headroom{}, taken{})
 	}
 	return -1, scopeNone, 0, holdAnswer{}, nil
 }

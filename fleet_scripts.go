@@ -12,7 +12,8 @@ import (
 //   - concurrency: a sorted set of leases, scored by their expiry; expired
 //     leases are dropped before counting. A relay renews the leases it
 //     holds every third of the lease time, so a relay that dies frees its
-//     slots within that time.
+//     slots within that time. The slots of a large limit's blocks are
+//     members too, one each (fleet_slots.go).
 //   - request rate: GCRA (the generic cell rate algorithm), one timestamp
 //     per limit: the theoretical arrival time of the next request. With a
 //     burst of n it admits exactly what a token bucket of n would.
@@ -41,20 +42,22 @@ import (
 // anything is counted. Then, three per thing: the lease
 // set, the rate's arrival time, the token bucket; then per hold: the
 // account's holds, its held total, and one spend total per budget. ARGV,
-// twelve per thing: the lease id, max concurrency (0: none), lease ms, rate
+// thirteen per thing: the lease id, max concurrency (0: none), lease ms, rate
 // emission interval in ms (0: the rate is not asked), rate burst, the
 // requests to take (1: this one; more: a block of up to that many, at least
 // one), the requests of an ended block to give back first, tokens per ms
 // (0: the tokens are not asked), token burst, the tokens to charge (-1: do
 // not hold the request to tokens), the tokens to take (0: charge the
 // request; more: a block of up to that many, at least one), the tokens of
-// an ended block to give back first (negative: its debt, charged); then
-// per hold: its member (<id>=<billionths of a dollar>), its expiry in ms,
+// an ended block to give back first (negative: its debt, charged), the
+// concurrency slots to take (0: this request's, the lease id; more: a
+// block of up to that many, at least one, members <lease id>/1,
+// <lease id>/2, ...: fleet_slots.go); then per hold: its member (<id>=<billionths of a dollar>), its expiry in ms,
 // its amount, the number of budgets, and per budget its cap and what this
 // relay spent that Redis has not yet added. What is given back is written
 // whatever the verdict. It returns, per thing, {scope, wait, requests
 // left, ms until the rate is full again, tokens left, ms until the bucket
-// is full again, requests taken, tokens taken}: scope 0 for all when
+// is full again, requests taken, tokens taken, slots taken}: scope 0 for all when
 // admitted, else the limit that refused (1 concurrency, 2 rate, 3 tokens)
 // on the thing it refused, and wait the ms until it may pass (0: unknown).
 // What is left counts what this request took when it was admitted, and is
@@ -83,13 +86,13 @@ local function setlevel(th)
 end
 local things = {}
 for i = 1, n do
-  local k, a = r + (i - 1) * 3, 3 + r + (i - 1) * 12
+  local k, a = r + (i - 1) * 3, 3 + r + (i - 1) * 13
   local th = {lease = ARGV[a + 1], maxc = tonumber(ARGV[a + 2]), ttl = tonumber(ARGV[a + 3]),
     emission = tonumber(ARGV[a + 4]), burst = tonumber(ARGV[a + 5]),
     rtake = tonumber(ARGV[a + 6]), rret = tonumber(ARGV[a + 7]),
     perms = tonumber(ARGV[a + 8]), tburst = tonumber(ARGV[a + 9]), charge = tonumber(ARGV[a + 10]),
-    ttake = tonumber(ARGV[a + 11]), tret = tonumber(ARGV[a + 12]),
-    kl = KEYS[k + 1], kr = KEYS[k + 2], kt = KEYS[k + 3], tat = now, level = 0, rgot = 0, tgot = 0}
+    ttake = tonumber(ARGV[a + 11]), tret = tonumber(ARGV[a + 12]), ctake = tonumber(ARGV[a + 13]),
+    kl = KEYS[k + 1], kr = KEYS[k + 2], kt = KEYS[k + 3], tat = now, level = 0, rgot = 0, tgot = 0, cgot = 0, count = 0}
   if th.emission > 0 then
     th.tat = math.max(tonumber(redis.call('GET', th.kr) or 0), now)
     if th.rret > 0 then
@@ -110,7 +113,7 @@ for i = 1, n do
   things[i] = th
 end
 local holds, verdicts = {}, {}
-local ki, ai = r + n * 3 + 1, 3 + r + n * 12 + 1
+local ki, ai = r + n * 3 + 1, 3 + r + n * 13 + 1
 while ai <= #ARGV do
   local h = {kz = KEYS[ki], kh = KEYS[ki + 1], member = ARGV[ai], ttl = tonumber(ARGV[ai + 1]),
     amount = ARGV[ai + 2], np = tonumber(ARGV[ai + 3]), periods = {}}
@@ -139,7 +142,7 @@ local function answers(refused, scope, wait)
       out[#out + 1], out[#out + 2] = 0, 0
     end
     out[#out + 1], out[#out + 2], out[#out + 3], out[#out + 4] = rleft, rfull, tleft, tfull
-    out[#out + 1], out[#out + 2] = th.rgot, th.tgot
+    out[#out + 1], out[#out + 2], out[#out + 3] = th.rgot, th.tgot, th.cgot
   end
   for i = 1, #holds do
     local v = verdicts[i] or {0, 0, 0, 0}
@@ -166,7 +169,8 @@ if wait then return answers(0, 0, 0) end
 for i, th in ipairs(things) do
   if th.maxc > 0 then
     redis.call('ZREMRANGEBYSCORE', th.kl, '-inf', now)
-    if redis.call('ZCARD', th.kl) >= th.maxc then return answers(i, 1, 0) end
+    th.count = redis.call('ZCARD', th.kl)
+    if th.count >= th.maxc then return answers(i, 1, 0) end
   end
   if th.emission > 0 then
     local allow = th.tat + th.emission - th.burst * th.emission
@@ -178,7 +182,12 @@ for i, th in ipairs(things) do
 end
 for _, th in ipairs(things) do
   if th.maxc > 0 then
-    redis.call('ZADD', th.kl, now + th.ttl, th.lease)
+    if th.ctake > 0 then
+      th.cgot = math.max(1, math.min(th.ctake, th.maxc - th.count))
+      for j = 1, th.cgot do redis.call('ZADD', th.kl, now + th.ttl, th.lease .. '/' .. j) end
+    else
+      redis.call('ZADD', th.kl, now + th.ttl, th.lease)
+    end
     redis.call('PEXPIRE', th.kl, th.ttl * 2)
   end
   if th.emission > 0 then
@@ -209,7 +218,7 @@ return answers(0, 0, 0)
 `)
 
 // admitAnswer is the length of one thing's answer of admitScript.
-const admitAnswer = 8
+const admitAnswer = 9
 
 // chargeScript charges (or, negative, gives back) tokens, whatever the
 // bucket's level. KEYS: the token bucket. ARGV: tokens per ms, burst, the
@@ -228,11 +237,19 @@ return 0
 `)
 
 // renewScript moves the expiry of leases still held. KEYS: a lease set.
-// ARGV: the lease ms, then the lease ids.
+// ARGV: the lease ms, then the lease ids. It returns how many of them the
+// set still held (a lease that expired, or that a Redis emptied, is not
+// added back).
 var renewScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-for i = 2, #ARGV do redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[1]), ARGV[i]) end
+local found = 0
+for i = 2, #ARGV do
+  if redis.call('ZSCORE', KEYS[1], ARGV[i]) then
+    found = found + 1
+    redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[1]), ARGV[i])
+  end
+end
 if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[1]) * 2 then redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1]) * 2) end
-return 0
+return found
 `)

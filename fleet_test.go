@@ -169,10 +169,11 @@ func TestRedisDownWithOnErrorDenyAnswers503(t *testing.T) {
 // answers again the node says so once and shares again.
 func TestAFrozenRedisCostsNoMoreThanTheTimeout(t *testing.T) {
 	srv := redistest.Start(t)
-	// a concurrency limit is never leased: every request asks Redis
+	// a concurrency limit too small to lease in blocks (one relay up: a
+	// block of 5 slots): every request asks Redis
 	r := &Relay{
 		Fleet:    &Fleet{Redis: &FleetRedis{Address: []string{srv.Addr}, Prefix: "frozen:", Timeout: caddy.Duration(50 * time.Millisecond)}},
-		Keys:     []*Key{{Secret: "sk-frozen-0123456789abcdef", Group: "frozen-g", KeyOptions: KeyOptions{Concurrency: 1000}}},
+		Keys:     []*Key{{Secret: "sk-frozen-0123456789abcdef", Group: "frozen-g", KeyOptions: KeyOptions{Concurrency: 50}}},
 		Channels: []*Channel{{Name: "frozen-ch", UpstreamRaw: upstream("mock", "latency", "0s")}},
 		Groups:   []*Group{{Name: "frozen-g", Channels: []string{"frozen-ch"}}},
 	}

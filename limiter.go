@@ -153,9 +153,12 @@ const (
 // grant is what a limiter admitted, to give back with done: where it was
 // taken, so that it goes back there.
 type grant struct {
-	store  *sharedLimit // the fleet's limits that admitted it; nil: this relay's
-	lease  string       // the store's concurrency slot; "" for none
-	tokens bool         // it is held to the token limit
+	store *sharedLimit // the fleet's limits that admitted it; nil: this relay's
+	lease string       // the store's concurrency slot; "" for none
+	// slotGen, when not 0, says its concurrency slot is one of this node's
+	// block of the store's slots, of that generation (fleet_slots.go)
+	slotGen uint64
+	tokens  bool // it is held to the token limit
 	// fromBlock says its tokens were charged to this node's block of the
 	// store's token limit: its corrections go to the block held then,
 	// whichever it is, as long as one is (fleet_leases.go)
