@@ -116,9 +116,8 @@
 // against (b); the failover overhead, p50 of (e) minus p50 of (c) at
 // concurrency 1, with the share of (e)'s requests that did fail over (a few
 // pick the good channel while the dead one cools for its 1ns); what the
-// fleet costs, (g) against (f): the p50 it adds at the fixed rate (a
-// target), and its throughput at the worst closed-loop concurrency
-// (reported, not a target); at the CPU comparison, (c)'s CPU per request
+// fleet costs, (g) against (f): the p50 it adds at the fixed rate and
+// its throughput at the worst closed-loop concurrency; at the CPU comparison, (c)'s CPU per request
 // and throughput and (h)'s CPU per request against (b), and (i)'s CPU per
 // request against (c), what the ledger adds; and with -baseline,
 // (c) against (c0), CPU per request and throughput (reported). The

@@ -50,3 +50,37 @@ func TestCPUOnlyReport(t *testing.T) {
 		t.Errorf("the report has no %q; it is:\n%s", want, rep.markdown())
 	}
 }
+
+// TestFleetGoals checks (g) against (f): the p50 it adds at the fixed rate
+// and the closed-loop throughput it keeps at its worst concurrency, each
+// met at its bound and missed past it.
+func TestFleetGoals(t *testing.T) {
+	rep := &report{options: fullRun(), machine: "test machine"}
+	fixed := workload{kind: fixedRate, rate: 2000}
+	mk := func(tg *target, w workload, reqs float64, p50 time.Duration) row {
+		return row{target: tg, workload: w, reqPerSec: reqs, success: 1, p50: p50, p99: 2 * p50, cpuPerReq: 100 * time.Microsecond}
+	}
+	rep.rows = []row{
+		mk(relayKeyLimits, fixed, 2000, 500*time.Microsecond),
+		mk(relayRedis, fixed, 2000, 800*time.Microsecond),
+	}
+	for _, c := range []int{1, 10, 100} {
+		w := workload{kind: nonStreaming, concurrency: c}
+		rep.rows = append(rep.rows, mk(relayKeyLimits, w, 1000, time.Millisecond), mk(relayRedis, w, 950, time.Millisecond))
+	}
+	rep.rows[5].reqPerSec = 900 // (g) at c=10 keeps 0.90x: the worst, at the bound
+	got := rep.fleetGoals()
+	want := []string{
+		"fleet: added p50 at 2000 req/s, (g) minus (f) <= 0.3 ms: +0.30 ms at (g) relay, key limits in Redis, non-streaming 2000 req/s: met",
+		"fleet: closed-loop throughput (g)/(f) >= 0.90x: 0.90x at (g) relay, key limits in Redis, non-streaming c=10 (the worst concurrency): met",
+	}
+	for i := range want {
+		if i >= len(got) || got[i] != want[i] {
+			t.Fatalf("fleet goals:\n%q\nwant\n%q", got, want)
+		}
+	}
+	rep.rows[5].reqPerSec = 890
+	if got := rep.fleetGoals()[1]; !strings.HasSuffix(got, "0.89x at (g) relay, key limits in Redis, non-streaming c=10 (the worst concurrency): **MISSED**") {
+		t.Errorf("at 0.89x: %q, want it missed", got)
+	}
+}
