@@ -49,7 +49,7 @@ const (
 // cached is one answer of the cache.
 type cached struct {
 	status   int
-	header   http.Header
+	header   keptHeader
 	body     []byte
 	stored   time.Time
 	saved    usage
@@ -59,9 +59,9 @@ type cached struct {
 // weight is what an entry counts against max_size.
 func (e *cached) weight() uint32 {
 	n := len(e.body) + 64
-	for k, vs := range e.header {
-		n += len(k)
-		for _, v := range vs {
+	for _, f := range e.header {
+		n += len(f.name)
+		for _, v := range f.values {
 			n += len(v)
 		}
 	}
@@ -159,9 +159,7 @@ func noCache(h http.Header) bool {
 func (r *Relay) serveStored(w http.ResponseWriter, in *inbound, e *cached, result string) {
 	in.end.shared = sharedCache
 	h := w.Header()
-	for k, vs := range e.header {
-		h[k] = vs
-	}
+	e.header.writeTo(h)
 	h.Set("X-Relay-Cache", result)
 	r.ratelimitHeaders(h, in)
 	w.WriteHeader(e.status)

@@ -160,7 +160,7 @@ type flight struct {
 	mu        sync.Mutex
 	wake      chan struct{} // closed when the flight changes; nil: nobody waits
 	status    int
-	header    http.Header // as the client got it, less what is its own
+	header    keptHeader // as the client got it, less what is its own
 	stream    bool
 	buf       []byte
 	done      bool
@@ -194,12 +194,12 @@ func (f *flight) waiter() <-chan struct{} {
 
 // begin records the status and headers of the answer.
 func (f *flight) begin(status int, h http.Header) {
-	kept := make(http.Header, len(h))
+	kept := make(keptHeader, 0, len(h))
 	for k, vs := range h {
 		if k == "X-Relay-Request-Id" || k == headerBudgetRemaining || isRatelimitHeader(k) {
 			continue
 		}
-		kept[k] = vs
+		kept = append(kept, keptField{k, vs})
 	}
 	f.mu.Lock()
 	f.status, f.header, f.stream = status, kept, isEventStream(h)
@@ -264,6 +264,23 @@ func (f *flight) followed() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.followers > 0
+}
+
+// keptHeader is the header fields of an answer as a flight keeps them, a
+// copy that every recorded request makes: a slice, filled without hashing
+// a name or growing a map.
+type keptHeader []keptField
+
+type keptField struct {
+	name   string
+	values []string
+}
+
+// writeTo sets the kept fields in h.
+func (k keptHeader) writeTo(h http.Header) {
+	for _, f := range k {
+		h[f.name] = f.values
+	}
 }
 
 // dedupKey is a request as a retry must repeat it: the same principal, the
@@ -540,9 +557,7 @@ func (r *Relay) replay(w http.ResponseWriter, ctx context.Context, in *inbound, 
 
 	in.end.shared = how
 	h := w.Header()
-	for k, vs := range header {
-		h[k] = vs
-	}
+	header.writeTo(h)
 	r.ratelimitHeaders(h, in)
 	w.WriteHeader(status)
 	rc := http.NewResponseController(w)
