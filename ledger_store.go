@@ -27,6 +27,11 @@ type sqlLedger struct {
 // one), so that no batch needs a statement parsed for it.
 var insertSizes = [...]int{ledgerBatch, 100, 10, 1}
 
+// ledgerKeepOnce ends an insert: a row already written (a write whose
+// success was lost and was tried again: the same request id at the same
+// time) is kept once, (time, request_id) being the table's key.
+const ledgerKeepOnce = " ON CONFLICT (time, request_id) DO NOTHING"
+
 // dialect is what differs between the databases: the schema's
 // migrations, how a time is stored, how a day is told, placeholders.
 type dialect struct {
@@ -62,7 +67,7 @@ func newSQLLedger(ctx context.Context, db *sql.DB, d dialect) (*sqlLedger, error
 		return nil, err
 	}
 	for i, n := range insertSizes {
-		st, err := db.PrepareContext(ctx, s.insertSQL(n)+" RETURNING request_id")
+		st, err := db.PrepareContext(ctx, s.insertSQL(n)+ledgerKeepOnce+" RETURNING request_id")
 		if err != nil {
 			_ = db.Close()
 			return nil, fmt.Errorf("ledger: prepare the insert of %d rows: %w", n, err)
@@ -118,9 +123,7 @@ func (s *sqlLedger) migrate(ctx context.Context) error {
 	return tx.Commit()
 }
 
-// insertSQL is the statement that writes n rows at once. A row already
-// written (a write whose success was lost and was tried again) is kept
-// once: the request id is the table's key.
+// insertSQL is the statement that writes n rows at once.
 func (s *sqlLedger) insertSQL(n int) string {
 	var b strings.Builder
 	b.WriteString("INSERT INTO relay_usage (")
@@ -141,7 +144,6 @@ func (s *sqlLedger) insertSQL(n int) string {
 		}
 		b.WriteByte(')')
 	}
-	b.WriteString(" ON CONFLICT (request_id) DO NOTHING")
 	return b.String()
 }
 
@@ -166,12 +168,7 @@ func (s *sqlLedger) write(ctx context.Context, rows []ledgerRow) error {
 		rest = rest[len(chunk):]
 		args = args[:0]
 		for j := range chunk {
-			r := &chunk[j]
-			args = append(args, r.id, s.d.timeArg(r.at), r.key, r.user, r.group, r.channel,
-				r.model, r.served, r.status, r.cause,
-				r.input, r.output, r.cacheRead, r.cacheWrite,
-				r.costNano, r.estimated, r.incomplete, sessionDigest(r.session),
-				r.duration.Milliseconds(), r.firstByte.Milliseconds())
+			args = s.rowArgs(args, &chunk[j])
 		}
 		res, err := tx.StmtContext(ctx, s.insert[i]).QueryContext(ctx, args...)
 		if err != nil {
@@ -210,6 +207,15 @@ func (s *sqlLedger) write(ctx context.Context, rows []ledgerRow) error {
 		}
 	}
 	return tx.Commit()
+}
+
+// rowArgs appends r's values to args, in the order of ledgerColumns.
+func (s *sqlLedger) rowArgs(args []any, r *ledgerRow) []any {
+	return append(args, r.id, s.d.timeArg(r.at), r.key, r.user, r.group, r.channel,
+		r.model, r.served, r.status, r.cause,
+		r.input, r.output, r.cacheRead, r.cacheWrite,
+		r.costNano, r.estimated, r.incomplete, sessionDigest(r.session),
+		r.duration.Milliseconds(), r.firstByte.Milliseconds())
 }
 
 // readWritten adds the request ids of an insert's RETURNING to written:
