@@ -161,3 +161,43 @@ func dumpRows(t *testing.T, db *sql.DB, query string) []string {
 	}
 	return out
 }
+
+// TestLedgerSQLiteRowsWrittenAgainCountOnce: a write after a failed one,
+// and a first try that meets rows written already (a batch whose commit
+// was lost, written again with new rows), keep each request once in the
+// rows and in the rollup, which agree.
+func TestLedgerSQLiteRowsWrittenAgainCountOnce(t *testing.T) {
+	s, err := openSQLiteLedger(filepath.Join(t.TempDir(), "ledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+	rows := benchRows(300, usageEpoch, 0)
+	canceled, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.write(canceled, rows[:100]); err == nil || !s.retrying {
+		t.Fatalf("a write with a canceled context: %v, retrying %v", err, s.retrying)
+	}
+	ctx := context.Background()
+	for _, w := range [][]ledgerRow{
+		rows[:100],   // after a failed write: RETURNING
+		rows[50:150], // a first try, half of it written already
+		rows[:300],   // the same, a third of it new
+		rows[:300],   // all of it written already
+	} {
+		if err := s.write(ctx, w); err != nil {
+			t.Fatal(err)
+		}
+		if s.retrying {
+			t.Errorf("still retrying after a write that succeeded")
+		}
+	}
+	day := usageQuery{from: usageEpoch, to: usageEpoch.AddDate(0, 0, 1), groupBy: []string{"key", "group", "channel", "model"}}
+	fromRollup := collectUsage(t, func(emit func(usageRow) error) error { return s.usage(ctx, day, emit) })
+	fromRows := collectUsage(t, func(emit func(usageRow) error) error {
+		return s.usageOf(ctx, day.groupBy, []usageSpan{{from: day.from, to: day.to}}, emit)
+	})
+	if want := sumRows(rows, day.from, day.to, day.groupBy); !sameSet(fromRows, want) || !slices.Equal(fromRollup, fromRows) {
+		t.Errorf("the rollup sums\n%s\nthe rows\n%s\nwant each row once\n%s", strings.Join(fromRollup, "\n"), strings.Join(fromRows, "\n"), strings.Join(want, "\n"))
+	}
+}

@@ -3,9 +3,11 @@ package relay
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -20,6 +22,14 @@ type sqlLedger struct {
 	// the rollup's upsert was parsed again for every sum
 	insert [len(insertSizes)]*sql.Stmt
 	upsert *sql.Stmt
+	// insertReturning are the inserts that also return the request ids
+	// of the rows they wrote, for a write that may meet rows written
+	// already
+	insertReturning [len(insertSizes)]*sql.Stmt
+
+	mu       sync.Mutex // one write at a time: the ledger's writer
+	retrying bool       // the last write failed: the next may meet its rows
+	args     []any      // a batch's values, reused from batch to batch
 }
 
 // insertSizes are the row counts of the prepared inserts, largest first:
@@ -67,12 +77,20 @@ func newSQLLedger(ctx context.Context, db *sql.DB, d dialect) (*sqlLedger, error
 		return nil, err
 	}
 	for i, n := range insertSizes {
-		st, err := db.PrepareContext(ctx, s.insertSQL(n)+ledgerKeepOnce+" RETURNING request_id")
-		if err != nil {
-			_ = db.Close()
-			return nil, fmt.Errorf("ledger: prepare the insert of %d rows: %w", n, err)
+		for _, st := range []struct {
+			to  **sql.Stmt
+			sql string
+		}{
+			{&s.insert[i], s.insertSQL(n) + ledgerKeepOnce},
+			{&s.insertReturning[i], s.insertSQL(n) + ledgerKeepOnce + " RETURNING request_id"},
+		} {
+			prepared, err := db.PrepareContext(ctx, st.sql)
+			if err != nil {
+				_ = db.Close()
+				return nil, fmt.Errorf("ledger: prepare the insert of %d rows: %w", n, err)
+			}
+			*st.to = prepared
 		}
-		s.insert[i] = st
 	}
 	st, err := db.PrepareContext(ctx, s.upsertDaily())
 	if err != nil {
@@ -148,17 +166,49 @@ func (s *sqlLedger) insertSQL(n int) string {
 }
 
 // write adds rows to the table and their sums to the daily rollup, in one
-// transaction. Only the rows the insert wrote (RETURNING: not the ones a
-// retried batch had written already) are added to the rollup, so both
-// count each request once.
+// transaction, counting each request once in both. A first try cannot
+// meet rows already written (request ids are unique), so it inserts
+// without RETURNING and checks that every row was written; a write after
+// a failed one (whose commit may have been lost), or a first try that
+// found rows written already, reads which rows the insert wrote
+// (RETURNING) and adds only those to the rollup.
 func (s *sqlLedger) write(ctx context.Context, rows []ledgerRow) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.retrying {
+		err := s.writeTx(ctx, rows, false)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, errRowsWritten) {
+			s.retrying = true
+			return err
+		}
+	}
+	err := s.writeTx(ctx, rows, true)
+	s.retrying = err != nil
+	return err
+}
+
+// errRowsWritten is a first try's insert that found rows written already.
+var errRowsWritten = errors.New("ledger: rows of the batch were written already")
+
+// writeTx is write's transaction; with returning, it adds to the rollup
+// only the rows the insert wrote, else it fails with errRowsWritten when
+// the insert did not write every row.
+func (s *sqlLedger) writeTx(ctx context.Context, rows []ledgerRow, returning bool) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = tx.Rollback() }()
-	written := make(map[string]bool, len(rows))
-	args := make([]any, 0, min(len(rows), ledgerBatch)*len(ledgerColumns))
+	defer func() {
+		_ = tx.Rollback()
+		clear(s.args) // the rows' strings are not kept until the next batch
+	}()
+	var written map[string]bool
+	if returning {
+		written = make(map[string]bool, len(rows))
+	}
 	for rest := rows; len(rest) > 0; {
 		i := 0
 		for insertSizes[i] > len(rest) {
@@ -166,23 +216,35 @@ func (s *sqlLedger) write(ctx context.Context, rows []ledgerRow) error {
 		}
 		chunk := rest[:insertSizes[i]]
 		rest = rest[len(chunk):]
-		args = args[:0]
+		s.args = s.args[:0]
 		for j := range chunk {
-			args = s.rowArgs(args, &chunk[j])
+			s.args = s.rowArgs(s.args, &chunk[j])
 		}
-		res, err := tx.StmtContext(ctx, s.insert[i]).QueryContext(ctx, args...)
+		if returning {
+			res, err := tx.StmtContext(ctx, s.insertReturning[i]).QueryContext(ctx, s.args...)
+			if err != nil {
+				return err
+			}
+			if err := readWritten(res, written); err != nil {
+				return err
+			}
+			continue
+		}
+		res, err := tx.StmtContext(ctx, s.insert[i]).ExecContext(ctx, s.args...)
 		if err != nil {
 			return err
 		}
-		if err := readWritten(res, written); err != nil {
+		if n, err := res.RowsAffected(); err != nil {
 			return err
+		} else if n != int64(len(chunk)) {
+			return errRowsWritten
 		}
 	}
 	sums := map[dailyKey]*usageRow{}
 	var order []dailyKey
 	for i := range rows {
 		r := &rows[i]
-		if !written[r.id] {
+		if returning && !written[r.id] {
 			continue
 		}
 		k := dailyKey{r.at.UTC().Format(time.DateOnly), r.key, r.user, r.group, r.channel, r.served}
@@ -297,8 +359,9 @@ func (s *sqlLedger) prune(ctx context.Context, before time.Time) (int64, error) 
 }
 
 func (s *sqlLedger) close() error {
-	for _, st := range s.insert {
-		_ = st.Close()
+	for i := range s.insert {
+		_ = s.insert[i].Close()
+		_ = s.insertReturning[i].Close()
 	}
 	_ = s.upsert.Close()
 	return s.db.Close()
