@@ -52,7 +52,7 @@ func TestLedgerPostgresMigratesToTheTimeKey(t *testing.T) {
 func checkMigrationToTheTimeKey(t *testing.T, d dialect, db *sql.DB, open func() *sqlLedger, timeIndexCount string) {
 	t.Helper()
 	ctx := context.Background()
-	old := &sqlLedger{db: db, d: d}
+	old := &sqlLedger{db: db, d: d, digests: map[string]any{}}
 	old.d.migrations = d.migrations[:1]
 	if err := old.migrate(ctx); err != nil {
 		t.Fatal(err)
@@ -67,7 +67,7 @@ func checkMigrationToTheTimeKey(t *testing.T, d dialect, db *sql.DB, open func()
 		chunk := rows[i:min(i+100, len(rows))]
 		var args []any
 		for j := range chunk {
-			args = old.rowArgs(args, &chunk[j])
+			args = old.rowArgs(args, &chunk[j], nil)
 		}
 		if _, err := db.ExecContext(ctx, old.insertSQL(len(chunk)), args...); err != nil {
 			t.Fatal(err)

@@ -27,9 +27,10 @@ type sqlLedger struct {
 	// already
 	insertReturning [len(insertSizes)]*sql.Stmt
 
-	mu       sync.Mutex // one write at a time: the ledger's writer
-	retrying bool       // the last write failed: the next may meet its rows
-	args     []any      // a batch's values, reused from batch to batch
+	mu       sync.Mutex     // one write at a time: the ledger's writer
+	retrying bool           // the last write failed: the next may meet its rows
+	args     []any          // a batch's values, reused from batch to batch
+	digests  map[string]any // the batch's session ids' digests, boxed
 }
 
 // insertSizes are the row counts of the prepared inserts, largest first:
@@ -71,7 +72,7 @@ var ledgerColumns = []string{
 }
 
 func newSQLLedger(ctx context.Context, db *sql.DB, d dialect) (*sqlLedger, error) {
-	s := &sqlLedger{db: db, d: d}
+	s := &sqlLedger{db: db, d: d, digests: map[string]any{}}
 	if err := s.migrate(ctx); err != nil {
 		_ = db.Close()
 		return nil, err
@@ -203,7 +204,9 @@ func (s *sqlLedger) writeTx(ctx context.Context, rows []ledgerRow, returning boo
 	}
 	defer func() {
 		_ = tx.Rollback()
-		clear(s.args) // the rows' strings are not kept until the next batch
+		// the rows' strings are not kept until the next batch
+		clear(s.args)
+		clear(s.digests)
 	}()
 	var written map[string]bool
 	if returning {
@@ -217,8 +220,10 @@ func (s *sqlLedger) writeTx(ctx context.Context, rows []ledgerRow, returning boo
 		chunk := rest[:insertSizes[i]]
 		rest = rest[len(chunk):]
 		s.args = s.args[:0]
+		var prev *ledgerRow
 		for j := range chunk {
-			s.args = s.rowArgs(s.args, &chunk[j])
+			s.args = s.rowArgs(s.args, &chunk[j], prev)
+			prev = &chunk[j]
 		}
 		if returning {
 			res, err := tx.StmtContext(ctx, s.insertReturning[i]).QueryContext(ctx, s.args...)
@@ -242,17 +247,29 @@ func (s *sqlLedger) writeTx(ctx context.Context, rows []ledgerRow, returning boo
 	}
 	sums := map[dailyKey]*usageRow{}
 	var order []dailyKey
+	var day string           // the UTC day of [dayFrom, dayTo), as YYYY-MM-DD
+	var dayFrom, dayTo int64 // Unix seconds
+	var k dailyKey
+	var u *usageRow
 	for i := range rows {
 		r := &rows[i]
 		if returning && !written[r.id] {
 			continue
 		}
-		k := dailyKey{r.at.UTC().Format(time.DateOnly), r.key, r.user, r.group, r.channel, r.served}
-		u := sums[k]
-		if u == nil {
-			u = new(usageRow)
-			sums[k] = u
-			order = append(order, k)
+		if sec := r.at.Unix(); sec < dayFrom || sec >= dayTo {
+			t := r.at.UTC()
+			day = t.Format(time.DateOnly)
+			dayFrom = time.Date(t.Year(), t.Month(), t.Day(), 0, 0, 0, 0, time.UTC).Unix()
+			dayTo = dayFrom + 24*3600
+		}
+		// most rows add to the sum the row before them added to
+		if u == nil || k.day != day || k.key != r.key || k.user != r.user || k.group != r.group || k.channel != r.channel || k.model != r.served {
+			k = dailyKey{day, r.key, r.user, r.group, r.channel, r.served}
+			if u = sums[k]; u == nil {
+				u = new(usageRow)
+				sums[k] = u
+				order = append(order, k)
+			}
 		}
 		u.requests++
 		u.input += r.input
@@ -271,12 +288,43 @@ func (s *sqlLedger) writeTx(ctx context.Context, rows []ledgerRow, returning boo
 	return tx.Commit()
 }
 
-// rowArgs appends r's values to args, in the order of ledgerColumns.
-func (s *sqlLedger) rowArgs(args []any, r *ledgerRow) []any {
-	return append(args, r.id, s.d.timeArg(r.at), r.key, r.user, r.group, r.channel,
-		r.model, r.served, r.status, r.cause,
+// rowArgs appends r's values to args, in the order of ledgerColumns. A
+// value boxed in an interface is an allocation: the strings (and the time)
+// r shares with prev, the row before it in args, as most rows do (a key, a
+// channel and a model serve many requests in a row), reuse prev's boxes,
+// and a session's digest is made once a batch.
+func (s *sqlLedger) rowArgs(args []any, r, prev *ledgerRow) []any {
+	var was []any
+	if prev != nil {
+		was = args[len(args)-len(ledgerColumns):]
+	}
+	box := func(i int, v, old string) any {
+		if was != nil && v == old {
+			return was[i]
+		}
+		return v
+	}
+	var at, session any
+	if was != nil && r.at.Equal(prev.at) {
+		at = was[1]
+	} else {
+		at = s.d.timeArg(r.at)
+	}
+	if was != nil && r.session == prev.session {
+		session = was[17]
+	} else if session = s.digests[r.session]; session == nil {
+		session = sessionDigest(r.session)
+		s.digests[r.session] = session
+	}
+	var p ledgerRow
+	if prev != nil {
+		p = *prev
+	}
+	return append(args, r.id, at, box(2, r.key, p.key), box(3, r.user, p.user),
+		box(4, r.group, p.group), box(5, r.channel, p.channel),
+		box(6, r.model, p.model), box(7, r.served, p.served), r.status, box(9, r.cause, p.cause),
 		r.input, r.output, r.cacheRead, r.cacheWrite,
-		r.costNano, r.estimated, r.incomplete, sessionDigest(r.session),
+		r.costNano, r.estimated, r.incomplete, session,
 		r.duration.Milliseconds(), r.firstByte.Milliseconds())
 }
 
