@@ -17,11 +17,11 @@ type sqlLedger struct {
 	db *sql.DB
 	d  dialect
 	// insert holds the statements that write insertSizes[i] rows, and
-	// upsert the one that adds to the daily rollup, prepared once: a
-	// statement of a thousand rows took longer to parse than to run, and
-	// the rollup's upsert was parsed again for every sum
+	// upsert those that add upsertSizes[i] sums to the daily rollup,
+	// prepared once: a statement of a thousand rows took longer to parse
+	// than to run, and the rollup's upsert was parsed again for every sum
 	insert [len(insertSizes)]*sql.Stmt
-	upsert *sql.Stmt
+	upsert [len(upsertSizes)]*sql.Stmt
 	// insertReturning are the inserts that also return the request ids
 	// of the rows they wrote, for a write that may meet rows written
 	// already
@@ -37,6 +37,10 @@ type sqlLedger struct {
 // a batch is written as whole statements of these sizes (a full batch in
 // one), so that no batch needs a statement parsed for it.
 var insertSizes = [...]int{ledgerBatch, 100, 10, 1}
+
+// upsertSizes are the sum counts of the prepared upserts of the rollup: a
+// batch of rows of many keys, channels and models has hundreds of sums.
+var upsertSizes = [...]int{100, 10, 1}
 
 // ledgerKeepOnce ends an insert: a row already written (a write whose
 // success was lost and was tried again: the same request id at the same
@@ -93,12 +97,14 @@ func newSQLLedger(ctx context.Context, db *sql.DB, d dialect) (*sqlLedger, error
 			*st.to = prepared
 		}
 	}
-	st, err := db.PrepareContext(ctx, s.upsertDaily())
-	if err != nil {
-		_ = db.Close()
-		return nil, fmt.Errorf("ledger: prepare the daily rollup: %w", err)
+	for i, n := range upsertSizes {
+		st, err := db.PrepareContext(ctx, s.upsertDaily(n))
+		if err != nil {
+			_ = db.Close()
+			return nil, fmt.Errorf("ledger: prepare the daily rollup: %w", err)
+		}
+		s.upsert[i] = st
 	}
-	s.upsert = st
 	return s, nil
 }
 
@@ -278,10 +284,20 @@ func (s *sqlLedger) writeTx(ctx context.Context, rows []ledgerRow, returning boo
 		u.cacheWrite += r.cacheWrite
 		u.costNano += r.costNano
 	}
-	for _, k := range order {
-		u := sums[k]
-		if _, err := tx.StmtContext(ctx, s.upsert).ExecContext(ctx, k.day, k.key, k.user, k.group, k.channel, k.model,
-			u.requests, u.input, u.output, u.cacheRead, u.cacheWrite, u.costNano); err != nil {
+	for rest := order; len(rest) > 0; {
+		i := 0
+		for upsertSizes[i] > len(rest) {
+			i++
+		}
+		chunk := rest[:upsertSizes[i]]
+		rest = rest[len(chunk):]
+		s.args = s.args[:0]
+		for _, k := range chunk {
+			u := sums[k]
+			s.args = append(s.args, k.day, k.key, k.user, k.group, k.channel, k.model,
+				u.requests, u.input, u.output, u.cacheRead, u.cacheWrite, u.costNano)
+		}
+		if _, err := tx.StmtContext(ctx, s.upsert[i]).ExecContext(ctx, s.args...); err != nil {
 			return err
 		}
 	}
@@ -349,15 +365,28 @@ func readWritten(res *sql.Rows, written map[string]bool) error {
 // usage answer may be grouped by.
 type dailyKey struct{ day, key, user, group, channel, model string }
 
-// upsertDaily adds one sum to the daily rollup.
-func (s *sqlLedger) upsertDaily() string {
-	p := make([]string, 12)
-	for i := range p {
-		p[i] = s.d.param(i + 1)
-	}
-	return `INSERT INTO relay_usage_daily (day, key_name, user_name, group_name, channel_name, served_model,
+// upsertDaily adds n sums to the daily rollup, of n different rows of it.
+func (s *sqlLedger) upsertDaily(n int) string {
+	var b strings.Builder
+	b.WriteString(`INSERT INTO relay_usage_daily (day, key_name, user_name, group_name, channel_name, served_model,
 		requests, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost_nano_usd)
-		VALUES (` + strings.Join(p, ", ") + `)
+		VALUES `)
+	p := 1
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('(')
+		for j := range 12 {
+			if j > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(s.d.param(p))
+			p++
+		}
+		b.WriteByte(')')
+	}
+	return b.String() + `
 		ON CONFLICT (day, key_name, user_name, group_name, channel_name, served_model) DO UPDATE SET
 		requests = relay_usage_daily.requests + excluded.requests,
 		input_tokens = relay_usage_daily.input_tokens + excluded.input_tokens,
@@ -411,6 +440,8 @@ func (s *sqlLedger) close() error {
 		_ = s.insert[i].Close()
 		_ = s.insertReturning[i].Close()
 	}
-	_ = s.upsert.Close()
+	for _, st := range s.upsert {
+		_ = st.Close()
+	}
 	return s.db.Close()
 }
