@@ -110,8 +110,15 @@ func newSQLLedger(ctx context.Context, db *sql.DB, d dialect) (*sqlLedger, error
 
 // migrate brings the schema to the version this relay writes: the steps
 // it has not taken yet, each in a transaction with its version. A database
-// of a newer version (a newer relay wrote it) is refused.
+// of a newer version (a newer relay wrote it) is refused. ctx bounds
+// reaching the database; the steps, which may rewrite every row of a large
+// ledger (seconds a million rows), are bounded by ledgerMigrateTimeout.
 func (s *sqlLedger) migrate(ctx context.Context) error {
+	if err := s.db.PingContext(ctx); err != nil {
+		return fmt.Errorf("ledger: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ledgerMigrateTimeout)
+	defer cancel()
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("ledger: %w", err)
