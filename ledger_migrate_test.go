@@ -163,16 +163,16 @@ func dumpRows(t *testing.T, db *sql.DB, query string) []string {
 }
 
 // TestLedgerSQLiteRowsWrittenAgainCountOnce: a write after a failed one,
-// and a first try that meets rows written already (a batch whose commit
-// was lost, written again with new rows), keep each request once in the
-// rows and in the rollup, which agree.
+// a first try that meets rows written already (a batch whose commit was
+// lost, written again with new rows), and one whose connection is gone,
+// keep each request once in the rows and in the rollup, which agree.
 func TestLedgerSQLiteRowsWrittenAgainCountOnce(t *testing.T) {
 	s, err := openSQLiteLedger(filepath.Join(t.TempDir(), "ledger.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.close()
-	rows := benchRows(300, usageEpoch, 0)
+	rows := benchRows(400, usageEpoch, 0)
 	canceled, cancel := context.WithCancel(context.Background())
 	cancel()
 	if err := s.write(canceled, rows[:100]); err == nil || !s.retrying {
@@ -191,6 +191,15 @@ func TestLedgerSQLiteRowsWrittenAgainCountOnce(t *testing.T) {
 		if s.retrying {
 			t.Errorf("still retrying after a write that succeeded")
 		}
+	}
+	// the driver's own connection, which first tries go through, lost:
+	// the write goes through database/sql's pool at once
+	if s.raw == nil {
+		t.Fatal("a SQLite ledger without its own connection")
+	}
+	_ = s.raw.conn.Close()
+	if err := s.write(ctx, rows[250:400]); err != nil || s.retrying {
+		t.Fatalf("a write after the writer's connection closed: %v, retrying %v", err, s.retrying)
 	}
 	day := usageQuery{from: usageEpoch, to: usageEpoch.AddDate(0, 0, 1), groupBy: []string{"key", "group", "channel", "model"}}
 	fromRollup := collectUsage(t, func(emit func(usageRow) error) error { return s.usage(ctx, day, emit) })

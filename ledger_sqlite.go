@@ -122,5 +122,9 @@ func openSQLiteLedger(path string) (*sqlLedger, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ledger sqlite %s: %w", path, err)
 	}
+	if s.raw, err = newRawWriter(ctx, s); err != nil {
+		_ = s.close()
+		return nil, fmt.Errorf("ledger sqlite %s: %w", path, err)
+	}
 	return s, nil
 }

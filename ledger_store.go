@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"strconv"
@@ -31,6 +32,7 @@ type sqlLedger struct {
 	retrying bool           // the last write failed: the next may meet its rows
 	args     []any          // a batch's values, reused from batch to batch
 	digests  map[string]any // the batch's session ids' digests, boxed
+	raw      *rawWriter     // SQLite's: first tries past database/sql
 }
 
 // insertSizes are the row counts of the prepared inserts, largest first:
@@ -194,7 +196,10 @@ func (s *sqlLedger) write(ctx context.Context, rows []ledgerRow) error {
 		if err == nil {
 			return nil
 		}
-		if !errors.Is(err, errRowsWritten) {
+		// a first try through SQLite's own connection that failed is
+		// tried again at once through database/sql's pool: the
+		// connection may be what failed
+		if !errors.Is(err, errRowsWritten) && s.raw == nil {
 			s.retrying = true
 			return err
 		}
@@ -209,18 +214,79 @@ var errRowsWritten = errors.New("ledger: rows of the batch were written already"
 
 // writeTx is write's transaction; with returning, it adds to the rollup
 // only the rows the insert wrote, else it fails with errRowsWritten when
-// the insert did not write every row.
+// the insert did not write every row. A SQLite ledger's first try goes
+// through the driver's own connection (rawWriter).
 func (s *sqlLedger) writeTx(ctx context.Context, rows []ledgerRow, returning bool) error {
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
 	defer func() {
-		_ = tx.Rollback()
 		// the rows' strings are not kept until the next batch
 		clear(s.args)
 		clear(s.digests)
 	}()
+	if s.raw != nil && !returning {
+		return s.raw.conn.Raw(func(dc any) error {
+			tx, err := dc.(driver.ConnBeginTx).BeginTx(ctx, driver.TxOptions{})
+			if err != nil {
+				return err
+			}
+			if err := s.writeIn(ctx, rawTx{s.raw}, rows, false); err != nil {
+				_ = tx.Rollback()
+				return err
+			}
+			return tx.Commit()
+		})
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }()
+	if err := s.writeIn(ctx, sqlTx{s, tx}, rows, returning); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// batchTx is what a write does in its transaction: database/sql's, or the
+// SQLite driver's own.
+type batchTx interface {
+	// insert runs the insert of insertSizes[i] rows, and reports how many
+	// it wrote
+	insert(ctx context.Context, i int, args []any) (int64, error)
+	// insertReturning runs it, adding the ids of the rows it wrote to
+	// written
+	insertReturning(ctx context.Context, i int, args []any, written map[string]bool) error
+	// upsert adds upsertSizes[i] sums to the rollup
+	upsert(ctx context.Context, i int, args []any) error
+}
+
+type sqlTx struct {
+	s  *sqlLedger
+	tx *sql.Tx
+}
+
+func (t sqlTx) insert(ctx context.Context, i int, args []any) (int64, error) {
+	res, err := t.tx.StmtContext(ctx, t.s.insert[i]).ExecContext(ctx, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+func (t sqlTx) insertReturning(ctx context.Context, i int, args []any, written map[string]bool) error {
+	res, err := t.tx.StmtContext(ctx, t.s.insertReturning[i]).QueryContext(ctx, args...)
+	if err != nil {
+		return err
+	}
+	return readWritten(res, written)
+}
+
+func (t sqlTx) upsert(ctx context.Context, i int, args []any) error {
+	_, err := t.tx.StmtContext(ctx, t.s.upsert[i]).ExecContext(ctx, args...)
+	return err
+}
+
+// writeIn writes rows and their sums in tx.
+func (s *sqlLedger) writeIn(ctx context.Context, tx batchTx, rows []ledgerRow, returning bool) error {
 	var written map[string]bool
 	if returning {
 		written = make(map[string]bool, len(rows))
@@ -239,20 +305,12 @@ func (s *sqlLedger) writeTx(ctx context.Context, rows []ledgerRow, returning boo
 			prev = &chunk[j]
 		}
 		if returning {
-			res, err := tx.StmtContext(ctx, s.insertReturning[i]).QueryContext(ctx, s.args...)
-			if err != nil {
-				return err
-			}
-			if err := readWritten(res, written); err != nil {
+			if err := tx.insertReturning(ctx, i, s.args, written); err != nil {
 				return err
 			}
 			continue
 		}
-		res, err := tx.StmtContext(ctx, s.insert[i]).ExecContext(ctx, s.args...)
-		if err != nil {
-			return err
-		}
-		if n, err := res.RowsAffected(); err != nil {
+		if n, err := tx.insert(ctx, i, s.args); err != nil {
 			return err
 		} else if n != int64(len(chunk)) {
 			return errRowsWritten
@@ -304,11 +362,11 @@ func (s *sqlLedger) writeTx(ctx context.Context, rows []ledgerRow, returning boo
 			s.args = append(s.args, k.day, k.key, k.user, k.group, k.channel, k.model,
 				u.requests, u.input, u.output, u.cacheRead, u.cacheWrite, u.costNano)
 		}
-		if _, err := tx.StmtContext(ctx, s.upsert[i]).ExecContext(ctx, s.args...); err != nil {
+		if err := tx.upsert(ctx, i, s.args); err != nil {
 			return err
 		}
 	}
-	return tx.Commit()
+	return ctx.Err()
 }
 
 // rowArgs appends r's values to args, in the order of ledgerColumns. A
@@ -345,7 +403,7 @@ func (s *sqlLedger) rowArgs(args []any, r, prev *ledgerRow) []any {
 	}
 	return append(args, r.id, at, box(2, r.key, p.key), box(3, r.user, p.user),
 		box(4, r.group, p.group), box(5, r.channel, p.channel),
-		box(6, r.model, p.model), box(7, r.served, p.served), r.status, box(9, r.cause, p.cause),
+		box(6, r.model, p.model), box(7, r.served, p.served), int64(r.status), box(9, r.cause, p.cause),
 		r.input, r.output, r.cacheRead, r.cacheWrite,
 		r.costNano, r.estimated, r.incomplete, session,
 		r.duration.Milliseconds(), r.firstByte.Milliseconds())
@@ -443,6 +501,9 @@ func (s *sqlLedger) prune(ctx context.Context, before time.Time) (int64, error) 
 }
 
 func (s *sqlLedger) close() error {
+	if s.raw != nil {
+		s.raw.close()
+	}
 	for i := range s.insert {
 		_ = s.insert[i].Close()
 		_ = s.insertReturning[i].Close()
