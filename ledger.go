@@ -58,6 +58,7 @@ const (
 	ledgerPruneEvery       = time.Hour
 	ledgerWriteTimeout     = 5 * time.Second  // one batch's write
 	ledgerStopTimeout      = 10 * time.Second // writing the queue out at a stop
+	ledgerMigrateTimeout   = 30 * time.Minute // a schema migration, which may rewrite every row
 )
 
 // ledgerQueue is how many rows may wait for the database (about 30 MB):

@@ -38,6 +38,13 @@ var postgresDialect = dialect{
 		);
 		CREATE INDEX relay_usage_time ON relay_usage (time);`,
 		dailyMigration(`to_char(time AT TIME ZONE 'UTC', 'YYYY-MM-DD')`),
+		// the rows keyed by (time, request_id): the key's index is written
+		// at its end as rows come in time order, where the key of random
+		// request ids was written at a random leaf for every row; ranges of
+		// time are read through the key, so the index on time goes
+		`ALTER TABLE relay_usage DROP CONSTRAINT relay_usage_pkey;
+		ALTER TABLE relay_usage ADD PRIMARY KEY (time, request_id);
+		DROP INDEX relay_usage_time;`,
 	},
 	// relays of a fleet that start together migrate one after the other
 	lock:    `SELECT pg_advisory_xact_lock(7251460934)`,

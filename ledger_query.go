@@ -217,7 +217,7 @@ type usageSpan struct {
 
 // usageSpans splits [from, to) into the whole UTC days inside it, which
 // the daily rollup answers, and the parts of a day at its edges, at most
-// two, whose rows are read (through the index on time). A range with no
+// two, whose rows are read (through the table's key, on time). A range with no
 // whole day in it is read from its rows, two partial days at most.
 func usageSpans(from, to time.Time) []usageSpan {
 	from, to = from.UTC(), to.UTC()

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -60,6 +61,37 @@ var sqliteDialect = dialect{
 		);
 		CREATE INDEX relay_usage_time ON relay_usage (time);`,
 		dailyMigration(`strftime('%Y-%m-%d', time / 1000, 'unixepoch')`),
+		// the rows keyed by (time, request_id), without a rowid: one
+		// B-tree, written at its end as rows come in time order, where the
+		// key of random request ids and the index on time were three, one
+		// of them written at a random leaf for every row; ranges of time
+		// are read through the key, so the index on time goes
+		`CREATE TABLE relay_usage_by_time (
+			request_id TEXT NOT NULL,
+			time INTEGER NOT NULL,
+			key_name TEXT NOT NULL,
+			user_name TEXT NOT NULL,
+			group_name TEXT NOT NULL,
+			channel_name TEXT NOT NULL,
+			model TEXT NOT NULL,
+			served_model TEXT NOT NULL,
+			status INTEGER NOT NULL,
+			cause TEXT NOT NULL,
+			input_tokens INTEGER NOT NULL,
+			output_tokens INTEGER NOT NULL,
+			cache_read_tokens INTEGER NOT NULL,
+			cache_write_tokens INTEGER NOT NULL,
+			cost_nano_usd INTEGER NOT NULL,
+			estimated INTEGER NOT NULL,
+			incomplete INTEGER NOT NULL,
+			session_digest TEXT NOT NULL,
+			duration_ms INTEGER NOT NULL,
+			first_byte_ms INTEGER NOT NULL,
+			PRIMARY KEY (time, request_id)
+		) WITHOUT ROWID;
+		INSERT INTO relay_usage_by_time SELECT ` + strings.Join(ledgerColumns, ", ") + ` FROM relay_usage ORDER BY time, request_id;
+		DROP TABLE relay_usage;
+		ALTER TABLE relay_usage_by_time RENAME TO relay_usage;`,
 	},
 	timeArg: func(t time.Time) any { return t.UnixMilli() },
 	day:     `strftime('%Y-%m-%d', time / 1000, 'unixepoch')`,
@@ -88,6 +120,10 @@ func openSQLiteLedger(path string) (*sqlLedger, error) {
 	defer cancel()
 	s, err := newSQLLedger(ctx, db, sqliteDialect)
 	if err != nil {
+		return nil, fmt.Errorf("ledger sqlite %s: %w", path, err)
+	}
+	if s.raw, err = newRawWriter(ctx, s); err != nil {
+		_ = s.close()
 		return nil, fmt.Errorf("ledger sqlite %s: %w", path, err)
 	}
 	return s, nil

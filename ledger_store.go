@@ -3,9 +3,12 @@ package relay
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -15,17 +18,36 @@ type sqlLedger struct {
 	db *sql.DB
 	d  dialect
 	// insert holds the statements that write insertSizes[i] rows, and
-	// upsert the one that adds to the daily rollup, prepared once: a
-	// statement of a thousand rows took longer to parse than to run, and
-	// the rollup's upsert was parsed again for every sum
+	// upsert those that add upsertSizes[i] sums to the daily rollup,
+	// prepared once: a statement of a thousand rows took longer to parse
+	// than to run, and the rollup's upsert was parsed again for every sum
 	insert [len(insertSizes)]*sql.Stmt
-	upsert *sql.Stmt
+	upsert [len(upsertSizes)]*sql.Stmt
+	// insertReturning are the inserts that also return the request ids
+	// of the rows they wrote, for a write that may meet rows written
+	// already
+	insertReturning [len(insertSizes)]*sql.Stmt
+
+	mu       sync.Mutex     // one write at a time: the ledger's writer
+	retrying bool           // the last write failed: the next may meet its rows
+	args     []any          // a batch's values, reused from batch to batch
+	digests  map[string]any // the batch's session ids' digests, boxed
+	raw      *rawWriter     // SQLite's: first tries past database/sql
 }
 
 // insertSizes are the row counts of the prepared inserts, largest first:
 // a batch is written as whole statements of these sizes (a full batch in
 // one), so that no batch needs a statement parsed for it.
 var insertSizes = [...]int{ledgerBatch, 100, 10, 1}
+
+// upsertSizes are the sum counts of the prepared upserts of the rollup: a
+// batch of rows of many keys, channels and models has hundreds of sums.
+var upsertSizes = [...]int{100, 10, 1}
+
+// ledgerKeepOnce ends an insert: a row already written (a write whose
+// success was lost and was tried again: the same request id at the same
+// time) is kept once, (time, request_id) being the table's key.
+const ledgerKeepOnce = " ON CONFLICT (time, request_id) DO NOTHING"
 
 // dialect is what differs between the databases: the schema's
 // migrations, how a time is stored, how a day is told, placeholders.
@@ -56,32 +78,49 @@ var ledgerColumns = []string{
 }
 
 func newSQLLedger(ctx context.Context, db *sql.DB, d dialect) (*sqlLedger, error) {
-	s := &sqlLedger{db: db, d: d}
+	s := &sqlLedger{db: db, d: d, digests: map[string]any{}}
 	if err := s.migrate(ctx); err != nil {
 		_ = db.Close()
 		return nil, err
 	}
 	for i, n := range insertSizes {
-		st, err := db.PrepareContext(ctx, s.insertSQL(n)+" RETURNING request_id")
+		for _, st := range []struct {
+			to  **sql.Stmt
+			sql string
+		}{
+			{&s.insert[i], s.insertSQL(n) + ledgerKeepOnce},
+			{&s.insertReturning[i], s.insertSQL(n) + ledgerKeepOnce + " RETURNING request_id"},
+		} {
+			prepared, err := db.PrepareContext(ctx, st.sql)
+			if err != nil {
+				_ = db.Close()
+				return nil, fmt.Errorf("ledger: prepare the insert of %d rows: %w", n, err)
+			}
+			*st.to = prepared
+		}
+	}
+	for i, n := range upsertSizes {
+		st, err := db.PrepareContext(ctx, s.upsertDaily(n))
 		if err != nil {
 			_ = db.Close()
-			return nil, fmt.Errorf("ledger: prepare the insert of %d rows: %w", n, err)
+			return nil, fmt.Errorf("ledger: prepare the daily rollup: %w", err)
 		}
-		s.insert[i] = st
+		s.upsert[i] = st
 	}
-	st, err := db.PrepareContext(ctx, s.upsertDaily())
-	if err != nil {
-		_ = db.Close()
-		return nil, fmt.Errorf("ledger: prepare the daily rollup: %w", err)
-	}
-	s.upsert = st
 	return s, nil
 }
 
 // migrate brings the schema to the version this relay writes: the steps
 // it has not taken yet, each in a transaction with its version. A database
-// of a newer version (a newer relay wrote it) is refused.
+// of a newer version (a newer relay wrote it) is refused. ctx bounds
+// reaching the database; the steps, which may rewrite every row of a large
+// ledger (seconds a million rows), are bounded by ledgerMigrateTimeout.
 func (s *sqlLedger) migrate(ctx context.Context) error {
+	if err := s.db.PingContext(ctx); err != nil {
+		return fmt.Errorf("ledger: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ledgerMigrateTimeout)
+	defer cancel()
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("ledger: %w", err)
@@ -118,9 +157,7 @@ func (s *sqlLedger) migrate(ctx context.Context) error {
 	return tx.Commit()
 }
 
-// insertSQL is the statement that writes n rows at once. A row already
-// written (a write whose success was lost and was tried again) is kept
-// once: the request id is the table's key.
+// insertSQL is the statement that writes n rows at once.
 func (s *sqlLedger) insertSQL(n int) string {
 	var b strings.Builder
 	b.WriteString("INSERT INTO relay_usage (")
@@ -141,22 +178,119 @@ func (s *sqlLedger) insertSQL(n int) string {
 		}
 		b.WriteByte(')')
 	}
-	b.WriteString(" ON CONFLICT (request_id) DO NOTHING")
 	return b.String()
 }
 
 // write adds rows to the table and their sums to the daily rollup, in one
-// transaction. Only the rows the insert wrote (RETURNING: not the ones a
-// retried batch had written already) are added to the rollup, so both
-// count each request once.
+// transaction, counting each request once in both. A first try cannot
+// meet rows already written (request ids are unique), so it inserts
+// without RETURNING and checks that every row was written; a write after
+// a failed one (whose commit may have been lost), or a first try that
+// found rows written already, reads which rows the insert wrote
+// (RETURNING) and adds only those to the rollup.
 func (s *sqlLedger) write(ctx context.Context, rows []ledgerRow) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.retrying {
+		err := s.writeTx(ctx, rows, false)
+		if err == nil {
+			return nil
+		}
+		// a first try through SQLite's own connection that failed is
+		// tried again at once through database/sql's pool: the
+		// connection may be what failed
+		if !errors.Is(err, errRowsWritten) && s.raw == nil {
+			s.retrying = true
+			return err
+		}
+	}
+	err := s.writeTx(ctx, rows, true)
+	s.retrying = err != nil
+	return err
+}
+
+// errRowsWritten is a first try's insert that found rows written already.
+var errRowsWritten = errors.New("ledger: rows of the batch were written already")
+
+// writeTx is write's transaction; with returning, it adds to the rollup
+// only the rows the insert wrote, else it fails with errRowsWritten when
+// the insert did not write every row. A SQLite ledger's first try goes
+// through the driver's own connection (rawWriter).
+func (s *sqlLedger) writeTx(ctx context.Context, rows []ledgerRow, returning bool) error {
+	defer func() {
+		// the rows' strings are not kept until the next batch
+		clear(s.args)
+		clear(s.digests)
+	}()
+	if s.raw != nil && !returning {
+		return s.raw.conn.Raw(func(dc any) error {
+			tx, err := dc.(driver.ConnBeginTx).BeginTx(ctx, driver.TxOptions{})
+			if err != nil {
+				return err
+			}
+			if err := s.writeIn(ctx, rawTx{s.raw}, rows, false); err != nil {
+				_ = tx.Rollback()
+				return err
+			}
+			return tx.Commit()
+		})
+	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = tx.Rollback() }()
-	written := make(map[string]bool, len(rows))
-	args := make([]any, 0, min(len(rows), ledgerBatch)*len(ledgerColumns))
+	if err := s.writeIn(ctx, sqlTx{s, tx}, rows, returning); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// batchTx is what a write does in its transaction: database/sql's, or the
+// SQLite driver's own.
+type batchTx interface {
+	// insert runs the insert of insertSizes[i] rows, and reports how many
+	// it wrote
+	insert(ctx context.Context, i int, args []any) (int64, error)
+	// insertReturning runs it, adding the ids of the rows it wrote to
+	// written
+	insertReturning(ctx context.Context, i int, args []any, written map[string]bool) error
+	// upsert adds upsertSizes[i] sums to the rollup
+	upsert(ctx context.Context, i int, args []any) error
+}
+
+type sqlTx struct {
+	s  *sqlLedger
+	tx *sql.Tx
+}
+
+func (t sqlTx) insert(ctx context.Context, i int, args []any) (int64, error) {
+	res, err := t.tx.StmtContext(ctx, t.s.insert[i]).ExecContext(ctx, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+func (t sqlTx) insertReturning(ctx context.Context, i int, args []any, written map[string]bool) error {
+	res, err := t.tx.StmtContext(ctx, t.s.insertReturning[i]).QueryContext(ctx, args...)
+	if err != nil {
+		return err
+	}
+	return readWritten(res, written)
+}
+
+func (t sqlTx) upsert(ctx context.Context, i int, args []any) error {
+	_, err := t.tx.StmtContext(ctx, t.s.upsert[i]).ExecContext(ctx, args...)
+	return err
+}
+
+// writeIn writes rows and their sums in tx.
+func (s *sqlLedger) writeIn(ctx context.Context, tx batchTx, rows []ledgerRow, returning bool) error {
+	var written map[string]bool
+	if returning {
+		written = make(map[string]bool, len(rows))
+	}
 	for rest := rows; len(rest) > 0; {
 		i := 0
 		for insertSizes[i] > len(rest) {
@@ -164,36 +298,49 @@ func (s *sqlLedger) write(ctx context.Context, rows []ledgerRow) error {
 		}
 		chunk := rest[:insertSizes[i]]
 		rest = rest[len(chunk):]
-		args = args[:0]
+		s.args = s.args[:0]
+		var prev *ledgerRow
 		for j := range chunk {
-			r := &chunk[j]
-			args = append(args, r.id, s.d.timeArg(r.at), r.key, r.user, r.group, r.channel,
-				r.model, r.served, r.status, r.cause,
-				r.input, r.output, r.cacheRead, r.cacheWrite,
-				r.costNano, r.estimated, r.incomplete, sessionDigest(r.session),
-				r.duration.Milliseconds(), r.firstByte.Milliseconds())
+			s.args = s.rowArgs(s.args, &chunk[j], prev)
+			prev = &chunk[j]
 		}
-		res, err := tx.StmtContext(ctx, s.insert[i]).QueryContext(ctx, args...)
-		if err != nil {
-			return err
+		if returning {
+			if err := tx.insertReturning(ctx, i, s.args, written); err != nil {
+				return err
+			}
+			continue
 		}
-		if err := readWritten(res, written); err != nil {
+		if n, err := tx.insert(ctx, i, s.args); err != nil {
 			return err
+		} else if n != int64(len(chunk)) {
+			return errRowsWritten
 		}
 	}
 	sums := map[dailyKey]*usageRow{}
 	var order []dailyKey
+	var day string           // the UTC day of [dayFrom, dayTo), as YYYY-MM-DD
+	var dayFrom, dayTo int64 // Unix seconds
+	var k dailyKey
+	var u *usageRow
 	for i := range rows {
 		r := &rows[i]
-		if !written[r.id] {
+		if returning && !written[r.id] {
 			continue
 		}
-		k := dailyKey{r.at.UTC().Format(time.DateOnly), r.key, r.user, r.group, r.channel, r.served}
-		u := sums[k]
-		if u == nil {
-			u = new(usageRow)
-			sums[k] = u
-			order = append(order, k)
+		if sec := r.at.Unix(); sec < dayFrom || sec >= dayTo {
+			t := r.at.UTC()
+			day = t.Format(time.DateOnly)
+			dayFrom = time.Date(t.Year(), t.Month(), t.Day(), 0, 0, 0, 0, time.UTC).Unix()
+			dayTo = dayFrom + 24*3600
+		}
+		// most rows add to the sum the row before them added to
+		if u == nil || k.day != day || k.key != r.key || k.user != r.user || k.group != r.group || k.channel != r.channel || k.model != r.served {
+			k = dailyKey{day, r.key, r.user, r.group, r.channel, r.served}
+			if u = sums[k]; u == nil {
+				u = new(usageRow)
+				sums[k] = u
+				order = append(order, k)
+			}
 		}
 		u.requests++
 		u.input += r.input
@@ -202,14 +349,64 @@ func (s *sqlLedger) write(ctx context.Context, rows []ledgerRow) error {
 		u.cacheWrite += r.cacheWrite
 		u.costNano += r.costNano
 	}
-	for _, k := range order {
-		u := sums[k]
-		if _, err := tx.StmtContext(ctx, s.upsert).ExecContext(ctx, k.day, k.key, k.user, k.group, k.channel, k.model,
-			u.requests, u.input, u.output, u.cacheRead, u.cacheWrite, u.costNano); err != nil {
+	for rest := order; len(rest) > 0; {
+		i := 0
+		for upsertSizes[i] > len(rest) {
+			i++
+		}
+		chunk := rest[:upsertSizes[i]]
+		rest = rest[len(chunk):]
+		s.args = s.args[:0]
+		for _, k := range chunk {
+			u := sums[k]
+			s.args = append(s.args, k.day, k.key, k.user, k.group, k.channel, k.model,
+				u.requests, u.input, u.output, u.cacheRead, u.cacheWrite, u.costNano)
+		}
+		if err := tx.upsert(ctx, i, s.args); err != nil {
 			return err
 		}
 	}
-	return tx.Commit()
+	return ctx.Err()
+}
+
+// rowArgs appends r's values to args, in the order of ledgerColumns. A
+// value boxed in an interface is an allocation: the strings (and the time)
+// r shares with prev, the row before it in args, as most rows do (a key, a
+// channel and a model serve many requests in a row), reuse prev's boxes,
+// and a session's digest is made once a batch.
+func (s *sqlLedger) rowArgs(args []any, r, prev *ledgerRow) []any {
+	var was []any
+	if prev != nil {
+		was = args[len(args)-len(ledgerColumns):]
+	}
+	box := func(i int, v, old string) any {
+		if was != nil && v == old {
+			return was[i]
+		}
+		return v
+	}
+	var at, session any
+	if was != nil && r.at.Equal(prev.at) {
+		at = was[1]
+	} else {
+		at = s.d.timeArg(r.at)
+	}
+	if was != nil && r.session == prev.session {
+		session = was[17]
+	} else if session = s.digests[r.session]; session == nil {
+		session = sessionDigest(r.session)
+		s.digests[r.session] = session
+	}
+	var p ledgerRow
+	if prev != nil {
+		p = *prev
+	}
+	return append(args, r.id, at, box(2, r.key, p.key), box(3, r.user, p.user),
+		box(4, r.group, p.group), box(5, r.channel, p.channel),
+		box(6, r.model, p.model), box(7, r.served, p.served), int64(r.status), box(9, r.cause, p.cause),
+		r.input, r.output, r.cacheRead, r.cacheWrite,
+		r.costNano, r.estimated, r.incomplete, session,
+		r.duration.Milliseconds(), r.firstByte.Milliseconds())
 }
 
 // readWritten adds the request ids of an insert's RETURNING to written:
@@ -233,15 +430,28 @@ func readWritten(res *sql.Rows, written map[string]bool) error {
 // usage answer may be grouped by.
 type dailyKey struct{ day, key, user, group, channel, model string }
 
-// upsertDaily adds one sum to the daily rollup.
-func (s *sqlLedger) upsertDaily() string {
-	p := make([]string, 12)
-	for i := range p {
-		p[i] = s.d.param(i + 1)
-	}
-	return `INSERT INTO relay_usage_daily (day, key_name, user_name, group_name, channel_name, served_model,
+// upsertDaily adds n sums to the daily rollup, of n different rows of it.
+func (s *sqlLedger) upsertDaily(n int) string {
+	var b strings.Builder
+	b.WriteString(`INSERT INTO relay_usage_daily (day, key_name, user_name, group_name, channel_name, served_model,
 		requests, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost_nano_usd)
-		VALUES (` + strings.Join(p, ", ") + `)
+		VALUES `)
+	p := 1
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('(')
+		for j := range 12 {
+			if j > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(s.d.param(p))
+			p++
+		}
+		b.WriteByte(')')
+	}
+	return b.String() + `
 		ON CONFLICT (day, key_name, user_name, group_name, channel_name, served_model) DO UPDATE SET
 		requests = relay_usage_daily.requests + excluded.requests,
 		input_tokens = relay_usage_daily.input_tokens + excluded.input_tokens,
@@ -291,9 +501,15 @@ func (s *sqlLedger) prune(ctx context.Context, before time.Time) (int64, error) 
 }
 
 func (s *sqlLedger) close() error {
-	for _, st := range s.insert {
+	if s.raw != nil {
+		s.raw.close()
+	}
+	for i := range s.insert {
+		_ = s.insert[i].Close()
+		_ = s.insertReturning[i].Close()
+	}
+	for _, st := range s.upsert {
 		_ = st.Close()
 	}
-	_ = s.upsert.Close()
 	return s.db.Close()
 }

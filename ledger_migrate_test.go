@@ -1,0 +1,212 @@
+package relay
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddy-relay/relay/internal/pgtest"
+)
+
+func TestLedgerSQLiteMigratesToTheTimeKey(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkMigrationToTheTimeKey(t, sqliteDialect, db, func() *sqlLedger {
+		s, err := openSQLiteLedger(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}, `SELECT COUNT(*) FROM sqlite_master WHERE name = 'relay_usage_time'`)
+}
+
+func TestLedgerPostgresMigratesToTheTimeKey(t *testing.T) {
+	pg := pgtest.Start(t)
+	db, err := sql.Open("pgx", pg.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkMigrationToTheTimeKey(t, postgresDialect, db, func() *sqlLedger {
+		s, err := openPostgresLedger(pg.DSN())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}, `SELECT COUNT(*) FROM pg_indexes WHERE indexname = 'relay_usage_time'`)
+}
+
+// checkMigrationToTheTimeKey fills db, migrated to schema version 2 (rows
+// keyed by request id, an index on time), with rows over three days; then
+// opens it as the relay does (open), which migrates it to the key (time,
+// request_id): its rows and its rollup must be what they were, the usage
+// queries must answer what they did, the index on time must be gone, and
+// a batch of rows written before, written again, must be kept once.
+func checkMigrationToTheTimeKey(t *testing.T, d dialect, db *sql.DB, open func() *sqlLedger, timeIndexCount string) {
+	t.Helper()
+	ctx := context.Background()
+	old := &sqlLedger{db: db, d: d, digests: map[string]any{}}
+	old.d.migrations = d.migrations[:1]
+	if err := old.migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// version 1's rows, written with its insert (keyed by request id)
+	rows := append(benchRows(600, usageEpoch, 0), testRows(usageEpoch.Add(time.Hour), usageEpoch.Add(30*time.Hour))...)
+	for i := range 600 {
+		rows[i].at = usageEpoch.Add(time.Duration(i) * 7 * time.Minute) // three days
+		rows[i].id = newRequestID()
+	}
+	for i := 0; i < len(rows); i += 100 {
+		chunk := rows[i:min(i+100, len(rows))]
+		var args []any
+		for j := range chunk {
+			args = old.rowArgs(args, &chunk[j], nil)
+		}
+		if _, err := db.ExecContext(ctx, old.insertSQL(len(chunk)), args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// version 2 adds the rollup, filled from those rows
+	old.d.migrations = d.migrations[:2]
+	if err := old.migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	queries := []usageQuery{
+		{from: usageEpoch, to: usageEpoch.AddDate(0, 0, 3), groupBy: []string{"key", "day"}},
+		{from: usageEpoch.Add(5 * time.Hour), to: usageEpoch.Add(50 * time.Hour), groupBy: []string{"group", "model", "user"}},
+		{from: usageEpoch.Add(90 * time.Minute), to: usageEpoch.Add(3 * time.Hour)},
+	}
+	answers := func(s *sqlLedger) []string {
+		var all []string
+		for _, q := range queries {
+			all = append(all, strings.Join(collectUsage(t, func(emit func(usageRow) error) error { return s.usage(ctx, q, emit) }), "\n"))
+		}
+		return all
+	}
+	cols := strings.Join(ledgerColumns, ", ")
+	tableBefore := dumpRows(t, db, `SELECT `+cols+` FROM relay_usage ORDER BY request_id`)
+	dailyBefore := dumpRows(t, db, `SELECT * FROM relay_usage_daily ORDER BY day, key_name, user_name, group_name, channel_name, served_model`)
+	answersBefore := answers(old)
+	if len(tableBefore) != len(rows) || len(dailyBefore) < 100 {
+		t.Fatalf("version 2 holds %d rows and %d rollup rows, want %d and a hundred or more", len(tableBefore), len(dailyBefore), len(rows))
+	}
+	_ = db.Close()
+
+	s := open()
+	defer s.close()
+	var v int
+	if err := s.db.QueryRow(`SELECT MAX(version) FROM schema_version`).Scan(&v); err != nil || v != len(d.migrations) {
+		t.Fatalf("schema_version %d (%v), want %d", v, err, len(d.migrations))
+	}
+	if got := dumpRows(t, s.db, `SELECT `+cols+` FROM relay_usage ORDER BY request_id`); !slices.Equal(got, tableBefore) {
+		t.Errorf("the rows changed in the migration: %d rows, want %d", len(got), len(tableBefore))
+	}
+	if got := dumpRows(t, s.db, `SELECT * FROM relay_usage_daily ORDER BY day, key_name, user_name, group_name, channel_name, served_model`); !slices.Equal(got, dailyBefore) {
+		t.Errorf("the rollup changed in the migration")
+	}
+	if got := answers(s); !slices.Equal(got, answersBefore) {
+		t.Errorf("the usage queries answer\n%s\nwant, as before the migration,\n%s", strings.Join(got, "\n--\n"), strings.Join(answersBefore, "\n--\n"))
+	}
+	var n int
+	if err := s.db.QueryRow(timeIndexCount).Scan(&n); err != nil || n != 0 {
+		t.Errorf("the index on time is still there (%d, %v)", n, err)
+	}
+	// rows written before, written again (a lost commit retried), are
+	// kept once, in the rows and in the rollup; new rows are added
+	again := append(slices.Clone(rows[100:110]), ledgerRow{id: "new", at: usageEpoch.Add(time.Hour), key: "k9", group: "g", status: 200, costNano: 5})
+	if err := s.write(ctx, again); err != nil {
+		t.Fatal(err)
+	}
+	if got := dumpRows(t, s.db, `SELECT `+cols+` FROM relay_usage WHERE request_id <> 'new' ORDER BY request_id`); !slices.Equal(got, tableBefore) {
+		t.Errorf("rows written again changed the table")
+	}
+	if got := answers(s); slices.Equal(got, answersBefore) || !strings.Contains(got[0], "k9|2026-03-01 1 0 0 0 0 0.000000005") {
+		t.Errorf("the new row is not counted:\n%s", strings.Join(got, "\n--\n"))
+	}
+	if err := s.db.QueryRow(`SELECT COUNT(*) FROM relay_usage`).Scan(&n); err != nil || n != len(rows)+1 {
+		t.Errorf("%d rows (%v), want %d", n, err, len(rows)+1)
+	}
+}
+
+// dumpRows is every row of query, each as one line.
+func dumpRows(t *testing.T, db *sql.DB, query string) []string {
+	t.Helper()
+	rows, err := db.Query(query)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	cols, _ := rows.Columns()
+	vals := make([]any, len(cols))
+	ptrs := make([]any, len(cols))
+	for i := range vals {
+		ptrs[i] = &vals[i]
+	}
+	var out []string
+	for rows.Next() {
+		if err := rows.Scan(ptrs...); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, fmt.Sprint(vals...))
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestLedgerSQLiteRowsWrittenAgainCountOnce: a write after a failed one,
+// a first try that meets rows written already (a batch whose commit was
+// lost, written again with new rows), and one whose connection is gone,
+// keep each request once in the rows and in the rollup, which agree.
+func TestLedgerSQLiteRowsWrittenAgainCountOnce(t *testing.T) {
+	s, err := openSQLiteLedger(filepath.Join(t.TempDir(), "ledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+	rows := benchRows(400, usageEpoch, 0)
+	canceled, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.write(canceled, rows[:100]); err == nil || !s.retrying {
+		t.Fatalf("a write with a canceled context: %v, retrying %v", err, s.retrying)
+	}
+	ctx := context.Background()
+	for _, w := range [][]ledgerRow{
+		rows[:100],   // after a failed write: RETURNING
+		rows[50:150], // a first try, half of it written already
+		rows[:300],   // the same, a third of it new
+		rows[:300],   // all of it written already
+	} {
+		if err := s.write(ctx, w); err != nil {
+			t.Fatal(err)
+		}
+		if s.retrying {
+			t.Errorf("still retrying after a write that succeeded")
+		}
+	}
+	// the driver's own connection, which first tries go through, lost:
+	// the write goes through database/sql's pool at once
+	if s.raw == nil {
+		t.Fatal("a SQLite ledger without its own connection")
+	}
+	_ = s.raw.conn.Close()
+	if err := s.write(ctx, rows[250:400]); err != nil || s.retrying {
+		t.Fatalf("a write after the writer's connection closed: %v, retrying %v", err, s.retrying)
+	}
+	day := usageQuery{from: usageEpoch, to: usageEpoch.AddDate(0, 0, 1), groupBy: []string{"key", "group", "channel", "model"}}
+	fromRollup := collectUsage(t, func(emit func(usageRow) error) error { return s.usage(ctx, day, emit) })
+	fromRows := collectUsage(t, func(emit func(usageRow) error) error {
+		return s.usageOf(ctx, day.groupBy, []usageSpan{{from: day.from, to: day.to}}, emit)
+	})
+	if want := sumRows(rows, day.from, day.to, day.groupBy); !sameSet(fromRows, want) || !slices.Equal(fromRollup, fromRows) {
+		t.Errorf("the rollup sums\n%s\nthe rows\n%s\nwant each row once\n%s", strings.Join(fromRollup, "\n"), strings.Join(fromRows, "\n"), strings.Join(want, "\n"))
+	}
+}
