@@ -81,7 +81,7 @@ func requestDigest(in *inbound, shared bool) bodyDigest {
 }
 
 // appendDigestParts appends what a request's digest covers but its body,
-// each part closed by a NUL: the same parts as digestInto.
+// each part closed by a NUL.
 func (in *inbound) appendDigestParts(b []byte) []byte {
 	b = append(b, in.route.upstreamPath()...)
 	for _, name := range [...]string{"Anthropic-Version", "Anthropic-Beta"} {
@@ -98,26 +98,15 @@ func (in *inbound) appendDigestParts(b []byte) []byte {
 	return append(b, 0)
 }
 
-// digestInto writes what a request's digest covers into w, each part
-// closed by a NUL.
+// digestInto writes what a request's digest covers into w: its parts but
+// the body (appendDigestParts), then the body.
 func (in *inbound) digestInto(w io.Writer) {
-	_, _ = io.WriteString(w, in.route.upstreamPath())
-	for _, name := range [...]string{"Anthropic-Version", "Anthropic-Beta"} {
-		_, _ = w.Write(nul)
-		for _, v := range in.ask.header[name] {
-			_, _ = io.WriteString(w, v)
-			_, _ = w.Write(comma)
-		}
-	}
-	_, _ = w.Write(nul)
+	var buf [256]byte
+	_, _ = w.Write(in.appendDigestParts(buf[:0]))
 	_, _ = w.Write(in.ask.body)
-	if m := in.grant.degrade.model; m != "" { // served as another model: another answer
-		_, _ = w.Write(nul)
-		_, _ = io.WriteString(w, m)
-	}
 }
 
-var nul, comma = []byte{0}, []byte{','}
+var nul = []byte{0}
 
 // retryMarks reads the headers by which an SDK's request says it may be
 // retried (marked) and that it is a retry.
