@@ -285,6 +285,16 @@ func (t sqlTx) upsert(ctx context.Context, i int, args []any) error {
 	return err
 }
 
+// nextChunk splits rest into its head, as long as the largest of sizes
+// (largest first, the last 1) that rest can fill, and what follows; i is
+// that size's index.
+func nextChunk[T any](rest []T, sizes []int) (i int, chunk, after []T) {
+	for sizes[i] > len(rest) {
+		i++
+	}
+	return i, rest[:sizes[i]], rest[sizes[i]:]
+}
+
 // writeIn writes rows and their sums in tx.
 func (s *sqlLedger) writeIn(ctx context.Context, tx batchTx, rows []ledgerRow, returning bool) error {
 	var written map[string]bool
@@ -292,12 +302,9 @@ func (s *sqlLedger) writeIn(ctx context.Context, tx batchTx, rows []ledgerRow, r
 		written = make(map[string]bool, len(rows))
 	}
 	for rest := rows; len(rest) > 0; {
-		i := 0
-		for insertSizes[i] > len(rest) {
-			i++
-		}
-		chunk := rest[:insertSizes[i]]
-		rest = rest[len(chunk):]
+		var i int
+		var chunk []ledgerRow
+		i, chunk, rest = nextChunk(rest, insertSizes[:])
 		s.args = s.args[:0]
 		var prev *ledgerRow
 		for j := range chunk {
@@ -350,12 +357,9 @@ func (s *sqlLedger) writeIn(ctx context.Context, tx batchTx, rows []ledgerRow, r
 		u.costNano += r.costNano
 	}
 	for rest := order; len(rest) > 0; {
-		i := 0
-		for upsertSizes[i] > len(rest) {
-			i++
-		}
-		chunk := rest[:upsertSizes[i]]
-		rest = rest[len(chunk):]
+		var i int
+		var chunk []dailyKey
+		i, chunk, rest = nextChunk(rest, upsertSizes[:])
 		s.args = s.args[:0]
 		for _, k := range chunk {
 			u := sums[k]
