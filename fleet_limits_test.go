@@ -217,10 +217,18 @@ func TestLeasesOfADeadNodeExpire(t *testing.T) {
 		t.Fatalf("the other node's renewed slots: refused by %q, want concurrency", scope)
 	}
 	// the node dies without giving its slots back
+	slotsFreedByDeath(t, dying, b, lease, 2*lease)
+}
+
+// slotsFreedByDeath stops dying without giving its slots back and waits,
+// up to wait, for b to take one of them: they must free within a lease
+// (and a third of one, the renewals' spacing) of the death.
+func slotsFreedByDeath(t *testing.T, dying *fleet, b *limiter, lease, wait time.Duration) {
+	t.Helper()
 	dying.stop()
 	dying.done.Wait()
 	died := time.Now()
-	waitFor(t, "the dead node's slots free", 2*lease, func() bool {
+	waitFor(t, "the dead node's slots free", wait, func() bool {
 		g, scope, _ := b.take(time.Now(), -1)
 		if scope == scopeNone {
 			b.done(time.Now(), g, 0)

@@ -283,19 +283,7 @@ func TestSlotsOfADeadNodeExpire(t *testing.T) {
 	if _, scope, _ := b.take(time.Now(), -1); scope != scopeConcurrency {
 		t.Fatalf("with the other node's renewed blocks: %q, want concurrency", scope)
 	}
-	dying.stop()
-	dying.done.Wait()
-	died := time.Now()
-	waitFor(t, "the dead node's slots free", 3*lease, func() bool {
-		g, scope, _ := b.take(time.Now(), -1)
-		if scope == scopeNone {
-			b.done(time.Now(), g, 0)
-		}
-		return scope == scopeNone
-	})
-	if took := time.Since(died); took > lease+lease/3+100*time.Millisecond {
-		t.Fatalf("slots freed %v after the node died, lease is %v", took, lease)
-	}
+	slotsFreedByDeath(t, dying, b, lease, 3*lease)
 }
 
 // TestSlotsRedisLostAreNotUsed: slots a renewal does not find (Redis was
