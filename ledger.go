@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"strings"
 	"sync"
 	"time"
@@ -87,7 +86,10 @@ var ledgers = caddy.NewUsagePool()
 // ledgerRow is one request's record, as account hands it over: the
 // strings refer to what the request already holds, so handing it over
 // allocates nothing. The session id is digested by the writer, off the
-// request path; the raw id is never stored.
+// request path; the raw id is never stored. A session id longer than
+// maxIDLen (a client's choice, as long as a header) is digested at once,
+// so that a queue of rows waiting for a database that is down holds no
+// more than their bound: sessionDigested says so.
 type ledgerRow struct {
 	at                                   time.Time
 	id, key, user, group, channel        string
@@ -96,6 +98,7 @@ type ledgerRow struct {
 	input, output, cacheRead, cacheWrite int64
 	costNano                             int64
 	estimated, incomplete                bool
+	sessionDigested                      bool
 	duration, firstByte                  time.Duration
 }
 
@@ -109,15 +112,18 @@ func (l *ledger) record(in *inbound, at time.Time, duration time.Duration, cost 
 	row := ledgerRow{
 		at: at, id: in.id, key: in.who.key.name, group: in.who.key.group.name,
 		model: in.ask.model, served: in.grant.target, cause: in.causeLabel(),
-		session: sessionOf(in.ask.header, in.ask.userID), status: in.end.status,
+		session: in.agentSession(), status: in.end.status,
 		input: in.end.usage.input, output: in.end.usage.output,
 		cacheRead: in.end.usage.cacheRead, cacheWrite: in.end.usage.cacheWrite,
 		costNano:  int64(toNano(cost)), // as the budgets' spend counts it
 		estimated: in.end.estimated, incomplete: in.end.incomplete,
 		duration: duration, firstByte: in.end.firstByte,
 	}
+	if len(row.session) > maxIDLen {
+		row.session, row.sessionDigested = sessionDigest(row.session), true
+	}
 	if in.who.key.kind() == kindUser {
-		row.user = strings.TrimPrefix(in.who.stateID, "user:")
+		row.user, _ = strings.CutPrefix(in.who.stateID, userStatePrefix)
 	}
 	if in.end.answered != nil {
 		row.channel = in.end.answered.name
@@ -168,19 +174,6 @@ func (l *ledger) addBatch(row ledgerRow, b *batchCharge) {
 		}
 		l.add(row)
 	}
-}
-
-// sessionOf is the request's session id: Claude Code's
-// X-Claude-Code-Session-Id, else the session part of metadata.user_id
-// ("..._session_<id>"); "" for none. It allocates nothing.
-func sessionOf(h http.Header, userID string) string {
-	if v := h["X-Claude-Code-Session-Id"]; len(v) > 0 && v[0] != "" {
-		return v[0]
-	}
-	if _, s, ok := strings.Cut(userID, "_session_"); ok {
-		return s
-	}
-	return ""
 }
 
 // ledger is one database's writer: a bounded queue that requests hand

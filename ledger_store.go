@@ -395,8 +395,10 @@ func (s *sqlLedger) rowArgs(args []any, r, prev *ledgerRow) []any {
 	} else {
 		at = s.d.timeArg(r.at)
 	}
-	if was != nil && r.session == prev.session {
+	if was != nil && r.session == prev.session && r.sessionDigested == prev.sessionDigested {
 		session = was[17]
+	} else if r.sessionDigested {
+		session = r.session
 	} else if session = s.digests[r.session]; session == nil {
 		session = sessionDigest(r.session)
 		s.digests[r.session] = session

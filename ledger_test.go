@@ -101,12 +101,12 @@ func TestLedgerStopWritesTheQueueOut(t *testing.T) {
 }
 
 func TestSessionIDIsNeverStoredRaw(t *testing.T) {
-	h := http.Header{}
-	if s := sessionOf(h, "user_abc_account__session_5f1c"); s != "5f1c" {
+	in := &inbound{ask: asked{header: http.Header{}, userID: "user_abc_account__session_5f1c"}}
+	if s := in.agentSession(); s != "5f1c" {
 		t.Errorf("session of metadata.user_id = %q", s)
 	}
-	h.Set("X-Claude-Code-Session-Id", "cc-session-1")
-	if s := sessionOf(h, "user_abc_account__session_5f1c"); s != "cc-session-1" {
+	in.ask.header.Set("X-Claude-Code-Session-Id", "cc-session-1")
+	if s := in.agentSession(); s != "cc-session-1" {
 		t.Errorf("the header comes first, got %q", s)
 	}
 	if d := sessionDigest("cc-session-1"); len(d) != 16 || strings.Contains(d, "session") {
@@ -275,4 +275,32 @@ tests:
         alertname: RelayLedgerDropping
         exp_alerts: []
 `)
+}
+
+// A session id longer than maxIDLen (a header a client makes as long as
+// it likes) is digested when its row is queued, to the digest the writer
+// stores for it, so a queue waiting for a database holds no long ids.
+func TestALongSessionIDIsDigestedWhenQueued(t *testing.T) {
+	l := newLedger(new(flakyStore), "test", zap.NewNop(), ledgerQueue)
+	long := strings.Repeat("s", 4096)
+	for _, sid := range []string{"cc-session-1", long} {
+		in := &inbound{id: newRequestID(), who: requester{key: &key{name: "k", group: &group{name: "g"}}}, ask: asked{header: http.Header{}}}
+		in.ask.header.Set("X-Claude-Code-Session-Id", sid)
+		l.record(in, time.Now(), time.Millisecond, 0)
+	}
+	short, queued := l.pending[0], l.pending[1]
+	if short.session != "cc-session-1" || short.sessionDigested {
+		t.Errorf("a short id is queued as %q (digested %v), want it as it is, for the writer", short.session, short.sessionDigested)
+	}
+	if queued.session != sessionDigest(long) || !queued.sessionDigested {
+		t.Fatalf("a %d-byte id is queued as %d bytes (digested %v), want its digest", len(long), len(queued.session), queued.sessionDigested)
+	}
+	s := &sqlLedger{d: sqliteDialect, digests: map[string]any{}}
+	for _, r := range []ledgerRow{short, queued} {
+		args := s.rowArgs(nil, &r, nil)
+		want := sessionDigest(map[bool]string{false: "cc-session-1", true: long}[r.sessionDigested])
+		if args[17] != want {
+			t.Errorf("stored session %v, want %s", args[17], want)
+		}
+	}
 }
