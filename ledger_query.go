@@ -188,9 +188,15 @@ func writeUsage(w http.ResponseWriter, r *http.Request, l *ledger, q usageQuery)
 	} else if err == nil {
 		_, _ = bw.WriteString("]}\n")
 	}
-	// a failure after the answer began leaves it cut short: not valid
-	// JSON, or a CSV without its last rows, which a client notices
-	return bw.Flush()
+	ferr := bw.Flush()
+	if err != nil {
+		// the answer began and cannot say it failed: the connection is
+		// cut, so that no client takes a CSV without its last rows, which
+		// would look whole, for a finished answer
+		_ = http.NewResponseController(w).Flush()
+		panic(http.ErrAbortHandler)
+	}
+	return ferr
 }
 
 // usdDecimal formats an amount in nano-USD as a decimal number of

@@ -2,8 +2,12 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -11,6 +15,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/pgtest"
+	"go.uber.org/zap"
 )
 
 func TestUsageSpans(t *testing.T) {
@@ -284,4 +289,38 @@ func sameSet(a, b []string) bool {
 	slices.Sort(a)
 	slices.Sort(b)
 	return slices.Equal(a, b)
+}
+
+// brokenUsageStore answers a usage query with one row, then fails.
+type brokenUsageStore struct{ *flakyStore }
+
+func (brokenUsageStore) usage(_ context.Context, _ usageQuery, emit func(usageRow) error) error {
+	if err := emit(usageRow{values: []string{"k"}, requests: 1}); err != nil {
+		return err
+	}
+	return errors.New("the database went away")
+}
+
+// A usage answer that fails after it began is cut, not ended as if whole:
+// a CSV without its last rows would look like a complete invoice.
+func TestAUsageAnswerThatFailsMidwayIsCut(t *testing.T) {
+	l := newLedger(brokenUsageStore{new(flakyStore)}, "test", zap.NewNop(), ledgerQueue)
+	for _, csv := range []bool{true, false} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_ = writeUsage(w, r, l, usageQuery{groupBy: []string{"key"}, csv: csv})
+		}))
+		resp, err := http.Get(srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		srv.Close()
+		if resp.StatusCode != http.StatusOK || err == nil {
+			t.Errorf("csv %v: status %d, body %q read with error %v: want the answer cut before its end", csv, resp.StatusCode, body, err)
+		}
+		if !strings.Contains(string(body), "k") {
+			t.Errorf("csv %v: the rows before the failure did not arrive: %q", csv, body)
+		}
+	}
 }
