@@ -147,7 +147,11 @@ func (s *StatusPage) spendView(ctx context.Context, now time.Time) spendView {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.at.IsZero() || now.Sub(c.at) >= spendTTL || now.Before(c.at) {
-		c.view, c.at = buildSpend(ctx, l, now), now
+		v := buildSpend(ctx, l, now)
+		if v.Notice != "" && ctx.Err() != nil { // its viewer left: not every viewer's answer
+			return v
+		}
+		c.view, c.at = v, now
 	}
 	return c.view
 }
