@@ -183,20 +183,17 @@ type ledger struct {
 	name   string // the database, for logs: "sqlite <path>" or "postgres" (never the DSN)
 	logger *zap.Logger
 
-	mu       sync.Mutex
-	pending  []ledgerRow // handed over, not taken by the writer yet
-	spare    []ledgerRow // the writer's buffer, swapped with pending
-	held     int         // rows pending plus those the writer holds: bounded by limit
-	limit    int
-	closed   bool          // Destruct ran: rows are not taken any more
-	kick     chan struct{} // a batch is full
-	stop     chan struct{}
-	done     chan struct{}
-	retain   time.Duration
-	down     bool // the last write failed: one log line per outage
-	dropped  int64
-	lostFrom time.Time
-	now      func() time.Time
+	mu      sync.Mutex
+	pending []ledgerRow // handed over, not taken by the writer yet
+	held    int         // rows pending plus those the writer holds: bounded by limit
+	limit   int
+	closed  bool          // Destruct ran: rows are not taken any more
+	kick    chan struct{} // a batch is full
+	stop    chan struct{}
+	done    chan struct{}
+	retain  time.Duration
+	down    bool // the last write failed: one log line per outage
+	dropped int64
 }
 
 // ledgerStore is a ledger's database.
@@ -274,12 +271,10 @@ func newLedger(store ledgerStore, name string, logger *zap.Logger, limit int) *l
 	return &ledger{
 		store: store, name: name, logger: logger, limit: limit,
 		pending: make([]ledgerRow, 0, 2*ledgerBatch),
-		spare:   make([]ledgerRow, 0, 2*ledgerBatch),
 		kick:    make(chan struct{}, 1),
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 		retain:  defaultLedgerRetention,
-		now:     time.Now,
 	}
 }
 
@@ -312,7 +307,7 @@ func (l *ledger) run() {
 	defer close(l.done)
 	tick := time.NewTicker(ledgerEvery)
 	defer tick.Stop()
-	own := l.spare // taken from pending, not written yet; swapped with it
+	own := make([]ledgerRow, 0, 2*ledgerBatch) // taken from pending, not written yet; swapped with it
 	var pruned time.Time
 	for {
 		select {
@@ -333,7 +328,7 @@ func (l *ledger) run() {
 		ctx, cancel := context.WithTimeout(context.Background(), ledgerWriteTimeout)
 		ok := l.flush(ctx, &own)
 		cancel()
-		if now := l.now(); ok && now.Sub(pruned) >= ledgerPruneEvery {
+		if now := time.Now(); ok && now.Sub(pruned) >= ledgerPruneEvery {
 			pruned = now
 			l.prune(now)
 		}

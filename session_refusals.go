@@ -12,11 +12,7 @@ import (
 // x-should-retry: false, since the SDK's retries cannot help.
 
 // session reports whether the account is a session's budget.
-func (a *spendAccount) session() bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.scope == spendOfSession
-}
+func (a *spendAccount) session() bool { return a.scopeIs(spendOfSession) }
 
 // keepFor is how long the fleet keeps a period's total after it ended: a
 // session's window is for its session only.
