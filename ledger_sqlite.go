@@ -97,6 +97,8 @@ var sqliteDialect = dialect{
 	day:     `strftime('%Y-%m-%d', time / 1000, 'unixepoch')`,
 	sum:     func(c string) string { return "COALESCE(SUM(" + c + "), 0)" },
 	param:   func(int) string { return "?" },
+
+	rawFirstTries: true,
 }
 
 // openSQLiteLedger opens (and makes) the SQLite ledger at path, in WAL

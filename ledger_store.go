@@ -66,6 +66,10 @@ type dialect struct {
 	sum func(string) string
 	// param is the n-th placeholder (from 1)
 	param func(n int) string
+	// rawFirstTries: a batch's first try goes through the driver's own
+	// statements (rawWriter), so database/sql's are prepared only for
+	// the tries that read back what they wrote
+	rawFirstTries bool
 }
 
 // ledgerColumns are the ledger table's columns, in the order of a row's
@@ -91,6 +95,9 @@ func newSQLLedger(ctx context.Context, db *sql.DB, d dialect) (*sqlLedger, error
 			{&s.insert[i], s.insertSQL(n) + ledgerKeepOnce},
 			{&s.insertReturning[i], s.insertSQL(n) + ledgerKeepOnce + " RETURNING request_id"},
 		} {
+			if st.to == &s.insert[i] && d.rawFirstTries {
+				continue
+			}
 			prepared, err := db.PrepareContext(ctx, st.sql)
 			if err != nil {
 				_ = db.Close()
@@ -511,8 +518,11 @@ func (s *sqlLedger) close() error {
 		s.raw.close()
 	}
 	for i := range s.insert {
-		_ = s.insert[i].Close()
-		_ = s.insertReturning[i].Close()
+		for _, st := range []*sql.Stmt{s.insert[i], s.insertReturning[i]} {
+			if st != nil {
+				_ = st.Close()
+			}
+		}
 	}
 	for _, st := range s.upsert {
 		_ = st.Close()
