@@ -170,7 +170,8 @@ type inbound struct {
 	writing atomic.Int32
 	// attemptTrace is the current attempt's trace, in its context already:
 	// NewRequest sets its WroteRequest rather than add a trace of its own
-	// (a second one is composed with the first by reflection)
+	// (a second one is composed with the first by reflection, and would
+	// fire the first's hook as well)
 	attemptTrace *httptrace.ClientTrace
 	// left is when the client left, in Unix nanoseconds; 0: it has not, as
 	// far as the relay knows (settle.go)
@@ -333,7 +334,10 @@ func (in *inbound) NewRequest(ctx context.Context, method, url string, b []byte)
 	getBody := func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
 	shared := len(b) > 0 && len(in.ask.body) > 0 && &b[0] == &in.ask.body[0] // else a copy (a mapped model): nothing shared
 	if shared {
-		if t := in.attemptTrace; t != nil && t.WroteRequest == nil {
+		// every write of a request made with the attempt's own trace in
+		// its context is counted by that trace's hook, set once; any other
+		// context gets a trace of its own (composed with what it has)
+		if t := httptrace.ContextClientTrace(ctx); t != nil && t == in.attemptTrace {
 			t.WroteRequest = in.wrote
 		} else {
 			ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: in.wrote})

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
 	"slices"
 	"strings"
 	"testing"
@@ -526,5 +527,32 @@ func TestWeakKeys(t *testing.T) {
 		if got := weakKey(key); got != weak {
 			t.Errorf("weakKey(%q) = %v, want %v", key, got, weak)
 		}
+	}
+}
+
+// Two upstream requests made from one attempt's context that share the
+// body each count one write, and each write's end is counted once: a
+// second request must not fire the attempt trace's hook twice.
+func TestSharedBodyWritesAreCountedOncePerRequest(t *testing.T) {
+	in := &inbound{ask: asked{body: []byte(`{"model":"m"}`)}}
+	trace := &httptrace.ClientTrace{}
+	in.attemptTrace = trace
+	ctx := httptrace.WithClientTrace(context.Background(), trace)
+	var reqs []*http.Request
+	for range 2 {
+		req, err := in.NewRequest(ctx, http.MethodPost, "http://upstream.invalid/v1/messages", in.ask.body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reqs = append(reqs, req)
+	}
+	if n := in.writing.Load(); n != 2 {
+		t.Fatalf("%d writes counted, want 2", n)
+	}
+	for _, req := range reqs { // what the transport does when each is written
+		httptrace.ContextClientTrace(req.Context()).WroteRequest(httptrace.WroteRequestInfo{})
+	}
+	if n := in.writing.Load(); n != 0 {
+		t.Fatalf("%d writes left after both ended, want 0", n)
 	}
 }
