@@ -80,17 +80,22 @@ func signatureDomain(cfg *Channel, ch *channel) string {
 	return ch.providerName() + ":channel:" + cfg.Name
 }
 
-// maxSignatures bounds the signatures remembered, process-wide; the least
-// recently used go first. A long Claude Code session carries one per turn,
-// each looked up (and so kept fresh) by every request of the session.
+// maxSignatures bounds the signatures remembered, process-wide; the
+// oldest learned go first. A long Claude Code session carries one per
+// turn, and each turn's answer brings new ones to learn.
 const maxSignatures = 100_000
 
 // signatureTable maps the digest of a signature to the domain of the
 // channel whose answer carried it. It is process-wide, as the sessions it
 // serves outlive a config reload, and holds no secret: a digest and a
 // domain's name.
+//
+// Every block of every request that carries signed thinking is looked up,
+// and a request may carry tens of thousands: a lookup only reads (Peek,
+// under the read lock), so one tenant's blocks never queue another's; the
+// oldest learned signature is the first forgotten.
 type signatureTable struct {
-	mu  sync.Mutex
+	mu  sync.RWMutex
 	lru *simplelru.LRU[uint64, string]
 	// some: it has learned a signature; until then no request's signer
 	// can be known, and inspect does not read them
@@ -117,9 +122,9 @@ func (t *signatureTable) learn(d uint64, domain string) {
 // domainOf is the domain that signed the signature whose digest is d; ""
 // when the table does not know it.
 func (t *signatureTable) domainOf(d uint64) string {
-	t.mu.Lock()
-	domain, _ := t.lru.Get(d)
-	t.mu.Unlock()
+	t.mu.RLock()
+	domain, _ := t.lru.Peek(d)
+	t.mu.RUnlock()
 	return domain
 }
 
