@@ -181,6 +181,14 @@ func TestThinkingFailoverStripRemovesForeignThinking(t *testing.T) {
 	if got := stripped(); got != 3 {
 		t.Errorf("relay_thinking_stripped_total = %v, want 3", got)
 	}
+
+	// a foreign block last in its turn goes with the comma before it: the
+	// strict upstream refuses a body the splice left invalid
+	last := strings.Replace(signedTurn(secretA, "first plan"), `"content":[`, `"content":[`+text+`,`, 1)
+	r = message(t, thinkingBody(hiUser, last, nextUser))
+	if r.status != 200 || b.Hits() != 4 {
+		t.Fatalf("a last block: status %d, b %d hits: %s", r.status, b.Hits(), r.body)
+	}
 }
 
 // TestThinkingGarbageSignatures: a client's signatures no upstream made

@@ -31,8 +31,10 @@
 //   - OpenAI (.../chat/completions): a bearer key the upstream accepts, and
 //     a body with model and a non-empty messages and no unknown parameter.
 //
-// Any other path is unchecked. A body that is not a JSON object is not
-// judged either.
+// Every body these wires read must be a JSON object (valid JSON: the API
+// parses it before anything else), and an Anthropic, Vertex or Bedrock
+// body may carry at most four cache_control blocks (body.go). Any other
+// path is unchecked.
 package apirules
 
 import (
@@ -213,6 +215,11 @@ func (r *Rules) Check(w Wire, h http.Header, body []byte) *Refusal {
 		if f := r.anthropicHeaders(h); f != nil {
 			return f
 		}
+		if w != AnthropicOther {
+			if f := r.anthropicJSON(body); f != nil { // body.go
+				return f
+			}
+		}
 		switch w {
 		case AnthropicMessages:
 			if f := r.anthropicBody(body, "", messagesSchema); f != nil {
@@ -228,6 +235,9 @@ func (r *Rules) Check(w Wire, h http.Header, body []byte) *Refusal {
 		if f := r.bedrockAuth(h); f != nil {
 			return f
 		}
+		if f := r.bedrockJSON(body); f != nil { // body.go
+			return f
+		}
 		if w == BedrockCountTokens {
 			inner := gjson.GetBytes(body, "input.invokeModel.body")
 			if inner.Type != gjson.String {
@@ -237,11 +247,17 @@ func (r *Rules) Check(w Wire, h http.Header, body []byte) *Refusal {
 			if body, err = base64.StdEncoding.DecodeString(inner.Str); err != nil {
 				return r.bedrockRefusal(400, "ValidationException", "input.invokeModel.body is not valid base64")
 			}
+			if f := r.bedrockJSON(body); f != nil {
+				return f
+			}
 		}
 		return r.bedrockBody(body)
 	case VertexPredict, VertexCountTokens:
 		if r.Accepts != nil && !strings.HasPrefix(h.Get("Authorization"), "Bearer ") {
 			return googleRefusal(401, "UNAUTHENTICATED", "Request is missing required authentication credential. Expected OAuth 2 access token, login cookie or other valid authentication credential. See https://developers.google.com/identity/sign-in/web/devconsole-project.")
+		}
+		if f := r.anthropicJSON(body); f != nil { // body.go
+			return f
 		}
 		s := vertexSchema
 		if w == VertexCountTokens {

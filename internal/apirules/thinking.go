@@ -8,8 +8,9 @@ import (
 // thinkingRules checks a Messages body against the API's rules on
 // thinking blocks: no empty message but a final assistant one; when
 // thinking is on, a final assistant turn with a tool call starts with its
-// thinking; and, where the upstream verifies them (Rules.Thinking), every
-// thinking block is one its account signed.
+// thinking; every thinking block carries its signature (a redacted one
+// its data), verifier or not; and, where the upstream verifies them
+// (Rules.Thinking), every thinking block is one its account signed.
 func (r *Rules) thinkingRules(body []byte) *Refusal {
 	if !bytes.Contains(body, []byte(`"thinking"`)) && !bytes.Contains(body, []byte(`"redacted_thinking"`)) {
 		return nil // neither asks for thinking nor carries a block
@@ -26,17 +27,20 @@ func (r *Rules) thinkingRules(body []byte) *Refusal {
 			continue
 		}
 		lastAssistant = i
-		if r.Thinking == nil {
-			continue
-		}
 		for j, b := range content.Array() {
 			switch b.Get("type").Str {
 			case "thinking":
-				if !r.Thinking(b) {
+				if !b.Get("signature").Exists() {
+					return r.invalid(fmt.Sprintf("messages.%d.content.%d.thinking.signature: Field required", i, j))
+				}
+				if r.Thinking != nil && !r.Thinking(b) {
 					return r.invalid(fmt.Sprintf("messages.%d.content.%d: Invalid `signature` in `thinking` block", i, j))
 				}
 			case "redacted_thinking":
-				if !r.Thinking(b) {
+				if !b.Get("data").Exists() {
+					return r.invalid(fmt.Sprintf("messages.%d.content.%d.redacted_thinking.data: Field required", i, j))
+				}
+				if r.Thinking != nil && !r.Thinking(b) {
 					return r.invalid(fmt.Sprintf("messages.%d.content.%d: Invalid `data` in `redacted_thinking` block", i, j))
 				}
 			}

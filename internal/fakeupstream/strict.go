@@ -9,9 +9,9 @@ import (
 // API's status and error shape, so that a relay bug only the real API would
 // catch fails a test. The rules are internal/apirules' (which provider mock
 // applies too): credentials the upstream accepts, the API version, the
-// bodies' required and unknown fields, the rules on thinking blocks; the
-// wire is told by the path. Any other path is the handler's alone. A body
-// that is not a JSON object is the handler's to judge too.
+// bodies' required and unknown fields (a body that is not a JSON object is
+// refused), the cache breakpoints, the rules on thinking blocks; the wire
+// is told by the path. Any other path is the handler's alone.
 
 // Key is the credential a fake upstream accepts unless told otherwise
 // (AcceptKeys): the tests' channels give it as their api_key.

@@ -124,7 +124,17 @@ func TestStrictUpstreamRefusesWhatTheRealAPIRefuses(t *testing.T) {
 			anthropicErr(400, "invalid_request_error", "anthropic_version: Extra inputs are not permitted")},
 		{"every first-party field", "POST", "/v1/messages", anthropicHeaders(),
 			`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"Hi"}],"stream":true,"system":"s","metadata":{"user_id":"u"},"service_tier":"auto","inference_geo":"us","speed":"fast","container":"c","mcp_servers":[],"context_management":{},"cache_control":{"type":"ephemeral"},"output_config":{},"thinking":{"type":"enabled","budget_tokens":1024},"tools":[],"tool_choice":{"type":"auto"},"stop_sequences":["x"],"temperature":1,"top_p":1,"top_k":1}`, nil, passed},
-		{"a body that is not an object is the handler's", "POST", "/v1/messages", anthropicHeaders(), `not json`, nil, passed},
+		{"a body that is not JSON", "POST", "/v1/messages", anthropicHeaders(), `not json`, nil,
+			anthropicErr(400, "invalid_request_error", "The request body is not valid JSON: unexpected character: line 1 column 2 (char 1)")},
+		{"a body that is not an object", "POST", "/v1/messages", anthropicHeaders(), `[1]`, nil,
+			anthropicErr(400, "invalid_request_error", "The request body is not a JSON object")},
+		{"five cache breakpoints", "POST", "/v1/messages", anthropicHeaders(),
+			`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[` + strings.Repeat(`{"type":"text","text":"x","cache_control":{"type":"ephemeral"}},`, 4) +
+				`{"type":"text","text":"x","cache_control":{"type":"ephemeral"}}]}]}`, nil,
+			anthropicErr(400, "invalid_request_error", "A maximum of 4 blocks with cache_control may be provided. Found 5.")},
+		{"a thinking block without its signature", "POST", "/v1/messages", anthropicHeaders(),
+			`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"Hi"},{"role":"assistant","content":[{"type":"thinking","thinking":"t"},{"type":"text","text":"ok"}]},{"role":"user","content":"Go"}]}`, nil,
+			anthropicErr(400, "invalid_request_error", "messages.1.content.0.thinking.signature: Field required")},
 
 		// count_tokens: no max_tokens
 		{"count_tokens passes", "POST", "/v1/messages/count_tokens", anthropicHeaders(), okCount, nil, passed},
