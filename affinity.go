@@ -123,15 +123,6 @@ func (p *cachePrefix) noteSpan(sect int, start, end int) {
 	p.span[sect].a, p.span[sect].b = start, end
 }
 
-// valueStart is where the next value starts: after the whitespace at the
-// scanner's offset.
-func valueStart(body []byte, at int) int {
-	for at < len(body) && (body[at] == ' ' || body[at] == '\t' || body[at] == '\n' || body[at] == '\r') {
-		at++
-	}
-	return at
-}
-
 // isBreakpoint reports whether v, a cache_control value, marks a
 // breakpoint, and whether its TTL is 1h.
 func isBreakpoint(v []byte) (ok, long bool) {
@@ -141,25 +132,25 @@ func isBreakpoint(v []byte) (ok, long bool) {
 	return true, bytes.Contains(v, []byte(`"1h"`))
 }
 
-// scanSection reads the value of `system` or `messages` in inspect's pass,
-// walking an array's blocks for their breakpoints.
-// An array of messages is walked by inspect_messages.go instead.
-func (p *cachePrefix) scanSection(sc *jsonscan.Scanner, body []byte, sect int) error {
-	start := valueStart(body, sc.InputOffset())
+// scanSection reads the value of `system`, or of a `messages` that is not
+// an array, in inspect's pass, walking an array's blocks for their
+// breakpoints. (An array of messages is walked by inspect_messages.go,
+// always, when a prefix is noted.)
+func (p *cachePrefix) scanSection(sc *jsonscan.Scanner, sect int) error {
+	start := sc.ValueOffset()
 	if sc.PeekKind() != '[' {
 		_, err := sc.ReadValue()
 		p.noteSpan(sect, start, sc.InputOffset())
 		return err
 	}
-	err := p.scanBlocks(sc, uint8(sect), 0)
+	err := p.scanBlocks(sc, uint8(sect))
 	p.noteSpan(sect, start, sc.InputOffset())
 	return err
 }
 
-// scanBlocks walks an array of blocks (system's), or of messages whose
-// content blocks, and a tool result's content blocks in them, may be
-// marked: a marked block is a breakpoint at its end.
-func (p *cachePrefix) scanBlocks(sc *jsonscan.Scanner, sect uint8, depth int) error {
+// scanBlocks walks an array of system blocks, which may be marked: a
+// marked block is a breakpoint at its end.
+func (p *cachePrefix) scanBlocks(sc *jsonscan.Scanner, sect uint8) error {
 	if err := sc.ReadArrayStart(); err != nil {
 		return err
 	}
@@ -186,19 +177,12 @@ func (p *cachePrefix) scanBlocks(sc *jsonscan.Scanner, sect uint8, depth int) er
 			if name == nil {
 				break
 			}
-			switch field := unquoteJSON(name); {
-			case field == "content" && depth < 2 && sc.PeekKind() == '[':
-				if err := p.scanBlocks(sc, sect, depth+1); err != nil {
-					return err
-				}
-			default:
-				v, err := sc.ReadValue()
-				if err != nil {
-					return err
-				}
-				if field == "cache_control" {
-					marked, long = isBreakpoint(v)
-				}
+			v, err := sc.ReadValue()
+			if err != nil {
+				return err
+			}
+			if unquoteJSON(name) == "cache_control" {
+				marked, long = isBreakpoint(v)
 			}
 		}
 		if marked {

@@ -61,12 +61,12 @@ func (in *inbound) inspect() *relayError {
 		field := unquoteJSON(name)
 		switch k := sc.PeekKind(); {
 		case field == "tools" && k == '[':
-			start := sc.InputOffset()
+			start := sc.ValueOffset()
 			if err := in.scanTools(sc); err != nil {
 				return errBodyJSON(err)
 			}
 			if in.ask.prefix != nil {
-				in.ask.prefix.noteSpan(sectTools, valueStart(in.ask.body, start), sc.InputOffset())
+				in.ask.prefix.noteSpan(sectTools, start, sc.InputOffset())
 			}
 		case field == "messages" && k == '[' && in.walksMessages():
 			// one walk for every feature that reads the conversation
@@ -74,7 +74,7 @@ func (in *inbound) inspect() *relayError {
 				return errBodyJSON(err)
 			}
 		case in.ask.prefix != nil && (field == "system" || field == "messages"):
-			if err := in.ask.prefix.scanSection(sc, in.ask.body, sectionOf(field)); err != nil {
+			if err := in.ask.prefix.scanSection(sc, sectionOf(field)); err != nil {
 				return errBodyJSON(err)
 			}
 		case field == "metadata" && k == '{':

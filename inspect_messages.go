@@ -37,7 +37,7 @@ type messageWalk struct {
 // scanMessages reads a `messages` array (the scanner before its '[').
 func (in *inbound) scanMessages(sc *jsonscan.Scanner) error {
 	w := messageWalk{prefix: in.ask.prefix, loop: in.wantsLoop()}
-	start := valueStart(in.ask.body, sc.InputOffset())
+	start := sc.ValueOffset()
 	if err := sc.ReadArrayStart(); err != nil {
 		return err
 	}
@@ -144,7 +144,7 @@ func (w *messageWalk) blocks(sc *jsonscan.Scanner, in *inbound, depth int) error
 			}
 			field := unquoteJSON(n)
 			if field == "content" && depth == 1 && sc.PeekKind() == '[' {
-				at := valueStart(in.ask.body, sc.InputOffset())
+				at := sc.ValueOffset()
 				if err := w.blocks(sc, in, depth+1); err != nil {
 					return err
 				}

@@ -72,6 +72,10 @@ func (s *Scanner) Reset(b []byte) {
 // InputOffset is the offset in the document just after what was read last.
 func (s *Scanner) InputOffset() int { return s.pos }
 
+// ValueOffset is the offset where the next value starts: InputOffset past
+// any whitespace.
+func (s *Scanner) ValueOffset() int { return skipSpace(s.buf, s.pos) }
+
 // PeekKind is the kind of the next value, after any whitespace, without
 // reading it; 0 when the next byte starts no value (the read reports why).
 func (s *Scanner) PeekKind() Kind {
