@@ -400,7 +400,22 @@ func (f *fleet) sync() {
 // until ctx ends. Each time the subscription is made (again, after Redis
 // was lost), the node syncs: what it missed meanwhile is in the hashes.
 func (f *fleet) subscribeHealth(ctx context.Context) {
-	ps := f.client.Subscribe(ctx, f.healthTopic())
+	f.subscribe(ctx, f.healthTopic(), f.resyncSoon, func(payload string) {
+		var c healthChange
+		if json.Unmarshal([]byte(payload), &c) != nil || c.Node == f.node {
+			return
+		}
+		if h := findChannel(c.Channel); h != nil && h.fleet.Load() == f {
+			h.apply(c, time.Now())
+		}
+	})
+}
+
+// subscribe hands each message published on topic to onMessage, until
+// ctx ends, and calls subscribed (when not nil) each time the
+// subscription is made, again after Redis was lost.
+func (f *fleet) subscribe(ctx context.Context, topic string, subscribed func(), onMessage func(payload string)) {
+	ps := f.client.Subscribe(ctx, topic)
 	stop := context.AfterFunc(ctx, func() { _ = ps.Close() }) // ends a receive under way
 	defer stop()
 	defer ps.Close()
@@ -425,15 +440,11 @@ func (f *fleet) subscribeHealth(ctx context.Context) {
 		}
 		switch m := msg.(type) {
 		case *redis.Subscription:
-			f.resyncSoon()
+			if subscribed != nil {
+				subscribed()
+			}
 		case *redis.Message:
-			var c healthChange
-			if json.Unmarshal([]byte(m.Payload), &c) != nil || c.Node == f.node {
-				continue
-			}
-			if h := findChannel(c.Channel); h != nil && h.fleet.Load() == f {
-				h.apply(c, time.Now())
-			}
+			onMessage(m.Payload)
 		}
 	}
 }

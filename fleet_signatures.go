@@ -4,9 +4,6 @@ import (
 	"context"
 	"strconv"
 	"strings"
-	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // In a fleet, the signatures a node learns (thinking.go) go to the other
@@ -81,31 +78,7 @@ func appendSigned(b *strings.Builder, e signedEntry) {
 // subscribeSignatures adds the signatures the other nodes publish to this
 // node's table, until ctx ends.
 func (f *fleet) subscribeSignatures(ctx context.Context) {
-	ps := f.client.Subscribe(ctx, f.signaturesTopic())
-	stop := context.AfterFunc(ctx, func() { _ = ps.Close() })
-	defer stop()
-	defer ps.Close()
-	for {
-		msg, err := ps.ReceiveTimeout(ctx, heartbeatEvery)
-		if ctx.Err() != nil {
-			return
-		}
-		if err != nil {
-			if isTimeout(err) {
-				_ = ps.Ping(ctx)
-				continue
-			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(resubscribeEvery):
-			}
-			continue
-		}
-		if m, ok := msg.(*redis.Message); ok {
-			learnShared(m.Payload, f.node)
-		}
-	}
+	f.subscribe(ctx, f.signaturesTopic(), nil, func(payload string) { learnShared(payload, f.node) })
 }
 
 // learnShared adds the signatures of a message another node published; a
