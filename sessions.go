@@ -2,8 +2,6 @@ package relay
 
 import (
 	"cmp"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"strconv"
 	"strings"
@@ -190,8 +188,7 @@ func sessionDigest(sid string) string {
 	if sid == "" {
 		return ""
 	}
-	sum := sha256.Sum256([]byte(sid))
-	return hex.EncodeToString(sum[:8])
+	return digest(sid)
 }
 
 // session is the state of the session sid of the principal stateID,
