@@ -23,7 +23,7 @@ func TestAnotherKeysSessionIDsCannotPushOutASession(t *testing.T) {
 		t.Fatalf("key A's session: %+v, want $0.10 spent of $5", before)
 	}
 
-	k := r.keys[digestOf("sk-other-" + name)]
+	k := r.keys[digestOf("sk-other-"+name)]
 	r.activate(k)
 	in := &inbound{}
 	in.who.key, in.who.state, in.who.stateID = k, k.state, k.stateID
