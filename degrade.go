@@ -199,11 +199,17 @@ func (a *spendAccount) rooms(now time.Time, each func(budgetRoom)) {
 
 // budgetAccounts are the accounts whose budgets apply to a request of
 // in: its principal's and its group's, those with a budget.
-func (in *inbound) budgetAccounts() (accts [2]*spendAccount, n int) {
+func (in *inbound) budgetAccounts() (accts [3]*spendAccount, n int) {
 	if in.who.key == nil || in.who.state == nil {
 		return accts, 0
 	}
-	for _, a := range [2]*spendAccount{in.who.state.spend, in.group().spend} {
+	return budgeted(in.who.state.spend, in.group().spend, nil)
+}
+
+// budgeted are those of the principal's, the group's and the session's
+// accounts (each may be nil) that have a budget.
+func budgeted(principal, group, session *spendAccount) (accts [3]*spendAccount, n int) {
+	for _, a := range [3]*spendAccount{principal, group, session} {
 		if a != nil && a.budgeted.Load() {
 			accts[n] = a
 			n++
