@@ -69,7 +69,6 @@ type SessionLimits struct {
 type sessionRules struct {
 	budgetUSD float64       // 0: no session_budget
 	window    time.Duration // the budget's
-	budget    string        // as configured, for messages
 	rate      limits        // session_rate; zero: none
 	rateSpec  string
 	loopGuard int // 0: off
@@ -114,7 +113,6 @@ func (rs *sessionRules) under(o *SessionLimits) *sessionRules {
 	}
 	if o.SessionBudget != "" {
 		out.budgetUSD, out.window, _ = parseSessionBudget(o.SessionBudget)
-		out.budget = o.SessionBudget
 	}
 	if o.SessionRate != "" {
 		out.rate, _ = parseLimits(o.SessionRate, "", 0)
