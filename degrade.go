@@ -199,11 +199,17 @@ func (a *spendAccount) rooms(now time.Time, each func(budgetRoom)) {
 
 // budgetAccounts are the accounts whose budgets apply to a request of
 // in: its principal's and its group's, those with a budget.
-func (in *inbound) budgetAccounts() (accts [2]*spendAccount, n int) {
+func (in *inbound) budgetAccounts() (accts [3]*spendAccount, n int) {
 	if in.who.key == nil || in.who.state == nil {
 		return accts, 0
 	}
-	for _, a := range [2]*spendAccount{in.who.state.spend, in.group().spend} {
+	return budgeted(in.who.state.spend, in.group().spend, nil)
+}
+
+// budgeted are those of the principal's, the group's and the session's
+// accounts (each may be nil) that have a budget.
+func budgeted(principal, group, session *spendAccount) (accts [3]*spendAccount, n int) {
+	for _, a := range [3]*spendAccount{principal, group, session} {
 		if a != nil && a.budgeted.Load() {
 			accts[n] = a
 			n++
@@ -225,6 +231,32 @@ func (in *inbound) tightestBudget(now time.Time) budgetRoom {
 		})
 	}
 	return t
+}
+
+// degradeAt is what steps degrade to with the budget t spent as it is:
+// whether a cheaper step is reached, and the model of the last model step
+// reached when the group serves it ("" for none). degrade and the usage
+// answer both read it, so the answer never names a model a request would
+// not be sent to (a request also needs the model to cost it less).
+func (in *inbound) degradeAt(steps []degradeRule, t budgetRoom) (cheaper bool, model string) {
+	if !t.known || t.spent >= t.limit {
+		return false, ""
+	}
+	used := t.percent()
+	for _, s := range steps {
+		if used < s.percent {
+			break
+		}
+		if s.model == "" {
+			cheaper = true
+		} else {
+			model = s.model
+		}
+	}
+	if model != "" && !in.group().servesModel(model) {
+		model = ""
+	}
+	return cheaper, model
 }
 
 // degradeSteps are the budget_degrade steps of a request of in: its
@@ -253,19 +285,10 @@ func (r *Relay) degrade(in *inbound) {
 	if !t.known || t.spent >= t.limit {
 		return
 	}
-	used, model := t.percent(), ""
-	for _, s := range steps {
-		if used < s.percent {
-			break
-		}
-		if s.model == "" {
-			in.grant.degrade.cheaper = true
-		} else {
-			model = s.model
-		}
-	}
+	cheaper, model := in.degradeAt(steps, t)
+	in.grant.degrade.cheaper = cheaper
 	g := in.group()
-	if model != "" && model != in.ask.model && g.servesModel(model) &&
+	if model != "" && model != in.ask.model &&
 		r.costCeiling(model, in.ask.estimate, int64(in.ask.maxOut)) < r.costCeiling(in.ask.model, in.ask.estimate, int64(in.ask.maxOut)) {
 		in.grant.degrade.model, in.grant.target = model, model
 		metricDegraded.WithLabelValues(g.name, degradeModel).Inc()

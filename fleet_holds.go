@@ -196,6 +196,7 @@ func (f *fleet) admitAny(now time.Time, calls []*admitCall, hcs []*holdCall) (re
 		left     headroom
 		got      taken
 		admitted bool
+		lost     bool // its answer did not come
 	}
 	got := make([]answer, len(calls))
 	for i, c := range calls {
@@ -205,7 +206,7 @@ func (f *fleet) admitAny(now time.Time, calls []*admitCall, hcs []*holdCall) (re
 		}
 		res, e := cmds[i].Int64Slice()
 		if e != nil || len(res) != admitAnswer {
-			failed = true
+			failed, got[i].lost = true, true
 			continue
 		}
 		left, s, w, taken := c.read(now, res)
@@ -245,7 +246,12 @@ func (f *fleet) admitAny(now time.Time, calls []*admitCall, hcs []*holdCall) (re
 			c.g = grant{left: g.left}
 			continue
 		}
+		var lost []string
+		if got[i].lost {
+			lost = c.lostBlock()
+		}
 		c.undo()
+		f.releaseSlots(c.s, lost)
 		c.g = grant{left: c.refusedLeft(got[i].left)}
 	}
 	for i, h := range hcs {

@@ -343,7 +343,12 @@ func (f *fleet) admitAll(now time.Time, calls []*admitCall, holds []*holdCall) (
 		}
 		if err != nil {
 			for _, c := range calls {
+				var lost []string
+				if c.sent {
+					lost = c.lostBlock()
+				}
 				c.undo()
+				f.releaseSlots(c.s, lost)
 			}
 			f.pendSlots(carried...) // removing one twice is harmless
 			return -1, scopeNone, 0, holdAnswer{}, err

@@ -28,7 +28,9 @@ func TestSignaturesTravelTheFleet(t *testing.T) {
 	// another node's
 	d := signatureDigest([]byte(`"sig-from-another-node"`))
 	bad := signatureDigest([]byte(`"sig-of-a-bad-domain"`))
-	msg := "another-node\n" + strconv.FormatUint(d, 16) + " org-far\nnot-hex org-x\n" + strconv.FormatUint(bad, 16) + " bad domain"
+	// the malformed lines come first: once the good one is learnt, they
+	// have been read
+	msg := "another-node\nnot-hex org-x\n" + strconv.FormatUint(bad, 16) + " bad domain\n" + strconv.FormatUint(d, 16) + " org-far"
 	if err := rdb.Publish(ctx, "sig:signatures", msg).Err(); err != nil {
 		t.Fatal(err)
 	}

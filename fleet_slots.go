@@ -172,6 +172,20 @@ func (c *admitCall) undoSlots() (back string) {
 	return back
 }
 
+// lostBlock is the ids of the block of slots the call asked Redis for,
+// when its answer was lost (a timeout): Redis may have taken them, and
+// nothing renews them, so they go back rather than sit out a lease.
+func (c *admitCall) lostBlock() []string {
+	if c.slots.ask <= 0 || c.g.lease == "" {
+		return nil
+	}
+	ids := make([]string, c.slots.ask)
+	for i := range ids {
+		ids[i] = c.g.lease + "/" + strconv.Itoa(i+1)
+	}
+	return ids
+}
+
 // unuse ends the use of a slot of gen: it is free again, or, when the
 // slots of gen were given back while it was used, one of those used goes
 // back to Redis (returned).

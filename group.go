@@ -263,7 +263,7 @@ type groupState struct {
 	spend atomic.Pointer[spendAccount]
 	// sessions are its keys' agent sessions (sessions.go); nil until the
 	// first one
-	sessions atomic.Pointer[idleCache[*session]]
+	sessions atomic.Pointer[idleCache[*principalSessions]]
 }
 
 // cacheFor returns the group's response cache for cfg: the one it has

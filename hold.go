@@ -293,14 +293,7 @@ func (r *Relay) planHolds(in *inbound) *relayError {
 		return nil
 	}
 	g := in.group()
-	var accts [3]*spendAccount
-	n := 0
-	for _, a := range [3]*spendAccount{in.who.state.spend, g.spend, in.grant.session.budgetAccount()} {
-		if a != nil && a.budgeted.Load() {
-			accts[n] = a
-			n++
-		}
-	}
+	accts, n := budgeted(in.who.state.spend, g.spend, in.grant.session.budgetAccount())
 	if n == 0 && !g.capped {
 		return nil
 	}

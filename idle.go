@@ -85,6 +85,25 @@ func (c *idleCache[V]) get(id string, now time.Time, create func() V) V {
 	return v
 }
 
+// peek is id's state, without marking it used or making one.
+func (c *idleCache[V]) peek(id string) (V, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.lru.Peek(id)
+	if !ok {
+		var zero V
+		return zero, false
+	}
+	return e.v, true
+}
+
+// purge drops every state.
+func (c *idleCache[V]) purge() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.lru.Purge()
+}
+
 // sweep looks at up to sweepSteps of the least recently used states and
 // drops those idle for long enough and settled. One idle but not settled
 // (a request in flight, a bucket in debt) is kept, as if used now.

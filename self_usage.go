@@ -128,8 +128,9 @@ func (r *Relay) serveUsage(w http.ResponseWriter, req *http.Request, in *inbound
 				SpentUSD: b.spent.usd(), HeldUSD: b.held.usd(), RemainingUSD: b.left().usd(), PeriodEnd: b.period.end(b.start)})
 		})
 	}
-	a.Degrade = r.degradeState(in, now)
-	if t := in.tightestBudget(now); t.known {
+	t := in.tightestBudget(now)
+	a.Degrade = r.degradeState(in, t)
+	if t.known {
 		left, used := t.left().usd(), t.percent()
 		a.BudgetRemainingUSD, a.Degrade.UsedPercent = &left, &used
 	}
@@ -139,8 +140,8 @@ func (r *Relay) serveUsage(w http.ResponseWriter, req *http.Request, in *inbound
 }
 
 // degradeState is the principal's budget_degrade as its usage answer says
-// it: its steps and what a message would get now.
-func (r *Relay) degradeState(in *inbound, now time.Time) usageDegrade {
+// it: its steps and what a message would get with the tightest budget t.
+func (r *Relay) degradeState(in *inbound, t budgetRoom) usageDegrade {
 	d := usageDegrade{Steps: in.who.key.opts.BudgetDegrade}
 	if len(d.Steps) == 0 {
 		d.Steps = in.group().degradeCfg
@@ -148,20 +149,7 @@ func (r *Relay) degradeState(in *inbound, now time.Time) usageDegrade {
 	if d.Steps == nil {
 		d.Steps = []BudgetDegrade{}
 	}
-	t := in.tightestBudget(now)
-	if !t.known || t.spent >= t.limit {
-		return d
-	}
-	for _, s := range in.degradeSteps() {
-		if t.percent() < s.percent {
-			break
-		}
-		if s.model == "" {
-			d.Cheaper = true
-		} else {
-			d.Model = s.model
-		}
-	}
+	d.Cheaper, d.Model = in.degradeAt(in.degradeSteps(), t)
 	return d
 }
 

@@ -68,33 +68,38 @@ func eachSession(now time.Time, gs []*groupState, f func(stateID string, s *sess
 		if c == nil {
 			continue
 		}
-		c.each(func(id string, s *session) {
-			s.mu.Lock()
-			live := now.Sub(s.lastSeen) < sessionIdle
-			s.mu.Unlock()
-			if live {
-				stateID, _, _ := strings.Cut(id, "\x00")
-				f(stateID, s)
-			}
-		})
+		c.each(func(stateID string, ps *principalSessions) { eachLive(now, stateID, ps, f) })
 	}
+}
+
+// eachLive calls f with every live session of one principal's.
+func eachLive(now time.Time, stateID string, ps *principalSessions, f func(stateID string, s *session)) {
+	ps.c.each(func(_ string, s *session) {
+		s.mu.Lock()
+		live := now.Sub(s.lastSeen) < sessionIdle
+		s.mu.Unlock()
+		if live {
+			f(stateID, s)
+		}
+	})
 }
 
 // sessionsOf lists the live sessions of one principal (its state id: a
 // key's name, user:<id> for a user entry or an identity of user *) on
-// this relay, the costliest first; never another principal's.
+// this relay, the costliest first; never another principal's. It looks at
+// the principal's own sessions only, not every group's.
 func (r *Relay) sessionsOf(stateID string) []sessionView {
 	now := r.now()
-	var gs []*groupState
-	for _, g := range r.groups {
-		gs = append(gs, g.state)
-	}
 	out := []sessionView{}
-	eachSession(now, gs, func(id string, s *session) {
-		if id == stateID {
-			out = append(out, s.view(now))
+	for _, g := range r.groups {
+		c := g.state.sessions.Load()
+		if c == nil {
+			continue
 		}
-	})
+		if ps, ok := c.peek(stateID); ok {
+			eachLive(now, stateID, ps, func(_ string, s *session) { out = append(out, s.view(now)) })
+		}
+	}
 	sortSessions(out)
 	return out
 }

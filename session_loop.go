@@ -1,5 +1,11 @@
 package relay
 
+import (
+	"encoding/binary"
+
+	"github.com/cespare/xxhash/v2"
+)
+
 // The loop guard's reading of a conversation. When a loop guard applies to
 // a request, the body scan (inspect.go) walks its messages instead of
 // skipping them, in the same strict pass, and keeps of the last two what
@@ -36,10 +42,11 @@ func (t *toolTurn) add(a, b []byte) {
 	if t.n < maxTurnParts {
 		t.parts[t.n] = [2][]byte{a, b}
 	} else {
-		if t.over == 0 {
-			t.over = fnvOffset
-		}
-		t.over = fnvAdd(fnvAdd(t.over, a), b)
+		var buf [24]byte // chained: the digest so far, then each value's
+		binary.LittleEndian.PutUint64(buf[0:], t.over)
+		binary.LittleEndian.PutUint64(buf[8:], xxhash.Sum64(a))
+		binary.LittleEndian.PutUint64(buf[16:], xxhash.Sum64(b))
+		t.over = max(xxhash.Sum64(buf[:]), 1) // 0 says none
 	}
 	t.n++
 }
@@ -51,27 +58,21 @@ func loopDigest(prev, last *toolTurn) uint64 {
 	if prev.role != 'a' || last.role != 'u' || prev.n == 0 || last.n == 0 {
 		return 0
 	}
-	h := uint64(fnvOffset)
+	var d xxhash.Digest // on the stack: digesting allocates nothing
+	d.Reset()
+	sep := [1]byte{0xff} // no byte of valid JSON text is 0xff
 	for _, t := range [2]*toolTurn{prev, last} {
 		for i := range min(t.n, maxTurnParts) {
-			h = fnvAdd(fnvAdd(h, t.parts[i][0]), t.parts[i][1])
+			_, _ = d.Write(t.parts[i][0])
+			_, _ = d.Write(sep[:])
+			_, _ = d.Write(t.parts[i][1])
+			_, _ = d.Write(sep[:])
 		}
-		h = (h ^ t.over ^ 0xfe) * fnvPrime // the turn's end, and its parts past maxTurnParts
+		var end [9]byte // the turn's end, and its parts past maxTurnParts
+		binary.LittleEndian.PutUint64(end[:], t.over)
+		end[8] = 0xfe
+		_, _ = d.Write(end[:])
 	}
+	h := d.Sum64()
 	return max(h, 1) // 0 says none
-}
-
-// FNV-1a, 64 bits, written out so that digesting allocates nothing: a loop
-// that a collision made up would refuse only the session's own request.
-const (
-	fnvOffset = 14695981039346656037
-	fnvPrime  = 1099511628211
-)
-
-// fnvAdd adds b, and a separator, to the digest h.
-func fnvAdd(h uint64, b []byte) uint64 {
-	for _, c := range b {
-		h = (h ^ uint64(c)) * fnvPrime
-	}
-	return (h ^ 0xff) * fnvPrime // the separator: no byte of valid JSON text is 0xff
 }

@@ -24,8 +24,9 @@ import (
 //
 // A session is its principal's (the key, the user entry or the identity):
 // two keys that send the same session id have two sessions. Its state is
-// kept in its group's bounded idle cache, by the principal's state id and
-// the session id, and dropped when idle; its budget is a spend account
+// kept in its group, in a bounded idle cache of its principal's (so that
+// one principal's session ids never push out another's), by the session
+// id, and dropped when idle; its budget is a spend account
 // (spend.go) that its requests hold against as against any budget
 // (hold.go), shared in a fleet through Redis as the others are, and never
 // stored, exported as a metric or named by the client's id: the id shown
@@ -66,7 +67,6 @@ type SessionLimits struct {
 type sessionRules struct {
 	budgetUSD float64       // 0: no session_budget
 	window    time.Duration // the budget's
-	budget    string        // as configured, for messages
 	rate      limits        // session_rate; zero: none
 	rateSpec  string
 	loopGuard int // 0: off
@@ -111,7 +111,6 @@ func (rs *sessionRules) under(o *SessionLimits) *sessionRules {
 	}
 	if o.SessionBudget != "" {
 		out.budgetUSD, out.window, _ = parseSessionBudget(o.SessionBudget)
-		out.budget = o.SessionBudget
 	}
 	if o.SessionRate != "" {
 		out.rate, _ = parseLimits(o.SessionRate, "", 0)
@@ -168,10 +167,30 @@ func (s *session) drop() {
 	}
 }
 
+// principalSessions are the sessions of one principal in a group.
+type principalSessions struct {
+	c *idleCache[*session]
+}
+
+// settled reports whether dropping the principal's sessions forgives
+// nothing.
+func (p *principalSessions) settled(now time.Time) bool {
+	ok := true
+	p.c.each(func(_ string, s *session) { ok = ok && s.settled(now) })
+	return ok
+}
+
+// drop lets go of every session of the principal.
+func (p *principalSessions) drop() { p.c.purge() }
+
 // Bounds of the sessions kept.
 const (
-	// maxSessions bounds the sessions one group keeps on a relay.
+	// maxSessions bounds the sessions one principal keeps in a group on a
+	// relay.
 	maxSessions = 10_000
+	// maxSessionPrincipals bounds the principals with sessions one group
+	// keeps on a relay.
+	maxSessionPrincipals = 10_000
 	// sessionIdle is how long a session goes unused before it may be
 	// dropped: Claude Code's prompt cache lasts 5 minutes, and a person
 	// may read for longer before the next prompt.
@@ -199,13 +218,16 @@ func (r *Relay) session(in *inbound, sid string, rules *sessionRules, now time.T
 	if c == nil {
 		gs.mu.Lock()
 		if c = gs.sessions.Load(); c == nil {
-			c = newIdleCacheDropping(maxSessions, sessionIdle, (*session).drop)
+			c = newIdleCacheDropping(maxSessionPrincipals, sessionIdle, (*principalSessions).drop)
 			gs.sessions.Store(c)
 		}
 		gs.mu.Unlock()
 	}
+	ps := c.get(in.who.stateID, now, func() *principalSessions {
+		return &principalSessions{c: newIdleCacheDropping(maxSessions, sessionIdle, (*session).drop)}
+	})
 	id := in.who.stateID + "\x00" + boundedID(sid)
-	s := c.get(id, now, func() *session {
+	s := ps.c.get(id, now, func() *session {
 		return &session{id: sessionDigest(sid), key: in.who.key.name, group: in.who.key.group.name}
 	})
 	s.mu.Lock()

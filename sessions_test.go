@@ -191,9 +191,8 @@ func TestParallelRequestsOfASessionCannotOverspend(t *testing.T) {
 		t.Fatalf("three requests in flight: sessions %+v, want one holding $0.30 of $0.30", sv)
 	}
 	fourth := serveAsync(t, r, key, s.body(10))
-	acct := r.groups[name].state.sessions.Load()
 	var sa *spendAccount
-	acct.each(func(_ string, ss *session) { sa = ss.spend })
+	eachSession(r.now(), []*groupState{r.groups[name].state}, func(_ string, ss *session) { sa = ss.spend })
 	waitFor(t, "the fourth queued on the session's budget", 5*time.Second, func() bool { return queuedOn(r, name, sa) })
 	g.openAll() // each costs $0.10: the budget is spent, and the fourth cannot go
 	for i, x := range inFlight {
