@@ -186,11 +186,14 @@ func (p *principalSessions) drop() { p.c.purge() }
 // Bounds of the sessions kept.
 const (
 	// maxSessions bounds the sessions one principal keeps in a group on a
-	// relay.
-	maxSessions = 10_000
+	// relay: more than a person or an agent fleet runs within
+	// sessionIdle, few enough that the principals a group may keep
+	// (maxSessionPrincipals, as many as user * keeps identities) bound
+	// what a group's made-up session ids can hold
+	maxSessions = 1_000
 	// maxSessionPrincipals bounds the principals with sessions one group
 	// keeps on a relay.
-	maxSessionPrincipals = 10_000
+	maxSessionPrincipals = maxIdentities
 	// sessionIdle is how long a session goes unused before it may be
 	// dropped: Claude Code's prompt cache lasts 5 minutes, and a person
 	// may read for longer before the next prompt.
