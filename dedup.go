@@ -367,45 +367,6 @@ func (t *dedupTable) len() int {
 	return len(t.m)
 }
 
-// teeWriter is the leading request's writer: what its client gets goes to
-// the flight as well. When the client leaves, the answer goes on into the
-// flight alone, for as long as the attempt's context lets it run.
-type teeWriter struct {
-	http.ResponseWriter
-	f    *flight
-	gone bool
-}
-
-func (t *teeWriter) WriteHeader(code int) {
-	t.f.begin(code, t.ResponseWriter.Header())
-	t.ResponseWriter.WriteHeader(code)
-}
-
-func (t *teeWriter) Write(p []byte) (int, error) {
-	if t.f.status == 0 { // read by this goroutine only, which sets it
-		t.WriteHeader(http.StatusOK)
-	}
-	t.f.add(p)
-	if !t.gone {
-		if _, err := t.ResponseWriter.Write(p); err != nil {
-			t.gone = true
-		}
-	}
-	return len(p), nil
-}
-
-// FlushError is what http.ResponseController calls to flush.
-func (t *teeWriter) FlushError() error {
-	if !t.gone {
-		if err := http.NewResponseController(t.ResponseWriter).Flush(); err != nil {
-			t.gone = true
-		}
-	}
-	return nil
-}
-
-func (t *teeWriter) Unwrap() http.ResponseWriter { return t.ResponseWriter }
-
 // share answers a Messages request from an answer the relay has or is
 // getting for the same request (a retry attached to its first attempt, the
 // group's response cache, an identical miss in flight), or relays it while
@@ -478,35 +439,6 @@ func (r *Relay) share(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 	if c != nil && f.ok {
 		c.store(d, f, r.now())
 	}
-	return fail
-}
-
-// lead relays the request, writing its answer into f too. The attempt no
-// longer ends with its client: when the client leaves, it runs on for
-// grace, and to its end when another request follows it by then. (Then
-// settle_grace, from the client's leaving too, may read on a little longer
-// for the usage: settle.go.)
-func (r *Relay) lead(w http.ResponseWriter, req *http.Request, in *inbound, f *flight, grace time.Duration) *failure {
-	ctx, cancel := context.WithCancel(context.WithoutCancel(req.Context()))
-	defer cancel()
-	stop := context.AfterFunc(req.Context(), func() {
-		in.leftAt(r.now())
-		time.AfterFunc(grace, func() {
-			if !f.followed() {
-				cancel()
-			}
-		})
-	})
-	defer stop()
-	fail := r.relay(&teeWriter{ResponseWriter: w, f: f}, req.WithContext(ctx), in)
-	ok := fail == nil && in.end.answered != nil && !in.end.incomplete && f.status >= 200 && f.status <= 299 // what the upstream answered: a Chat Completions answer reaches its client later
-	var usd float64
-	if ok {
-		if rates := r.prices.lookup(in.grant.target); rates != nil {
-			usd = rates.cost(in.end.usage) * in.end.answered.priceFactor
-		}
-	}
-	f.finish(ok, in.end.usage, usd, r.now())
 	return fail
 }
 

@@ -52,8 +52,13 @@ const (
 )
 
 // watch starts watching the client's context (the request's; a lead's,
-// which ends after dedup_grace): its end is the client leaving.
+// which ends after dedup_grace): its end is the client leaving. A lead's
+// context takes the function itself.
 func (d *deadline) watch(client context.Context) {
+	if a, ok := client.(afterFuncer); ok {
+		d.unwatch = a.AfterFunc(d.leave)
+		return
+	}
 	d.unwatch = context.AfterFunc(client, d.leave)
 }
 
