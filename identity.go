@@ -153,8 +153,8 @@ func (k *key) principal(identity string, now time.Time) (*keyState, string) {
 	if k.id != anyIdentity {
 		return k.state, k.stateID
 	}
-	id := boundedID(identity)
-	return k.state.identity(id, now), userStatePrefix + id
+	st := k.state.identity(boundedID(identity), now)
+	return st, st.id
 }
 
 // identity is the state of one identity of a user * entry, made with the
@@ -162,10 +162,11 @@ func (k *key) principal(identity string, now time.Time) (*keyState, string) {
 func (s *keyState) identity(id string, now time.Time) *keyState {
 	return s.idents.Load().get(id, now, func() *keyState {
 		st := newKeyState()
+		st.id = userStatePrefix + id
 		sp := s.identSpec.Load()
 		st.limits.configure(sp.limits, now)
 		st.limits.share(sp.fleet, tag("u:", id))
-		st.spend = identitySpend(userStatePrefix+id, sp)
+		st.spend = identitySpend(st.id, sp)
 		return st
 	})
 }

@@ -172,6 +172,7 @@ const (
 type keyState struct {
 	limits *limiter
 	spend  *spendAccount // what the principal spent, and its budgets
+	id     string        // an identity of user *: its state id (key.stateID for the others)
 
 	mu          sync.Mutex                           // guards the making of the caches
 	idents      atomic.Pointer[idleCache[*keyState]] // user * only: each identity's state, by identity
