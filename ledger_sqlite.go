@@ -143,6 +143,9 @@ func openSQLiteLedger(path string) (*sqlLedger, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ledger sqlite %s: %w", path, err)
 	}
+	// as long again for the writer's statements, after a migration
+	ctx, cancel = context.WithTimeout(context.Background(), ledgerWriteTimeout)
+	defer cancel()
 	if s.raw, err = newRawWriter(ctx, s); err != nil {
 		_ = s.close()
 		return nil, fmt.Errorf("ledger sqlite %s: %w", path, err)

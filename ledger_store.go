@@ -103,6 +103,10 @@ func newSQLLedger(ctx context.Context, db *sql.DB, d dialect) (*sqlLedger, error
 		_ = db.Close()
 		return nil, err
 	}
+	// a migration may have taken longer than ctx gave reaching the
+	// database: the statements get as long again
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ledgerWriteTimeout)
+	defer cancel()
 	for i, n := range insertSizes {
 		for _, st := range []struct {
 			to  **sql.Stmt
