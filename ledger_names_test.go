@@ -392,3 +392,40 @@ func TestLedgerNamesMapIsBounded(t *testing.T) {
 		t.Errorf("%d rows, want 200", n)
 	}
 }
+
+// TestLedgerSQLitePruneKeepsTheNames: pruning deletes rows, never names,
+// so the ids the writer knows stay good: rows of the same names written
+// after a prune read back with their names.
+func TestLedgerSQLitePruneKeepsTheNames(t *testing.T) {
+	s, err := openSQLiteLedger(filepath.Join(t.TempDir(), "ledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+	ctx := context.Background()
+	if err := s.write(ctx, benchRows(100, usageEpoch, 0)); err != nil {
+		t.Fatal(err)
+	}
+	names := countOf(t, s.db, "relay_usage_names")
+	if n, err := s.prune(ctx, usageEpoch.AddDate(1, 0, 0)); err != nil || n != 100 {
+		t.Fatalf("pruned %d rows (%v), want 100", n, err)
+	}
+	if n := countOf(t, s.db, "relay_usage_names"); n != names || countOf(t, s.db, "relay_usage") != 0 {
+		t.Fatalf("after pruning every row: %d names rows, want the %d there were", n, names)
+	}
+	later := benchRows(100, usageEpoch.AddDate(1, 0, 0), 0)
+	for i := range later {
+		later[i].id += "-later"
+	}
+	if err := s.write(ctx, later); err != nil {
+		t.Fatal(err)
+	}
+	got := dumpRows(t, s.db, `SELECT request_id, key_name, user_name, group_name, channel_name, model, served_model, cause FROM relay_usage ORDER BY request_id`)
+	var want []string
+	for _, r := range later {
+		want = append(want, fmt.Sprint(r.id, r.key, r.user, r.group, r.channel, r.model, r.served, r.cause))
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("the rows written after the prune: %d with their names, want %d", len(got), len(want))
+	}
+}
