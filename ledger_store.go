@@ -230,6 +230,8 @@ func (s *sqlLedger) writeTx(ctx context.Context, rows []ledgerRow, returning boo
 		// the rows' strings are not kept until the next batch
 		clear(s.args)
 		clear(s.digests)
+		clear(s.missing)
+		s.missing = s.missing[:0]
 		// the names a transaction read or added are known once it
 		// committed; one that failed may have added them in vain
 		if err == nil {
