@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"net/http"
 	"os"
@@ -291,5 +292,76 @@ func TestAllocationOfTheLedger(t *testing.T) {
 	// benchmark (see allocTolerance); a row kept on the heap would be ~300
 	if on.allocs > off.allocs || float64(on.bytes) > float64(off.bytes)*1.005 {
 		t.Errorf("a request allocates %d times, %d B, with the ledger; %d times, %d B, without", on.allocs, on.bytes, off.allocs, off.bytes)
+	}
+}
+
+// TestLedgerMillionRowMigration times the migration to the names table of
+// a month of 1M rows written by a relay before it (schema version 3), in
+// SQLite and in Postgres, with RELAY_LEDGER_1M=1; the rows' count through
+// the view must be the table's.
+func TestLedgerMillionRowMigration(t *testing.T) {
+	if os.Getenv("RELAY_LEDGER_1M") != "1" {
+		t.Skip("set RELAY_LEDGER_1M=1 to migrate a ledger of 1M rows")
+	}
+	t.Run("sqlite", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "ledger.db")
+		db, err := sql.Open("sqlite", "file:"+path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		millionRowMigration(t, sqliteDialect, db, func() (*sqlLedger, error) { return openSQLiteLedger(path) })
+	})
+	t.Run("postgres", func(t *testing.T) {
+		pg := pgtest.Start(t)
+		db, err := sql.Open("pgx", pg.DSN())
+		if err != nil {
+			t.Fatal(err)
+		}
+		millionRowMigration(t, postgresDialect, db, func() (*sqlLedger, error) { return openPostgresLedger(pg.DSN()) })
+	})
+}
+
+func millionRowMigration(t *testing.T, d dialect, db *sql.DB, open func() (*sqlLedger, error)) {
+	ctx := context.Background()
+	old := &sqlLedger{db: db, d: d, digests: map[string]any{}}
+	old.d.migrations = d.migrations[:3]
+	if err := old.migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+	tx, err := db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const chunk = 100
+	st, err := tx.Prepare("INSERT INTO relay_usage (" + strings.Join(ledgerColumns, ", ") + ") VALUES " + old.valuesSQL(chunk, len(ledgerColumns)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := make([]any, 0, chunk*len(ledgerColumns))
+	for from := 0; from < 1_000_000; from += chunk {
+		args = args[:0]
+		for _, r := range benchRows(chunk, start, from) {
+			args = append(args, r.id, d.timeArg(r.at), r.key, r.user, r.group, r.channel, r.model, r.served, int64(r.status), r.cause,
+				r.input, r.output, r.cacheRead, r.cacheWrite, r.costNano, r.estimated, r.incomplete, sessionDigest(r.session),
+				r.duration.Milliseconds(), r.firstByte.Milliseconds())
+		}
+		if _, err := st.Exec(args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	_ = db.Close()
+	began := time.Now()
+	s, err := open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+	t.Logf("1M rows migrated to the names table in %v", time.Since(began))
+	if n := countOf(t, s.db, "relay_usage"); n != 1_000_000 {
+		t.Errorf("%d rows through the view, want 1M", n)
 	}
 }

@@ -63,16 +63,7 @@ func checkMigrationToTheTimeKey(t *testing.T, d dialect, db *sql.DB, open func()
 		rows[i].at = usageEpoch.Add(time.Duration(i) * 7 * time.Minute) // three days
 		rows[i].id = newRequestID()
 	}
-	for i := 0; i < len(rows); i += 100 {
-		chunk := rows[i:min(i+100, len(rows))]
-		var args []any
-		for j := range chunk {
-			args = old.rowArgs(args, &chunk[j], nil)
-		}
-		if _, err := db.ExecContext(ctx, old.insertSQL(len(chunk)), args...); err != nil {
-			t.Fatal(err)
-		}
-	}
+	insertOldRows(t, old, rows)
 	// version 2 adds the rollup, filled from those rows
 	old.d.migrations = d.migrations[:2]
 	if err := old.migrate(ctx); err != nil {
@@ -132,6 +123,31 @@ func checkMigrationToTheTimeKey(t *testing.T, d dialect, db *sql.DB, open func()
 	}
 	if err := s.db.QueryRow(`SELECT COUNT(*) FROM relay_usage`).Scan(&n); err != nil || n != len(rows)+1 {
 		t.Errorf("%d rows (%v), want %d", n, err, len(rows)+1)
+	}
+}
+
+// insertOldRows writes rows to the table relay_usage of a schema before
+// the names table (versions 1 to 3), whose columns were ledgerColumns.
+func insertOldRows(t *testing.T, old *sqlLedger, rows []ledgerRow) {
+	t.Helper()
+	for i := 0; i < len(rows); i += 100 {
+		chunk := rows[i:min(i+100, len(rows))]
+		var args []any
+		for _, r := range chunk {
+			session := r.session
+			if !r.sessionDigested {
+				session = sessionDigest(session)
+			}
+			args = append(args, r.id, old.d.timeArg(r.at), r.key, r.user, r.group, r.channel,
+				r.model, r.served, int64(r.status), r.cause,
+				r.input, r.output, r.cacheRead, r.cacheWrite,
+				r.costNano, r.estimated, r.incomplete, session,
+				r.duration.Milliseconds(), r.firstByte.Milliseconds())
+		}
+		q := "INSERT INTO relay_usage (" + strings.Join(ledgerColumns, ", ") + ") VALUES " + old.valuesSQL(len(chunk), len(ledgerColumns))
+		if _, err := old.db.Exec(q, args...); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

@@ -92,6 +92,25 @@ var sqliteDialect = dialect{
 		INSERT INTO relay_usage_by_time SELECT ` + strings.Join(ledgerColumns, ", ") + ` FROM relay_usage ORDER BY time, request_id;
 		DROP TABLE relay_usage;
 		ALTER TABLE relay_usage_by_time RENAME TO relay_usage;`,
+		// each set of names once (see ledger_names.go), the rows keyed as
+		// before, and the view of both
+		namesMigration(`INTEGER PRIMARY KEY`, `CREATE TABLE relay_usage_rows (
+			request_id TEXT NOT NULL,
+			time INTEGER NOT NULL,
+			names_id INTEGER NOT NULL,
+			status INTEGER NOT NULL,
+			input_tokens INTEGER NOT NULL,
+			output_tokens INTEGER NOT NULL,
+			cache_read_tokens INTEGER NOT NULL,
+			cache_write_tokens INTEGER NOT NULL,
+			cost_nano_usd INTEGER NOT NULL,
+			estimated INTEGER NOT NULL,
+			incomplete INTEGER NOT NULL,
+			session_digest TEXT NOT NULL,
+			duration_ms INTEGER NOT NULL,
+			first_byte_ms INTEGER NOT NULL,
+			PRIMARY KEY (time, request_id)
+		) WITHOUT ROWID`, ``),
 	},
 	timeArg: func(t time.Time) any { return t.UnixMilli() },
 	day:     `strftime('%Y-%m-%d', time / 1000, 'unixepoch')`,
@@ -124,6 +143,9 @@ func openSQLiteLedger(path string) (*sqlLedger, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ledger sqlite %s: %w", path, err)
 	}
+	// as long again for the writer's statements, after a migration
+	ctx, cancel = context.WithTimeout(context.Background(), ledgerWriteTimeout)
+	defer cancel()
 	if s.raw, err = newRawWriter(ctx, s); err != nil {
 		_ = s.close()
 		return nil, fmt.Errorf("ledger sqlite %s: %w", path, err)

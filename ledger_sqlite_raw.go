@@ -6,6 +6,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"io"
 )
 
 // rawWriter writes a SQLite ledger's batches through the driver's own
@@ -85,9 +86,12 @@ func (w *rawWriter) exec(ctx context.Context, st driver.StmtExecContext, args []
 	return st.ExecContext(ctx, w.nv)
 }
 
-// rawTx is a write's transaction on the driver's connection: first tries
-// only, which need no RETURNING.
-type rawTx struct{ w *rawWriter }
+// rawTx is a write's transaction on the driver's connection (dc): first
+// tries only, which need no RETURNING.
+type rawTx struct {
+	w  *rawWriter
+	dc any
+}
 
 func (t rawTx) insert(ctx context.Context, i int, args []any) (int64, error) {
 	res, err := t.w.exec(ctx, t.w.insert[i], args)
@@ -104,4 +108,45 @@ func (t rawTx) insertReturning(context.Context, int, []any, map[string]bool) err
 func (t rawTx) upsert(ctx context.Context, i int, args []any) error {
 	_, err := t.w.exec(ctx, t.w.upsert[i], args)
 	return err
+}
+
+func (t rawTx) exec(ctx context.Context, query string, args []any) error {
+	e, ok := t.dc.(driver.ExecerContext)
+	if !ok {
+		return errors.New("ledger: the driver does not execute without a statement")
+	}
+	_, err := e.ExecContext(ctx, query, namedValues(args))
+	return err
+}
+
+func (t rawTx) queryNames(ctx context.Context, query string, args []any, found func(int64, ledgerNames)) error {
+	q, ok := t.dc.(driver.QueryerContext)
+	if !ok {
+		return errors.New("ledger: the driver does not query without a statement")
+	}
+	rows, err := q.QueryContext(ctx, query, namedValues(args))
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	vals := make([]driver.Value, 1+len(ledgerNameColumns))
+	for {
+		if err := rows.Next(vals); err == io.EOF {
+			return nil
+		} else if err != nil {
+			return err
+		}
+		if err := scanNames(vals, found); err != nil {
+			return err
+		}
+	}
+}
+
+// namedValues are args as a driver takes them.
+func namedValues(args []any) []driver.NamedValue {
+	nv := make([]driver.NamedValue, len(args))
+	for i, v := range args {
+		nv[i] = driver.NamedValue{Ordinal: i + 1, Value: v}
+	}
+	return nv
 }

@@ -1,11 +1,13 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -33,6 +35,15 @@ type sqlLedger struct {
 	args     []any          // a batch's values, reused from batch to batch
 	digests  map[string]any // the batch's session ids' digests, boxed
 	raw      *rawWriter     // SQLite's: first tries past database/sql
+
+	// names are the ids of the names in relay_usage_names the writer
+	// knows (at most ledgerNamesKept), learned those the transaction
+	// under way read or added (kept once it commits), ids the ids of the
+	// batch's rows' names and missing the names not known yet
+	names   map[ledgerNames]int64
+	learned map[ledgerNames]int64
+	ids     []int64
+	missing []ledgerNames
 }
 
 // insertSizes are the row counts of the prepared inserts, largest first:
@@ -70,10 +81,14 @@ type dialect struct {
 	// statements (rawWriter), so database/sql's are prepared only for
 	// the tries that read back what they wrote
 	rawFirstTries bool
+	// shared: several relays may write at once (a fleet's database), so
+	// a write takes its locks on the rollup's rows in one order
+	shared bool
 }
 
-// ledgerColumns are the ledger table's columns, in the order of a row's
-// values (ledgerValues).
+// ledgerColumns are the columns of the ledger's rows as SQL reads them
+// (the view relay_usage), and were those of its table before the names
+// table.
 var ledgerColumns = []string{
 	"request_id", "time", "key_name", "user_name", "group_name", "channel_name",
 	"model", "served_model", "status", "cause",
@@ -82,11 +97,16 @@ var ledgerColumns = []string{
 }
 
 func newSQLLedger(ctx context.Context, db *sql.DB, d dialect) (*sqlLedger, error) {
-	s := &sqlLedger{db: db, d: d, digests: map[string]any{}}
+	s := &sqlLedger{db: db, d: d, digests: map[string]any{},
+		names: map[ledgerNames]int64{}, learned: map[ledgerNames]int64{}}
 	if err := s.migrate(ctx); err != nil {
 		_ = db.Close()
 		return nil, err
 	}
+	// a migration may have taken longer than ctx gave reaching the
+	// database: the statements get as long again
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ledgerWriteTimeout)
+	defer cancel()
 	for i, n := range insertSizes {
 		for _, st := range []struct {
 			to  **sql.Stmt
@@ -166,26 +186,8 @@ func (s *sqlLedger) migrate(ctx context.Context) error {
 
 // insertSQL is the statement that writes n rows at once.
 func (s *sqlLedger) insertSQL(n int) string {
-	var b strings.Builder
-	b.WriteString("INSERT INTO relay_usage (")
-	b.WriteString(strings.Join(ledgerColumns, ", "))
-	b.WriteString(") VALUES ")
-	p := 1
-	for i := range n {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteByte('(')
-		for j := range ledgerColumns {
-			if j > 0 {
-				b.WriteByte(',')
-			}
-			b.WriteString(s.d.param(p))
-			p++
-		}
-		b.WriteByte(')')
-	}
-	return b.String()
+	return "INSERT INTO relay_usage_rows (" + strings.Join(ledgerRowColumns, ", ") + ") VALUES " +
+		s.valuesSQL(n, len(ledgerRowColumns))
 }
 
 // write adds rows to the table and their sums to the daily rollup, in one
@@ -223,11 +225,20 @@ var errRowsWritten = errors.New("ledger: rows of the batch were written already"
 // only the rows the insert wrote, else it fails with errRowsWritten when
 // the insert did not write every row. A SQLite ledger's first try goes
 // through the driver's own connection (rawWriter).
-func (s *sqlLedger) writeTx(ctx context.Context, rows []ledgerRow, returning bool) error {
+func (s *sqlLedger) writeTx(ctx context.Context, rows []ledgerRow, returning bool) (err error) {
 	defer func() {
 		// the rows' strings are not kept until the next batch
 		clear(s.args)
 		clear(s.digests)
+		clear(s.missing)
+		s.missing = s.missing[:0]
+		// the names a transaction read or added are known once it
+		// committed; one that failed may have added them in vain
+		if err == nil {
+			s.keepLearned()
+		} else {
+			clear(s.learned)
+		}
 	}()
 	if s.raw != nil && !returning {
 		return s.raw.conn.Raw(func(dc any) error {
@@ -235,7 +246,7 @@ func (s *sqlLedger) writeTx(ctx context.Context, rows []ledgerRow, returning boo
 			if err != nil {
 				return err
 			}
-			if err := s.writeIn(ctx, rawTx{s.raw}, rows, false); err != nil {
+			if err := s.writeIn(ctx, rawTx{s.raw, dc}, rows, false); err != nil {
 				_ = tx.Rollback()
 				return err
 			}
@@ -264,6 +275,11 @@ type batchTx interface {
 	insertReturning(ctx context.Context, i int, args []any, written map[string]bool) error
 	// upsert adds upsertSizes[i] sums to the rollup
 	upsert(ctx context.Context, i int, args []any) error
+	// exec runs a statement that is not prepared
+	exec(ctx context.Context, query string, args []any) error
+	// queryNames runs a query of names rows (id, then the seven names),
+	// giving found each
+	queryNames(ctx context.Context, query string, args []any, found func(int64, ledgerNames)) error
 }
 
 type sqlTx struct {
@@ -292,6 +308,28 @@ func (t sqlTx) upsert(ctx context.Context, i int, args []any) error {
 	return err
 }
 
+func (t sqlTx) exec(ctx context.Context, query string, args []any) error {
+	_, err := t.tx.ExecContext(ctx, query, args...)
+	return err
+}
+
+func (t sqlTx) queryNames(ctx context.Context, query string, args []any, found func(int64, ledgerNames)) error {
+	res, err := t.tx.QueryContext(ctx, query, args...)
+	if err != nil {
+		return err
+	}
+	defer res.Close()
+	for res.Next() {
+		var id int64
+		var n ledgerNames
+		if err := res.Scan(&id, &n.key, &n.user, &n.group, &n.channel, &n.model, &n.served, &n.cause); err != nil {
+			return err
+		}
+		found(id, n)
+	}
+	return res.Err()
+}
+
 // nextChunk splits rest into its head, as long as the largest of sizes
 // (largest first, the last 1) that rest can fill, and what follows; i is
 // that size's index.
@@ -304,6 +342,9 @@ func nextChunk[T any](rest []T, sizes []int) (i int, chunk, after []T) {
 
 // writeIn writes rows and their sums in tx.
 func (s *sqlLedger) writeIn(ctx context.Context, tx batchTx, rows []ledgerRow, returning bool) error {
+	if err := s.resolveNames(ctx, tx, rows); err != nil {
+		return err
+	}
 	var written map[string]bool
 	if returning {
 		written = make(map[string]bool, len(rows))
@@ -311,11 +352,12 @@ func (s *sqlLedger) writeIn(ctx context.Context, tx batchTx, rows []ledgerRow, r
 	for rest := rows; len(rest) > 0; {
 		var i int
 		var chunk []ledgerRow
+		at := len(rows) - len(rest) // chunk's first row's index in rows
 		i, chunk, rest = nextChunk(rest, insertSizes[:])
 		s.args = s.args[:0]
 		var prev *ledgerRow
 		for j := range chunk {
-			s.args = s.rowArgs(s.args, &chunk[j], prev)
+			s.args = s.rowArgs(s.args, &chunk[j], prev, s.ids[at:at+j+1])
 			prev = &chunk[j]
 		}
 		if returning {
@@ -363,6 +405,15 @@ func (s *sqlLedger) writeIn(ctx context.Context, tx batchTx, rows []ledgerRow, r
 		u.cacheWrite += r.cacheWrite
 		u.costNano += r.costNano
 	}
+	if s.d.shared {
+		// relays that write at once lock the rows they add to in one
+		// order, so that they wait for each other rather than deadlock
+		slices.SortFunc(order, func(a, b dailyKey) int {
+			return cmp.Or(strings.Compare(a.day, b.day), strings.Compare(a.key, b.key),
+				strings.Compare(a.user, b.user), strings.Compare(a.group, b.group),
+				strings.Compare(a.channel, b.channel), strings.Compare(a.model, b.model))
+		})
+	}
 	for rest := order; len(rest) > 0; {
 		var i int
 		var chunk []dailyKey
@@ -380,43 +431,37 @@ func (s *sqlLedger) writeIn(ctx context.Context, tx batchTx, rows []ledgerRow, r
 	return ctx.Err()
 }
 
-// rowArgs appends r's values to args, in the order of ledgerColumns. A
-// value boxed in an interface is an allocation: the strings (and the time)
-// r shares with prev, the row before it in args, as most rows do (a key, a
-// channel and a model serve many requests in a row), reuse prev's boxes,
-// and a session's digest is made once a batch.
-func (s *sqlLedger) rowArgs(args []any, r, prev *ledgerRow) []any {
+// rowArgs appends r's values to args, in the order of ledgerRowColumns;
+// ids ends with the id of r's names, after prev's (the row before it in
+// args). A value boxed in an interface is an allocation: the names id (and
+// the time) r shares with prev, as most rows do (a key, a channel and a
+// model serve many requests in a row), reuse prev's boxes, and a session's
+// digest is made once a batch.
+func (s *sqlLedger) rowArgs(args []any, r, prev *ledgerRow, ids []int64) []any {
 	var was []any
 	if prev != nil {
-		was = args[len(args)-len(ledgerColumns):]
+		was = args[len(args)-len(ledgerRowColumns):]
 	}
-	box := func(i int, v, old string) any {
-		if was != nil && v == old {
-			return was[i]
-		}
-		return v
+	var at, names, session any
+	if id := ids[len(ids)-1]; was != nil && id == ids[len(ids)-2] {
+		names = was[2]
+	} else {
+		names = id
 	}
-	var at, session any
 	if was != nil && r.at.Equal(prev.at) {
 		at = was[1]
 	} else {
 		at = s.d.timeArg(r.at)
 	}
 	if was != nil && r.session == prev.session && r.sessionDigested == prev.sessionDigested {
-		session = was[17]
+		session = was[11]
 	} else if r.sessionDigested {
 		session = r.session
 	} else if session = s.digests[r.session]; session == nil {
 		session = sessionDigest(r.session)
 		s.digests[r.session] = session
 	}
-	var p ledgerRow
-	if prev != nil {
-		p = *prev
-	}
-	return append(args, r.id, at, box(2, r.key, p.key), box(3, r.user, p.user),
-		box(4, r.group, p.group), box(5, r.channel, p.channel),
-		box(6, r.model, p.model), box(7, r.served, p.served), int64(r.status), box(9, r.cause, p.cause),
+	return append(args, r.id, at, names, int64(r.status),
 		r.input, r.output, r.cacheRead, r.cacheWrite,
 		r.costNano, r.estimated, r.incomplete, session,
 		r.duration.Milliseconds(), r.firstByte.Milliseconds())
@@ -503,7 +548,7 @@ func dailyMigration(day string) string {
 // prune deletes the rows before before, and the days of the rollup that
 // end before it.
 func (s *sqlLedger) prune(ctx context.Context, before time.Time) (int64, error) {
-	res, err := s.db.ExecContext(ctx, `DELETE FROM relay_usage WHERE time < `+s.d.param(1), s.d.timeArg(before))
+	res, err := s.db.ExecContext(ctx, `DELETE FROM relay_usage_rows WHERE time < `+s.d.param(1), s.d.timeArg(before))
 	if err != nil {
 		return 0, err
 	}

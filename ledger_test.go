@@ -297,10 +297,10 @@ func TestALongSessionIDIsDigestedWhenQueued(t *testing.T) {
 	}
 	s := &sqlLedger{d: sqliteDialect, digests: map[string]any{}}
 	for _, r := range []ledgerRow{short, queued} {
-		args := s.rowArgs(nil, &r, nil)
+		args := s.rowArgs(nil, &r, nil, []int64{1})
 		want := sessionDigest(map[bool]string{false: "cc-session-1", true: long}[r.sessionDigested])
-		if args[17] != want {
-			t.Errorf("stored session %v, want %s", args[17], want)
+		if args[11] != want {
+			t.Errorf("stored session %v, want %s", args[11], want)
 		}
 	}
 }
