@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
 	"net/http"
@@ -372,5 +373,30 @@ func TestAFleetAdmitsAnEndUserWithItsChannel(t *testing.T) {
 	}
 	if w := send("bob-pair"); w.Code != 200 {
 		t.Fatalf("bob's request, the channel's third of 3/m: %d %s", w.Code, w.Body)
+	}
+}
+
+// An id that a store would change (invalid UTF-8, which the spend store's
+// JSON rewrites, so that a persisted identity's spend came back under
+// another id) or refuse (a control character: Postgres takes no NUL in
+// text) is kept as its digest; a plain id, Unicode included, as it is.
+func TestBoundedIDOfIdsAStoreWouldChange(t *testing.T) {
+	for _, id := range []string{"bob\xff", "\xc3", "a\x00b", "tab\tx", "del\x7f"} {
+		if got := boundedID(id); !strings.HasPrefix(got, sha256Prefix) {
+			t.Errorf("%q is kept as %q, not as its digest", id, got)
+		}
+		b, err := json.Marshal(map[string]int{userStateID(id): 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back map[string]int
+		if err := json.Unmarshal(b, &back); err != nil || back[userStateID(id)] != 1 {
+			t.Errorf("the state id of %q does not come back from the spend store's JSON: %s", id, b)
+		}
+	}
+	for _, id := range []string{"alice@example.com", "ユーザー", "user_1 (ops)", "\ufffd"} {
+		if got := boundedID(id); got != id {
+			t.Errorf("the plain id %q is kept as %q", id, got)
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/caddyserver/caddy/v2"
 )
@@ -54,12 +55,30 @@ const maxIDLen = 64
 // as its digest too, whatever its length. Otherwise a client that picks its
 // identity (a header, metadata.user_id) could send the digest of another's
 // long id as its own and share that one's limits, budget and spend.
+//
+// An id that a store would change or refuse is kept as its digest too: one
+// that is not valid UTF-8 (JSON, which the spend store writes, replaces its
+// bytes, so that the identity's spend would come back under another id
+// after a restart, or merged with another's) or that has a control
+// character (Postgres refuses a NUL in text, and would refuse the ledger's
+// whole batch).
 func boundedID(s string) string {
-	if len(s) <= maxIDLen && !strings.HasPrefix(s, sha256Prefix) {
+	if len(s) <= maxIDLen && !strings.HasPrefix(s, sha256Prefix) && plainID(s) {
 		return s
 	}
 	sum := sha256.Sum256([]byte(s))
 	return sha256Prefix + hex.EncodeToString(sum[:16])
+}
+
+// plainID reports whether s is valid UTF-8 without an ASCII control
+// character.
+func plainID(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c == 0x7f {
+			return false
+		}
+	}
+	return utf8.ValidString(s)
 }
 
 // provisionUsers takes the user entries' state from the process-wide pool.
