@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -62,4 +64,36 @@ func ledgerRows(ctx context.Context, admin string) (int64, error) {
 		return 0, fmt.Errorf("GET /relay/usage without group_by answered %d rows, not one: %q", len(usage.Rows), body)
 	}
 	return usage.Rows[0].Requests, nil
+}
+
+// ledgerWriterCPU is the CPU time the ledger's writer of the process whose
+// admin endpoint is at admin spent a row, over the process's life: its
+// relay_ledger_writer_cpu_seconds_total (the writer's own thread) over its
+// relay_ledger_rows_total.
+func ledgerWriterCPU(ctx context.Context, admin string) (time.Duration, error) {
+	body, err := fetch(ctx, admin, "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	cpu, okCPU := counterValue(body, "relay_ledger_writer_cpu_seconds_total")
+	rows, okRows := counterValue(body, "relay_ledger_rows_total")
+	switch {
+	case !okCPU || !okRows:
+		return 0, fmt.Errorf("the ledger's metrics are not in /metrics")
+	case rows <= 0 || cpu <= 0:
+		return 0, fmt.Errorf("the ledger wrote %v rows in %v s of its writer's CPU", rows, cpu)
+	}
+	return time.Duration(cpu / rows * float64(time.Second)), nil
+}
+
+// counterValue is the value of the metric name, without labels, in a
+// Prometheus text exposition.
+func counterValue(exposition []byte, name string) (float64, bool) {
+	for line := range strings.Lines(string(exposition)) {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			return f, err == nil
+		}
+	}
+	return 0, false
 }

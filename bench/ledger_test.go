@@ -56,3 +56,19 @@ func TestCheckLedger(t *testing.T) {
 		t.Errorf("an admin endpoint without usage: %v", err)
 	}
 }
+
+// counterValue reads an unlabeled metric's value from an exposition, not
+// its help or type lines, nor a metric whose name it starts.
+func TestCounterValue(t *testing.T) {
+	exp := []byte("# HELP relay_ledger_rows_total Rows written.\n# TYPE relay_ledger_rows_total counter\n" +
+		"relay_ledger_rows_total_other 7\nrelay_ledger_rows_total 1.2e+06\nrelay_ledger_writer_cpu_seconds_total 3.5\n")
+	if v, ok := counterValue(exp, "relay_ledger_rows_total"); !ok || v != 1.2e6 {
+		t.Errorf("rows: %v %v", v, ok)
+	}
+	if v, ok := counterValue(exp, "relay_ledger_writer_cpu_seconds_total"); !ok || v != 3.5 {
+		t.Errorf("cpu: %v %v", v, ok)
+	}
+	if _, ok := counterValue(exp, "relay_ledger_dropped_total"); ok {
+		t.Error("a metric that is not there was found")
+	}
+}

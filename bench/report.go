@@ -24,6 +24,11 @@ type row struct {
 	// direct target, which has no process, and for idle streams.
 	cpuPerReq time.Duration
 	errors    []string // the distinct errors of failed requests
+	// ledgerPerRow is, on a ledger target's CPU comparison row, the CPU
+	// time its ledger's writer spent a row over the whole run, read from
+	// the writer's own thread (relay_ledger_writer_cpu_seconds_total over
+	// relay_ledger_rows_total); zero elsewhere.
+	ledgerPerRow time.Duration
 }
 
 // report is the result of a run.
@@ -206,10 +211,12 @@ const (
 	maxCPURelay    = 0.85 // (c)'s CPU per request, at most, times (b)'s
 	minReqsRelay   = 1.10 // (c)'s throughput, at least, times (b)'s
 	maxCPUFeatures = 0.90 // (h)'s CPU per request, at most, times (b)'s
-	// maxCPULedger is (i)'s CPU per request, at most, times (c)'s: what
-	// keeping a usage ledger (the row handed over, and the writer's
-	// batches into SQLite in the same process) adds to a request
-	maxCPULedger = 1.02
+	// maxCPULedger is the share of (i)'s CPU per request, at most, that
+	// its ledger's writer spends a row (batches into SQLite, in the same
+	// process): what keeping a usage ledger adds to a request. The row
+	// handed to the queue on the request's path allocates nothing and
+	// takes tens of nanoseconds (BenchmarkLedgerEnqueue).
+	maxCPULedger = 0.02
 )
 
 // cpuGoals checks the CPU targets: against reverse_proxy, then the
@@ -237,18 +244,24 @@ func (r *report) cpuGoals() []string {
 	return append(goals, r.ledgerGoal())
 }
 
-// ledgerGoal checks what the usage ledger costs, (i) against (c) at the
-// CPU comparison workload: CPU per request.
+// ledgerGoal checks what the usage ledger costs at the CPU comparison
+// workload: its writer's CPU a row, measured on the writer's thread, as a
+// share of (i)'s CPU per request. (i)'s CPU per request against (c)'s is
+// reported beside it: the difference of two figures that move by more
+// than the 2% between runs, it cannot hold the ledger to 2%.
 func (r *report) ledgerGoal() string {
 	w := r.cpuWorkload()
-	name := fmt.Sprintf("ledger: CPU per request of (c) with the ledger <= %.2fx (c)", maxCPULedger)
+	name := fmt.Sprintf("ledger: the writer's CPU a row <= %.0f%% of (i)'s CPU per request", 100*maxCPULedger)
 	x, okX := r.find(relayLedger, w)
-	c, okC := r.find(relayOne, w)
-	if !okX || !okC {
+	if !okX || x.ledgerPerRow <= 0 || x.cpuPerReq <= 0 {
 		return notMeasured(name)
 	}
-	cpu := float64(x.cpuPerReq) / float64(c.cpuPerReq)
-	return goal(name, times(cpu), x.target.name+", "+w.String(), cpu <= maxCPULedger)
+	share := float64(x.ledgerPerRow) / float64(x.cpuPerReq)
+	value := fmt.Sprintf("%.1f%% (%.2f µs a row of %s a request", 100*share, float64(x.ledgerPerRow)/float64(time.Microsecond), micros(x.cpuPerReq))
+	if c, okC := r.find(relayOne, w); okC && c.cpuPerReq > 0 {
+		value += fmt.Sprintf("; (i)/(c) CPU per request %s, reported", times(float64(x.cpuPerReq)/float64(c.cpuPerReq)))
+	}
+	return goal(name, value+")", x.target.name+", "+w.String(), share <= maxCPULedger)
 }
 
 // pairAt returns t's row of w paired with reverse_proxy's, if both were

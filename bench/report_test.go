@@ -21,7 +21,7 @@ func TestCPUOnlyReport(t *testing.T) {
 		{target: relayOne, workload: w, reqPerSec: 4400, success: 1, p50: 9 * time.Millisecond, p99: 27 * time.Millisecond, cpuPerReq: 170 * time.Microsecond},
 		{target: c0, workload: w, reqPerSec: 4000, success: 1, p50: 10 * time.Millisecond, p99: 30 * time.Millisecond, cpuPerReq: 200 * time.Microsecond},
 		{target: relayFeatures, workload: w, reqPerSec: 3900, success: 1, p50: 11 * time.Millisecond, p99: 33 * time.Millisecond, cpuPerReq: 182 * time.Microsecond},
-		{target: relayLedger, workload: w, reqPerSec: 4300, success: 1, p50: 9 * time.Millisecond, p99: 28 * time.Millisecond, cpuPerReq: 173 * time.Microsecond},
+		{target: relayLedger, workload: w, reqPerSec: 4300, success: 1, p50: 9 * time.Millisecond, p99: 28 * time.Millisecond, cpuPerReq: 173 * time.Microsecond, ledgerPerRow: 3450 * time.Nanosecond},
 	}}
 	got := rep.markdown()
 	for _, want := range []string{
@@ -34,7 +34,7 @@ func TestCPUOnlyReport(t *testing.T) {
 		"- CPU comparison: CPU per request <= 0.85x reverse_proxy: 0.85x at (c) relay, 1 channel, non-streaming c=50: met\n",
 		"- CPU comparison: throughput >= 1.10x reverse_proxy: 1.10x at (c) relay, 1 channel, non-streaming c=50: met\n",
 		"- CPU comparison: CPU per request with budgets, identity and dedup headers <= 0.90x reverse_proxy: 0.91x at (h) relay, budgets, identity and dedup headers, non-streaming c=50: **MISSED**\n",
-		"- ledger: CPU per request of (c) with the ledger <= 1.02x (c): 1.02x at (i) relay, 1 channel, ledger, non-streaming c=50: met\n",
+		"- ledger: the writer's CPU a row <= 2% of (i)'s CPU per request: 2.0% (3.45 µs a row of 173 µs a request; (i)/(c) CPU per request 1.02x, reported) at (i) relay, 1 channel, ledger, non-streaming c=50: met\n",
 		"- (c) vs (c0): CPU/req 0.85x, throughput 1.10x (non-streaming c=50; (c0) is 2f0c701; reported, not a target)\n",
 	} {
 		if !strings.Contains(got, want) {
@@ -44,9 +44,10 @@ func TestCPUOnlyReport(t *testing.T) {
 	if n := strings.Count(got, "\n- "); n != 5 {
 		t.Errorf("%d lines of targets, want the 4 CPU targets and the baseline line:\n%s", n, got)
 	}
-	// (i) at 1.04x (c)'s CPU per request misses its target
-	rep.rows[4].cpuPerReq = 176 * time.Microsecond
-	if want := "- ledger: CPU per request of (c) with the ledger <= 1.02x (c): 1.04x at (i) relay, 1 channel, ledger, non-streaming c=50: **MISSED**\n"; !strings.Contains(rep.markdown(), want) {
+	// a writer that spends 2.1% of (i)'s CPU per request a row misses its
+	// target
+	rep.rows[4].ledgerPerRow = 3600 * time.Nanosecond
+	if want := "- ledger: the writer's CPU a row <= 2% of (i)'s CPU per request: 2.1% (3.60 µs a row of 173 µs a request; (i)/(c) CPU per request 1.02x, reported) at (i) relay, 1 channel, ledger, non-streaming c=50: **MISSED**\n"; !strings.Contains(rep.markdown(), want) {
 		t.Errorf("the report has no %q; it is:\n%s", want, rep.markdown())
 	}
 }

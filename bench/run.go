@@ -216,6 +216,16 @@ func (b *bench) measureLoad(ctx context.Context) ([]row, error) {
 			if err := b.checkLedger(ctx, t, admins[t], sent[t]); err != nil {
 				return nil, fmt.Errorf("%s: %w", t.name, err)
 			}
+			perRow, err := ledgerWriterCPU(ctx, admins[t])
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", t.name, err)
+			}
+			for i := range rows {
+				if rows[i].target == t && rows[i].workload == b.cpuWorkload() {
+					rows[i].ledgerPerRow = perRow
+				}
+			}
+			b.logf("%s: the ledger's writer spent %s of CPU a row", t.name, perRow)
 		}
 	}
 	return rows, nil
