@@ -200,6 +200,9 @@ func (b *bench) measureLoad(ctx context.Context) ([]row, error) {
 						return nil, fmt.Errorf("%s: profile: %w", ts[i].name, err)
 					}
 				}
+				if r.cpuPerReq > 0 {
+					b.logf("%s: %s, round %d: %.0f req/s, %s CPU a request", ts[i].name, w, round+1, r.reqPerSec, micros(r.cpuPerReq))
+				}
 				rounds[i] = append(rounds[i], r)
 				sent[ts[i]] += r.requests
 				if err := ctx.Err(); err != nil {
