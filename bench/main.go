@@ -53,7 +53,9 @@
 //	                       in the CPU comparison alone. After the load the
 //	                       harness asks its admin endpoint for GET
 //	                       /relay/usage and fails unless the ledger holds a
-//	                       row for every request it sent
+//	                       row for every request it sent, then reads its
+//	                       /metrics for the CPU the ledger's writer spent
+//	                       (on its own thread) and the rows it wrote
 //
 // With -baseline REV, a tenth: (c0), (c)'s config served by cmd/caddy as
 // built from REV, a git revision of the repository (its tree written by git
@@ -118,8 +120,9 @@
 // pick the good channel while the dead one cools for its 1ns); what the
 // fleet costs, (g) against (f): the p50 it adds at the fixed rate and
 // its throughput at the worst closed-loop concurrency; at the CPU comparison, (c)'s CPU per request
-// and throughput and (h)'s CPU per request against (b), and (i)'s CPU per
-// request against (c), what the ledger adds; and with -baseline,
+// and throughput and (h)'s CPU per request against (b), and what (i)'s
+// ledger adds: its writer's CPU a row against (i)'s CPU per request (with
+// (i)'s against (c)'s, reported); and with -baseline,
 // (c) against (c0), CPU per request and throughput (reported). The
 // harness runs on Linux (it reads /proc); it raises its open-file limit,
 // which the caddy processes inherit. bench_test.go runs the -smoke mode so
