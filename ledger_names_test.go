@@ -248,15 +248,7 @@ func TestLedgerPostgresWritersAddTheSameNamesAtOnce(t *testing.T) {
 		t.Errorf("%d names rows for %d sets of names, want one each (%d or more)", names, tuples, newRounds*40)
 	}
 	// each row with its own names
-	got := dumpRows(t, db, `SELECT request_id, key_name, user_name, group_name, channel_name, model, served_model, cause FROM relay_usage ORDER BY request_id`)
-	var want []string
-	for _, r := range all {
-		want = append(want, fmt.Sprint(r.id, r.key, r.user, r.group, r.channel, r.model, r.served, r.cause))
-	}
-	slices.Sort(want)
-	if !slices.Equal(got, want) {
-		t.Errorf("the rows' names are not those written (%d rows, want %d)", len(got), len(want))
-	}
+	checkRowNames(t, db, all)
 	day := usageQuery{from: usageEpoch, to: usageEpoch.AddDate(0, 1, 0), groupBy: []string{"key", "user", "group", "channel", "model"}}
 	fromRollup := collectUsage(t, func(emit func(usageRow) error) error { return writers[1].usage(ctx, day, emit) })
 	if want := sumRows(all, day.from, day.to, day.groupBy); !sameSet(fromRollup, want) {
@@ -342,15 +334,7 @@ func checkNamesOfAFailedWrite(t *testing.T, s *sqlLedger, fail []string) {
 	if n := countOf(t, s.db, `relay_usage`); n != len(all) {
 		t.Errorf("%d rows, want %d", n, len(all))
 	}
-	got := dumpRows(t, s.db, `SELECT request_id, key_name, user_name, group_name, channel_name, model, served_model, cause FROM relay_usage ORDER BY request_id`)
-	var want []string
-	for _, r := range all {
-		want = append(want, fmt.Sprint(r.id, r.key, r.user, r.group, r.channel, r.model, r.served, r.cause))
-	}
-	slices.Sort(want)
-	if !slices.Equal(got, want) {
-		t.Errorf("the rows' names are not those written (%d rows, want %d)", len(got), len(want))
-	}
+	checkRowNames(t, s.db, all)
 	var tuples int
 	if err := s.db.QueryRow(`SELECT COUNT(*) FROM (SELECT DISTINCT ` + strings.Join(ledgerNameColumns, ", ") + ` FROM relay_usage) AS t`).Scan(&tuples); err != nil {
 		t.Fatal(err)
@@ -427,5 +411,20 @@ func TestLedgerSQLitePruneKeepsTheNames(t *testing.T) {
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("the rows written after the prune: %d with their names, want %d", len(got), len(want))
+	}
+}
+
+// checkRowNames fails unless the rows of db are those of all, each with its
+// own names.
+func checkRowNames(t *testing.T, db *sql.DB, all []ledgerRow) {
+	t.Helper()
+	got := dumpRows(t, db, `SELECT request_id, key_name, user_name, group_name, channel_name, model, served_model, cause FROM relay_usage ORDER BY request_id`)
+	var want []string
+	for _, r := range all {
+		want = append(want, fmt.Sprint(r.id, r.key, r.user, r.group, r.channel, r.model, r.served, r.cause))
+	}
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("the rows' names are not those written (%d rows, want %d)", len(got), len(want))
 	}
 }
