@@ -38,6 +38,10 @@ const (
 	maxSharedBytes = 64 << 20
 	// maxDedupEntries bounds the requests the dedup table remembers.
 	maxDedupEntries = 10_000
+	// maxDedupPerPrincipal bounds those of one principal (a key, an
+	// identity), so that no tenant's flood of recorded requests fills the
+	// table and leaves the retries of the others to be paid twice.
+	maxDedupPerPrincipal = maxDedupEntries / 10
 )
 
 // bodyDigest identifies a request for dedup and the cache: its route, its
@@ -292,10 +296,11 @@ func newDedupKey(state, idem string, d bodyDigest) dedupKey {
 type dedupTable struct {
 	mu        sync.Mutex
 	m         map[dedupKey]*flight
+	per       map[string]int // entries of m by principal (dedupKey.state)
 	lastSweep time.Time
 }
 
-var dedups = &dedupTable{m: map[dedupKey]*flight{}}
+var dedups = &dedupTable{m: map[dedupKey]*flight{}, per: map[string]int{}}
 
 // find returns the flight a retry may attach to: in flight, or answered
 // successfully within window.
@@ -338,8 +343,10 @@ func (t *dedupTable) put(k dedupKey, f *flight, now time.Time, window time.Durat
 			return false
 		}
 		old.release()
-	} else if len(t.m) >= maxDedupEntries {
+	} else if len(t.m) >= maxDedupEntries || t.per[k.state] >= maxDedupPerPrincipal {
 		return false
+	} else {
+		t.per[k.state]++
 	}
 	t.m[k] = f
 	return true
@@ -355,8 +362,16 @@ func (t *dedupTable) sweep(now time.Time, window time.Duration) {
 		f.mu.Unlock()
 		if gone {
 			f.release()
-			delete(t.m, k)
+			t.forget(k)
 		}
+	}
+}
+
+// forget deletes the entry of k (t.mu held).
+func (t *dedupTable) forget(k dedupKey) {
+	delete(t.m, k)
+	if t.per[k.state]--; t.per[k.state] <= 0 {
+		delete(t.per, k.state)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -73,7 +74,7 @@ func forgetDedupsB(t testing.TB) {
 		dedups.mu.Lock()
 		for k, f := range dedups.m {
 			f.release()
-			delete(dedups.m, k)
+			dedups.forget(k)
 		}
 		dedups.mu.Unlock()
 	}
@@ -254,7 +255,7 @@ func TestDedupBounded(t *testing.T) {
 		f.add(piece)
 		var d bodyDigest
 		d[0], d[1] = byte(i), byte(i>>8)
-		dedups.put(dedupKey{state: "k", digest: d}, f, now, time.Minute)
+		dedups.put(dedupKey{state: "k" + strconv.Itoa(i%12), digest: d}, f, now, time.Minute)
 		flights = append(flights, f)
 	}
 	if n := dedups.len(); n > maxDedupEntries {
@@ -454,5 +455,59 @@ func BenchmarkRequestDigest(b *testing.B) {
 				requestDigest(in, shared)
 			}
 		})
+	}
+}
+
+// TestDedupBoundedPerPrincipal: one principal's flood of recorded requests
+// takes at most its share of the dedup table, so that another's request is
+// still recorded and its retry answered from it; the table's count of a
+// principal's entries goes with them.
+func TestDedupBoundedPerPrincipal(t *testing.T) {
+	forgetDedups(t)
+	now := testNow
+	put := func(state string, i int) (dedupKey, *flight, bool) {
+		f := newFlight()
+		f.begin(200, http.Header{"Content-Type": {"application/json"}})
+		f.add([]byte(`{"ok":true}`))
+		f.finish(true, usage{}, 0, now)
+		var d bodyDigest
+		d[0], d[1] = byte(i), byte(i>>8)
+		k := dedupKey{state: state, digest: d}
+		ok := dedups.put(k, f, now, time.Minute)
+		if !ok {
+			f.release()
+		}
+		return k, f, ok
+	}
+	recorded := 0
+	for i := range 3 * maxDedupPerPrincipal {
+		if _, _, ok := put("hostile", i); ok {
+			recorded++
+		}
+	}
+	if recorded != maxDedupPerPrincipal {
+		t.Fatalf("one principal recorded %d requests, want its share, %d", recorded, maxDedupPerPrincipal)
+	}
+	k, f, ok := put("victim", 0)
+	if !ok {
+		t.Fatal("another principal's request was not recorded: the flood took the table")
+	}
+	if got := dedups.find(k, now, time.Minute); got != f {
+		t.Fatal("the other principal's retry does not find its first attempt")
+	}
+	// the same request of the flooding principal again replaces its own
+	// answered entry: it does not count twice
+	if _, _, ok := put("hostile", 0); !ok {
+		t.Fatal("a request that replaces its own answered entry was refused")
+	}
+	dedups.mu.Lock()
+	if n := dedups.per["hostile"]; n != maxDedupPerPrincipal {
+		t.Errorf("the flooding principal counts %d entries, want %d", n, maxDedupPerPrincipal)
+	}
+	dedups.sweep(now.Add(2*time.Minute), time.Minute)
+	n, per := len(dedups.m), len(dedups.per)
+	dedups.mu.Unlock()
+	if n != 0 || per != 0 {
+		t.Errorf("after the window: %d entries, %d principals counted", n, per)
 	}
 }
