@@ -97,6 +97,7 @@ func cpuTime() time.Duration {
 // models, spread over a month from start.
 func benchRows(n int, start time.Time, from int) []ledgerRow {
 	models := []string{"claude-sonnet-4-5", "claude-opus-4-1", "claude-haiku-4-5"}
+	session := []string{"s", "", "", ""} // a quarter of the requests in a session
 	rows := make([]ledgerRow, n)
 	for i := range rows {
 		k := from + i
@@ -105,7 +106,7 @@ func benchRows(n int, start time.Time, from int) []ledgerRow {
 			key: fmt.Sprintf("key-%02d", k%50), group: fmt.Sprintf("group-%d", k%8), channel: fmt.Sprintf("channel-%d", k%6),
 			model: models[k%3], served: models[k%3], status: 200, cause: causeOK,
 			input: 1200, output: 300, cacheRead: 8000, cacheWrite: 400, costNano: 12_345_678,
-			session: "s", duration: 2 * time.Second, firstByte: 400 * time.Millisecond,
+			session: session[k%4], duration: 2 * time.Second, firstByte: 400 * time.Millisecond,
 		}
 	}
 	return rows

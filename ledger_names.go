@@ -155,6 +155,12 @@ func (s *sqlLedger) keepLearned() {
 
 // valuesSQL is the VALUES list of n rows of cols placeholders each.
 func (s *sqlLedger) valuesSQL(n, cols int) string {
+	return s.valuesOf(n, cols, nil)
+}
+
+// valuesOf is valuesSQL with column j's parameter p written as
+// around(j, p), when around is not nil.
+func (s *sqlLedger) valuesOf(n, cols int, around func(j int, p string) string) string {
 	var b strings.Builder
 	p := 1
 	for i := range n {
@@ -166,7 +172,11 @@ func (s *sqlLedger) valuesSQL(n, cols int) string {
 			if j > 0 {
 				b.WriteByte(',')
 			}
-			b.WriteString(s.d.param(p))
+			if around != nil {
+				b.WriteString(around(j, s.d.param(p)))
+			} else {
+				b.WriteString(s.d.param(p))
+			}
 			p++
 		}
 		b.WriteByte(')')

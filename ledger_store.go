@@ -33,6 +33,7 @@ type sqlLedger struct {
 	mu       sync.Mutex     // one write at a time: the ledger's writer
 	retrying bool           // the last write failed: the next may meet its rows
 	args     []any          // a batch's values, reused from batch to batch
+	boxes    int64Boxes     // the int64s in args
 	digests  map[string]any // the batch's session ids' digests, boxed
 	raw      *rawWriter     // SQLite's: first tries past database/sql
 
@@ -71,6 +72,9 @@ type dialect struct {
 	lock string
 	// timeArg is a time as the time column stores it
 	timeArg func(time.Time) any
+	// timeMilli: timeArg is the time's Unix milliseconds, which the
+	// writer boxes itself (int64Boxes)
+	timeMilli bool
 	// day is the expression of a row's UTC day, YYYY-MM-DD
 	day string
 	// sum wraps a SUM so it scans as an int64
@@ -187,7 +191,15 @@ func (s *sqlLedger) migrate(ctx context.Context) error {
 // insertSQL is the statement that writes n rows at once.
 func (s *sqlLedger) insertSQL(n int) string {
 	return "INSERT INTO relay_usage_rows (" + strings.Join(ledgerRowColumns, ", ") + ") VALUES " +
-		s.valuesSQL(n, len(ledgerRowColumns))
+		s.valuesOf(n, len(ledgerRowColumns), func(j int, p string) string {
+			if ledgerRowColumns[j] == "session_digest" {
+				// most rows have no session: their digest is bound as
+				// NULL, which copies no text into the driver, and
+				// stored as ''
+				return "COALESCE(" + p + ", '')"
+			}
+			return p
+		})
 }
 
 // write adds rows to the table and their sums to the daily rollup, in one
@@ -355,6 +367,7 @@ func (s *sqlLedger) writeIn(ctx context.Context, tx batchTx, rows []ledgerRow, r
 		at := len(rows) - len(rest) // chunk's first row's index in rows
 		i, chunk, rest = nextChunk(rest, insertSizes[:])
 		s.args = s.args[:0]
+		s.boxes.reset()
 		var prev *ledgerRow
 		for j := range chunk {
 			s.args = s.rowArgs(s.args, &chunk[j], prev, s.ids[at:at+j+1])
@@ -446,25 +459,30 @@ func (s *sqlLedger) rowArgs(args []any, r, prev *ledgerRow, ids []int64) []any {
 	if id := ids[len(ids)-1]; was != nil && id == ids[len(ids)-2] {
 		names = was[2]
 	} else {
-		names = id
+		names = s.boxes.box(id)
 	}
 	if was != nil && r.at.Equal(prev.at) {
 		at = was[1]
+	} else if s.d.timeMilli {
+		at = s.boxes.box(r.at.UnixMilli())
 	} else {
 		at = s.d.timeArg(r.at)
 	}
 	if was != nil && r.session == prev.session && r.sessionDigested == prev.sessionDigested {
 		session = was[11]
+	} else if r.session == "" {
+		session = nil // see insertSQL
 	} else if r.sessionDigested {
 		session = r.session
 	} else if session = s.digests[r.session]; session == nil {
 		session = sessionDigest(r.session)
 		s.digests[r.session] = session
 	}
-	return append(args, r.id, at, names, int64(r.status),
-		r.input, r.output, r.cacheRead, r.cacheWrite,
-		r.costNano, r.estimated, r.incomplete, session,
-		r.duration.Milliseconds(), r.firstByte.Milliseconds())
+	b := &s.boxes
+	return append(args, r.id, at, names, b.box(int64(r.status)),
+		b.box(r.input), b.box(r.output), b.box(r.cacheRead), b.box(r.cacheWrite),
+		b.box(r.costNano), r.estimated, r.incomplete, session,
+		b.box(r.duration.Milliseconds()), b.box(r.firstByte.Milliseconds()))
 }
 
 // readWritten adds the request ids of an insert's RETURNING to written:
