@@ -42,6 +42,11 @@ const (
 	// identity), so that no tenant's flood of recorded requests fills the
 	// table and leaves the retries of the others to be paid twice.
 	maxDedupPerPrincipal = maxDedupEntries / 10
+	// maxSharedBytesPerPrincipal bounds the bytes kept by the flights of
+	// one principal that the dedup table holds, so that no tenant's large
+	// answers take every byte kept and leave the others' retries to be
+	// paid twice.
+	maxSharedBytesPerPrincipal = maxSharedBytes / 10
 )
 
 // bodyDigest identifies a request for dedup and the cache: its route, its
@@ -164,6 +169,9 @@ type flight struct {
 	saved     usage   // what the answer cost upstream
 	savedUSD  float64 // and in US dollars
 	kept      int64   // bytes counted in sharedBytes
+	// share is its principal's, while the dedup table holds it: kept
+	// counts there too (set by dedupTable.put, before the first byte)
+	share *byteBudget
 }
 
 func newFlight() *flight { return new(flight) }
@@ -218,6 +226,11 @@ func (f *flight) add(p []byte) {
 		f.drop()
 		return
 	}
+	if f.share != nil && !f.share.take(n, maxSharedBytesPerPrincipal) {
+		sharedBytes.give(n)
+		f.drop()
+		return
+	}
 	f.kept += n
 	f.buf = append(f.buf, p...)
 	f.changed()
@@ -226,9 +239,17 @@ func (f *flight) add(p []byte) {
 // drop lets go of the body; f.mu is held.
 func (f *flight) drop() {
 	f.dropped, f.buf = true, nil
-	sharedBytes.give(f.kept)
-	f.kept = 0
+	f.giveBack()
 	f.changed()
+}
+
+// giveBack gives back the bytes f counts; f.mu is held.
+func (f *flight) giveBack() {
+	sharedBytes.give(f.kept)
+	if f.share != nil {
+		f.share.give(f.kept)
+	}
+	f.kept = 0
 }
 
 // finish ends the flight; ok says its answer may be replayed.
@@ -242,8 +263,7 @@ func (f *flight) finish(ok bool, u usage, usd float64, now time.Time) {
 // release gives back the bytes f counts.
 func (f *flight) release() {
 	f.mu.Lock()
-	sharedBytes.give(f.kept)
-	f.kept = 0
+	f.giveBack()
 	f.mu.Unlock()
 }
 
@@ -292,15 +312,24 @@ func newDedupKey(state, idem string, d bodyDigest) dedupKey {
 }
 
 // dedupTable holds the flights of the requests that may be retried, per
-// node, bounded in entries (and, with the flights, in bytes).
+// node, bounded in entries and in bytes, in all and per principal.
 type dedupTable struct {
 	mu        sync.Mutex
 	m         map[dedupKey]*flight
-	per       map[string]int // entries of m by principal (dedupKey.state)
+	per       map[string]*principalShare // by principal (dedupKey.state), while it has entries
 	lastSweep time.Time
 }
 
-var dedups = &dedupTable{m: map[dedupKey]*flight{}, per: map[string]int{}}
+// principalShare is what one principal's entries of the dedup table take:
+// entries, and the bytes their flights keep. It lives as long as the
+// principal has entries, and a flight gives its bytes back before its
+// entry goes, so it is let go of with none counted.
+type principalShare struct {
+	entries int
+	bytes   byteBudget
+}
+
+var dedups = &dedupTable{m: map[dedupKey]*flight{}, per: map[string]*principalShare{}}
 
 // find returns the flight a retry may attach to: in flight, or answered
 // successfully within window.
@@ -343,11 +372,19 @@ func (t *dedupTable) put(k dedupKey, f *flight, now time.Time, window time.Durat
 			return false
 		}
 		old.release()
-	} else if len(t.m) >= maxDedupEntries || t.per[k.state] >= maxDedupPerPrincipal {
+	} else if len(t.m) >= maxDedupEntries {
+		return false
+	} else if p := t.per[k.state]; p == nil {
+		t.per[k.state] = &principalShare{entries: 1}
+	} else if p.entries >= maxDedupPerPrincipal {
 		return false
 	} else {
-		t.per[k.state]++
+		p.entries++
 	}
+	f.mu.Lock()
+	f.share = &t.per[k.state].bytes
+	f.share.used.Add(f.kept) // what it kept before (none, from a request)
+	f.mu.Unlock()
 	t.m[k] = f
 	return true
 }
@@ -370,8 +407,10 @@ func (t *dedupTable) sweep(now time.Time, window time.Duration) {
 // forget deletes the entry of k (t.mu held).
 func (t *dedupTable) forget(k dedupKey) {
 	delete(t.m, k)
-	if t.per[k.state]--; t.per[k.state] <= 0 {
-		delete(t.per, k.state)
+	if p := t.per[k.state]; p != nil {
+		if p.entries--; p.entries <= 0 {
+			delete(t.per, k.state)
+		}
 	}
 }
 

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"io"
 	"net/http"
@@ -501,7 +502,7 @@ func TestDedupBoundedPerPrincipal(t *testing.T) {
 		t.Fatal("a request that replaces its own answered entry was refused")
 	}
 	dedups.mu.Lock()
-	if n := dedups.per["hostile"]; n != maxDedupPerPrincipal {
+	if n := dedups.per["hostile"].entries; n != maxDedupPerPrincipal {
 		t.Errorf("the flooding principal counts %d entries, want %d", n, maxDedupPerPrincipal)
 	}
 	dedups.sweep(now.Add(2*time.Minute), time.Minute)
@@ -509,5 +510,58 @@ func TestDedupBoundedPerPrincipal(t *testing.T) {
 	dedups.mu.Unlock()
 	if n != 0 || per != 0 {
 		t.Errorf("after the window: %d entries, %d principals counted", n, per)
+	}
+}
+
+// TestDedupBytesBoundedPerPrincipal: the answers one principal's recorded
+// requests keep are bounded by its share of the bytes, so that another's
+// answer is still kept for its retries; the share goes with the entries.
+func TestDedupBytesBoundedPerPrincipal(t *testing.T) {
+	forgetDedups(t)
+	now := testNow
+	before := sharedBytes.used.Load()
+	mib := bytes.Repeat([]byte("x"), 1<<20)
+	answer := func(state string, i int) (dedupKey, *flight) {
+		var d bodyDigest
+		d[0], d[1] = byte(i), byte(i>>8)
+		k := dedupKey{state: state, digest: d}
+		f := newFlight()
+		if !dedups.put(k, f, now, time.Minute) {
+			t.Fatalf("%s's request %d was not recorded", state, i)
+		}
+		f.begin(200, http.Header{"Content-Type": {"application/json"}})
+		f.add(mib)
+		f.finish(true, usage{}, 0, now)
+		return k, f
+	}
+	kept := 0
+	for i := range 20 {
+		if _, f := answer("hostile", i); f.ok {
+			kept++
+		}
+	}
+	if want := maxSharedBytesPerPrincipal >> 20; kept != want {
+		t.Fatalf("one principal kept %d answers of 1 MiB, want its share, %d", kept, want)
+	}
+	if used := sharedBytes.used.Load() - before; used != int64(kept)<<20 {
+		t.Errorf("the process counts %d bytes kept, want %d", used, kept<<20)
+	}
+	k, f := answer("victim", 0)
+	if !f.ok {
+		t.Fatal("another principal's answer was not kept: the large answers took every byte")
+	}
+	if got := dedups.find(k, now, time.Minute); got != f {
+		t.Fatal("the other principal's retry does not find its answer")
+	}
+	dedups.mu.Lock()
+	hostile := dedups.per["hostile"].bytes.used.Load()
+	dedups.sweep(now.Add(2*time.Minute), time.Minute)
+	per := len(dedups.per)
+	dedups.mu.Unlock()
+	if hostile != int64(kept)<<20 {
+		t.Errorf("the principal's share counts %d bytes, want %d", hostile, kept<<20)
+	}
+	if used := sharedBytes.used.Load(); per != 0 || used != before {
+		t.Errorf("after the window: %d principals counted, %d bytes kept (%d before)", per, used, before)
 	}
 }
