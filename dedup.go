@@ -364,6 +364,7 @@ func (t *dedupTable) put(k dedupKey, f *flight, now time.Time, window time.Durat
 	if now.Sub(t.lastSweep) >= min(window, time.Second) {
 		t.sweep(now, window)
 	}
+	p := t.per[k.state] // an entry of k counts there
 	if old := t.m[k]; old != nil {
 		old.mu.Lock()
 		ended := old.done || old.dropped
@@ -372,17 +373,17 @@ func (t *dedupTable) put(k dedupKey, f *flight, now time.Time, window time.Durat
 			return false
 		}
 		old.release()
-	} else if len(t.m) >= maxDedupEntries {
-		return false
-	} else if p := t.per[k.state]; p == nil {
-		t.per[k.state] = &principalShare{entries: 1}
-	} else if p.entries >= maxDedupPerPrincipal {
+	} else if len(t.m) >= maxDedupEntries || p != nil && p.entries >= maxDedupPerPrincipal {
 		return false
 	} else {
+		if p == nil {
+			p = new(principalShare)
+			t.per[k.state] = p
+		}
 		p.entries++
 	}
 	f.mu.Lock()
-	f.share = &t.per[k.state].bytes
+	f.share = &p.bytes
 	f.share.used.Add(f.kept) // what it kept before (none, from a request)
 	f.mu.Unlock()
 	t.m[k] = f

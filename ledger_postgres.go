@@ -66,12 +66,11 @@ var postgresDialect = dialect{
 		)`, `ALTER TABLE relay_usage_rows ADD CONSTRAINT relay_usage_pkey PRIMARY KEY (time, request_id);`),
 	},
 	// relays of a fleet that start together migrate one after the other
-	lock:    `SELECT pg_advisory_xact_lock(7251460934)`,
-	timeArg: func(t time.Time) any { return t.UTC() },
-	day:     `to_char(time AT TIME ZONE 'UTC', 'YYYY-MM-DD')`,
-	sum:     func(c string) string { return "COALESCE(SUM(" + c + "), 0)::bigint" },
-	param:   func(n int) string { return "$" + strconv.Itoa(n) },
-	shared:  true,
+	lock:   `SELECT pg_advisory_xact_lock(7251460934)`,
+	day:    `to_char(time AT TIME ZONE 'UTC', 'YYYY-MM-DD')`,
+	sum:    func(c string) string { return "COALESCE(SUM(" + c + "), 0)::bigint" },
+	param:  func(n int) string { return "$" + strconv.Itoa(n) },
+	shared: true,
 }
 
 // openPostgresLedger connects to the ledger's database and brings its

@@ -112,7 +112,6 @@ var sqliteDialect = dialect{
 			PRIMARY KEY (time, request_id)
 		) WITHOUT ROWID`, ``),
 	},
-	timeArg:   func(t time.Time) any { return t.UnixMilli() },
 	timeMilli: true,
 	day:       `strftime('%Y-%m-%d', time / 1000, 'unixepoch')`,
 	sum:       func(c string) string { return "COALESCE(SUM(" + c + "), 0)" },

@@ -70,10 +70,8 @@ type dialect struct {
 	// lock, when set, runs in the migration's transaction first, so two
 	// relays that start together migrate one after the other
 	lock string
-	// timeArg is a time as the time column stores it
-	timeArg func(time.Time) any
-	// timeMilli: timeArg is the time's Unix milliseconds, which the
-	// writer boxes itself (int64Boxes)
+	// timeMilli: the time column holds Unix milliseconds (SQLite), else
+	// a timestamp (timeArg)
 	timeMilli bool
 	// day is the expression of a row's UTC day, YYYY-MM-DD
 	day string
@@ -88,6 +86,15 @@ type dialect struct {
 	// shared: several relays may write at once (a fleet's database), so
 	// a write takes its locks on the rollup's rows in one order
 	shared bool
+}
+
+// timeArg is t as the time column stores it. (The writer boxes a row's
+// milliseconds itself: rowArgs.)
+func (d dialect) timeArg(t time.Time) any {
+	if d.timeMilli {
+		return t.UnixMilli()
+	}
+	return t.UTC()
 }
 
 // ledgerColumns are the columns of the ledger's rows as SQL reads them

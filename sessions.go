@@ -232,13 +232,14 @@ func (r *Relay) session(in *inbound, sid string, rules *sessionRules, now time.T
 	// the principal's own cache: the session id alone tells its sessions
 	// apart; the id the fleet and the spend store know it by, principal
 	// included, is made only when its rules are pushed
-	s := ps.c.get(boundedID(sid), now, func() *session {
+	bsid := boundedID(sid)
+	s := ps.c.get(bsid, now, func() *session {
 		return &session{id: sessionDigest(sid), key: in.who.key.name, group: in.who.key.group.name}
 	})
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.rules != rules {
-		r.configureSession(s, in.who.stateID+"\x00"+boundedID(sid), rules, now)
+		r.configureSession(s, in.who.stateID+"\x00"+bsid, rules, now)
 	}
 	return s
 }
