@@ -250,6 +250,7 @@ func (f *fleet) admitAny(now time.Time, calls []*admitCall, hcs []*holdCall) (re
 		if got[i].lost {
 			lost = c.lostBlock()
 		}
+		c.down = got[i].lost
 		c.undo()
 		f.releaseSlots(c.s, lost)
 		c.g = grant{left: c.refusedLeft(got[i].left)}
@@ -297,22 +298,29 @@ func (f *fleet) takeAll(now time.Time, asks []ask, hs *holds) (refused int, scop
 	var calls [4]*admitCall
 	var which [4]int
 	n := 0
-	for i := range asks {
-		if inScript[i] {
-			a := &asks[i]
-			calls[n], which[n] = a.l.shared.Load().prepare(now, a.l.limits(), a.est), i
-			n++
-		}
-	}
+	var r int
+	var rscope limitScope
+	var rwait time.Duration
+	var hans holdAnswer
 	var hcs []*holdCall
-	if hs != nil {
-		hcs = make([]*holdCall, hs.n)
-		for i := range hs.n {
-			h := &hs.list[i]
-			hcs[i] = f.prepareHold(h.a, now, h.usd, holdMember(f.leaseID(), h.usd), f.lease)
+	err := f.awaitRefillsOf(&now, asks, isIn)
+	if err == nil {
+		for i := range asks {
+			if inScript[i] {
+				a := &asks[i]
+				calls[n], which[n] = a.l.shared.Load().prepare(now, a.l.limits(), a.est), i
+				n++
+			}
 		}
+		if hs != nil {
+			hcs = make([]*holdCall, hs.n)
+			for i := range hs.n {
+				h := &hs.list[i]
+				hcs[i] = f.prepareHold(h.a, now, h.usd, holdMember(f.leaseID(), h.usd), f.lease)
+			}
+		}
+		r, rscope, rwait, hans, err = f.admitAny(now, calls[:n], hcs)
 	}
-	r, rscope, rwait, hans, err := f.admitAny(now, calls[:n], hcs)
 	switch {
 	case err != nil && f.deny:
 		undo()

@@ -65,7 +65,7 @@ type block struct {
 	// a ms (a token block), burst its size, as when the block was taken:
 	// what is left is given back by them
 	per, burst float64
-	refilling  bool // a request is taking the next block
+	refill     *refill // a request is taking the next block
 	// what Redis said the limit had left once the block was taken, and
 	// when it is full again: the rate limit headers of the requests the
 	// block admits count on it
@@ -87,7 +87,7 @@ func (b *block) end(next *uint64) float64 {
 	}
 	rest := b.left
 	*next++
-	*b = block{gen: *next, refilling: b.refilling}
+	*b = block{gen: *next, refill: b.refill}
 	return rest
 }
 
@@ -217,7 +217,7 @@ func (s *sharedLimit) endBlocks(now time.Time, all bool) (release, bool) {
 func (s *sharedLimit) holdsNone() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return !s.rb.held() && !s.tb.held() && !s.cb.held() && !s.rb.refilling && !s.tb.refilling && !s.cb.refilling
+	return !s.rb.held() && !s.tb.held() && !s.cb.held() && s.refills.Load() == 0
 }
 
 // giveBackRateScript gives back requests of a rate's block that were not

@@ -5,6 +5,7 @@ import (
 	"math"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -22,6 +23,9 @@ type sharedLimit struct {
 	tb   block     // of its token limit
 	cb   slotBlock // of its concurrency limit (fleet_slots.go)
 	gens uint64    // numbers the blocks' lives
+	// refills counts the blocks a request is taking (fleet_refills.go):
+	// while there are none, a request does not look for one to wait on
+	refills atomic.Int32
 	// last is what Redis last said the limits had left, for the requests
 	// admitted without asking it
 	last headroom
@@ -50,6 +54,14 @@ var scriptScopes = [...]limitScope{scopeNone, scopeConcurrency, scopeRate, scope
 // estimate >= 0: from this node's blocks when they serve it, else in one
 // round trip to Redis. With err set, Redis did not answer.
 func (s *sharedLimit) admit(now time.Time, spec limits, estimate int64) (grant, limitScope, time.Duration, error) {
+	if s.refills.Load() != 0 {
+		if r := s.refillFor(now, spec, estimate); r != nil {
+			if s.f.awaitRefills(r) {
+				return grant{}, scopeNone, 0, errFleetDown
+			}
+			now = s.f.now()
+		}
+	}
 	c := s.prepare(now, spec, estimate)
 	_, scope, wait, _, err := s.f.admitAll(now, []*admitCall{c}, nil)
 	return c.g, scope, wait, err
@@ -67,8 +79,9 @@ type admitCall struct {
 	// block, or a limit that is not leased
 	redis bool
 	// sent says the call was sent to Redis (what it gives back with it,
-	// then, went too, or was lost with the answer)
-	sent bool
+	// then, went too, or was lost with the answer); down, that its answer
+	// did not come
+	sent, down bool
 	// askRate and askTokens say that Redis is asked for the rate and for
 	// the tokens (for this request, or for a block)
 	askRate, askTokens bool
@@ -118,10 +131,10 @@ func (s *sharedLimit) prepare(now time.Time, spec limits, estimate int64) *admit
 			b.left--
 			c.rate = blockUse{local: true, gen: b.gen, took: 1}
 			emission = 0 // the rate is not asked
-		case b.refilling: // another request is taking the next block: this one asks alone
+		case b.refill != nil: // another request is taking the next block: this one asks alone
 		default:
 			c.rret = max(0, math.Floor(b.end(&s.gens)))
-			b.refilling = true
+			s.startRefill(&b.refill)
 			rtake = size
 			c.rate = blockUse{ask: size, nodes: s.f.relaysUp(), lease: s.f.blockLease(spec.rate.period)}
 		}
@@ -136,10 +149,10 @@ func (s *sharedLimit) prepare(now time.Time, spec limits, estimate int64) *admit
 			c.tokens = blockUse{local: true, gen: b.gen, took: float64(estimate)}
 			c.g.fromBlock = true
 			perMs = 0 // the tokens are not asked
-		case b.refilling:
+		case b.refill != nil:
 		default:
 			c.tret = b.end(&s.gens)
-			b.refilling = true
+			s.startRefill(&b.refill)
 			ttake = size
 			c.tokens = blockUse{ask: size, nodes: s.f.relaysUp(), lease: s.f.blockLease(spec.tokens.period)}
 		}
@@ -183,10 +196,10 @@ func (c *admitCall) undo() {
 		s.tb.left += c.tokens.took
 	}
 	if c.rate.ask > 0 {
-		s.rb.refilling = false
+		s.endRefill(&s.rb.refill, c.down)
 	}
 	if c.tokens.ask > 0 {
-		s.tb.refilling = false
+		s.endRefill(&s.tb.refill, c.down)
 	}
 	back := c.undoSlots()
 	s.mu.Unlock()
@@ -260,7 +273,7 @@ func (c *admitCall) granted(now time.Time, ans headroom, got taken) grant {
 	slots := c.grantSlots(now, &g, got.slots)
 	installed := len(slots) > 0
 	if c.rate.ask > 0 {
-		s.rb.refilling = false
+		s.endRefill(&s.rb.refill, false)
 		if rgot > 0 {
 			s.gens++
 			s.rb = block{gen: s.gens, until: now.Add(c.rate.lease), left: float64(rgot - 1), size: c.rate.ask, nodes: c.rate.nodes,
@@ -269,7 +282,7 @@ func (c *admitCall) granted(now time.Time, ans headroom, got taken) grant {
 		}
 	}
 	if c.tokens.ask > 0 {
-		s.tb.refilling = false
+		s.endRefill(&s.tb.refill, false)
 		if tgot > 0 {
 			s.gens++
 			s.tb = block{gen: s.gens, until: now.Add(c.tokens.lease), left: float64(tgot - c.estimate), size: c.tokens.ask, nodes: c.tokens.nodes,
@@ -347,6 +360,7 @@ func (f *fleet) admitAll(now time.Time, calls []*admitCall, holds []*holdCall) (
 				if c.sent {
 					lost = c.lostBlock()
 				}
+				c.down = true
 				c.undo()
 				f.releaseSlots(c.s, lost)
 			}

@@ -69,7 +69,7 @@ type slotBlock struct {
 	// confirmed is when Redis last said it holds the slots (they were
 	// taken, or a renewal found them)
 	confirmed time.Time
-	refilling bool     // a request is taking the next block
+	refill    *refill  // a request is taking the next block
 	draining  []string // slots given back while requests used them
 }
 
@@ -82,9 +82,14 @@ func (b *slotBlock) fresh(now time.Time, lease time.Duration) bool {
 	return now.Before(b.confirmed.Add(lease * 3 / 4))
 }
 
+// free reports whether a slot is held and free, and may admit at now.
+func (b *slotBlock) free(now time.Time, lease time.Duration) bool {
+	return b.used < int64(len(b.ids)) && b.fresh(now, lease)
+}
+
 // use admits one request on a slot held and free, at now; its gen, or 0.
 func (b *slotBlock) use(now time.Time, lease time.Duration) uint64 {
-	if b.used >= int64(len(b.ids)) || !b.fresh(now, lease) {
+	if !b.free(now, lease) {
 		return 0
 	}
 	b.used++
@@ -101,7 +106,7 @@ func (b *slotBlock) end(next *uint64) []string {
 	free := b.ids[b.used:]
 	b.draining = append(b.draining, b.ids[:b.used]...)
 	*next++
-	*b = slotBlock{gen: *next, refilling: b.refilling, draining: b.draining}
+	*b = slotBlock{gen: *next, refill: b.refill, draining: b.draining}
 	return free
 }
 
@@ -142,7 +147,7 @@ func (s *sharedLimit) prepareSlots(c *admitCall, now time.Time, spec limits) (fr
 		return nil
 	}
 	c.g.lease, c.redis = s.f.leaseID(), true
-	if b.refilling { // another request is taking the next block: this one asks alone
+	if b.refill != nil { // another request is taking the next block: this one asks alone
 		return nil
 	}
 	if b.held() && !b.fresh(now, s.f.lease) {
@@ -152,7 +157,7 @@ func (s *sharedLimit) prepareSlots(c *admitCall, now time.Time, spec limits) (fr
 		s.gens++
 		b.gen = s.gens
 	}
-	b.refilling = true
+	s.startRefill(&b.refill)
 	c.slots.ask, c.slots.nodes = size, s.f.relaysUp()
 	return free
 }
@@ -166,7 +171,7 @@ func (c *admitCall) undoSlots() (back string) {
 		back = b.unuse(c.slots.gen)
 	}
 	if c.slots.ask > 0 {
-		b.refilling = false
+		c.s.endRefill(&b.refill, c.down)
 	}
 	c.slots = slotUse{}
 	return back
@@ -210,7 +215,7 @@ func (c *admitCall) grantSlots(now time.Time, g *grant, got int64) []string {
 		return nil
 	}
 	s, b := c.s, &c.s.cb
-	b.refilling = false
+	s.endRefill(&b.refill, false)
 	if got <= 0 {
 		return nil
 	}
