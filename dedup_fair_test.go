@@ -2,7 +2,9 @@ package relay
 
 import (
 	"bytes"
+	"maps"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -177,7 +179,7 @@ func TestDedupEvictionSparesFlightsInFlight(t *testing.T) {
 		}
 	}
 	dedups.mu.Lock()
-	_, stillThere := dedups.m[oldestEnded.entry.k]
+	stillThere := slices.Contains(slices.Collect(maps.Values(dedups.m)), oldestEnded)
 	dedups.mu.Unlock()
 	if stillThere || oldestEnded.share != nil {
 		t.Error("the oldest ended entry is still in the table")
@@ -297,4 +299,61 @@ func TestDedupBytesEvictionUnderPressure(t *testing.T) {
 	if b := sharedBytes.used.Load(); b != before {
 		t.Errorf("after the window: %d bytes kept, want %d", b, before)
 	}
+}
+
+// BenchmarkDedupPut is the dedup table's put: replace, a marked request
+// of one of 1,000 identities of one key taking the place of its answered
+// entry (every request of an SDK that repeats itself); evict, in a table
+// one key filled, another key's request taking the place of the first's
+// oldest answered entry (with that key's put that fills the table again
+// and the forgetting of the other's entry, so that each round evicts).
+func BenchmarkDedupPut(b *testing.B) {
+	now := testNow
+	ended := func() *flight {
+		f := newFlight()
+		f.finish(true, usage{}, 0, now)
+		return f
+	}
+	b.Run("replace", func(b *testing.B) {
+		forgetDedupsB(b)
+		keys := make([]dedupKey, 1000)
+		for i := range keys {
+			keys[i] = dedupKey{state: "user:u" + strconv.Itoa(i)}
+			dedups.put(keys[i], "user:*", ended(), now, time.Minute)
+		}
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			f := newFlight()
+			if !dedups.put(keys[i%len(keys)], "user:*", f, now, time.Minute) {
+				b.Fatal("not recorded")
+			}
+			f.finish(true, usage{}, 0, now)
+			i++
+		}
+	})
+	b.Run("evict", func(b *testing.B) {
+		forgetDedupsB(b)
+		for i := 0; dedups.len() < maxDedupEntries; i++ {
+			k := dedupKey{state: "user:f" + strconv.Itoa(i/maxDedupPerPrincipal), digest: bodyDigest{byte(i), byte(i >> 8), byte(i >> 16)}}
+			dedups.put(k, "user:*", ended(), now, time.Minute)
+		}
+		victim := dedupKey{state: "victim"}
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			k := dedupKey{state: "user:g" + strconv.Itoa(i%10), digest: bodyDigest{0xff, byte(i), byte(i >> 8), byte(i >> 16)}}
+			dedups.put(k, "user:*", ended(), now, time.Minute) // fills the table again
+			if dedups.len() != maxDedupEntries {
+				b.Fatal("the table is not full")
+			}
+			if !dedups.put(victim, "victim", ended(), now, time.Minute) {
+				b.Fatal("not recorded")
+			}
+			dedups.mu.Lock()
+			dedups.forget(victim)
+			dedups.mu.Unlock()
+			i++
+		}
+	})
 }

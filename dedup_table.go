@@ -81,9 +81,10 @@ type shareCount struct {
 }
 
 // dedupEntry is where a flight the dedup table holds sits in its key's
-// order; dedupTable.mu guards it.
+// order; dedupTable.mu guards it. Its entry's key is its digest and its
+// principal's name (flight.share).
 type dedupEntry struct {
-	k          dedupKey
+	digest     bodyDigest
 	prev, next *flight
 }
 
@@ -168,7 +169,7 @@ func (t *dedupTable) attach(k dedupKey, f *flight, p, ks *dedupShare) {
 	p.principal.bytes.used.Add(f.kept) // what it kept before (none, from a request)
 	ks.key.bytes.used.Add(f.kept)
 	f.mu.Unlock()
-	f.entry.k = k
+	f.entry.digest = k.digest
 	ks.push(f)
 	t.m[k] = f
 	t.markHeavy(ks)
@@ -342,7 +343,7 @@ func (t *dedupTable) evictOldest(ks *dedupShare) (freed int64, ok bool) {
 		ended, kept := f.done || f.dropped, f.kept
 		f.mu.Unlock()
 		if ended {
-			t.forget(f.entry.k)
+			t.forget(dedupKey{state: f.share.name, digest: f.entry.digest})
 			return kept, true
 		}
 		if f == ks.newest {
