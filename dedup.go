@@ -262,7 +262,7 @@ func (f *flight) makeRoom(owner *dedupShare, n int64) bool {
 	f.mu.Unlock()
 	freed := dedups.makeRoom(owner, n)
 	f.mu.Lock()
-	return freed && sharedBytes.take(n, maxSharedBytes)
+	return freed && !f.dropped && sharedBytes.take(n, maxSharedBytes)
 }
 
 // drop lets go of the body; f.mu is held.

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -356,4 +357,122 @@ func BenchmarkDedupPut(b *testing.B) {
 			i++
 		}
 	})
+}
+
+// checkDedupCounts checks the table's accounting against its entries:
+// each share's entries and bytes are those of its flights, and each key's
+// order holds exactly its entries.
+func checkDedupCounts(t *testing.T) {
+	t.Helper()
+	dedups.mu.Lock()
+	defer dedups.mu.Unlock()
+	entries, kept := map[*dedupShare]int{}, map[*dedupShare]int64{}
+	keyEntries, keyKept := map[*dedupShare]int{}, map[*dedupShare]int64{}
+	for k, f := range dedups.m {
+		f.mu.Lock()
+		if f.share != dedups.shares[k.state] || f.owner == nil {
+			t.Errorf("an entry of %s counts in another principal's share", k.state)
+		}
+		entries[f.share]++
+		kept[f.share] += f.kept
+		keyEntries[f.owner]++
+		keyKept[f.owner] += f.kept
+		f.mu.Unlock()
+	}
+	for name, s := range dedups.shares {
+		if s.principal.entries != entries[s] || s.principal.bytes.used.Load() != kept[s] {
+			t.Errorf("%s counts %d entries, %d bytes as a principal; its flights: %d, %d", name, s.principal.entries, s.principal.bytes.used.Load(), entries[s], kept[s])
+		}
+		if s.key.entries != keyEntries[s] || s.key.bytes.used.Load() != keyKept[s] {
+			t.Errorf("%s counts %d entries, %d bytes as a key; its flights: %d, %d", name, s.key.entries, s.key.bytes.used.Load(), keyEntries[s], keyKept[s])
+		}
+		n := 0
+		for f := s.oldest; f != nil; f = f.entry.next {
+			if f.owner != s {
+				t.Errorf("%s's order holds another key's entry", name)
+			}
+			n++
+		}
+		if n != s.key.entries {
+			t.Errorf("%s's order holds %d entries, want %d", name, n, s.key.entries)
+		}
+	}
+}
+
+// Many tenants at once, after a key of many identities took every byte,
+// which goes on with large answers, some still streaming: the others'
+// answers are still kept, the table's accounting holds throughout, and
+// every byte is given back in the end.
+func TestDedupFairUnderConcurrency(t *testing.T) {
+	forgetDedups(t)
+	now := testNow
+	before := sharedBytes.used.Load()
+	mib := bytes.Repeat([]byte("x"), 1<<20)
+	for i := 0; ; i++ { // user * takes every byte first
+		_, f, ok := putAnswered("user:pre-"+strconv.Itoa(i), "user:*", i, mib, now)
+		if !ok || i > maxSharedBytes>>20 {
+			t.Fatal("user *'s answers do not take every byte")
+		}
+		if f.dropped {
+			break
+		}
+	}
+	var mu sync.Mutex
+	var open []*flight
+	var wg sync.WaitGroup
+	for g := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			owner := "user:*"
+			if g >= 3 {
+				owner = "tenant-" + strconv.Itoa(g)
+			}
+			for i := range 300 {
+				state := owner
+				if g < 3 {
+					state = "user:id-" + strconv.Itoa(g*300+i)
+				}
+				k := dedupKey{state: state, digest: bodyDigest{byte(g), byte(i), byte(i >> 8)}}
+				f := newFlight()
+				ok := dedups.put(k, owner, f, now, time.Minute)
+				f.begin(200, http.Header{"Content-Type": {"text/event-stream"}})
+				f.add(mib[:64<<10])
+				f.add(mib)
+				if !ok {
+					f.finish(true, usage{}, 0, now)
+					f.release()
+					continue
+				}
+				if i%7 == 0 { // still streaming
+					mu.Lock()
+					open = append(open, f)
+					mu.Unlock()
+					continue
+				}
+				f.finish(true, usage{}, 0, now)
+			}
+		}()
+	}
+	wg.Wait()
+	checkDedupCounts(t)
+	for g := 3; g < 6; g++ {
+		if _, b := dedupCounts("tenant-" + strconv.Itoa(g)); b == 0 {
+			t.Errorf("tenant-%d keeps no answer", g)
+		}
+	}
+	if b := sharedBytes.used.Load(); b > maxSharedBytes {
+		t.Errorf("%d bytes kept, past %d", b, maxSharedBytes)
+	}
+	for _, f := range open {
+		f.add(mib[:1])
+		f.finish(true, usage{}, 0, now)
+	}
+	checkDedupCounts(t)
+	if n, shares, heavy := sweepAfterWindow(now); n != 0 || shares != 0 || heavy != 0 {
+		t.Errorf("after the window: %d entries, %d shares, %d heavy keys", n, shares, heavy)
+	}
+	if b := sharedBytes.used.Load(); b != before {
+		t.Errorf("after the window: %d bytes kept, want %d", b, before)
+	}
 }
