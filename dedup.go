@@ -169,9 +169,11 @@ type flight struct {
 	saved     usage   // what the answer cost upstream
 	savedUSD  float64 // and in US dollars
 	kept      int64   // bytes counted in sharedBytes
-	// share is its principal's, while the dedup table holds it: kept
-	// counts there too (set by dedupTable.put, before the first byte)
-	share *byteBudget
+	// share and owner are those of its principal and its key, while the
+	// dedup table holds it: kept counts there too (set by dedupTable.put,
+	// before the first byte; written with dedups.mu held too)
+	share, owner *dedupShare
+	entry        dedupEntry // where the dedup table holds it
 }
 
 func newFlight() *flight { return new(flight) }
@@ -222,18 +224,45 @@ func (f *flight) add(p []byte) {
 		return
 	}
 	n := int64(len(p))
-	if int64(len(f.buf))+n > maxSharedAnswer || !sharedBytes.take(n, maxSharedBytes) {
-		f.drop()
-		return
-	}
-	if f.share != nil && !f.share.take(n, maxSharedBytesPerPrincipal) {
-		sharedBytes.give(n)
+	if int64(len(f.buf))+n > maxSharedAnswer || !f.take(n) {
 		f.drop()
 		return
 	}
 	f.kept += n
 	f.buf = append(f.buf, p...)
 	f.changed()
+}
+
+// take counts n more bytes kept: in its principal's share, within it, in
+// the process's bytes, within maxSharedBytes (once its key made room, when
+// every byte is taken: dedupTable.makeRoom), and in its key's share; f.mu
+// is held, and let go of while room is made.
+func (f *flight) take(n int64) bool {
+	share, owner := f.share, f.owner
+	if share != nil && !share.principal.bytes.take(n, maxSharedBytesPerPrincipal) {
+		return false
+	}
+	if !sharedBytes.take(n, maxSharedBytes) && (owner == nil || !f.makeRoom(owner, n)) {
+		if share != nil {
+			share.principal.bytes.give(n)
+		}
+		return false
+	}
+	if owner != nil {
+		owner.key.bytes.used.Add(n)
+	}
+	return true
+}
+
+// makeRoom takes n bytes once the dedup table made room for them; f.mu is
+// held, and let go of meanwhile: the table locks a flight after itself.
+// Only the leading request adds to f, and f is in flight, so none of it
+// changes meanwhile but for its followers.
+func (f *flight) makeRoom(owner *dedupShare, n int64) bool {
+	f.mu.Unlock()
+	freed := dedups.makeRoom(owner, n)
+	f.mu.Lock()
+	return freed && !f.dropped && sharedBytes.take(n, maxSharedBytes)
 }
 
 // drop lets go of the body; f.mu is held.
@@ -247,9 +276,17 @@ func (f *flight) drop() {
 func (f *flight) giveBack() {
 	sharedBytes.give(f.kept)
 	if f.share != nil {
-		f.share.give(f.kept)
+		f.share.principal.bytes.give(f.kept)
+		f.owner.key.bytes.give(f.kept)
 	}
 	f.kept = 0
+}
+
+// stopped reports whether the flight ended: done, or dropped.
+func (f *flight) stopped() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.done || f.dropped
 }
 
 // finish ends the flight; ok says its answer may be replayed.
@@ -294,132 +331,6 @@ func (k keptHeader) writeTo(h http.Header) {
 	for _, f := range k {
 		h[f.name] = f.values
 	}
-}
-
-// dedupKey is a request as a retry must repeat it: the same principal, the
-// same idempotency key (or none) and the same request. The client's key is
-// kept as a digest, whatever its length.
-type dedupKey struct {
-	state  string
-	digest bodyDigest // of the request, and of its idempotency key if any
-}
-
-func newDedupKey(state, idem string, d bodyDigest) dedupKey {
-	if idem != "" {
-		d = sha256.Sum256(append(d[:], idem...))
-	}
-	return dedupKey{state: state, digest: d}
-}
-
-// dedupTable holds the flights of the requests that may be retried, per
-// node, bounded in entries and in bytes, in all and per principal.
-type dedupTable struct {
-	mu        sync.Mutex
-	m         map[dedupKey]*flight
-	per       map[string]*principalShare // by principal (dedupKey.state), while it has entries
-	lastSweep time.Time
-}
-
-// principalShare is what one principal's entries of the dedup table take:
-// entries, and the bytes their flights keep. It lives as long as the
-// principal has entries, and a flight gives its bytes back before its
-// entry goes, so it is let go of with none counted.
-type principalShare struct {
-	entries int
-	bytes   byteBudget
-}
-
-var dedups = &dedupTable{m: map[dedupKey]*flight{}, per: map[string]*principalShare{}}
-
-// find returns the flight a retry may attach to: in flight, or answered
-// successfully within window.
-func (t *dedupTable) find(k dedupKey, now time.Time, window time.Duration) *flight {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	f := t.m[k]
-	if f == nil {
-		return nil
-	}
-	f.mu.Lock()
-	live := !f.dropped && (!f.done || f.ok && now.Sub(f.ended) <= window)
-	if live {
-		f.followers++
-	}
-	f.mu.Unlock()
-	if !live {
-		return nil
-	}
-	return f
-}
-
-// put records f as the flight of k, in place of an earlier one that has
-// ended, and reports whether it did: an identical request still in flight
-// keeps its place (its retries are as well answered by it), and a table
-// full of live entries takes no more. The table is swept at most once a
-// second, so a full table costs a request nothing more. A flight the table
-// holds gives its bytes back when it leaves the table, after it ended.
-func (t *dedupTable) put(k dedupKey, f *flight, now time.Time, window time.Duration) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if now.Sub(t.lastSweep) >= min(window, time.Second) {
-		t.sweep(now, window)
-	}
-	p := t.per[k.state] // an entry of k counts there
-	if old := t.m[k]; old != nil {
-		old.mu.Lock()
-		ended := old.done || old.dropped
-		old.mu.Unlock()
-		if !ended {
-			return false
-		}
-		old.release()
-	} else if len(t.m) >= maxDedupEntries || p != nil && p.entries >= maxDedupPerPrincipal {
-		return false
-	} else {
-		if p == nil {
-			p = new(principalShare)
-			t.per[k.state] = p
-		}
-		p.entries++
-	}
-	f.mu.Lock()
-	f.share = &p.bytes
-	f.share.used.Add(f.kept) // what it kept before (none, from a request)
-	f.mu.Unlock()
-	t.m[k] = f
-	return true
-}
-
-// sweep forgets the flights that ended more than window ago, and dropped
-// ones; t.mu is held.
-func (t *dedupTable) sweep(now time.Time, window time.Duration) {
-	t.lastSweep = now
-	for k, f := range t.m {
-		f.mu.Lock()
-		gone := f.dropped || f.done && (!f.ok || now.Sub(f.ended) > window)
-		f.mu.Unlock()
-		if gone {
-			f.release()
-			t.forget(k)
-		}
-	}
-}
-
-// forget deletes the entry of k (t.mu held).
-func (t *dedupTable) forget(k dedupKey) {
-	delete(t.m, k)
-	if p := t.per[k.state]; p != nil {
-		if p.entries--; p.entries <= 0 {
-			delete(t.per, k.state)
-		}
-	}
-}
-
-// len and bytes are the table's own accounting, for tests and the admin.
-func (t *dedupTable) len() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return len(t.m)
 }
 
 // share answers a Messages request from an answer the relay has or is
@@ -483,7 +394,7 @@ func (r *Relay) share(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 		}
 		metricCache.WithLabelValues(g, cacheMiss).Inc()
 	}
-	if !marked || !dedups.put(dk, f, now, r.dedupWindow) {
+	if !marked || !dedups.put(dk, in.who.key.stateID, f, now, r.dedupWindow) {
 		defer f.release() // nobody finds it once its cache entry is stored
 	}
 	grace := time.Duration(0) // a request no SDK will retry ends with its client, unless followed

@@ -73,8 +73,7 @@ func forgetDedupsB(t testing.TB) {
 	t.Helper()
 	clear := func() {
 		dedups.mu.Lock()
-		for k, f := range dedups.m {
-			f.release()
+		for k := range dedups.m {
 			dedups.forget(k)
 		}
 		dedups.mu.Unlock()
@@ -256,7 +255,8 @@ func TestDedupBounded(t *testing.T) {
 		f.add(piece)
 		var d bodyDigest
 		d[0], d[1] = byte(i), byte(i>>8)
-		dedups.put(dedupKey{state: "k" + strconv.Itoa(i%12), digest: d}, f, now, time.Minute)
+		k := dedupKey{state: "k" + strconv.Itoa(i%12), digest: d}
+		dedups.put(k, k.state, f, now, time.Minute)
 		flights = append(flights, f)
 	}
 	if n := dedups.len(); n > maxDedupEntries {
@@ -289,7 +289,7 @@ func TestDedupBounded(t *testing.T) {
 	// place, and every byte is given back in the end
 	k := dedupKey{state: "k"}
 	first, second := newFlight(), newFlight()
-	if !dedups.put(k, first, now, time.Minute) || dedups.put(k, second, now, time.Minute) {
+	if !dedups.put(k, k.state, first, now, time.Minute) || dedups.put(k, k.state, second, now, time.Minute) {
 		t.Fatal("the second identical request in flight replaced the first")
 	}
 	first.add(piece)
@@ -474,7 +474,7 @@ func TestDedupBoundedPerPrincipal(t *testing.T) {
 		var d bodyDigest
 		d[0], d[1] = byte(i), byte(i>>8)
 		k := dedupKey{state: state, digest: d}
-		ok := dedups.put(k, f, now, time.Minute)
+		ok := dedups.put(k, state, f, now, time.Minute)
 		if !ok {
 			f.release()
 		}
@@ -502,11 +502,11 @@ func TestDedupBoundedPerPrincipal(t *testing.T) {
 		t.Fatal("a request that replaces its own answered entry was refused")
 	}
 	dedups.mu.Lock()
-	if n := dedups.per["hostile"].entries; n != maxDedupPerPrincipal {
+	if n := dedups.shares["hostile"].principal.entries; n != maxDedupPerPrincipal {
 		t.Errorf("the flooding principal counts %d entries, want %d", n, maxDedupPerPrincipal)
 	}
 	dedups.sweep(now.Add(2*time.Minute), time.Minute)
-	n, per := len(dedups.m), len(dedups.per)
+	n, per := len(dedups.m), len(dedups.shares)
 	dedups.mu.Unlock()
 	if n != 0 || per != 0 {
 		t.Errorf("after the window: %d entries, %d principals counted", n, per)
@@ -526,7 +526,7 @@ func TestDedupBytesBoundedPerPrincipal(t *testing.T) {
 		d[0], d[1] = byte(i), byte(i>>8)
 		k := dedupKey{state: state, digest: d}
 		f := newFlight()
-		if !dedups.put(k, f, now, time.Minute) {
+		if !dedups.put(k, state, f, now, time.Minute) {
 			t.Fatalf("%s's request %d was not recorded", state, i)
 		}
 		f.begin(200, http.Header{"Content-Type": {"application/json"}})
@@ -554,9 +554,9 @@ func TestDedupBytesBoundedPerPrincipal(t *testing.T) {
 		t.Fatal("the other principal's retry does not find its answer")
 	}
 	dedups.mu.Lock()
-	hostile := dedups.per["hostile"].bytes.used.Load()
+	hostile := dedups.shares["hostile"].principal.bytes.used.Load()
 	dedups.sweep(now.Add(2*time.Minute), time.Minute)
-	per := len(dedups.per)
+	per := len(dedups.shares)
 	dedups.mu.Unlock()
 	if hostile != int64(kept)<<20 {
 		t.Errorf("the principal's share counts %d bytes, want %d", hostile, kept<<20)
