@@ -134,6 +134,7 @@ type fleet struct {
 	breaker *gobreaker.CircuitBreaker[any]
 	up      atomic.Bool
 	upAt    atomic.Int64 // when Redis last came back (unix ns)
+	downAt  atomic.Int64 // when Redis last went away (unix ns)
 	logger  atomic.Pointer[zap.Logger]
 
 	leaseMu sync.Mutex
@@ -359,6 +360,7 @@ func (f *fleet) do(op string, fn func(ctx context.Context) error) error {
 		// an operation begun before Redis came back says nothing of now:
 		// it does not start another outage
 		if start.UnixNano() >= f.upAt.Load() && f.up.CompareAndSwap(true, false) {
+			f.downAt.Store(time.Now().UnixNano())
 			metricFleetUp.Set(0)
 			then := "serving on this relay's own state until it is back"
 			if f.deny {
@@ -368,9 +370,12 @@ func (f *fleet) do(op string, fn func(ctx context.Context) error) error {
 		}
 		return errFleetDown
 	}
-	if !f.up.Load() {
-		f.upAt.Store(time.Now().UnixNano())
+	// nor does one begun before Redis went away end the outage: while the
+	// breaker is open, only those begun before it opened can succeed
+	if f.up.Load() || start.UnixNano() < f.downAt.Load() {
+		return nil
 	}
+	f.upAt.Store(time.Now().UnixNano())
 	if f.up.CompareAndSwap(false, true) {
 		metricFleetUp.Set(1)
 		f.logger.Load().Info("storage reachable again: state is shared by the fleet again")

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"runtime"
@@ -14,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddytest"
 	"github.com/redis/go-redis/v9"
+	"github.com/sony/gobreaker/v2"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -356,4 +358,54 @@ func TestReloadsWithAFleetLeakNothing(t *testing.T) {
 	waitFor(t, "goroutines and connections back to what one config uses", 5*time.Second, func() bool {
 		return runtime.NumGoroutine() <= baseGoroutines+5 && clients() <= baseClients+1
 	})
+}
+
+// TestAnOperationBegunBeforeAnOutageDoesNotEndIt: an operation that began
+// while Redis was up and answers after the relay said it is unreachable
+// (its breaker opened meanwhile) says nothing of now: the relay stays down,
+// with one line, until an operation begun since answers.
+func TestAnOperationBegunBeforeAnOutageDoesNotEndIt(t *testing.T) {
+	srv := redistest.Start(t)
+	f := testFleet(t, srv.Addr, "flap:", 0)
+	core, logs := observer.New(zapcore.InfoLevel)
+	f.logger.Store(zap.New(core))
+	started, release := make(chan struct{}), make(chan struct{})
+	slow := make(chan error, 1)
+	go func() {
+		slow <- f.do("renew", func(context.Context) error {
+			close(started)
+			<-release
+			return nil
+		})
+	}()
+	<-started
+	fail := errors.New("no answer")
+	for range 3 { // the breaker opens
+		if err := f.do("admit", func(context.Context) error { return fail }); err == nil {
+			t.Fatal("a failed operation succeeded")
+		}
+	}
+	if f.up.Load() || f.breaker.State() != gobreaker.StateOpen {
+		t.Fatalf("after 3 failures: up %v, breaker %v; want down and open", f.up.Load(), f.breaker.State())
+	}
+	close(release)
+	if err := <-slow; err != nil {
+		t.Fatalf("the operation begun before the outage: %v", err)
+	}
+	if f.up.Load() {
+		t.Fatal("an operation begun before the outage ended it")
+	}
+	if n := logs.FilterMessageSnippet("storage reachable again").Len(); n != 0 {
+		t.Fatalf("%d lines say the storage is back while its breaker is open", n)
+	}
+	waitFor(t, "the breaker lets an operation try", 3*time.Second, func() bool { return f.breaker.State() == gobreaker.StateHalfOpen })
+	if err := f.do("renew", func(context.Context) error { return nil }); err != nil || !f.up.Load() {
+		t.Fatalf("an operation begun since the outage answered (err %v): up %v, want true", err, f.up.Load())
+	}
+	if n := logs.FilterMessageSnippet("storage unreachable").Len(); n != 1 {
+		t.Fatalf("%d lines say the storage is unreachable, want 1", n)
+	}
+	if n := logs.FilterMessageSnippet("storage reachable again").Len(); n != 1 {
+		t.Fatalf("%d lines say the storage is back, want 1", n)
+	}
 }
