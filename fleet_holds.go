@@ -297,21 +297,13 @@ func (f *fleet) takeAll(now time.Time, asks []ask, hs *holds) (refused int, scop
 	}
 	var calls [4]*admitCall
 	var which [4]int
-	n := 0
 	var r int
 	var rscope limitScope
 	var rwait time.Duration
 	var hans holdAnswer
 	var hcs []*holdCall
-	err := f.awaitRefillsOf(&now, asks, isIn)
+	n, err := f.prepareAll(&now, asks, isIn, &calls, &which)
 	if err == nil {
-		for i := range asks {
-			if inScript[i] {
-				a := &asks[i]
-				calls[n], which[n] = a.l.shared.Load().prepare(now, a.l.limits(), a.est), i
-				n++
-			}
-		}
 		if hs != nil {
 			hcs = make([]*holdCall, hs.n)
 			for i := range hs.n {

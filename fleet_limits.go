@@ -54,15 +54,14 @@ var scriptScopes = [...]limitScope{scopeNone, scopeConcurrency, scopeRate, scope
 // estimate >= 0: from this node's blocks when they serve it, else in one
 // round trip to Redis. With err set, Redis did not answer.
 func (s *sharedLimit) admit(now time.Time, spec limits, estimate int64) (grant, limitScope, time.Duration, error) {
-	if s.refills.Load() != 0 {
-		if r := s.refillFor(now, spec, estimate); r != nil {
-			if s.f.awaitRefills(r) {
-				return grant{}, scopeNone, 0, errFleetDown
-			}
-			now = s.f.now()
+	c, r := s.prepare(now, spec, estimate, true)
+	if r != nil {
+		if s.f.awaitRefill(r) {
+			return grant{}, scopeNone, 0, errFleetDown
 		}
+		now = s.f.now()
+		c, _ = s.prepare(now, spec, estimate, false)
 	}
-	c := s.prepare(now, spec, estimate)
 	_, scope, wait, _, err := s.f.admitAll(now, []*admitCall{c}, nil)
 	return c.g, scope, wait, err
 }
@@ -106,8 +105,11 @@ type blockUse struct {
 // prepare makes the script's keys and arguments that admit one request
 // under spec, charging estimate tokens when estimate >= 0. What this
 // node's blocks serve is taken from them now (undo puts it back); a spent
-// or ended block is ended, and the call takes a new one.
-func (s *sharedLimit) prepare(now time.Time, spec limits, estimate int64) *admitCall {
+// or ended block is ended, and the call takes a new one. With wait set,
+// when another request is taking a block the call would otherwise ask
+// Redis beside, prepare takes nothing and returns that refill, to wait
+// for (fleet_refills.go).
+func (s *sharedLimit) prepare(now time.Time, spec limits, estimate int64, wait bool) (*admitCall, *refill) {
 	c := &admitCall{s: s, spec: spec, estimate: -1}
 	c.g.store = s
 	var free []string // slots given back
@@ -119,6 +121,13 @@ func (s *sharedLimit) prepare(now time.Time, spec limits, estimate int64) *admit
 	burst := math.Ceil(spec.rate.n)
 	rtake, ttake := int64(1), int64(0)
 	s.mu.Lock()
+	if wait && s.refills.Load() != 0 {
+		if r := s.refillLocked(now, spec, estimate); r != nil {
+			r.waiters++
+			s.mu.Unlock()
+			return nil, r
+		}
+	}
 	if spec.concurrency > 0 {
 		free = s.prepareSlots(c, now, spec)
 	}
@@ -165,7 +174,7 @@ func (s *sharedLimit) prepare(now time.Time, spec limits, estimate int64) *admit
 	}
 	c.redis = c.redis || emission > 0 || perMs > 0
 	if !c.redis {
-		return c
+		return c, nil
 	}
 	charge := estimate
 	if !c.askTokens {
@@ -180,7 +189,7 @@ func (s *sharedLimit) prepare(now time.Time, spec limits, estimate int64) *admit
 	if c.slots.gen != 0 {
 		c.args[1] = 0 // its slot is held: the concurrency is not asked
 	}
-	return c
+	return c, nil
 }
 
 // undo puts back what the call took from this node's blocks, when the

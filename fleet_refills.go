@@ -20,8 +20,10 @@ import "time"
 //
 // A waiter waits at most the storage's timeout, what the call it waits
 // for can take, and counts Redis as down when that runs out. A request
-// waits before it prepares any of its calls, holding no block of its own
-// that others could be waiting for, and at most once.
+// finds the refill to wait for under the lock it would take the block
+// under, so none starts unseen in between; it waits only while it is
+// taking no block itself that others could be waiting for, and at most
+// once.
 
 // refill is one request's taking of the next block of a limit. Guarded by
 // its sharedLimit's mu; done is closed when it ends, and down is read
@@ -52,74 +54,72 @@ func (s *sharedLimit) endRefill(p **refill, down bool) {
 	s.refills.Add(-1)
 }
 
-// refillFor is the refill under way that a request under spec, charging
-// estimate tokens (-1: none), would otherwise ask Redis beside: a block
-// of a limit it needs that is spent, and that another request is taking.
-// Nil when there is none; while no block of s is being taken (refills is
-// 0), there is none.
-func (s *sharedLimit) refillFor(now time.Time, spec limits, estimate int64) *refill {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var r *refill
+// refillLocked is the refill under way that a request under spec,
+// charging estimate tokens (-1: none), would otherwise ask Redis beside:
+// of a block of a limit it needs that is spent, and that another request
+// is taking; nil when there is none (s.mu held).
+func (s *sharedLimit) refillLocked(now time.Time, spec limits, estimate int64) *refill {
 	switch {
 	case s.rb.refill != nil && spec.emission() > 0:
-		r = s.rb.refill
+		return s.rb.refill
 	case s.tb.refill != nil && spec.tokens.n > 0 && estimate >= 0:
-		r = s.tb.refill
+		return s.tb.refill
 	case s.cb.refill != nil && spec.concurrency > 0 && !s.cb.free(now, s.f.lease):
-		r = s.cb.refill
-	default:
-		return nil
+		return s.cb.refill
 	}
-	r.waiters++
-	return r
+	return nil
 }
 
-// awaitRefills waits for the refills rs (nil ones are none) to end, all
-// within the storage's timeout, and reports whether Redis failed one of
-// them, or the time ran out: then Redis counts as down for the request.
-func (f *fleet) awaitRefills(rs ...*refill) (down bool) {
+// awaitRefill waits for the refill r to end, at most the storage's
+// timeout, and reports whether Redis failed it, or the time ran out: then
+// Redis counts as down for the request.
+func (f *fleet) awaitRefill(r *refill) (down bool) {
 	t := time.NewTimer(f.timeout)
 	defer t.Stop()
-	for _, r := range rs {
-		if r == nil {
-			continue
-		}
-		select {
-		case <-r.done:
-			if r.down {
-				return true
-			}
-		case <-t.C:
-			return true
-		}
+	select {
+	case <-r.done:
+		return r.down
+	case <-t.C:
+		return true
 	}
-	return false
 }
 
-// awaitRefillsOf waits for the refills under way that the asks of a
-// request that go to Redis (in) would otherwise ask Redis beside, as
-// awaitRefills, and moves now to when the wait ended: errFleetDown when
-// Redis failed one.
-func (f *fleet) awaitRefillsOf(now *time.Time, asks []ask, in func(int) bool) error {
-	var rs [4]*refill
-	found := false
-	for i := range asks {
-		if !in(i) {
-			continue
+// prepareAll prepares the calls of the asks that go to Redis (in), in
+// calls and their asks' indexes in which, and returns how many. When one
+// of them would ask Redis beside another request taking a block, and none
+// prepared before it is taking one, the calls prepared take nothing after
+// all, the request waits for that refill, and prepares them again, without
+// waiting again (now moves to when the wait ended): errFleetDown when
+// Redis failed the refill.
+func (f *fleet) prepareAll(now *time.Time, asks []ask, in func(int) bool, calls *[4]*admitCall, which *[4]int) (int, error) {
+	wait := true
+	for {
+		n := 0
+		var r *refill
+		for i := range asks {
+			if !in(i) {
+				continue
+			}
+			a := &asks[i]
+			c, w := a.l.shared.Load().prepare(*now, a.l.limits(), a.est, wait)
+			if w != nil {
+				r = w
+				break
+			}
+			calls[n], which[n] = c, i
+			n++
+			wait = wait && c.rate.ask == 0 && c.tokens.ask == 0 && c.slots.ask == 0
 		}
-		a := &asks[i]
-		if s := a.l.shared.Load(); s.refills.Load() != 0 {
-			rs[i] = s.refillFor(*now, a.l.limits(), a.est)
-			found = found || rs[i] != nil
+		if r == nil {
+			return n, nil
 		}
+		for _, c := range calls[:n] {
+			c.undo()
+		}
+		if f.awaitRefill(r) {
+			return 0, errFleetDown
+		}
+		*now = f.now()
+		wait = false
 	}
-	if !found {
-		return nil
-	}
-	if f.awaitRefills(rs[:len(asks)]...) {
-		return errFleetDown
-	}
-	*now = f.now()
-	return nil
 }
