@@ -56,10 +56,11 @@ var scriptScopes = [...]limitScope{scopeNone, scopeConcurrency, scopeRate, scope
 func (s *sharedLimit) admit(now time.Time, spec limits, estimate int64) (grant, limitScope, time.Duration, error) {
 	c, r := s.prepare(now, spec, estimate, true)
 	if r != nil {
+		waited := time.Now()
 		if s.f.awaitRefill(r) {
 			return grant{}, scopeNone, 0, errFleetDown
 		}
-		now = s.f.now()
+		now = now.Add(time.Since(waited)) // on the caller's clock
 		c, _ = s.prepare(now, spec, estimate, false)
 	}
 	_, scope, wait, _, err := s.f.admitAll(now, []*admitCall{c}, nil)

@@ -89,7 +89,7 @@ func (f *fleet) awaitRefill(r *refill) (down bool) {
 // of them would ask Redis beside another request taking a block, and none
 // prepared before it is taking one, the calls prepared take nothing after
 // all, the request waits for that refill, and prepares them again, without
-// waiting again (now moves to when the wait ended): errFleetDown when
+// waiting again (now moves on by the wait): errFleetDown when
 // Redis failed the refill.
 func (f *fleet) prepareAll(now *time.Time, asks []ask, in func(int) bool, calls *[4]*admitCall, which *[4]int) (int, error) {
 	wait := true
@@ -116,10 +116,11 @@ func (f *fleet) prepareAll(now *time.Time, asks []ask, in func(int) bool, calls 
 		for _, c := range calls[:n] {
 			c.undo()
 		}
+		waited := time.Now()
 		if f.awaitRefill(r) {
 			return 0, errFleetDown
 		}
-		*now = f.now()
+		*now = now.Add(time.Since(waited)) // on the caller's clock
 		wait = false
 	}
 }
