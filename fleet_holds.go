@@ -137,6 +137,20 @@ func (f *fleet) prepareHold(a *spendAccount, now time.Time, n nanoUSD, member st
 	return c
 }
 
+// prepareHolds prepares the holds of hs (nil: none), each as a lease of
+// this relay's.
+func (f *fleet) prepareHolds(now time.Time, hs *holds) []*holdCall {
+	if hs == nil {
+		return nil
+	}
+	hcs := make([]*holdCall, hs.n)
+	for i := range hs.n {
+		h := &hs.list[i]
+		hcs[i] = f.prepareHold(h.a, now, h.usd, holdMember(f.leaseID(), h.usd), f.lease)
+	}
+	return hcs
+}
+
 // readHolds reads the verdicts on holds from the admission script's
 // answer (res, the holds' part of it).
 func readHolds(res []int64, holds []*holdCall) (holdAnswer, error) {
@@ -297,20 +311,11 @@ func (f *fleet) takeAll(now time.Time, asks []ask, hs *holds) (refused int, scop
 	}
 	var calls [4]*admitCall
 	var which [4]int
-	var r int
-	var rscope limitScope
-	var rwait time.Duration
-	var hans holdAnswer
 	var hcs []*holdCall
+	r, rscope, rwait, hans := -1, scopeNone, time.Duration(0), holdAnswer{}
 	n, err := f.prepareAll(&now, asks, isIn, &calls, &which)
 	if err == nil {
-		if hs != nil {
-			hcs = make([]*holdCall, hs.n)
-			for i := range hs.n {
-				h := &hs.list[i]
-				hcs[i] = f.prepareHold(h.a, now, h.usd, holdMember(f.leaseID(), h.usd), f.lease)
-			}
-		}
+		hcs = f.prepareHolds(now, hs)
 		r, rscope, rwait, hans, err = f.admitAny(now, calls[:n], hcs)
 	}
 	switch {

@@ -54,6 +54,12 @@ func (s *sharedLimit) endRefill(p **refill, down bool) {
 	s.refills.Add(-1)
 }
 
+// takesBlock reports whether the call takes the next block of one of its
+// limits: other requests may be waiting for it.
+func (c *admitCall) takesBlock() bool {
+	return c.rate.ask > 0 || c.tokens.ask > 0 || c.slots.ask > 0
+}
+
 // refillLocked is the refill under way that a request under spec,
 // charging estimate tokens (-1: none), would otherwise ask Redis beside:
 // of a block of a limit it needs that is spent, and that another request
@@ -108,7 +114,7 @@ func (f *fleet) prepareAll(now *time.Time, asks []ask, in func(int) bool, calls 
 			}
 			calls[n], which[n] = c, i
 			n++
-			wait = wait && c.rate.ask == 0 && c.tokens.ask == 0 && c.slots.ask == 0
+			wait = wait && !c.takesBlock()
 		}
 		if r == nil {
 			return n, nil
