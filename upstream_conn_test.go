@@ -5,12 +5,14 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/caddy-relay/relay/internal/memtest"
@@ -108,5 +110,61 @@ func TestAllocationPooledBodyCopies(t *testing.T) {
 	t.Logf("bytes allocated per 10 KB request: %.0f without, %.0f with pooled copies", without, with)
 	if without-with < 5000 {
 		t.Fatalf("pooled copies saved %.0f bytes a request (%.0f against %.0f), want at least 5000", without-with, with, without)
+	}
+}
+
+// countingConn counts the writes of a connection.
+type countingConn struct {
+	net.Conn
+	writes *atomic.Int64
+}
+
+func (c countingConn) Write(p []byte) (int, error) {
+	c.writes.Add(1)
+	return c.Conn.Write(p)
+}
+
+// A channel's upstream connections write a request of a few KB, headers
+// and body, in one write (one system call), where net/http's 4 KiB buffer
+// took two; a transport block's write_buffer_size still decides.
+func TestChannelTransportWritesASmallRequestAtOnce(t *testing.T) {
+	srv := bodyHashServer(t)
+	for _, tc := range []struct {
+		transport string
+		writes    int64
+	}{
+		{"", 1},
+		{`{"protocol":"http","write_buffer_size":4096}`, 2},
+	} {
+		ch := &Channel{Name: "writes", UpstreamRaw: upstream("anthropic", "url", srv.URL, "api_key", channelKey)}
+		if tc.transport != "" {
+			ch.TransportRaw = json.RawMessage(tc.transport)
+		}
+		r := &Relay{
+			Keys:     []*Key{{Secret: "sk-writes", Group: "writes", KeyOptions: KeyOptions{Name: "writes"}}},
+			Channels: []*Channel{ch},
+			Groups:   []*Group{{Name: "writes", Channels: []string{"writes"}}},
+		}
+		provisionHandler(t, r)
+		ht := r.groups["writes"].channels[0].rt.(*reverseproxy.HTTPTransport)
+		var writes atomic.Int64
+		tr := ht.Transport.Clone()
+		dial := tr.DialContext
+		tr.DialContext = func(ctx context.Context, network, address string) (net.Conn, error) {
+			c, err := dial(ctx, network, address)
+			if err != nil {
+				return nil, err
+			}
+			return countingConn{c, &writes}, nil
+		}
+		body := bytes.Repeat([]byte("0123456789"), 1024)
+		sum := sha256.Sum256(body)
+		if got := post(t, tr, srv.URL, body); got != hex.EncodeToString(sum[:]) {
+			t.Fatalf("transport %q: the body arrived as %q, want its digest %x", tc.transport, got, sum)
+		}
+		tr.CloseIdleConnections()
+		if got := writes.Load(); got != tc.writes {
+			t.Errorf("transport %q: a 10 KB request took %d writes, want %d", tc.transport, got, tc.writes)
+		}
 	}
 }
