@@ -97,7 +97,7 @@ func (f *fleet) writeAffinity(ctx context.Context) {
 				break more
 			}
 		}
-		_ = f.do("affinity_record", func(ctx context.Context) error {
+		_ = f.background("affinity_record", func(ctx context.Context) error {
 			_, err := f.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 				for _, w := range batch {
 					pipe.Set(ctx, w.key, w.value, w.ttl)

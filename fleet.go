@@ -64,6 +64,11 @@ type FleetRedis struct {
 
 	// Timeout bounds each Redis operation on a request's path; past it the
 	// relay goes on with its own state (see OnError). Default: 50ms.
+	// Operations off the requests' paths (heartbeats, renewals, give-backs,
+	// spend, health changes) may take ten times as long, at least this and
+	// at most one second unless this is longer; only those, and operations
+	// that fail rather than take too long, find Redis unreachable; after
+	// that, any three failures in a row open the breaker.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
 
 	// OnError is what a request does when Redis cannot answer in time:
@@ -86,10 +91,13 @@ const (
 	defaultRedisAddress = "127.0.0.1:6379"
 	defaultRedisPrefix  = "relay:"
 	defaultRedisTimeout = 50 * time.Millisecond
-	defaultLease        = 15 * time.Second
-	heartbeatEvery      = 2 * time.Second
-	nodeGoneAfter       = 3 * heartbeatEvery
-	nodeForgottenAfter  = time.Hour
+	// backgroundTimeoutCap bounds what the timeout of operations off the
+	// requests' paths grows to (ten times the timeout)
+	backgroundTimeoutCap = time.Second
+	defaultLease         = 15 * time.Second
+	heartbeatEvery       = 2 * time.Second
+	nodeGoneAfter        = 3 * heartbeatEvery
+	nodeForgottenAfter   = time.Hour
 )
 
 func (s *FleetRedis) validate() error {
@@ -124,9 +132,11 @@ type fleet struct {
 	client  redis.UniversalClient
 	prefix  string
 	timeout time.Duration
-	deny    bool
-	lease   time.Duration
-	node    string // this process's id in the fleet
+	// background bounds the operations off the requests' paths
+	backgroundTimeout time.Duration
+	deny              bool
+	lease             time.Duration
+	node              string // this process's id in the fleet
 	// cluster is set for a Redis Cluster, where one script cannot touch
 	// two things' keys (they hash to different slots)
 	cluster bool
@@ -234,6 +244,7 @@ func newFleet(ctx caddy.Context, s *FleetRedis) (*fleet, error) {
 	if f.timeout <= 0 {
 		f.timeout = defaultRedisTimeout
 	}
+	f.backgroundTimeout = max(f.timeout, min(10*f.timeout, backgroundTimeoutCap))
 	if f.lease <= 0 {
 		f.lease = defaultLease
 	}
@@ -244,13 +255,16 @@ func newFleet(ctx caddy.Context, s *FleetRedis) (*fleet, error) {
 		Username:   s.Username,
 		Password:   password,
 		DB:         s.DB,
-		// a request never waits on Redis for longer than the timeout, and
-		// never twice
-		DialTimeout:  f.timeout,
-		ReadTimeout:  f.timeout,
-		WriteTimeout: f.timeout,
-		PoolTimeout:  f.timeout,
-		MaxRetries:   -1,
+		// a request never waits on Redis for longer than the timeout (its
+		// operation's context says so: do), and never twice; what the
+		// client itself bounds is the longest an operation may take, one
+		// off the requests' paths (background)
+		ContextTimeoutEnabled: true,
+		DialTimeout:           f.backgroundTimeout,
+		ReadTimeout:           f.backgroundTimeout,
+		WriteTimeout:          f.backgroundTimeout,
+		PoolTimeout:           f.backgroundTimeout,
+		MaxRetries:            -1,
 		// while Redis is away the breaker spaces the attempts; a dial is
 		// not retried within one
 		DialerRetries: 1,
@@ -274,6 +288,9 @@ func newFleet(ctx caddy.Context, s *FleetRedis) (*fleet, error) {
 		MaxRequests: 1,
 		Timeout:     time.Second, // open: every operation fails fast for a second, then one tries
 		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= 3 },
+		// a request's operation that ran out of its time found Redis slow,
+		// not gone: see do
+		IsExcluded: func(err error) bool { return err == errRedisSlow },
 	})
 	work, stop := context.WithCancel(context.Background())
 	f.stop = stop
@@ -337,24 +354,60 @@ var redisLogs sync.Once
 // open after it did not: the relay goes on with its own state.
 var errFleetDown = errors.New("storage unavailable")
 
-// do runs one Redis operation, op naming it in metrics, within the
-// timeout and behind the breaker: while Redis is down, operations fail at
-// once instead of each costing the timeout.
+// errRedisSlow is a request's operation that ran out of its time: to the
+// breaker, neither a success nor a failure.
+var errRedisSlow = errors.New("storage too slow")
+
+// do runs one Redis operation on a request's path, op naming it in
+// metrics, within the timeout and behind the breaker: while Redis is down,
+// operations fail at once instead of each costing the timeout.
+//
+// An operation that runs out of its time fails its request (which goes on
+// as on_error says), and is counted in relay_storage_errors_total, but
+// neither opens the breaker nor declares an outage: on a machine whose
+// CPU is saturated, three answers later than 50ms in a row are common, and
+// would otherwise refuse (on_error deny) or serve alone (local) every
+// request of the next second. A Redis that went away is found by the
+// operations off the requests' paths (background), which keep running
+// (the heartbeat every two seconds) and wait longer, and by any operation
+// that fails outright (a refused or reset connection); once it is found
+// unreachable, late answers count again.
 func (f *fleet) do(op string, fn func(ctx context.Context) error) error {
+	return f.run(op, f.timeout, true, fn)
+}
+
+// background runs one Redis operation off the requests' paths (a
+// heartbeat, a renewal, a give-back, spend, health changes), as do, with
+// the longer timeout of those; one that runs out of it counts toward the
+// breaker.
+func (f *fleet) background(op string, fn func(ctx context.Context) error) error {
+	return f.run(op, f.backgroundTimeout, false, fn)
+}
+
+func (f *fleet) run(op string, timeout time.Duration, request bool, fn func(ctx context.Context) error) error {
 	if f.closed.Load() {
 		return errFleetDown
 	}
 	start := time.Now()
 	_, err := f.breaker.Execute(func() (any, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
 		err := fn(ctx)
 		if errors.Is(err, redis.Nil) {
 			err = nil
 		}
+		// once Redis has been found unreachable, a late answer counts
+		// again: three then open the breaker, as any three failures do
+		if err != nil && request && timedOut(err) && f.up.Load() {
+			err = errRedisSlow
+		}
 		return nil, err
 	})
 	metricFleetSeconds.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	if err == errRedisSlow {
+		metricFleetErrors.WithLabelValues(op).Inc()
+		return errFleetDown
+	}
 	if err != nil {
 		metricFleetErrors.WithLabelValues(op).Inc()
 		// an operation begun before Redis came back says nothing of now:
@@ -382,6 +435,17 @@ func (f *fleet) do(op string, fn func(ctx context.Context) error) error {
 		f.resyncSoon()
 	}
 	return nil
+}
+
+// timedOut reports whether err is an operation's running out of its time:
+// its context's deadline, a connection's read or write deadline, or the
+// wait for a pooled connection.
+func timedOut(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, redis.ErrPoolTimeout) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // thisNode is this process as a node of a fleet: its id (its host and a

@@ -124,7 +124,7 @@ func (f *fleet) flushSlots() {
 	if len(slots) == 0 {
 		return
 	}
-	_ = f.do("release", func(ctx context.Context) error {
+	_ = f.background("release", func(ctx context.Context) error {
 		_, err := f.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 			for _, l := range slots {
 				pipe.ZRem(ctx, l.set, l.id)
@@ -224,7 +224,7 @@ func (f *fleet) giveBack(ctx context.Context) {
 // expires: a lease within its lease time, a token correction never (the
 // bucket is as if the estimate had been right).
 func (f *fleet) flush(batch []release) {
-	_ = f.do("release", func(ctx context.Context) error {
+	_ = f.background("release", func(ctx context.Context) error {
 		_, err := f.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 			for _, r := range batch {
 				if r.lease != "" {
@@ -271,7 +271,7 @@ func (f *fleet) renew() {
 	checks := f.slotChecks() // after the leases: a block taken since is confirmed by its taking
 	start := f.now()
 	var found []*redis.Cmd
-	err := f.do("renew", func(ctx context.Context) error {
+	err := f.background("renew", func(ctx context.Context) error {
 		_, err := f.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 			for set, ids := range bySet {
 				renewScript.Eval(ctx, pipe, []string{set}, append([]any{f.lease.Milliseconds()}, ids...)...)

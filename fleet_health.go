@@ -336,7 +336,7 @@ func (f *fleet) publishHealth(ctx context.Context) {
 
 // send stores and publishes changes in one round trip.
 func (f *fleet) send(batch []healthChange) error {
-	return f.do("publish", func(ctx context.Context) error {
+	return f.background("publish", func(ctx context.Context) error {
 		_, err := f.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 			for _, c := range batch {
 				msg, _ := json.Marshal(c)
@@ -374,7 +374,7 @@ func (f *fleet) sync() {
 	for i, h := range states {
 		steered[i] = h.steered.Load()
 	}
-	err := f.do("sync", func(ctx context.Context) error {
+	err := f.background("sync", func(ctx context.Context) error {
 		_, err := f.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 			for i, h := range states {
 				cmds[i] = healthScript.Eval(ctx, pipe, []string{f.healthKey(names[i])}, h.own(now)...)

@@ -138,7 +138,7 @@ func (f *fleet) beat() {
 	self.Leases = f.blockInfos(f.now())
 	info, _ := json.Marshal(self)
 	var up int64
-	err := f.do("heartbeat", func(ctx context.Context) error {
+	err := f.background("heartbeat", func(ctx context.Context) error {
 		var err error
 		up, err = heartbeatScript.Run(ctx, f.client, f.nodeKeys(), f.node, info, nodeForgottenAfter.Milliseconds(), nodeGoneAfter.Milliseconds()).Int64()
 		return err

@@ -61,7 +61,7 @@ func (f *fleet) publishSignatures(ctx context.Context) {
 				}
 			}
 			msg := b.String()
-			_ = f.do("publish", func(ctx context.Context) error {
+			_ = f.background("publish", func(ctx context.Context) error {
 				return f.client.Publish(ctx, f.signaturesTopic(), msg).Err()
 			})
 		}

@@ -125,7 +125,7 @@ func (f *fleet) flushSpend() {
 	if len(work) == 0 && len(held) == 0 {
 		return
 	}
-	err := f.do("spend", func(ctx context.Context) error {
+	err := f.background("spend", func(ctx context.Context) error {
 		_, err := f.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 			for _, w := range work {
 				k := f.spendKey(w.a.id, w.p, w.start)

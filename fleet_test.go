@@ -14,6 +14,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddytest"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 	"github.com/sony/gobreaker/v2"
 	"go.uber.org/zap"
@@ -194,8 +195,15 @@ func TestAFrozenRedisCostsNoMoreThanTheTimeout(t *testing.T) {
 	serve() // warm: connections made
 	srv.Stop()
 	defer srv.Continue()
+	// a late answer on a request's path is not an outage: the heartbeat
+	// (every 2s, waiting up to 500ms) finds Redis gone; after that, three
+	// late answers open the breaker, and requests no longer wait
 	var slowest time.Duration
-	for range 20 {
+	deadline := time.Now().Add(6 * time.Second)
+	for r.fleet.breaker.State() != gobreaker.StateOpen {
+		if time.Now().After(deadline) {
+			t.Fatalf("the breaker is %v %v after Redis froze", r.fleet.breaker.State(), 6*time.Second)
+		}
 		slowest = max(slowest, serve())
 	}
 	// the timeout, plus what the race detector and a noisy machine add
@@ -212,6 +220,83 @@ func TestAFrozenRedisCostsNoMoreThanTheTimeout(t *testing.T) {
 	})
 	if n := logs.FilterMessageSnippet("storage reachable again").Len(); n != 1 {
 		t.Fatalf("%d lines say the storage is back, want 1", n)
+	}
+}
+
+// TestASlowAnswerOnARequestsPathIsNotAnOutage: a request's operation that
+// runs out of its time fails that request, and is counted, but neither
+// opens the breaker nor declares Redis unreachable, however many in a
+// row: on a saturated machine Redis answers late without being gone.
+// Operations off the requests' paths that run out of theirs, which are
+// longer, do both; then a request's operation fails at once, without
+// being tried.
+func TestASlowAnswerOnARequestsPathIsNotAnOutage(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	f, err := newFleet(ctx, &FleetRedis{Address: []string{srv.Addr}, Prefix: "slow:", Timeout: caddy.Duration(20 * time.Millisecond)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = f.Destruct() })
+	if f.backgroundTimeout != 200*time.Millisecond {
+		t.Fatalf("operations off the requests' paths wait %v, want 10 times the timeout", f.backgroundTimeout)
+	}
+	core, logs := observer.New(zapcore.InfoLevel)
+	f.logger.Store(zap.New(core))
+	late := func(ctx context.Context) error { // Redis answers after the deadline
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	errs := metricFleetErrors.WithLabelValues("slow_admit")
+	before := testutil.ToFloat64(errs)
+	for i := range 5 {
+		start := time.Now()
+		if err := f.do("slow_admit", late); !errors.Is(err, errFleetDown) {
+			t.Fatalf("a late answer: %v, want the storage unavailable", err)
+		}
+		if took := time.Since(start); took > time.Second {
+			t.Fatalf("a request's operation waited %v; its timeout is 20ms", took)
+		}
+		if st := f.breaker.State(); st != gobreaker.StateClosed || !f.up.Load() {
+			t.Fatalf("after %d late answers: breaker %v, up %v; want closed and up", i+1, st, f.up.Load())
+		}
+	}
+	// a late answer in the real client too: Redis frozen for one operation
+	srv.Stop()
+	err = f.do("slow_admit", func(ctx context.Context) error { return f.client.Get(ctx, "slow:x").Err() })
+	srv.Continue()
+	if !errors.Is(err, errFleetDown) || f.breaker.State() != gobreaker.StateClosed || !f.up.Load() {
+		t.Fatalf("a frozen Redis's late answer: %v, breaker %v, up %v; want a failed request, closed and up", err, f.breaker.State(), f.up.Load())
+	}
+	if got := testutil.ToFloat64(errs) - before; got != 6 {
+		t.Fatalf("relay_storage_errors_total{op=slow_admit} grew by %v, want 6", got)
+	}
+	if n := logs.FilterMessageSnippet("storage unreachable").Len(); n != 0 {
+		t.Fatalf("%d lines say the storage is unreachable after late answers", n)
+	}
+	if err := f.do("slow_admit", func(ctx context.Context) error { return f.client.Get(ctx, "slow:x").Err() }); err != nil {
+		t.Fatalf("Redis answered again: %v", err)
+	}
+
+	for range 3 { // what runs off the requests' paths finds Redis gone
+		start := time.Now()
+		if err := f.background("slow_renew", late); !errors.Is(err, errFleetDown) {
+			t.Fatalf("a late answer off the requests' paths: %v", err)
+		}
+		if took := time.Since(start); took < 200*time.Millisecond {
+			t.Fatalf("an operation off the requests' paths gave up after %v, want its longer timeout", took)
+		}
+	}
+	if st := f.breaker.State(); st != gobreaker.StateOpen || f.up.Load() {
+		t.Fatalf("after 3 late answers off the requests' paths: breaker %v, up %v; want open and down", st, f.up.Load())
+	}
+	if n := logs.FilterMessageSnippet("storage unreachable").Len(); n != 1 {
+		t.Fatalf("%d lines say the storage is unreachable, want 1", n)
+	}
+	tried := false
+	if err := f.do("slow_admit", func(context.Context) error { tried = true; return nil }); !errors.Is(err, errFleetDown) || tried {
+		t.Fatalf("with the breaker open a request's operation: %v, tried %v; want failed at once", err, tried)
 	}
 }
 
