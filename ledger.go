@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -190,6 +191,9 @@ type ledger struct {
 	limit   int
 	closed  bool          // Destruct ran: rows are not taken any more
 	kick    chan struct{} // a batch is full
+	wake    chan struct{} // a row came to an empty queue: an idle writer starts its second
+	runs    atomic.Int64  // the writer's rounds (tests read it)
+	sleeps  atomic.Int64  // the times it found nothing to write and slept (tests read it)
 	stop    chan struct{}
 	done    chan struct{}
 	retain  time.Duration
@@ -273,6 +277,7 @@ func newLedger(store ledgerStore, name string, logger *zap.Logger, limit int) *l
 		store: store, name: name, logger: logger, limit: limit,
 		pending: make([]ledgerRow, 0, 2*ledgerBatch),
 		kick:    make(chan struct{}, 1),
+		wake:    make(chan struct{}, 1),
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 		retain:  defaultLedgerRetention,
@@ -291,18 +296,26 @@ func (l *ledger) add(row ledgerRow) {
 	}
 	l.pending = append(l.pending, row)
 	l.held++
-	full := len(l.pending) >= ledgerBatch
+	first, full := len(l.pending) == 1, len(l.pending) >= ledgerBatch
 	l.mu.Unlock()
-	if full {
+	switch {
+	case full:
 		select {
 		case l.kick <- struct{}{}:
+		default:
+		}
+	case first:
+		select {
+		case l.wake <- struct{}{}:
 		default:
 		}
 	}
 }
 
 // run is the writer: each second, or when a batch is full, it writes what
-// is queued; once an hour it prunes old rows. At a stop it writes the
+// is queued; once an hour, after a write, it prunes old rows. A writer that
+// found nothing to write sleeps until a row comes, and writes it a second
+// later: an idle relay's writer costs nothing. At a stop it writes the
 // queue out.
 func (l *ledger) run() {
 	defer close(l.done)
@@ -317,8 +330,19 @@ func (l *ledger) run() {
 	defer tick.Stop()
 	own := make([]ledgerRow, 0, 2*ledgerBatch) // taken from pending, not written yet; swapped with it
 	var pruned time.Time
+	idle := false
 	for {
+		ticks, wake := tick.C, l.wake
+		if idle {
+			ticks = nil
+		} else {
+			wake = nil
+		}
 		select {
+		case <-wake:
+			idle = false
+			tick.Reset(ledgerEvery)
+			continue
 		case <-l.stop:
 			ctx, cancel := context.WithTimeout(context.Background(), ledgerStopTimeout)
 			for {
@@ -329,10 +353,20 @@ func (l *ledger) run() {
 			}
 			cancel()
 			return
-		case <-tick.C:
+		case <-ticks:
 		case <-l.kick:
 		}
+		l.runs.Add(1)
 		own = l.take(own)
+		if len(own) == 0 {
+			// a row that comes now finds the queue empty and wakes
+			// the writer
+			idle = true
+			tick.Stop()
+			l.sleeps.Add(1)
+			l.countCPU(&cpu)
+			continue
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), ledgerWriteTimeout)
 		ok := l.flush(ctx, &own)
 		cancel()

@@ -100,6 +100,38 @@ func TestLedgerStopWritesTheQueueOut(t *testing.T) {
 	}
 }
 
+// TestAnIdleLedgerWriterSleeps: a writer that finds the queue empty does
+// not wake again until a row comes, and then writes it within about a
+// second: an idle relay's ledger costs no CPU.
+func TestAnIdleLedgerWriterSleeps(t *testing.T) {
+	t.Parallel()
+	store := &flakyStore{}
+	l := newLedger(store, "test", zap.NewNop(), 100)
+	go l.run()
+	t.Cleanup(func() { _ = l.Destruct() })
+	written := func() int {
+		store.mu.Lock()
+		defer store.mu.Unlock()
+		return len(store.rows)
+	}
+	var slept int64 // the writer's sleeps before the last row came
+	for round := range 2 {
+		waitFor(t, "the writer finds the queue empty", 3*time.Second, func() bool { return l.sleeps.Load() > slept })
+		runs := l.runs.Load()
+		time.Sleep(2500 * time.Millisecond) // two and a half of the writer's seconds
+		if got := l.runs.Load(); got != runs {
+			t.Fatalf("round %d: the idle writer ran %d times in 2.5s, want none", round, got-runs)
+		}
+		slept = l.sleeps.Load() // asleep: it does not change before the row comes
+		added := time.Now()
+		l.add(ledgerRow{id: newRequestID()})
+		waitFor(t, "the row written", 3*time.Second, func() bool { return written() == round+1 })
+		if took := time.Since(added); took < ledgerEvery/2 {
+			t.Errorf("round %d: the row was written after %v: a partial batch waits for its second", round, took)
+		}
+	}
+}
+
 func TestSessionIDIsNeverStoredRaw(t *testing.T) {
 	in := &inbound{ask: asked{header: http.Header{}, userID: "user_abc_account__session_5f1c"}}
 	if s := in.agentSession(); s != "5f1c" {
