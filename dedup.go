@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
-	"io"
 	"net/http"
 	"strconv"
 	"sync"
@@ -71,13 +70,16 @@ var digestSeed = func() uint64 {
 // cannot see a digest to search for one). The body, most of the bytes, is
 // hashed in one call; the other parts then with the body's hash.
 func requestDigest(in *inbound, shared bool) bodyDigest {
-	var d bodyDigest
 	if shared {
-		h := sha256.New()
-		in.digestInto(h)
-		h.Sum(d[:0])
-		return d
+		var buf [256 + sha256.Size]byte
+		// the parts, then the body's own SHA-256: on the stack, where a
+		// hash.Hash took the parts through an interface and kept them on
+		// the heap
+		b := in.appendDigestParts(buf[:0])
+		body := sha256.Sum256(in.ask.body)
+		return sha256.Sum256(append(b, body[:]...))
 	}
+	var d bodyDigest
 	var buf [256]byte
 	b := in.appendDigestParts(buf[:0])
 	body := xxh3.Hash128Seed(in.ask.body, digestSeed)
@@ -105,14 +107,6 @@ func (in *inbound) appendDigestParts(b []byte) []byte {
 		b = append(b, m...)
 	}
 	return append(b, 0)
-}
-
-// digestInto writes what a request's digest covers into w: its parts but
-// the body (appendDigestParts), then the body.
-func (in *inbound) digestInto(w io.Writer) {
-	var buf [256]byte
-	_, _ = w.Write(in.appendDigestParts(buf[:0]))
-	_, _ = w.Write(in.ask.body)
 }
 
 var nul = []byte{0}
