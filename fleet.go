@@ -423,9 +423,12 @@ func (f *fleet) run(op string, timeout time.Duration, request bool, fn func(ctx 
 		}
 		return errFleetDown
 	}
-	// nor does one begun before Redis went away end the outage: while the
-	// breaker is open, only those begun before it opened can succeed
-	if f.up.Load() || start.UnixNano() < f.downAt.Load() {
+	// nor does one begun before Redis went away end the outage, nor one
+	// that answers while the breaker is still open (it began before the
+	// breaker opened, and may have waited longer than the requests' time:
+	// the operations after it would still be refused, and start another
+	// outage). The breaker's probe ends it.
+	if f.up.Load() || start.UnixNano() < f.downAt.Load() || f.breaker.State() == gobreaker.StateOpen {
 		return nil
 	}
 	f.upAt.Store(time.Now().UnixNano())

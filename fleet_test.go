@@ -219,7 +219,57 @@ func TestAFrozenRedisCostsNoMoreThanTheTimeout(t *testing.T) {
 		return r.fleet.up.Load()
 	})
 	if n := logs.FilterMessageSnippet("storage reachable again").Len(); n != 1 {
+		for _, e := range logs.All() {
+			t.Logf("%s %v", e.Message, e.ContextMap())
+		}
 		t.Fatalf("%d lines say the storage is back, want 1", n)
+	}
+}
+
+// TestAnOperationThatAnswersWhileTheBreakerIsOpenDoesNotEndTheOutage: an
+// operation begun after Redis was found unreachable, but before the
+// breaker opened, that answers while it is open (a background one waits
+// longer than the requests' time) does not say Redis is back: the
+// operations after it would still be refused by the breaker and start a
+// second outage. The breaker's probe ends the outage, with one line.
+func TestAnOperationThatAnswersWhileTheBreakerIsOpenDoesNotEndTheOutage(t *testing.T) {
+	srv := redistest.Start(t)
+	f := testFleet(t, srv.Addr, "straddle:", 0)
+	core, logs := observer.New(zapcore.InfoLevel)
+	f.logger.Store(zap.New(core))
+	fail := errors.New("no answer")
+	if err := f.do("admit", func(context.Context) error { return fail }); err == nil || f.up.Load() {
+		t.Fatalf("a failed operation: %v, up %v; want failed and down", err, f.up.Load())
+	}
+	started, release := make(chan struct{}), make(chan struct{})
+	slow := make(chan error, 1)
+	go func() {
+		slow <- f.background("renew", func(context.Context) error {
+			close(started)
+			<-release
+			return nil
+		})
+	}()
+	<-started
+	for range 2 { // with the first, three failures: the breaker opens
+		_ = f.do("admit", func(context.Context) error { return fail })
+	}
+	if st := f.breaker.State(); st != gobreaker.StateOpen {
+		t.Fatalf("after 3 failures the breaker is %v, want open", st)
+	}
+	close(release)
+	if err := <-slow; err != nil {
+		t.Fatalf("the operation begun before the breaker opened: %v", err)
+	}
+	if f.up.Load() || logs.FilterMessageSnippet("storage reachable again").Len() != 0 {
+		t.Fatal("an operation that answered while the breaker was open ended the outage")
+	}
+	waitFor(t, "the breaker lets an operation try", 3*time.Second, func() bool { return f.breaker.State() == gobreaker.StateHalfOpen })
+	if err := f.do("admit", func(context.Context) error { return nil }); err != nil || !f.up.Load() {
+		t.Fatalf("the breaker's probe answered (err %v): up %v, want true", err, f.up.Load())
+	}
+	if n, m := logs.FilterMessageSnippet("storage unreachable").Len(), logs.FilterMessageSnippet("storage reachable again").Len(); n != 1 || m != 1 {
+		t.Fatalf("%d lines say the storage is unreachable and %d that it is back, want 1 and 1", n, m)
 	}
 }
 
