@@ -396,8 +396,9 @@ func (f *fleet) run(op string, timeout time.Duration, request bool, fn func(ctx 
 		if errors.Is(err, redis.Nil) {
 			err = nil
 		}
-		// once Redis has been found unreachable, a late answer counts
-		// again: three then open the breaker, as any three failures do
+		// a request's late answer is no failure while Redis is up (see
+		// do); once it has been found unreachable, it counts again, and
+		// three open the breaker, as any three failures do
 		if err != nil && request && timedOut(err) && f.up.Load() {
 			err = errRedisSlow
 		}
