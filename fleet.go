@@ -442,14 +442,10 @@ func (f *fleet) run(op string, timeout time.Duration, request bool, fn func(ctx 
 }
 
 // timedOut reports whether err is an operation's running out of its time:
-// its context's deadline, a connection's read or write deadline, or the
-// wait for a pooled connection.
+// its context's deadline, a connection's read or write deadline
+// (isTimeout), or the wait for a pooled connection.
 func timedOut(err error) bool {
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, redis.ErrPoolTimeout) {
-		return true
-	}
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
+	return isTimeout(err) || errors.Is(err, redis.ErrPoolTimeout)
 }
 
 // thisNode is this process as a node of a fleet: its id (its host and a

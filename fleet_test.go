@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"io"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"strings"
 	"testing"
 	"time"
@@ -490,9 +492,20 @@ func TestReloadsWithAFleetLeakNothing(t *testing.T) {
 	if r := message(t, simpleBody); r.status != 200 {
 		t.Fatal(r.status)
 	}
-	waitFor(t, "goroutines and connections back to what one config uses", 5*time.Second, func() bool {
-		return runtime.NumGoroutine() <= baseGoroutines+5 && clients() <= baseClients+1
-	})
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		g, c := runtime.NumGoroutine(), clients()
+		if g <= baseGoroutines+5 && c <= baseClients+1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			var stacks bytes.Buffer
+			_ = pprof.Lookup("goroutine").WriteTo(&stacks, 1)
+			t.Fatalf("after 50 reloads: %d goroutines (%d after the first config), %d Redis clients (%d); goroutines:\n%s",
+				g, baseGoroutines, c, baseClients, stacks.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // TestAnOperationBegunBeforeAnOutageDoesNotEndIt: an operation that began
