@@ -228,6 +228,23 @@ func TestAFrozenRedisCostsNoMoreThanTheTimeout(t *testing.T) {
 	}
 }
 
+// heldOperation starts an operation through run that has begun (it
+// returns once it has) and answers, successfully, when release is closed;
+// its outcome comes on slow.
+func heldOperation(run func(string, func(context.Context) error) error) (release chan struct{}, slow chan error) {
+	started := make(chan struct{})
+	release, slow = make(chan struct{}), make(chan error, 1)
+	go func() {
+		slow <- run("renew", func(context.Context) error {
+			close(started)
+			<-release
+			return nil
+		})
+	}()
+	<-started
+	return release, slow
+}
+
 // TestAnOperationThatAnswersWhileTheBreakerIsOpenDoesNotEndTheOutage: an
 // operation begun after Redis was found unreachable, but before the
 // breaker opened, that answers while it is open (a background one waits
@@ -243,16 +260,7 @@ func TestAnOperationThatAnswersWhileTheBreakerIsOpenDoesNotEndTheOutage(t *testi
 	if err := f.do("admit", func(context.Context) error { return fail }); err == nil || f.up.Load() {
 		t.Fatalf("a failed operation: %v, up %v; want failed and down", err, f.up.Load())
 	}
-	started, release := make(chan struct{}), make(chan struct{})
-	slow := make(chan error, 1)
-	go func() {
-		slow <- f.background("renew", func(context.Context) error {
-			close(started)
-			<-release
-			return nil
-		})
-	}()
-	<-started
+	release, slow := heldOperation(f.background)
 	for range 2 { // with the first, three failures: the breaker opens
 		_ = f.do("admit", func(context.Context) error { return fail })
 	}
@@ -517,16 +525,7 @@ func TestAnOperationBegunBeforeAnOutageDoesNotEndIt(t *testing.T) {
 	f := testFleet(t, srv.Addr, "flap:", 0)
 	core, logs := observer.New(zapcore.InfoLevel)
 	f.logger.Store(zap.New(core))
-	started, release := make(chan struct{}), make(chan struct{})
-	slow := make(chan error, 1)
-	go func() {
-		slow <- f.do("renew", func(context.Context) error {
-			close(started)
-			<-release
-			return nil
-		})
-	}()
-	<-started
+	release, slow := heldOperation(f.do)
 	fail := errors.New("no answer")
 	for range 3 { // the breaker opens
 		if err := f.do("admit", func(context.Context) error { return fail }); err == nil {
