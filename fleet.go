@@ -132,7 +132,7 @@ type fleet struct {
 	client  redis.UniversalClient
 	prefix  string
 	timeout time.Duration
-	// background bounds the operations off the requests' paths
+	// backgroundTimeout bounds the operations off the requests' paths
 	backgroundTimeout time.Duration
 	deny              bool
 	lease             time.Duration
@@ -405,15 +405,12 @@ func (f *fleet) run(op string, timeout time.Duration, request bool, fn func(ctx 
 		return nil, err
 	})
 	metricFleetSeconds.WithLabelValues(op).Observe(time.Since(start).Seconds())
-	if err == errRedisSlow {
-		metricFleetErrors.WithLabelValues(op).Inc()
-		return errFleetDown
-	}
 	if err != nil {
 		metricFleetErrors.WithLabelValues(op).Inc()
-		// an operation begun before Redis came back says nothing of now:
-		// it does not start another outage
-		if start.UnixNano() >= f.upAt.Load() && f.up.CompareAndSwap(true, false) {
+		// a late answer on a request's path is no outage (see do); nor
+		// does an operation begun before Redis came back say anything of
+		// now: it does not start another outage
+		if err != errRedisSlow && start.UnixNano() >= f.upAt.Load() && f.up.CompareAndSwap(true, false) {
 			f.downAt.Store(time.Now().UnixNano())
 			metricFleetUp.Set(0)
 			then := "serving on this relay's own state until it is back"

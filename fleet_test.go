@@ -201,13 +201,10 @@ func TestAFrozenRedisCostsNoMoreThanTheTimeout(t *testing.T) {
 	// (every 2s, waiting up to 500ms) finds Redis gone; after that, three
 	// late answers open the breaker, and requests no longer wait
 	var slowest time.Duration
-	deadline := time.Now().Add(6 * time.Second)
-	for r.fleet.breaker.State() != gobreaker.StateOpen {
-		if time.Now().After(deadline) {
-			t.Fatalf("the breaker is %v %v after Redis froze", r.fleet.breaker.State(), 6*time.Second)
-		}
+	waitFor(t, "the breaker opens", 6*time.Second, func() bool {
 		slowest = max(slowest, serve())
-	}
+		return r.fleet.breaker.State() == gobreaker.StateOpen
+	})
 	// the timeout, plus what the race detector and a noisy machine add
 	if slowest > 50*time.Millisecond+150*time.Millisecond {
 		t.Fatalf("a request took %v with Redis frozen; the timeout is 50ms", slowest)
@@ -500,20 +497,19 @@ func TestReloadsWithAFleetLeakNothing(t *testing.T) {
 	if r := message(t, simpleBody); r.status != 200 {
 		t.Fatal(r.status)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		g, c := runtime.NumGoroutine(), clients()
-		if g <= baseGoroutines+5 && c <= baseClients+1 {
-			break
-		}
-		if time.Now().After(deadline) {
+	var g, c int
+	defer func() { // what leaked, when something did
+		if t.Failed() {
 			var stacks bytes.Buffer
 			_ = pprof.Lookup("goroutine").WriteTo(&stacks, 1)
-			t.Fatalf("after 50 reloads: %d goroutines (%d after the first config), %d Redis clients (%d); goroutines:\n%s",
+			t.Logf("after 50 reloads: %d goroutines (%d after the first config), %d Redis clients (%d); goroutines:\n%s",
 				g, baseGoroutines, c, baseClients, stacks.String())
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	}()
+	waitFor(t, "goroutines and connections back to what one config uses", 5*time.Second, func() bool {
+		g, c = runtime.NumGoroutine(), clients()
+		return g <= baseGoroutines+5 && c <= baseClients+1
+	})
 }
 
 // TestAnOperationBegunBeforeAnOutageDoesNotEndIt: an operation that began

@@ -192,8 +192,7 @@ type ledger struct {
 	closed  bool          // Destruct ran: rows are not taken any more
 	kick    chan struct{} // a batch is full
 	wake    chan struct{} // a row came to an empty queue: an idle writer starts its second
-	runs    atomic.Int64  // the writer's rounds (tests read it)
-	sleeps  atomic.Int64  // the times it found nothing to write and slept (tests read it)
+	sleeps  atomic.Int64  // the rounds that found nothing to write, after which it slept (tests read it)
 	stop    chan struct{}
 	done    chan struct{}
 	retain  time.Duration
@@ -356,7 +355,6 @@ func (l *ledger) run() {
 		case <-ticks:
 		case <-l.kick:
 		}
-		l.runs.Add(1)
 		own = l.take(own)
 		if len(own) == 0 {
 			// a row that comes now finds the queue empty and wakes

@@ -117,12 +117,14 @@ func TestAnIdleLedgerWriterSleeps(t *testing.T) {
 	var slept int64 // the writer's sleeps before the last row came
 	for round := range 2 {
 		waitFor(t, "the writer finds the queue empty", 3*time.Second, func() bool { return l.sleeps.Load() > slept })
-		runs := l.runs.Load()
-		time.Sleep(2500 * time.Millisecond) // two and a half of the writer's seconds
-		if got := l.runs.Load(); got != runs {
-			t.Fatalf("round %d: the idle writer ran %d times in 2.5s, want none", round, got-runs)
+		slept = l.sleeps.Load()
+		// no signal says that nothing happens: wait two and a half of the
+		// writer's seconds, in each of which a writer that still woke would
+		// find the queue empty again
+		time.Sleep(2500 * time.Millisecond)
+		if got := l.sleeps.Load(); got != slept {
+			t.Fatalf("round %d: the idle writer woke %d times in 2.5s, want none", round, got-slept)
 		}
-		slept = l.sleeps.Load() // asleep: it does not change before the row comes
 		added := time.Now()
 		l.add(ledgerRow{id: newRequestID()})
 		waitFor(t, "the row written", 3*time.Second, func() bool { return written() == round+1 })
