@@ -66,7 +66,7 @@ func TestLedgerKeepsBatchesReconciledReadTwiceAndInAFleet(t *testing.T) {
 			channels lb-%s-ch
 		}
 `, path, keyPayer, mode, payer, keyFree, mode, free, mode, mode)+channelBlock("lb-"+mode+"-ch", up.URL, "models claude-sonnet-4-5"))
-			db, err := sql.Open("sqlite", "file:"+path+"?mode=ro")
+			db, err := sql.Open("sqlite3", "file:"+path+"?mode=ro")
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -3,7 +3,6 @@ package relay
 import (
 	"cmp"
 	"context"
-	"database/sql/driver"
 	"fmt"
 	"slices"
 	"strings"
@@ -182,28 +181,6 @@ func (s *sqlLedger) valuesOf(n, cols int, around func(j int, p string) string) s
 		b.WriteByte(')')
 	}
 	return b.String()
-}
-
-// scanNames reads a names row (id, then the seven names) of a driver's
-// rows into found.
-func scanNames(vals []driver.Value, found func(int64, ledgerNames)) error {
-	id, ok := vals[0].(int64)
-	if !ok {
-		return fmt.Errorf("ledger: a names id of type %T", vals[0])
-	}
-	var s [7]string
-	for i, v := range vals[1:] {
-		switch v := v.(type) {
-		case string:
-			s[i] = v
-		case []byte:
-			s[i] = string(v)
-		default:
-			return fmt.Errorf("ledger: a name of type %T", v)
-		}
-	}
-	found(id, ledgerNames{s[0], s[1], s[2], s[3], s[4], s[5], s[6]})
-	return nil
 }
 
 // namesMigration is the schema's step to the names table: relay_usage

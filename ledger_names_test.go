@@ -16,7 +16,7 @@ import (
 
 func TestLedgerSQLiteMigratesToTheNamesTable(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ledger.db")
-	db, err := sql.Open("sqlite", "file:"+path)
+	db, err := sql.Open("sqlite3", "file:"+path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -136,7 +136,7 @@ func TestLedgerRecordsEveryRequestAndReconcilesWithTheBudgetsSpend(t *testing.T)
 		}
 `, path, keyA, keyB)+channelBlock("ledger-bad", bad.URL, "priority 1", "models claude-sonnet-4-5 claude-haiku-4-5")+
 		channelBlock("ledger-ok", ok.URL, "priority 2", "models claude-sonnet-4-5 claude-haiku-4-5"))
-	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro")
+	db, err := sql.Open("sqlite3", "file:"+path+"?mode=ro")
 	if err != nil {
 		t.Fatal(err)
 	}

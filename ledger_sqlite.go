@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	_ "modernc.org/sqlite" // the pure-Go SQLite driver: the xcaddy build needs no C toolchain
+	_ "github.com/ncruces/go-sqlite3/driver" // SQLite in pure Go: the xcaddy build needs no C toolchain
 )
 
 // sqliteLedgerPath is the file of a SQLite ledger: the configured one
@@ -132,7 +132,7 @@ func openSQLiteLedger(path string) (*sqlLedger, error) {
 	for _, p := range []string{"journal_mode(WAL)", "synchronous(NORMAL)", "busy_timeout(" + strconv.Itoa(int(ledgerWriteTimeout/time.Millisecond)) + ")"} {
 		q.Add("_pragma", p)
 	}
-	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
+	db, err := sql.Open("sqlite3", "file:"+path+"?"+q.Encode())
 	if err != nil {
 		return nil, fmt.Errorf("ledger sqlite: %w", err)
 	}

@@ -3,25 +3,30 @@ package relay
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
-	"io"
+	"strings"
+
+	"github.com/ncruces/go-sqlite3"
 )
 
 // rawWriter writes a SQLite ledger's batches through the driver's own
-// connection and statements, kept for it, past database/sql, which
-// converts every value of a batch into a slice of its own (20,000 values,
-// 800 KB, for a full batch) and checks each: a fifth of the writer's CPU.
-// Only first tries go this way (no RETURNING); a write that must read
-// back what it wrote, or whose first try failed here, goes through
-// database/sql's pool.
+// connection and statements (the SQLite C API as the driver gives it),
+// kept for it, past database/sql, which converts every value of a batch
+// into a slice of its own (14,000 values, 560 KB, for a full batch) and
+// checks each, and past the driver's database/sql statements, which bind
+// from a slice of their own again: the writer binds each of its values
+// with one call. Only first tries go this way (no RETURNING); a write that
+// must read back what it wrote, or whose first try failed here, goes
+// through database/sql's pool.
+//
+// The connection is taken from database/sql's pool for good (conn) and
+// used by the ledger's writer alone, one write at a time (sqlLedger.mu).
 type rawWriter struct {
 	conn   *sql.Conn
-	insert [len(insertSizes)]driver.StmtExecContext
-	upsert [len(upsertSizes)]driver.StmtExecContext
-	stmts  []driver.Stmt
-	nv     []driver.NamedValue
+	c      *sqlite3.Conn // conn's, as the driver gives it
+	insert [len(insertSizes)]*sqlite3.Stmt
+	upsert [len(upsertSizes)]*sqlite3.Stmt
 }
 
 func newRawWriter(ctx context.Context, s *sqlLedger) (*rawWriter, error) {
@@ -31,21 +36,20 @@ func newRawWriter(ctx context.Context, s *sqlLedger) (*rawWriter, error) {
 	}
 	w := &rawWriter{conn: conn}
 	err = conn.Raw(func(dc any) error {
-		c, ok := dc.(driver.ConnPrepareContext)
-		if _, begins := dc.(driver.ConnBeginTx); !ok || !begins {
-			return errors.New("the driver does not prepare or begin with a context")
+		r, ok := dc.(interface{ Raw() *sqlite3.Conn })
+		if !ok {
+			return fmt.Errorf("the driver's connection (%T) is not SQLite's own", dc)
 		}
-		prep := func(q string) (driver.StmtExecContext, error) {
-			st, err := c.PrepareContext(ctx, q)
-			if err != nil {
-				return nil, err
+		w.c = r.Raw()
+		old := w.c.SetInterrupt(ctx)
+		defer w.c.SetInterrupt(old)
+		prep := func(q string) (*sqlite3.Stmt, error) {
+			st, tail, err := w.c.Prepare(q)
+			if err == nil && strings.TrimSpace(tail) != "" {
+				_ = st.Close()
+				return nil, fmt.Errorf("a statement of two: %q", tail)
 			}
-			w.stmts = append(w.stmts, st)
-			e, ok := st.(driver.StmtExecContext)
-			if !ok {
-				return nil, errors.New("the driver's statement does not execute with a context")
-			}
-			return e, nil
+			return st, err
 		}
 		for i, n := range insertSizes {
 			if w.insert[i], err = prep(s.insertSQL(n) + ledgerKeepOnce); err != nil {
@@ -67,86 +71,136 @@ func newRawWriter(ctx context.Context, s *sqlLedger) (*rawWriter, error) {
 }
 
 func (w *rawWriter) close() {
-	_ = w.conn.Raw(func(any) error {
-		for _, st := range w.stmts {
+	for _, st := range append(w.insert[:], w.upsert[:]...) {
+		if st != nil {
 			_ = st.Close()
 		}
-		return nil
-	})
+	}
 	_ = w.conn.Close()
 }
 
-// exec runs st with args, through nv.
-func (w *rawWriter) exec(ctx context.Context, st driver.StmtExecContext, args []any) (driver.Result, error) {
-	w.nv = w.nv[:0]
-	for i, v := range args {
-		w.nv = append(w.nv, driver.NamedValue{Ordinal: i + 1, Value: v})
+// write runs fn in a transaction of the writer's connection, which ctx
+// bounds (SQLite is interrupted when it ends). The transaction is
+// IMMEDIATE: it takes the database's write lock at once, so it never
+// waits for a reader to upgrade.
+func (w *rawWriter) write(ctx context.Context, fn func(batchTx) error) error {
+	// in Raw, database/sql leaves the connection alone
+	return w.conn.Raw(func(any) error { return w.tx(ctx, fn) })
+}
+
+func (w *rawWriter) tx(ctx context.Context, fn func(batchTx) error) error {
+	old := w.c.SetInterrupt(ctx)
+	defer w.c.SetInterrupt(old)
+	if err := w.c.Exec("BEGIN IMMEDIATE"); err != nil {
+		return err
 	}
-	defer clear(w.nv)
-	return st.ExecContext(ctx, w.nv)
+	err := fn(rawTx{w})
+	if err == nil {
+		if err = w.c.Exec("COMMIT"); err == nil {
+			return nil
+		}
+	}
+	if !w.c.GetAutocommit() {
+		// the rollback runs even when ctx is what ended the write
+		w.c.SetInterrupt(context.Background())
+		_ = w.c.Exec("ROLLBACK")
+	}
+	return err
 }
 
-// rawTx is a write's transaction on the driver's connection (dc): first
-// tries only, which need no RETURNING.
-type rawTx struct {
-	w  *rawWriter
-	dc any
+// bindArgs binds args to st's parameters, in order.
+func bindArgs(st *sqlite3.Stmt, args []any) error {
+	if n := st.BindCount(); n != len(args) {
+		return fmt.Errorf("ledger: %d values for %d parameters", len(args), n)
+	}
+	for i, v := range args {
+		var err error
+		switch v := v.(type) {
+		case int64:
+			err = st.BindInt64(i+1, v)
+		case string:
+			err = st.BindText(i+1, v)
+		case bool:
+			err = st.BindBool(i+1, v)
+		case nil:
+			err = st.BindNull(i + 1)
+		default:
+			err = fmt.Errorf("ledger: a value of type %T", v)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
-func (t rawTx) insert(ctx context.Context, i int, args []any) (int64, error) {
-	res, err := t.w.exec(ctx, t.w.insert[i], args)
-	if err != nil {
+// execStmt runs st with args. (Each run binds every parameter, so none
+// keeps a value of the run before; SQLite's copies of the texts are let
+// go when they are bound again.)
+func execStmt(st *sqlite3.Stmt, args []any) error {
+	if err := bindArgs(st, args); err != nil {
+		return err
+	}
+	return st.Exec()
+}
+
+// rawTx is a write's transaction on the writer's connection: first tries
+// only, which need no RETURNING.
+type rawTx struct{ w *rawWriter }
+
+func (t rawTx) insert(_ context.Context, i int, args []any) (int64, error) {
+	if err := execStmt(t.w.insert[i], args); err != nil {
 		return 0, err
 	}
-	return res.RowsAffected()
+	return t.w.c.Changes(), nil
 }
 
 func (t rawTx) insertReturning(context.Context, int, []any, map[string]bool) error {
 	return errors.New("ledger: a first try does not read back what it wrote")
 }
 
-func (t rawTx) upsert(ctx context.Context, i int, args []any) error {
-	_, err := t.w.exec(ctx, t.w.upsert[i], args)
-	return err
+func (t rawTx) upsert(_ context.Context, i int, args []any) error {
+	return execStmt(t.w.upsert[i], args)
 }
 
-func (t rawTx) exec(ctx context.Context, query string, args []any) error {
-	e, ok := t.dc.(driver.ExecerContext)
-	if !ok {
-		return errors.New("ledger: the driver does not execute without a statement")
-	}
-	_, err := e.ExecContext(ctx, query, namedValues(args))
-	return err
-}
-
-func (t rawTx) queryNames(ctx context.Context, query string, args []any, found func(int64, ledgerNames)) error {
-	q, ok := t.dc.(driver.QueryerContext)
-	if !ok {
-		return errors.New("ledger: the driver does not query without a statement")
-	}
-	rows, err := q.QueryContext(ctx, query, namedValues(args))
+// exec and queryNames run statements that are not kept (rare: the names
+// a writer has not met).
+func (t rawTx) exec(_ context.Context, query string, args []any) error {
+	st, err := t.prepare(query)
 	if err != nil {
 		return err
 	}
-	defer rows.Close()
-	vals := make([]driver.Value, 1+len(ledgerNameColumns))
-	for {
-		if err := rows.Next(vals); err == io.EOF {
-			return nil
-		} else if err != nil {
-			return err
-		}
-		if err := scanNames(vals, found); err != nil {
-			return err
-		}
-	}
+	defer st.Close()
+	return execStmt(st, args)
 }
 
-// namedValues are args as a driver takes them.
-func namedValues(args []any) []driver.NamedValue {
-	nv := make([]driver.NamedValue, len(args))
-	for i, v := range args {
-		nv[i] = driver.NamedValue{Ordinal: i + 1, Value: v}
+func (t rawTx) queryNames(_ context.Context, query string, args []any, found func(int64, ledgerNames)) error {
+	st, err := t.prepare(query)
+	if err != nil {
+		return err
 	}
-	return nv
+	defer st.Close()
+	if err := bindArgs(st, args); err != nil {
+		return err
+	}
+	if n := st.ColumnCount(); n != 1+len(ledgerNameColumns) {
+		return fmt.Errorf("ledger: a names row of %d columns", n)
+	}
+	for st.Step() {
+		var n [7]string
+		for i := range n {
+			n[i] = st.ColumnText(1 + i)
+		}
+		found(st.ColumnInt64(0), ledgerNames{n[0], n[1], n[2], n[3], n[4], n[5], n[6]})
+	}
+	return st.Err()
+}
+
+func (t rawTx) prepare(query string) (*sqlite3.Stmt, error) {
+	st, tail, err := t.w.c.Prepare(query)
+	if err == nil && strings.TrimSpace(tail) != "" {
+		_ = st.Close()
+		return nil, fmt.Errorf("ledger: a statement of two: %q", tail)
+	}
+	return st, err
 }

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"slices"
@@ -260,17 +259,7 @@ func (s *sqlLedger) writeTx(ctx context.Context, rows []ledgerRow, returning boo
 		}
 	}()
 	if s.raw != nil && !returning {
-		return s.raw.conn.Raw(func(dc any) error {
-			tx, err := dc.(driver.ConnBeginTx).BeginTx(ctx, driver.TxOptions{})
-			if err != nil {
-				return err
-			}
-			if err := s.writeIn(ctx, rawTx{s.raw, dc}, rows, false); err != nil {
-				_ = tx.Rollback()
-				return err
-			}
-			return tx.Commit()
-		})
+		return s.raw.write(ctx, func(tx batchTx) error { return s.writeIn(ctx, tx, rows, false) })
 	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {

@@ -375,7 +375,7 @@ func TestStatusScreenshot(t *testing.T) {
 		}
 		message(t, `{"model":"`+model+`","max_tokens":64,"messages":[{"role":"user","content":"hi"}]}`)
 	}
-	db, err := sql.Open("sqlite", "file:"+ledgerPath+"?mode=ro")
+	db, err := sql.Open("sqlite3", "file:"+ledgerPath+"?mode=ro")
 	if err != nil {
 		t.Fatal(err)
 	}

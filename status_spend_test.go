@@ -53,7 +53,7 @@ func spendRelay(t *testing.T) {
 			channels spend-up
 		}
 `, path, spendKeyA, spendKeyB)+channelBlock("spend-up", up.URL, "models claude-sonnet-4-5 claude-haiku-4-5"))
-	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro")
+	db, err := sql.Open("sqlite3", "file:"+path+"?mode=ro")
 	if err != nil {
 		t.Fatal(err)
 	}

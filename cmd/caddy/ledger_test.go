@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	_ "modernc.org/sqlite"
+	_ "github.com/ncruces/go-sqlite3/driver"
 )
 
 // TestLedgerLosesAtMostTheLastSecondWhenKilled runs the built binary with
@@ -79,7 +79,7 @@ http://%s {
 	}
 	_ = cmd.Wait()
 
-	conn, err := sql.Open("sqlite", "file:"+db)
+	conn, err := sql.Open("sqlite3", "file:"+db)
 	if err != nil {
 		t.Fatal(err)
 	}
