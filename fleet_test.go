@@ -225,6 +225,16 @@ func TestAFrozenRedisCostsNoMoreThanTheTimeout(t *testing.T) {
 	}
 }
 
+// quietFleet is a test fleet whose first heartbeat, which it sends as it
+// starts, has answered: for two seconds nothing of its own succeeds
+// between a test's operations, so the failures a test makes in a row are
+// the breaker's failures in a row.
+func quietFleet(t *testing.T, addr, prefix string) *fleet {
+	f := testFleet(t, addr, prefix, 0)
+	waitFor(t, "the fleet's first heartbeat", 2*time.Second, func() bool { return f.nodesUp.Load() > 0 })
+	return f
+}
+
 // heldOperation starts an operation through run that has begun (it
 // returns once it has) and answers, successfully, when release is closed;
 // its outcome comes on slow.
@@ -250,7 +260,7 @@ func heldOperation(run func(string, func(context.Context) error) error) (release
 // second outage. The breaker's probe ends the outage, with one line.
 func TestAnOperationThatAnswersWhileTheBreakerIsOpenDoesNotEndTheOutage(t *testing.T) {
 	srv := redistest.Start(t)
-	f := testFleet(t, srv.Addr, "straddle:", 0)
+	f := quietFleet(t, srv.Addr, "straddle:")
 	core, logs := observer.New(zapcore.InfoLevel)
 	f.logger.Store(zap.New(core))
 	fail := errors.New("no answer")
@@ -518,7 +528,7 @@ func TestReloadsWithAFleetLeakNothing(t *testing.T) {
 // with one line, until an operation begun since answers.
 func TestAnOperationBegunBeforeAnOutageDoesNotEndIt(t *testing.T) {
 	srv := redistest.Start(t)
-	f := testFleet(t, srv.Addr, "flap:", 0)
+	f := quietFleet(t, srv.Addr, "flap:")
 	core, logs := observer.New(zapcore.InfoLevel)
 	f.logger.Store(zap.New(core))
 	release, slow := heldOperation(f.do)
