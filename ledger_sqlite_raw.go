@@ -43,21 +43,13 @@ func newRawWriter(ctx context.Context, s *sqlLedger) (*rawWriter, error) {
 		w.c = r.Raw()
 		old := w.c.SetInterrupt(ctx)
 		defer w.c.SetInterrupt(old)
-		prep := func(q string) (*sqlite3.Stmt, error) {
-			st, tail, err := w.c.Prepare(q)
-			if err == nil && strings.TrimSpace(tail) != "" {
-				_ = st.Close()
-				return nil, fmt.Errorf("a statement of two: %q", tail)
-			}
-			return st, err
-		}
 		for i, n := range insertSizes {
-			if w.insert[i], err = prep(s.insertSQL(n) + ledgerKeepOnce); err != nil {
+			if w.insert[i], err = w.prepare(s.insertSQL(n) + ledgerKeepOnce); err != nil {
 				return err
 			}
 		}
 		for i, n := range upsertSizes {
-			if w.upsert[i], err = prep(s.upsertDaily(n)); err != nil {
+			if w.upsert[i], err = w.prepare(s.upsertDaily(n)); err != nil {
 				return err
 			}
 		}
@@ -68,6 +60,17 @@ func newRawWriter(ctx context.Context, s *sqlLedger) (*rawWriter, error) {
 		return nil, fmt.Errorf("ledger: prepare the writer's statements: %w", err)
 	}
 	return w, nil
+}
+
+// prepare is query's statement on the writer's connection: one
+// statement, whole.
+func (w *rawWriter) prepare(query string) (*sqlite3.Stmt, error) {
+	st, tail, err := w.c.Prepare(query)
+	if err == nil && strings.TrimSpace(tail) != "" {
+		_ = st.Close()
+		return nil, fmt.Errorf("ledger: a statement of two: %q", tail)
+	}
+	return st, err
 }
 
 func (w *rawWriter) close() {
@@ -166,7 +169,7 @@ func (t rawTx) upsert(_ context.Context, i int, args []any) error {
 // exec and queryNames run statements that are not kept (rare: the names
 // a writer has not met).
 func (t rawTx) exec(_ context.Context, query string, args []any) error {
-	st, err := t.prepare(query)
+	st, err := t.w.prepare(query)
 	if err != nil {
 		return err
 	}
@@ -175,7 +178,7 @@ func (t rawTx) exec(_ context.Context, query string, args []any) error {
 }
 
 func (t rawTx) queryNames(_ context.Context, query string, args []any, found func(int64, ledgerNames)) error {
-	st, err := t.prepare(query)
+	st, err := t.w.prepare(query)
 	if err != nil {
 		return err
 	}
@@ -194,13 +197,4 @@ func (t rawTx) queryNames(_ context.Context, query string, args []any, found fun
 		found(st.ColumnInt64(0), ledgerNames{n[0], n[1], n[2], n[3], n[4], n[5], n[6]})
 	}
 	return st.Err()
-}
-
-func (t rawTx) prepare(query string) (*sqlite3.Stmt, error) {
-	st, tail, err := t.w.c.Prepare(query)
-	if err == nil && strings.TrimSpace(tail) != "" {
-		_ = st.Close()
-		return nil, fmt.Errorf("ledger: a statement of two: %q", tail)
-	}
-	return st, err
 }
