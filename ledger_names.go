@@ -112,7 +112,7 @@ func (s *sqlLedger) resolveNames(ctx context.Context, tx batchTx, rows []ledgerR
 func (s *sqlLedger) addNames(ctx context.Context, tx batchTx, missing []ledgerNames) error {
 	slices.SortFunc(missing, compareNames)
 	for rest := missing; len(rest) > 0; {
-		chunk := rest[:min(len(rest), ledgerBatch)] // 7,000 parameters at most
+		chunk := rest[:min(len(rest), ledgerStatement)] // 7,000 parameters at most
 		rest = rest[len(chunk):]
 		args := make([]any, 0, len(chunk)*len(ledgerNameColumns))
 		for _, n := range chunk {

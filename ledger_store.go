@@ -47,9 +47,9 @@ type sqlLedger struct {
 }
 
 // insertSizes are the row counts of the prepared inserts, largest first:
-// a batch is written as whole statements of these sizes (a full batch in
-// one), so that no batch needs a statement parsed for it.
-var insertSizes = [...]int{ledgerBatch, 100, 10, 1}
+// a batch is written as whole statements of these sizes (a full one in
+// five of the largest), so that no batch needs a statement parsed for it.
+var insertSizes = [...]int{ledgerStatement, 100, 10, 1}
 
 // upsertSizes are the sum counts of the prepared upserts of the rollup: a
 // batch of rows of many keys, channels and models has hundreds of sums.

@@ -134,6 +134,42 @@ func TestAnIdleLedgerWriterSleeps(t *testing.T) {
 	}
 }
 
+// TestAFullLedgerBatchIsWrittenAtOnce: once ledgerBatch rows wait, the
+// writer writes them without waiting for its second, and never more than
+// ledgerBatch rows in one write.
+func TestAFullLedgerBatchIsWrittenAtOnce(t *testing.T) {
+	t.Parallel()
+	store := &flakyStore{}
+	l := newLedger(store, "test", zap.NewNop(), 3*ledgerBatch)
+	go l.run()
+	t.Cleanup(func() { _ = l.Destruct() })
+	// asleep, the writer is woken by the first row and then waits a
+	// second for more, unless the batch fills
+	waitFor(t, "the writer finds the queue empty", 3*time.Second, func() bool { return l.sleeps.Load() > 0 })
+	added := time.Now()
+	for range ledgerBatch + 1 {
+		l.add(ledgerRow{id: newRequestID()})
+	}
+	waitFor(t, "a full batch written", 3*time.Second, func() bool {
+		store.mu.Lock()
+		defer store.mu.Unlock()
+		return len(store.rows) >= ledgerBatch
+	})
+	if took := time.Since(added); took >= ledgerEvery {
+		t.Errorf("the full batch was written after %v: it waited for the writer's second", took)
+	}
+	waitFor(t, "the last row written", 3*time.Second, func() bool {
+		store.mu.Lock()
+		defer store.mu.Unlock()
+		return len(store.rows) == ledgerBatch+1
+	})
+	store.mu.Lock()
+	defer store.mu.Unlock()
+	if store.calls != 2 {
+		t.Errorf("%d rows in %d writes, want a full batch, then the row after it", len(store.rows), store.calls)
+	}
+}
+
 func TestSessionIDIsNeverStoredRaw(t *testing.T) {
 	in := &inbound{ask: asked{header: http.Header{}, userID: "user_abc_account__session_5f1c"}}
 	if s := in.agentSession(); s != "5f1c" {

@@ -171,8 +171,9 @@ func BenchmarkStatusSpend(b *testing.B) {
 	now := time.Now().UTC()
 	from, _ := spendRange(now)
 	ctx := context.Background()
-	for k := 0; k < 60*ledgerBatch; k += ledgerBatch {
-		rows := benchRows(ledgerBatch, from, k)
+	const batch = 1000
+	for k := 0; k < 60*batch; k += batch {
+		rows := benchRows(batch, from, k)
 		for i := range rows { // each run of 600 rows (every combination) on one day
 			rows[i].at = from.AddDate(0, 0, (k+i)/600%spendDays).Add(time.Hour)
 		}
