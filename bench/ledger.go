@@ -10,7 +10,7 @@ import (
 )
 
 // ledgerWait bounds how long checkLedger waits for the ledger's last rows:
-// its writer writes each second, or as soon as 1,000 rows wait. A variable
+// its writer writes each second, or as soon as 5,000 rows wait. A variable
 // for the test.
 var ledgerWait = 10 * time.Second
 
