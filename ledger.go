@@ -60,7 +60,11 @@ const (
 	// bringing SQLite's code and pages back into the caches the requests
 	// between two writes filled: spread over 5,000 rows rather than
 	// 1,000, a row costs a fifth less (docs/ledger.md, "Figures")
-	ledgerBatch          = 5000
+	ledgerBatch = 5000
+	// ledgerRoom is the capacity of the queue's two slices: a full batch
+	// and room for the rows that come before the writer takes it, so that
+	// a request's hand-off does not grow (copy) a slice of 5,000 rows
+	ledgerRoom           = ledgerBatch + ledgerBatch/4
 	ledgerStatement      = 1000        // rows of one insert: 14,000 parameters, under SQLite's 32,766
 	ledgerEvery          = time.Second // a partial batch waits at most this
 	ledgerPruneEvery     = time.Hour
@@ -281,7 +285,7 @@ func ledgerBackend(ctx caddy.Context, c *Ledger) (string, func() (ledgerStore, s
 func newLedger(store ledgerStore, name string, logger *zap.Logger, limit int) *ledger {
 	return &ledger{
 		store: store, name: name, logger: logger, limit: limit,
-		pending: make([]ledgerRow, 0, ledgerBatch),
+		pending: make([]ledgerRow, 0, ledgerRoom),
 		kick:    make(chan struct{}, 1),
 		wake:    make(chan struct{}, 1),
 		stop:    make(chan struct{}),
@@ -334,7 +338,7 @@ func (l *ledger) run() {
 	defer func() { l.countCPU(&cpu) }()
 	tick := time.NewTicker(ledgerEvery)
 	defer tick.Stop()
-	own := make([]ledgerRow, 0, ledgerBatch) // taken from pending, not written yet; swapped with it
+	own := make([]ledgerRow, 0, ledgerRoom) // taken from pending, not written yet; swapped with it
 	var pruned time.Time
 	idle := false
 	for {

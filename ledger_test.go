@@ -170,6 +170,21 @@ func TestAFullLedgerBatchIsWrittenAtOnce(t *testing.T) {
 	}
 }
 
+// TestTheLedgerQueueHasRoomPastAFullBatch: the rows that come between a
+// full batch's kick and the writer taking it go into room the queue has,
+// rather than growing (copying) a slice of a batch under the queue's lock
+// on a request's path.
+func TestTheLedgerQueueHasRoomPastAFullBatch(t *testing.T) {
+	l := newLedger(&flakyStore{}, "test", zap.NewNop(), 3*ledgerBatch) // no writer: nothing takes the rows
+	room := cap(l.pending)
+	for range ledgerBatch + ledgerBatch/10 {
+		l.add(ledgerRow{id: "r"})
+	}
+	if got := cap(l.pending); got != room {
+		t.Errorf("the queue grew from %d to %d rows on a request's path, %d rows past a full batch", room, got, ledgerBatch/10)
+	}
+}
+
 func TestSessionIDIsNeverStoredRaw(t *testing.T) {
 	in := &inbound{ask: asked{header: http.Header{}, userID: "user_abc_account__session_5f1c"}}
 	if s := in.agentSession(); s != "5f1c" {
