@@ -166,9 +166,10 @@ func errUserLimited(who string, scope limitScope, wait time.Duration) *relayErro
 }
 
 // errUpstreamFailed answers when the last attempt produced no response at all
-// (refused connection, reset, timeout, broken stream before content).
-func errUpstreamFailed(v verdict, retried bool) *relayError {
-	e := &relayError{status: http.StatusBadGateway, typ: "api_error", msg: "upstream request failed: " + v.reason, noRetry: retried, cause: causeUpstream}
+// (refused connection, reset, timeout, broken stream before content). A
+// retry may find the upstream back, so it says nothing of retrying.
+func errUpstreamFailed(v verdict) *relayError {
+	e := &relayError{status: http.StatusBadGateway, typ: "api_error", msg: "upstream request failed: " + v.reason, cause: causeUpstream}
 	if v.timeout {
 		e.status, e.typ = http.StatusGatewayTimeout, "timeout_error"
 	}

@@ -451,15 +451,18 @@ func refused(e *relayError) *failure {
 // answer is the one exit of a request that did not commit: it writes the
 // relay's error, or the last upstream answer unchanged (or, when that
 // attempt got none, the relay's 502/504 saying why). After attempts,
-// x-relay-attempts says how many, and x-should-retry: false tells the SDKs
-// not to multiply the relay's retries with their own.
+// x-relay-attempts says how many. The upstream's x-should-retry reaches
+// the client as the upstream sent it, after failovers too: a client such
+// as Claude Code decides from it whether a short overload is worth
+// another try, and only the relay's own refusals that no retry can cure
+// say false.
 func (r *Relay) answer(w http.ResponseWriter, in *inbound, f *failure) {
 	h := w.Header()
 	last := f.last
 	if f.attempts > 0 {
 		relayHeaders(h, in, last.channel, f.attempts, last.verdict.outcome.retryable())
 		if f.err == nil && last.status == 0 {
-			f.err = errUpstreamFailed(last.verdict, f.attempts > 1)
+			f.err = errUpstreamFailed(last.verdict)
 		}
 	}
 	if f.err != nil {
@@ -475,9 +478,6 @@ func (r *Relay) answer(w http.ResponseWriter, in *inbound, f *failure) {
 	}
 	copyResponseHeaders(h, last.header, r.passRatelimit)
 	r.ratelimitHeaders(h, in)
-	if f.attempts > 1 {
-		h.Set("X-Should-Retry", "false")
-	}
 	h.Set("Content-Length", strconv.Itoa(len(last.body)))
 	w.WriteHeader(last.status)
 	_, _ = w.Write(last.body)
