@@ -232,13 +232,21 @@ func identitySpend(stateID string, sp *stateSpec) *spendAccount {
 // relayKeyOf is the relay key a request sends: x-api-key, else a bearer
 // token; "" for none.
 func relayKeyOf(req *http.Request) string {
-	if secret := req.Header.Get("X-Api-Key"); secret != "" {
-		return secret
+	apiKey, bearer := relayKeysOf(req)
+	if apiKey != "" {
+		return apiKey
 	}
+	return bearer
+}
+
+// relayKeysOf is what a request sends as x-api-key and as a bearer token
+// in Authorization; "" for what it does not send.
+func relayKeysOf(req *http.Request) (apiKey, bearer string) {
+	apiKey = req.Header.Get("X-Api-Key")
 	if auth := req.Header.Get("Authorization"); len(auth) > 7 && strings.EqualFold(auth[:7], "bearer ") {
-		return strings.TrimSpace(auth[7:])
+		bearer = strings.TrimSpace(auth[7:])
 	}
-	return ""
+	return apiKey, bearer
 }
 
 // clientSetsIdentity reports whether the identity placeholder reads a

@@ -300,14 +300,31 @@ func (k *key) usable(now time.Time) *relayError {
 // authenticate finds the relay key of a request. Keys are looked up by the
 // sha256 of what the client sent, so no comparison ever runs over the
 // secret itself and the time taken says nothing about how close a guess was.
+//
+// A client may send both x-api-key and Authorization: Bearer (Claude Code
+// does when a developer has both ANTHROPIC_API_KEY and
+// ANTHROPIC_AUTH_TOKEN set, one of them often stale): the request is the
+// key's that either names, and a usable key wins over a disabled or
+// expired one. Two different usable keys are refused, since the relay
+// cannot tell whose bill the request is.
 func (r *Relay) authenticate(req *http.Request) (*key, *relayError) {
-	secret := relayKeyOf(req)
-	if secret == "" {
+	apiKey, bearer := relayKeysOf(req)
+	if apiKey == "" && bearer == "" {
 		return nil, errAuth("missing relay key: send it as x-api-key or as Authorization: Bearer")
 	}
-	var buf [96]byte // a secret of usual length is hashed without an allocation
-	k, ok := r.keys[sha256.Sum256(append(buf[:0], secret...))]
-	if !ok {
+	k := r.lookupKey(apiKey)
+	if bearer != "" && bearer != apiKey {
+		switch b := r.lookupKey(bearer); {
+		case b == nil:
+		case k == nil:
+			k = b
+		case !r.usable(k):
+			k = b // a stale x-api-key beside a usable bearer token
+		case r.usable(b):
+			return nil, errAuth("x-api-key and Authorization: Bearer carry two different relay keys; send one of them")
+		}
+	}
+	if k == nil {
 		return nil, errAuth("invalid relay key")
 	}
 	if k.disabled || !k.expires.IsZero() {
@@ -319,6 +336,21 @@ func (r *Relay) authenticate(req *http.Request) (*key, *relayError) {
 		r.activate(k)
 	}
 	return k, nil
+}
+
+// usable reports whether k may serve a request now: it is neither
+// disabled nor expired. The clock is read only for a key that expires.
+func (r *Relay) usable(k *key) bool {
+	return !k.disabled && (k.expires.IsZero() || r.now().Before(k.expires))
+}
+
+// lookupKey is the key whose secret is secret; nil for none.
+func (r *Relay) lookupKey(secret string) *key {
+	if secret == "" {
+		return nil
+	}
+	var buf [96]byte // a secret of usual length is hashed without an allocation
+	return r.keys[sha256.Sum256(append(buf[:0], secret...))]
 }
 
 // provisionKeys resolves the keys' secrets, of the config and of the keys

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
 	"github.com/caddy-relay/relay/providers/anthropic"
@@ -418,12 +419,14 @@ func TestRouteUpstreamPath(t *testing.T) {
 func TestAuthenticate(t *testing.T) {
 	support := &key{name: "support"}
 	free := &key{name: "free"}
+	off := &key{name: "off", disabled: true}
 	support.active.Store(true) // made here, with no state to take
 	free.active.Store(true)
 	r := &Relay{keys: map[[sha256.Size]byte]*key{
 		sha256.Sum256([]byte("sk-relay-support")): support,
 		sha256.Sum256([]byte("sk-relay-free")):    free,
-	}}
+		sha256.Sum256([]byte("sk-relay-off")):     off,
+	}, now: time.Now}
 	tests := []struct {
 		name    string
 		header  []string
@@ -436,14 +439,22 @@ func TestAuthenticate(t *testing.T) {
 		{name: "bearer is case-insensitive", header: []string{"Authorization", "bearer sk-relay-free"}, want: free},
 		{name: "BEARER in capitals", header: []string{"Authorization", "BEARER sk-relay-free"}, want: free},
 		{name: "spaces around the bearer token are trimmed", header: []string{"Authorization", "Bearer   sk-relay-free  "}, want: free},
-		{name: "x-api-key wins over Authorization", header: []string{"X-Api-Key", "sk-relay-support", "Authorization", "Bearer sk-relay-free"}, want: support},
+		{name: "the same key in both headers", header: []string{"X-Api-Key", "sk-relay-free", "Authorization", "Bearer sk-relay-free"}, want: free},
+		{name: "two different keys are refused", header: []string{"X-Api-Key", "sk-relay-support", "Authorization", "Bearer sk-relay-free"}, wantMsg: "two different relay keys"},
 		{name: "missing", wantMsg: "x-api-key"},
 		{name: "basic auth is not a relay key", header: []string{"Authorization", "Basic c2stcmVsYXktZnJlZQ=="}, wantMsg: "x-api-key"},
 		{name: "bearer without a token", header: []string{"Authorization", "Bearer "}, wantMsg: "x-api-key"},
 		{name: "unknown x-api-key", header: []string{"X-Api-Key", "sk-relay-guess"}, wantMsg: "invalid relay key"},
 		{name: "unknown bearer", header: []string{"Authorization", "Bearer sk-relay-guess"}, wantMsg: "invalid relay key"},
 		{name: "a key is not matched by prefix", header: []string{"X-Api-Key", "sk-relay-support2"}, wantMsg: "invalid relay key"},
-		{name: "a wrong x-api-key is not rescued by a right bearer", header: []string{"X-Api-Key", "sk-relay-guess", "Authorization", "Bearer sk-relay-free"}, wantMsg: "invalid relay key"},
+		// Claude Code sends both when a developer has ANTHROPIC_API_KEY and
+		// ANTHROPIC_AUTH_TOKEN set: the stale one must not refuse the other
+		{name: "a stale x-api-key beside a relay key as bearer", header: []string{"X-Api-Key", "sk-ant-api03-stale", "Authorization", "Bearer sk-relay-free"}, want: free},
+		{name: "a relay key as x-api-key beside a stale bearer", header: []string{"X-Api-Key", "sk-relay-free", "Authorization", "Bearer sk-ant-stale"}, want: free},
+		{name: "a disabled x-api-key beside a usable bearer", header: []string{"X-Api-Key", "sk-relay-off", "Authorization", "Bearer sk-relay-free"}, want: free},
+		{name: "a usable x-api-key beside a disabled bearer", header: []string{"X-Api-Key", "sk-relay-free", "Authorization", "Bearer sk-relay-off"}, want: free},
+		{name: "a disabled key alone", header: []string{"X-Api-Key", "sk-relay-off"}, wantMsg: "disabled"},
+		{name: "both invalid", header: []string{"X-Api-Key", "sk-relay-guess", "Authorization", "Bearer sk-relay-guess2"}, wantMsg: "invalid relay key"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
