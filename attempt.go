@@ -192,15 +192,16 @@ func (r *Relay) exchange(w http.ResponseWriter, req *http.Request, in *inbound, 
 	case !isEventStream(resp.Header):
 		return r.message(ctx, w, req, in, ch, n, resp, dl, firstByteTime)
 	}
-	// until the first event, both its limit (from sending) and the first
-	// content limit (from these headers) run; the tighter one applies
+	// until the first event, both its limit (from sending) and the hold's
+	// (first_content_timeout from these headers) run; the tighter one applies
 	dl.headers = time.Now()
+	s := &streamAttempt{r: r, w: w, in: in, ch: ch, n: n, ctx: ctx, clientCtx: req.Context(), deadline: dl, resp: resp, last: dl.headers}
+	dl.stream = s
 	if left := ch.firstByte - firstByteTime; left < ch.firstContent {
 		dl.arm(stageFirstByte, left)
 	} else {
 		dl.arm(stageFirstContent, ch.firstContent)
 	}
-	s := &streamAttempt{r: r, w: w, in: in, ch: ch, n: n, ctx: ctx, clientCtx: req.Context(), deadline: dl, resp: resp}
 	res = s.run()
 	res.firstByte = firstByteTime
 	return res
@@ -290,11 +291,12 @@ type stage uint32
 const (
 	stageResponse     stage = iota // non-streaming: until the whole body
 	stageFirstByte                 // streaming: until the first event
-	stageFirstContent              // streaming: from the headers until the first content event
+	stageFirstContent              // streaming: the hold's limit, first_content_timeout from the headers (stream.go)
+	stageStall                     // streaming, held past that limit: until first_content_timeout of silence
 	stageIdle                      // streaming, after the commit point: between two events
 )
 
-var stageCauses = [...]error{errResponseTimeout, errFirstByteTimeout, errFirstContentTimeout, errStreamIdle}
+var stageCauses = [...]error{errResponseTimeout, errFirstByteTimeout, errFirstContentTimeout, errFirstContentTimeout, errStreamIdle}
 
 // deadline cancels an attempt when its current stage runs out of time:
 // one timer per attempt, re-armed at each stage with the cause it will
@@ -306,6 +308,9 @@ type deadline struct {
 	stage   atomic.Uint32
 	cancel  context.CancelCauseFunc
 	headers time.Time // when a stream's response headers arrived
+	// stream is the attempt's stream once its headers came: the end of its
+	// hold is its to decide
+	stream *streamAttempt
 
 	detached  detached // the parent of the attempt's context
 	trace     httptrace.ClientTrace
@@ -325,7 +330,16 @@ func (d *deadline) start(s stage, limit time.Duration) {
 	d.timer = time.AfterFunc(limit, d.fire)
 }
 
-func (d *deadline) fire() { d.cancel(stageCauses[d.stage.Load()]) }
+// fire ends the current stage: it cancels the attempt with the stage's
+// cause, but for the end of a stream's hold, which the stream decides.
+func (d *deadline) fire() {
+	st := stage(d.stage.Load())
+	if st == stageFirstContent && d.stream != nil {
+		d.stream.holdLimit()
+		return
+	}
+	d.cancel(stageCauses[st])
+}
 
 // arm starts stage s with limit left.
 func (d *deadline) arm(s stage, limit time.Duration) {

@@ -37,6 +37,13 @@ const maxPooledReader = 256 << 10
 // stream that fails before it (an `event: error`, a cut, a timeout) fails
 // over invisibly. After it, every event is forwarded byte for byte and
 // flushed at once, and a failure ends the stream with an `event: error`.
+//
+// The hold lasts at most first_content_timeout from the response headers:
+// an upstream that is slow to its first content but keeps sending (a long
+// prefill sends message_start and then pings) is committed at that limit,
+// its held events sent, and then relayed as it goes; it is never cut for
+// being slow. One that falls silent for first_content_timeout is a stall,
+// and fails over (holdLimit).
 type streamAttempt struct {
 	r         *Relay
 	w         http.ResponseWriter
@@ -47,6 +54,25 @@ type streamAttempt struct {
 	clientCtx context.Context
 	deadline  *deadline
 	resp      *http.Response
+
+	// The hold, which the timer at its limit (holdLimit) shares with the
+	// loop that reads the events (hold), under mu.
+	mu      sync.Mutex
+	held    []byte    // the events held back
+	last    time.Time // when the upstream's last event came; its headers before any
+	over    bool      // the hold is over: the loop ended it, or its limit committed it
+	waiting bool      // its limit passed without a recent event: the next event commits, silence is a stall
+	early   bool      // its limit committed it, before any content
+	took    bool      // with early: the client took what was committed
+	content bool      // with early: content has reached the client since
+}
+
+// pendingRead is an event (or the error) the hold read after its limit
+// had committed the stream: the pass-through takes it first.
+type pendingRead struct {
+	ev   sse.Event
+	err  error
+	have bool
 }
 
 func (s *streamAttempt) run() attemptResult {
@@ -59,15 +85,21 @@ func (s *streamAttempt) run() attemptResult {
 		}
 	}()
 	hb := heldBufs.Get().(*[]byte)
-	held, res, ok := s.hold(rd, (*hb)[:0])
+	s.held = (*hb)[:0]
+	res, ok, next := s.hold(rd)
+	held := s.held // the hold is over: nothing else touches it now
+	s.held = nil
 	if !ok {
 		if res.body == nil { // a failed attempt's held events may be the answer yet
 			heldBufs.Put(hb)
 		}
 		return res
 	}
-	committed := s.commit(held)
-	s.deadline.readOn() // the client has content: its leaving is billed (settle.go)
+	committed := s.took
+	if !s.early {
+		committed = s.commit(held)
+		s.deadline.readOn() // the client has content: its leaving is billed (settle.go)
+	}
 	if cap(held) <= 4*maxHeld {
 		*hb = held[:0]
 		heldBufs.Put(hb)
@@ -80,31 +112,41 @@ func (s *streamAttempt) run() attemptResult {
 		s.in.end.incomplete = true
 		return attemptResult{verdict: verdict{outcome: outcomeCanceled, reason: "client gone"}, channel: s.ch, done: true}
 	}
-	return s.pump(rd)
+	return s.pump(rd, next)
 }
 
 // hold reads the events before the commit point (message_start, ping,
-// comments), bounded by maxHeld and the first content timeout, and returns
-// them with the event that proves the stream, ready to commit. When the
-// stream fails before that, ok is false and res says how.
-func (s *streamAttempt) hold(rd *sse.Reader, held []byte) (_ []byte, res attemptResult, ok bool) {
+// comments) into s.held, bounded by maxHeld, and reports ok when the
+// stream proved itself (an event of content, or any event once its limit
+// passed) or its limit committed it (next is then what it read since).
+// When the stream fails before that, ok is false and res says how.
+func (s *streamAttempt) hold(rd *sse.Reader) (res attemptResult, ok bool, next pendingRead) {
 	for first := true; ; first = false {
 		ev, err := rd.Next()
-		if first {
-			// the first event came in time; content must come within
-			// first_content_timeout of the response headers
+		s.mu.Lock()
+		if s.early {
+			s.mu.Unlock()
+			return res, true, pendingRead{ev: ev, err: err, have: true}
+		}
+		if first && !s.waiting {
+			// the first event came in time; the hold ends first_content_timeout
+			// after the response headers
 			s.deadline.arm(stageFirstContent, s.ch.firstContent-time.Since(s.deadline.headers))
 		}
 		if err != nil {
+			s.over = true
+			s.mu.Unlock()
 			v := classifyError(s.ctx, s.clientCtx, err)
 			if err == io.EOF || err == io.ErrUnexpectedEOF {
 				v.reason = "stream ended before any content"
 			}
 			// the upstream had begun its answer: it broke, it timed out, or
 			// the client left
-			return nil, attemptResult{verdict: v, channel: s.ch, accepted: true}, false
+			return attemptResult{verdict: v, channel: s.ch, accepted: true}, false, next
 		}
+		s.last = time.Now()
 		if !s.wellFormed(ev) {
+			s.mu.Unlock()
 			continue
 		}
 		s.in.end.usage.fromEvent(ev.Name, ev.Data)
@@ -112,26 +154,61 @@ func (s *streamAttempt) hold(rd *sse.Reader, held []byte) (_ []byte, res attempt
 		if s.in.ask.thinking.on {
 			learnEvent(ev.Name, ev.Data, s.ch) // thinking.go
 		}
-		held = append(held, ev.Raw...)
+		s.held = append(s.held, ev.Raw...)
 		switch string(ev.Name) {
 		case "message_start", "ping", "":
 			// a nameless event (an SSE comment, a proxy's keep-alive) proves
-			// nothing either
-			if len(held) > maxHeld {
-				return held, res, true
+			// nothing either; past the hold's limit, any event commits
+			if len(s.held) > maxHeld || s.waiting {
+				s.over = true
+				s.mu.Unlock()
+				return res, true, next
 			}
 		case "error":
+			s.over = true
 			v := classifyStreamError(ev.Data)
 			if !v.outcome.retryable() {
 				// the request's own fault: the client sees the stream as sent
-				s.commit(held)
+				s.commit(s.held)
+				s.mu.Unlock()
 				s.in.end.incomplete = true
-				return nil, attemptResult{verdict: v, channel: s.ch, done: true}, false
+				return attemptResult{verdict: v, channel: s.ch, done: true}, false, next
 			}
-			return nil, attemptResult{verdict: v, channel: s.ch, status: s.resp.StatusCode, header: s.resp.Header, body: held}, false
+			s.mu.Unlock()
+			return attemptResult{verdict: v, channel: s.ch, status: s.resp.StatusCode, header: s.resp.Header, body: s.held}, false, next
 		default:
-			return held, res, true
+			s.over = true
+			s.mu.Unlock()
+			return res, true, next
 		}
+		s.mu.Unlock()
+	}
+}
+
+// holdLimit is the end of the hold, first_content_timeout after the
+// response headers, on the deadline's timer. An upstream that sent an
+// event in the last half of that time is alive: the stream is committed
+// now, its held events flushed, and relayed as it comes from then on.
+// Otherwise the hold goes on until the upstream's next event, which
+// commits it at once, or until first_content_timeout of silence since its
+// last event, a stall that fails over.
+func (s *streamAttempt) holdLimit() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.over {
+		return
+	}
+	silent := time.Since(s.last)
+	if silent >= s.ch.firstContent/2 {
+		s.waiting = true
+		s.deadline.arm(stageStall, s.ch.firstContent-silent)
+		return
+	}
+	s.over, s.early = true, true
+	if s.took = s.commit(s.held); s.took {
+		// stream_idle_timeout counts from the commit: it may be shorter than
+		// the silence the limit accepts
+		s.deadline.arm(stageIdle, s.ch.streamIdle)
 	}
 }
 
@@ -149,15 +226,17 @@ func (s *streamAttempt) commit(held []byte) bool {
 
 // pump forwards the rest of the stream, one flushed event at a time, until
 // message_stop, an upstream `event: error`, a failure or the client leaving
-// (then it settles: reads on without the client for the usage).
-func (s *streamAttempt) pump(rd *sse.Reader) attemptResult {
+// (then it settles: reads on without the client for the usage). It starts
+// with next when the hold read it.
+func (s *streamAttempt) pump(rd *sse.Reader, next pendingRead) attemptResult {
 	s.deadline.arm(stageIdle, s.ch.streamIdle)
 	rc := http.NewResponseController(s.w)
 	done := func(v verdict) attemptResult {
-		// anything but message_stop leaves the client with a partial answer,
-		// whose output the upstream did not report: it is billed the estimate
-		// of the content the client was sent, as a client that leaves is
-		s.in.end.incomplete = v.reason != "message_stop"
+		// an answer that did not end whole leaves the client with a partial
+		// answer, whose output the upstream did not report: it is billed the
+		// estimate of the content the client was sent, as a client that
+		// leaves is
+		s.in.end.incomplete = v.outcome != outcomeSuccess
 		if u := &s.in.end.usage; s.in.end.incomplete && !u.final {
 			u.output = max(u.output, u.estimatedOutput())
 			s.in.end.estimated = true
@@ -165,7 +244,11 @@ func (s *streamAttempt) pump(rd *sse.Reader) attemptResult {
 		return attemptResult{verdict: v, channel: s.ch, done: true}
 	}
 	for {
-		ev, err := rd.Next()
+		ev, err := next.ev, next.err
+		if !next.have {
+			ev, err = rd.Next()
+		}
+		next.have = false
 		if s.deadline.gone() {
 			return s.settle(rd, ev, err)
 		}
@@ -173,6 +256,11 @@ func (s *streamAttempt) pump(rd *sse.Reader) attemptResult {
 			v := classifyError(s.ctx, s.clientCtx, err)
 			if v.outcome == outcomeCanceled {
 				return s.settle(rd, ev, err)
+			}
+			if s.in.end.usage.stopped {
+				// a message_delta gave the stop_reason: the answer is whole,
+				// whatever became of the message_stop after it
+				return done(verdict{outcome: outcomeSuccess, reason: "message_delta"})
 			}
 			if err == io.EOF || err == io.ErrUnexpectedEOF {
 				v.reason = "upstream stream ended before message_stop"
@@ -191,6 +279,9 @@ func (s *streamAttempt) pump(rd *sse.Reader) attemptResult {
 		}
 		if _, err := s.w.Write(ev.Raw); err != nil {
 			return s.settle(rd, sse.Event{}, nil)
+		}
+		if s.early && !s.content {
+			s.contentSent(ev.Name)
 		}
 		last := string(ev.Name) == "message_stop" || string(ev.Name) == "error"
 		// Flush unless the upstream already sent more: every event reaches
@@ -212,6 +303,18 @@ func (s *streamAttempt) pump(rd *sse.Reader) attemptResult {
 			return done(classifyStreamError(ev.Data))
 		}
 	}
+}
+
+// contentSent notes, for a stream its hold's limit committed, that an
+// event of content has been written: from now on, its client's leaving is
+// billed (settle.go), as for any stream once its content reaches the client.
+func (s *streamAttempt) contentSent(name []byte) {
+	switch string(name) {
+	case "message_start", "ping", "":
+		return
+	}
+	s.content = true
+	s.deadline.readOn()
 }
 
 // After message_stop, drain waits up to drainTimeout for the upstream to

@@ -17,6 +17,9 @@ type usage struct {
 	// estimate of the output when the final count never comes
 	content int64
 	final   bool // a message_delta gave the final counts
+	// stopped says that a message_delta gave the message's stop_reason: the
+	// answer is whole, even if its stream then ends without message_stop
+	stopped bool
 }
 
 // prompt is every input token of the request, cached or not: what
@@ -70,6 +73,9 @@ func (u *usage) fromEvent(name, data []byte) {
 		if obj := gjson.Get(s, "usage"); obj.IsObject() {
 			u.read(obj)
 			u.final = true
+		}
+		if gjson.Get(s, "delta.stop_reason").Type == gjson.String {
+			u.stopped = true
 		}
 	}
 }

@@ -25,8 +25,9 @@ var usageStream = strings.Join([]string{
 }, "")
 
 // (content weighs the one word of content, for an estimate that a final
-// count makes needless)
-var usageStreamFinal = usage{input: 12, output: 97, cacheRead: 4000, cacheWrite: 300, cacheWrite1h: 100, content: unitsWord, final: true}
+// count makes needless; stopped comes from the last message_delta's
+// stop_reason, not from the first one's null)
+var usageStreamFinal = usage{input: 12, output: 97, cacheRead: 4000, cacheWrite: 300, cacheWrite1h: 100, content: unitsWord, final: true, stopped: true}
 
 func TestUsageFromStream(t *testing.T) {
 	for name, rd := range map[string]io.Reader{
