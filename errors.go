@@ -115,12 +115,27 @@ func errNoHealthyChannel(model string, wait time.Duration) *relayError {
 }
 
 // errRateLimitedUpstream answers a request whose every channel is out until
-// its upstream's reset, further off than the request may wait.
+// its upstream's reset (a 429's wait, a spent anthropic-ratelimit-* quota),
+// further off than the request may wait. It speaks the upstream's
+// language, a 429, so that a client's backoff tells it from a failure.
 func errRateLimitedUpstream(model string, wait time.Duration) *relayError {
-	return &relayError{status: http.StatusServiceUnavailable, typ: "relay_error", code: "no_healthy_channel",
+	return &relayError{status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "no_healthy_channel",
 		msg:        "every channel serving " + strconv.Quote(model) + " is rate-limited by its upstream until its reset; retry later",
 		retryAfter: wait, cause: causeRelay}
 }
+
+// errOverloadedUpstream answers a request whose every channel is cooling
+// after its upstream answered 529. It speaks the upstream's language, a
+// 529 overloaded_error, on which a client such as Claude Code turns to its
+// fallback model.
+func errOverloadedUpstream(model string, wait time.Duration) *relayError {
+	return &relayError{status: statusOverloaded, typ: "overloaded_error", code: "no_healthy_channel",
+		msg:        "every channel serving " + strconv.Quote(model) + " is cooling down after its upstream said it is overloaded; retry later",
+		retryAfter: wait, cause: causeRelay}
+}
+
+// statusOverloaded is Anthropic's status for an overloaded API.
+const statusOverloaded = 529
 
 // errCapability answers a request that needs features (missing) no
 // channel of its group supports, or, when together, that each has a

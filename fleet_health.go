@@ -150,6 +150,14 @@ func (h *channelHealth) announce(c healthChange) {
 	}
 }
 
+// overload reports whether the change is a cooldown another node's 529
+// started, as it published it. A node's stored state says which error
+// came last, not which cooldown it started: from it, a cooldown is taken
+// without its cause (the refusals it makes are 503s).
+func (c healthChange) overload() bool {
+	return c.Node != "" && c.Error == outcomeOverloaded.String()
+}
+
 // apply applies a change another node published.
 func (h *channelHealth) apply(c healthChange, now time.Time) {
 	at := func(ms int64) int64 { return now.Add(time.Duration(ms) * time.Millisecond).UnixNano() }
@@ -164,6 +172,9 @@ func (h *channelHealth) apply(c healthChange, now time.Time) {
 		}
 		if c.Limited > 0 {
 			raiseTo(&h.limitedUntil, at(c.Limited))
+		}
+		if c.Until > 0 && c.overload() {
+			raiseTo(&h.overloadedUntil, at(c.Until))
 		}
 		if c.Quota > 0 {
 			raiseTo(&h.quotaUntil, at(c.Quota))
@@ -210,7 +221,11 @@ func (h *channelHealth) applyClass(c healthChange, now time.Time) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.coolClass(c.Class, at(c.Until), at(c.Limited), reason, now)
+	overloaded := int64(0)
+	if c.overload() {
+		overloaded = at(c.Until)
+	}
+	h.coolClass(c.Class, at(c.Until), at(c.Limited), overloaded, reason, now)
 	if c.Error != "" {
 		h.lastError, h.lastReason, h.lastErrorAt = outcomeNamed(c.Error), c.Reason+" (class "+c.Class+")"+seen, now
 	}

@@ -253,6 +253,10 @@ func TestAClassCooldownIsSharedByTheFleet(t *testing.T) {
 		h.channelState(time.Now()) != stateHealthy || st.State != stateCooldown {
 		t.Fatalf("after another node's sonnet 529: %+v", st)
 	}
+	// and this node knows the cooldown is an overload: its refusals say 529
+	if by := h.coolingClasses(time.Now())["sonnet"].outBy(); by != outOverload {
+		t.Errorf("another node's 529 cools sonnet here as %d, want an overload (%d)", by, outOverload)
+	}
 
 	// a reset ends them everywhere, in Redis too
 	steerChannel("fleet-class", "reset")

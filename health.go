@@ -38,7 +38,10 @@ type channelHealth struct {
 	// the end of the last cooldown a 429 started: while the cooldown ends
 	// no later, only the upstream's reset keeps the channel out
 	limitedUntil atomic.Int64
-	disabled     atomic.Bool
+	// the end of the last cooldown a 529 started: while the cooldown ends
+	// no later, only the upstream's overload keeps the channel out
+	overloadedUntil atomic.Int64
+	disabled        atomic.Bool
 	// spend is the account of the channel's spend caps in the last config
 	// that loaded it (spend_scopes.go); nil: none
 	spend atomic.Pointer[spendAccount]

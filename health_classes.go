@@ -219,35 +219,48 @@ func (ch *channel) provisionClasses(rules []ModelClass, rows []string) {
 }
 
 // classAvailable is classOut as the selector asks it: whether the
-// channel may serve model at now, and if not, until when and whether only
-// an upstream's reset keeps it out.
-func (ch *channel) classAvailable(model string, now time.Time) (ok bool, until time.Time, byReset bool) {
-	out, until, byReset := ch.classOut(model, now)
-	return !out, until, byReset
+// channel may serve model at now, and if not, until when and what keeps
+// it out.
+func (ch *channel) classAvailable(model string, now time.Time) (ok bool, until time.Time, by outBy) {
+	out, until, by := ch.classOut(model, now)
+	return !out, until, by
 }
 
 // classOut reports whether the class of model cools on the channel at now,
-// until when, and whether only an upstream's reset keeps it out (a 429's
-// wait, a spent quota). With no class cooling it reads one atomic and
-// resolves no class.
-func (ch *channel) classOut(model string, now time.Time) (out bool, until time.Time, byReset bool) {
+// until when, and what keeps it out: only an upstream's reset (a 429's
+// wait, a spent quota), only an upstream's overload (a 529), or both.
+// With no class cooling it reads one atomic and resolves no class.
+func (ch *channel) classOut(model string, now time.Time) (out bool, until time.Time, by outBy) {
 	c := ch.health.classes.Load()
 	n := now.UnixNano()
 	if c == nil || c.latest <= n {
-		return false, time.Time{}, false
+		return false, time.Time{}, outOther
 	}
 	e, ok := c.byClass[ch.classOf(model)]
 	if !ok || e.until <= n {
-		return false, time.Time{}, false
+		return false, time.Time{}, outOther
 	}
-	return true, time.Unix(0, e.until), e.limited >= e.until
+	return true, time.Unix(0, e.until), e.outBy()
 }
 
 // classCooldown is one class cooling on a channel, in Unix nanoseconds.
 type classCooldown struct {
-	until   int64  // the end of its cooldown
-	limited int64  // the end of the part an upstream's reset set (a 429's wait, a spent quota)
-	reason  string // why, worded as the channel's cooldown reasons
+	until      int64  // the end of its cooldown
+	limited    int64  // the end of the part an upstream's reset set (a 429's wait, a spent quota)
+	overloaded int64  // the end of the part an upstream's 529 set
+	reason     string // why, worded as the channel's cooldown reasons
+}
+
+// outBy says what keeps the class out: the part of its cooldown that
+// lasts longest.
+func (e classCooldown) outBy() outBy {
+	switch {
+	case e.limited >= e.until:
+		return outReset
+	case e.overloaded >= e.until:
+		return outOverload
+	}
+	return outOther
 }
 
 // classCooldowns are the classes cooling on a channel, copied on write
@@ -265,11 +278,12 @@ func (h *channelHealth) classCooling(now time.Time) bool {
 }
 
 // coolClass cools class until until (of which until limited is an
-// upstream's reset; 0: none) for reason ("": keep the reason it has); an
+// upstream's reset, until overloaded an upstream's 529; 0: none) for
+// reason ("": keep the reason it has); an
 // end already past changes nothing. Ends only move later. Ended entries go; when maxClassCooldowns cool, the
 // one that ends first makes room. It reports whether the end moved. h.mu
 // is held.
-func (h *channelHealth) coolClass(class string, until, limited int64, reason string, now time.Time) bool {
+func (h *channelHealth) coolClass(class string, until, limited, overloaded int64, reason string, now time.Time) bool {
 	n := now.UnixNano()
 	if class == "" || len(class) > maxClassLen || until <= n {
 		return false
@@ -297,6 +311,7 @@ func (h *channelHealth) coolClass(class string, until, limited int64, reason str
 		e.until = until
 	}
 	e.limited = max(e.limited, limited)
+	e.overloaded = max(e.overloaded, overloaded)
 	if reason != "" {
 		e.reason = reason
 	}

@@ -303,6 +303,9 @@ func TestASpentQuotaOfAnOpusAnswerCoolsOnlyOpus(t *testing.T) {
 	}
 }
 
+// A request whose every candidate cools because its upstream said so is
+// answered in the upstream's words: 529 overloaded_error after 529s, 429
+// rate_limit_error after 429s, with the wait to the first recovery.
 func TestEveryCandidateClassCoolingAnswersAsEveryChannelCooling(t *testing.T) {
 	t.Run("529s", func(t *testing.T) {
 		a := fakeupstream.New(t, perModel(map[string]http.Handler{opusModel: fakeupstream.Error(529, "overloaded_error", "Overloaded")}, fakeupstream.Message("from a")))
@@ -317,10 +320,12 @@ func TestEveryCandidateClassCoolingAnswersAsEveryChannelCooling(t *testing.T) {
 			t.Fatalf("opus, both channels overloaded: %d %s", w.Code, w.Body)
 		}
 		clock.advance(4 * time.Second)
+		// the relay speaks the upstreams' language: they said overloaded
 		w := sendModel(t, r, "clsall", opusModel)
-		if w.Code != 503 || gjson.Get(w.Body.String(), "error.code").String() != "no_healthy_channel" ||
-			w.Header().Get("Retry-After") != "6" || w.Header().Get("Retry-After-Ms") != "6000" {
-			t.Fatalf("opus while it cools everywhere: %d %v %s (want 503 no_healthy_channel, retry-after the first recovery, 6s)", w.Code, w.Header(), w.Body)
+		if w.Code != 529 || gjson.Get(w.Body.String(), "error.type").String() != "overloaded_error" ||
+			gjson.Get(w.Body.String(), "error.code").String() != "no_healthy_channel" ||
+			w.Header().Get("Retry-After") != "6" || w.Header().Get("Retry-After-Ms") != "6000" || w.Header().Get("X-Should-Retry") != "" {
+			t.Fatalf("opus while it cools everywhere: %d %v %s (want 529 overloaded_error no_healthy_channel, retry-after the first recovery, 6s)", w.Code, w.Header(), w.Body)
 		}
 		if w := sendModel(t, r, "clsall", sonnetModel); w.Code != 200 || !strings.Contains(w.Body.String(), "from a") {
 			t.Fatalf("sonnet meanwhile: %d %s", w.Code, w.Body)
@@ -337,11 +342,40 @@ func TestEveryCandidateClassCoolingAnswersAsEveryChannelCooling(t *testing.T) {
 			t.Fatalf("opus, both channels limited: %d %s", w.Code, w.Body)
 		}
 		w := sendModel(t, r, "clsall429", opusModel)
-		if w.Code != 503 || gjson.Get(w.Body.String(), "error.code").String() != "no_healthy_channel" ||
-			!strings.Contains(w.Body.String(), "rate-limited by its upstream") || w.Header().Get("Retry-After") != "20" {
+		if w.Code != 429 || gjson.Get(w.Body.String(), "error.type").String() != "rate_limit_error" ||
+			gjson.Get(w.Body.String(), "error.code").String() != "no_healthy_channel" ||
+			!strings.Contains(w.Body.String(), "rate-limited by its upstream") || w.Header().Get("Retry-After") != "20" || w.Header().Get("X-Should-Retry") != "" {
 			t.Fatalf("opus while it is limited everywhere: %d %v %s", w.Code, w.Header(), w.Body)
 		}
 	})
+}
+
+// A mix of reasons is the relay's own 503: a channel overloaded and one
+// failing (or one rate-limited) is no one upstream's word.
+func TestCandidatesCoolingForMixedReasonsAnswer503(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		b    http.Handler
+	}{
+		{"529 and 500", fakeupstream.Error(500, "api_error", "Internal server error")},
+		{"529 and 429", fakeupstream.Error(429, "rate_limit_error", "limited", "Retry-After", "40")},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			name := "clsmix" + strings.ReplaceAll(c.name, " ", "")
+			a := fakeupstream.New(t, fakeupstream.Error(529, "overloaded_error", "Overloaded"))
+			b := fakeupstream.New(t, c.b)
+			r, _ := classRelay(t, name, a.URL, b.URL, nil, func(g *Group) { g.MaxQueue = -1 })
+			sendModel(t, r, name, opusModel) // both answer their error: each cools
+			w := sendModel(t, r, name, opusModel)
+			if w.Code != 503 || gjson.Get(w.Body.String(), "error.type").String() != "relay_error" ||
+				gjson.Get(w.Body.String(), "error.code").String() != "no_healthy_channel" || w.Header().Get("Retry-After") == "" {
+				t.Fatalf("opus while one channel is overloaded and the other out for another reason: %d %v %s", w.Code, w.Header(), w.Body)
+			}
+			if a.Hits() != 1 || b.Hits() != 1 {
+				t.Errorf("the upstreams saw %d and %d requests, want 1 each: no upstream is asked while all cool", a.Hits(), b.Hits())
+			}
+		})
+	}
 }
 
 func TestClassCooldownsOnTheAdminAPIAndMetrics(t *testing.T) {
@@ -434,7 +468,7 @@ func TestAHostileClientCannotGrowClassState(t *testing.T) {
 	// what the fleet could publish is capped too
 	h.mu.Lock()
 	for i := range 10_000 {
-		h.coolClass(fmt.Sprintf("published-%d", i), clock.now().Add(time.Hour).UnixNano(), 0, "", clock.now())
+		h.coolClass(fmt.Sprintf("published-%d", i), clock.now().Add(time.Hour).UnixNano(), 0, 0, "", clock.now())
 	}
 	h.mu.Unlock()
 	if n := len(h.classes.Load().byClass); n != maxClassCooldowns {
@@ -490,7 +524,7 @@ func BenchmarkClassCooldownCheck(b *testing.B) {
 		}
 	})
 	ch.health.mu.Lock()
-	ch.health.coolClass("opus", now.Add(time.Minute).UnixNano(), 0, "status 529", now)
+	ch.health.coolClass("opus", now.Add(time.Minute).UnixNano(), 0, 0, "status 529", now)
 	ch.health.mu.Unlock()
 	b.Run("another cooling", func(b *testing.B) {
 		b.ReportAllocs()
@@ -511,7 +545,7 @@ func BenchmarkClassCooldownCheck(b *testing.B) {
 	open := testChannel("bench-class-open")
 	open.provisionClasses(nil, newPricebook(nil).classRows())
 	open.health.mu.Lock()
-	open.health.coolClass("opus", now.Add(time.Minute).UnixNano(), 0, "status 529", now)
+	open.health.coolClass("opus", now.Add(time.Minute).UnixNano(), 0, 0, "status 529", now)
 	open.health.mu.Unlock()
 	b.Run("another cooling, every model served", func(b *testing.B) {
 		b.ReportAllocs()

@@ -32,13 +32,32 @@ func (h *channelHealth) busy(now time.Time) (busy bool, until time.Time, upstrea
 	return busy, until, false
 }
 
-// outByReset reports whether the channel is out only because its upstream
-// answered 429 with a time to come back (its cooldown is that wait, no
-// breaker is open, no one disabled it).
-func (h *channelHealth) outByReset(now time.Time) bool {
+// outBy says what keeps a channel (or a model class on it) out: what its
+// upstream said, whose words the relay's refusal then speaks, or anything
+// else.
+type outBy uint8
+
+const (
+	outOther    outBy = iota // a failure of the channel, its breaker, a person, a spend cap
+	outReset                 // an upstream's 429 with a time to come back, or a spent anthropic-ratelimit-* quota
+	outOverload              // an upstream's 529: overloaded
+)
+
+// outBy says what keeps the channel out at now when it is not available:
+// only its upstream's 429 wait (its cooldown is that wait), only its
+// upstream's 529, or anything else (a breaker open, a person, failures).
+func (h *channelHealth) outBy(now time.Time) outBy {
 	n := now.UnixNano()
 	u := h.until.Load()
-	return !h.disabled.Load() && u > n && h.openUntil.Load() <= n && u <= h.limitedUntil.Load()
+	switch {
+	case h.disabled.Load() || u <= n || h.openUntil.Load() > n:
+		return outOther
+	case u <= h.limitedUntil.Load():
+		return outReset
+	case u <= h.overloadedUntil.Load():
+		return outOverload
+	}
+	return outOther
 }
 
 // observeQuota reads the anthropic-ratelimit-* headers of an upstream's
@@ -91,7 +110,7 @@ func spentQuota(hdr http.Header, now time.Time, limit time.Duration) (until time
 func (h *channelHealth) quotaSpent(class string, until time.Time, reason string, now time.Time) {
 	ms := until.Sub(now).Milliseconds()
 	h.mu.Lock()
-	moved := h.coolClass(class, until.UnixNano(), until.UnixNano(), reason, now)
+	moved := h.coolClass(class, until.UnixNano(), until.UnixNano(), 0, reason, now)
 	h.mu.Unlock()
 	if moved {
 		h.announce(healthChange{Kind: changeCool, Class: class, Until: ms, Limited: ms, Reason: reason})
@@ -199,9 +218,12 @@ func (h *channelHealth) record(v verdict, p cooldownPolicy, now time.Time, first
 	h.lastError, h.lastReason, h.lastErrorAt = v.outcome, v.reason, now
 	h.extend(now.Add(d))
 	c := healthChange{Kind: changeCool, Until: d.Milliseconds(), Error: v.outcome.String(), Reason: v.reason}
-	if v.outcome == outcomeRateLimited {
+	switch v.outcome {
+	case outcomeRateLimited:
 		raiseTo(&h.limitedUntil, now.Add(d).UnixNano())
 		c.Limited = c.Until
+	case outcomeOverloaded:
+		raiseTo(&h.overloadedUntil, now.Add(d).UnixNano())
 	}
 	h.announce(c)
 	return d
@@ -211,12 +233,15 @@ func (h *channelHealth) record(v verdict, p cooldownPolicy, now time.Time, first
 // a 529's cooldown), not the channel, and returns d. h.mu is held.
 func (h *channelHealth) recordClass(v verdict, d time.Duration, now time.Time) time.Duration {
 	h.lastError, h.lastReason, h.lastErrorAt = v.outcome, v.reason+" (class "+v.class+")", now
-	until, limited := now.Add(d).UnixNano(), int64(0)
+	until, limited, overloaded := now.Add(d).UnixNano(), int64(0), int64(0)
 	c := healthChange{Kind: changeCool, Class: v.class, Until: d.Milliseconds(), Error: v.outcome.String(), Reason: v.reason}
-	if v.outcome == outcomeRateLimited {
+	switch v.outcome {
+	case outcomeRateLimited:
 		limited, c.Limited = until, c.Until
+	case outcomeOverloaded:
+		overloaded = until
 	}
-	h.coolClass(v.class, until, limited, v.reason, now)
+	h.coolClass(v.class, until, limited, overloaded, v.reason, now)
 	h.announce(c)
 	return d
 }
@@ -248,6 +273,7 @@ func (h *channelHealth) reset() {
 	h.until.Store(0)
 	h.quotaUntil.Store(0)
 	h.limitedUntil.Store(0)
+	h.overloadedUntil.Store(0)
 	h.refused.Store(nil)
 	h.lacks.Store(nil)
 	h.classes.Store(nil)

@@ -77,6 +77,9 @@ type pickResult struct {
 	missing  []string // noCapability: the features no channel supports
 	together bool     // noCapability: each has a channel, but none has them all
 	capped   *channel // cooling: a channel out because of its spend cap
+	// cooling: every channel is out because its upstream answered 529
+	// (the channel's cooldown or its model class's)
+	overloaded bool
 }
 
 // err is the relay's answer to a request that found no channel for this
@@ -100,6 +103,9 @@ func (p pickResult) err(s *selection, g *group) *relayError {
 	case cooling:
 		if p.capped != nil {
 			return errChannelsCapped(s.model, p.capped, s.now, untilFrom(p.until, s.now))
+		}
+		if p.overloaded {
+			return errOverloadedUpstream(s.model, untilFrom(p.until, s.now))
 		}
 	}
 	return errNoHealthyChannel(s.model, untilFrom(p.until, s.now))
@@ -186,13 +192,16 @@ func (g *group) pick(s *selection) pickResult {
 		}
 	}
 	var recovery time.Time
-	otherOut := false
+	otherOut, overloaded := false, false
 	var capped *channel
 	cands = filter(cands, func(ch *channel) bool {
 		ok, until := ch.health.available(s.now)
-		byReset := !ok && ch.health.outByReset(s.now)
+		by := outOther
+		if !ok {
+			by = ch.health.outBy(s.now)
+		}
 		if ok && s.accept == nil { // the class of the request's model may cool on it
-			ok, until, byReset = ch.classAvailable(s.model, s.now)
+			ok, until, by = ch.classAvailable(s.model, s.now)
 		}
 		if ok && contains(s.skipped, ch) {
 			ok, until = false, s.now.Add(halfOpenRetry)
@@ -207,20 +216,25 @@ func (g *group) pick(s *selection) pickResult {
 		}
 		if !ok {
 			earliest(&recovery, until)
-			if byReset {
+			switch by {
+			case outReset:
 				earliest(&reset, until)
-			} else {
+			case outOverload:
+				overloaded = true
+			default:
 				otherOut = true
 			}
 		}
 		return ok
 	})
 	if len(cands) == 0 {
-		if !otherOut {
+		if !otherOut && !overloaded {
 			return none(upstreamReset, reset)
 		}
 		p := none(cooling, recovery)
 		p.capped = capped
+		// every one is out because its upstream said it is overloaded
+		p.overloaded = !otherOut && reset.IsZero()
 		return p
 	}
 
