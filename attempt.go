@@ -104,17 +104,48 @@ func (r *Relay) logCooling(in *inbound, ch *channel, v *verdict, cooled time.Dur
 		zap.String("request_id", in.id))
 }
 
-// lacking turns a 400 that says, in the words of ch's provider, that its
-// wire does not support a feature the request carries into the channel's
-// limitation (fail over, and set the feature aside on the channel) when
-// another channel the request could still use supports it. Otherwise the
-// 400 stays the client's answer. When the refusal does not say which of
-// several features it means (Bedrock's beta flags), the request fails
-// over but nothing is set aside: a client must not be able to take a
+// lacking turns a 400 (or a 403) that says, in the words of ch's
+// provider, that its wire does not support a feature the request carries
+// into the channel's limitation (fail over, and set the feature aside on
+// the channel) when another channel the request could still use supports
+// it. Otherwise the refusal stays the client's answer, and does not cool
+// the channel: its account is not at fault. When the refusal does not say
+// which of several features it means (Bedrock's beta flags), the request
+// fails over but nothing is set aside: a client must not be able to take a
 // feature from a shared channel by pairing it with one the channel lacks.
 func (r *Relay) lacking(v *verdict, in *inbound, ch *channel, body []byte) {
-	lacked, certain := lackedFeatures(ch.features.refusals, body, &in.ask.needs)
-	if len(lacked) == 0 || in.who.key == nil || !in.group().anotherTakes(&in.grant.sel, ch, lacked) {
+	if lacked, certain := lackedFeatures(ch.features.refusals, body, &in.ask.needs); len(lacked) > 0 {
+		r.setAside(v, in, ch, lacked, certain)
+	}
+}
+
+// unentitled turns an upstream's refusal that says the channel's account
+// lacks long context (in Anthropic's words, on a 429, a 403 or a 400) into
+// the channel's lack of it, as lacking does for a feature its wire lacks:
+// the request fails over to a channel that has it, and the channel keeps
+// serving every request that does not need it. It is not a cooldown: the
+// account is not busy, it is not entitled. The refusal is the upstream's
+// own sentence, which no client can write.
+func (r *Relay) unentitled(v *verdict, in *inbound, ch *channel) {
+	lacked := []string{featureTable[lowBit(featLongContext)].name}
+	for _, b := range in.ask.needs.betas {
+		if strings.HasPrefix(b, longContextBetaPrefix) && len(b) <= maxBetaName {
+			lacked = append(lacked, strings.Clone(b))
+		}
+	}
+	r.setAside(v, in, ch, lacked, true)
+	if v.outcome == outcomeClientError {
+		v.reason = "the channel's account lacks long context"
+	}
+}
+
+// setAside makes v the channel's lack of the features lacked (certain:
+// the refusal named them) when another channel the request could still
+// use supports them, so that the request fails over; otherwise the
+// refusal is the client's answer, and no cooldown.
+func (r *Relay) setAside(v *verdict, in *inbound, ch *channel, lacked []string, certain bool) {
+	if in.who.key == nil || !in.group().anotherTakes(&in.grant.sel, ch, lacked) {
+		v.outcome = outcomeClientError
 		return
 	}
 	v.outcome, v.reason = outcomeLacksFeature, "lacks "+strings.Join(lacked, ", ")
@@ -245,7 +276,11 @@ func (r *Relay) errorStatus(ctx context.Context, req *http.Request, in *inbound,
 	if refusesModel(resp.StatusCode, body, provider.RefusesModel(resp), call.Model) {
 		v.outcome, v.reason, v.model = outcomeModelRefused, "model refused", in.grant.target
 	}
-	if resp.StatusCode == http.StatusBadRequest && v.outcome == outcomeClientError && !in.ask.needs.empty() {
+	switch {
+	case v.outcome == outcomeModelRefused:
+	case longContextRefused(resp.StatusCode, body):
+		r.unentitled(&v, in, ch)
+	case (resp.StatusCode == http.StatusBadRequest || resp.StatusCode == http.StatusForbidden) && !in.ask.needs.empty():
 		r.lacking(&v, in, ch, body)
 	}
 	return attemptResult{verdict: v, channel: ch, firstByte: firstByte, status: resp.StatusCode, header: resp.Header, body: body}

@@ -332,6 +332,38 @@ const (
 	wordToolTag    = ": Input tag '"                    // "tools.<i>: Input tag '<type>' found using 'type' does not match..."
 )
 
+// The sentences with which Anthropic's API refuses a request for long
+// context that the account is not entitled to (a subscription without
+// extra usage): a 429 rate_limit_error, though nothing is busy, or a 400.
+// The message must start with one of them: an upstream's message that
+// quotes a client's words elsewhere is not a refusal of long context.
+var longContextRefusals = [...]string{
+	"Extra usage is required for long context requests",
+	"Usage credits are required for long context requests",
+	"The long context beta is not yet available for this subscription",
+}
+
+// longContextBetaPrefix starts the anthropic-beta values that ask for a
+// long context (context-1m-2025-08-07).
+const longContextBetaPrefix = "context-1m-"
+
+// longContextRefused reports whether an upstream's error answer of status
+// refuses long context to the channel's account.
+func longContextRefused(status int, body []byte) bool {
+	switch status {
+	case http.StatusBadRequest, http.StatusForbidden, http.StatusTooManyRequests:
+	default:
+		return false
+	}
+	msg := gjson.GetBytes(body, "error.message").String()
+	for _, s := range longContextRefusals {
+		if strings.HasPrefix(msg, s) {
+			return true
+		}
+	}
+	return false
+}
+
 // anthropicRefusal reads a refusal in Anthropic's words.
 func anthropicRefusal(msg string) provider.Refusal {
 	if name, _, ok := strings.Cut(msg, wordExtraInput); ok {

@@ -489,3 +489,102 @@ func TestTheMockAnswersFeaturesAsAnthropic(t *testing.T) {
 		}
 	}
 }
+
+// An upstream that says its account lacks long context (a 429 though
+// nothing is busy) has it set aside, as a feature its wire lacks: the
+// request fails over to a channel that has it, the channel keeps serving
+// the rest, and nothing cools.
+func TestLongContextRefusalIsAMissingFeatureNotACooldown(t *testing.T) {
+	const refusal = "Extra usage is required for long context requests."
+	const beta = "context-1m-2025-08-07"
+	long := func(h http.Handler) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			if strings.Contains(r.Header.Get("Anthropic-Beta"), beta) {
+				fakeupstream.Error(429, "rate_limit_error", refusal)(w, r)
+				return
+			}
+			h.ServeHTTP(w, r)
+		}
+	}
+	body := `{"model":"claude-sonnet-4-5","max_tokens":8,"messages":[{"role":"user","content":"Hi"}]}`
+
+	t.Run("another channel has it", func(t *testing.T) {
+		noLong := fakeupstream.New(t, long(fakeupstream.Message("no-long")))
+		hasLong := fakeupstream.New(t, fakeupstream.Message("has-long"))
+		startRelay(t, channelBlock("entitled-no", noLong.URL, "priority 1")+channelBlock("entitled-yes", hasLong.URL, "priority 2")+
+			keyAndGroup("entitled", "entitled-no entitled-yes"))
+		r := message(t, body, "Anthropic-Beta", "claude-code-20250219,"+beta)
+		if r.status != 200 || !bytes.Contains(r.body, []byte("has-long")) || r.header.Get("X-Relay-Attempts") != "2" {
+			t.Fatalf("a long context request: %d %s, attempts %q; want it failed over to the channel that has long context", r.status, r.body, r.header.Get("X-Relay-Attempts"))
+		}
+		st := channels(t)["entitled-no"]
+		if _, ok := st.Lacks["long_context"]; !ok || st.State != stateHealthy || st.CooldownUntil != nil {
+			t.Errorf("GET /relay/channels: %+v; want long_context and the beta set aside on a healthy channel", st)
+		}
+		if _, ok := st.Lacks[beta]; !ok {
+			t.Errorf("the beta the request used is not set aside: %v", st.Lacks)
+		}
+		// the next long context request goes straight to the other channel
+		if r := message(t, body, "Anthropic-Beta", beta); r.status != 200 || noLong.Hits() != 1 || hasLong.Hits() != 2 {
+			t.Errorf("a second long context request: %d, hits %d/%d; want it on the channel that has long context only", r.status, noLong.Hits(), hasLong.Hits())
+		}
+		// and the channel serves everything else
+		if r := message(t, body); r.status != 200 || !bytes.Contains(r.body, []byte("no-long")) {
+			t.Errorf("a request without long context: %d %s; want the preferred channel", r.status, r.body)
+		}
+	})
+	t.Run("no other channel has it", func(t *testing.T) {
+		only := fakeupstream.New(t, long(fakeupstream.Message("only")))
+		startRelay(t, channelBlock("entitled-only", only.URL)+keyAndGroup("entitled1", "entitled-only"))
+		r := message(t, body, "Anthropic-Beta", beta)
+		if r.status != 429 || !bytes.Equal(r.body, fakeupstream.ErrorBody("rate_limit_error", refusal)) {
+			t.Fatalf("got %d %s; want the upstream's 429 unchanged", r.status, r.body)
+		}
+		if st := channels(t)["entitled-only"]; st.State != stateHealthy || len(st.Classes) != 0 {
+			t.Errorf("the refusal cooled the channel: %+v", st)
+		}
+		if r := message(t, body); r.status != 200 {
+			t.Errorf("a request without long context after the refusal: %d %s; want it served", r.status, r.body)
+		}
+	})
+	t.Run("the words must start the message", func(t *testing.T) {
+		// an upstream message that quotes a client's words is no refusal of
+		// long context: it must not take long context from a shared channel
+		quoting := fakeupstream.New(t, fakeupstream.Error(400, "invalid_request_error", "tools.0: Input tag '"+refusal+"' found using 'type' does not match any of the expected tags"))
+		other := fakeupstream.New(t, fakeupstream.Message("other"))
+		startRelay(t, channelBlock("entitled-quote", quoting.URL, "priority 1")+channelBlock("entitled-quote-b", other.URL, "priority 2")+
+			keyAndGroup("entitled2", "entitled-quote entitled-quote-b"))
+		r := message(t, body, "Anthropic-Beta", beta)
+		if r.status != 400 || other.Hits() != 0 || len(channels(t)["entitled-quote"].Lacks) != 0 {
+			t.Errorf("a 400 quoting the words: %d, other hits %d, lacks %v; want the 400 unchanged and nothing learned", r.status, other.Hits(), channels(t)["entitled-quote"].Lacks)
+		}
+	})
+}
+
+// A 403 that refuses a beta the request carried, in Anthropic's words, is
+// the channel's lack of that beta, not a refused credential: a client's
+// beta must not cool a shared channel for auth_cooldown.
+func TestABetaRefusedWithA403DoesNotCoolTheChannel(t *testing.T) {
+	const beta = "files-api-2025-04-14"
+	refusing := fakeupstream.New(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.Contains(r.Header.Get("Anthropic-Beta"), beta) {
+			fakeupstream.Error(403, "permission_error", "Unexpected value(s) `"+beta+"` for the `anthropic-beta` header.")(w, r)
+			return
+		}
+		fakeupstream.Message("refusing")(w, r)
+	}))
+	other := fakeupstream.New(t, fakeupstream.Message("other"))
+	startRelay(t, channelBlock("beta403-a", refusing.URL, "priority 1")+channelBlock("beta403-b", other.URL, "priority 2")+
+		keyAndGroup("beta403", "beta403-a beta403-b"))
+	body := `{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"Hi"}]}`
+	if r := message(t, body, "Anthropic-Beta", beta); r.status != 200 || !bytes.Contains(r.body, []byte("other")) {
+		t.Fatalf("with the beta: %d %s; want a failover", r.status, r.body)
+	}
+	st := channels(t)["beta403-a"]
+	if _, ok := st.Lacks[beta]; !ok || st.State != stateHealthy {
+		t.Errorf("GET /relay/channels: %+v; want the beta set aside on a healthy channel", st)
+	}
+	if r := message(t, body); r.status != 200 || !bytes.Contains(r.body, []byte("refusing")) {
+		t.Errorf("without the beta: %d %s; want the preferred channel, not cooling", r.status, r.body)
+	}
+}
