@@ -21,10 +21,14 @@ type Tuning struct {
 	// Default: 30s.
 	FirstByteTimeout caddy.Duration `json:"first_byte_timeout,omitempty"`
 
-	// FirstContentTimeout bounds, for a streaming request, the wait from the
-	// upstream's response headers until its first content event
-	// (content_block_start). Until then nothing has reached the client, so
-	// the request fails over. Default: 60s.
+	// FirstContentTimeout bounds, for a streaming request, how long the
+	// relay holds the events before the first content event
+	// (content_block_start), from the upstream's response headers. While
+	// it holds them nothing has reached the client, so the request may
+	// still fail over. At the limit, an upstream that sent an event (a
+	// ping counts) in the last half of it is committed and relayed as it
+	// comes; one silent for longer is held until its next event, or fails
+	// over after this long of silence (a stall). Default: 60s.
 	FirstContentTimeout caddy.Duration `json:"first_content_timeout,omitempty"`
 
 	// ResponseTimeout bounds a non-streaming request from sending it until
