@@ -131,8 +131,9 @@ type group struct {
 	channels    []*channel
 	retries     int
 	expose      bool
-	models      []string    // models listed by its channels, for GET /v1/models
-	state       *groupState // retry budget and queue, kept across reloads
+	models      []string      // models listed by its channels' `models` lines, in their order
+	catalog     *modelCatalog // what GET /v1/models shows (models.go)
+	state       *groupState   // retry budget and queue, kept across reloads
 	budgetRatio float64
 	budgetFloor float64 // retries per second
 	waitMax     time.Duration
@@ -216,6 +217,7 @@ func (r *Relay) provisionGroups(channels map[string]*channel) error {
 				}
 			}
 		}
+		g.catalog = newModelCatalog(g.models, r.prices)
 		g.degrade, g.degradeCfg = degradeRules(cfg.BudgetDegrade), cfg.BudgetDegrade
 		if err := checkDegradeModels(cfg.BudgetDegrade, g, "group "+strconv.Quote(g.name)); err != nil {
 			return err
