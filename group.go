@@ -206,9 +206,11 @@ func (r *Relay) provisionGroups(channels map[string]*channel) error {
 		if g.affinity = cfg.CacheAffinity == nil || *cfg.CacheAffinity; g.affinity {
 			g.table = g.state.affinityTable()
 		}
+		every := false // a channel serves every model
 		for _, name := range cfg.Channels {
 			ch := channels[name]
 			g.channels = append(g.channels, ch)
+			every = every || ch.models == nil
 			g.maxPriceFactor = max(g.maxPriceFactor, ch.priceFactor)
 			g.capped = g.capped || ch.spend != nil
 			for _, m := range ch.modelNames {
@@ -217,7 +219,7 @@ func (r *Relay) provisionGroups(channels map[string]*channel) error {
 				}
 			}
 		}
-		g.catalog = newModelCatalog(g.models, r.prices)
+		g.catalog = newModelCatalog(g.models, every, r.prices)
 		g.degrade, g.degradeCfg = degradeRules(cfg.BudgetDegrade), cfg.BudgetDegrade
 		if err := checkDegradeModels(cfg.BudgetDegrade, g, "group "+strconv.Quote(g.name)); err != nil {
 			return err

@@ -3,6 +3,7 @@ package relay
 import (
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -36,17 +37,32 @@ const (
 )
 
 // modelCatalog is what GET /v1/models shows one group's keys, made when
-// the config loads: the models its channels list, in their order, each
-// with its display name.
+// the config loads: the models its channels list, in their order, then,
+// when a channel of it serves every model, the Claude models of the price
+// table, newest first.
 type modelCatalog struct {
 	list  []modelInfo
 	index map[string]int // list's entries by id
+	// every says that a channel serves every model: GET /v1/models/{id}
+	// also finds a dated snapshot or variant of a model the price table
+	// knows
+	every  bool
+	prices pricebook
 }
 
-// newModelCatalog builds the catalog of a group whose channels list listed.
-func newModelCatalog(listed []string, prices pricebook) *modelCatalog {
-	c := &modelCatalog{index: make(map[string]int, len(listed))}
-	for i, id := range listed {
+// newModelCatalog builds the catalog of a group whose channels list listed
+// (every: a channel serves every model).
+func newModelCatalog(listed []string, every bool, prices pricebook) *modelCatalog {
+	ids := slices.Clone(listed)
+	if every {
+		for _, m := range prices.claudeModels() {
+			if !slices.Contains(listed, m) {
+				ids = append(ids, m)
+			}
+		}
+	}
+	c := &modelCatalog{index: make(map[string]int, len(ids)), every: every, prices: prices}
+	for i, id := range ids {
 		c.list = append(c.list, prices.info(id))
 		c.index[id] = i
 	}
@@ -57,6 +73,9 @@ func newModelCatalog(listed []string, prices pricebook) *modelCatalog {
 func (c *modelCatalog) find(id string) (modelInfo, bool) {
 	if i, ok := c.index[id]; ok {
 		return c.list[i], true
+	}
+	if c.every && c.prices.lookup(id) != nil {
+		return c.prices.info(id), true
 	}
 	return modelInfo{}, false
 }
@@ -124,6 +143,40 @@ func (pb pricebook) info(id string) modelInfo {
 		name = r.name
 	}
 	return modelInfo{Type: "model", ID: id, DisplayName: name, CreatedAt: "1970-01-01T00:00:00Z", Object: "model", OwnedBy: "anthropic"}
+}
+
+// claudeModels lists the price table's rows whose names start with
+// "claude", newest first as Anthropic lists its models: by version, highest
+// first (claude-opus-4-1 before claude-opus-4, claude-3-7-sonnet before
+// claude-3-5-haiku), then by name; a row without a version comes last.
+func (pb pricebook) claudeModels() []string {
+	var ids []string
+	for m := range pb {
+		if strings.HasPrefix(m, "claude") {
+			ids = append(ids, m)
+		}
+	}
+	slices.SortFunc(ids, func(a, b string) int {
+		if c := slices.Compare(modelVersion(b), modelVersion(a)); c != 0 {
+			return c
+		}
+		return strings.Compare(a, b)
+	})
+	return ids
+}
+
+// modelVersion is the version in a model name: its short numeric parts in
+// order ([4 5] for claude-sonnet-4-5-20250929 and claude-3-5-haiku); a date
+// is not one.
+func modelVersion(id string) []int {
+	var v []int
+	for part := range strings.SplitSeq(withoutVariant(id), "-") {
+		if versionPart(part) {
+			n, _ := strconv.Atoi(part)
+			v = append(v, n)
+		}
+	}
+	return v
 }
 
 // anthropicName is the name Anthropic gives a Claude model, made from its

@@ -4,8 +4,11 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/caddy-relay/relay/internal/fakeupstream"
 )
 
 func TestAnthropicNameOfAModelID(t *testing.T) {
@@ -70,6 +73,25 @@ func TestDisplayNameComesFromThePriceTable(t *testing.T) {
 	}
 }
 
+func TestThePriceTablesClaudeModelsNewestFirst(t *testing.T) {
+	pb := pricebook{}
+	for _, m := range []string{"claude-3-haiku", "claude-opus-4", "claude-sonnet-4-5-20250929", "my-model", "claude-opus-4-1",
+		"claude-3-7-sonnet", "claude-sonnet-4-5", "claude-haiku-4-5", "claude-custom", "claude-3-5-haiku", "claude-fable-5"} {
+		pb[m] = &rates{}
+	}
+	want := []string{"claude-fable-5", "claude-haiku-4-5", "claude-sonnet-4-5", "claude-sonnet-4-5-20250929", "claude-opus-4-1",
+		"claude-opus-4", "claude-3-7-sonnet", "claude-3-5-haiku", "claude-3-haiku", "claude-custom"}
+	for range 5 { // the map's order differs each time; the list's must not
+		if got := pb.claudeModels(); !slices.Equal(got, want) {
+			t.Fatalf("got  %v\nwant %v", got, want)
+		}
+	}
+	all := newPricebook(nil).claudeModels()
+	if len(all) != len(defaultPricing) || all[0] == "claude-3-haiku" || all[len(all)-1] != "claude-3-haiku" {
+		t.Errorf("the built-in list, newest first: %v", all)
+	}
+}
+
 // listModels asks a catalog for GET /v1/models with query.
 func listModels(t *testing.T, c *modelCatalog, query string) (ids []string, hasMore bool, first, last string) {
 	t.Helper()
@@ -100,7 +122,7 @@ func listModels(t *testing.T, c *modelCatalog, query string) (ids []string, hasM
 }
 
 func TestModelsPagesForwardAndBackward(t *testing.T) {
-	c := newModelCatalog([]string{"a", "b", "c", "d", "e"}, newPricebook(nil))
+	c := newModelCatalog([]string{"a", "b", "c", "d", "e"}, false, newPricebook(nil))
 	for _, tt := range []struct {
 		query   string
 		want    string
@@ -124,6 +146,119 @@ func TestModelsPagesForwardAndBackward(t *testing.T) {
 		if len(ids) > 0 && (first != ids[0] || last != ids[len(ids)-1]) {
 			t.Errorf("%q: first_id %q last_id %q of %v", tt.query, first, last, ids)
 		}
+	}
+}
+
+// TestAChannelOfEveryModelListsThePriceTablesClaudeModels: a channel
+// without a `models` line serves every model, so GET /v1/models lists,
+// after the models the group's other channels list, the Claude models of
+// the price table (built in and configured), with their names; Claude
+// Code's discovery request (both credentials, limit=1000) gets it at once.
+func TestAChannelOfEveryModelListsThePriceTablesClaudeModels(t *testing.T) {
+	listing := fakeupstream.New(t, fakeupstream.Message("listing"))
+	every := fakeupstream.New(t, fakeupstream.Message("every"))
+	startRelay(t, "\t\tpricing {\n\t\t\tclaude-sonnet-4-5 input 3 output 15 display_name \"Sonnet (EU region)\"\n"+
+		"\t\t\tclaude-lyric-7 input 1 output 2\n\t\t\tmy-finetune input 1 output 2\n\t\t}\n"+
+		channelBlock("catalog-listing", listing.URL, "models my-alias=claude-haiku-4-5 claude-sonnet-4-5")+
+		channelBlock("catalog-every", every.URL)+keyAndGroup("catalog", "catalog-listing catalog-every"))
+
+	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	req, _ := http.NewRequest(http.MethodGet, relayURL+"/v1/models?limit=1000", nil)
+	req.Header.Set("X-Api-Key", clientKey)
+	req.Header.Set("Authorization", "Bearer "+clientKey)
+	req.Header.Set("Anthropic-Version", "2023-06-01")
+	resp, err := noRedirect.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var list struct {
+		Data []struct {
+			ID          string `json:"id"`
+			DisplayName string `json:"display_name"`
+			Type        string `json:"type"`
+		} `json:"data"`
+		HasMore bool `json:"has_more"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /v1/models?limit=1000 with both credentials: %d %v", resp.StatusCode, err)
+	}
+	var ids []string
+	names := map[string]string{}
+	for _, m := range list.Data {
+		ids = append(ids, m.ID)
+		names[m.ID] = m.DisplayName
+	}
+	want := append([]string{"my-alias", "claude-sonnet-4-5"}, slices.DeleteFunc(newPricebook(map[string]Price{"claude-lyric-7": {}}).claudeModels(),
+		func(m string) bool { return m == "claude-sonnet-4-5" })...)
+	if !slices.Equal(ids, want) || list.HasMore {
+		t.Fatalf("GET /v1/models: the listed models, then the price table's Claude models newest first:\n got  %v\nwant %v (has_more %v)", ids, want, list.HasMore)
+	}
+	if slices.Contains(ids, "my-finetune") {
+		t.Error("a price row that is not a Claude model must not be listed")
+	}
+	for id, want := range map[string]string{
+		"my-alias":          "my-alias", // the table does not know it: its id
+		"claude-sonnet-4-5": "Sonnet (EU region)",
+		"claude-lyric-7":    "Claude Lyric 7",
+		"claude-opus-4-1":   "Claude Opus 4.1",
+		"claude-3-5-haiku":  "Claude Haiku 3.5",
+		"claude-fable-5-1":  "Claude Fable 5.1",
+	} {
+		if names[id] != want {
+			t.Errorf("%s: display_name %q, want %q", id, names[id], want)
+		}
+	}
+
+	// paging walks the same list
+	var walked []string
+	for after := ""; ; {
+		r := send(t, http.MethodGet, "/v1/models?limit=7&after_id="+after, clientKey, "")
+		var page struct {
+			Data []struct {
+				ID string `json:"id"`
+			} `json:"data"`
+			HasMore bool   `json:"has_more"`
+			LastID  string `json:"last_id"`
+		}
+		if err := json.Unmarshal(r.body, &page); err != nil || r.status != 200 {
+			t.Fatalf("page after %q: %d %s", after, r.status, r.body)
+		}
+		for _, m := range page.Data {
+			walked = append(walked, m.ID)
+		}
+		if !page.HasMore {
+			break
+		}
+		after = page.LastID
+	}
+	if !slices.Equal(walked, ids) {
+		t.Errorf("pages of 7:\n got  %v\nwant %v", walked, ids)
+	}
+
+	for id, want := range map[string]string{
+		"claude-sonnet-4-5-20250929": "Sonnet (EU region)", // a snapshot: the every-model channel serves it
+		"claude-opus-4-1":            "Claude Opus 4.1",
+		"my-alias":                   "my-alias",
+	} {
+		r := send(t, http.MethodGet, "/v1/models/"+id, clientKey, "")
+		var m struct {
+			ID          string `json:"id"`
+			DisplayName string `json:"display_name"`
+		}
+		if err := json.Unmarshal(r.body, &m); err != nil || r.status != 200 || m.ID != id || m.DisplayName != want {
+			t.Errorf("GET /v1/models/%s: %d %s, want display_name %q", id, r.status, r.body, want)
+		}
+	}
+	wantRelayError(t, send(t, http.MethodGet, "/v1/models/gpt-4o", clientKey, ""), 404, "not_found_error", "")
+
+	// a model only the every-model channel serves goes there; the lists
+	// were answered locally
+	if r := message(t, `{"model":"claude-opus-4-1","max_tokens":1,"messages":[{"role":"user","content":"Hi"}]}`); r.status != 200 {
+		t.Errorf("claude-opus-4-1: %d %s", r.status, r.body)
+	}
+	if listing.Hits() != 0 || every.Hits() != 1 {
+		t.Errorf("upstream hits: listing %d, every %d; GET /v1/models must be answered locally", listing.Hits(), every.Hits())
 	}
 }
 
