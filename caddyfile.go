@@ -146,7 +146,7 @@ func declareInCaddyfile(state map[string]any, r *Relay, by string) error {
 //		ledger_retention <duration>
 //
 //		pricing {
-//			<model> input <usd> output <usd> [cache_read <usd>] [cache_write <usd>] [cache_write_1h <usd>] [batch <factor>] [above <tokens> input <usd> ...]
+//			<model> input <usd> output <usd> [cache_read <usd>] [cache_write <usd>] [cache_write_1h <usd>] [batch <factor>] [display_name "<name>"] [above <tokens> input <usd> ...]
 //		}
 //
 //		group <name> {
@@ -419,11 +419,12 @@ func parseBlock(d *caddyfile.Dispenser, what string, o provider.Options) error {
 
 // parsePricing parses a `pricing { ... }` block: one line per model,
 //
-//	<model> input <usd> output <usd> [cache_read <usd>] [cache_write <usd>] [cache_write_1h <usd>] [batch <factor>] [above <tokens> input <usd> output <usd> ...]
+//	<model> input <usd> output <usd> [cache_read <usd>] [cache_write <usd>] [cache_write_1h <usd>] [batch <factor>] [display_name "<name>"] [above <tokens> input <usd> output <usd> ...]
 //
 // in US dollars per million tokens (batch: the fraction of them Message
 // Batches cost, default 0.5); the pairs after `above` price the
-// requests whose prompt is larger than that many tokens.
+// requests whose prompt is larger than that many tokens. display_name,
+// anywhere on the line, is the model's name in GET /v1/models.
 func parsePricing(d *caddyfile.Dispenser, r *Relay) error {
 	if d.NextArg() {
 		return d.ArgErr()
@@ -436,11 +437,19 @@ func parsePricing(d *caddyfile.Dispenser, r *Relay) error {
 		args := d.RemainingArgs()
 		var p Price
 		cur := &p
+		priced := false // the line gives input or output
 		for i := 0; i < len(args); i += 2 {
 			if i+1 >= len(args) {
 				return d.Errf("pricing %s: %q needs a value", model, args[i])
 			}
 			name, val := args[i], args[i+1]
+			if name == "display_name" {
+				if val == "" || p.DisplayName != "" {
+					return d.Errf("pricing %s: display_name takes a name, once", model)
+				}
+				p.DisplayName = val
+				continue
+			}
 			if name == "above" {
 				n, err := strconv.ParseInt(val, 10, 64)
 				if err != nil || cur != &p {
@@ -456,9 +465,9 @@ func parsePricing(d *caddyfile.Dispenser, r *Relay) error {
 			}
 			switch name {
 			case "input":
-				cur.Input = f
+				cur.Input, priced = f, true
 			case "output":
-				cur.Output = f
+				cur.Output, priced = f, true
 			case "cache_read":
 				cur.CacheRead = &f
 			case "cache_write":
@@ -471,8 +480,13 @@ func parsePricing(d *caddyfile.Dispenser, r *Relay) error {
 				}
 				cur.Batch = &f
 			default:
-				return d.Errf("pricing %s: unknown price %q (input, output, cache_read, cache_write, cache_write_1h, batch, above)", model, name)
+				return d.Errf("pricing %s: unknown price %q (input, output, cache_read, cache_write, cache_write_1h, batch, display_name, above)", model, name)
 			}
+		}
+		if p.DisplayName != "" && !priced && builtinPrices.lookup(model) != nil {
+			// the entry replaces the built-in row: renaming alone would
+			// make the model free
+			return d.Errf("pricing %s: an entry replaces the model's built-in prices: give its input and output with display_name", model)
 		}
 		if _, dup := r.Pricing[model]; dup {
 			return d.Errf("pricing %s is given twice", model)

@@ -603,6 +603,9 @@ func (p Price) validate() error {
 		if l.LongPrompt != nil {
 			return fmt.Errorf("long_prompt: takes no long_prompt of its own")
 		}
+		if l.DisplayName != "" {
+			return fmt.Errorf("long_prompt: display_name is the model's, outside long_prompt")
+		}
 		return l.Price.validate()
 	}
 	return nil

@@ -131,8 +131,9 @@ type group struct {
 	channels    []*channel
 	retries     int
 	expose      bool
-	models      []string    // models listed by its channels, for GET /v1/models
-	state       *groupState // retry budget and queue, kept across reloads
+	models      []string      // models listed by its channels' `models` lines, in their order
+	catalog     *modelCatalog // what GET /v1/models shows (models.go)
+	state       *groupState   // retry budget and queue, kept across reloads
 	budgetRatio float64
 	budgetFloor float64 // retries per second
 	waitMax     time.Duration
@@ -205,9 +206,11 @@ func (r *Relay) provisionGroups(channels map[string]*channel) error {
 		if g.affinity = cfg.CacheAffinity == nil || *cfg.CacheAffinity; g.affinity {
 			g.table = g.state.affinityTable()
 		}
+		every := false // a channel serves every model
 		for _, name := range cfg.Channels {
 			ch := channels[name]
 			g.channels = append(g.channels, ch)
+			every = every || ch.models == nil
 			g.maxPriceFactor = max(g.maxPriceFactor, ch.priceFactor)
 			g.capped = g.capped || ch.spend != nil
 			for _, m := range ch.modelNames {
@@ -216,6 +219,7 @@ func (r *Relay) provisionGroups(channels map[string]*channel) error {
 				}
 			}
 		}
+		g.catalog = newModelCatalog(g.models, every, r.prices)
 		g.degrade, g.degradeCfg = degradeRules(cfg.BudgetDegrade), cfg.BudgetDegrade
 		if err := checkDegradeModels(cfg.BudgetDegrade, g, "group "+strconv.Quote(g.name)); err != nil {
 			return err

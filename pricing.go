@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"strings"
 )
 
@@ -34,6 +35,16 @@ type Price struct {
 	// models.
 	LongPrompt *LongPromptPrice `json:"long_prompt,omitempty"`
 
+	// DisplayName is the name GET /v1/models gives the model, and its dated
+	// snapshots and variants, in `display_name`, such as "Sonnet (EU
+	// region)". Default: a Claude model's name in Anthropic's style, made
+	// from the model name (claude-sonnet-4-5 is "Claude Sonnet 4.5",
+	// claude-3-5-haiku is "Claude Haiku 3.5"); any other model's name is
+	// the model name itself. A pricing entry replaces the model's whole
+	// built-in row, so an entry that renames a listed model gives its
+	// prices too. Not taken inside long_prompt.
+	DisplayName string `json:"display_name,omitempty"`
+
 	// maxOutput is the most output tokens the model writes in one answer:
 	// what a Chat Completions request that sets no limit asks for and
 	// holds against its budgets. Built in only; a configured price of a
@@ -60,6 +71,9 @@ type rates struct {
 	above                                              int64
 	long                                               *rates
 	maxOutput                                          int64 // tokens; 0: not known
+	// name is the model's display_name for GET /v1/models (models.go); "":
+	// the id the client asked for
+	name string
 }
 
 func (p Price) rates() *rates {
@@ -148,17 +162,20 @@ var defaultPricing = map[string]Price{
 type pricebook map[string]*rates
 
 // newPricebook merges the configured prices over the defaults. A
-// configured row of a listed model keeps its maximum output.
+// configured row of a listed model keeps its maximum output. Each row
+// carries its display name, made once here rather than per request.
 func newPricebook(configured map[string]Price) pricebook {
 	pb := make(pricebook, len(defaultPricing)+len(configured))
 	for m, p := range defaultPricing {
 		pb[m] = p.rates()
+		pb[m].name = anthropicName(m)
 	}
 	for m, p := range configured {
 		r := p.rates()
 		if listed := builtinPrices.lookup(m); listed != nil {
 			r.maxOutput = listed.maxOutput
 		}
+		r.name = cmp.Or(p.DisplayName, anthropicName(m))
 		pb[m] = r
 	}
 	return pb
