@@ -155,12 +155,26 @@ func claudeCode(t *testing.T, path, body string, header ...string) reply {
 	return send(t, http.MethodPost, path, "", body, append(ccHeaders(clientKey), header...)...)
 }
 
+// startGateway is startRelay for the suite. When the test ends it resets
+// the config's channels: their health outlives the config, and a run of
+// the test again (-count) would find the channel its 529 cooled still
+// cooling.
+func startGateway(t *testing.T, block string) {
+	t.Helper()
+	startRelay(t, block)
+	t.Cleanup(func() {
+		for name := range channels(t) {
+			adminPost(t, name, "reset")
+		}
+	})
+}
+
 // ccRelay starts a relay whose group name has one channel, name-a, at an
 // upstream answering with h; relay holds lines of the relay block.
 func ccRelay(t *testing.T, name string, h http.Handler, relay string) *fakeupstream.Upstream {
 	t.Helper()
 	up := fakeupstream.New(t, h)
-	startRelay(t, relay+channelBlock(name+"-a", up.URL)+keyAndGroup(name, name+"-a"))
+	startGateway(t, relay+channelBlock(name+"-a", up.URL)+keyAndGroup(name, name+"-a"))
 	return up
 }
 
@@ -345,7 +359,7 @@ func TestGatewayProtocolForwardAsOpenLists(t *testing.T) {
 		// inputs are not permitted"), and so does the strict fake; this
 		// upstream stands for the API of the release that adds the field.
 		up := fakeupstream.New(t, fakeupstream.Raw(200, ccAnswer), fakeupstream.Lenient())
-		startRelay(t, channelBlock("gp-open-top-a", up.URL)+keyAndGroup("gp-open-top", "gp-open-top-a"))
+		startGateway(t, channelBlock("gp-open-top-a", up.URL)+keyAndGroup("gp-open-top", "gp-open-top-a"))
 		if r := claudeCode(t, "/v1/messages?beta=true", topLevel); r.status != 200 || !bytes.Equal(r.body, ccAnswer) {
 			t.Fatalf("client got %d: %s", r.status, r.body)
 		}
@@ -359,7 +373,7 @@ func TestGatewayProtocolForwardAsOpenLists(t *testing.T) {
 func TestGatewayProtocolAttributionBlock(t *testing.T) {
 	overloaded := fakeupstream.Error(529, "overloaded_error", "Overloaded")
 	first, second := fakeupstream.New(t, overloaded), fakeupstream.New(t, fakeupstream.Raw(200, ccAnswer))
-	startRelay(t, channelBlock("gp-attr-a", first.URL, "priority 1")+channelBlock("gp-attr-b", second.URL, "priority 2")+
+	startGateway(t, channelBlock("gp-attr-a", first.URL, "priority 1")+channelBlock("gp-attr-b", second.URL, "priority 2")+
 		keyAndGroup("gp-attr", "gp-attr-a gp-attr-b"))
 	body := ccBody("claude-sonnet-4-5", false)
 	if r := claudeCode(t, "/v1/messages?beta=true", body); r.status != 200 {
@@ -423,10 +437,9 @@ func TestGatewayProtocolFeaturePassThrough(t *testing.T) {
 // with its extended-cache-ttl beta. A channel that maps the alias changes
 // `model` and nothing else.
 func TestGatewayProtocolConnectionMethod(t *testing.T) {
-	up := fakeupstream.New(t, fakeupstream.Raw(200, ccAnswer))
-	startRelay(t, channelBlock("gp-alias-a", up.URL, "models my-gateway-sonnet=claude-sonnet-4-5-20250929")+keyAndGroup("gp-alias", "gp-alias-a"))
+	up := fakeupstream.New(t, fakeupstream.Stream(ccEvents...))
+	startGateway(t, channelBlock("gp-alias-a", up.URL, "models my-gateway-sonnet=claude-sonnet-4-5-20250929")+keyAndGroup("gp-alias", "gp-alias-a"))
 	body := ccBody("my-gateway-sonnet", true)
-	up.SetHandler(fakeupstream.Stream(ccEvents...))
 	r := claudeCode(t, "/v1/messages?beta=true", body)
 	if r.status != 200 || string(r.body) != strings.Join(ccEvents, "") {
 		t.Fatalf("client got %d:\n%s", r.status, r.body)
@@ -472,7 +485,7 @@ func TestGatewayProtocolStreaming(t *testing.T) {
 			<-r.Context().Done()
 		}))
 		good := fakeupstream.New(t, fakeupstream.Stream(ccEvents...))
-		startRelay(t, timeouts+channelBlock("gp-stall-a", stalls.URL, "priority 1")+channelBlock("gp-stall-b", good.URL, "priority 2")+
+		startGateway(t, timeouts+channelBlock("gp-stall-a", stalls.URL, "priority 1")+channelBlock("gp-stall-b", good.URL, "priority 2")+
 			keyAndGroup("gp-stall", "gp-stall-a gp-stall-b"))
 		r := claudeCode(t, "/v1/messages?beta=true", ccBody("claude-sonnet-4-5", true))
 		if r.status != 200 || string(r.body) != strings.Join(ccEvents, "") {
@@ -503,7 +516,7 @@ func TestGatewayProtocolResponseHeaders(t *testing.T) {
 	t.Run("x-should-retry true after a failover", func(t *testing.T) {
 		a := fakeupstream.New(t, fakeupstream.Error(529, "overloaded_error", "Overloaded (a)", "X-Should-Retry", "true"))
 		b := fakeupstream.New(t, fakeupstream.Error(529, "overloaded_error", "Overloaded (b)", "X-Should-Retry", "true"))
-		startRelay(t, channelBlock("gp-rh-retry-a", a.URL, "priority 1")+channelBlock("gp-rh-retry-b", b.URL, "priority 2")+
+		startGateway(t, channelBlock("gp-rh-retry-a", a.URL, "priority 1")+channelBlock("gp-rh-retry-b", b.URL, "priority 2")+
 			keyAndGroup("gp-rh-retry", "gp-rh-retry-a gp-rh-retry-b", "retries 1"))
 		r := claudeCode(t, "/v1/messages?beta=true", ccBody("claude-sonnet-4-5", true))
 		if r.status != 529 || !bytes.Equal(r.body, fakeupstream.ErrorBody("overloaded_error", "Overloaded (b)")) {
@@ -524,7 +537,7 @@ func TestGatewayProtocolResponseHeaders(t *testing.T) {
 
 	t.Run("x-should-retry false on the relay's refusals no retry cures", func(t *testing.T) {
 		up := fakeupstream.New(t, fakeupstream.Raw(200, ccAnswer))
-		startRelay(t, channelBlock("gp-rh-refuse-a", up.URL, "models claude-sonnet-4-5")+keyAndGroup("gp-rh-refuse", "gp-rh-refuse-a"))
+		startGateway(t, channelBlock("gp-rh-refuse-a", up.URL, "models claude-sonnet-4-5")+keyAndGroup("gp-rh-refuse", "gp-rh-refuse-a"))
 		r := claudeCode(t, "/v1/messages?beta=true", ccBody("claude-opus-4-1", true))
 		wantRelayError(t, r, 503, "relay_error", "model_not_found")
 		if v := r.header.Values("X-Should-Retry"); !slices.Equal(v, []string{"false"}) {
@@ -578,7 +591,7 @@ func TestGatewayProtocolResponseHeaders(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			group := strings.Fields(c.key)[2]
 			up := fakeupstream.New(t, fakeupstream.Raw(200, ccAnswer, unified...))
-			startRelay(t, c.relay+channelBlock(group+"-a", up.URL, "cooldown 1s")+c.key+"\t\tgroup "+group+" {\n\t\t\tchannels "+group+"-a\n\t\t}\n")
+			startGateway(t, c.relay+channelBlock(group+"-a", up.URL, "cooldown 1s")+c.key+"\t\tgroup "+group+" {\n\t\t\tchannels "+group+"-a\n\t\t}\n")
 			ok := claudeCode(t, "/v1/messages?beta=true", ccBody("claude-sonnet-4-5", false))
 			limited := fakeupstream.ErrorBody("rate_limit_error", "You have reached your usage limit")
 			up.SetHandler(fakeupstream.Raw(429, limited, spent...))
@@ -613,7 +626,7 @@ func TestGatewayProtocolResponseHeaders(t *testing.T) {
 // errors are in Anthropic's shape.
 func TestGatewayProtocolErrorForwarding(t *testing.T) {
 	up := fakeupstream.New(t, fakeupstream.Raw(200, ccAnswer))
-	startRelay(t, channelBlock("gp-errors-a", up.URL, "models claude-sonnet-4-5")+keyAndGroup("gp-errors", "gp-errors-a"))
+	startGateway(t, channelBlock("gp-errors-a", up.URL, "models claude-sonnet-4-5")+keyAndGroup("gp-errors", "gp-errors-a"))
 	for _, c := range []struct {
 		name, typ, msg string
 		status         int
