@@ -18,9 +18,15 @@ package relay
 
 import (
 	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"math"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -450,7 +456,8 @@ func TestGatewayProtocolConnectionMethod(t *testing.T) {
 
 // Section "Streaming" (of "API formats"): the answer streams as the
 // upstream sends it, every byte of it, keep-alive pings and comments
-// included; a stall before the first content fails over unseen.
+// included; the relay's hold before the first content ends by
+// first_content_timeout for an upstream that keeps sending.
 func TestGatewayProtocolStreaming(t *testing.T) {
 	const timeouts = "\t\tfirst_content_timeout 500ms\n\t\tfirst_byte_timeout 2s\n\t\tstream_idle_timeout 2s\n"
 
@@ -478,6 +485,87 @@ func TestGatewayProtocolStreaming(t *testing.T) {
 		}
 	})
 
+	t.Run("pings before the first content are not cut", func(t *testing.T) {
+		release := make(chan struct{})
+		var once sync.Once
+		t.Cleanup(func() { once.Do(func() { close(release) }) })
+		var mu sync.Mutex
+		var sent strings.Builder // what the upstream sent, pings and all
+		ping := fakeupstream.Event("ping", `{"type": "ping"}`)
+		pinging := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			write := func(ev string) bool {
+				mu.Lock()
+				sent.WriteString(ev)
+				mu.Unlock()
+				return fakeupstream.WriteEvent(w, ev)
+			}
+			fakeupstream.StartStream(w)
+			write(ccEvents[0]) // message_start
+			tick := time.NewTicker(100 * time.Millisecond)
+			defer tick.Stop()
+			for held := true; held; {
+				select {
+				case <-release:
+					held = false
+				case <-r.Context().Done():
+					return
+				case <-tick.C:
+					if !write(ping) {
+						return
+					}
+				}
+			}
+			for _, ev := range ccEvents[1:] {
+				if !write(ev) {
+					return
+				}
+			}
+		})
+		up := ccRelay(t, "gp-stream-keepalive", pinging, timeouts)
+
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		start := time.Now()
+		s := openStream(t, ctx, streamBody)
+		if s.resp.StatusCode != 200 {
+			b, _ := io.ReadAll(s.resp.Body)
+			t.Fatalf("status %d, want the stream, not cut before its content: %s", s.resp.StatusCode, b)
+		}
+		// the held events reach the client while the content is still
+		// held upstream: message_start first, then the pings
+		var seen strings.Builder
+		if ev := s.next(t); ev != ccEvents[0] {
+			t.Fatalf("first event %q, want message_start", ev)
+		}
+		seen.WriteString(ccEvents[0])
+		for ev := s.next(t); ; ev = s.next(t) {
+			seen.WriteString(ev)
+			if ev == ping {
+				break
+			}
+			if ev == "" || strings.Contains(ev, "event: error") {
+				t.Fatalf("stream ended before the content was released: %q", seen.String())
+			}
+		}
+		held := time.Since(start)
+		t.Logf("the client had message_start and a ping %v after its request (first_content_timeout 500ms)", held.Round(time.Millisecond))
+		if held > 5*time.Second {
+			t.Errorf("the held events reached the client %v after the request, long past first_content_timeout", held)
+		}
+		once.Do(func() { close(release) })
+		seen.WriteString(s.rest(t))
+		mu.Lock()
+		want := sent.String()
+		mu.Unlock()
+		if seen.String() != want || strings.Contains(want, "event: error") {
+			t.Errorf("client got:\n%q\nwant the upstream's bytes:\n%q", seen.String(), want)
+		}
+		if up.Hits() != 1 {
+			t.Errorf("upstream hits = %d, want 1", up.Hits())
+		}
+	})
+
 	t.Run("silence after message_start is a stall and fails over invisibly", func(t *testing.T) {
 		stalls := fakeupstream.New(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			fakeupstream.StartStream(w)
@@ -496,6 +584,20 @@ func TestGatewayProtocolStreaming(t *testing.T) {
 		}
 	})
 
+	t.Run("a stream ending after message_delta's stop_reason is complete", func(t *testing.T) {
+		evs := ccEvents[:len(ccEvents)-1] // all but message_stop
+		if !strings.Contains(evs[len(evs)-1], `"stop_reason":"end_turn"`) {
+			t.Fatalf("the last event is not message_delta with a stop_reason: %q", evs[len(evs)-1])
+		}
+		ccRelay(t, "gp-stream-nostop", fakeupstream.Stream(evs...), timeouts)
+		r := claudeCode(t, "/v1/messages?beta=true", ccBody("claude-sonnet-4-5", true))
+		if r.status != 200 || string(r.body) != strings.Join(evs, "") {
+			t.Errorf("client got %d:\n%s\nwant the upstream's bytes, no event: error appended", r.status, r.body)
+		}
+		if st := channels(t)["gp-stream-nostop-a"]; st.State != stateHealthy || len(st.Classes) != 0 {
+			t.Errorf("the channel was blamed for a complete stream: %+v", st)
+		}
+	})
 }
 
 // Section "Response headers": request-id and x-should-retry as the
@@ -696,6 +798,228 @@ func TestGatewayProtocolCredentials(t *testing.T) {
 			t.Error("a request without a valid relay key reached the upstream")
 		}
 	})
+}
+
+// Section "Model discovery": GET /v1/models?limit=1000, with both
+// credential headers, answered at the base URL without a redirect; ids
+// that start with claude, display names in Anthropic's style.
+func TestGatewayProtocolModelDiscovery(t *testing.T) {
+	up := fakeupstream.New(t, fakeupstream.Raw(200, ccAnswer))
+	const anyKey = "sk-gp-models-any-0123456789"
+	startGateway(t, channelBlock("gp-models-listed", up.URL, "models claude-sonnet-4-5 claude-sonnet-4-5-20250929 claude-3-5-haiku claude-opus-4")+
+		channelBlock("gp-models-any", up.URL)+
+		keyAndGroup("gp-models", "gp-models-listed")+
+		"\t\tkey "+anyKey+" gp-models-any\n\t\tgroup gp-models-any {\n\t\t\tchannels gp-models-any\n\t\t}\n")
+	noRedirect := &http.Client{Timeout: 10 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	get := func(t *testing.T, path, key string, into any) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, relayURL+path, nil)
+		req.Header.Set("X-Api-Key", key)
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Anthropic-Version", "2023-06-01")
+		req.Header.Set("User-Agent", "claude-cli/2.1.337 (external, cli)")
+		resp, err := noRedirect.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("GET %s: %d (location %q) %s, want 200 at once", path, resp.StatusCode, resp.Header.Get("Location"), b)
+		}
+		if err := json.Unmarshal(b, into); err != nil {
+			t.Fatalf("GET %s: %v: %s", path, err, b)
+		}
+	}
+	type model struct {
+		ID          string `json:"id"`
+		Type        string `json:"type"`
+		DisplayName string `json:"display_name"`
+	}
+	type page struct {
+		Data    []model `json:"data"`
+		HasMore bool    `json:"has_more"`
+	}
+
+	t.Run("the listed models", func(t *testing.T) {
+		var list page
+		get(t, "/v1/models?limit=1000", clientKey, &list)
+		names := map[string]string{}
+		for _, m := range list.Data {
+			names[m.ID] = m.DisplayName
+			if !strings.HasPrefix(m.ID, "claude") || m.Type != "model" {
+				t.Errorf("entry %+v: want a model whose id starts with claude", m)
+			}
+		}
+		for id, want := range map[string]string{
+			"claude-sonnet-4-5":          "Claude Sonnet 4.5",
+			"claude-sonnet-4-5-20250929": "Claude Sonnet 4.5",
+			"claude-3-5-haiku":           "Claude Haiku 3.5",
+			"claude-opus-4":              "Claude Opus 4",
+		} {
+			if got, ok := names[id]; !ok || got != want {
+				t.Errorf("%s: listed %v, display_name %q; want %q", id, ok, got, want)
+			}
+		}
+		if list.HasMore {
+			t.Error("has_more with limit=1000")
+		}
+		var one model
+		get(t, "/v1/models/claude-sonnet-4-5-20250929", clientKey, &one)
+		if one.ID != "claude-sonnet-4-5-20250929" || one.DisplayName != "Claude Sonnet 4.5" {
+			t.Errorf("GET /v1/models/{id}: %+v", one)
+		}
+	})
+
+	t.Run("a channel that serves every model", func(t *testing.T) {
+		var list page
+		get(t, "/v1/models?limit=1000", anyKey, &list)
+		if len(list.Data) == 0 {
+			t.Fatal("the list is empty: Claude Code would show no model of the gateway")
+		}
+		for _, m := range list.Data {
+			if !strings.HasPrefix(m.ID, "claude") {
+				t.Errorf("entry %+v: want an id that starts with claude", m)
+			}
+		}
+	})
+	if up.Hits() != 0 {
+		t.Errorf("discovery reached the upstream %d times; the relay answers it", up.Hits())
+	}
+}
+
+// Section "Response headers" (retry-after in whole seconds), with Claude
+// Code's errors reference on 529, 429 and fallbackModel: while the only
+// channel cools after an upstream's 529 or 429, the relay refuses in the
+// upstream's language, so Claude Code's model fallback and retries work as
+// against the API, and the upstream is not asked again.
+func TestGatewayProtocolOverloadAndRateLimitRefusals(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		first  int      // the upstream's status
+		header []string // and headers
+		status int      // the refusal's
+		typ    string
+		wait   int  // the longest retry-after the refusal may give, in seconds
+		exact  bool // the wait is the upstream's: retry-after is what is left of it
+	}{
+		{"after a 529", 529, nil, 529, "overloaded_error", 20, false},
+		{"after a 429", 429, []string{"Retry-After", "37"}, 429, "rate_limit_error", 37, true},
+		{"after a 500", 500, nil, 503, "relay_error", 20, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			name := "gp-cool-" + strings.Fields(c.name)[2]
+			answer := fakeupstream.ErrorBody(map[int]string{529: "overloaded_error", 429: "rate_limit_error", 500: "api_error"}[c.first], "refused")
+			up := fakeupstream.New(t, fakeupstream.Raw(c.first, answer, c.header...))
+			startGateway(t, channelBlock(name+"-a", up.URL, "cooldown 20s")+keyAndGroup(name, name+"-a"))
+			start := time.Now()
+			first := claudeCode(t, "/v1/messages?beta=true", ccBody("claude-sonnet-4-5", true))
+			if first.status != c.first || !bytes.Equal(first.body, answer) {
+				t.Fatalf("the first request: %d %s, want the upstream's answer unchanged", first.status, first.body)
+			}
+			r := claudeCode(t, "/v1/messages?beta=true", ccBody("claude-sonnet-4-5", true))
+			if up.Hits() != 1 {
+				t.Errorf("upstream hits = %d: a cooling channel was asked again", up.Hits())
+			}
+			wantRelayError(t, r, c.status, c.typ, "no_healthy_channel")
+			lo := 1
+			if c.exact { // whole seconds to the recovery, rounded up
+				lo = c.wait - int(math.Ceil(time.Since(start).Seconds()))
+			}
+			wantRetryAfter(t, r, lo, c.wait)
+			if v := r.header.Values("X-Should-Retry"); v != nil {
+				t.Errorf("x-should-retry = %q, want none", v)
+			}
+		})
+	}
+}
+
+// wantRetryAfter checks a refusal's wait: retry-after in whole seconds,
+// between lo and hi, and retry-after-ms, which it is rounded up from.
+func wantRetryAfter(t *testing.T, r reply, lo, hi int) {
+	t.Helper()
+	secs, err := strconv.Atoi(r.header.Get("Retry-After"))
+	if err != nil || secs < lo || secs > hi {
+		t.Errorf("retry-after = %q, want whole seconds from %d to %d", r.header.Get("Retry-After"), lo, hi)
+	}
+	ms, err := strconv.ParseInt(r.header.Get("Retry-After-Ms"), 10, 64)
+	if err != nil || ms <= 0 || max(1, int(math.Ceil(float64(ms)/1000))) != secs {
+		t.Errorf("retry-after-ms = %q, want the wait retry-after %d is rounded up from", r.header.Get("Retry-After-Ms"), secs)
+	}
+}
+
+// Claude Code's errors reference, "Extra usage is required for long
+// context requests", with the section "Automatic retry and error
+// forwarding": that 429 says the account lacks long context, not that it
+// is busy. The request fails over to a channel that has it; the channel
+// that refused keeps serving everything else, and with no other channel
+// the refusal reaches the client as sent.
+func TestGatewayProtocolLongContextEntitlement(t *testing.T) {
+	const extraUsage = "Extra usage is required for long context requests."
+	long := `{"model":"claude-sonnet-4-5","max_tokens":16,"messages":[{"role":"user","content":"` +
+		strings.Repeat("All work and no play. ", 41_000) + `"}]}` // over 800 KB: over 200k tokens estimated
+	short := ccBody("claude-sonnet-4-5", false)
+	for _, c := range []struct {
+		name   string
+		body   string
+		header []string
+		isLong func(r *http.Request, body []byte) bool
+	}{
+		{"the context-1m beta", short, []string{"Anthropic-Beta", ccBetas + ",context-1m-2025-08-07"},
+			func(r *http.Request, _ []byte) bool {
+				return strings.Contains(r.Header.Get("Anthropic-Beta"), "context-1m-2025-08-07")
+			}},
+		{"a prompt over 200k tokens", long, nil,
+			func(_ *http.Request, body []byte) bool { return len(body) > 800_000 }},
+	} {
+		// an account without extra usage: it refuses long context only
+		entitled := func(w http.ResponseWriter, r *http.Request) {
+			body, _ := io.ReadAll(r.Body)
+			if c.isLong(r, body) {
+				fakeupstream.Error(429, "rate_limit_error", extraUsage)(w, r)
+				return
+			}
+			fakeupstream.Raw(200, ccAnswer, "Request-Id", "req_from_a")(w, r)
+		}
+		name := "gp-1m-" + strings.Fields(c.name)[1]
+
+		t.Run(c.name+" fails over, and the channel keeps serving", func(t *testing.T) {
+			a := fakeupstream.New(t, http.HandlerFunc(entitled))
+			b := fakeupstream.New(t, fakeupstream.Raw(200, ccAnswer, "Request-Id", "req_from_b"))
+			startGateway(t, channelBlock(name+"-a", a.URL, "priority 1")+channelBlock(name+"-b", b.URL, "priority 2")+
+				keyAndGroup(name, name+"-a "+name+"-b"))
+			r := claudeCode(t, "/v1/messages?beta=true", c.body, c.header...)
+			if r.status != 200 || r.header.Get("Request-Id") != "req_from_b" || a.Hits() != 1 || b.Hits() != 1 {
+				t.Fatalf("client got %d from %q (hits a %d b %d), want the second channel's 200", r.status, r.header.Get("Request-Id"), a.Hits(), b.Hits())
+			}
+			if st := channels(t)[name+"-a"]; st.State != stateHealthy || st.CooldownUntil != nil || len(st.Classes) != 0 {
+				t.Errorf("the refusing channel is cooling: state %s, until %v, classes %v", st.State, st.CooldownUntil, st.Classes)
+			}
+			if r := claudeCode(t, "/v1/messages?beta=true", short); r.status != 200 || r.header.Get("Request-Id") != "req_from_a" {
+				t.Errorf("a short request got %d from %q, want the preferred channel", r.status, r.header.Get("Request-Id"))
+			}
+			hits := a.Hits()
+			if r := claudeCode(t, "/v1/messages?beta=true", c.body, c.header...); r.status != 200 || r.header.Get("Request-Id") != "req_from_b" || a.Hits() != hits {
+				t.Errorf("the next long request got %d from %q, the refusing channel asked %d more times; want it straight on the second channel",
+					r.status, r.header.Get("Request-Id"), a.Hits()-hits)
+			}
+		})
+
+		t.Run(c.name+" with no other channel reaches the client, and nothing cools", func(t *testing.T) {
+			a := fakeupstream.New(t, http.HandlerFunc(entitled))
+			startGateway(t, channelBlock(name+"-only", a.URL)+keyAndGroup(name+"-only", name+"-only"))
+			r := claudeCode(t, "/v1/messages?beta=true", c.body, c.header...)
+			if want := fakeupstream.ErrorBody("rate_limit_error", extraUsage); r.status != 429 || !bytes.Equal(r.body, want) {
+				t.Fatalf("client got %d %s, want the upstream's 429 unchanged", r.status, r.body)
+			}
+			if st := channels(t)[name+"-only"]; st.State != stateHealthy || st.CooldownUntil != nil || len(st.Classes) != 0 {
+				t.Errorf("the channel is cooling: state %s, until %v, classes %v", st.State, st.CooldownUntil, st.Classes)
+			}
+			if r := claudeCode(t, "/v1/messages?beta=true", short); r.status != 200 || a.Hits() != 2 {
+				t.Errorf("a short request got %d (upstream hits %d), want it served", r.status, a.Hits())
+			}
+		})
+	}
 }
 
 // Section "Optional endpoints and startup traffic" (of "API formats"):
