@@ -330,7 +330,8 @@ func TestAnUpstreamResetBeyondMaxWaitAnswersAtOnce(t *testing.T) {
 	message(t, simpleBody)
 	start := time.Now()
 	r := message(t, simpleBody)
-	wantRelayError(t, r, 503, "relay_error", "no_healthy_channel")
+	// in the upstream's words: it is a rate limit, not the relay's failure
+	wantRelayError(t, r, 429, "rate_limit_error", "no_healthy_channel")
 	if took := time.Since(start); took > 500*time.Millisecond {
 		t.Errorf("a reset 60s away with max_wait 1s: answered after %v, want at once", took)
 	}
