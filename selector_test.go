@@ -490,6 +490,12 @@ func TestFallbackServesASimilarModel(t *testing.T) {
 		channelBlock("fb-sonnet", sonnet.URL, "models claude-sonnet-4-5=claude-sonnet-4-5-20250929")+
 		keyAndGroup("fb", "fb-opus fb-sonnet", "fallback claude-opus-4-1 claude-sonnet-4-5"))
 	opusBody := `{"model":"claude-opus-4-1","max_tokens":8,"messages":[{"role":"user","content":"Hi"}]}`
+	fallbacks := func() float64 {
+		mf, _ := scrape(t)
+		return max(value(mf, "relay_model_fallbacks_total", "group=fb", "from=claude-opus-4-1", "to=claude-sonnet-4-5"), 0)
+	}
+	before := fallbacks()            // the counter outlives the config: a second run of the test finds the first's
+	adminPost(t, "fb-opus", "reset") // and so does the cooldown that the first left on opus
 
 	for i := 0; i < 5; i++ {
 		if r := message(t, opusBody); r.header.Get("X-Relay-Model") != "" || !strings.Contains(string(r.body), "opus") {
@@ -513,9 +519,8 @@ func TestFallbackServesASimilarModel(t *testing.T) {
 	if r := message(t, opusBody); r.header.Get("X-Relay-Model") != "claude-sonnet-4-5" || opus.Hits() != 6 {
 		t.Errorf("while opus cools: %v (opus hits %d)", r.header, opus.Hits())
 	}
-	mf, _ := scrape(t)
-	if v := value(mf, "relay_model_fallbacks_total", "group=fb", "from=claude-opus-4-1", "to=claude-sonnet-4-5"); v != 2 {
-		t.Errorf("relay_model_fallbacks_total = %v, want 2", v)
+	if v := fallbacks() - before; v != 2 {
+		t.Errorf("relay_model_fallbacks_total grew by %v, want 2", v)
 	}
 
 	// back up: opus serves opus again
