@@ -127,7 +127,7 @@ func (r *Relay) lacking(v *verdict, in *inbound, ch *channel, body []byte) {
 // account is not busy, it is not entitled. The refusal is the upstream's
 // own sentence, which no client can write.
 func (r *Relay) unentitled(v *verdict, in *inbound, ch *channel) {
-	lacked := []string{featureTable[lowBit(featLongContext)].name}
+	lacked := featLongContext.names()
 	for _, b := range in.ask.needs.betas {
 		if strings.HasPrefix(b, longContextBetaPrefix) && len(b) <= maxBetaName {
 			lacked = append(lacked, strings.Clone(b))

@@ -123,66 +123,62 @@ func (s *streamAttempt) run() attemptResult {
 func (s *streamAttempt) hold(rd *sse.Reader) (res attemptResult, ok bool, next pendingRead) {
 	for first := true; ; first = false {
 		ev, err := rd.Next()
-		s.mu.Lock()
-		if s.early {
-			s.mu.Unlock()
-			return res, true, pendingRead{ev: ev, err: err, have: true}
+		if res, ok, next, over := s.take(ev, err, first); over {
+			return res, ok, next
 		}
-		if first && !s.waiting {
-			// the first event came in time; the hold ends first_content_timeout
-			// after the response headers
-			s.deadline.arm(stageFirstContent, s.ch.firstContent-time.Since(s.deadline.headers))
-		}
-		if err != nil {
-			s.over = true
-			s.mu.Unlock()
-			v := classifyError(s.ctx, s.clientCtx, err)
-			if err == io.EOF || err == io.ErrUnexpectedEOF {
-				v.reason = "stream ended before any content"
-			}
-			// the upstream had begun its answer: it broke, it timed out, or
-			// the client left
-			return attemptResult{verdict: v, channel: s.ch, accepted: true}, false, next
-		}
-		s.last = time.Now()
-		if !s.wellFormed(ev) {
-			s.mu.Unlock()
-			continue
-		}
-		s.in.end.usage.fromEvent(ev.Name, ev.Data)
-		s.in.tr.fromEvent(ev.Name, ev.Data)
-		if s.in.ask.thinking.on {
-			learnEvent(ev.Name, ev.Data, s.ch) // thinking.go
-		}
-		s.held = append(s.held, ev.Raw...)
-		switch string(ev.Name) {
-		case "message_start", "ping", "":
-			// a nameless event (an SSE comment, a proxy's keep-alive) proves
-			// nothing either; past the hold's limit, any event commits
-			if len(s.held) > maxHeld || s.waiting {
-				s.over = true
-				s.mu.Unlock()
-				return res, true, next
-			}
-		case "error":
-			s.over = true
-			v := classifyStreamError(ev.Data)
-			if !v.outcome.retryable() {
-				// the request's own fault: the client sees the stream as sent
-				s.commit(s.held)
-				s.mu.Unlock()
-				s.in.end.incomplete = true
-				return attemptResult{verdict: v, channel: s.ch, done: true}, false, next
-			}
-			s.mu.Unlock()
-			return attemptResult{verdict: v, channel: s.ch, status: s.resp.StatusCode, header: s.resp.Header, body: s.held}, false, next
-		default:
-			s.over = true
-			s.mu.Unlock()
-			return res, true, next
-		}
-		s.mu.Unlock()
 	}
+}
+
+// take is hold's step: what the read brought (an event, or err), taken
+// under s.mu, which the hold's limit shares. over says that the hold is
+// over, and res, ok and next are then hold's answer.
+func (s *streamAttempt) take(ev sse.Event, err error, first bool) (res attemptResult, ok bool, next pendingRead, over bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.early { // the hold's limit committed the stream while it read
+		return res, true, pendingRead{ev: ev, err: err, have: true}, true
+	}
+	defer func() { s.over = over }() // before the unlock
+	if first && !s.waiting {
+		// the first event came in time; the hold ends first_content_timeout
+		// after the response headers
+		s.deadline.arm(stageFirstContent, s.ch.firstContent-time.Since(s.deadline.headers))
+	}
+	if err != nil {
+		v := classifyError(s.ctx, s.clientCtx, err)
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			v.reason = "stream ended before any content"
+		}
+		// the upstream had begun its answer: it broke, it timed out, or
+		// the client left
+		return attemptResult{verdict: v, channel: s.ch, accepted: true}, false, next, true
+	}
+	s.last = time.Now()
+	if !s.wellFormed(ev) {
+		return res, false, next, false
+	}
+	s.in.end.usage.fromEvent(ev.Name, ev.Data)
+	s.in.tr.fromEvent(ev.Name, ev.Data)
+	if s.in.ask.thinking.on {
+		learnEvent(ev.Name, ev.Data, s.ch) // thinking.go
+	}
+	s.held = append(s.held, ev.Raw...)
+	switch string(ev.Name) {
+	case "message_start", "ping", "":
+		// a nameless event (an SSE comment, a proxy's keep-alive) proves
+		// nothing either; past the hold's limit, any event commits
+		return res, true, next, len(s.held) > maxHeld || s.waiting
+	case "error":
+		v := classifyStreamError(ev.Data)
+		if !v.outcome.retryable() {
+			// the request's own fault: the client sees the stream as sent
+			s.commit(s.held)
+			s.in.end.incomplete = true
+			return attemptResult{verdict: v, channel: s.ch, done: true}, false, next, true
+		}
+		return attemptResult{verdict: v, channel: s.ch, status: s.resp.StatusCode, header: s.resp.Header, body: s.held}, false, next, true
+	}
+	return res, true, next, true
 }
 
 // holdLimit is the end of the hold, first_content_timeout after the
