@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/provider"
 	"github.com/tidwall/gjson"
 )
 
@@ -241,17 +242,6 @@ func headerOf(pairs []string) http.Header {
 	return h
 }
 
-// betasOf lists an upstream request's anthropic-beta values.
-func betasOf(h http.Header) []string {
-	var out []string
-	for _, v := range h.Values("Anthropic-Beta") {
-		for _, b := range strings.Split(v, ",") {
-			out = append(out, strings.TrimSpace(b))
-		}
-	}
-	return out
-}
-
 // Section "API formats": the Anthropic Messages format, whose inference
 // posts to /v1/messages?beta=true, so the gateway routes on the path; the
 // request goes on with its path, query and body, and the answer comes back
@@ -349,7 +339,7 @@ func TestGatewayProtocolForwardAsOpenLists(t *testing.T) {
 		}
 		got := up.Last(t)
 		wantForwarded(t, got, "/v1/messages?beta=true", nested, ccHeaders(clientKey))
-		if !slices.Contains(betasOf(got.Header), "some-future-beta-2027-01-01") {
+		if !slices.Contains(provider.Betas(got.Header), "some-future-beta-2027-01-01") {
 			t.Errorf("the future beta did not arrive: %q", got.Header.Values("Anthropic-Beta"))
 		}
 		if v := got.Header.Get("Anthropic-Some-Future-Header"); v != "2027-01-01" {
@@ -410,7 +400,7 @@ func TestGatewayProtocolFeaturePassThrough(t *testing.T) {
 	if string(got.Body) != body {
 		t.Errorf("upstream body:\n%s\nwant the client's bytes", got.Body)
 	}
-	betas := betasOf(got.Header)
+	betas := provider.Betas(got.Header)
 	for _, f := range []struct{ name, path, beta string }{
 		{"context management", "context_management", "context-management-2025-06-27"},
 		{"effort", "output_config", "effort-2025-11-24"},

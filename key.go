@@ -318,19 +318,17 @@ func (r *Relay) authenticate(req *http.Request) (*key, *relayError) {
 		case b == nil:
 		case k == nil:
 			k = b
-		case !r.usable(k):
+		case k.refusal(r.now) != nil:
 			k = b // a stale x-api-key beside a usable bearer token
-		case r.usable(b):
+		case b.refusal(r.now) == nil:
 			return nil, errAuth("x-api-key and Authorization: Bearer carry two different relay keys; send one of them")
 		}
 	}
 	if k == nil {
 		return nil, errAuth("invalid relay key")
 	}
-	if k.disabled || !k.expires.IsZero() {
-		if rerr := k.usable(r.now()); rerr != nil {
-			return nil, rerr
-		}
+	if rerr := k.refusal(r.now); rerr != nil {
+		return nil, rerr
 	}
 	if !k.active.Load() {
 		r.activate(k)
@@ -338,10 +336,13 @@ func (r *Relay) authenticate(req *http.Request) (*key, *relayError) {
 	return k, nil
 }
 
-// usable reports whether k may serve a request now: it is neither
-// disabled nor expired. The clock is read only for a key that expires.
-func (r *Relay) usable(k *key) bool {
-	return !k.disabled && (k.expires.IsZero() || r.now().Before(k.expires))
+// refusal is usable for a key a request named: the clock is read only
+// for a key that can refuse, one disabled or with an expiry.
+func (k *key) refusal(now func() time.Time) *relayError {
+	if !k.disabled && k.expires.IsZero() {
+		return nil
+	}
+	return k.usable(now())
 }
 
 // lookupKey is the key whose secret is secret; nil for none.
