@@ -36,11 +36,13 @@ import (
 )
 
 // ccBetas is the anthropic-beta of a Claude Code request to a gateway
-// (ANTHROPIC_BASE_URL): the values of today's release and one of a
-// release to come.
+// (ANTHROPIC_BASE_URL): the values of today's release. One of a release
+// to come is added where an upstream of that release answers
+// (TestGatewayProtocolForwardAsOpenLists): today's API refuses a beta it
+// does not know.
 const ccBetas = "claude-code-20250219,interleaved-thinking-2025-05-14,context-management-2025-06-27," +
 	"prompt-caching-scope-2026-01-05,extended-cache-ttl-2025-04-11,advanced-tool-use-2025-11-20," +
-	"effort-2025-11-24,some-future-beta-2027-01-01"
+	"effort-2025-11-24"
 
 // ccAttribution is the attribution block Claude Code puts first in
 // `system`.
@@ -320,8 +322,7 @@ func TestGatewayProtocolRequestHeaders(t *testing.T) {
 // x-claude-code-* header and body fields of a release to come pass as the
 // ones of today do.
 func TestGatewayProtocolForwardAsOpenLists(t *testing.T) {
-	// fields a later release adds inside today's objects; the strict fake
-	// checks no nested field
+	// fields a later release adds inside today's objects
 	nested := strings.NewReplacer(
 		`"And then?","cache_control":{"type":"ephemeral"}`, `"And then?","cache_control":{"type":"ephemeral"},"some_future_block_field":{"on":true}`,
 		`"defer_loading":true`, `"defer_loading":true,"some_future_tool_field":1`,
@@ -332,13 +333,24 @@ func TestGatewayProtocolForwardAsOpenLists(t *testing.T) {
 		t.Fatal("the future fields were not put in the body")
 	}
 
+	// Today's API refuses a beta it does not know, and most fields it does
+	// not know; the strict fake checks betas and nested fields less than
+	// that. The upstreams below stand for the API of the release that adds
+	// them, so they take what a release to come sends.
+	future := ccHeaders(clientKey)
+	for i := 0; i+1 < len(future); i += 2 {
+		if future[i] == "Anthropic-Beta" {
+			future[i+1] += ",some-future-beta-2027-01-01"
+		}
+	}
 	t.Run("nested fields, a beta and headers of a release to come", func(t *testing.T) {
-		up := ccRelay(t, "gp-open-nested", fakeupstream.Raw(200, ccAnswer), "")
-		if r := claudeCode(t, "/v1/messages?beta=true", nested); r.status != 200 || !bytes.Equal(r.body, ccAnswer) {
+		up := fakeupstream.New(t, fakeupstream.Raw(200, ccAnswer), fakeupstream.Lenient())
+		startGateway(t, channelBlock("gp-open-nested-a", up.URL)+keyAndGroup("gp-open-nested", "gp-open-nested-a"))
+		if r := send(t, http.MethodPost, "/v1/messages?beta=true", "", nested, future...); r.status != 200 || !bytes.Equal(r.body, ccAnswer) {
 			t.Fatalf("client got %d: %s", r.status, r.body)
 		}
 		got := up.Last(t)
-		wantForwarded(t, got, "/v1/messages?beta=true", nested, ccHeaders(clientKey))
+		wantForwarded(t, got, "/v1/messages?beta=true", nested, future)
 		if !slices.Contains(provider.Betas(got.Header), "some-future-beta-2027-01-01") {
 			t.Errorf("the future beta did not arrive: %q", got.Header.Values("Anthropic-Beta"))
 		}
@@ -351,15 +363,14 @@ func TestGatewayProtocolForwardAsOpenLists(t *testing.T) {
 	})
 
 	t.Run("a top-level field of a release to come", func(t *testing.T) {
-		// Today's API refuses a top-level field it does not know ("Extra
-		// inputs are not permitted"), and so does the strict fake; this
-		// upstream stands for the API of the release that adds the field.
+		// today's API refuses it ("Extra inputs are not permitted"), and
+		// so does the strict fake
 		up := fakeupstream.New(t, fakeupstream.Raw(200, ccAnswer), fakeupstream.Lenient())
 		startGateway(t, channelBlock("gp-open-top-a", up.URL)+keyAndGroup("gp-open-top", "gp-open-top-a"))
-		if r := claudeCode(t, "/v1/messages?beta=true", topLevel); r.status != 200 || !bytes.Equal(r.body, ccAnswer) {
+		if r := send(t, http.MethodPost, "/v1/messages?beta=true", "", topLevel, future...); r.status != 200 || !bytes.Equal(r.body, ccAnswer) {
 			t.Fatalf("client got %d: %s", r.status, r.body)
 		}
-		wantForwarded(t, up.Last(t), "/v1/messages?beta=true", topLevel, ccHeaders(clientKey))
+		wantForwarded(t, up.Last(t), "/v1/messages?beta=true", topLevel, future)
 	})
 }
 
