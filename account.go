@@ -115,6 +115,9 @@ func (r *Relay) account(in *inbound) {
 	if in.end.estimated {
 		fields = append(fields, zap.Bool("estimated", true))
 	}
+	if in.end.estimatedPrice {
+		fields = append(fields, zap.Bool("estimated_price", true))
+	}
 	if in.tr != nil {
 		fields = append(fields, zap.String("trace_id", in.tr.traceID))
 	}
@@ -152,14 +155,21 @@ func (c *attemptChain) MarshalLogArray(enc zapcore.ArrayEncoder) error {
 // its client got, at the price of the model that served it, times the
 // price factor of the channel that answered. It reports whether that model
 // has a price.
+//
+// A model the price table does not know costs its estimate when a budget
+// or a spend cap counts the request (unpriced.go), else nothing.
 func (r *Relay) price(in *inbound) bool {
-	rates := r.prices.lookup(in.grant.target) // what was served is what is billed
+	rates, estimated := r.ratesFor(in.grant.target, in.grant.counted) // what was served is what is billed
 	if rates == nil {
 		return false
 	}
 	in.end.cost = 0
 	if in.end.answered != nil {
 		in.end.cost = rates.cost(in.end.usage) * in.end.answered.priceFactor
+		if estimated && in.end.cost > 0 {
+			in.end.estimatedPrice = true
+			r.unpriced(in, in.grant.target, in.end.cost)
+		}
 	}
 	return true
 }

@@ -365,6 +365,11 @@ type keyStatus struct {
 	// within settle_grace); absent when none was. In a fleet, what this
 	// relay estimated since it started.
 	EstimatedUSD map[string]float64 `json:"estimated_usd,omitempty"`
+	// EstimatedPriceUSD is the part of SpendUSD, by period, charged for
+	// models the price table does not know, at the dearest row of their
+	// family; absent when none was. A `pricing` row for the model ends it.
+	// In a fleet, what this relay charged so since it started.
+	EstimatedPriceUSD map[string]float64 `json:"estimated_price_usd,omitempty"`
 	// HeldUSD is what the key's requests in flight and its batches hold
 	// against its budgets now (in a fleet, every relay's, as of the last
 	// sync); a key without budgets holds nothing.
@@ -431,10 +436,17 @@ func (k *key) status(now time.Time) keyStatus {
 			st.BudgetUSD[p.String()], st.RemainingUSD[p.String()] = caps[p], max(0, (toNano(caps[p])-toNano(spent[p])).usd())
 		}
 	}
-	if est := account.estimates(now); est != [numPeriods]float64{} {
+	output, price := account.estimates(now)
+	if output != [numPeriods]float64{} {
 		st.EstimatedUSD = map[string]float64{}
 		for p := range numPeriods {
-			st.EstimatedUSD[p.String()] = est[p]
+			st.EstimatedUSD[p.String()] = output[p]
+		}
+	}
+	if price != [numPeriods]float64{} {
+		st.EstimatedPriceUSD = map[string]float64{}
+		for p := range numPeriods {
+			st.EstimatedPriceUSD[p.String()] = price[p]
 		}
 	}
 	return st

@@ -238,7 +238,8 @@ func (a *spendAccount) heldLocked() nanoUSD {
 // plus max_tokens at the output price (the model's maximum output when the
 // body gives none), of the dearest model it may be served as (itself and
 // its group's fallbacks for it), times the highest price_factor among its
-// group's channels. A model without a price costs nothing.
+// group's channels. A model without a price costs its estimate
+// (pricing.go).
 func (r *Relay) worstCase(in *inbound) float64 {
 	g := in.group()
 	model := in.servedAs()
@@ -251,9 +252,10 @@ func (r *Relay) worstCase(in *inbound) float64 {
 
 // costCeiling is the most a request for model with a prompt of about
 // prompt tokens and maxTokens of output (0: the model's maximum) may cost
-// at list price.
+// at list price, where money is counted: a model without a price at its
+// estimate.
 func (r *Relay) costCeiling(model string, prompt, maxTokens int64) float64 {
-	if rates := r.prices.lookup(model); rates != nil {
+	if rates, _ := r.ratesFor(model, true); rates != nil {
 		return rates.worst(prompt, maxTokens)
 	}
 	return 0
@@ -297,13 +299,14 @@ func (r *Relay) planHolds(in *inbound) *relayError {
 	if n == 0 && !g.capped {
 		return nil
 	}
+	in.grant.counted = true
 	worst := ceilNano(r.worstCase(in))
 	for _, a := range accts[:n] {
 		if ans := a.affords(r.now(), worst); ans.verdict == holdRefused {
 			return r.budgetRefusal(in, a, worst, ans)
 		}
 	}
-	if worst == 0 { // no model it may be served as has a price: it costs nothing
+	if worst == 0 { // a price table whose every row is free
 		return nil
 	}
 	in.grant.worst = worst

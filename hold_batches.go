@@ -48,14 +48,13 @@ func batchHoldID(channel, up string) string { return digest(channel + "\x00" + u
 
 // batchWorstCase is the most a batch's requests may cost, in USD: each
 // request's worst case as a message's (of its own params), at its model's
-// batch price, times factor, the highest price_factor among the channels
+// batch price (an unpriced model's estimate: pricing.go), times factor, the highest price_factor among the channels
 // that may take the batch.
 func (r *Relay) batchWorstCase(body []byte, factor float64) float64 {
 	total := 0.0
 	gjson.GetBytes(body, "requests").ForEach(func(_, req gjson.Result) bool {
 		params := req.Get("params")
-		rates := r.prices.lookup(params.Get("model").Str)
-		if rates != nil {
+		if rates, _ := r.ratesFor(params.Get("model").Str, true); rates != nil {
 			prompt := int64(len(params.Raw)/4) + 1
 			total += rates.worst(prompt, params.Get("max_tokens").Int()) * rates.batch
 		}
@@ -101,7 +100,7 @@ func (r *Relay) holdBatch(in *inbound, body []byte, cands *[]*channel) (held *ba
 		factor = max(factor, ch.priceFactor)
 	}
 	worst := ceilNano(r.batchWorstCase(body, factor))
-	if worst == 0 { // none of its models has a price: it costs nothing
+	if worst == 0 { // a price table whose every row is free
 		return nil, nil
 	}
 	now := r.now()

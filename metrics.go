@@ -199,7 +199,7 @@ var collectors = []prometheus.Collector{
 	metricCapabilityMisses, metricThinkingStripped, metricDegraded,
 	metricDedup, metricCache, metricSavedTokens, metricSavedUSD,
 	metricResources, metricBatchResultsAccounted,
-	metricCacheAffinity, metricCacheMissUSD,
+	metricCacheAffinity, metricCacheMissUSD, metricUnpriced,
 }
 
 // fleetCollectors are registered only by a config with a fleet (`storage`).

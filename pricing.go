@@ -2,6 +2,8 @@ package relay
 
 import (
 	"cmp"
+	"maps"
+	"slices"
 	"strings"
 )
 
@@ -130,8 +132,10 @@ func usd(v float64) *float64 { return &v }
 // USD per million tokens, as published on
 // platform.claude.com/docs/en/about-claude/pricing (read 2026-11-29), and
 // each model's maximum output tokens, from its models overview. A
-// `pricing` entry overrides a model's row; a model in neither is counted in
-// tokens but costs nothing.
+// `pricing` entry overrides a model's row. A model in neither is counted in
+// tokens; it costs nothing unless a budget or a spend cap applies to the
+// request, which then holds and pays the dearest row of its family
+// (estimates).
 var defaultPricing = map[string]Price{
 	"claude-fable-5-1":  {Input: 10, Output: 50, CacheRead: usd(0.25), CacheWrite: usd(12.5), CacheWrite1h: usd(20), maxOutput: 128000},
 	"claude-mythos-5-1": {Input: 10, Output: 50, CacheRead: usd(0.25), CacheWrite: usd(12.5), CacheWrite1h: usd(20), maxOutput: 128000},
@@ -214,6 +218,9 @@ var largestMaxOutput = func() int64 {
 // it is a dated snapshot or a variant of (claude-sonnet-4-5-20250929,
 // claude-sonnet-4-5@20250929, claude-sonnet-4-5[1m]). A newer version
 // (claude-opus-4-9) never takes an older one's price.
+//
+// Model ids are lower case; an id in upper or mixed case takes the row of
+// its lower-case form, as the upstream that serves it means that model.
 func (pb pricebook) lookup(model string) *rates {
 	if r, ok := pb[model]; ok {
 		return r
@@ -224,7 +231,55 @@ func (pb pricebook) lookup(model string) *rates {
 			best, bestLen = r, len(name)
 		}
 	}
+	if best == nil && hasUpper(model) {
+		return pb.lookup(strings.ToLower(model))
+	}
 	return best
+}
+
+func hasUpper(s string) bool {
+	for i := range len(s) {
+		if 'A' <= s[i] && s[i] <= 'Z' {
+			return true
+		}
+	}
+	return false
+}
+
+// estimates are the rows an unpriced model is held and charged at when a
+// budget or a spend cap applies to its request: by family (opus, sonnet,
+// haiku, as a word of the model id, in any case), the dearest row of the
+// price table of that family; for a model of no family, the dearest row of
+// all. An unknown model is never free where money is counted, and never
+// cheaper than the dearest model it could be.
+type estimates map[string]*rates
+
+// estimates finds the dearest row of each family in the table, the
+// configured rows among them.
+func (pb pricebook) estimates() estimates {
+	e := estimates{}
+	for _, name := range slices.Sorted(maps.Keys(pb)) { // of two rows alike, the first name's
+		r := pb[name]
+		for _, f := range [2]string{familyOf(name), ""} {
+			if cur := e[f]; cur == nil || dearer(r, cur) {
+				e[f] = r
+			}
+		}
+	}
+	return e
+}
+
+// dearer reports whether a costs more than b for a long request (a full
+// context of prompt, the most output a model writes): the dearer row holds
+// more for every request that could be worth a budget's attention.
+func dearer(a, b *rates) bool {
+	const prompt, output = 1_000_000, 128_000
+	return a.worst(prompt, output) > b.worst(prompt, output)
+}
+
+// of is the estimate of the unpriced model.
+func (e estimates) of(model string) *rates {
+	return e[familyOf(strings.ToLower(model))]
 }
 
 // variantSuffix reports whether rest, what follows a model name, names a

@@ -175,6 +175,7 @@ type Relay struct {
 	ledger        *ledger         // where each request's row goes; nil: none
 	logger        *zap.Logger
 	prices        pricebook
+	estimates     estimates         // what an unpriced model costs where money is counted
 	classRows     []string          // the price rows that are model classes of their own
 	modelNames    map[string]bool   // every model a channel lists, for metric labels
 	passRatelimit bool              // upstream_ratelimit_headers pass
@@ -265,6 +266,7 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 	spend.use(ctx, r.logger)
 	r.held.addSpendStore()
 	r.prices = newPricebook(r.Pricing)
+	r.estimates = r.prices.estimates()
 	r.classRows = r.prices.classRows()
 	r.modelNames = map[string]bool{}
 	for _, cfg := range r.Channels {
@@ -294,6 +296,7 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 	if err := r.provisionUsers(); err != nil {
 		return err
 	}
+	r.warnUnpriced()
 	provisionedKeys.add(r)
 
 	// push this config's settings into the channels' surviving state, and

@@ -240,6 +240,9 @@ type granted struct {
 	endUserEstimate int64
 	holds           *holds  // its worst case held against its budgets (hold.go); nil: none
 	worst           nanoUSD // its worst case, when a budget or a channel's spend cap may apply
+	// counted says that a budget or a channel's spend cap applies to it:
+	// a model the price table does not know costs its estimate
+	counted bool
 	// pinned, for a message that references files, is its group with only
 	// the channel that holds them
 	pinned *group
@@ -264,11 +267,14 @@ type ending struct {
 	firstByte  time.Duration // until the client's response headers
 	chain      []attemptRecord
 	usage      usage
-	incomplete bool    // the answer did not complete: tokens are the ones seen
-	estimated  bool    // its output is an estimate: its client left, and the final count never came (settle.go)
-	cost       float64 // in USD: list price x price_factor of the channel that answered; set by account (price)
-	wasted     int64   // input tokens of attempts abandoned on the way (relay_wasted_tokens_total)
-	shared     string  // what answered it instead of an upstream (dedup.go); "": none
+	incomplete bool // the answer did not complete: tokens are the ones seen
+	estimated  bool // its output is an estimate: its client left, and the final count never came (settle.go)
+	// estimatedPrice says that its cost is at the estimate of a model the
+	// price table does not know (pricing.go)
+	estimatedPrice bool
+	cost           float64 // in USD: list price x price_factor of the channel that answered; set by account (price)
+	wasted         int64   // input tokens of attempts abandoned on the way (relay_wasted_tokens_total)
+	shared         string  // what answered it instead of an upstream (dedup.go); "": none
 	// batch is what the request charged for the batch results it
 	// accounted (resource_batches.go); nil for every other request
 	batch *batchCharge

@@ -174,6 +174,8 @@ func (c *resourceCtx) accountBatch(ch *channel, b *batchUsage, complete bool) {
 	r, in := c.r, c.in
 	in.end.usage, in.end.incomplete = b.total, !complete
 	in.end.cost = 0
+	_, budgets := budgeted(in.who.state.spend, in.group().spend, nil)
+	counted := in.grant.holds != nil || budgets > 0 || in.group().capped // a model without a price costs its estimate
 	models := slices.Sorted(maps.Keys(b.byModel))
 	for _, model := range models {
 		u := b.byModel[model]
@@ -185,8 +187,12 @@ func (c *resourceCtx) accountBatch(ch *channel, b *batchUsage, complete bool) {
 			metricTokens.WithLabelValues(c.group.name, ch.name, label, t.kind).Add(float64(t.n))
 		}
 		cost := 0.0
-		if rates := r.prices.lookup(model); rates != nil {
+		if rates, estimated := r.ratesFor(model, counted); rates != nil {
 			cost = rates.cost(u) * rates.batch * ch.priceFactor
+			if estimated && cost > 0 {
+				in.end.estimatedPrice = true
+				r.unpriced(in, model, cost)
+			}
 		}
 		in.end.cost += cost
 		if cost > 0 {

@@ -377,11 +377,11 @@ func valueEnd(s string, i int) int {
 // principal's spend as estimated.
 func (r *Relay) estimated(in *inbound, group string) {
 	metricEstimated.WithLabelValues(group).Inc()
-	rates := r.prices.lookup(in.grant.target)
+	rates, _ := r.ratesFor(in.grant.target, in.grant.counted)
 	if rates == nil || in.end.answered == nil || in.who.state == nil || in.who.state.spend == nil {
 		return
 	}
 	known := in.end.usage
 	known.output = 0
-	in.who.state.spend.chargedEstimate(r.now(), in.end.cost-rates.cost(known)*in.end.answered.priceFactor)
+	in.who.state.spend.chargedEstimate(r.now(), in.end.cost-rates.cost(known)*in.end.answered.priceFactor, estimateOutput)
 }

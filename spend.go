@@ -93,6 +93,9 @@ type periodSpend struct {
 	// estimated is the part of usd that estimated outputs cost (settle.go),
 	// as this relay charged them
 	estimated nanoUSD
+	// estimatedPrice is the part of usd charged at the estimate of a model
+	// the price table does not know (pricing.go), as this relay charged it
+	estimatedPrice nanoUSD
 }
 
 // Destruct implements caddy.Destructor: the account's last config is gone.
@@ -220,9 +223,15 @@ func (a *spendAccount) periodEnd(p budgetPeriod, start time.Time) time.Time {
 	return p.end(start)
 }
 
-// chargedEstimate records that usd of what was charged at now is the cost
-// of an estimated output (settle.go).
-func (a *spendAccount) chargedEstimate(now time.Time, usd float64) {
+// Kinds of estimate in a charge.
+const (
+	estimateOutput = iota // an output estimated after its client left (settle.go)
+	estimatePrice         // the price of a model the price table does not know (pricing.go)
+)
+
+// chargedEstimate records that usd of what was charged at now is an
+// estimate of the kind.
+func (a *spendAccount) chargedEstimate(now time.Time, usd float64, kind int) {
 	if usd <= 0 {
 		return
 	}
@@ -231,7 +240,11 @@ func (a *spendAccount) chargedEstimate(now time.Time, usd float64) {
 	a.roll(now)
 	for p := range numPeriods {
 		if a.counts(p) {
-			a.periods[p].estimated += n
+			if kind == estimatePrice {
+				a.periods[p].estimatedPrice += n
+			} else {
+				a.periods[p].estimated += n
+			}
 		}
 	}
 	a.mu.Unlock()
@@ -239,15 +252,16 @@ func (a *spendAccount) chargedEstimate(now time.Time, usd float64) {
 }
 
 // estimates returns the part of each period's spend, as of now, that
-// estimated outputs cost.
-func (a *spendAccount) estimates(now time.Time) (usd [numPeriods]float64) {
+// estimated outputs cost, and the part charged at an unpriced model's
+// estimate.
+func (a *spendAccount) estimates(now time.Time) (output, price [numPeriods]float64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.roll(now)
 	for p := range numPeriods {
-		usd[p] = a.periods[p].estimated.usd()
+		output[p], price[p] = a.periods[p].estimated.usd(), a.periods[p].estimatedPrice.usd()
 	}
-	return usd
+	return output, price
 }
 
 // warning is a budget whose warning share was crossed.

@@ -166,7 +166,7 @@ func TestAResetForgivesTheEstimatesAndIsLogged(t *testing.T) {
 			t.Fatalf("request %d: %d, want %d", i+1, s, want)
 		}
 	}
-	r.keyByName(t, "reset-total").state.spend.chargedEstimate(clock.now(), 0.05)
+	r.keyByName(t, "reset-total").state.spend.chargedEstimate(clock.now(), 0.05, estimateOutput)
 	clock.advance(2 * time.Hour) // a new day: the total goes on
 	if rows, _ := keyRows(t); rows["reset-total"].EstimatedUSD["total"] != 0.05 || rows["reset-total"].SpendUSD["total"] != 0.4 {
 		t.Fatalf("before the reset: %s", show(rows["reset-total"]))

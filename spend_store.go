@@ -36,6 +36,9 @@ type storedPeriod struct {
 	NanoUSD nanoUSD   `json:"nano_usd"` // billionths of a dollar
 	// EstimatedNanoUSD is the part of NanoUSD that estimated outputs cost.
 	EstimatedNanoUSD nanoUSD `json:"estimated_nano_usd,omitempty"`
+	// EstimatedPriceNanoUSD is the part of NanoUSD charged at the estimate
+	// of a model the price table does not know.
+	EstimatedPriceNanoUSD nanoUSD `json:"estimated_price_nano_usd,omitempty"`
 }
 
 // spendStore writes the accounts to Caddy's storage, and holds the stored
@@ -145,7 +148,7 @@ func (s *spendStore) stored(id string) *spendAccount {
 	s.mu.Unlock()
 	for p := range numPeriods {
 		if r, ok := rec[p.String()]; ok {
-			a.periods[p] = periodSpend{start: r.Start, usd: r.NanoUSD, estimated: r.EstimatedNanoUSD}
+			a.periods[p] = periodSpend{start: r.Start, usd: r.NanoUSD, estimated: r.EstimatedNanoUSD, estimatedPrice: r.EstimatedPriceNanoUSD}
 		}
 	}
 	for name, r := range rec {
@@ -186,7 +189,7 @@ func (a *spendAccount) record() spendRecord {
 	rec := spendRecord{}
 	for p := range numPeriods {
 		if ps := a.periods[p]; !ps.start.IsZero() {
-			rec[p.String()] = storedPeriod{ps.start, ps.usd, ps.estimated}
+			rec[p.String()] = storedPeriod{ps.start, ps.usd, ps.estimated, ps.estimatedPrice}
 		}
 	}
 	for batch, h := range a.batches {
