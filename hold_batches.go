@@ -64,8 +64,9 @@ func (r *Relay) batchWorstCase(body []byte, factor float64) float64 {
 }
 
 // batchHoldTaken is a batch's holds taken at its create, one per budgeted
-// account (its principal's, its group's), until the batch is made (keep)
-// or not (abandon).
+// account (its principal's, its group's) and one per spend cap of the
+// channels that may make it, until the batch is made (keep) or not
+// (abandon).
 type batchHoldTaken struct {
 	r     *Relay
 	parts []batchHoldPart
@@ -77,13 +78,22 @@ type batchHoldTaken struct {
 type batchHoldPart struct {
 	a     *spendAccount
 	lease string // in a fleet: its member while the create runs
+	// channel, for the hold of a channel's spend cap, is the channel's
+	// name: only the channel that makes the batch keeps it
+	channel string
 }
 
 // holdBatch takes the holds of a batch of body that one of cands will
-// make, for the request's principal and its group; nil when neither has a
-// budget. A batch that does not fit is answered. The candidates whose
-// spend cap cannot take the batch's worst case are dropped from cands,
-// once its budgets took it.
+// make: against the budgets of the request's principal and its group,
+// all or none, then against the spend cap of each candidate, the
+// candidates whose cap cannot take it dropped from cands. nil when no
+// budget and no cap applies. A batch that does not fit is answered.
+//
+// Every candidate's cap is held while the create runs, as the relay does
+// not know which of them will make the batch; the one that makes it keeps
+// its hold until the results settle it, the others are given back. A cap
+// is held, not only looked at: creates that arrive together each saw room
+// for themselves alone.
 func (r *Relay) holdBatch(in *inbound, body []byte, cands *[]*channel) (held *batchHoldTaken, rerr *relayError) {
 	var accts []*spendAccount
 	for _, a := range [2]*spendAccount{in.who.state.spend, in.group().spend} {
@@ -105,41 +115,12 @@ func (r *Relay) holdBatch(in *inbound, body []byte, cands *[]*channel) (held *ba
 	}
 	now := r.now()
 	b := &batchHoldTaken{r: r, usd: worst}
-	if capped {
-		defer func() {
-			if rerr == nil {
-				if rerr = r.batchCaps(cands, now, worst); rerr != nil {
-					b.abandon()
-					held = nil
-				}
-			}
-		}()
-	}
-	if len(accts) == 0 {
-		return nil, nil
-	}
 	var ans holdAnswer
-	if f := accts[0].fleet.Load(); f != nil {
-		calls := make([]*holdCall, len(accts))
-		for i, a := range accts {
-			calls[i] = f.prepareHold(a, now, worst, holdMember(f.leaseID(), worst), f.lease)
-		}
+	if len(accts) > 0 {
 		var err error
-		_, _, _, _, ans, err = f.admitHolds(now, nil, calls)
-		switch {
-		case err != nil && f.deny:
+		if ans, err = b.take(accts, now, ""); err != nil {
 			return nil, errStorageUnavailable()
-		case err != nil: // Redis is down: held on this relay alone meanwhile
-			ans = b.reserve(accts, now)
-		case ans.verdict == holdTaken:
-			for i, a := range accts {
-				a.holdsHere(worst)
-				f.hold(leaseRef{calls[i].keys[0], calls[i].member}, true)
-				b.parts = append(b.parts, batchHoldPart{a: a, lease: calls[i].member})
-			}
 		}
-	} else {
-		ans = b.reserve(accts, now)
 	}
 	switch ans.verdict {
 	case holdRefused:
@@ -149,37 +130,82 @@ func (r *Relay) holdBatch(in *inbound, body []byte, cands *[]*channel) (held *ba
 		metricRateLimited.WithLabelValues(in.who.key.name, string(scopeBudget)).Inc()
 		return nil, errBudgetHeld(a.who(), ans, a.capOf(ans.period), worst, "; a batch does not wait for them")
 	}
+	if capped {
+		if rerr := b.holdCaps(cands, now); rerr != nil {
+			b.abandon()
+			return nil, rerr
+		}
+	}
+	if len(b.parts) == 0 {
+		return nil, nil
+	}
 	return b, nil
 }
 
+// take takes the batch's holds of accts, all or none: in the fleet's
+// storage when the accounts are shared (on this relay alone while it is
+// unreachable and the fleet allows it), else on this relay. channel names
+// the channel whose cap accts[0] is; "" for budgets. err: the storage is
+// unreachable and the fleet denies.
+func (b *batchHoldTaken) take(accts []*spendAccount, now time.Time, channel string) (holdAnswer, error) {
+	f := accts[0].fleet.Load()
+	if f == nil {
+		return b.reserve(accts, now, channel), nil
+	}
+	calls := make([]*holdCall, len(accts))
+	for i, a := range accts {
+		calls[i] = f.prepareHold(a, now, b.usd, holdMember(f.leaseID(), b.usd), f.lease)
+	}
+	_, _, _, _, ans, err := f.admitHolds(now, nil, calls)
+	switch {
+	case err != nil && f.deny:
+		return ans, err
+	case err != nil: // Redis is down: held on this relay alone meanwhile
+		return b.reserve(accts, now, channel), nil
+	case ans.verdict == holdTaken:
+		for i, a := range accts {
+			a.holdsHere(b.usd)
+			f.hold(leaseRef{calls[i].keys[0], calls[i].member}, true)
+			b.parts = append(b.parts, batchHoldPart{a: a, lease: calls[i].member, channel: channel})
+		}
+	}
+	return ans, nil
+}
+
 // reserve takes the batch's holds of accts on this relay, all or none.
-func (b *batchHoldTaken) reserve(accts []*spendAccount, now time.Time) holdAnswer {
+func (b *batchHoldTaken) reserve(accts []*spendAccount, now time.Time, channel string) holdAnswer {
+	from := len(b.parts)
 	for i, a := range accts {
 		if ans := a.reserve(now, b.usd); ans.verdict != holdTaken {
-			for _, p := range b.parts {
+			for _, p := range b.parts[from:] {
 				p.a.unreserve(b.usd)
 			}
-			b.parts = nil
+			b.parts = b.parts[:from]
 			ans.i = i
 			return ans
 		}
-		b.parts = append(b.parts, batchHoldPart{a: a})
+		b.parts = append(b.parts, batchHoldPart{a: a, channel: channel})
 	}
 	return holdAnswer{}
 }
 
-// batchCaps drops from cands the channels whose spend cap is spent or
-// cannot take a batch of worst beside what it spent and holds: a batch's
-// cost reaches a channel's cap when its results are read, and meanwhile
-// no request in flight holds it, so the cap is checked, not held, when
-// the batch is made. None left: the batch is answered as a request is.
-func (r *Relay) batchCaps(cands *[]*channel, now time.Time, worst nanoUSD) *relayError {
+// holdCaps holds the batch against the spend cap of each candidate that
+// has one, and drops from cands the channels whose cap is spent or cannot
+// take it beside what it spent and holds. None left: the batch is
+// answered as a request is.
+func (b *batchHoldTaken) holdCaps(cands *[]*channel, now time.Time) *relayError {
 	var out *channel
 	kept := (*cands)[:0:0]
 	for _, ch := range *cands {
-		if ch.spend != nil && !ch.spend.room(now, worst) {
-			out = ch
-			continue
+		if ch.spend != nil {
+			ans, err := b.take([]*spendAccount{ch.spend}, now, ch.name)
+			if err != nil {
+				return errStorageUnavailable()
+			}
+			if ans.verdict != holdTaken {
+				out = ch
+				continue
+			}
 		}
 		kept = append(kept, ch)
 	}
@@ -198,23 +224,38 @@ func (b *batchHoldTaken) abandon() {
 	}
 	b.done = true
 	for _, p := range b.parts {
-		p.a.unreserve(b.usd)
-		if p.lease != "" {
-			if f := p.a.fleet.Load(); f != nil {
-				f.releaseHold(p.a, p.lease)
-			}
+		p.giveBack(b.usd)
+	}
+}
+
+// giveBack gives the part's hold of usd back unused.
+func (p batchHoldPart) giveBack(usd nanoUSD) {
+	p.a.unreserve(usd)
+	if p.lease != "" {
+		if f := p.a.fleet.Load(); f != nil {
+			f.releaseHold(p.a, p.lease)
 		}
 	}
 }
 
 // keep makes the holds the batch's, now that channel made it as up: they
-// last until the batch's results settle them, or batchHoldFor.
+// last until the batch's results settle them, or batchHoldFor. The holds
+// of the other candidates' caps are given back.
 func (b *batchHoldTaken) keep(channel, up string) {
 	if b == nil || b.done {
 		return
 	}
 	b.done = true
 	id, now := batchHoldID(channel, up), b.r.now()
+	kept := b.parts[:0]
+	for _, p := range b.parts {
+		if p.channel != "" && p.channel != channel {
+			p.giveBack(b.usd)
+			continue
+		}
+		kept = append(kept, p)
+	}
+	b.parts = kept
 	if len(b.parts) == 0 {
 		return
 	}

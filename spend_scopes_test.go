@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -465,4 +466,59 @@ func spendSeries(t *testing.T, keep func(label, value string) bool) string {
 		}
 	}
 	return series.String()
+}
+
+// TestParallelBatchesHoldAChannelsSpendCap makes 30 batches at once
+// through a channel with a $0.05 daily spend cap and no other budget:
+// each holds its worst case ($0.04) against the cap from its create until
+// its results settle it, so one is made and the rest are refused, where
+// each used to see the cap's room and pass; the results then charge the
+// cap what they cost and give its hold back.
+func TestParallelBatchesHoldAChannelsSpendCap(t *testing.T) {
+	store, name := fakeupstream.NewStore("capbatch"), "cap-batch"
+	r, _ := scopeRelay(t, &name, nil, &scopeChannel{h: store, caps: []string{"0.05usd/day"}})
+	ch := r.groups[name].channels[0].spend
+	call := func(method, path, body string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(method, path, strings.NewReader(body))
+		req.Header.Set("X-Api-Key", "sk-"+name+"-a")
+		req.Header.Set("Anthropic-Version", "2023-06-01")
+		req.Header.Set("Content-Type", "application/json")
+		w, _ := serveHandler(t, r, req)
+		return w
+	}
+	// two requests of up to 4 output tokens at $0.005 (the batch price)
+	batch := `{"requests":[{"custom_id":"r0","params":` + holdBody(4) + `},{"custom_id":"r1","params":` + holdBody(4) + `}]}`
+	var made []string
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for range 30 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w := call(http.MethodPost, "/v1/messages/batches", batch)
+			var b struct{ ID string }
+			if w.Code == 200 && json.Unmarshal(w.Body.Bytes(), &b) == nil {
+				mu.Lock()
+				made = append(made, b.ID)
+				mu.Unlock()
+			} else if w.Code != 503 || !strings.Contains(w.Body.String(), "spend_cap") {
+				t.Errorf("a refused batch: %d %s", w.Code, w.Body)
+			}
+		}()
+	}
+	wg.Wait()
+	if len(made) != 1 || store.Batches() != 1 {
+		t.Fatalf("%d batches made (upstream: %d) on a $0.05 cap at $0.04 each, want 1", len(made), store.Batches())
+	}
+	if held := ch.heldUSD(); held != 0.04 {
+		t.Errorf("the channel's cap holds %v for the batch, want 0.04", held)
+	}
+	// its results: 5 output tokens each, $0.025 each at the batch price
+	if w := call(http.MethodGet, "/v1/messages/batches/"+made[0]+"/results", ""); w.Code != 200 {
+		t.Fatalf("results: %d %s", w.Code, w.Body)
+	}
+	spent, _ := ch.spent(r.now())
+	if held := ch.heldUSD(); held != 0 || spent[periodDay] < 0.0499 || spent[periodDay] > 0.0501 {
+		t.Errorf("results read: the cap holds %v and spent %v, want 0 and 0.05", held, spent[periodDay])
+	}
 }
