@@ -69,6 +69,7 @@ func declareInCaddyfile(state map[string]any, r *Relay, by string) error {
 //		dedup_window          <duration>
 //		dedup_grace           <duration>
 //		settle_grace          <duration>
+//		hold_floor            <usd>
 //		first_byte_timeout    <duration>
 //		first_content_timeout <duration>
 //		response_timeout      <duration>
@@ -244,6 +245,15 @@ func (r *Relay) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("settle_grace: %s is negative (0: do not read on after a client left)", time.Duration(g))
 			}
 			r.SettleGrace = &g
+		case "hold_floor":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			v, err := strconv.ParseFloat(strings.TrimSuffix(strings.ToLower(d.Val()), "usd"), 64)
+			if err != nil || v < 0 || math.IsInf(v, 0) || math.IsNaN(v) {
+				return d.Errf("hold_floor: %q is not an amount in US dollars, such as 0.50 or 2usd", d.Val())
+			}
+			r.HoldFloor = &v
 		case "key":
 			at := []string{"key", "#" + strconv.Itoa(len(r.Keys)+1)}
 			pos.line(d, at...)

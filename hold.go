@@ -239,15 +239,32 @@ func (a *spendAccount) heldLocked() nanoUSD {
 // body gives none), of the dearest model it may be served as (itself and
 // its group's fallbacks for it), times the highest price_factor among its
 // group's channels. A model without a price costs its estimate
-// (pricing.go).
-func (r *Relay) worstCase(in *inbound) float64 {
+// (pricing.go). floored: its input is at least its hold floor
+// (hold_floor.go).
+func (r *Relay) worstCase(in *inbound, floored bool) float64 {
 	g := in.group()
 	model := in.servedAs()
-	worst := r.costCeiling(model, in.ask.estimate, int64(in.ask.maxOut))
+	worst := r.worstOf(in, model, floored)
 	for _, m := range g.fallbacks[model] {
-		worst = max(worst, r.costCeiling(m, in.ask.estimate, int64(in.ask.maxOut)))
+		worst = max(worst, r.worstOf(in, m, floored))
 	}
 	return worst * g.maxPriceFactor
+}
+
+// worstOf is worstCase's figure for one model it may be served as, at list
+// price.
+func (r *Relay) worstOf(in *inbound, model string, floored bool) float64 {
+	rates, _ := r.ratesFor(model, true)
+	if rates == nil {
+		return 0
+	}
+	maxOut := int64(in.ask.maxOut)
+	worst := rates.worst(in.ask.estimate, maxOut)
+	if floored {
+		window := contextWindow(model, in.ask.needs.hasBeta(context1m))
+		worst = max(worst, rates.worst(0, maxOut)+r.floorOf(rates, window))
+	}
+	return worst
 }
 
 // costCeiling is the most a request for model with a prompt of about
@@ -300,7 +317,14 @@ func (r *Relay) planHolds(in *inbound) *relayError {
 		return nil
 	}
 	in.grant.counted = true
-	worst := ceilNano(r.worstCase(in))
+	worst := ceilNano(r.worstCase(in, false))
+	if in.readsOutside() { // at its floor, within what its tightest budget has left
+		floored := ceilNano(r.worstCase(in, true))
+		if room := floorRoom(accts[:n], g, r.now()); room > 0 {
+			floored = min(floored, room)
+		}
+		worst = max(worst, floored)
+	}
 	for _, a := range accts[:n] {
 		if ans := a.affords(r.now(), worst); ans.verdict == holdRefused {
 			return r.budgetRefusal(in, a, worst, ans)

@@ -47,16 +47,23 @@ type batchHold struct {
 func batchHoldID(channel, up string) string { return digest(channel + "\x00" + up) }
 
 // batchWorstCase is the most a batch's requests may cost, in USD: each
-// request's worst case as a message's (of its own params), at its model's
+// request's worst case as a message's (of its own params, its input at
+// least its hold floor when it reads from outside them, a floor that no
+// budget caps: a batch's requests are many), at its model's
 // batch price (an unpriced model's estimate: pricing.go), times factor, the highest price_factor among the channels
 // that may take the batch.
-func (r *Relay) batchWorstCase(body []byte, factor float64) float64 {
+func (r *Relay) batchWorstCase(body []byte, factor float64, long bool) float64 {
 	total := 0.0
 	gjson.GetBytes(body, "requests").ForEach(func(_, req gjson.Result) bool {
 		params := req.Get("params")
-		if rates, _ := r.ratesFor(params.Get("model").Str, true); rates != nil {
-			prompt := int64(len(params.Raw)/4) + 1
-			total += rates.worst(prompt, params.Get("max_tokens").Int()) * rates.batch
+		model := params.Get("model").Str
+		if rates, _ := r.ratesFor(model, true); rates != nil {
+			prompt, maxOut := int64(len(params.Raw)/4)+1, params.Get("max_tokens").Int()
+			worst := rates.worst(prompt, maxOut)
+			if rawReadsOutside([]byte(params.Raw)) {
+				worst = max(worst, rates.worst(0, maxOut)+r.floorOf(rates, contextWindow(model, long)))
+			}
+			total += worst * rates.batch
 		}
 		return true
 	})
@@ -109,7 +116,8 @@ func (r *Relay) holdBatch(in *inbound, body []byte, cands *[]*channel) (held *ba
 	for _, ch := range *cands {
 		factor = max(factor, ch.priceFactor)
 	}
-	worst := ceilNano(r.batchWorstCase(body, factor))
+	long := strings.Contains(strings.Join(in.ask.header.Values("Anthropic-Beta"), ","), context1m)
+	worst := ceilNano(r.batchWorstCase(body, factor, long))
 	if worst == 0 { // a price table whose every row is free
 		return nil, nil
 	}

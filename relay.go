@@ -99,6 +99,17 @@ type Relay struct {
 	// read on (the output is estimated at once). Default: 2s.
 	SettleGrace *caddy.Duration `json:"settle_grace,omitempty"`
 
+	// HoldFloor is the least, in US dollars, that the input of a request
+	// with a budget or a spend cap holds when the request pulls input from
+	// outside its body (a file_id, a URL source, a container upload, an
+	// MCP server, a server tool's results), which the relay cannot count
+	// before the upstream does. The hold never exceeds what is left of the
+	// tightest budget that applies, so such a request still fits, and
+	// others wait for it to settle. Default: the model's context window
+	// (200,000 tokens; 1,000,000 with the context-1m beta or a [1m]
+	// variant) at its input price.
+	HoldFloor *float64 `json:"hold_floor,omitempty"`
+
 	// Tuning holds the default timeouts and cooldowns of every channel.
 	Tuning
 
