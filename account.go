@@ -164,8 +164,8 @@ func (r *Relay) price(in *inbound) bool {
 		return false
 	}
 	in.end.cost = 0
-	if in.end.answered != nil {
-		in.end.cost = rates.cost(in.end.usage) * in.end.answered.priceFactor
+	if ch := in.end.charged(); ch != nil {
+		in.end.cost = rates.cost(in.end.usage) * ch.priceFactor
 		if estimated && in.end.cost > 0 {
 			in.end.estimatedPrice = true
 			r.unpriced(in, in.grant.target, in.end.cost)

@@ -422,13 +422,19 @@ func TestWastedTokensOfAClientThatLeft(t *testing.T) {
 		_, _ = io.WriteString(pw, ": still thinking\n\n")
 	}()
 
+	est := estimateTokens([]byte(simpleBody))
 	for _, c := range []struct {
 		name, channel, secret, body string
 		upstreamHasIt               <-chan struct{}
 		want                        int64
+		// what the request is charged: the input the upstream took, as it
+		// counted it or as estimated ($3/M input, $0.30/M cache reads)
+		input, cacheRead int64
+		cost             float64
+		estimated        bool
 	}{
-		{"while the stream had not proved itself", "wl-stream", "sk-wasted-left-stream-0123456789", streamBody, streamed, 540},
-		{"while the upstream had not answered: the estimate", "wl-silent", "sk-wasted-left-silent-0123456789", simpleBody, got, estimateTokens([]byte(simpleBody))},
+		{"while the stream had not proved itself", "wl-stream", "sk-wasted-left-stream-0123456789", streamBody, streamed, 540, 500, 40, 0.001512, false},
+		{"while the upstream had not answered: the estimate", "wl-silent", "sk-wasted-left-silent-0123456789", simpleBody, got, est, est, 0, float64(est) * 3e-6, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			before := testutil.ToFloat64(metricWasted.WithLabelValues(c.channel, wasteCanceled))
@@ -451,8 +457,10 @@ func TestWastedTokensOfAClientThatLeft(t *testing.T) {
 			}
 			lines := logs.FilterMessage("relayed request").All()
 			f := lines[len(lines)-1].ContextMap()
-			if f["status"] != int64(statusClientClosed) || f["input_tokens"] != int64(0) || f["cache_read_tokens"] != int64(0) || f["cost_usd"] != float64(0) {
-				t.Errorf("a client that left before any answer is accounted nothing: %v", f)
+			cost, _ := f["cost_usd"].(float64)
+			if f["status"] != int64(statusClientClosed) || f["input_tokens"] != c.input || f["cache_read_tokens"] != c.cacheRead ||
+				cost < c.cost-1e-12 || cost > c.cost+1e-12 || (f["estimated"] == true) != c.estimated || f["output_tokens"] != int64(0) {
+				t.Errorf("a client that left before any answer is charged the input its upstream took: %v", f)
 			}
 		})
 	}

@@ -360,9 +360,10 @@ type keyStatus struct {
 	SpendUSD     map[string]float64 `json:"spend_usd"`
 	BudgetUSD    map[string]float64 `json:"budget_usd,omitempty"`
 	RemainingUSD map[string]float64 `json:"remaining_usd,omitempty"`
-	// EstimatedUSD is the part of SpendUSD, by period, that outputs
-	// estimated after their client left cost (the final count did not come
-	// within settle_grace); absent when none was. In a fleet, what this
+	// EstimatedUSD is the part of SpendUSD, by period, that estimates
+	// cost: outputs estimated after their client left (the final count did
+	// not come within settle_grace), and the input of requests whose client
+	// left before the upstream counted it; absent when none was. In a fleet, what this
 	// relay estimated since it started.
 	EstimatedUSD map[string]float64 `json:"estimated_usd,omitempty"`
 	// EstimatedPriceUSD is the part of SpendUSD, by period, charged for

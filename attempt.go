@@ -36,6 +36,12 @@ type attemptResult struct {
 	// error answer was not accepted. Abandoned, its input is wasted.
 	accepted bool
 	wasted   int64 // the input tokens wasted, once the attempt is abandoned
+	// prompt is the usage of the input of an accepted attempt that
+	// ended before its answer: as the upstream counted it (a stream's
+	// message_start), else the input estimate (estimatedInput). A client
+	// that left is charged it (settle.go).
+	prompt         usage
+	estimatedInput bool
 }
 
 // attempt runs one admitted attempt of a message (its exchange with the
@@ -55,8 +61,11 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 		// abandoned, and the channel's quota spent it all the same
 		if res.accepted && in.route == routeMessages {
 			res.wasted, tokens = in.ask.estimate, in.ask.estimate
+			res.prompt, res.estimatedInput = usage{input: in.ask.estimate}, true
 			if p := in.end.usage.prompt(); p > 0 {
 				res.wasted, tokens = p, in.billed()
+				u := in.end.usage
+				res.prompt, res.estimatedInput = usage{input: u.input, cacheRead: u.cacheRead, cacheWrite: u.cacheWrite, cacheWrite1h: u.cacheWrite1h}, false
 			}
 		}
 		in.end.usage = usage{} // only the answer that reaches the client counts: every attempt starts from none

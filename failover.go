@@ -165,6 +165,7 @@ func (r *Relay) failover(w http.ResponseWriter, req *http.Request, in *inbound, 
 			// the client is gone: nobody is left to fail over for, and a
 			// departure spends no retry budget
 			in.waste(res, wasteCanceled)
+			in.leftBefore(res)
 			return nil
 		case !res.verdict.outcome.retryable() || res.final || n > g.retries:
 			return &failure{last: res, attempts: n}

@@ -510,8 +510,8 @@ func (r *Relay) settleHolds(in *inbound, cost float64) {
 	if in.who.key != nil {
 		charge(in.group().spend)
 	}
-	if in.end.answered != nil {
-		charge(in.end.answered.spend)
+	if ch := in.end.charged(); ch != nil {
+		charge(ch.spend)
 	}
 	charge(in.grant.session.budgetAccount())
 }

@@ -138,8 +138,8 @@ func (l *ledger) record(in *inbound, at time.Time, duration time.Duration, cost 
 	if in.who.key.kind() == kindUser {
 		row.user, _ = strings.CutPrefix(in.who.stateID, userStatePrefix)
 	}
-	if in.end.answered != nil {
-		row.channel = in.end.answered.name
+	if ch := in.end.charged(); ch != nil {
+		row.channel = ch.name
 	}
 	if in.end.batch != nil {
 		l.addBatch(row, in.end.batch)

@@ -272,9 +272,12 @@ type ending struct {
 	// estimatedPrice says that its cost is at the estimate of a model the
 	// price table does not know (pricing.go)
 	estimatedPrice bool
-	cost           float64 // in USD: list price x price_factor of the channel that answered; set by account (price)
-	wasted         int64   // input tokens of attempts abandoned on the way (relay_wasted_tokens_total)
-	shared         string  // what answered it instead of an upstream (dedup.go); "": none
+	// leftOn, when its client left before the answer, is the channel whose
+	// upstream was working on it: the input it took is charged (settle.go)
+	leftOn *channel
+	cost   float64 // in USD: list price x price_factor of the channel that answered; set by account (price)
+	wasted int64   // input tokens of attempts abandoned on the way (relay_wasted_tokens_total)
+	shared string  // what answered it instead of an upstream (dedup.go); "": none
 	// batch is what the request charged for the batch results it
 	// accounted (resource_batches.go); nil for every other request
 	batch *batchCharge

@@ -23,9 +23,13 @@ import (
 // client was sent, and the request is marked estimated. Either way the key's
 // spend, its token limits, its end user's and the channel's see the output.
 //
-// A stream whose client leaves before its content ends at once, as before
-// (its input is wasted, not billed: the client got nothing). The grace
-// overlaps dedup_grace: both count from the client's leaving, and a
+// A stream whose client leaves before its content ends at once, and a
+// non-streaming request whose answer did not come within the grace is
+// abandoned; either way the upstream took its input and bills it, so the
+// request is charged that input (leftBefore): as the upstream counted it
+// (a stream's message_start), else the input estimate, marked estimated.
+// A client cannot leave a large prompt unpaid by hanging up early. The
+// grace overlaps dedup_grace: both count from the client's leaving, and a
 // request that another follows reads to its end anyway (dedup.go).
 
 const defaultSettleGrace = 2 * time.Second
@@ -378,10 +382,40 @@ func valueEnd(s string, i int) int {
 func (r *Relay) estimated(in *inbound, group string) {
 	metricEstimated.WithLabelValues(group).Inc()
 	rates, _ := r.ratesFor(in.grant.target, in.grant.counted)
-	if rates == nil || in.end.answered == nil || in.who.state == nil || in.who.state.spend == nil {
+	if rates == nil || in.who.state == nil || in.who.state.spend == nil {
 		return
 	}
-	known := in.end.usage
-	known.output = 0
-	in.who.state.spend.chargedEstimate(r.now(), in.end.cost-rates.cost(known)*in.end.answered.priceFactor, estimateOutput)
+	switch {
+	case in.end.answered != nil: // its output is the estimate
+		known := in.end.usage
+		known.output = 0
+		in.who.state.spend.chargedEstimate(r.now(), in.end.cost-rates.cost(known)*in.end.answered.priceFactor, estimateOutput)
+	case in.end.leftOn != nil: // its input is the estimate, and all it cost
+		in.who.state.spend.chargedEstimate(r.now(), in.end.cost, estimateOutput)
+	}
+}
+
+// leftBefore charges a request whose client left before the answer of an
+// attempt its upstream had accepted: the upstream processed, and bills,
+// its input. It is the input the upstream counted (a stream's
+// message_start, held), or failing that the input estimate, and then the
+// request is marked estimated. (A non-streaming request whose answer came
+// within settle_grace is charged that answer's usage instead: its attempt
+// was done.)
+func (in *inbound) leftBefore(res attemptResult) {
+	if !res.accepted || res.channel == nil || res.prompt == (usage{}) {
+		return
+	}
+	in.end.usage, in.end.leftOn, in.end.incomplete = res.prompt, res.channel, true
+	in.end.estimated = in.end.estimated || res.estimatedInput
+}
+
+// charged is the channel whose upstream the request's usage is charged
+// for: the one whose answer the client got, or the one that was working
+// on it when its client left; nil: none.
+func (e *ending) charged() *channel {
+	if e.answered != nil {
+		return e.answered
+	}
+	return e.leftOn
 }

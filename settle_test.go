@@ -2,17 +2,22 @@ package relay
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -506,5 +511,60 @@ func TestAStreamTheUpstreamBreaksIsBilledAnEstimate(t *testing.T) {
 	rows, _ := keyRows(t)
 	if got, want := rows["settle-broken"].SpendUSD["month"], settleCost(1000, out); math.Abs(got-want) > 1e-9 {
 		t.Errorf("spend %v, want %v", got, want)
+	}
+}
+
+// TestAClientThatLeavesBeforeTheAnswerPaysItsInput sends a 400 KB prompt,
+// not streamed, ten times, each time leaving once the upstream has it and
+// before it answers: each is charged its input estimate at the input
+// price, marked estimated, against the key's budget and the channel's
+// cap, where each used to cost nothing.
+func TestAClientThatLeavesBeforeTheAnswerPaysItsInput(t *testing.T) {
+	var got atomic.Pointer[chan struct{}]
+	up := fakeupstream.New(t, http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		_, _ = io.ReadAll(req.Body)
+		close(*got.Load())
+		<-req.Context().Done()
+	}))
+	grace := caddy.Duration(0) // nothing to read on for: the upstream never answers
+	r := &Relay{
+		Keys:     []*Key{{Secret: "sk-left-before-0123456789", Group: "left-before", KeyOptions: KeyOptions{Name: "left-before", Budgets: []string{"100usd/day"}}}},
+		Channels: []*Channel{{Name: "left-before", UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", channelKey), SpendCaps: []string{"100usd/day"}}},
+		Groups:   []*Group{{Name: "left-before", Channels: []string{"left-before"}}},
+		Pricing:  map[string]Price{"m-left": {Input: 3, Output: 15}}, SettleGrace: &grace,
+	}
+	provisionHandler(t, r)
+	body := `{"model":"m-left","max_tokens":16,"messages":[{"role":"user","content":"` + strings.Repeat("x", 400<<10) + `"}]}`
+	perRequest := float64(estimateTokens([]byte(body))) * 3e-6 // about $0.31
+	for range 10 {
+		ch := make(chan struct{})
+		got.Store(&ch)
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() {
+			<-ch
+			cancel() // the client leaves
+		}()
+		w := httptest.NewRecorder()
+		req := caddyhttp.PrepareRequest(newRequest(body, "sk-left-before-0123456789").WithContext(ctx), caddy.NewReplacer(), w, &caddyhttp.Server{})
+		if err := r.ServeHTTP(w, req, nil); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+	}
+	rows, _ := keyRows(t)
+	row := rows["left-before"]
+	want := 10 * perRequest
+	if spent := row.SpendUSD["day"]; spent < want-1e-6 || spent > want+1e-6 {
+		t.Errorf("ten clients that left spent $%.6f, want $%.6f", spent, want)
+	}
+	if est := row.EstimatedUSD["day"]; est < want-1e-6 || est > want+1e-6 {
+		t.Errorf("estimated_usd.day = %v, want %v: the input was estimated", est, want)
+	}
+	if row.HeldUSD != 0 {
+		t.Errorf("%v still held", row.HeldUSD)
+	}
+	spent, _ := r.groups["left-before"].channels[0].spend.spent(r.now())
+	if spent[periodDay] < want-1e-6 || spent[periodDay] > want+1e-6 {
+		t.Errorf("the channel's cap counted $%.6f, want $%.6f", spent[periodDay], want)
 	}
 }
