@@ -68,6 +68,7 @@ func (r *Relay) failover(w http.ResponseWriter, req *http.Request, in *inbound, 
 	var recoveryDeadline time.Time
 	q := &queued{r: r, g: g, in: in}
 	defer q.leave()
+	defer sel.unwant(g.name)
 	for n := 1; ; {
 		sel.now = r.now()
 		// a newcomer does not overtake the queued requests of its class or better
@@ -101,6 +102,15 @@ func (r *Relay) failover(w http.ResponseWriter, req *http.Request, in *inbound, 
 			if rerr := q.wait(req.Context(), p.until); rerr != nil {
 				return refused(rerr)
 			}
+			continue
+		case p.reason == cooling && p.capped != nil && sel.capBusy:
+			// the room of a channel's cap is held by requests in flight: wait
+			// for them to settle, as for a busy channel, polling for those
+			// other relays settle
+			if rerr := q.wait(req.Context(), sel.now.Add(fleetHoldPoll)); rerr != nil {
+				return refused(rerr)
+			}
+			sel.capped, sel.capBusy = sel.capped[:0], false
 			continue
 		case p.reason == cooling && g.waitMax > 0 && r.waitForRecovery(req.Context(), untilFrom(p.until, sel.now), g.waitMax, sel.now, &recoveryDeadline):
 			continue
@@ -140,6 +150,10 @@ func (r *Relay) failover(w http.ResponseWriter, req *http.Request, in *inbound, 
 			return refused(errStorageUnavailable())
 		case scope == scopeCapped: // its spend cap cannot take the request's worst case
 			sel.capped = append(sel.capped, ch)
+			continue
+		case scope == scopeCapBusy: // nor can it beside the holds in flight, for now
+			sel.capped, sel.capBusy = append(sel.capped, ch), true
+			sel.want(ch.spend, g.name)
 			continue
 		case t == nil && scope == scopeNone: // its half-open breaker is busy with other probes
 			sel.skipped = append(sel.skipped, ch)

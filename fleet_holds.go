@@ -309,6 +309,11 @@ func (f *fleet) takeAll(now time.Time, asks []ask, hs *holds) (refused int, scop
 	undo := func() { // what was taken outside the script
 		giveBackAsks(now, asks, isIn)
 	}
+	if hs != nil { // a group's share of a channel cap's room, as this relay sees it
+		if ans = hs.shares(now); ans.verdict != holdTaken {
+			return -1, scopeNone, 0, ans
+		}
+	}
 	var calls [4]*admitCall
 	var which [4]int
 	var hcs []*holdCall
@@ -356,7 +361,7 @@ func (f *fleet) takeAll(now time.Time, asks []ask, hs *holds) (refused int, scop
 		for i := range hs.n {
 			h := &hs.list[i]
 			h.lease = hcs[i].member
-			h.a.holdsHere(h.usd)
+			h.a.holdsHere(h.usd, h.group)
 			f.hold(leaseRef{hcs[i].keys[0], h.lease}, true)
 		}
 	}

@@ -47,6 +47,9 @@ type hold struct {
 	// batch names a batch's hold (hold_batches.go), which its results
 	// settle; "" for a request's
 	batch string
+	// group, for the hold of a channel's spend cap, is the group of the
+	// request, whose share of the cap's room it takes (hold_share.go)
+	group string
 }
 
 // holds are a request's holds: planned (n > 0) when its budgets apply,
@@ -56,8 +59,9 @@ type holds struct {
 	n     uint8
 	taken bool
 	// channel is the account of the channel spend cap the last hold is
-	// against (spend_scopes.go); nil: none
+	// against (spend_scopes.go), and capOf that channel; nil: none
 	channel *spendAccount
+	capOf   *channel
 }
 
 // add plans a hold of usd against a.
@@ -128,31 +132,47 @@ func (a *spendAccount) affords(now time.Time, n nanoUSD) holdAnswer {
 // reserve takes a hold of n on this relay when every budget has room for
 // it beside the holds in flight here.
 func (a *spendAccount) reserve(now time.Time, n nanoUSD) holdAnswer {
+	return a.reserveAs(now, n, "")
+}
+
+// reserveAs is reserve for a request of group g, which must also fit its
+// group's share of a channel cap's room ("": no share applies).
+func (a *spendAccount) reserveAs(now time.Time, n nanoUSD, g string) holdAnswer {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.roll(now)
 	ans := a.fits(n, a.held+a.batchHeld)
+	if ans.verdict == holdTaken && !a.shareFits(g, n) {
+		ans = a.overShare()
+	}
 	if ans.verdict == holdTaken {
 		a.held += n
 		a.holding++
+		a.groupHolds(g, n)
 	}
 	return ans
 }
 
 // holdsHere records a hold of n the fleet took, so that this relay knows
-// what is in flight (for GET /relay/keys, and should Redis go away).
-func (a *spendAccount) holdsHere(n nanoUSD) {
+// what is in flight (for GET /relay/keys, and should Redis go away), for
+// group g's share ("": none).
+func (a *spendAccount) holdsHere(n nanoUSD, g string) {
 	a.mu.Lock()
 	a.held += n
 	a.holding++
+	a.groupHolds(g, n)
 	a.mu.Unlock()
 }
 
 // unreserve gives back a hold of n that was not used: nothing was spent.
-func (a *spendAccount) unreserve(n nanoUSD) {
+func (a *spendAccount) unreserve(n nanoUSD) { a.unreserveAs(n, "") }
+
+// unreserveAs is unreserve of a hold taken for group g.
+func (a *spendAccount) unreserveAs(n nanoUSD, g string) {
 	a.mu.Lock()
 	a.held -= n
 	a.holding--
+	a.groupHolds(g, -n)
 	a.mu.Unlock()
 	a.freed.Add(1)
 }
@@ -171,6 +191,7 @@ func (a *spendAccount) settle(now time.Time, h hold, usd float64, q *waitQueue, 
 	if h.batch == "" {
 		a.held -= h.usd
 		a.holding--
+		a.groupHolds(h.group, -h.usd)
 	} else if bh, ok := a.batches[h.batch]; ok {
 		delete(a.batches, h.batch)
 		a.batchHeld -= bh.usd
@@ -367,6 +388,8 @@ func (r *Relay) admitHeld(ctx context.Context, in *inbound, ch *channel, now tim
 	}
 	t, scope, ans, rerr := r.admitFirst(in, ch, now, hs)
 	switch {
+	case ans.verdict == holdWait && hs.channel != nil && hs.list[ans.i].a == hs.channel:
+		return nil, scopeCapBusy, nil // the channel's cap is held by others: the next channel may take it, else it waits
 	case ans.verdict != holdTaken && hs.channel != nil && hs.list[ans.i].a == hs.channel:
 		return nil, scopeCapped, nil // the channel's cap cannot take it: the next channel may
 	case ans.verdict == holdRefused:
@@ -495,6 +518,9 @@ func (r *Relay) settleHolds(in *inbound, cost float64) {
 			}
 		}
 		hs.taken = false
+		if hs.capOf != nil { // requests of every group may wait for room on its cap
+			hs.capOf.health.wakeQueues()
+		}
 	}
 	if cost <= 0 {
 		return
@@ -534,9 +560,9 @@ func (hs *holds) fleet() *fleet {
 func (hs *holds) reserve(now time.Time) holdAnswer {
 	for i := range hs.n {
 		h := &hs.list[i]
-		if ans := h.a.reserve(now, h.usd); ans.verdict != holdTaken {
+		if ans := h.a.reserveAs(now, h.usd, h.group); ans.verdict != holdTaken {
 			for j := range uint8(i) {
-				hs.list[j].a.unreserve(hs.list[j].usd)
+				hs.list[j].a.unreserveAs(hs.list[j].usd, hs.list[j].group)
 			}
 			ans.i = int(i)
 			return ans
@@ -551,7 +577,7 @@ func (hs *holds) reserve(now time.Time) holdAnswer {
 func (hs *holds) unreserve() {
 	for i := range hs.n {
 		h := &hs.list[i]
-		h.a.unreserve(h.usd)
+		h.a.unreserveAs(h.usd, h.group)
 		if h.lease != "" {
 			if f := h.a.fleet.Load(); f != nil {
 				f.releaseHold(h.a, h.lease)

@@ -172,7 +172,7 @@ func (b *batchHoldTaken) take(accts []*spendAccount, now time.Time, channel stri
 		return b.reserve(accts, now, channel), nil
 	case ans.verdict == holdTaken:
 		for i, a := range accts {
-			a.holdsHere(b.usd)
+			a.holdsHere(b.usd, "")
 			f.hold(leaseRef{calls[i].keys[0], calls[i].member}, true)
 			b.parts = append(b.parts, batchHoldPart{a: a, lease: calls[i].member, channel: channel})
 		}

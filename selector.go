@@ -24,6 +24,13 @@ type selection struct {
 	tried     []*channel
 	skipped   []*channel // picked, but their half-open breaker had no slot left
 	capped    []*channel // picked, but their spend cap could not take the request's hold
+	// capBusy: a channel in capped could take the hold once holds in
+	// flight on its cap settle (or its group's share frees): the request
+	// waits for it rather than being refused (hold_share.go)
+	capBusy bool
+	// wants is the cap the request waits for room on, which counts its
+	// group among those that share it (hold_share.go); nil: none
+	wants *spendAccount
 	avoidHost string     // after a 529: prefer a channel on another upstream host
 	// signer is the signature domain of the thinking blocks the request
 	// carries, when known: its channels come first, and with crossSigner
@@ -36,7 +43,7 @@ type selection struct {
 	// resource's create, whose candidates no one model names): it says
 	// whether a channel serves the request and does not refuse it. Its
 	// candidates hold no channel's spend cap: a create is not priced when
-	// it is made (a batch checks the caps itself, batchCaps).
+	// it is made (a batch holds the caps itself, holdCaps).
 	accept func(ch *channel, now time.Time) bool
 	now    time.Time
 	rand   randIntN

@@ -49,7 +49,13 @@ type spendAccount struct {
 	batchHeld nanoUSD
 	releases  []heldRelease
 	fleetHeld nanoUSD
-	freed     atomic.Uint64 // counts the holds that ended, for a request about to wait for one
+	// groups, for a channel's spend cap, is what each group's requests in
+	// flight hold of it on this relay, for their shares (hold_share.go)
+	groups map[string]nanoUSD
+	// waiting counts, by group, the requests waiting for room on a
+	// channel's cap: their groups share it too
+	waiting map[string]int
+	freed   atomic.Uint64 // counts the holds that ended, for a request about to wait for one
 
 	budgeted atomic.Bool           // it has a budget: requests are checked against it
 	fleet    atomic.Pointer[fleet] // where the fleet's totals are, when shared

@@ -173,11 +173,12 @@ func (r *Relay) holdChannel(in *inbound, ch *channel) {
 	if prev != nil {
 		hs.n--
 		hs.list[hs.n] = hold{}
-		hs.channel = nil
+		hs.channel, hs.capOf = nil, nil
 	}
 	if ch.spend != nil {
 		hs.add(ch.spend, in.grant.worst)
-		hs.channel = ch.spend
+		hs.list[hs.n-1].group = in.group().name
+		hs.channel, hs.capOf = ch.spend, ch
 	}
 }
 
@@ -188,6 +189,11 @@ const maxCappedWait = 31 * 24 * time.Hour
 // scopeCapped is an attempt whose channel's spend cap could not take the
 // request's hold: the request passes the channel over.
 const scopeCapped limitScope = "spend_cap"
+
+// scopeCapBusy is an attempt whose channel's spend cap could take the
+// request's hold once holds in flight on it settle: the request passes
+// the channel over, and waits for it when no other channel can serve.
+const scopeCapBusy limitScope = "spend_cap_busy"
 
 // errChannelsCapped answers a request whose every channel that serves
 // its model is out, one of them (ch) because its spend cap is spent (or

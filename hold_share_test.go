@@ -1,0 +1,121 @@
+package relay
+
+import (
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddy-relay/relay/internal/fakeupstream"
+)
+
+// TestOneGroupsHoldsDoNotStarveAnotherOnASharedCap: a channel with a $1
+// daily cap serves two groups. Group a's two max_tokens 32000 requests
+// hold $0.96 of it while they run; group b's 20 requests of up to $0.015
+// each then find $0.04 of room: two run, and the rest wait for room, as
+// for a busy channel, and are served when a's requests end, where 18 of
+// them used to be refused with 503.
+func TestOneGroupsHoldsDoNotStarveAnotherOnASharedCap(t *testing.T) {
+	name := "share-" + strconv.FormatInt(holdRelays.Add(1), 10)
+	g := newGate()
+	up := fakeupstream.New(t, g)
+	t.Cleanup(g.openAll)
+	r := &Relay{
+		Pricing: map[string]Price{"m-hold": {Input: 0, Output: 15}},
+		Channels: []*Channel{{Name: name, SpendCaps: []string{"1usd/day"},
+			UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", fakeupstream.Key)}},
+		Groups: []*Group{{Name: name + "-a", Channels: []string{name}}, {Name: name + "-b", Channels: []string{name}}},
+		Keys: []*Key{{Secret: "sk-" + name + "-a", Group: name + "-a", KeyOptions: KeyOptions{Name: name + "-a"}},
+			{Secret: "sk-" + name + "-b", Group: name + "-b", KeyOptions: KeyOptions{Name: name + "-b"}}},
+	}
+	provisionHandler(t, r)
+	clock := &fakeClock{t: time.Date(2030, time.March, 15, 12, 0, 0, 0, time.UTC)}
+	r.now = clock.now
+	send := func(key string, maxTokens int) *httptest.ResponseRecorder {
+		w, _ := serveHandler(t, r, newRequest(holdBody(maxTokens), key))
+		return w
+	}
+	var wg sync.WaitGroup
+	codes := make(chan string, 22)
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w := send("sk-"+name+"-a", 32000) // $0.48 held
+			codes <- "a " + strconv.Itoa(w.Code) + " " + w.Body.String()
+		}()
+	}
+	<-g.arrived
+	<-g.arrived
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w := send("sk-"+name+"-b", 1000) // $0.015 held
+			codes <- "b " + strconv.Itoa(w.Code) + " " + w.Body.String()
+		}()
+	}
+	<-g.arrived // b's two that fit beside a's holds
+	<-g.arrived
+	select {
+	case c := <-codes:
+		t.Fatalf("a request ended while every one of them was held or waiting: %s", c)
+	default:
+	}
+	g.openAll()
+	wg.Wait()
+	close(codes)
+	for c := range codes {
+		if !strings.HasPrefix(c[2:], "200") {
+			t.Errorf("%.300s", c)
+		}
+	}
+	spent, _ := r.groups[name+"-a"].channels[0].spend.spent(r.now())
+	if spent[periodDay] > 1 {
+		t.Errorf("the cap spent %v of $1", spent[periodDay])
+	}
+}
+
+// TestAGroupTakesAtMostItsShareOfACapOthersUse: while another group holds
+// part of a cap (or waits for room on it), a group's holds may take at
+// most an even share of the cap's room; alone, it may take all of it.
+func TestAGroupTakesAtMostItsShareOfACapOthersUse(t *testing.T) {
+	a := &spendAccount{id: "share-unit"}
+	a.configure([numPeriods]float64{periodDay: 1}, 0, "share-unit", discardLogger(), nil)
+	now := time.Date(2030, time.March, 15, 12, 0, 0, 0, time.UTC)
+	if ans := a.reserveAs(now, toNano(0.96), "a"); ans.verdict != holdTaken {
+		t.Fatalf("a group alone takes $0.96 of $1: %v", ans.verdict)
+	}
+	if ans := a.reserveAs(now, toNano(0.02), "b"); ans.verdict != holdTaken {
+		t.Fatalf("another group's $0.02 beside it: %v", ans.verdict)
+	}
+	// two groups: a's share is $0.50, and it holds $0.96
+	if ans := a.reserveAs(now, toNano(0.01), "a"); ans.verdict != holdWait {
+		t.Errorf("a group past its share takes more: %v, want a wait", ans.verdict)
+	}
+	a.unreserveAs(toNano(0.96), "a")
+	if ans := a.reserveAs(now, toNano(0.49), "a"); ans.verdict != holdTaken {
+		t.Errorf("within its share: %v", ans.verdict)
+	}
+	if ans := a.reserveAs(now, toNano(0.02), "a"); ans.verdict != holdWait {
+		t.Errorf("$0.51 of a $0.50 share: %v, want a wait", ans.verdict)
+	}
+	a.unreserveAs(toNano(0.02), "b")
+	if ans := a.reserveAs(now, toNano(0.5), "a"); ans.verdict != holdTaken {
+		t.Errorf("alone again, it takes the rest: %v", ans.verdict)
+	}
+	// a group that waits for room counts among those that share it
+	a.unreserveAs(toNano(0.5), "a")
+	a.unreserveAs(toNano(0.49), "a")
+	s := &selection{}
+	s.want(a, "c")
+	if ans := a.reserveAs(now, toNano(0.6), "a"); ans.verdict != holdWait {
+		t.Errorf("past half while another group waits: %v, want a wait", ans.verdict)
+	}
+	s.unwant("c")
+	if ans := a.reserveAs(now, toNano(0.6), "a"); ans.verdict != holdTaken {
+		t.Errorf("once it stopped waiting: %v", ans.verdict)
+	}
+}
