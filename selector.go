@@ -18,20 +18,20 @@ var defaultRand randIntN = rand.IntN
 // selection is one request's view of the candidates: what it asks for and
 // what it already tried.
 type selection struct {
-	model     string
-	session   string // for sticky picks and canary splits: the session, else the key
-	needs     *needs // the features the request carries; nil: none
-	tried     []*channel
-	skipped   []*channel // picked, but their half-open breaker had no slot left
-	capped    []*channel // picked, but their spend cap could not take the request's hold
+	model   string
+	session string // for sticky picks and canary splits: the session, else the key
+	needs   *needs // the features the request carries; nil: none
+	tried   []*channel
+	skipped []*channel // picked, but their half-open breaker had no slot left
+	capped  []*channel // picked, but their spend cap could not take the request's hold
 	// capBusy: a channel in capped could take the hold once holds in
 	// flight on its cap settle (or its group's share frees): the request
 	// waits for it rather than being refused (hold_share.go)
 	capBusy bool
 	// wants is the cap the request waits for room on, which counts its
 	// group among those that share it (hold_share.go); nil: none
-	wants *spendAccount
-	avoidHost string     // after a 529: prefer a channel on another upstream host
+	wants     *spendAccount
+	avoidHost string // after a 529: prefer a channel on another upstream host
 	// signer is the signature domain of the thinking blocks the request
 	// carries, when known: its channels come first, and with crossSigner
 	// (thinking_failover strip) the others may serve it, else none of
