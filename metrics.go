@@ -60,7 +60,7 @@ var (
 
 	metricEstimated = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "relay_estimated_usage_total",
-		Help: "Requests whose output tokens were estimated from the content the client was sent, by group: the client left a stream, and its final usage did not come within settle_grace. Their cost and the key's spend include the estimate.",
+		Help: "Requests whose usage was estimated, by group: output tokens from the content the client was sent (the client left a stream, and its final usage did not come within settle_grace), or the input of a request whose client left before any answer and before the upstream counted it. Their cost and the key's spend include the estimate.",
 	}, []string{"group"})
 
 	metricDedup = prometheus.NewCounterVec(prometheus.CounterOpts{
