@@ -66,6 +66,7 @@ func TestPromptsOutsideTheBodyHoldAFloor(t *testing.T) {
 			wg.Wait()
 			rows, _ := keyRows(t)
 			spent := rows[kname].SpendUSD["day"]
+			t.Logf("figure: 30 parallel requests by %s on a $1 budget: %d served, $%.4f spent", name, served.Load(), spent)
 			// one request's error past the budget, at most: $1 + $0.5702
 			if spent > 1.5703 || served.Load() > 2 || int64(hits.Load()) != served.Load() {
 				t.Errorf("%d served (upstream: %d), $%.4f spent of a $1 budget", served.Load(), hits.Load(), spent)

@@ -518,6 +518,7 @@ func TestParallelBatchesHoldAChannelsSpendCap(t *testing.T) {
 		t.Fatalf("results: %d %s", w.Code, w.Body)
 	}
 	spent, _ := ch.spent(r.now())
+	t.Logf("figure: 30 parallel batch creates on a $0.05 cap: %d made, $%.4f spent once read", len(made), spent[periodDay])
 	if held := ch.heldUSD(); held != 0 || spent[periodDay] < 0.0499 || spent[periodDay] > 0.0501 {
 		t.Errorf("results read: the cap holds %v and spent %v, want 0 and 0.05", held, spent[periodDay])
 	}

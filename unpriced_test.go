@@ -144,6 +144,7 @@ func TestParallelUnpricedRequestsStayInTheirBudget(t *testing.T) {
 		<-done
 	}
 	rows, _ := keyRows(t)
+	t.Logf("figure: 30 parallel unpriced requests on a $1 budget: %d served, $%.4f spent", ok.Load(), rows["unpriced-par"].SpendUSD["day"])
 	if spent := rows["unpriced-par"].SpendUSD["day"]; spent > 1 || ok.Load() == 0 {
 		t.Errorf("%d served, $%.4f spent of a $1 budget", ok.Load(), spent)
 	}
