@@ -49,9 +49,10 @@ func batchHoldID(channel, up string) string { return digest(channel + "\x00" + u
 // batchWorstCase is the most a batch's requests may cost, in USD: each
 // request's worst case as a message's (of its own params, its input at
 // least its hold floor when it reads from outside them, a floor that no
-// budget caps: a batch's requests are many), at its model's
-// batch price (an unpriced model's estimate: pricing.go), times factor, the highest price_factor among the channels
-// that may take the batch.
+// budget caps: a batch's requests are many), at its model's batch price
+// (an unpriced model's estimate: pricing.go), times factor, the highest
+// price_factor among the channels that may take the batch; long: the
+// create asks for the 1M context.
 func (r *Relay) batchWorstCase(body []byte, factor float64, long bool) float64 {
 	total := 0.0
 	gjson.GetBytes(body, "requests").ForEach(func(_, req gjson.Result) bool {

@@ -139,15 +139,6 @@ func (a *spendAccount) firstSpent(now time.Time) (budgetPeriod, bool) {
 	return 0, false
 }
 
-// room reports whether a hold of n fits beside what the account spent
-// and holds now, in every budget: a batch's check of a channel's cap.
-func (a *spendAccount) room(now time.Time, n nanoUSD) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.roll(now)
-	return a.fits(n, a.heldLocked()).verdict == holdTaken
-}
-
 // holdChannel plans the request's hold against the spend cap of ch, the
 // channel of its next attempt, in place of its hold against the channel it
 // tried before: the holds it took are given back, to be taken again with
