@@ -35,7 +35,7 @@ func (r *Relay) account(in *inbound) {
 	model, served := r.modelLabel(in.ask.model), r.modelLabel(in.grant.target)
 
 	u := in.end.usage
-	priced := r.price(in)
+	priced, _ := r.price(in)
 	cost := in.end.cost
 	r.settleHolds(in, cost)
 	if in.grant.session != nil {
@@ -149,19 +149,21 @@ func (c *attemptChain) MarshalLogArray(enc zapcore.ArrayEncoder) error {
 }
 
 // price sets in.cost, what the request costs: the list price of the usage
-// its client got, at the price of the model that served it, times the
-// price factor of the channel that answered. It reports whether that model
-// has a price.
-func (r *Relay) price(in *inbound) bool {
+// its client got (its tokens and its server tools), at the price of the
+// model that served it, times the price factor of the channel that
+// answered. It reports whether that model has a price, and the server
+// tools' part of the cost.
+func (r *Relay) price(in *inbound) (priced bool, tools float64) {
 	rates := r.prices.lookup(in.grant.target) // what was served is what is billed
 	if rates == nil {
-		return false
+		return false, 0
 	}
 	in.end.cost = 0
 	if in.end.answered != nil {
 		in.end.cost = rates.cost(in.end.usage) * in.end.answered.priceFactor
+		tools = rates.serverTools(in.end.usage) * in.end.answered.priceFactor
 	}
-	return true
+	return true, tools
 }
 
 // Reasons of relay_wasted_tokens_total.

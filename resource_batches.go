@@ -15,9 +15,9 @@ import (
 )
 
 // A batch's results are accounted once, when they are first read: their
-// tokens, by model, at the batch price (see Price.Batch) times the price
-// factor of the channel, into the metrics, the key's spend and its token
-// limit. Which batches were accounted is remembered by the batch, in Redis
+// tokens, by model, at the batch price (see Price.Batch), and their web
+// searches at the full price, times the price factor of the channel, into
+// the metrics, the key's spend and its token limit. Which batches were accounted is remembered by the batch, in Redis
 // in fleet mode, else in Caddy's storage, for as long as Anthropic keeps
 // results (29 days), so reading them again costs nothing.
 
@@ -122,12 +122,14 @@ func (b *batchUsage) line() {
 	m.cacheRead += u.cacheRead
 	m.cacheWrite += u.cacheWrite
 	m.cacheWrite1h += u.cacheWrite1h
+	m.webSearches += u.webSearches
 	b.byModel[model] = m
 	b.total.input += u.input
 	b.total.output += u.output
 	b.total.cacheRead += u.cacheRead
 	b.total.cacheWrite += u.cacheWrite
 	b.total.cacheWrite1h += u.cacheWrite1h
+	b.total.webSearches += u.webSearches
 }
 
 // results streams a batch's results (JSONL) to the client and, on their
@@ -167,9 +169,9 @@ type batchModel struct {
 	cost  float64
 }
 
-// accountBatch accounts a batch's usage at the batch price: metrics by
-// model, the request's cost (the key's spend) and its tokens (the key's
-// token limit).
+// accountBatch accounts a batch's usage at the batch price (its tokens;
+// its server tools at their full price): metrics by model, the request's
+// cost (the key's spend) and its tokens (the key's token limit).
 func (c *resourceCtx) accountBatch(ch *channel, b *batchUsage, complete bool) {
 	r, in := c.r, c.in
 	in.end.usage, in.end.incomplete = b.total, !complete
@@ -186,7 +188,7 @@ func (c *resourceCtx) accountBatch(ch *channel, b *batchUsage, complete bool) {
 		}
 		cost := 0.0
 		if rates := r.prices.lookup(model); rates != nil {
-			cost = rates.cost(u) * rates.batch * ch.priceFactor
+			cost = rates.batchCost(u) * ch.priceFactor
 		}
 		in.end.cost += cost
 		if cost > 0 {
