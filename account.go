@@ -35,7 +35,7 @@ func (r *Relay) account(in *inbound) {
 	model, served := r.modelLabel(in.ask.model), r.modelLabel(in.grant.target)
 
 	u := in.end.usage
-	priced, _ := r.price(in)
+	priced, tools := r.price(in)
 	cost := in.end.cost
 	r.settleHolds(in, cost)
 	if in.grant.session != nil {
@@ -77,7 +77,7 @@ func (r *Relay) account(in *inbound) {
 	r.settleAffinity(in)
 	in.tr.end(in, priced)
 	recentRequests.record(in, duration, cost)
-	r.ledger.record(in, r.now(), duration, cost)
+	r.ledger.record(in, r.now(), duration, cost, tools)
 
 	c := r.logger.Check(zap.InfoLevel, "relayed request")
 	if c == nil {

@@ -161,12 +161,13 @@ type batchCharge struct {
 	models []batchModel
 }
 
-// batchModel is the usage of a batch's results of one model, and its cost
-// in USD.
+// batchModel is the usage of a batch's results of one model, its cost in
+// USD, and its server tools' part of it.
 type batchModel struct {
 	model string
 	usage usage
 	cost  float64
+	tools float64
 }
 
 // accountBatch accounts a batch's usage at the batch price (its tokens;
@@ -186,16 +187,17 @@ func (c *resourceCtx) accountBatch(ch *channel, b *batchUsage, complete bool) {
 		}{{"input", u.input}, {"output", u.output}, {"cache_read", u.cacheRead}, {"cache_write", u.cacheWrite}} {
 			metricTokens.WithLabelValues(c.group.name, ch.name, label, t.kind).Add(float64(t.n))
 		}
-		cost := 0.0
+		cost, tools := 0.0, 0.0
 		if rates := r.prices.lookup(model); rates != nil {
 			cost = rates.batchCost(u) * ch.priceFactor
+			tools = rates.serverTools(u) * ch.priceFactor
 		}
 		in.end.cost += cost
 		if cost > 0 {
 			metricCost.WithLabelValues(c.group.name, ch.name, label).Add(cost)
 		}
 		if in.end.batch != nil {
-			in.end.batch.models = append(in.end.batch.models, batchModel{model: model, usage: u, cost: cost})
+			in.end.batch.models = append(in.end.batch.models, batchModel{model: model, usage: u, cost: cost, tools: tools})
 		}
 	}
 	metricBatchResultsAccounted.WithLabelValues(c.group.name, ch.name).Inc()

@@ -1,16 +1,20 @@
 package relay
 
 import (
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/pgtest"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -167,12 +171,14 @@ func TestAPricingLineSetsItsModelsWebSearchPrice(t *testing.T) {
 
 // A batch's results are charged $10 per 1,000 web searches at the full
 // price (the batch price halves their tokens only), in the spend of the
-// key that made it.
+// key that made it and in the ledger's server_tool_usd of its rows.
 func TestBatchResultsPayWebSearchesInFull(t *testing.T) {
 	store := fakeupstream.NewStore("search-batch")
 	store.Searches = 50
 	up := fakeupstream.New(t, store)
+	path := filepath.Join(t.TempDir(), "ledger.db")
 	r := searchRelay(t, "search-batch", "claude-sonnet-4-5", up, nil)
+	r.Ledger = &Ledger{SQLite: &LedgerSQLite{Path: path}}
 	provisionHandler(t, r)
 	key := "sk-search-batch-0123456789"
 	post := httptest.NewRequest(http.MethodPost, "/v1/messages/batches", strings.NewReader(`{"requests":[`+
@@ -193,6 +199,77 @@ func TestBatchResultsPayWebSearchesInFull(t *testing.T) {
 	want := batchUSD(2, 3, 15) + 2*50*0.01
 	if got := spentToday(t, "search-batch"); math.Abs(got-want) > 1e-12 {
 		t.Errorf("the batch's maker spent $%v, want $%v: the tokens at half price, 100 searches at $10 per 1,000", got, want)
+	}
+	db := openLedgerDB(t, "sqlite3", "file:"+path+"?mode=ro")
+	var tool float64
+	waitFor(t, "the batch's rows in the ledger", 10*time.Second, func() bool {
+		return db.QueryRow(`SELECT SUM(server_tool_usd) FROM relay_usage WHERE cause = 'batch'`).Scan(&tool) == nil && tool > 0
+	})
+	if math.Abs(tool-1) > 1e-9 {
+		t.Errorf("the ledger's rows of the batch hold server_tool_usd %v, want 1", tool)
+	}
+}
+
+// openLedgerDB opens a ledger's database beside its writer, closed when
+// the test ends.
+func openLedgerDB(t *testing.T, driver, dsn string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open(driver, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// The ledger's row of a request with 50 web searches holds its whole cost
+// in cost_nano_usd, as the budgets charged it, and the searches' part of
+// it in server_tool_usd: in SQLite and in Postgres.
+func TestTheLedgerRowHoldsTheServerToolCost(t *testing.T) {
+	for _, backend := range []string{"sqlite", "postgres"} {
+		t.Run(backend, func(t *testing.T) {
+			name := "search-ledger-" + backend
+			r := searchRelay(t, name, "m-search", searchUpstream(t, searchUsage, nil), map[string]Price{"m-search": {Input: 1, Output: 1}})
+			var db *sql.DB
+			if backend == "sqlite" {
+				path := filepath.Join(t.TempDir(), "ledger.db")
+				r.Ledger = &Ledger{SQLite: &LedgerSQLite{Path: path}}
+				db = openLedgerDB(t, "sqlite3", "file:"+path+"?mode=ro")
+			} else {
+				pg := pgtest.Start(t)
+				r.Ledger = &Ledger{Postgres: &LedgerPostgres{DSN: pg.DSN()}}
+				db = openLedgerDB(t, "pgx", pg.DSN())
+			}
+			provisionHandler(t, r)
+			for _, stream := range []bool{false, true} {
+				body := fmt.Sprintf(`{"model":"m-search","max_tokens":64,"stream":%v,"messages":[{"role":"user","content":"What is new?"}]}`, stream)
+				if w, _ := serveHandler(t, r, newRequest(body, "sk-"+name+"-0123456789")); w.Code != 200 {
+					t.Fatalf("%d %s", w.Code, w.Body)
+				}
+			}
+			var rows int
+			waitFor(t, "both rows in the ledger", 10*time.Second, func() bool {
+				return db.QueryRow(`SELECT COUNT(*) FROM relay_usage WHERE key_name = '`+name+`'`).Scan(&rows) == nil && rows == 2
+			})
+			res, err := db.Query(`SELECT cost_nano_usd, server_tool_usd FROM relay_usage WHERE key_name = '` + name + `'`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer res.Close()
+			for res.Next() {
+				var nano int64
+				var tool float64
+				if err := res.Scan(&nano, &tool); err != nil {
+					t.Fatal(err)
+				}
+				if nano != 502_000_000 || tool != 0.5 {
+					t.Errorf("a row holds cost_nano_usd %d and server_tool_usd %v, want 502000000 and 0.5", nano, tool)
+				}
+			}
+			if err := res.Err(); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }
 
