@@ -236,25 +236,26 @@ func (a *spendAccount) heldLocked() nanoUSD {
 // (every prompt token at the dearest of the input, cache read and cache
 // write prices, at the long-prompt tier when the estimate may reach it)
 // plus max_tokens at the output price (the model's maximum output when the
-// body gives none), of the dearest model it may be served as (itself and
+// body gives none) plus the web searches its tools may make
+// (servertools.go), of the dearest model it may be served as (itself and
 // its group's fallbacks for it), times the highest price_factor among its
 // group's channels. A model without a price costs nothing.
 func (r *Relay) worstCase(in *inbound) float64 {
 	g := in.group()
 	model := in.servedAs()
-	worst := r.costCeiling(model, in.ask.estimate, int64(in.ask.maxOut))
+	worst := r.costCeiling(model, in.ask.estimate, int64(in.ask.maxOut), in.ask.searches)
 	for _, m := range g.fallbacks[model] {
-		worst = max(worst, r.costCeiling(m, in.ask.estimate, int64(in.ask.maxOut)))
+		worst = max(worst, r.costCeiling(m, in.ask.estimate, int64(in.ask.maxOut), in.ask.searches))
 	}
 	return worst * g.maxPriceFactor
 }
 
 // costCeiling is the most a request for model with a prompt of about
-// prompt tokens and maxTokens of output (0: the model's maximum) may cost
-// at list price.
-func (r *Relay) costCeiling(model string, prompt, maxTokens int64) float64 {
+// prompt tokens, maxTokens of output (0: the model's maximum) and searches
+// web searches may cost at list price.
+func (r *Relay) costCeiling(model string, prompt, maxTokens, searches int64) float64 {
 	if rates := r.prices.lookup(model); rates != nil {
-		return rates.worst(prompt, maxTokens)
+		return rates.worst(prompt, maxTokens) + float64(searches)*rates.webSearch
 	}
 	return 0
 }

@@ -47,9 +47,10 @@ type batchHold struct {
 func batchHoldID(channel, up string) string { return digest(channel + "\x00" + up) }
 
 // batchWorstCase is the most a batch's requests may cost, in USD: each
-// request's worst case as a message's (of its own params), at its model's
-// batch price, times factor, the highest price_factor among the channels
-// that may take the batch.
+// request's worst case as a message's (of its own params), its tokens at
+// its model's batch price and its web searches at their full price, times
+// factor, the highest price_factor among the channels that may take the
+// batch.
 func (r *Relay) batchWorstCase(body []byte, factor float64) float64 {
 	total := 0.0
 	gjson.GetBytes(body, "requests").ForEach(func(_, req gjson.Result) bool {
@@ -57,7 +58,8 @@ func (r *Relay) batchWorstCase(body []byte, factor float64) float64 {
 		rates := r.prices.lookup(params.Get("model").Str)
 		if rates != nil {
 			prompt := int64(len(params.Raw)/4) + 1
-			total += rates.worst(prompt, params.Get("max_tokens").Int()) * rates.batch
+			total += rates.worst(prompt, params.Get("max_tokens").Int())*rates.batch +
+				float64(webSearchesOf(params.Get("tools")))*rates.webSearch
 		}
 		return true
 	})

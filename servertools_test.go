@@ -16,6 +16,7 @@ import (
 	"github.com/caddy-relay/relay/internal/fakeupstream"
 	"github.com/caddy-relay/relay/internal/pgtest"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/tidwall/gjson"
 )
 
 // searchUsage is what the upstreams of these tests report: 1,000 input
@@ -166,6 +167,67 @@ func TestAPricingLineSetsItsModelsWebSearchPrice(t *testing.T) {
 				t.Errorf("%s: after %s the key spent $%v, want $%v", tc.name, m.model, got, spent)
 			}
 		}
+	}
+}
+
+// A request that declares a web search tool holds its searches against
+// its budget: max_uses of them, or 10 when it sets none, at the model's
+// web_search price. On a budget of $0.15 (tokens cost a few millionths),
+// 20 searches ($0.20) are refused before the upstream is asked; 10 (the
+// default), 5, and a request without the tool are served.
+func TestAWebSearchToolHoldsItsSearches(t *testing.T) {
+	var hits atomic.Int64
+	up := searchUpstream(t, fakeupstream.Usage{InputTokens: 10, OutputTokens: 5}, &hits)
+	r := searchRelay(t, "search-hold", "m-search-hold", up, map[string]Price{"m-search-hold": {Input: 1, Output: 1}})
+	r.Keys[0].Budgets = []string{"0.15usd/day"}
+	provisionHandler(t, r)
+	ask := func(tools string) *httptest.ResponseRecorder {
+		body := `{"model":"m-search-hold","max_tokens":16,` + tools + `"messages":[{"role":"user","content":"What is new?"}]}`
+		w, _ := serveHandler(t, r, newRequest(body, "sk-search-hold-0123456789"))
+		return w
+	}
+	w := ask(`"tools":[{"type":"web_search_20250305","name":"web_search","max_uses":20}],`)
+	var refusal struct{ Error struct{ Type, Code string } }
+	_ = json.Unmarshal(w.Body.Bytes(), &refusal)
+	if w.Code != 429 || refusal.Error.Code != "budget_exceeded" || hits.Load() != 0 {
+		t.Errorf("20 searches at $0.01 on a $0.15 budget: %d %s, the upstream asked %d times; want 429 budget_exceeded, not asked", w.Code, w.Body, hits.Load())
+	}
+	for _, tools := range []string{
+		`"tools":[{"type":"web_search_20250305","name":"web_search"}],`,
+		`"tools":[{"name":"lookup","input_schema":{"type":"object"}},{"type":"web_search_20260209","name":"web_search","max_uses":5}],`,
+		``,
+	} {
+		if w := ask(tools); w.Code != 200 {
+			t.Errorf("%s: %d %s, want it served", tools, w.Code, w.Body)
+		}
+	}
+}
+
+// A batch holds its requests' web searches at their full price when it is
+// made: on a budget of $0.30, a batch whose request may search 40 times
+// ($0.40) is refused before the upstream makes it; one whose requests
+// may search 10 times each (the default, and max_uses 10), $0.20, is made.
+func TestABatchHoldsItsRequestsSearches(t *testing.T) {
+	store := fakeupstream.NewStore("search-batch-hold")
+	r := searchRelay(t, "search-batch-hold", "claude-sonnet-4-5", fakeupstream.New(t, store), nil)
+	r.Keys[0].Budgets = []string{"0.30usd/day"}
+	provisionHandler(t, r)
+	create := func(tools ...string) *httptest.ResponseRecorder {
+		reqs := make([]string, len(tools))
+		for i, tool := range tools {
+			reqs[i] = fmt.Sprintf(`{"custom_id":"r%d","params":{"model":"claude-sonnet-4-5","max_tokens":16,"tools":[%s],"messages":[{"role":"user","content":"Hi"}]}}`, i, tool)
+		}
+		post := httptest.NewRequest(http.MethodPost, "/v1/messages/batches", strings.NewReader(`{"requests":[`+strings.Join(reqs, ",")+`]}`))
+		post.Header.Set("X-Api-Key", "sk-search-batch-hold-0123456789")
+		post.Header.Set("Content-Type", "application/json")
+		w, _ := serveHandler(t, r, post)
+		return w
+	}
+	if w := create(`{"type":"web_search_20250305","name":"web_search","max_uses":40}`); w.Code != 429 || store.Batches() != 0 {
+		t.Errorf("a batch that may search 40 times on a $0.30 budget: %d %s, %d batches made; want 429, none", w.Code, w.Body, store.Batches())
+	}
+	if w := create(`{"type":"web_search_20250305","name":"web_search"}`, `{"type":"web_search_20250305","name":"web_search","max_uses":10}`); w.Code != 200 || store.Batches() != 1 {
+		t.Errorf("a batch that may search 20 times on a $0.30 budget: %d %s, %d batches made; want it made", w.Code, w.Body, store.Batches())
 	}
 }
 
@@ -430,5 +492,19 @@ func TestCaddyfileWebSearchPrice(t *testing.T) {
 		if err := p.validate(); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v, want an error saying %s", raw, err, want)
 		}
+	}
+}
+
+// What a web search tool may search: its max_uses rounded up, else
+// defaultWebSearches; a batch's requests' tools add up.
+func TestWebSearchUses(t *testing.T) {
+	for maxUses, want := range map[string]int64{"": 10, "3": 3, "2.1": 3, "0": 0, "1e3": 1000, "-1": 10, "1e400": 10, "1e300": maxWebSearches} {
+		if got := webSearchUses(maxUses); got != want {
+			t.Errorf("max_uses %q: %d, want %d", maxUses, got, want)
+		}
+	}
+	tools := `[{"type":"web_search_20250305","max_uses":3},{"name":"f","input_schema":{}},{"type":"web_fetch_20250910","max_uses":9},{"type":"web_search_20260209"},{"type":"web_search_20250305","max_uses":"7"}]`
+	if got := webSearchesOf(gjson.Parse(tools)); got != 3+10+10 {
+		t.Errorf("the tools may search %d times, want 23", got)
 	}
 }
