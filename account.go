@@ -35,7 +35,7 @@ func (r *Relay) account(in *inbound) {
 	model, served := r.modelLabel(in.ask.model), r.modelLabel(in.grant.target)
 
 	u := in.end.usage
-	priced := r.price(in)
+	priced, tools := r.price(in)
 	cost := in.end.cost
 	r.settleHolds(in, cost)
 	if in.grant.session != nil {
@@ -77,7 +77,7 @@ func (r *Relay) account(in *inbound) {
 	r.settleAffinity(in)
 	in.tr.end(in, priced)
 	recentRequests.record(in, duration, cost)
-	r.ledger.record(in, r.now(), duration, cost)
+	r.ledger.record(in, r.now(), duration, cost, tools)
 
 	c := r.logger.Check(zap.InfoLevel, "relayed request")
 	if c == nil {
@@ -152,26 +152,28 @@ func (c *attemptChain) MarshalLogArray(enc zapcore.ArrayEncoder) error {
 }
 
 // price sets in.cost, what the request costs: the list price of the usage
-// its client got, at the price of the model that served it, times the
-// price factor of the channel that answered. It reports whether that model
-// has a price.
+// its client got (its tokens and its server tools), at the price of the
+// model that served it, times the price factor of the channel that
+// answered. It reports whether that model has a price, and the server
+// tools' part of the cost.
 //
 // A model the price table does not know costs its estimate when a budget
 // or a spend cap counts the request (unpriced.go), else nothing.
-func (r *Relay) price(in *inbound) bool {
+func (r *Relay) price(in *inbound) (priced bool, tools float64) {
 	rates, estimated := r.ratesFor(in.grant.target, in.grant.counted) // what was served is what is billed
 	if rates == nil {
-		return false
+		return false, 0
 	}
 	in.end.cost = 0
 	if ch := in.end.charged(); ch != nil {
 		in.end.cost = rates.cost(in.end.usage) * ch.priceFactor
+		tools = rates.serverTools(in.end.usage) * ch.priceFactor
 		if estimated && in.end.cost > 0 {
 			in.end.estimatedPrice = true
 			r.unpriced(in, in.grant.target, in.end.cost)
 		}
 	}
-	return true
+	return true, tools
 }
 
 // Reasons of relay_wasted_tokens_total.

@@ -257,12 +257,12 @@ func TestAChannelsPriceFactorScalesItsCost(t *testing.T) {
 
 	// the cost a key's budget is charged is the request's own field
 	in := &inbound{grant: granted{target: "claude-sonnet-4-5"}, end: ending{answered: &channel{priceFactor: 0.8}, usage: usage{input: 1000, output: 100}}}
-	if !r.price(in) || math.Abs(in.end.cost-0.8*listCost) > 1e-12 {
+	if priced, _ := r.price(in); !priced || math.Abs(in.end.cost-0.8*listCost) > 1e-12 {
 		t.Errorf("in.cost = %v, want %v", in.end.cost, 0.8*listCost)
 	}
 	// no channel answered: nothing to pay for
 	in = &inbound{grant: granted{target: "claude-sonnet-4-5"}, end: ending{usage: usage{input: 1000, output: 100}}}
-	if !r.price(in) || in.end.cost != 0 {
+	if priced, _ := r.price(in); !priced || in.end.cost != 0 {
 		t.Errorf("in.cost of a request no channel answered = %v, want 0", in.end.cost)
 	}
 

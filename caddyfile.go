@@ -147,7 +147,7 @@ func declareInCaddyfile(state map[string]any, r *Relay, by string) error {
 //		ledger_retention <duration>
 //
 //		pricing {
-//			<model> input <usd> output <usd> [cache_read <usd>] [cache_write <usd>] [cache_write_1h <usd>] [batch <factor>] [display_name "<name>"] [above <tokens> input <usd> ...]
+//			<model> input <usd> output <usd> [cache_read <usd>] [cache_write <usd>] [cache_write_1h <usd>] [batch <factor>] [web_search <usd per 1000>] [display_name "<name>"] [above <tokens> input <usd> ...]
 //		}
 //
 //		group <name> {
@@ -429,12 +429,13 @@ func parseBlock(d *caddyfile.Dispenser, what string, o provider.Options) error {
 
 // parsePricing parses a `pricing { ... }` block: one line per model,
 //
-//	<model> input <usd> output <usd> [cache_read <usd>] [cache_write <usd>] [cache_write_1h <usd>] [batch <factor>] [display_name "<name>"] [above <tokens> input <usd> output <usd> ...]
+//	<model> input <usd> output <usd> [cache_read <usd>] [cache_write <usd>] [cache_write_1h <usd>] [batch <factor>] [web_search <usd per 1000>] [display_name "<name>"] [above <tokens> input <usd> output <usd> ...]
 //
 // in US dollars per million tokens (batch: the fraction of them Message
-// Batches cost, default 0.5); the pairs after `above` price the
-// requests whose prompt is larger than that many tokens. display_name,
-// anywhere on the line, is the model's name in GET /v1/models.
+// Batches cost, default 0.5; web_search: US dollars per 1,000 web
+// searches, default 10); the pairs after `above` price the requests whose
+// prompt is larger than that many tokens. display_name, anywhere on the
+// line, is the model's name in GET /v1/models.
 func parsePricing(d *caddyfile.Dispenser, r *Relay) error {
 	if d.NextArg() {
 		return d.ArgErr()
@@ -489,8 +490,13 @@ func parsePricing(d *caddyfile.Dispenser, r *Relay) error {
 					return d.Errf("pricing %s: batch is a factor of the whole price, not negative, before above", model)
 				}
 				cur.Batch = &f
+			case "web_search":
+				if cur != &p || f < 0 {
+					return d.Errf("pricing %s: web_search is the model's price per 1,000 searches, not negative, before above", model)
+				}
+				cur.WebSearch = &f
 			default:
-				return d.Errf("pricing %s: unknown price %q (input, output, cache_read, cache_write, cache_write_1h, batch, display_name, above)", model, name)
+				return d.Errf("pricing %s: unknown price %q (input, output, cache_read, cache_write, cache_write_1h, batch, web_search, display_name, above)", model, name)
 			}
 		}
 		if p.DisplayName != "" && !priced && builtinPrices.lookup(model) != nil {

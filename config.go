@@ -591,7 +591,7 @@ func validModelName(s string) bool {
 }
 
 func (p Price) validate() error {
-	for _, v := range []*float64{&p.Input, &p.Output, p.CacheRead, p.CacheWrite, p.CacheWrite1h} {
+	for _, v := range []*float64{&p.Input, &p.Output, p.CacheRead, p.CacheWrite, p.CacheWrite1h, p.WebSearch} {
 		if v != nil && *v < 0 {
 			return fmt.Errorf("prices must not be negative")
 		}
@@ -605,6 +605,9 @@ func (p Price) validate() error {
 		}
 		if l.DisplayName != "" {
 			return fmt.Errorf("long_prompt: display_name is the model's, outside long_prompt")
+		}
+		if l.WebSearch != nil {
+			return fmt.Errorf("long_prompt: web_search is the model's, outside long_prompt")
 		}
 		return l.Price.validate()
 	}

@@ -289,7 +289,7 @@ func (r *Relay) degrade(in *inbound) {
 	in.grant.degrade.cheaper = cheaper
 	g := in.group()
 	if model != "" && model != in.ask.model &&
-		r.costCeiling(model, in.ask.estimate, int64(in.ask.maxOut)) < r.costCeiling(in.ask.model, in.ask.estimate, int64(in.ask.maxOut)) {
+		r.costCeiling(model, in.ask.estimate, int64(in.ask.maxOut), in.ask.searches) < r.costCeiling(in.ask.model, in.ask.estimate, int64(in.ask.maxOut), in.ask.searches) {
 		in.grant.degrade.model, in.grant.target = model, model
 		metricDegraded.WithLabelValues(g.name, degradeModel).Inc()
 	}

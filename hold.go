@@ -257,7 +257,8 @@ func (a *spendAccount) heldLocked() nanoUSD {
 // (every prompt token at the dearest of the input, cache read and cache
 // write prices, at the long-prompt tier when the estimate may reach it)
 // plus max_tokens at the output price (the model's maximum output when the
-// body gives none), of the dearest model it may be served as (itself and
+// body gives none) plus the web searches its tools may make
+// (servertools.go), of the dearest model it may be served as (itself and
 // its group's fallbacks for it), times the highest price_factor among its
 // group's channels. A model without a price costs its estimate
 // (pricing.go). floored: its input is at least its hold floor
@@ -285,16 +286,16 @@ func (r *Relay) worstOf(in *inbound, model string, floored bool) float64 {
 		window := contextWindow(model, in.ask.needs.hasBeta(context1m))
 		worst = max(worst, rates.worst(0, maxOut)+r.floorOf(rates, window))
 	}
-	return worst
+	return worst + float64(in.ask.searches)*rates.webSearch
 }
 
 // costCeiling is the most a request for model with a prompt of about
-// prompt tokens and maxTokens of output (0: the model's maximum) may cost
-// at list price, where money is counted: a model without a price at its
-// estimate.
-func (r *Relay) costCeiling(model string, prompt, maxTokens int64) float64 {
+// prompt tokens, maxTokens of output (0: the model's maximum) and searches
+// web searches may cost at list price, where money is counted: a model
+// without a price at its estimate.
+func (r *Relay) costCeiling(model string, prompt, maxTokens, searches int64) float64 {
 	if rates, _ := r.ratesFor(model, true); rates != nil {
-		return rates.worst(prompt, maxTokens)
+		return rates.worst(prompt, maxTokens) + float64(searches)*rates.webSearch
 	}
 	return 0
 }

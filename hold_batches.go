@@ -49,10 +49,11 @@ func batchHoldID(channel, up string) string { return digest(channel + "\x00" + u
 // batchWorstCase is the most a batch's requests may cost, in USD: each
 // request's worst case as a message's (of its own params, its input at
 // least its hold floor when it reads from outside them, a floor that no
-// budget caps: a batch's requests are many), at its model's batch price
-// (an unpriced model's estimate: pricing.go), times factor, the highest
-// price_factor among the channels that may take the batch; long: the
-// create asks for the 1M context.
+// budget caps: a batch's requests are many), its tokens at its model's
+// batch price (an unpriced model's estimate: pricing.go) and its web
+// searches at their full price, times factor, the highest price_factor
+// among the channels that may take the batch; long: the create asks for
+// the 1M context.
 func (r *Relay) batchWorstCase(body []byte, factor float64, long bool) float64 {
 	total := 0.0
 	gjson.GetBytes(body, "requests").ForEach(func(_, req gjson.Result) bool {
@@ -64,7 +65,7 @@ func (r *Relay) batchWorstCase(body []byte, factor float64, long bool) float64 {
 			if rawReadsOutside([]byte(params.Raw)) {
 				worst = max(worst, rates.worst(0, maxOut)+r.floorOf(rates, contextWindow(model, long)))
 			}
-			total += worst * rates.batch
+			total += worst*rates.batch + float64(webSearchesOf(params.Get("tools")))*rates.webSearch
 		}
 		return true
 	})

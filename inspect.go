@@ -175,7 +175,8 @@ func (in *inbound) scanMetadata(sc *jsonscan.Scanner) error {
 }
 
 // scanTools reads a `tools` array, noting the server tools among them by
-// the type of each: the same strict pass, one level deeper.
+// the type of each, and the searches its web search tools may make: the
+// same strict pass, one level deeper.
 func (in *inbound) scanTools(sc *jsonscan.Scanner) error {
 	if err := sc.ReadArrayStart(); err != nil {
 		return err
@@ -195,6 +196,7 @@ func (in *inbound) scanTools(sc *jsonscan.Scanner) error {
 			return err
 		}
 		marked, long := false, false
+		search, maxUses := false, "" // a web search tool, and its max_uses (the body's bytes)
 		for {
 			name, err := sc.NextName()
 			if err != nil {
@@ -207,12 +209,20 @@ func (in *inbound) scanTools(sc *jsonscan.Scanner) error {
 			if err != nil {
 				return err
 			}
-			if jsonscan.KindOf(v) == '"' && unquoteJSON(name) == "type" {
-				in.ask.needs.set |= toolFeature(unquoteJSON(v))
+			switch kind := jsonscan.KindOf(v); {
+			case kind == '"' && unquoteJSON(name) == "type":
+				typ := unquoteJSON(v)
+				in.ask.needs.set |= toolFeature(typ)
+				search = strings.HasPrefix(typ, webSearchTool)
+			case kind == '0' && unquoteJSON(name) == "max_uses":
+				maxUses = unsafe.String(unsafe.SliceData(v), len(v))
 			}
 			if in.ask.prefix != nil && fieldName(name) == "cache_control" {
 				marked, long = isBreakpoint(v)
 			}
+		}
+		if search {
+			in.ask.searches += webSearchUses(maxUses)
 		}
 		if marked {
 			in.ask.prefix.mark(sectTools, sc.InputOffset(), long)

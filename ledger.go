@@ -65,7 +65,7 @@ const (
 	// and room for the rows that come before the writer takes it, so that
 	// a request's hand-off does not grow (copy) a slice of 5,000 rows
 	ledgerRoom           = ledgerBatch + ledgerBatch/4
-	ledgerStatement      = 1000        // rows of one insert: 14,000 parameters, under SQLite's 32,766
+	ledgerStatement      = 1000        // rows of one insert: 15,000 parameters, under SQLite's 32,766
 	ledgerEvery          = time.Second // a partial batch waits at most this
 	ledgerPruneEvery     = time.Hour
 	ledgerWriteTimeout   = 5 * time.Second  // one batch's write
@@ -110,15 +110,17 @@ type ledgerRow struct {
 	status                               int
 	input, output, cacheRead, cacheWrite int64
 	costNano                             int64
+	toolNano                             int64 // of costNano, what server tools cost
 	estimated, incomplete                bool
 	sessionDigested                      bool
 	duration, firstByte                  time.Duration
 }
 
-// record hands the request's row to the ledger's queue; a nil ledger (none
+// record hands the request's row to the ledger's queue, with its cost and
+// the part of it server tools made (tools), in USD; a nil ledger (none
 // configured) does nothing. Only requests of a principal (a key or an
 // identity) are recorded: an unauthenticated one is nobody's usage.
-func (l *ledger) record(in *inbound, at time.Time, duration time.Duration, cost float64) {
+func (l *ledger) record(in *inbound, at time.Time, duration time.Duration, cost, tools float64) {
 	if l == nil || in.who.key == nil {
 		return
 	}
@@ -129,6 +131,7 @@ func (l *ledger) record(in *inbound, at time.Time, duration time.Duration, cost 
 		input: in.end.usage.input, output: in.end.usage.output,
 		cacheRead: in.end.usage.cacheRead, cacheWrite: in.end.usage.cacheWrite,
 		costNano:  int64(toNano(cost)), // as the budgets' spend counts it
+		toolNano:  int64(toNano(tools)),
 		estimated: in.end.estimated, incomplete: in.end.incomplete,
 		duration: duration, firstByte: in.end.firstByte,
 	}
@@ -182,6 +185,7 @@ func (l *ledger) addBatch(row ledgerRow, b *batchCharge) {
 		row.model, row.served = m.model, m.model
 		row.input, row.output, row.cacheRead, row.cacheWrite = m.usage.input, m.usage.output, m.usage.cacheRead, m.usage.cacheWrite
 		row.costNano, prev = upTo-prev, upTo
+		row.toolNano = int64(toNano(m.tools))
 		if i > 0 {
 			row.id = id + "/" + m.model
 		}

@@ -138,7 +138,7 @@ func TestLedgerBatchRowsAddUpToTheCharge(t *testing.T) {
 		in.end.cost += c
 	}
 	in.end.batch = b
-	l.record(in, time.Now(), time.Millisecond, in.end.cost)
+	l.record(in, time.Now(), time.Millisecond, in.end.cost, 0)
 	if len(l.pending) != 5 {
 		t.Fatalf("%d rows, want one per model", len(l.pending))
 	}

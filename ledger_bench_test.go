@@ -37,7 +37,7 @@ func BenchmarkLedgerEnqueue(b *testing.B) {
 	now := time.Now()
 	b.ReportAllocs()
 	for b.Loop() {
-		l.record(in, now, time.Millisecond, 0.0123)
+		l.record(in, now, time.Millisecond, 0.0123, 0)
 	}
 }
 

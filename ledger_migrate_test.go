@@ -226,3 +226,125 @@ func TestLedgerSQLiteRowsWrittenAgainCountOnce(t *testing.T) {
 		t.Errorf("the rollup sums\n%s\nthe rows\n%s\nwant each row once\n%s", strings.Join(fromRollup, "\n"), strings.Join(fromRows, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+func TestLedgerSQLiteMigratesToServerToolCost(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	db, err := sql.Open("sqlite3", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkMigrationToServerToolCost(t, sqliteDialect, db, func() *sqlLedger {
+		s, err := openSQLiteLedger(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}, "")
+}
+
+func TestLedgerPostgresMigratesToServerToolCost(t *testing.T) {
+	pg := pgtest.Start(t)
+	db, err := sql.Open("pgx", pg.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkMigrationToServerToolCost(t, postgresDialect, db, func() *sqlLedger {
+		s, err := openPostgresLedger(pg.DSN())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}, "relay_finance")
+}
+
+// checkMigrationToServerToolCost fills db, migrated to schema version 4
+// (the names table: rows moved there by its step), with rows over three
+// days, and grants reader (when set, a Postgres role made for it) SELECT
+// on the view; then opens it as the relay does (open), which adds the
+// server tools' cost: the view's columns of version 4 must return what
+// they did, server_tool_usd follow them, 0 on every row written before,
+// the usage queries answer what they did, the reader may still read the
+// view, and a new row keep its server tools' cost.
+func checkMigrationToServerToolCost(t *testing.T, d dialect, db *sql.DB, open func() *sqlLedger, reader string) {
+	t.Helper()
+	ctx := context.Background()
+	old := &sqlLedger{db: db, d: d, digests: map[string]any{}}
+	old.d.migrations = d.migrations[:3]
+	if err := old.migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rows := append(benchRows(300, usageEpoch, 0), testRows(usageEpoch.Add(time.Hour), usageEpoch.Add(30*time.Hour))...)
+	for i := range 300 {
+		rows[i].at = usageEpoch.Add(time.Duration(i) * 13 * time.Minute) // three days
+		rows[i].id = newRequestID()
+	}
+	insertOldRows(t, old, rows)
+	if _, err := db.Exec(`INSERT INTO relay_usage_daily SELECT ` + d.day + `, key_name, user_name, group_name, channel_name, served_model, COUNT(*),
+		SUM(input_tokens), SUM(output_tokens), SUM(cache_read_tokens), SUM(cache_write_tokens), SUM(cost_nano_usd)
+		FROM relay_usage GROUP BY 1, 2, 3, 4, 5, 6`); err != nil {
+		t.Fatal(err)
+	}
+	old.d.migrations = d.migrations[:4]
+	if err := old.migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if reader != "" {
+		for _, q := range []string{`CREATE ROLE ` + reader, `GRANT SELECT ON relay_usage TO ` + reader} {
+			if _, err := db.Exec(q); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	queries := []usageQuery{
+		{from: usageEpoch, to: usageEpoch.AddDate(0, 0, 3), groupBy: []string{"key", "day"}},
+		{from: usageEpoch.Add(90 * time.Minute), to: usageEpoch.Add(50 * time.Hour), groupBy: []string{"group", "model"}},
+	}
+	answers := func(s *sqlLedger) []string {
+		var all []string
+		for _, q := range queries {
+			all = append(all, strings.Join(collectUsage(t, func(emit func(usageRow) error) error { return s.usage(ctx, q, emit) }), "\n"))
+		}
+		return all
+	}
+	version4 := `SELECT ` + strings.Join(ledgerColumns, ", ") + ` FROM relay_usage ORDER BY request_id`
+	before, answersBefore := dumpRows(t, db, version4), answers(old)
+	if len(before) != len(rows) {
+		t.Fatalf("version 4 holds %d rows, want %d", len(before), len(rows))
+	}
+	_ = db.Close()
+
+	s := open()
+	defer s.close()
+	var v int
+	if err := s.db.QueryRow(`SELECT MAX(version) FROM schema_version`).Scan(&v); err != nil || v != 5 || v != len(d.migrations) {
+		t.Fatalf("schema_version %d (%v), want 5", v, err)
+	}
+	if got := dumpRows(t, s.db, version4); !slices.Equal(got, before) {
+		t.Errorf("the view's columns of version 4 changed in the migration")
+	}
+	if cols := dumpColumns(t, s.db, `SELECT * FROM relay_usage`); !slices.Equal(cols, ledgerViewColumns) {
+		t.Errorf("the view's columns are %v, want %v", cols, ledgerViewColumns)
+	}
+	var n int
+	if err := s.db.QueryRow(`SELECT COUNT(*) FROM relay_usage WHERE server_tool_usd = 0`).Scan(&n); err != nil || n != len(rows) {
+		t.Errorf("%d rows (%v) have server_tool_usd 0, want every one written before: %d", n, err, len(rows))
+	}
+	if got := answers(s); !slices.Equal(got, answersBefore) {
+		t.Errorf("the usage queries answer\n%s\nwant, as before the migration,\n%s", strings.Join(got, "\n--\n"), strings.Join(answersBefore, "\n--\n"))
+	}
+	if reader != "" {
+		var may bool
+		if err := s.db.QueryRow(`SELECT has_table_privilege('` + reader + `', 'relay_usage', 'SELECT')`).Scan(&may); err != nil || !may {
+			t.Errorf("%s may no longer read relay_usage (%v): the migration dropped its grant", reader, err)
+		}
+	}
+	row := ledgerRow{id: "searched", at: usageEpoch.Add(time.Hour), key: "k9", group: "g", status: 200, costNano: 502_000_000, toolNano: 500_000_000}
+	if err := s.write(ctx, []ledgerRow{row}); err != nil {
+		t.Fatal(err)
+	}
+	var nano int64
+	var usd float64
+	if err := s.db.QueryRow(`SELECT cost_nano_usd, server_tool_usd FROM relay_usage WHERE request_id = 'searched'`).Scan(&nano, &usd); err != nil || nano != 502_000_000 || usd != 0.5 {
+		t.Errorf("a new row reads cost_nano_usd %d, server_tool_usd %v (%v), want 502000000 and 0.5", nano, usd, err)
+	}
+}

@@ -13,7 +13,7 @@ import (
 // to write: SQLite copies each string it binds and builds a record of
 // them. The ledger stores each set of names once, in relay_usage_names,
 // and a row refers to it by its id (names_id in relay_usage_rows); the
-// view relay_usage joins them back into the row of twenty columns that
+// view relay_usage joins them back into the row (ledgerViewColumns) that
 // GET /relay/usage and SQL users read. A row of one integer where it had
 // seven strings costs SQLite about half as much to write.
 
@@ -24,13 +24,18 @@ type ledgerNames struct{ key, user, group, channel, model, served, cause string 
 // the order of its fields.
 var ledgerNameColumns = []string{"key_name", "user_name", "group_name", "channel_name", "model", "served_model", "cause"}
 
-// ledgerRowColumns are relay_usage_rows' columns, in the order of a row's
-// values (rowArgs).
-var ledgerRowColumns = []string{
+// namesRowColumns are relay_usage_rows' columns as the names table's step
+// made them (schema version 4), which it fills from the table before.
+var namesRowColumns = []string{
 	"request_id", "time", "names_id", "status",
 	"input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens",
 	"cost_nano_usd", "estimated", "incomplete", "session_digest", "duration_ms", "first_byte_ms",
 }
+
+// ledgerRowColumns are relay_usage_rows' columns, in the order of a row's
+// values (rowArgs): those of version 4, then the server tools' part of
+// the cost (version 5).
+var ledgerRowColumns = append(slices.Clip(namesRowColumns), "server_tool_nano_usd")
 
 // ledgerNamesKept bounds the writer's map of names to ids: past it, the
 // map is dropped and learned again from the database, so that requests of
@@ -196,7 +201,7 @@ func namesMigration(namesID, rowsTable, keyAfter string) string {
 		on = append(on, "n."+c+" = u."+c)
 	}
 	var fill []string
-	for _, c := range ledgerRowColumns {
+	for _, c := range namesRowColumns {
 		if c == "names_id" {
 			fill = append(fill, "n.id")
 		} else {
@@ -210,20 +215,22 @@ func namesMigration(namesID, rowsTable, keyAfter string) string {
 		);
 		INSERT INTO relay_usage_names (` + names + `) SELECT DISTINCT ` + names + ` FROM relay_usage ORDER BY ` + names + `;
 		` + rowsTable + `;
-		INSERT INTO relay_usage_rows (` + strings.Join(ledgerRowColumns, ", ") + `)
+		INSERT INTO relay_usage_rows (` + strings.Join(namesRowColumns, ", ") + `)
 			SELECT ` + strings.Join(fill, ", ") + `
 			FROM relay_usage AS u JOIN relay_usage_names AS n ON ` + strings.Join(on, " AND ") + `
 			ORDER BY u.time, u.request_id;
 		DROP TABLE relay_usage;
 		` + keyAfter + `
-		` + ledgerViewSQL() + `;`
+		` + ledgerViewSQL("CREATE VIEW") + `;`
 }
 
-// ledgerViewSQL creates the view relay_usage: every row with its names,
-// the columns of ledgerColumns. The rows are named relay_usage in it, so
-// that a query plan names the table it reads as the query does.
-func ledgerViewSQL() string {
-	sel := make([]string, len(ledgerColumns))
+// ledgerViewSQL makes the view relay_usage (create is CREATE VIEW or
+// CREATE OR REPLACE VIEW): every row with its names, the columns of
+// ledgerColumns, then the columns of more (each "<expression> AS <name>",
+// of the rows, named relay_usage). The rows are named relay_usage in it,
+// so that a query plan names the table it reads as the query does.
+func ledgerViewSQL(create string, more ...string) string {
+	sel := make([]string, len(ledgerColumns), len(ledgerColumns)+len(more))
 	for i, c := range ledgerColumns {
 		if slices.Contains(ledgerNameColumns, c) {
 			sel[i] = "n." + c
@@ -231,6 +238,22 @@ func ledgerViewSQL() string {
 			sel[i] = "relay_usage." + c
 		}
 	}
-	return `CREATE VIEW relay_usage AS SELECT ` + strings.Join(sel, ", ") + `
+	return create + ` relay_usage AS SELECT ` + strings.Join(append(sel, more...), ", ") + `
 			FROM relay_usage_rows AS relay_usage JOIN relay_usage_names AS n ON n.id = relay_usage.names_id`
+}
+
+// ledgerViewColumns are the view's columns now: ledgerColumns, then what
+// later steps added.
+var ledgerViewColumns = append(slices.Clip(ledgerColumns), "server_tool_usd")
+
+// serverToolMigration is the schema's step to version 5: the rows keep
+// the part of their cost that server tools made, in nano-USD (0 for the
+// rows before it), which the view shows in US dollars as server_tool_usd
+// (usd, the dialect's expression of it from server_tool_nano_usd).
+// column is the rows' new column, as the dialect declares it; view makes
+// the view again with it (a Postgres view is replaced, so that what was
+// granted on it stays).
+func serverToolMigration(column, view, usd string) string {
+	return `ALTER TABLE relay_usage_rows ADD COLUMN server_tool_nano_usd ` + column + `;
+		` + ledgerViewSQL(view, usd+" AS server_tool_usd") + `;`
 }

@@ -113,15 +113,17 @@ func checkMigrationToTheNamesTable(t *testing.T, d dialect, db *sql.DB, open fun
 	if err := s.db.QueryRow(kind).Scan(&what); err != nil || what != "view" {
 		t.Errorf("relay_usage is a %q (%v), want a view", what, err)
 	}
-	got := dumpRows(t, s.db, all)
+	// the view's columns of that version, with the values they had (the
+	// columns added since follow them)
+	got := dumpRows(t, s.db, `SELECT `+strings.Join(ledgerColumns, ", ")+` FROM relay_usage ORDER BY request_id`)
 	if !slices.Equal(got, tableBefore) {
 		t.Errorf("the view returns %d rows, want the %d of the table, with the same values", len(got), len(tableBefore))
 		for i := range min(len(got), len(tableBefore), 3) {
 			t.Logf("got  %s\nwant %s", got[i], tableBefore[i])
 		}
 	}
-	if cols := dumpColumns(t, s.db, all); !slices.Equal(cols, ledgerColumns) {
-		t.Errorf("the view's columns are %v, want %v", cols, ledgerColumns)
+	if cols := dumpColumns(t, s.db, all); !slices.Equal(cols, ledgerViewColumns) {
+		t.Errorf("the view's columns are %v, want %v", cols, ledgerViewColumns)
 	}
 	if got := dumpRows(t, s.db, `SELECT * FROM relay_usage_daily ORDER BY day, key_name, user_name, group_name, channel_name, served_model`); !slices.Equal(got, dailyBefore) {
 		t.Errorf("the rollup changed in the migration")

@@ -64,6 +64,11 @@ var postgresDialect = dialect{
 			duration_ms BIGINT NOT NULL,
 			first_byte_ms BIGINT NOT NULL
 		)`, `ALTER TABLE relay_usage_rows ADD CONSTRAINT relay_usage_pkey PRIMARY KEY (time, request_id);`),
+		// what server tools cost, a part of cost_nano_usd: an exact
+		// decimal in the view (adding a column with a constant default
+		// rewrites no row)
+		serverToolMigration(`BIGINT NOT NULL DEFAULT 0`, `CREATE OR REPLACE VIEW`,
+			`(relay_usage.server_tool_nano_usd::numeric / 1000000000)::numeric(20, 9)`),
 	},
 	// relays of a fleet that start together migrate one after the other
 	lock:   `SELECT pg_advisory_xact_lock(7251460934)`,

@@ -111,6 +111,9 @@ var sqliteDialect = dialect{
 			first_byte_ms INTEGER NOT NULL,
 			PRIMARY KEY (time, request_id)
 		) WITHOUT ROWID`, ``),
+		// what server tools cost, a part of cost_nano_usd
+		`DROP VIEW relay_usage;
+		` + serverToolMigration(`INTEGER NOT NULL DEFAULT 0`, `CREATE VIEW`, `relay_usage.server_tool_nano_usd / 1e9`),
 	},
 	timeMilli: true,
 	day:       `strftime('%Y-%m-%d', time / 1000, 'unixepoch')`,

@@ -13,7 +13,7 @@ import (
 // rawWriter writes a SQLite ledger's batches through the driver's own
 // connection and statements (the SQLite C API as the driver gives it),
 // kept for it, past database/sql, which converts every value of a batch
-// into a slice of its own (14,000 values, 560 KB, for a full batch) and
+// into a slice of its own (15,000 values, 600 KB, for a full statement) and
 // checks each, and past the driver's database/sql statements, which bind
 // from a slice of their own again: the writer binds each of its values
 // with one call. Only first tries go this way (no RETURNING); a write that

@@ -371,7 +371,7 @@ func TestALongSessionIDIsDigestedWhenQueued(t *testing.T) {
 	for _, sid := range []string{"cc-session-1", long} {
 		in := &inbound{id: newRequestID(), who: requester{key: &key{name: "k", group: &group{name: "g"}}}, ask: asked{header: http.Header{}}}
 		in.ask.header.Set("X-Claude-Code-Session-Id", sid)
-		l.record(in, time.Now(), time.Millisecond, 0)
+		l.record(in, time.Now(), time.Millisecond, 0, 0)
 	}
 	short, queued := l.pending[0], l.pending[1]
 	if short.session != "cc-session-1" || short.sessionDigested {

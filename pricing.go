@@ -29,7 +29,16 @@ type Price struct {
 
 	// Batch is the fraction of these prices that the results of Message
 	// Batches cost, as Anthropic bills them at half price. Default: 0.5.
+	// It halves the tokens only: web searches cost WebSearch in a batch
+	// too.
 	Batch *float64 `json:"batch,omitempty"`
+
+	// WebSearch is the price of the web searches an answer reports
+	// (usage.server_tool_use.web_search_requests), in US dollars per
+	// 1,000 searches, beside its tokens. Default: 10, Anthropic's price
+	// for every model. Not taken inside long_prompt: a search costs the
+	// same whatever the prompt.
+	WebSearch *float64 `json:"web_search,omitempty"`
 
 	// LongPrompt, when set, is the price of every token of a request whose
 	// prompt (input, cache reads and cache writes together) is larger than
@@ -66,10 +75,15 @@ type LongPromptPrice struct {
 // cost.
 const defaultBatchFactor = 0.5
 
+// defaultWebSearch is Anthropic's price of web searches, in USD per 1,000,
+// the same for every model.
+const defaultWebSearch = 10
+
 // rates is a Price with every default filled in, per token.
 type rates struct {
 	input, output, cacheRead, cacheWrite, cacheWrite1h float64
 	batch                                              float64 // the fraction of the prices a batch's results cost
+	webSearch                                          float64 // USD per web search
 	above                                              int64
 	long                                               *rates
 	maxOutput                                          int64 // tokens; 0: not known
@@ -93,6 +107,7 @@ func (p Price) rates() *rates {
 		cacheWrite:   or(p.CacheWrite, p.Input*1.25) * perToken,
 		cacheWrite1h: or(p.CacheWrite1h, p.Input*2) * perToken,
 		batch:        or(p.Batch, defaultBatchFactor),
+		webSearch:    or(p.WebSearch, defaultWebSearch) / 1000,
 		maxOutput:    p.maxOutput,
 	}
 	if p.LongPrompt != nil {
@@ -102,8 +117,20 @@ func (p Price) rates() *rates {
 	return r
 }
 
-// cost is what u costs at these rates, in US dollars.
-func (r *rates) cost(u usage) float64 {
+// cost is what u costs at these rates, in US dollars: its tokens and its
+// server tools.
+func (r *rates) cost(u usage) float64 { return r.tokens(u) + r.serverTools(u) }
+
+// batchCost is what u costs as the result of a Message Batch: its tokens
+// at the batch price, its server tools at their full price.
+func (r *rates) batchCost(u usage) float64 { return r.tokens(u)*r.batch + r.serverTools(u) }
+
+// serverTools is what the server tools u reports cost: its web searches.
+// (Web fetches cost their tokens only, which the tokens count.)
+func (r *rates) serverTools(u usage) float64 { return float64(u.webSearches) * r.webSearch }
+
+// tokens is what the tokens of u cost at these rates, in US dollars.
+func (r *rates) tokens(u usage) float64 {
 	if r.long != nil && u.prompt() > r.above {
 		r = r.long
 	}

@@ -205,6 +205,9 @@ type asked struct {
 	userID   string // metadata.user_id, for sticky sessions
 	stream   bool
 	maxOut   int32 // the body's max_tokens; 0: none, or not a whole number that fits
+	// searches is what its web search tools may search, which it holds
+	// (servertools.go)
+	searches int64
 	chat     *chat // a Chat Completions request, translated; nil for Anthropic's routes
 	needs    needs // the features it carries
 	// modelStart and modelEnd delimit the raw model value (quotes included)

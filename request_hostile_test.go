@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"runtime/metrics"
@@ -18,7 +19,8 @@ import (
 
 // FuzzInspect checks the body scan on any bytes: it never panics, and what
 // it accepts is one valid JSON object whose model (the one the relay routes
-// on) is what any other JSON parser reads, at the offsets a mapping splices.
+// on) is what any other JSON parser reads, at the offsets a mapping splices,
+// and whose web searches (what it holds) are those its tools declare.
 // Long run: go test -run '^$' -fuzz FuzzInspect -fuzztime 10m .
 func FuzzInspect(f *testing.F) {
 	for _, seed := range []string{
@@ -32,6 +34,7 @@ func FuzzInspect(f *testing.F) {
 		` {"speed":null,"model":"m"} `,
 		`{"model":"m","tools":[{"type":"web_search_20250305"},{"t\u0079pe":"web_fetch_1"},7,{"type":null}],"mcp_servers":[]}`,
 		`{"model":"m","tools":{"type":"code_execution_1"},"container":null}`,
+		`{"model":"m","tools":[{"max_uses":3,"type":"web_search_20250305"},{"type":"web_search_20260209","max\u005fuses":2.5},{"type":"web_search_x","max_uses":"9"}]}`,
 		`[]`, `{}`, ``, `{"model":`,
 	} {
 		f.Add([]byte(seed))
@@ -65,18 +68,29 @@ func FuzzInspect(f *testing.F) {
 			}
 		}
 		var tools []json.RawMessage
+		searches := int64(0)
 		if json.Unmarshal(top["tools"], &tools) == nil {
 			for _, tool := range tools {
 				var fields map[string]any // keys exactly, as the API reads them
 				if json.Unmarshal(tool, &fields) == nil {
 					if typ, ok := fields["type"].(string); ok {
 						want |= toolFeature(typ)
+						if strings.HasPrefix(typ, "web_search_") {
+							uses := int64(defaultWebSearches)
+							if n, ok := fields["max_uses"].(float64); ok && n >= 0 {
+								uses = int64(math.Ceil(min(n, maxWebSearches)))
+							}
+							searches += uses
+						}
 					}
 				}
 			}
 		}
 		if in.ask.needs.set != want {
 			t.Fatalf("the relay routes on features %q, a JSON parser reads %q", in.ask.needs.set.names(), want.names())
+		}
+		if in.ask.searches != searches {
+			t.Fatalf("the relay holds %d web searches, a JSON parser reads %d", in.ask.searches, searches)
 		}
 	})
 }

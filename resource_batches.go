@@ -15,9 +15,9 @@ import (
 )
 
 // A batch's results are accounted once, when they are first read: their
-// tokens, by model, at the batch price (see Price.Batch) times the price
-// factor of the channel, into the metrics, the key's spend and its token
-// limit. Which batches were accounted is remembered by the batch, in Redis
+// tokens, by model, at the batch price (see Price.Batch), and their web
+// searches at the full price, times the price factor of the channel, into
+// the metrics, the key's spend and its token limit. Which batches were accounted is remembered by the batch, in Redis
 // in fleet mode, else in Caddy's storage, for as long as Anthropic keeps
 // results (29 days), so reading them again costs nothing.
 
@@ -122,12 +122,14 @@ func (b *batchUsage) line() {
 	m.cacheRead += u.cacheRead
 	m.cacheWrite += u.cacheWrite
 	m.cacheWrite1h += u.cacheWrite1h
+	m.webSearches += u.webSearches
 	b.byModel[model] = m
 	b.total.input += u.input
 	b.total.output += u.output
 	b.total.cacheRead += u.cacheRead
 	b.total.cacheWrite += u.cacheWrite
 	b.total.cacheWrite1h += u.cacheWrite1h
+	b.total.webSearches += u.webSearches
 }
 
 // results streams a batch's results (JSONL) to the client and, on their
@@ -159,17 +161,18 @@ type batchCharge struct {
 	models []batchModel
 }
 
-// batchModel is the usage of a batch's results of one model, and its cost
-// in USD.
+// batchModel is the usage of a batch's results of one model, its cost in
+// USD, and its server tools' part of it.
 type batchModel struct {
 	model string
 	usage usage
 	cost  float64
+	tools float64
 }
 
-// accountBatch accounts a batch's usage at the batch price: metrics by
-// model, the request's cost (the key's spend) and its tokens (the key's
-// token limit).
+// accountBatch accounts a batch's usage at the batch price (its tokens;
+// its server tools at their full price): metrics by model, the request's
+// cost (the key's spend) and its tokens (the key's token limit).
 func (c *resourceCtx) accountBatch(ch *channel, b *batchUsage, complete bool) {
 	r, in := c.r, c.in
 	in.end.usage, in.end.incomplete = b.total, !complete
@@ -186,9 +189,10 @@ func (c *resourceCtx) accountBatch(ch *channel, b *batchUsage, complete bool) {
 		}{{"input", u.input}, {"output", u.output}, {"cache_read", u.cacheRead}, {"cache_write", u.cacheWrite}} {
 			metricTokens.WithLabelValues(c.group.name, ch.name, label, t.kind).Add(float64(t.n))
 		}
-		cost := 0.0
+		cost, tools := 0.0, 0.0
 		if rates, estimated := r.ratesFor(model, counted); rates != nil {
-			cost = rates.cost(u) * rates.batch * ch.priceFactor
+			cost = rates.batchCost(u) * ch.priceFactor
+			tools = rates.serverTools(u) * ch.priceFactor
 			if estimated && cost > 0 {
 				in.end.estimatedPrice = true
 				r.unpriced(in, model, cost)
@@ -199,7 +203,7 @@ func (c *resourceCtx) accountBatch(ch *channel, b *batchUsage, complete bool) {
 			metricCost.WithLabelValues(c.group.name, ch.name, label).Add(cost)
 		}
 		if in.end.batch != nil {
-			in.end.batch.models = append(in.end.batch.models, batchModel{model: model, usage: u, cost: cost})
+			in.end.batch.models = append(in.end.batch.models, batchModel{model: model, usage: u, cost: cost, tools: tools})
 		}
 	}
 	metricBatchResultsAccounted.WithLabelValues(c.group.name, ch.name).Inc()

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"math"
 	"unsafe"
 
 	"github.com/tidwall/gjson"
@@ -20,6 +21,10 @@ type usage struct {
 	// stopped says that a message_delta gave the message's stop_reason: the
 	// answer is whole, even if its stream then ends without message_stop
 	stopped bool
+	// webSearches is usage.server_tool_use.web_search_requests: the web
+	// searches the answer made, each priced beside the tokens (an int32
+	// beside the flags: a usage is copied with every request)
+	webSearches int32
 }
 
 // prompt is every input token of the request, cached or not: what
@@ -47,6 +52,10 @@ func (u *usage) read(obj gjson.Result) {
 			if h := v.Get("ephemeral_1h_input_tokens"); h.Exists() {
 				u.cacheWrite1h = h.Int()
 			}
+		case "server_tool_use": // null or absent in an event that does not say
+			if n := v.Get("web_search_requests"); n.Exists() {
+				u.webSearches = int32(min(max(n.Int(), 0), math.MaxInt32))
+			}
 		}
 		return true
 	})
@@ -59,8 +68,8 @@ func (u *usage) fromMessage(body []byte) {
 
 // fromEvent reads the usage an SSE event carries: message_start has the
 // input side and a first output count, and each message_delta the
-// cumulative counts so far, so the last one wins. Nothing is ever summed
-// but the weight of the content deltas.
+// cumulative counts so far (the server tools' included), so the last one
+// wins. Nothing is ever summed but the weight of the content deltas.
 func (u *usage) fromEvent(name, data []byte) {
 	// a string view of the event, valid for this call: only numbers are kept
 	s := unsafe.String(unsafe.SliceData(data), len(data))

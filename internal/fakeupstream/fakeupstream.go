@@ -206,6 +206,15 @@ type Usage struct {
 	CacheCreationInputTokens int `json:"cache_creation_input_tokens"`
 	CacheReadInputTokens     int `json:"cache_read_input_tokens"`
 	OutputTokens             int `json:"output_tokens"`
+	// ServerToolUse, when set, counts the server tools the reply used,
+	// as the API reports them beside the tokens
+	ServerToolUse *ServerToolUse `json:"server_tool_use,omitempty"`
+}
+
+// ServerToolUse is the server tool calls a reply reports in its usage.
+type ServerToolUse struct {
+	WebSearchRequests int `json:"web_search_requests"`
+	WebFetchRequests  int `json:"web_fetch_requests"`
 }
 
 // MessageBody is a complete non-streaming Messages reply.
@@ -238,10 +247,14 @@ func Event(name, data string) string {
 }
 
 // StreamEvents is the event sequence of a streamed reply with one text
-// block made of the given deltas.
+// block made of the given deltas. Server tools count nothing yet in its
+// message_start: its message_delta carries u's counts, as the API's does.
 func StreamEvents(model string, u Usage, deltas ...string) []string {
 	start := u
 	start.OutputTokens = 1
+	if u.ServerToolUse != nil {
+		start.ServerToolUse = &ServerToolUse{}
+	}
 	msg, _ := json.Marshal(map[string]any{"type": "message_start", "message": map[string]any{
 		"id": "msg_fake", "type": "message", "role": "assistant", "model": model, "content": []any{},
 		"stop_reason": nil, "stop_sequence": nil, "usage": start}})

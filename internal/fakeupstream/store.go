@@ -33,6 +33,10 @@ type Store struct {
 	// apart.
 	Name string
 
+	// Searches is the web searches each succeeded result of a batch
+	// reports in its usage; 0: none (set before the store serves).
+	Searches int
+
 	mu       sync.Mutex
 	files    []*storedFile // oldest first
 	batches  []*storedBatch
@@ -250,9 +254,13 @@ func (s *Store) createBatch(w http.ResponseWriter, r *http.Request) {
 	at := created().Format(time.RFC3339)
 	var results strings.Builder
 	counts := map[string]int{"processing": 0, "succeeded": 0, "errored": 0, "canceled": 0, "expired": 0}
+	u := Usage{InputTokens: 10, OutputTokens: 5}
+	if s.Searches > 0 {
+		u.ServerToolUse = &ServerToolUse{WebSearchRequests: s.Searches}
+	}
 	for _, q := range req.Requests {
 		result := map[string]any{"type": "succeeded",
-			"message": json.RawMessage(MessageBody(q.Params.Model, "batch reply from "+s.Name, Usage{InputTokens: 10, OutputTokens: 5}))}
+			"message": json.RawMessage(MessageBody(q.Params.Model, "batch reply from "+s.Name, u))}
 		for _, end := range []string{"errored", "canceled", "expired"} {
 			if strings.HasPrefix(q.CustomID, end) {
 				result = map[string]any{"type": end}
