@@ -105,7 +105,8 @@ func usageTime(s string, end bool) (time.Time, error) {
 }
 
 // usage answers GET /relay/usage from the ledger: {"rows": [...]}, or CSV
-// with one header row, written as the database gives the rows.
+// with one header row, written as the database gives the rows (a name
+// that a spreadsheet would take for a formula behind a ': csvCell).
 func (adminAPI) usage(w http.ResponseWriter, r *http.Request) error {
 	q, err := parseUsageQuery(r.URL.Query(), time.Now())
 	if err != nil {
@@ -154,6 +155,9 @@ func writeUsage(w http.ResponseWriter, r *http.Request, l *ledger, q usageQuery)
 		rec[k+4] = strconv.FormatInt(u.cacheWrite, 10)
 		rec[k+5] = usdDecimal(u.costNano)
 		if q.csv {
+			for i := range k { // the names; the sums after them are numbers
+				rec[i] = csvCell(rec[i])
+			}
 			cw.Write(rec) //nolint:errcheck // its error is cw.Error's, checked at the end
 		} else {
 			if n > 0 {
@@ -350,4 +354,17 @@ func (s *sqlLedger) column(c string, daily bool) string {
 		return "day"
 	}
 	return s.d.day
+}
+
+// csvCell is a name as a CSV cell: one that begins with =, +, -, @, a tab
+// or a carriage return is read by a spreadsheet as a formula (which may
+// fetch a URL or run a command on the reader's machine), so it is written
+// behind a ', which the spreadsheet shows as text. Names are the clients'
+// to choose (an identity, a model asked for) or an operator's; numbers are
+// the relay's, and are written as they are, a negative one too.
+func csvCell(s string) string {
+	if s != "" && strings.IndexByte("=+-@\t\r", s[0]) >= 0 {
+		return "'" + s
+	}
+	return s
 }

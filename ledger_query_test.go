@@ -324,3 +324,28 @@ func TestAUsageAnswerThatFailsMidwayIsCut(t *testing.T) {
 		}
 	}
 }
+
+// A spreadsheet reads a cell that begins with =, +, -, @, a tab or a
+// carriage return as a formula: a CSV cell of a name begins with a ' then,
+// and reads as the text it is.
+func TestCSVCellsOfNamesNeverReadAsFormulas(t *testing.T) {
+	for in, want := range map[string]string{
+		`=HYPERLINK("http://evil.example/","x")`: `'=HYPERLINK("http://evil.example/","x")`,
+		"+1+1":                                   "'+1+1",
+		"-2+3":                                   "'-2+3",
+		"@SUM(A1:A9)":                            "'@SUM(A1:A9)",
+		"\t=1":                                   "'\t=1",
+		"\r=1":                                   "'\r=1",
+		"":                                       "",
+		"alice":                                  "alice",
+		"a=b":                                    "a=b",
+		"'=already":                              "'=already",
+		" =spaced":                               " =spaced",
+		"2026-03-01":                             "2026-03-01",
+		"claude-opus-4":                          "claude-opus-4",
+	} {
+		if got := csvCell(in); got != want {
+			t.Errorf("csvCell(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
