@@ -225,15 +225,25 @@ type usageSpan struct {
 	daily    bool
 }
 
+// lastRollupDay is the last day the daily rollup can be asked for: its
+// days are YYYY-MM-DD text, compared as text, and a later day (year 10000,
+// the end of a range to 9999-12-31) would sort before every other.
+var lastRollupDay = time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
+
 // usageSpans splits [from, to) into the whole UTC days inside it, which
 // the daily rollup answers, and the parts of a day at its edges, at most
 // two, whose rows are read (through the table's key, on time). A range with no
-// whole day in it is read from its rows, two partial days at most.
+// whole day in it is read from its rows, two partial days at most. A range
+// open at its end (to 9999-12-31, which ends in year 10000) reads its last
+// day, lastRollupDay, from the rows.
 func usageSpans(from, to time.Time) []usageSpan {
 	from, to = from.UTC(), to.UTC()
 	first, last := from.Truncate(24*time.Hour), to.Truncate(24*time.Hour)
 	if first.Before(from) {
 		first = first.Add(24 * time.Hour)
+	}
+	if last.After(lastRollupDay) {
+		last = lastRollupDay
 	}
 	if !first.Before(last) {
 		return []usageSpan{{from: from, to: to}}
