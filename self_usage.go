@@ -244,19 +244,31 @@ func parseSessionPage(q url.Values) (sessionPage, *relayError) {
 		}
 		p.limit = n
 	}
-	for name, to := range map[string]**sessionPos{"after_id": &p.after, "before_id": &p.before} {
-		if v := q.Get(name); v != "" {
-			pos, ok := parseCursor(v)
-			if !ok {
-				return p, errInvalid(name + ": not a cursor of this list; give the first_id or last_id of a page")
-			}
-			*to = pos
-		}
+	var rerr *relayError
+	if p.after, rerr = cursorParam(q, "after_id"); rerr != nil {
+		return p, rerr
+	}
+	if p.before, rerr = cursorParam(q, "before_id"); rerr != nil {
+		return p, rerr
 	}
 	if p.after != nil && p.before != nil {
 		return p, errInvalid("after_id and before_id: give one of them, not both")
 	}
 	return p, nil
+}
+
+// cursorParam is the cursor the query parameter name gives; nil without
+// one.
+func cursorParam(q url.Values, name string) (*sessionPos, *relayError) {
+	v := q.Get(name)
+	if v == "" {
+		return nil, nil
+	}
+	pos, ok := parseCursor(v)
+	if !ok {
+		return nil, errInvalid(name + ": not a cursor of this list; give the first_id or last_id of a page")
+	}
+	return pos, nil
 }
 
 // pageSessions is the page p of the live sessions of the principal
