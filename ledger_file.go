@@ -106,8 +106,11 @@ func (f *sqliteFile) reopen(ctx context.Context) (fileChange, error) {
 		// first, so that a file moved away holds every row, and a file
 		// put in its place is not read with another's WAL (which would
 		// corrupt it). Then SQLite lets go of it before a new file is
-		// opened at the path.
-		_ = s.raw.checkpoint(ctx)
+		// opened at the path. It has time of its own: counting may
+		// have taken the batch's.
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ledgerWriteTimeout)
+		_ = s.raw.checkpoint(wctx)
+		cancel()
 		_ = s.close()
 		_ = f.file.Close()
 		f.file = nil
