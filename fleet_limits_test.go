@@ -302,3 +302,36 @@ func TestAFreedSlotGoesWithTheNextAdmission(t *testing.T) {
 		t.Fatalf("%d slots held after the relay stopped, want none", n)
 	}
 }
+
+// TestTakeRateIsTheFleetsRate: in a fleet, takeRate counts against the
+// rate Redis keeps for every node, and nothing else: beside a request in
+// flight that holds the key's one concurrency slot, two nodes take what
+// is left of a rate of 4/m between them, the next is refused with the
+// wait until one more is due, and the node that was refused gates its
+// requests (enter) until then without asking Redis.
+func TestTakeRateIsTheFleetsRate(t *testing.T) {
+	srv := redistest.Start(t)
+	spec := limits{rate: rateSpec{n: 4, period: time.Minute}, concurrency: 1}
+	a := sharedLimiter(t, testFleet(t, srv.Addr, "takerate:", 0), "k:tr", spec)
+	b := sharedLimiter(t, testFleet(t, srv.Addr, "takerate:", 0), "k:tr", spec)
+	held, scope, _ := a.take(time.Now(), -1)
+	if scope != scopeNone {
+		t.Fatalf("the request in flight: %s", scope)
+	}
+	defer a.done(time.Now(), held, 0)
+	for i, l := range []*limiter{b, a, b} {
+		if _, scope, _ := l.takeRate(time.Now()); scope != scopeNone {
+			t.Fatalf("takeRate %d beside the slot in flight: %s", i+1, scope)
+		}
+	}
+	_, scope, wait := a.takeRate(time.Now())
+	if scope != scopeRate || wait < 14*time.Second || wait > 15*time.Second {
+		t.Fatalf("takeRate past the fleet's rate: %s, wait %v; want rate, about 15s", scope, wait)
+	}
+	if _, scope, _ := a.enter(time.Now(), -1); scope != scopeRate {
+		t.Errorf("a request at the refused node's gate: %q, want rate", scope)
+	}
+	if n := a.inflight.Load() + b.inflight.Load(); n != 1 {
+		t.Errorf("%d in flight on the nodes, want the one request's", n)
+	}
+}

@@ -51,7 +51,8 @@ type KeyOptions struct {
 
 	// Rate limits the key's requests, as `N/period` (period s, m, h, d or a
 	// duration): `600/m`. Past it: 429 rate_limit_error, code
-	// key_rate_limited, with the retry-after it takes.
+	// key_rate_limited, with the retry-after it takes. A call to
+	// GET /v1/relay/usage counts as a request.
 	Rate string `json:"rate,omitempty"`
 
 	// Tokens limits the key's tokens (input, cache writes and output) as

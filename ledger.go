@@ -281,7 +281,7 @@ func ledgerBackend(ctx caddy.Context, c *Ledger) (string, func() (ledgerStore, s
 		return "", nil, err
 	}
 	return "sqlite:" + path, func() (ledgerStore, string, error) {
-		s, err := openSQLiteLedger(path)
+		s, err := openSQLiteFile(path)
 		return s, "sqlite " + path, err
 	}, nil
 }
@@ -419,7 +419,7 @@ func (l *ledger) flush(ctx context.Context, own *[]ledgerRow) bool {
 	rows := *own
 	for len(rows) > 0 {
 		n := min(len(rows), ledgerBatch)
-		if err := l.store.write(ctx, rows[:n]); err != nil {
+		if err := l.write(ctx, rows[:n]); err != nil {
 			l.failed(err, len(rows))
 			*own = append((*own)[:0], rows...) // memmove: rows is a suffix of *own
 			return false
@@ -433,6 +433,43 @@ func (l *ledger) flush(ctx context.Context, own *[]ledgerRow) bool {
 	l.back()
 	*own = (*own)[:0]
 	return true
+}
+
+// write writes one batch. A store kept in a file first makes sure that
+// the file it writes is the one its path names (fileStore): SQLite writes
+// on, without an error, to a file deleted under it, and those rows would
+// be lost with it.
+func (l *ledger) write(ctx context.Context, rows []ledgerRow) error {
+	if f, ok := l.store.(fileStore); ok {
+		ch, err := f.reopen(ctx)
+		if ch.changed {
+			l.fileChanged(ch)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return l.store.write(ctx, rows)
+}
+
+// fileChanged logs what became of the ledger's file, and counts the rows
+// that went with it in relay_ledger_rows_lost_total.
+func (l *ledger) fileChanged(ch fileChange) {
+	l.mu.Lock()
+	logger := l.logger
+	l.mu.Unlock()
+	switch {
+	case ch.moved:
+		logger.Warn("ledger: its file was moved away under the running relay: the rows it held are where it went; later rows go to a new file at its path",
+			zap.String("ledger", l.name))
+	case ch.lost < 0:
+		logger.Error("ledger: its file was deleted or replaced under the running relay: the rows it held are lost, and could not be counted; later rows go to a new file at its path",
+			zap.String("ledger", l.name))
+	default:
+		metricLedgerLost.Add(float64(ch.lost))
+		logger.Error("ledger: its file was deleted or replaced under the running relay: the rows it held are lost (relay_ledger_rows_lost_total); later rows go to a new file at its path",
+			zap.String("ledger", l.name), zap.Int64("rows_lost", ch.lost))
+	}
 }
 
 // failed logs the first failed write of an outage, once.

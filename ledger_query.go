@@ -105,7 +105,8 @@ func usageTime(s string, end bool) (time.Time, error) {
 }
 
 // usage answers GET /relay/usage from the ledger: {"rows": [...]}, or CSV
-// with one header row, written as the database gives the rows.
+// with one header row, written as the database gives the rows (a name
+// that a spreadsheet would take for a formula behind a ': csvCell).
 func (adminAPI) usage(w http.ResponseWriter, r *http.Request) error {
 	q, err := parseUsageQuery(r.URL.Query(), time.Now())
 	if err != nil {
@@ -154,6 +155,9 @@ func writeUsage(w http.ResponseWriter, r *http.Request, l *ledger, q usageQuery)
 		rec[k+4] = strconv.FormatInt(u.cacheWrite, 10)
 		rec[k+5] = usdDecimal(u.costNano)
 		if q.csv {
+			for i := range k { // the names; the sums after them are numbers
+				rec[i] = csvCell(rec[i])
+			}
 			cw.Write(rec) //nolint:errcheck // its error is cw.Error's, checked at the end
 		} else {
 			if n > 0 {
@@ -221,15 +225,25 @@ type usageSpan struct {
 	daily    bool
 }
 
+// lastRollupDay is the last day the daily rollup can be asked for: its
+// days are YYYY-MM-DD text, compared as text, and a later day (year 10000,
+// the end of a range to 9999-12-31) would sort before every other.
+var lastRollupDay = time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
+
 // usageSpans splits [from, to) into the whole UTC days inside it, which
 // the daily rollup answers, and the parts of a day at its edges, at most
 // two, whose rows are read (through the table's key, on time). A range with no
-// whole day in it is read from its rows, two partial days at most.
+// whole day in it is read from its rows, two partial days at most. A range
+// open at its end (to 9999-12-31, which ends in year 10000) reads its last
+// day, lastRollupDay, from the rows.
 func usageSpans(from, to time.Time) []usageSpan {
 	from, to = from.UTC(), to.UTC()
 	first, last := from.Truncate(24*time.Hour), to.Truncate(24*time.Hour)
 	if first.Before(from) {
 		first = first.Add(24 * time.Hour)
+	}
+	if last.After(lastRollupDay) {
+		last = lastRollupDay
 	}
 	if !first.Before(last) {
 		return []usageSpan{{from: from, to: to}}
@@ -350,4 +364,17 @@ func (s *sqlLedger) column(c string, daily bool) string {
 		return "day"
 	}
 	return s.d.day
+}
+
+// csvCell is a name as a CSV cell: one that begins with =, +, -, @, a tab
+// or a carriage return is read by a spreadsheet as a formula (which may
+// fetch a URL or run a command on the reader's machine), so it is written
+// behind a ', which the spreadsheet shows as text. Names are the clients'
+// to choose (an identity, a model asked for) or an operator's; numbers are
+// the relay's, and are written as they are, a negative one too.
+func csvCell(s string) string {
+	if s != "" && strings.IndexByte("=+-@\t\r", s[0]) >= 0 {
+		return "'" + s
+	}
+	return s
 }

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -39,6 +40,10 @@ func TestUsageSpans(t *testing.T) {
 		{"2026-03-01T00:00:00Z", "2026-03-01T23:00:00Z", "rows 2026-03-01T00..2026-03-01T23"},
 		// another zone's times are read in UTC
 		{"2026-03-01T02:00:00+02:00", "2026-03-03T01:00:00+01:00", "daily 2026-03-01..2026-03-03"},
+		// open-ended: the rollup's days end at 9999-12-31, the rows go on
+		{"2026-03-01T00:00:00Z", "9999-12-31T23:00:00-05:00", "daily 2026-03-01..9999-12-31, rows 9999-12-31T00..10000-01-01T04"},
+		{"9999-12-31T12:00:00Z", "9999-12-31T23:00:00-05:00", "rows 9999-12-31T12..10000-01-01T04"},
+		{"0000-01-01T00:00:00Z", "0000-01-03T00:00:00Z", "daily 0000-01-01..0000-01-03"},
 	} {
 		var got []string
 		for _, sp := range usageSpans(at(c.from), at(c.to)) {
@@ -323,4 +328,80 @@ func TestAUsageAnswerThatFailsMidwayIsCut(t *testing.T) {
 			t.Errorf("csv %v: the rows before the failure did not arrive: %q", csv, body)
 		}
 	}
+}
+
+// A spreadsheet reads a cell that begins with =, +, -, @, a tab or a
+// carriage return as a formula: a CSV cell of a name begins with a ' then,
+// and reads as the text it is.
+func TestCSVCellsOfNamesNeverReadAsFormulas(t *testing.T) {
+	for in, want := range map[string]string{
+		`=HYPERLINK("http://evil.example/","x")`: `'=HYPERLINK("http://evil.example/","x")`,
+		"+1+1":                                   "'+1+1",
+		"-2+3":                                   "'-2+3",
+		"@SUM(A1:A9)":                            "'@SUM(A1:A9)",
+		"\t=1":                                   "'\t=1",
+		"\r=1":                                   "'\r=1",
+		"":                                       "",
+		"alice":                                  "alice",
+		"a=b":                                    "a=b",
+		"'=already":                              "'=already",
+		" =spaced":                               " =spaced",
+		"2026-03-01":                             "2026-03-01",
+		"claude-opus-4":                          "claude-opus-4",
+	} {
+		if got := csvCell(in); got != want {
+			t.Errorf("csvCell(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// checkOpenEndedRanges writes rows of March 2026 to s and asks usage over
+// ranges open at an end, as a client writes them (to=9999-12-31, a year-1
+// from, a far-future time in another zone): each answers every row in it.
+func checkOpenEndedRanges(t *testing.T, s *sqlLedger) {
+	t.Helper()
+	ctx := context.Background()
+	rows := testRows(time.Date(2026, 3, 2, 10, 0, 0, 0, time.UTC), time.Date(2026, 3, 3, 23, 59, 0, 0, time.UTC))
+	if err := s.write(ctx, rows); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 3, 17, 12, 0, 0, 0, time.UTC)
+	for _, v := range []url.Values{
+		{"to": {"9999-12-31"}},
+		{"from": {"2026-03-01"}, "to": {"9999-12-31"}, "group_by": {"key,day"}},
+		{"from": {"0001-01-01"}, "to": {"9999-12-31"}, "group_by": {"model"}},
+		{"from": {"0000-01-01"}, "to": {"2026-04-01"}},
+		{"from": {"0001-01-01T00:00:00Z"}, "to": {"9999-12-31T23:59:59Z"}, "group_by": {"day"}},
+		{"from": {"2026-03-02T11:00:00+01:00"}, "to": {"9999-12-31T23:00:00-05:00"}, "group_by": {"key"}},
+		{"from": {"0000-01-01T00:30:00+01:00"}, "to": {"2026-03-03"}, "group_by": {"user"}},
+	} {
+		q, err := parseUsageQuery(v, now)
+		if err != nil {
+			t.Errorf("%v: %v", v, err)
+			continue
+		}
+		got := collectUsage(t, func(emit func(usageRow) error) error { return s.usage(ctx, q, emit) })
+		want := sumRows(rows, q.from, q.to, q.groupBy)
+		if !sameSet(got, want) || len(got) == 0 || strings.HasPrefix(got[0], " 0 ") {
+			t.Errorf("%v (%s..%s):\n%s\nwant\n%s", v, q.from.Format(time.RFC3339), q.to.Format(time.RFC3339), strings.Join(got, "\n"), strings.Join(want, "\n"))
+		}
+	}
+}
+
+func TestLedgerSQLiteOpenEndedRanges(t *testing.T) {
+	s, err := openSQLiteLedger(filepath.Join(t.TempDir(), "ledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+	checkOpenEndedRanges(t, s)
+}
+
+func TestLedgerPostgresOpenEndedRanges(t *testing.T) {
+	s, err := openPostgresLedger(pgtest.Start(t).DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+	checkOpenEndedRanges(t, s)
 }

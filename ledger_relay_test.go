@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"database/sql"
+	"encoding/csv"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -310,5 +311,90 @@ func TestLedgerRecordsEveryRequestAndReconcilesWithTheBudgetsSpend(t *testing.T)
 	code, body = getUsage(t, "from=2020-01-01&to=2020-02-01&group_by=key")
 	if code != 200 || strings.TrimSpace(body) != `{"rows":[]}` {
 		t.Errorf("a month without rows: %d %s", code, body)
+	}
+}
+
+// TestUsageCSVNamesAreNotFormulas serves a request whose identity (a
+// header an auth layer would fill) is a spreadsheet formula, and has the
+// ledger keep rows whose key, group and model begin with +, - and @, one of
+// them costing less than nothing: in the admin API's CSV and the status
+// page's spend.csv each such name comes out behind a ', so a spreadsheet
+// shows it as text, while the numbers (a negative cost included) and the
+// JSON answer stay as they are.
+func TestUsageCSVNamesAreNotFormulas(t *testing.T) {
+	const formula = `=HYPERLINK("http://evil.example/","x")`
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	up := fakeupstream.New(t, http.HandlerFunc(ledgerUpstream))
+	startRelayWith(t, "\trelay_status /status/*\n", fmt.Sprintf(`
+		ledger sqlite %s
+		identity {http.request.header.X-Csv-User}
+		user * csv-g
+		group csv-g {
+			channels csv-up
+		}
+`, path)+channelBlock("csv-up", up.URL, "models claude-sonnet-4-5"))
+	db, err := sql.Open("sqlite3", "file:"+path+"?mode=ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if r := send(t, "POST", "/v1/messages", "", simpleBody, "X-Csv-User", formula); r.status != 200 {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	l, err := theLedger()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.add(ledgerRow{at: time.Now(), id: "req_csv_hostile", key: "+cmd", user: "@me", group: "-g", channel: "csv-up",
+		model: "@SUM(A1:A9)", served: "@SUM(A1:A9)", cause: causeOK, status: 200, costNano: -500_000_000})
+	waitFor(t, "both rows in the ledger", 10*time.Second, func() bool { return ledgerRows(t, db) == 2 })
+
+	readCSV := func(what, body string) [][]string {
+		t.Helper()
+		recs, err := csv.NewReader(strings.NewReader(body)).ReadAll()
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", what, err, body)
+		}
+		return recs
+	}
+	code, body := getUsage(t, "group_by=user,key,group,model&format=csv&from="+time.Now().UTC().AddDate(0, 0, -1).Format(time.DateOnly))
+	if code != 200 {
+		t.Fatalf("usage CSV: %d %s", code, body)
+	}
+	got := readCSV("usage CSV", body)
+	want := [][]string{
+		{"user", "key", "group", "model", "requests", "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "cost_usd"},
+		{"'" + formula, "user:*", "csv-g", "claude-sonnet-4-5"},
+		{"'@me", "'+cmd", "'-g", "'@SUM(A1:A9)", "1", "0", "0", "0", "0", "-0.5"},
+	}
+	if len(got) != 3 || !slices.Equal(got[0], want[0]) || !slices.Equal(got[1][:4], want[1]) || !slices.Equal(got[2], want[2]) {
+		t.Errorf("usage CSV:\n%q\nwant\n%q", got, want)
+	}
+
+	_, js := getUsage(t, "group_by=user,key,group,model&from="+time.Now().UTC().AddDate(0, 0, -1).Format(time.DateOnly))
+	for _, raw := range []string{`"user":"=HYPERLINK(`, `"key":"+cmd"`, `"model":"@SUM(A1:A9)"`, `"cost_usd":-0.5`} {
+		if !strings.Contains(js, raw) {
+			t.Errorf("the JSON answer lacks %s as it is: %s", raw, js)
+		}
+	}
+
+	code, _, body = get(t, "/status/spend.csv")
+	if code != 200 {
+		t.Fatalf("spend.csv: %d %s", code, body)
+	}
+	today := time.Now().UTC().Format(time.DateOnly)
+	found := false
+	for _, rec := range readCSV("spend.csv", body)[1:] {
+		for i, cell := range rec[:4] {
+			if cell != "" && strings.ContainsRune("=+-@\t\r", rune(cell[0])) {
+				t.Errorf("spend.csv: column %d begins a formula: %q", i, cell)
+			}
+		}
+		if slices.Equal(rec, []string{today, "'-g", "'+cmd", "'@SUM(A1:A9)", "1", "0", "0", "0", "0", "-0.5"}) {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("spend.csv lacks the row of -g, +cmd and @SUM(A1:A9), neutralised:\n%s", body)
 	}
 }

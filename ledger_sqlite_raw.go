@@ -111,6 +111,41 @@ func (w *rawWriter) tx(ctx context.Context, fn func(batchTx) error) error {
 	return err
 }
 
+// rows counts the rows of the file the writer's connection has open,
+// whichever file its path names now: a file deleted under it is still
+// read through the connection.
+func (w *rawWriter) rows(ctx context.Context) (int64, error) {
+	var n int64
+	err := w.conn.Raw(func(any) error {
+		old := w.c.SetInterrupt(ctx)
+		defer w.c.SetInterrupt(old)
+		st, err := w.prepare(`SELECT COUNT(*) FROM relay_usage_rows`)
+		if err != nil {
+			return err
+		}
+		defer st.Close()
+		if !st.Step() {
+			if err := st.Err(); err != nil {
+				return err
+			}
+			return errors.New("ledger: a count without a row")
+		}
+		n = st.ColumnInt64(0)
+		return nil
+	})
+	return n, err
+}
+
+// checkpoint writes the WAL into the file the writer's connection has
+// open, and empties it.
+func (w *rawWriter) checkpoint(ctx context.Context) error {
+	return w.conn.Raw(func(any) error {
+		old := w.c.SetInterrupt(ctx)
+		defer w.c.SetInterrupt(old)
+		return w.c.Exec(`PRAGMA wal_checkpoint(TRUNCATE)`)
+	})
+}
+
 // bindArgs binds args to st's parameters, in order.
 func bindArgs(st *sqlite3.Stmt, args []any) error {
 	if n := st.BindCount(); n != len(args) {

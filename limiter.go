@@ -3,6 +3,7 @@ package relay
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -194,6 +195,45 @@ func (l *limiter) take(now time.Time, estimate int64) (grant, limitScope, time.D
 		// Redis is down: this relay keeps its own limits meanwhile
 	}
 	return l.takeLocal(now, estimate)
+}
+
+// takeRate counts one request against the request rate alone, or says
+// when the rate allows one more, as take does. It takes no concurrency
+// slot and no tokens, and gives nothing to give back: for a call the relay
+// answers at once from its own state (GET /v1/relay/usage), which is to
+// cost its caller's rate and no more. In a fleet the rate is the fleet's,
+// asked of Redis like a request's (or taken from this relay's block of it).
+func (l *limiter) takeRate(now time.Time) (grant, limitScope, time.Duration) {
+	spec := l.limits()
+	if spec.rate.n == 0 {
+		return grant{}, scopeNone, 0
+	}
+	if s := l.shared.Load(); s != nil {
+		g, scope, wait, err := s.admit(now, limits{rate: spec.rate}, -1)
+		switch {
+		case err == nil && scope == scopeNone:
+			return g, scopeNone, 0
+		case err == nil:
+			l.refusedUntil.Store(now.Add(max(wait, sharedBusyHint)).UnixNano())
+			l.refusedBy.Store(int32(slices.Index(scriptScopes[:], scope)))
+			return grant{left: g.left}, scope, wait
+		case s.f.deny:
+			return grant{}, scopeFleetDown, 0
+		}
+		// Redis is down: this relay keeps its own rate meanwhile
+	}
+	l.mu.Lock()
+	requests := l.requests
+	l.mu.Unlock()
+	if requests == nil {
+		return grant{}, scopeNone, 0
+	}
+	res := requests.ReserveN(now, 1)
+	if wait := res.DelayFrom(now); !res.OK() || wait > 0 {
+		res.CancelAt(now)
+		return grant{}, scopeRate, max(wait, time.Millisecond)
+	}
+	return grant{}, scopeNone, 0
 }
 
 // enter lets a request in before its body is read: as take, but limits

@@ -311,3 +311,44 @@ func BenchmarkAdmitAndSelect(b *testing.B) {
 		k.limits.done(now, g, 150)
 	}
 }
+
+// takeRate counts a request against the request rate alone: a key whose
+// concurrency is all in flight, or whose token limit is in debt, still
+// gets it, and it holds nothing to give back; past the rate it refuses
+// with the time the rate takes to allow one more.
+func TestTakeRateCountsTheRateAlone(t *testing.T) {
+	now := time.Unix(1_900_000_000, 0)
+	var l limiter
+	l.configure(limits{rate: rateSpec{n: 3, period: time.Minute}, tokens: rateSpec{n: 10, period: time.Minute}, concurrency: 1}, now)
+	g, scope, _ := l.take(now, 100) // the one slot in flight, 90 tokens in debt
+	if scope != scopeNone {
+		t.Fatalf("the first request: %s", scope)
+	}
+	if busy, _ := l.busy(now); !busy {
+		t.Fatal("a key with its one slot in flight and its tokens in debt is not busy")
+	}
+	for i := range 2 {
+		if _, scope, _ := l.takeRate(now); scope != scopeNone {
+			t.Errorf("takeRate %d beside a full concurrency and a token debt: %s", i+1, scope)
+		}
+	}
+	if n := l.inflight.Load(); n != 1 {
+		t.Errorf("in flight after takeRate: %d, want the first request's 1", n)
+	}
+	if left, _ := l.remaining(now); left == nil || *left != 0 {
+		t.Errorf("the rate left: %v, want none (one request, two takeRate)", left)
+	}
+	_, scope, wait := l.takeRate(now)
+	if scope != scopeRate || wait < 19*time.Second || wait > 20*time.Second {
+		t.Errorf("takeRate past the rate: %s, wait %v; want rate, 20s", scope, wait)
+	}
+	if _, scope, _ := l.takeRate(now.Add(20 * time.Second)); scope != scopeNone {
+		t.Errorf("takeRate once the rate allows one more: %s", scope)
+	}
+	l.done(now, g, 100)
+	var free limiter
+	free.configure(limits{concurrency: 1}, now)
+	if _, scope, _ := free.takeRate(now); scope != scopeNone || free.inflight.Load() != 0 {
+		t.Errorf("takeRate without a rate: %s, %d in flight", scope, free.inflight.Load())
+	}
+}

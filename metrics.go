@@ -170,6 +170,11 @@ var (
 		Help: "Rows of the usage ledger dropped: the database was away (or slower than the traffic) for longer than the queue holds, or the relay stopped before it could write them. Their requests were served; their cost is in the budgets' spend and relay_cost_usd_total, not in the ledger.",
 	})
 
+	metricLedgerLost = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "relay_ledger_rows_lost_total",
+		Help: "Rows of a SQLite usage ledger lost with its file: the rows the file held when the writer found it deleted or replaced under the running relay (it then made a new file at the path). A file moved to another path keeps its rows, and counts none.",
+	})
+
 	metricLedgerWritten = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "relay_ledger_rows_total",
 		Help: "Rows written to the usage ledger.",
@@ -206,7 +211,7 @@ var collectors = []prometheus.Collector{
 var fleetCollectors = []prometheus.Collector{metricFleetUp, metricFleetErrors, metricFleetSeconds}
 
 // ledgerCollectors are registered only by a config with a ledger.
-var ledgerCollectors = []prometheus.Collector{metricLedgerDropped, metricLedgerWritten, metricLedgerWriterCPU}
+var ledgerCollectors = []prometheus.Collector{metricLedgerDropped, metricLedgerLost, metricLedgerWritten, metricLedgerWriterCPU}
 
 // registerFleetMetrics registers the fleet's collectors in a config's
 // registry.

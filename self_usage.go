@@ -1,7 +1,14 @@
 package relay
 
 import (
+	"cmp"
+	"encoding/base64"
+	"encoding/binary"
 	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -12,9 +19,11 @@ import (
 // without the operator's admin API. It answers only the principal's own
 // state and names no other key, user or channel; it never holds a secret
 // (neither the key nor an upstream's credential). It is answered by the
-// relay itself: no upstream is asked, and, as GET /v1/models, it is not
-// held to nor counted against the key's rate, token and concurrency
-// limits (asking how much is left must not spend it).
+// relay itself: no upstream is asked. Each call counts against the key's
+// `rate` as a request does, and against nothing else (no concurrency slot,
+// no tokens): a client that polls it in a loop is held to its own rate,
+// and gets the relay's 429 past it. Its cost is bounded: it lists at most
+// maxUsageSessions sessions, newest first, a page at a time.
 
 // PathRelayUsage is the self-service usage route.
 const PathRelayUsage = "/v1/relay/usage"
@@ -44,9 +53,18 @@ type usageAnswer struct {
 	// x-relay-budget-remaining-usd header says; null: no budget applies.
 	BudgetRemainingUSD *float64     `json:"budget_remaining_usd"`
 	Degrade            usageDegrade `json:"degrade"`
-	// Sessions are the principal's live sessions on this relay, the
-	// costliest first (session_list.go).
+	// Sessions are a page of the principal's live sessions on this relay,
+	// the newest first (by when this relay first saw each): at most limit
+	// (maxUsageSessions by default and at most), after after_id or before
+	// before_id.
 	Sessions []sessionView `json:"sessions"`
+	// HasMore says more sessions follow the page (asked with before_id:
+	// come before it). FirstID and LastID are the cursors of its first
+	// and last session: before_id=FirstID asks for the page before it,
+	// after_id=LastID for the page after; null for an empty page.
+	HasMore bool    `json:"has_more"`
+	FirstID *string `json:"first_id"`
+	LastID  *string `json:"last_id"`
 }
 
 // usageHolds is what the principal's requests in flight hold against its
@@ -88,21 +106,31 @@ type usageDegrade struct {
 	Model   string `json:"model,omitempty"`
 }
 
-// serveUsage answers GET /v1/relay/usage for the principal of in.
+// serveUsage answers GET /v1/relay/usage for the principal of in, once
+// its rate admitted the call.
 func (r *Relay) serveUsage(w http.ResponseWriter, req *http.Request, in *inbound) *relayError {
+	if rerr := r.admitUsage(in); rerr != nil {
+		return rerr
+	}
+	page, rerr := parseSessionPage(req.URL.Query())
+	if rerr != nil {
+		return rerr
+	}
 	now := r.now()
 	k, st := in.who.key, in.who.state
 	a := usageAnswer{Kind: k.kind(), Name: k.name, Group: k.group.name, Priority: k.prio.String(),
-		Limits: limitsStatus{Rate: k.opts.Rate, Tokens: k.opts.Tokens}, Budgets: []usageBudget{}, Sessions: r.liveSessions(in)}
+		Limits: limitsStatus{Rate: k.opts.Rate, Tokens: k.opts.Tokens}, Budgets: []usageBudget{}}
+	a.Sessions, a.HasMore = r.pageSessions(in.who.stateID, page, now)
+	if n := len(a.Sessions); n > 0 {
+		first, last := sessionCursor(a.Sessions[0]), sessionCursor(a.Sessions[n-1])
+		a.FirstID, a.LastID = &first, &last
+	}
 	if k.kind() == kindUser {
 		a.Identity = r.identityOf(req)
 	}
 	if !k.expires.IsZero() {
 		at := k.expires.UTC()
 		a.Expires = &at
-	}
-	if a.Sessions == nil {
-		a.Sessions = []sessionView{}
 	}
 	a.Limits.Concurrency, a.Limits.Inflight = st.limits.maxConc.Load(), st.limits.inflight.Load()
 	a.Limits.RateRemaining, a.Limits.TokensRemaining = st.limits.remaining(now)
@@ -135,8 +163,152 @@ func (r *Relay) serveUsage(w http.ResponseWriter, req *http.Request, in *inbound
 		a.BudgetRemainingUSD, a.Degrade.UsedPercent = &left, &used
 	}
 	w.Header().Set("Cache-Control", "private, no-store") // one principal's: no shared cache may keep it
+	r.ratelimitHeaders(w.Header(), in)
 	writeJSON(w, a)
 	return nil
+}
+
+// admitUsage counts a usage call against its principal's request rate
+// (takeRate), and refuses it past the rate as a request's admission does.
+func (r *Relay) admitUsage(in *inbound) *relayError {
+	g, scope, wait := in.who.state.limits.takeRate(r.now())
+	in.grant.keyGrant, in.grant.keyAsked = g, true // what it has left, for the headers
+	switch scope {
+	case scopeNone:
+		return nil
+	case scopeFleetDown:
+		return errStorageUnavailable()
+	}
+	metricRateLimited.WithLabelValues(in.who.key.name, string(scope)).Inc()
+	return errKeyLimited(in.who.key.describe(), scope, wait)
+}
+
+// maxUsageSessions is how many sessions one usage answer lists, by
+// default and at most: a principal may keep a thousand in a group.
+const maxUsageSessions = 100
+
+// sessionPage is the page of sessions a usage call asks for: at most
+// limit, after the cursor after or before the cursor before (at most one
+// of them; neither: the newest).
+type sessionPage struct {
+	limit         int
+	after, before *sessionPos
+}
+
+// sessionPos is where a session stands in a principal's list, newest
+// first: when this relay first saw it (Unix nanoseconds: the wall clock,
+// as a cursor carries it), then its digest.
+type sessionPos struct {
+	started int64
+	id      string
+}
+
+// comparePos orders positions as the list does: the newest first, sessions
+// seen first at the same instant by their digests.
+func comparePos(a, b sessionPos) int {
+	return cmp.Or(cmp.Compare(b.started, a.started), strings.Compare(a.id, b.id))
+}
+
+// cursorPrefix starts a cursor of a usage answer's sessions.
+const cursorPrefix = "sesscur_"
+
+// sessionCursor is the cursor of the session v: its position, opaque to
+// the client. It says nothing the answer does not (v's started and
+// session), and names nothing of another principal's.
+func sessionCursor(v sessionView) string {
+	b := binary.BigEndian.AppendUint64(make([]byte, 0, 8+len(v.Session)), uint64(v.Started.UnixNano()))
+	return cursorPrefix + base64.RawURLEncoding.EncodeToString(append(b, v.Session...))
+}
+
+// parseCursor reads a cursor of sessionCursor's.
+func parseCursor(s string) (*sessionPos, bool) {
+	rest, ok := strings.CutPrefix(s, cursorPrefix)
+	if !ok {
+		return nil, false
+	}
+	b, err := base64.RawURLEncoding.DecodeString(rest)
+	if err != nil || len(b) <= 8 || len(b) > 8+maxIDLen {
+		return nil, false
+	}
+	return &sessionPos{started: int64(binary.BigEndian.Uint64(b)), id: string(b[8:])}, true
+}
+
+// parseSessionPage reads a usage call's limit, after_id and before_id, as
+// Anthropic's lists take them.
+func parseSessionPage(q url.Values) (sessionPage, *relayError) {
+	p := sessionPage{limit: maxUsageSessions}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxUsageSessions {
+			return p, errInvalid("limit: must be a number from 1 to " + strconv.Itoa(maxUsageSessions))
+		}
+		p.limit = n
+	}
+	var rerr *relayError
+	if p.after, rerr = cursorParam(q, "after_id"); rerr != nil {
+		return p, rerr
+	}
+	if p.before, rerr = cursorParam(q, "before_id"); rerr != nil {
+		return p, rerr
+	}
+	if p.after != nil && p.before != nil {
+		return p, errInvalid("after_id and before_id: give one of them, not both")
+	}
+	return p, nil
+}
+
+// cursorParam is the cursor the query parameter name gives; nil without
+// one.
+func cursorParam(q url.Values, name string) (*sessionPos, *relayError) {
+	v := q.Get(name)
+	if v == "" {
+		return nil, nil
+	}
+	pos, ok := parseCursor(v)
+	if !ok {
+		return nil, errInvalid(name + ": not a cursor of this list; give the first_id or last_id of a page")
+	}
+	return pos, nil
+}
+
+// pageSessions is the page p of the live sessions of the principal
+// stateID on this relay (never another principal's), and whether more
+// follow it (before it, for a page before a cursor). Only the page's
+// sessions are shown (view); the others are only put in order.
+func (r *Relay) pageSessions(stateID string, p sessionPage, now time.Time) ([]sessionView, bool) {
+	var all []*session
+	for _, g := range r.groups {
+		c := g.state.sessions.Load()
+		if c == nil {
+			continue
+		}
+		if ps, ok := c.peek(stateID); ok {
+			eachLive(now, stateID, ps, func(_ string, s *session) { all = append(all, s) })
+		}
+	}
+	pos := func(s *session) sessionPos { return sessionPos{started: s.started.UnixNano(), id: s.id} }
+	slices.SortFunc(all, func(a, b *session) int { return comparePos(pos(a), pos(b)) })
+	lo, hi := 0, len(all)
+	if p.after != nil { // the first one after it
+		lo, _ = slices.BinarySearchFunc(all, *p.after, func(s *session, at sessionPos) int {
+			if comparePos(pos(s), at) <= 0 {
+				return -1
+			}
+			return 1
+		})
+	}
+	if p.before != nil { // those before it
+		hi, _ = slices.BinarySearchFunc(all, *p.before, func(s *session, at sessionPos) int { return comparePos(pos(s), at) })
+	}
+	from, to, more := lo, min(hi, lo+p.limit), lo+p.limit < hi
+	if p.before != nil {
+		from, to, more = max(lo, hi-p.limit), hi, hi-p.limit > lo
+	}
+	out := make([]sessionView, 0, to-from)
+	for _, s := range all[from:to] {
+		out = append(out, s.view(now))
+	}
+	return out, more
 }
 
 // degradeState is the principal's budget_degrade as its usage answer says
@@ -160,7 +332,3 @@ func (a *spendAccount) holdsNow() (int, float64) {
 	defer a.mu.Unlock()
 	return a.holding, max(a.heldLocked(), 0).usd()
 }
-
-// liveSessions lists the live sessions of the principal of in, for its
-// usage answer: its own only.
-func (r *Relay) liveSessions(in *inbound) []sessionView { return r.sessionsOf(in.who.stateID) }

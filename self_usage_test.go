@@ -1,13 +1,20 @@
 package relay
 
 import (
+	"cmp"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
@@ -33,8 +40,8 @@ func usageOf(t *testing.T, ask func(t *testing.T, method, path, key, body string
 // its own name, limits, spend, budgets and degrade state, and nothing of
 // the other, nor any secret (its own key, the channel's key, the
 // upstream's address, the channels' names). Without a key: the relay's
-// 401; another method: 405. Asking spends none of the key's rate limit and
-// reaches no upstream.
+// 401; another method: 405. Each ask counts against the key's rate as a
+// request does (and against nothing else), and reaches no upstream.
 func TestUsageAnswersOnlyTheKeysOwn(t *testing.T) {
 	var out atomic.Int64
 	up := fakeupstream.New(t, meteredAnswer(&out))
@@ -42,7 +49,7 @@ func TestUsageAnswersOnlyTheKeysOwn(t *testing.T) {
 	ask := oneConnection(t)
 	startRelay(t, degradePricing+
 		channelBlock("usage-own-ch", up.URL, "models m-dg-big m-dg-small")+
-		"\t\tkey "+keyA+" usage-own {\n\t\t\tname usage-alpha\n\t\t\trate 2/m\n\t\t\tbudget 10usd/day\n\t\t\tbudget_degrade 5% cheaper\n\t\t}\n"+
+		"\t\tkey "+keyA+" usage-own {\n\t\t\tname usage-alpha\n\t\t\trate 10/m\n\t\t\tbudget 10usd/day\n\t\t\tbudget_degrade 5% cheaper\n\t\t}\n"+
 		"\t\tkey "+keyB+" usage-own {\n\t\t\tname usage-bravo\n\t\t\tbudget 20usd/month\n\t\t\tbudget 50usd/total\n\t\t}\n"+
 		"\t\tgroup usage-own {\n\t\t\tchannels usage-own-ch\n\t\t\tbudget_degrade 50% model m-dg-small\n\t\t}\n")
 	out.Store(100)
@@ -55,7 +62,7 @@ func TestUsageAnswersOnlyTheKeysOwn(t *testing.T) {
 	}
 	hits := up.Hits()
 
-	// more asks than A's rate of 2 a minute: none is refused, none spends it
+	// four asks: each counts against A's rate of 10 a minute
 	var a usageAnswer
 	for range 4 {
 		a = usageOf(t, ask, keyA)
@@ -63,8 +70,8 @@ func TestUsageAnswersOnlyTheKeysOwn(t *testing.T) {
 	if a.Kind != "key" || a.Name != "usage-alpha" || a.Group != "usage-own" || a.Identity != "" {
 		t.Errorf("A is %s", show(a))
 	}
-	if a.Limits.Rate != "2/m" || a.Limits.RateRemaining == nil || *a.Limits.RateRemaining != 1 {
-		t.Errorf("A's limits: %s; want rate 2/m with 1 left (its message spent one, its usage asks none)", show(a.Limits))
+	if a.Limits.Rate != "10/m" || a.Limits.RateRemaining == nil || *a.Limits.RateRemaining != 5 {
+		t.Errorf("A's limits: %s; want rate 10/m with 5 left (its message spent one, its four usage asks four)", show(a.Limits))
 	}
 	if a.SpendUSD["day"] != 1 || a.SpendUSD["month"] != 1 || len(a.SpendUSD) != 3 || a.Holds.Requests != 0 || a.Holds.USD != 0 {
 		t.Errorf("A's spend and holds: %s", show(a))
@@ -100,7 +107,7 @@ func TestUsageAnswersOnlyTheKeysOwn(t *testing.T) {
 	if body := raw(keyA); strings.Contains(body, "usage-bravo") || strings.Contains(body, `"total"`) {
 		t.Errorf("A's usage tells of B: %s", body)
 	}
-	if body := raw(keyB); strings.Contains(body, "usage-alpha") || strings.Contains(body, "2/m") {
+	if body := raw(keyB); strings.Contains(body, "usage-alpha") || strings.Contains(body, "10/m") {
 		t.Errorf("B's usage tells of A: %s", body)
 	}
 
@@ -114,7 +121,7 @@ func TestUsageAnswersOnlyTheKeysOwn(t *testing.T) {
 	if up.Hits() != hits {
 		t.Errorf("asking for usage reached the upstream %d times", up.Hits()-hits)
 	}
-	// A's one request left of its rate is still there
+	// A's rate has room left for a message
 	if r := ask(t, http.MethodPost, "/v1/messages", keyA, degradeBody); r.status != 200 {
 		t.Errorf("A's second message after its usage asks: %d %s", r.status, r.body)
 	}
@@ -213,6 +220,185 @@ func TestUsageListsOnlyTheKeysOwnSessions(t *testing.T) {
 			if strings.Contains(body, leak) {
 				t.Errorf("%s's usage holds %q: %s", u.Name, leak, body)
 			}
+		}
+	}
+}
+
+// TestUsageIsCountedAgainstTheKeysRate polls GET /v1/relay/usage with key
+// A (rate 3/m) on a running Caddy: each ask spends one of its rate, says
+// what is left in its answer and its anthropic-ratelimit-* headers, and
+// the fourth gets the relay's 429 rate_limit_error with a retry-after, as
+// a message over the rate does; A's messages then wait as well. Key B of
+// the same group polls and sends as before: A's polling spends A's rate,
+// nobody else's.
+func TestUsageIsCountedAgainstTheKeysRate(t *testing.T) {
+	var out atomic.Int64
+	up := fakeupstream.New(t, meteredAnswer(&out))
+	const keyA, keyB = "sk-usage-rate-alpha-0123456789abcdef", "sk-usage-rate-bravo-0123456789abcdef"
+	ask := oneConnection(t)
+	startRelay(t, degradePricing+
+		channelBlock("usage-rate-ch", up.URL, "models m-dg-big")+
+		"\t\tkey "+keyA+" usage-rate {\n\t\t\tname usage-rate-alpha\n\t\t\trate 3/m\n\t\t}\n"+
+		"\t\tkey "+keyB+" usage-rate {\n\t\t\tname usage-rate-bravo\n\t\t\trate 3/m\n\t\t}\n"+
+		"\t\tgroup usage-rate {\n\t\t\tchannels usage-rate-ch\n\t\t}\n")
+	out.Store(1)
+	for i, left := range []int64{2, 1, 0} {
+		r := ask(t, http.MethodGet, PathRelayUsage, keyA, "")
+		var u usageAnswer
+		if err := json.Unmarshal(r.body, &u); r.status != 200 || err != nil {
+			t.Fatalf("ask %d: %d %s", i+1, r.status, r.body)
+		}
+		if u.Limits.RateRemaining == nil || *u.Limits.RateRemaining != left ||
+			r.header.Get("Anthropic-Ratelimit-Requests-Remaining") != strconv.FormatInt(left, 10) || r.header.Get("Anthropic-Ratelimit-Requests-Limit") != "3" {
+			t.Errorf("ask %d: rate left %s, headers %v; want %d", i+1, show(u.Limits), r.header, left)
+		}
+	}
+	r := ask(t, http.MethodGet, PathRelayUsage, keyA, "")
+	wantRelayError(t, r, http.StatusTooManyRequests, "rate_limit_error", "key_rate_limited")
+	if s, err := strconv.Atoi(r.header.Get("Retry-After")); err != nil || s < 1 || s > 60 {
+		t.Errorf("the 429's retry-after: %q", r.header.Get("Retry-After"))
+	}
+	if !strings.Contains(string(r.body), "rate limit") || strings.Contains(string(r.body), keyA) {
+		t.Errorf("the 429's body: %s", r.body)
+	}
+	hits := up.Hits()
+	wantRelayError(t, ask(t, http.MethodPost, "/v1/messages", keyA, degradeBody), http.StatusTooManyRequests, "rate_limit_error", "key_rate_limited")
+	if up.Hits() != hits {
+		t.Error("A's message over its rate reached the upstream")
+	}
+	for i := range 2 {
+		if u := usageOf(t, ask, keyB); u.Name != "usage-rate-bravo" || *u.Limits.RateRemaining != int64(2-i) {
+			t.Errorf("B's ask %d: %s", i+1, show(u))
+		}
+	}
+	if r := ask(t, http.MethodPost, "/v1/messages", keyB, degradeBody); r.status != 200 {
+		t.Errorf("B's message after A's polling: %d %s", r.status, r.body)
+	}
+}
+
+// usagePage asks for a page of the key's usage (query, such as
+// "limit=7&after_id=...") and decodes it.
+func usagePage(t *testing.T, ask func(t *testing.T, method, path, key, body string, header ...string) reply, key, query string) usageAnswer {
+	t.Helper()
+	r := ask(t, http.MethodGet, PathRelayUsage+"?"+query, key, "")
+	var u usageAnswer
+	if err := json.Unmarshal(r.body, &u); r.status != 200 || err != nil {
+		t.Fatalf("GET %s?%s: %d %s", PathRelayUsage, query, r.status, r.body)
+	}
+	return u
+}
+
+// TestUsagePagesSessionsNewestFirst runs 250 Claude Code sessions of one
+// key, one after the other, on a running Caddy: its usage lists them
+// newest first, 100 at most a page (fewer with limit), each page saying
+// whether more follow and where it ends, so that following last_id with
+// after_id walks every session once, and first_id with before_id walks
+// back. A limit out of 1 to 100, a cursor that is not one, or both
+// cursors at once are 400s.
+func TestUsagePagesSessionsNewestFirst(t *testing.T) {
+	var out atomic.Int64
+	up := fakeupstream.New(t, meteredAnswer(&out))
+	const key = "sk-usage-pages-0123456789abcdef"
+	ask := oneConnection(t)
+	startRelay(t, degradePricing+
+		channelBlock("usage-pages-ch", up.URL, "models m-dg-big")+
+		"\t\tkey "+key+" usage-pages {\n\t\t\tname usage-pages\n\t\t}\n"+
+		"\t\tgroup usage-pages {\n\t\t\tchannels usage-pages-ch\n\t\t\tsession_budget 50usd/24h\n\t\t}\n")
+	out.Store(1)
+	const sessions = 250
+	newest := make([]string, sessions) // the digests, newest first
+	for i := range sessions {
+		sid := fmt.Sprintf("5e551a00-0000-4000-8000-%012d", i)
+		if r := ask(t, http.MethodPost, "/v1/messages", key, degradeBody, "X-Claude-Code-Session-Id", sid); r.status != 200 {
+			t.Fatalf("session %d: %d %s", i, r.status, r.body)
+		}
+		newest[sessions-1-i] = sessionDigest(sid)
+	}
+	digests := func(u usageAnswer) []string {
+		var d []string
+		for _, s := range u.Sessions {
+			d = append(d, s.Session)
+		}
+		return d
+	}
+
+	var seen []string
+	query := ""
+	for page := 1; ; page++ {
+		u := usagePage(t, ask, key, query)
+		want := newest[len(seen):min(len(seen)+maxUsageSessions, sessions)]
+		if !slices.Equal(digests(u), want) || u.FirstID == nil || u.LastID == nil || u.HasMore != (len(seen)+len(want) < sessions) {
+			t.Fatalf("page %d: %d sessions %v..., has_more %v, first_id %v, last_id %v; want %d from %s", page, len(u.Sessions), digests(u)[:min(3, len(u.Sessions))], u.HasMore, u.FirstID, u.LastID, len(want), want[0])
+		}
+		seen = append(seen, digests(u)...)
+		if !u.HasMore {
+			break
+		}
+		if page == 2 { // and back: the page before page 2 is page 1
+			back := usagePage(t, ask, key, "before_id="+*u.FirstID)
+			if !slices.Equal(digests(back), newest[:maxUsageSessions]) || back.HasMore {
+				t.Errorf("before page 2: %d sessions from %v, has_more %v; want page 1 and no more", len(back.Sessions), back.FirstID, back.HasMore)
+			}
+		}
+		query = "after_id=" + *u.LastID
+	}
+	if !slices.Equal(seen, newest) {
+		t.Errorf("the pages listed %d sessions, want each of the %d once, newest first", len(seen), sessions)
+	}
+
+	u := usagePage(t, ask, key, "limit=7")
+	if !slices.Equal(digests(u), newest[:7]) || !u.HasMore {
+		t.Errorf("limit=7: %v, has_more %v", digests(u), u.HasMore)
+	}
+	u = usagePage(t, ask, key, "limit=7&after_id="+*u.LastID)
+	if !slices.Equal(digests(u), newest[7:14]) {
+		t.Errorf("the next 7: %v, want %v", digests(u), newest[7:14])
+	}
+	for _, bad := range []string{"limit=0", "limit=101", "limit=many", "after_id=sess_nothing", "after_id=" + newest[0], "before_id=%00", "after_id=" + *u.LastID + "&before_id=" + *u.FirstID} {
+		wantRelayError(t, ask(t, http.MethodGet, PathRelayUsage+"?"+bad, key, ""), http.StatusBadRequest, "invalid_request_error", "")
+	}
+}
+
+// BenchmarkUsageWith1000Sessions is one GET /v1/relay/usage of a key with
+// 1,000 live sessions, the most a principal keeps in a group: the whole
+// path of the call on the relay (its key found, its rate counted, its
+// budgets read, its page of sessions built and written).
+func BenchmarkUsageWith1000Sessions(b *testing.B) {
+	const name = "bench-usage"
+	r := &Relay{
+		Keys: []*Key{{Secret: "sk-" + name, Group: name, KeyOptions: KeyOptions{Name: name, Rate: "1000000000/s",
+			SessionLimits: SessionLimits{SessionBudget: "1000000usd/24h"}}}},
+		Channels: []*Channel{{Name: name, UpstreamRaw: upstream("mock")}},
+		Groups:   []*Group{{Name: name, Channels: []string{name}}},
+	}
+	provisionHandler(b, r)
+	srv := &caddyhttp.Server{}
+	serve := func(req *http.Request) int {
+		w := &discardWriter{h: http.Header{}}
+		req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), w, srv)
+		if err := r.ServeHTTP(w, req, nil); err != nil {
+			b.Fatal(err)
+		}
+		return cmp.Or(w.status, http.StatusOK)
+	}
+	for i := range maxSessions {
+		req := newRequest(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"Hi"}]}`, "sk-"+name)
+		req.Header.Set("Anthropic-Version", "2023-06-01")
+		req.Header.Set("X-Claude-Code-Session-Id", fmt.Sprintf("bench-usage-session-%04d", i))
+		if code := serve(req); code != http.StatusOK {
+			b.Fatalf("session %d: %d", i, code)
+		}
+	}
+	if n := len(r.sessionsOf(name)); n != maxSessions {
+		b.Fatalf("%d live sessions, want %d", n, maxSessions)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		req := httptest.NewRequest(http.MethodGet, PathRelayUsage, nil)
+		req.Header.Set("X-Api-Key", "sk-"+name)
+		if code := serve(req); code != http.StatusOK {
+			b.Fatalf("usage: %d", code)
 		}
 	}
 }

@@ -42,6 +42,8 @@ type sessionView struct {
 	LoopGuardHits int       `json:"loop_guard_hits"`
 	LoopRun       int       `json:"loop_run"`
 	LastSeen      time.Time `json:"last_seen"`
+	// Started is when this relay first saw it.
+	Started time.Time `json:"started"`
 }
 
 // view is the session's view at now.
@@ -51,6 +53,7 @@ func (s *session) view(now time.Time) sessionView {
 		LoopGuardHits: s.loopHits, LoopRun: s.loopCount, LastSeen: s.lastSeen.UTC()}
 	a := s.spend
 	s.mu.Unlock()
+	v.Started = s.started.UTC()
 	if a != nil {
 		limit, spent, end := a.windowNow(now)
 		v.BudgetUSD, v.WindowSpendUSD, v.HeldUSD = limit.usd(), spent.usd(), a.heldUSD()

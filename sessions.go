@@ -134,6 +134,10 @@ type session struct {
 	key   string // the name of the key or user entry it is served as
 	group string
 
+	// started is when this relay first saw it: its principal's usage
+	// lists sessions by it, the newest first
+	started time.Time
+
 	mu        sync.Mutex
 	rules     *sessionRules // what it was last configured with
 	spend     *spendAccount // session_budget; nil: none
@@ -234,7 +238,7 @@ func (r *Relay) session(in *inbound, sid string, rules *sessionRules, now time.T
 	// included, is made only when its rules are pushed
 	bsid := boundedID(sid)
 	s := ps.c.get(bsid, now, func() *session {
-		return &session{id: sessionDigest(sid), key: in.who.key.name, group: in.who.key.group.name}
+		return &session{id: sessionDigest(sid), key: in.who.key.name, group: in.who.key.group.name, started: now}
 	})
 	s.mu.Lock()
 	defer s.mu.Unlock()
