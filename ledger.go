@@ -112,6 +112,7 @@ type ledgerRow struct {
 	costNano                             int64
 	toolNano                             int64 // of costNano, what server tools cost
 	estimated, incomplete                bool
+	estimatedPrice                       bool // the cost is at an unpriced model's estimate
 	sessionDigested                      bool
 	duration, firstByte                  time.Duration
 }
@@ -132,7 +133,7 @@ func (l *ledger) record(in *inbound, at time.Time, duration time.Duration, cost,
 		cacheRead: in.end.usage.cacheRead, cacheWrite: in.end.usage.cacheWrite,
 		costNano:  int64(toNano(cost)), // as the budgets' spend counts it
 		toolNano:  int64(toNano(tools)),
-		estimated: in.end.estimated, incomplete: in.end.incomplete,
+		estimated: in.end.estimated, incomplete: in.end.incomplete, estimatedPrice: in.end.estimatedPrice,
 		duration: duration, firstByte: in.end.firstByte,
 	}
 	if len(row.session) > maxIDLen {
@@ -186,6 +187,7 @@ func (l *ledger) addBatch(row ledgerRow, b *batchCharge) {
 		row.input, row.output, row.cacheRead, row.cacheWrite = m.usage.input, m.usage.output, m.usage.cacheRead, m.usage.cacheWrite
 		row.costNano, prev = upTo-prev, upTo
 		row.toolNano = int64(toNano(m.tools))
+		row.estimatedPrice = m.estimated
 		if i > 0 {
 			row.id = id + "/" + m.model
 		}

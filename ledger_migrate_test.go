@@ -316,8 +316,8 @@ func checkMigrationToServerToolCost(t *testing.T, d dialect, db *sql.DB, open fu
 	s := open()
 	defer s.close()
 	var v int
-	if err := s.db.QueryRow(`SELECT MAX(version) FROM schema_version`).Scan(&v); err != nil || v != 5 || v != len(d.migrations) {
-		t.Fatalf("schema_version %d (%v), want 5", v, err)
+	if err := s.db.QueryRow(`SELECT MAX(version) FROM schema_version`).Scan(&v); err != nil || v != 6 || v != len(d.migrations) {
+		t.Fatalf("schema_version %d (%v), want 6 (the server tools' cost, then the estimated price)", v, err)
 	}
 	if got := dumpRows(t, s.db, version4); !slices.Equal(got, before) {
 		t.Errorf("the view's columns of version 4 changed in the migration")
@@ -326,8 +326,8 @@ func checkMigrationToServerToolCost(t *testing.T, d dialect, db *sql.DB, open fu
 		t.Errorf("the view's columns are %v, want %v", cols, ledgerViewColumns)
 	}
 	var n int
-	if err := s.db.QueryRow(`SELECT COUNT(*) FROM relay_usage WHERE server_tool_usd = 0`).Scan(&n); err != nil || n != len(rows) {
-		t.Errorf("%d rows (%v) have server_tool_usd 0, want every one written before: %d", n, err, len(rows))
+	if err := s.db.QueryRow(`SELECT COUNT(*) FROM relay_usage WHERE server_tool_usd = 0 AND NOT estimated_price`).Scan(&n); err != nil || n != len(rows) {
+		t.Errorf("%d rows (%v) have server_tool_usd 0 and no estimated_price, want every one written before: %d", n, err, len(rows))
 	}
 	if got := answers(s); !slices.Equal(got, answersBefore) {
 		t.Errorf("the usage queries answer\n%s\nwant, as before the migration,\n%s", strings.Join(got, "\n--\n"), strings.Join(answersBefore, "\n--\n"))
@@ -338,13 +338,14 @@ func checkMigrationToServerToolCost(t *testing.T, d dialect, db *sql.DB, open fu
 			t.Errorf("%s may no longer read relay_usage (%v): the migration dropped its grant", reader, err)
 		}
 	}
-	row := ledgerRow{id: "searched", at: usageEpoch.Add(time.Hour), key: "k9", group: "g", status: 200, costNano: 502_000_000, toolNano: 500_000_000}
+	row := ledgerRow{id: "searched", at: usageEpoch.Add(time.Hour), key: "k9", group: "g", status: 200, costNano: 502_000_000, toolNano: 500_000_000, estimatedPrice: true}
 	if err := s.write(ctx, []ledgerRow{row}); err != nil {
 		t.Fatal(err)
 	}
 	var nano int64
 	var usd float64
-	if err := s.db.QueryRow(`SELECT cost_nano_usd, server_tool_usd FROM relay_usage WHERE request_id = 'searched'`).Scan(&nano, &usd); err != nil || nano != 502_000_000 || usd != 0.5 {
-		t.Errorf("a new row reads cost_nano_usd %d, server_tool_usd %v (%v), want 502000000 and 0.5", nano, usd, err)
+	var est bool
+	if err := s.db.QueryRow(`SELECT cost_nano_usd, server_tool_usd, estimated_price FROM relay_usage WHERE request_id = 'searched'`).Scan(&nano, &usd, &est); err != nil || nano != 502_000_000 || usd != 0.5 || !est {
+		t.Errorf("a new row reads cost_nano_usd %d, server_tool_usd %v, estimated_price %v (%v), want 502000000, 0.5 and true", nano, usd, est, err)
 	}
 }

@@ -34,8 +34,9 @@ var namesRowColumns = []string{
 
 // ledgerRowColumns are relay_usage_rows' columns, in the order of a row's
 // values (rowArgs): those of version 4, then the server tools' part of
-// the cost (version 5).
-var ledgerRowColumns = append(slices.Clip(namesRowColumns), "server_tool_nano_usd")
+// the cost (version 5), then whether the cost is at an unpriced model's
+// estimate (version 6).
+var ledgerRowColumns = append(slices.Clip(namesRowColumns), "server_tool_nano_usd", "estimated_price")
 
 // ledgerNamesKept bounds the writer's map of names to ids: past it, the
 // map is dropped and learned again from the database, so that requests of
@@ -244,7 +245,7 @@ func ledgerViewSQL(create string, more ...string) string {
 
 // ledgerViewColumns are the view's columns now: ledgerColumns, then what
 // later steps added.
-var ledgerViewColumns = append(slices.Clip(ledgerColumns), "server_tool_usd")
+var ledgerViewColumns = append(slices.Clip(ledgerColumns), "server_tool_usd", "estimated_price")
 
 // serverToolMigration is the schema's step to version 5: the rows keep
 // the part of their cost that server tools made, in nano-USD (0 for the
@@ -256,4 +257,14 @@ var ledgerViewColumns = append(slices.Clip(ledgerColumns), "server_tool_usd")
 func serverToolMigration(column, view, usd string) string {
 	return `ALTER TABLE relay_usage_rows ADD COLUMN server_tool_nano_usd ` + column + `;
 		` + ledgerViewSQL(view, usd+" AS server_tool_usd") + `;`
+}
+
+// estimatedPriceMigration is the schema's step to version 6: a row says
+// whether its cost is at the estimate of a model the price table did not
+// know (false for the rows before it), which the view shows as
+// estimated_price. column is the rows' new column, as the dialect declares
+// it; view and usd make the view again as serverToolMigration does.
+func estimatedPriceMigration(column, view, usd string) string {
+	return `ALTER TABLE relay_usage_rows ADD COLUMN estimated_price ` + column + `;
+		` + ledgerViewSQL(view, usd+" AS server_tool_usd", "relay_usage.estimated_price") + `;`
 }

@@ -69,6 +69,9 @@ var postgresDialect = dialect{
 		// rewrites no row)
 		serverToolMigration(`BIGINT NOT NULL DEFAULT 0`, `CREATE OR REPLACE VIEW`,
 			`(relay_usage.server_tool_nano_usd::numeric / 1000000000)::numeric(20, 9)`),
+		// whether the cost is at an unpriced model's estimate
+		estimatedPriceMigration(`BOOLEAN NOT NULL DEFAULT false`, `CREATE OR REPLACE VIEW`,
+			`(relay_usage.server_tool_nano_usd::numeric / 1000000000)::numeric(20, 9)`),
 	},
 	// relays of a fleet that start together migrate one after the other
 	lock:   `SELECT pg_advisory_xact_lock(7251460934)`,

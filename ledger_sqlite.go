@@ -114,6 +114,9 @@ var sqliteDialect = dialect{
 		// what server tools cost, a part of cost_nano_usd
 		`DROP VIEW relay_usage;
 		` + serverToolMigration(`INTEGER NOT NULL DEFAULT 0`, `CREATE VIEW`, `relay_usage.server_tool_nano_usd / 1e9`),
+		// whether the cost is at an unpriced model's estimate
+		`DROP VIEW relay_usage;
+		` + estimatedPriceMigration(`BOOLEAN NOT NULL DEFAULT 0`, `CREATE VIEW`, `relay_usage.server_tool_nano_usd / 1e9`),
 	},
 	timeMilli: true,
 	day:       `strftime('%Y-%m-%d', time / 1000, 'unixepoch')`,

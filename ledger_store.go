@@ -478,7 +478,7 @@ func (s *sqlLedger) rowArgs(args []any, r, prev *ledgerRow, ids []int64) []any {
 	return append(args, r.id, at, names, b.box(int64(r.status)),
 		b.box(r.input), b.box(r.output), b.box(r.cacheRead), b.box(r.cacheWrite),
 		b.box(r.costNano), r.estimated, r.incomplete, session,
-		b.box(r.duration.Milliseconds()), b.box(r.firstByte.Milliseconds()), b.box(r.toolNano))
+		b.box(r.duration.Milliseconds()), b.box(r.firstByte.Milliseconds()), b.box(r.toolNano), r.estimatedPrice)
 }
 
 // readWritten adds the request ids of an insert's RETURNING to written:

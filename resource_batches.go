@@ -164,10 +164,11 @@ type batchCharge struct {
 // batchModel is the usage of a batch's results of one model, its cost in
 // USD, and its server tools' part of it.
 type batchModel struct {
-	model string
-	usage usage
-	cost  float64
-	tools float64
+	model     string
+	usage     usage
+	cost      float64
+	tools     float64
+	estimated bool // its cost is at an unpriced model's estimate
 }
 
 // accountBatch accounts a batch's usage at the batch price (its tokens;
@@ -189,11 +190,11 @@ func (c *resourceCtx) accountBatch(ch *channel, b *batchUsage, complete bool) {
 		}{{"input", u.input}, {"output", u.output}, {"cache_read", u.cacheRead}, {"cache_write", u.cacheWrite}} {
 			metricTokens.WithLabelValues(c.group.name, ch.name, label, t.kind).Add(float64(t.n))
 		}
-		cost, tools := 0.0, 0.0
-		if rates, estimated := r.ratesFor(model, counted); rates != nil {
+		cost, tools, estimated := 0.0, 0.0, false
+		if rates, est := r.ratesFor(model, counted); rates != nil {
 			cost = rates.batchCost(u) * ch.priceFactor
 			tools = rates.serverTools(u) * ch.priceFactor
-			if estimated && cost > 0 {
+			if estimated = est && cost > 0; estimated {
 				in.end.estimatedPrice = true
 				r.unpriced(in, model, cost)
 			}
@@ -203,7 +204,7 @@ func (c *resourceCtx) accountBatch(ch *channel, b *batchUsage, complete bool) {
 			metricCost.WithLabelValues(c.group.name, ch.name, label).Add(cost)
 		}
 		if in.end.batch != nil {
-			in.end.batch.models = append(in.end.batch.models, batchModel{model: model, usage: u, cost: cost, tools: tools})
+			in.end.batch.models = append(in.end.batch.models, batchModel{model: model, usage: u, cost: cost, tools: tools, estimated: estimated})
 		}
 	}
 	metricBatchResultsAccounted.WithLabelValues(c.group.name, ch.name).Inc()

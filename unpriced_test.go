@@ -1,8 +1,10 @@
 package relay
 
 import (
+	"database/sql"
 	"encoding/json"
 	"net/http"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -32,7 +34,8 @@ func unpricedRelay(t *testing.T, name string, budgets []string) (*Relay, *fakeup
 	budgeted := Key{Secret: "sk-" + name, Group: name, KeyOptions: KeyOptions{Name: name, Budgets: budgets}}
 	free := Key{Secret: "sk-" + name + "-free", Group: name, KeyOptions: KeyOptions{Name: name + "-free"}}
 	ch := &Channel{Name: name + "-ch", UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", channelKey)}
-	r := &Relay{Keys: []*Key{&budgeted, &free}, Channels: []*Channel{ch}, Groups: []*Group{{Name: name, Channels: []string{ch.Name}}}}
+	r := &Relay{Keys: []*Key{&budgeted, &free}, Channels: []*Channel{ch}, Groups: []*Group{{Name: name, Channels: []string{ch.Name}}},
+		Ledger: &Ledger{SQLite: &LedgerSQLite{Path: filepath.Join(t.TempDir(), "ledger.db")}}}
 	logs := provisionHandler(t, r)
 	clock := &fakeClock{t: time.Date(2030, time.March, 15, 12, 0, 0, 0, time.UTC)}
 	r.now = clock.now
@@ -91,6 +94,16 @@ func TestAnUnpricedModelIsNeverFree(t *testing.T) {
 	if got := testutil.ToFloat64(metricUnpriced.WithLabelValues(labelOther)) - before; got != 4 {
 		t.Errorf("relay_unpriced_total{model=other} rose by %v, want 4", got)
 	}
+	// the ledger's rows say so too
+	db, err := sql.Open("sqlite3", "file:"+r.Ledger.SQLite.Path+"?mode=ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var flagged int
+	waitFor(t, "the ledger's rows of the unpriced requests", 10*time.Second, func() bool {
+		return db.QueryRow(`SELECT COUNT(*) FROM relay_usage WHERE estimated_price`).Scan(&flagged) == nil && flagged == 4
+	})
 
 	// an id in upper case is its model: claude-haiku-4-5's $1/$5, exact
 	was := spent()
