@@ -107,7 +107,7 @@ func (r *Relay) failover(w http.ResponseWriter, req *http.Request, in *inbound, 
 			// the room of a channel's cap is held by requests in flight: wait
 			// for them to settle, as for a busy channel, polling for those
 			// other relays settle
-			if rerr := q.wait(req.Context(), sel.now.Add(fleetHoldPoll)); rerr != nil {
+			if rerr := q.waitForCap(req.Context(), p.capped, sel); rerr != nil {
 				return refused(rerr)
 			}
 			sel.capped, sel.capBusy = sel.capped[:0], false

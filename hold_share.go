@@ -1,6 +1,9 @@
 package relay
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // Fair shares of a capped channel. A channel's spend cap is shared by the
 // groups that use the channel, and a request holds its worst case against
@@ -141,4 +144,16 @@ func (s *selection) unwant(g string) {
 		delete(acct.waiting, g)
 	}
 	acct.mu.Unlock()
+}
+
+// waitForCap waits in the queue, as for a busy channel, for holds in
+// flight on the cap of ch (and every cap the request passed over) to
+// settle: a settle on this relay wakes it, and it looks again every
+// fleetHoldPoll for those other relays settle. When it cannot wait on,
+// the answer names the cap, as when no channel could take it.
+func (q *queued) waitForCap(ctx context.Context, ch *channel, s *selection) *relayError {
+	return q.waitOn(ctx, nil, s.now.Add(fleetHoldPoll), nil, func(queueRefusal) *relayError {
+		metricRateLimited.WithLabelValues(q.in.who.key.name, string(scopeCapped)).Inc()
+		return errChannelsCapped(s.model, ch, q.r.now(), holdRetryAfter)
+	})
 }

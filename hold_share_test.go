@@ -119,3 +119,34 @@ func TestAGroupTakesAtMostItsShareOfACapOthersUse(t *testing.T) {
 		t.Errorf("once it stopped waiting: %v", ans.verdict)
 	}
 }
+
+// TestARequestThatCannotWaitForACapIsToldOfTheCap: in a group that does
+// not queue, a request that finds a cap's room held by another group's
+// requests is answered at once, naming the cap, as before it could wait.
+func TestARequestThatCannotWaitForACapIsToldOfTheCap(t *testing.T) {
+	name := "share-noq-" + strconv.FormatInt(holdRelays.Add(1), 10)
+	g := newGate()
+	up := fakeupstream.New(t, g)
+	t.Cleanup(g.openAll)
+	r := &Relay{
+		Pricing: map[string]Price{"m-hold": {Input: 0, Output: 15}},
+		Channels: []*Channel{{Name: name, SpendCaps: []string{"1usd/day"},
+			UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", fakeupstream.Key)}},
+		Groups: []*Group{{Name: name + "-a", Channels: []string{name}}, {Name: name + "-b", Channels: []string{name}, MaxQueue: -1}},
+		Keys: []*Key{{Secret: "sk-" + name + "-a", Group: name + "-a", KeyOptions: KeyOptions{Name: name + "-a"}},
+			{Secret: "sk-" + name + "-b", Group: name + "-b", KeyOptions: KeyOptions{Name: name + "-b"}}},
+	}
+	provisionHandler(t, r)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		serveHandler(t, r, newRequest(holdBody(64000), "sk-"+name+"-a")) // $0.96 held
+	}()
+	<-g.arrived
+	w, _ := serveHandler(t, r, newRequest(holdBody(4000), "sk-"+name+"-b")) // $0.06: no room
+	if w.Code != 503 || !strings.Contains(w.Body.String(), "spend_cap") || !strings.Contains(w.Body.String(), "no_healthy_channel") {
+		t.Errorf("%d %s, want 503 no_healthy_channel naming the spend_cap", w.Code, w.Body)
+	}
+	g.openAll()
+	<-done
+}
