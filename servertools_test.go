@@ -211,6 +211,8 @@ func TestABatchHoldsItsRequestsSearches(t *testing.T) {
 	store := fakeupstream.NewStore("search-batch-hold")
 	r := searchRelay(t, "search-batch-hold", "claude-sonnet-4-5", fakeupstream.New(t, store), nil)
 	r.Keys[0].Budgets = []string{"0.30usd/day"}
+	noFloor := 0.0 // the searches alone: what they bring in is held at hold_floor, here nothing
+	r.HoldFloor = &noFloor
 	provisionHandler(t, r)
 	create := func(tools ...string) *httptest.ResponseRecorder {
 		reqs := make([]string, len(tools))
