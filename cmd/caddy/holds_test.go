@@ -374,3 +374,49 @@ http://%s {
 		t.Fatalf("after the results: spent %v, held %v; want %v spent, nothing held", spend, held, want)
 	}
 }
+
+// TestFleetBatchesHoldAChannelsCapAcrossNodes makes 30 batches at once
+// over two relays of a fleet, through a channel whose spend cap ($0.05 a
+// day) takes one of them ($0.04): the cap's holds are in Redis, so one
+// batch is made in the whole fleet and the others are refused naming the
+// cap, where each create used to see room for itself alone.
+func TestFleetBatchesHoldAChannelsCapAcrossNodes(t *testing.T) {
+	srv := redistest.Start(t)
+	store := fakeupstream.NewStore("capfleet")
+	up := fakeupstream.New(t, store)
+	cfg := fleetConfig{redisAddr: srv.Addr, prefix: "capbatch:", channels: []string{"up=" + up.URL},
+		channel: "\t\t\tspend_cap 0.05usd/day\n", storage: "\t\t\ttimeout 2s\n",
+		extra: "\t\tpricing {\n\t\t\tm-hold input 0 output 10000\n\t\t}\n"}
+	nodes := startFleet(t, 2, cfg)
+	// two requests of up to 4 output tokens at $0.005 (the batch price)
+	params := `{"model":"m-hold","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`
+	batch := `{"requests":[{"custom_id":"r0","params":` + params + `},{"custom_id":"r1","params":` + params + `}]}`
+	statuses, bodies, errs := fire(30, func(i int) (int, string, error) {
+		req, _ := http.NewRequest(http.MethodPost, "http://"+nodes[i%2].site+"/v1/messages/batches", strings.NewReader(batch))
+		req.Header.Set("X-Api-Key", fleetKey)
+		req.Header.Set("Anthropic-Version", "2023-06-01")
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := fleetClient.Do(req)
+		if err != nil {
+			return 0, "", err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), err
+	})
+	made := 0
+	for i, s := range statuses {
+		switch {
+		case errs[i] != nil:
+			t.Errorf("create %d: %v", i, errs[i])
+		case s == 200:
+			made++
+		case s != 503 || !strings.Contains(bodies[i], "spend_cap"):
+			t.Errorf("create %d: %d %s; want 200, or 503 naming the spend_cap", i, s, bodies[i])
+		}
+	}
+	t.Logf("figure: 30 batch creates over two relays on a $0.05 cap: %d made (upstream: %d)", made, store.Batches())
+	if made != 1 || store.Batches() != 1 {
+		t.Errorf("%d batches made (the upstream made %d) on a $0.05 cap at $0.04 each, want 1", made, store.Batches())
+	}
+}
