@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 )
 
 // Paths of the Message Batches and Files APIs.
@@ -126,6 +127,12 @@ func (r *Relay) serveResource(w http.ResponseWriter, req *http.Request, in *inbo
 // message's; estimate -1 leaves it out of the token limit.
 func (r *Relay) admitKeyAs(in *inbound, estimate int64) *relayError {
 	g, scope, wait := in.who.state.limits.take(r.now(), estimate)
+	return r.keyAdmitted(in, g, scope, wait)
+}
+
+// keyAdmitted notes what the key's limits granted the request (for its
+// rate limit headers), and answers a refusal.
+func (r *Relay) keyAdmitted(in *inbound, g grant, scope limitScope, wait time.Duration) *relayError {
 	in.grant.keyGrant, in.grant.keyAsked = g, true
 	switch scope {
 	case scopeNone:

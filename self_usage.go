@@ -172,15 +172,7 @@ func (r *Relay) serveUsage(w http.ResponseWriter, req *http.Request, in *inbound
 // (takeRate), and refuses it past the rate as a request's admission does.
 func (r *Relay) admitUsage(in *inbound) *relayError {
 	g, scope, wait := in.who.state.limits.takeRate(r.now())
-	in.grant.keyGrant, in.grant.keyAsked = g, true // what it has left, for the headers
-	switch scope {
-	case scopeNone:
-		return nil
-	case scopeFleetDown:
-		return errStorageUnavailable()
-	}
-	metricRateLimited.WithLabelValues(in.who.key.name, string(scope)).Inc()
-	return errKeyLimited(in.who.key.describe(), scope, wait)
+	return r.keyAdmitted(in, g, scope, wait)
 }
 
 // maxUsageSessions is how many sessions one usage answer lists, by

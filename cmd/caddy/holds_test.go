@@ -187,7 +187,12 @@ http://%s {
 
 // attemptBody sends one message body with key.
 func (n *fleetNode) attemptBody(key, body string) (int, string, error) {
-	req, _ := http.NewRequest(http.MethodPost, "http://"+n.site+"/v1/messages", strings.NewReader(body))
+	return n.postAs(key, "/v1/messages", body)
+}
+
+// postAs posts a JSON body to path with key, from any goroutine.
+func (n *fleetNode) postAs(key, path, body string) (int, string, error) {
+	req, _ := http.NewRequest(http.MethodPost, "http://"+n.site+path, strings.NewReader(body))
 	req.Header.Set("X-Api-Key", key)
 	req.Header.Set("Anthropic-Version", "2023-06-01")
 	req.Header.Set("Content-Type", "application/json")
@@ -392,17 +397,7 @@ func TestFleetBatchesHoldAChannelsCapAcrossNodes(t *testing.T) {
 	params := `{"model":"m-hold","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`
 	batch := `{"requests":[{"custom_id":"r0","params":` + params + `},{"custom_id":"r1","params":` + params + `}]}`
 	statuses, bodies, errs := fire(30, func(i int) (int, string, error) {
-		req, _ := http.NewRequest(http.MethodPost, "http://"+nodes[i%2].site+"/v1/messages/batches", strings.NewReader(batch))
-		req.Header.Set("X-Api-Key", fleetKey)
-		req.Header.Set("Anthropic-Version", "2023-06-01")
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := fleetClient.Do(req)
-		if err != nil {
-			return 0, "", err
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b), err
+		return nodes[i%2].postAs(fleetKey, "/v1/messages/batches", batch)
 	})
 	made := 0
 	for i, s := range statuses {
