@@ -268,6 +268,8 @@ type groupState struct {
 	// sessions are its keys' agent sessions (sessions.go); nil until the
 	// first one
 	sessions atomic.Pointer[idleCache[*principalSessions]]
+	// sessionsKept counts the sessions in sessions, which it bounds
+	sessionsKept atomic.Int64
 }
 
 // cacheFor returns the group's response cache for cfg: the one it has
