@@ -113,7 +113,7 @@ type Group struct {
 	SessionLimits
 	// BudgetDegrade serves the messages of the group's keys and users more
 	// cheaply as the tightest budget that applies to each (its key's or
-	// user's, or the group's) nears its end, as a key's budget_degrade
+	// user's, the group's, or its session's session_budget) nears its end, as a key's budget_degrade
 	// does; a key or user entry with steps of its own follows its own.
 	BudgetDegrade []BudgetDegrade `json:"budget_degrade,omitempty"`
 }

@@ -424,7 +424,6 @@ func (r *Relay) serve(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 		}
 	}
 	r.chargeKeyTokens(in)
-	r.degrade(in)
 	if rerr = r.admitEndUser(in); rerr != nil {
 		return refused(rerr)
 	}
@@ -436,6 +435,7 @@ func (r *Relay) serve(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 	if rerr = r.admitSession(in); rerr != nil {
 		return refused(rerr)
 	}
+	r.degrade(in) // by the tightest budget, the session's among them
 	if rerr = r.planHolds(in); rerr != nil {
 		return refused(rerr)
 	}
