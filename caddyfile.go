@@ -63,6 +63,7 @@ func declareInCaddyfile(state map[string]any, r *Relay, by string) error {
 //		max_body_size         <size>
 //		max_response_size     <size>
 //		max_upload_size       <size>
+//		decode_memory         <size>
 //		resource_secret       <secret|{env.NAME}|{file./path}>
 //		read_body_timeout     <duration>
 //		upstream_ratelimit_headers replace|pass
@@ -206,6 +207,10 @@ func (r *Relay) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 		case "max_upload_size":
 			if err := parseSize(d, &r.MaxUploadSize); err != nil {
+				return err
+			}
+		case "decode_memory":
+			if err := parseSize(d, &r.DecodeMemory); err != nil {
 				return err
 			}
 		case "resource_secret":

@@ -16,7 +16,7 @@ import (
 
 // relayOptions are the relay block's own options, besides the tuning ones
 // (tuningOptions) that its channels share.
-var relayOptions = []string{"max_body_size", "max_response_size", "max_upload_size", "resource_secret",
+var relayOptions = []string{"max_body_size", "max_response_size", "max_upload_size", "decode_memory", "resource_secret",
 	"read_body_timeout", "upstream_ratelimit_headers", "dedup_window", "dedup_grace", "settle_grace", "hold_floor",
 	"key", "keys_file", "identity", "user", "channel", "group", "pricing", "ledger", "ledger_retention", "storage"}
 

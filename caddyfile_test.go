@@ -30,6 +30,7 @@ func sha256Secret(s string) string {
 const fullRelayCaddyfile = `relay {
 	max_body_size 32MiB
 	max_response_size 8MiB
+	decode_memory 512MiB
 	read_body_timeout 10s
 	capability_ttl 20m
 	first_byte_timeout 30s
@@ -133,6 +134,7 @@ func TestCaddyfileFullConfig(t *testing.T) {
 	want := &Relay{
 		MaxBodySize:     32 << 20,
 		MaxResponseSize: 8 << 20,
+		DecodeMemory:    512 << 20,
 		ReadBodyTimeout: caddy.Duration(10 * time.Second),
 		Tuning: Tuning{
 			CapabilityTTL:       caddy.Duration(20 * time.Minute),

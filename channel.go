@@ -486,12 +486,16 @@ type Channel struct {
 	// counter.
 	Probe *Probe `json:"probe,omitempty"`
 
-	// ForwardTraceparent sends the W3C `traceparent` (and `tracestate`) of
-	// each attempt's span to the upstream, so that an upstream that traces
-	// (a gateway of your own, a self-hosted model server) continues the
-	// trace. It needs Caddy's `tracing` directive. Without it, no trace
-	// context reaches the upstream: neither the client's traceparent nor
-	// the one Caddy's tracing sets on the request. Default: off.
+	// ForwardTraceparent sends the W3C `traceparent` of each attempt's
+	// span to the upstream, so that an upstream that traces (a gateway of
+	// your own, a self-hosted model server) continues the trace under the
+	// attempt that called it: the trace id is the request's (the client's,
+	// when it sent one), the parent span id is the relay's attempt span.
+	// For a request the sampler dropped, the trace id goes unsampled under
+	// a span id the relay makes for the attempt. The client's `tracestate`
+	// is never sent. It needs Caddy's `tracing` directive; without it the
+	// relay has no trace, and no trace context reaches the upstream:
+	// neither the client's traceparent nor its tracestate. Default: off.
 	ForwardTraceparent bool `json:"forward_traceparent,omitempty"`
 
 	Tuning

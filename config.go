@@ -117,8 +117,8 @@ const providerAnthropic = "anthropic"
 // validateConfig checks what can be checked without resolving secrets. The
 // Caddyfile adapter runs it too, so `caddy adapt` reports these errors.
 func (r *Relay) validateConfig() error {
-	if r.MaxBodySize < 0 || r.MaxResponseSize < 0 || r.MaxUploadSize < 0 || r.ReadBodyTimeout < 0 {
-		return fmt.Errorf("max_body_size, max_response_size, max_upload_size and read_body_timeout must not be negative")
+	if r.MaxBodySize < 0 || r.MaxResponseSize < 0 || r.MaxUploadSize < 0 || r.ReadBodyTimeout < 0 || r.DecodeMemory < 0 {
+		return fmt.Errorf("max_body_size, max_response_size, max_upload_size, read_body_timeout and decode_memory must not be negative")
 	}
 	if err := r.Tuning.validate(); err != nil {
 		return err

@@ -11,8 +11,8 @@ import (
 
 // Degrade before refusing. A budget that nears its end need not stop a
 // developer in the middle of a task: from a share of the tightest budget
-// that applies to a message (its principal's or its group's, after the
-// holds in flight), budget_degrade serves it more cheaply, on the channels
+// that applies to a message (its principal's, its group's or its agent
+// session's, after the holds in flight), budget_degrade serves it more cheaply, on the channels
 // of the live tier with the lowest price_factor (cheaper) or as another,
 // cheaper model (model <id>). Only a budget that is spent refuses it, with
 // the usual 429 budget_exceeded. Every answer to a request a budget
@@ -26,7 +26,7 @@ type BudgetDegrade struct {
 	// below 100), from which the step applies: what was spent in the
 	// budget's period and what the requests in flight hold, over the
 	// budget. The tightest budget is the one with the least left, of the
-	// principal's and its group's.
+	// principal's, its group's and its agent session's (session_budget).
 	Percent float64 `json:"percent"`
 
 	// Mode is what the step does: `cheaper` picks among the channels of
@@ -198,12 +198,13 @@ func (a *spendAccount) rooms(now time.Time, each func(budgetRoom)) {
 }
 
 // budgetAccounts are the accounts whose budgets apply to a request of
-// in: its principal's and its group's, those with a budget.
+// in: its principal's, its group's and, once its session was admitted,
+// its session's, those with a budget.
 func (in *inbound) budgetAccounts() (accts [3]*spendAccount, n int) {
 	if in.who.key == nil || in.who.state == nil {
 		return accts, 0
 	}
-	return budgeted(in.who.state.spend, in.group().spend, nil)
+	return budgeted(in.who.state.spend, in.group().spend, in.grant.session.budgetAccount())
 }
 
 // budgeted are those of the principal's, the group's and the session's

@@ -62,6 +62,14 @@ func errTooLarge(option string, limit int64) *relayError {
 		msg: "request body is larger than the relay's " + option + " of " + mebibytes(limit) + " (" + strconv.FormatInt(limit, 10) + " bytes)"}
 }
 
+// errDecodeTooLarge answers a body whose decoding alone would take more
+// than the node's decode budget, limit: no wait would make room for it.
+func errDecodeTooLarge(cost, limit int64) *relayError {
+	return &relayError{status: http.StatusRequestEntityTooLarge, typ: "request_too_large",
+		msg: "decoding this request body would take about " + mebibytes(cost) + ", more than the relay's decode_memory of " + mebibytes(limit) +
+			" (what all the bodies being decoded on this node may hold at once): a body that is mostly one object of very many members costs up to about 20 times its size to decode; send fewer members, or ask the relay's operator to raise decode_memory"}
+}
+
 // mebibytes formats a size in MiB with up to two decimals (in KiB below
 // one MiB), as the size options are written.
 func mebibytes(n int64) string {

@@ -21,8 +21,9 @@ import (
 //     first.
 //   - <prefix>{s:<id>}:held, the sum of the members' amounts.
 //
-// Both are kept holdKeysTTL after their last change. Every script that
-// reads them first drops the expired members and their amounts.
+// Both are kept holdKeysTTL after their last change; a session's, an hour
+// after its budget's window ends, as its spend (holdKeysFor). Every script
+// that reads them first drops the expired members and their amounts.
 //
 // A hold is taken in admitScript, with the request's other admissions
 // after its body. It is given back in settleScript, run by the sync that
@@ -124,6 +125,7 @@ func (f *fleet) prepareHold(a *spendAccount, now time.Time, n nanoUSD, member st
 	var budgets []any
 	a.mu.Lock()
 	a.roll(now)
+	keep := a.holdKeysFor(now, ttl)
 	for p := range numPeriods {
 		if a.caps[p] > 0 {
 			ps := a.periods[p]
@@ -133,7 +135,7 @@ func (f *fleet) prepareHold(a *spendAccount, now time.Time, n nanoUSD, member st
 		}
 	}
 	a.mu.Unlock()
-	c.args = append([]any{member, ttl.Milliseconds(), int64(n), len(c.periods)}, budgets...)
+	c.args = append([]any{member, ttl.Milliseconds(), keep.Milliseconds(), int64(n), len(c.periods)}, budgets...)
 	return c
 }
 
@@ -194,11 +196,11 @@ func (f *fleet) admitAny(now time.Time, calls []*admitCall, hcs []*holdCall) (re
 				for i, c := range calls {
 					if c.redis {
 						c.sent = true
-						cmds[i] = admitScript.Eval(ctx, pipe, c.keys, append([]any{1, holdKeysTTL.Milliseconds(), 0}, c.args...)...)
+						cmds[i] = admitScript.Eval(ctx, pipe, c.keys, append([]any{1, 0}, c.args...)...)
 					}
 				}
 				for i, h := range hcs {
-					cmds[len(calls)+i] = admitScript.Eval(ctx, pipe, h.keys, append([]any{0, holdKeysTTL.Milliseconds(), 0}, h.args...)...)
+					cmds[len(calls)+i] = admitScript.Eval(ctx, pipe, h.keys, append([]any{0, 0}, h.args...)...)
 				}
 				return nil
 			})

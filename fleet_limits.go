@@ -333,8 +333,8 @@ func (f *fleet) admitAll(now time.Time, calls []*admitCall, holds []*holdCall) (
 	if asked > 0 || len(holds) > 0 {
 		carried := f.takeSlots(maxCarried)
 		keys = make([]string, 0, len(carried)+3*asked+4*len(holds))
-		args = make([]any, 0, 3+len(carried)+12*asked+8*len(holds))
-		args = append(args, asked, holdKeysTTL.Milliseconds(), len(carried))
+		args = make([]any, 0, 2+len(carried)+12*asked+9*len(holds))
+		args = append(args, asked, len(carried))
 		for _, l := range carried {
 			keys = append(keys, l.set)
 		}

@@ -136,7 +136,7 @@ func TestSharedRateKeepsSubMillisecondIntervals(t *testing.T) {
 		for range 50 {
 			// one thing, no holds, no slots carried; lease, concurrency, lease ms, emission ms, burst,
 			// requests to take, requests given back, tokens/ms, token burst, charge, tokens to take and given back
-			cmds = append(cmds, admitScript.Eval(ctx, pipe, []string{"fine:l", "fine:r", "fine:t"}, 1, 0, 0, "x", 0, 1000, 0.02, 1, 1, 0, 0, 0, -1, 0, 0))
+			cmds = append(cmds, admitScript.Eval(ctx, pipe, []string{"fine:l", "fine:r", "fine:t"}, 1, 0, "x", 0, 1000, 0.02, 1, 1, 0, 0, 0, -1, 0, 0))
 		}
 		return nil
 	})

@@ -34,8 +34,7 @@ import (
 // several at once (a request's key, end user and channel), and holds its
 // worst case against the budgets of its spend accounts (holdsLua): all are
 // checked before any is written, so a request one of them refuses takes
-// nothing from the others. ARGV[1] is the number of things, ARGV[2] the
-// time the keys of holds are kept (ms), ARGV[3] the number of slots given
+// nothing from the others. ARGV[1] is the number of things, ARGV[2] the number of slots given
 // back with the call (r, slots other requests of this relay freed: the
 // call carries them rather than the worker that gives back). KEYS: first
 // the r slots' lease sets, their ids the next r of ARGV; removed before
@@ -53,7 +52,7 @@ import (
 // concurrency slots to take (0: this request's, the lease id; more: a
 // block of up to that many, at least one, members <lease id>/1,
 // <lease id>/2, ...: fleet_slots.go); then per hold: its member (<id>=<billionths of a dollar>), its expiry in ms,
-// its amount, the number of budgets, and per budget its cap and what this
+// how long the account's hold keys are kept at least (ms), its amount, the number of budgets, and per budget its cap and what this
 // relay spent that Redis has not yet added. What is given back is written
 // whatever the verdict. It returns, per thing, {scope, wait, requests
 // left, ms until the rate is full again, tokens left, ms until the bucket
@@ -71,8 +70,8 @@ import (
 var admitScript = redis.NewScript(holdsLua + `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local n, keyttl, r = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-for i = 1, r do redis.call('ZREM', KEYS[i], ARGV[3 + i]) end
+local n, r = tonumber(ARGV[1]), tonumber(ARGV[2])
+for i = 1, r do redis.call('ZREM', KEYS[i], ARGV[2 + i]) end
 local function settat(th)
   if th.tat > now then
     redis.call('SET', th.kr, th.tat, 'PX', math.ceil(th.tat - now) + 1000)
@@ -86,7 +85,7 @@ local function setlevel(th)
 end
 local things = {}
 for i = 1, n do
-  local k, a = r + (i - 1) * 3, 3 + r + (i - 1) * 13
+  local k, a = r + (i - 1) * 3, 2 + r + (i - 1) * 13
   local th = {lease = ARGV[a + 1], maxc = tonumber(ARGV[a + 2]), ttl = tonumber(ARGV[a + 3]),
     emission = tonumber(ARGV[a + 4]), burst = tonumber(ARGV[a + 5]),
     rtake = tonumber(ARGV[a + 6]), rret = tonumber(ARGV[a + 7]),
@@ -113,16 +112,16 @@ for i = 1, n do
   things[i] = th
 end
 local holds, verdicts = {}, {}
-local ki, ai = r + n * 3 + 1, 3 + r + n * 13 + 1
+local ki, ai = r + n * 3 + 1, 2 + r + n * 13 + 1
 while ai <= #ARGV do
   local h = {kz = KEYS[ki], kh = KEYS[ki + 1], member = ARGV[ai], ttl = tonumber(ARGV[ai + 1]),
-    amount = ARGV[ai + 2], np = tonumber(ARGV[ai + 3]), periods = {}}
+    keep = tonumber(ARGV[ai + 2]), amount = ARGV[ai + 3], np = tonumber(ARGV[ai + 4]), periods = {}}
   for j = 1, h.np do
-    h.periods[j] = {key = KEYS[ki + 1 + j], cap = tonumber(ARGV[ai + 2 + 2 * j]), pending = tonumber(ARGV[ai + 3 + 2 * j])}
+    h.periods[j] = {key = KEYS[ki + 1 + j], cap = tonumber(ARGV[ai + 3 + 2 * j]), pending = tonumber(ARGV[ai + 4 + 2 * j])}
   end
   h.held = held(h.kz, h.kh, now)
   holds[#holds + 1] = h
-  ki, ai = ki + 2 + h.np, ai + 4 + 2 * h.np
+  ki, ai = ki + 2 + h.np, ai + 5 + 2 * h.np
 end
 local function answers(refused, scope, wait)
   local out = {}
@@ -211,8 +210,8 @@ end
 for _, h in ipairs(holds) do
   redis.call('ZADD', h.kz, now + h.ttl, h.member)
   redis.call('INCRBY', h.kh, h.amount)
-  keep(h.kz, keyttl)
-  keep(h.kh, keyttl)
+  keep(h.kz, h.keep)
+  keep(h.kh, h.keep)
 end
 return answers(0, 0, 0)
 `)

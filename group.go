@@ -113,7 +113,7 @@ type Group struct {
 	SessionLimits
 	// BudgetDegrade serves the messages of the group's keys and users more
 	// cheaply as the tightest budget that applies to each (its key's or
-	// user's, or the group's) nears its end, as a key's budget_degrade
+	// user's, the group's, or its session's session_budget) nears its end, as a key's budget_degrade
 	// does; a key or user entry with steps of its own follows its own.
 	BudgetDegrade []BudgetDegrade `json:"budget_degrade,omitempty"`
 }
@@ -268,6 +268,8 @@ type groupState struct {
 	// sessions are its keys' agent sessions (sessions.go); nil until the
 	// first one
 	sessions atomic.Pointer[idleCache[*principalSessions]]
+	// sessionsKept counts the sessions in sessions, which it bounds
+	sessionsKept atomic.Int64
 }
 
 // cacheFor returns the group's response cache for cfg: the one it has

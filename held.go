@@ -18,6 +18,7 @@ type held struct {
 	ledger     string     // the ledgers entry; "": none
 	spend      []string   // spendAccounts entries
 	spendStore bool       // it uses the spend store (spend.use)
+	decode     string     // the decodeBudgets entry; "": none
 	released   bool       // release ran: state taken from now on is not given back
 }
 
@@ -44,6 +45,9 @@ func (h *held) addSpend(id string) { h.spend = append(h.spend, id) }
 
 // addSpendStore records that the config uses the spend store.
 func (h *held) addSpendStore() { h.spendStore = true }
+
+// addDecode records that the config holds the entry key in decodeBudgets.
+func (h *held) addDecode(key string) { h.decode = key }
 
 // release gives back everything h holds for the config r, in this order:
 // the channels' health (r stops being one of their owners), the groups',
@@ -76,6 +80,9 @@ func (h *held) release(r *Relay) {
 	}
 	if h.spendStore {
 		spend.release()
+	}
+	if h.decode != "" {
+		_, _ = decodeBudgets.Delete(h.decode)
 	}
 	*h = held{released: true}
 }

@@ -97,6 +97,37 @@ func (c *idleCache[V]) peek(id string) (V, bool) {
 	return e.v, true
 }
 
+// oldest is the least recently used state and its id, without marking it
+// used.
+func (c *idleCache[V]) oldest() (string, V, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	id, e, ok := c.lru.GetOldest()
+	if !ok {
+		var zero V
+		return "", zero, false
+	}
+	return id, e.v, true
+}
+
+// dropOldest drops the least recently used state, settled or not; false
+// when there is none.
+func (c *idleCache[V]) dropOldest() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, _, ok := c.lru.RemoveOldest()
+	return ok
+}
+
+// remove drops id's state when it is still v.
+func (c *idleCache[V]) remove(id string, v V) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.lru.Peek(id); ok && any(e.v) == any(v) {
+		c.lru.Remove(id)
+	}
+}
+
 // purge drops every state.
 func (c *idleCache[V]) purge() {
 	c.mu.Lock()

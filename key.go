@@ -97,8 +97,9 @@ type KeyOptions struct {
 	BudgetWarn float64 `json:"budget_warn,omitempty"`
 
 	// BudgetDegrade serves the key's messages more cheaply as the tightest
-	// budget that applies to them (the key's or its group's, what was
-	// spent and what requests in flight hold) nears its end: from each
+	// budget that applies to them (the key's, its group's or the session's
+	// session_budget; what was spent and what requests in flight hold)
+	// nears its end: from each
 	// step's percent on, on the cheapest channels of the live tier
 	// (cheaper) or as another model (model). Steps add up: past 80%
 	// cheaper and 95% model claude-haiku-4-5, a message is served as

@@ -53,6 +53,18 @@ type Relay struct {
 	// the body is read) is free again. Default: 30s.
 	ReadBodyTimeout caddy.Duration `json:"read_body_timeout,omitempty"`
 
+	// DecodeMemory bounds the memory that decoding request bodies may hold
+	// at once on this node, in bytes. Before the relay reads a body's JSON
+	// (and translates a Chat Completions body), it reserves what that
+	// decoding may allocate, estimated from the body's size and the members
+	// of its objects (a body that is mostly one object of very many members
+	// costs up to about 20 times its size), and gives it back when done. A
+	// request that finds no room waits for it, for as long as its client
+	// does; one whose decoding alone would take more than DecodeMemory gets
+	// a 413 request_too_large. The relay handlers of a node that set the
+	// same value share one budget. Default: 256 MiB.
+	DecodeMemory int64 `json:"decode_memory,omitempty"`
+
 	// MaxResponseSize is the largest non-streaming upstream answer the relay
 	// reads, in bytes; a larger one fails the attempt as a broken answer.
 	// Streams are forwarded event by event and bounded per event only.
@@ -180,6 +192,7 @@ type Relay struct {
 	declaredAs    string          // the handler's name in its config's declarations
 	keysMu        *sync.Mutex     // guards taking keys' state after provisioning, and held
 	held          held            // what it took from the process-wide pools, given back by Cleanup
+	decode        *decodeBudget   // the node's budget for decoding request bodies (decode.go)
 	users         map[string]*key // user entries by id, but user *
 	anyUser       *key            // user *; nil: none
 	fleet         *fleet          // the fleet this relay shares state with; nil: none
@@ -237,6 +250,9 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 	if r.ReadBodyTimeout == 0 {
 		r.ReadBodyTimeout = caddy.Duration(defaultReadBodyTimeout)
 	}
+	if r.DecodeMemory == 0 {
+		r.DecodeMemory = defaultDecodeMemory
+	}
 	r.dedupWindow, r.dedupGrace = defaultDedupWindow, cmp.Or(time.Duration(r.DedupGrace), defaultDedupGrace)
 	if r.DedupWindow != nil {
 		r.dedupWindow = max(time.Duration(*r.DedupWindow), 0)
@@ -276,6 +292,7 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 	r.owners = newOwnerStore(r.fleet, r.storage, func() time.Time { return r.now() })
 	spend.use(ctx, r.logger)
 	r.held.addSpendStore()
+	r.takeDecodeBudget()
 	r.prices = newPricebook(r.Pricing)
 	r.estimates = r.prices.estimates()
 	r.classRows = r.prices.classRows()
@@ -412,12 +429,7 @@ func (r *Relay) serve(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 	}
 	in.bodyBuf, in.ask.body = buf, buf.Bytes()
 	defer in.releaseBody()
-	if in.ask.chat != nil {
-		if rerr = in.translateChat(); rerr != nil {
-			return refused(rerr)
-		}
-	}
-	if rerr = in.inspect(); rerr != nil {
+	if rerr = r.decodeBody(req.Context(), in); rerr != nil {
 		return refused(rerr)
 	}
 	if mayReferenceFiles(in.ask.body) { // it may use uploaded files: only their channel has them
@@ -426,7 +438,6 @@ func (r *Relay) serve(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 		}
 	}
 	r.chargeKeyTokens(in)
-	r.degrade(in)
 	if rerr = r.admitEndUser(in); rerr != nil {
 		return refused(rerr)
 	}
@@ -438,6 +449,7 @@ func (r *Relay) serve(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 	if rerr = r.admitSession(in); rerr != nil {
 		return refused(rerr)
 	}
+	r.degrade(in) // by the tightest budget, the session's among them
 	if rerr = r.planHolds(in); rerr != nil {
 		return refused(rerr)
 	}

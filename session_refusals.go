@@ -18,9 +18,25 @@ func (a *spendAccount) session() bool { return a.scopeIs(spendOfSession) }
 // session's window is for its session only.
 func (a *spendAccount) keepFor() time.Duration {
 	if a.session() {
-		return time.Hour
+		return sessionKeysAfter
 	}
 	return spendKeyTTL
+}
+
+// sessionKeysAfter is how long the fleet keeps a session's keys after its
+// budget's window ended.
+const sessionKeysAfter = time.Hour
+
+// holdKeysFor is how long the fleet keeps the account's holds after a
+// hold of a lease of ttl is taken at now, under a.mu: a session's, as long
+// as its window's spend, and at least as long as the hold may be renewed
+// for; the others', longer than a batch's hold.
+func (a *spendAccount) holdKeysFor(now time.Time, ttl time.Duration) time.Duration {
+	if a.scope != spendOfSession {
+		return holdKeysTTL
+	}
+	end := a.periodEnd(periodDay, a.periods[periodDay].start).Add(sessionKeysAfter)
+	return max(end.Sub(now), 2*ttl)
 }
 
 // windowNow is the session budget's window as of now: its budget, what

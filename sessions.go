@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -173,7 +174,8 @@ func (s *session) drop() {
 
 // principalSessions are the sessions of one principal in a group.
 type principalSessions struct {
-	c *idleCache[*session]
+	c    *idleCache[*session]
+	gone atomic.Bool // its group's cache dropped it
 }
 
 // settled reports whether dropping the principal's sessions forgives
@@ -185,7 +187,10 @@ func (p *principalSessions) settled(now time.Time) bool {
 }
 
 // drop lets go of every session of the principal.
-func (p *principalSessions) drop() { p.c.purge() }
+func (p *principalSessions) drop() {
+	p.gone.Store(true)
+	p.c.purge()
+}
 
 // Bounds of the sessions kept.
 const (
@@ -198,6 +203,13 @@ const (
 	// maxSessionPrincipals bounds the principals with sessions one group
 	// keeps on a relay.
 	maxSessionPrincipals = maxIdentities
+	// maxGroupSessions bounds the sessions one group keeps on a relay, all
+	// principals together: about 1.3 KB each with every session limit,
+	// plus about 1.8 KB for each principal with sessions, so that a group
+	// keeps at most about 70 MB however its principals spread them
+	// (TestAGroupsSessionsFitIn100MB measures it). A principal alone
+	// cannot fill it (maxSessions is far below it).
+	maxGroupSessions = 40_000
 	// sessionIdle is how long a session goes unused before it may be
 	// dropped: Claude Code's prompt cache lasts 5 minutes, and a person
 	// may read for longer before the next prompt.
@@ -231,21 +243,56 @@ func (r *Relay) session(in *inbound, sid string, rules *sessionRules, now time.T
 		gs.mu.Unlock()
 	}
 	ps := c.get(in.who.stateID, now, func() *principalSessions {
-		return &principalSessions{c: newIdleCacheDropping(maxSessions, sessionIdle, (*session).drop)}
+		return &principalSessions{c: newIdleCacheDropping(maxSessions, sessionIdle, func(s *session) {
+			s.drop()
+			gs.sessionsKept.Add(-1)
+		})}
 	})
 	// the principal's own cache: the session id alone tells its sessions
 	// apart; the id the fleet and the spend store know it by, principal
 	// included, is made only when its rules are pushed
 	bsid := boundedID(sid)
+	made := false
 	s := ps.c.get(bsid, now, func() *session {
+		made = true
+		gs.sessionsKept.Add(1)
 		return &session{id: sessionDigest(sid), key: in.who.key.name, group: in.who.key.group.name, started: now}
 	})
+	if made {
+		if ps.gone.Load() { // its principal was dropped meanwhile: nothing keeps it
+			ps.c.purge()
+		}
+		trimSessions(gs, c)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.rules != rules {
 		r.configureSession(s, in.who.stateID+"\x00"+bsid, rules, now)
 	}
 	return s
+}
+
+// trimSessions drops sessions until the group keeps at most
+// maxGroupSessions: the least recently used of the least recently used
+// principal's (a principal is used with each of its sessions, so none of
+// its sessions was used since the others' principals were), and a
+// principal left with none. It runs after a session was made, under no
+// lock of a principal's, so that two principals that make room at once
+// never wait for each other; a group may keep more than its bound by the
+// sessions being made at that moment.
+func trimSessions(gs *groupState, c *idleCache[*principalSessions]) {
+	for range 16 { // a bound on the work of one request
+		if gs.sessionsKept.Load() <= maxGroupSessions {
+			return
+		}
+		id, ps, ok := c.oldest()
+		if !ok {
+			return
+		}
+		if !ps.c.dropOldest() {
+			c.remove(id, ps)
+		}
+	}
 }
 
 // configureSession pushes rules into s: its budget's account and its rate

@@ -90,6 +90,7 @@ func (StatusPage) CaddyModule() caddy.ModuleInfo {
 func (s *StatusPage) Provision(ctx caddy.Context) error {
 	s.ctx, s.nodes, s.hosts, s.spends = ctx, new(fleetCache), new(hostCheck), new(spendCache)
 	logStatusPage(ctx)
+	watchExposure(ctx) // an open page is warned of once the config starts (status_exposure.go)
 	return nil
 }
 

@@ -2,6 +2,8 @@ package relay
 
 import (
 	"context"
+	"encoding/binary"
+	"math/rand/v2"
 	"net/http"
 	"strings"
 	"time"
@@ -283,13 +285,39 @@ func (s *spans) observe(h prometheus.Observer, v float64) {
 	h.Observe(v)
 }
 
-// injectTraceparent sets the W3C traceparent (and tracestate) of the
-// current attempt's span, else of the span in ctx (Caddy's, for a request
-// it did not sample), on an upstream request's header: for a channel with
-// forward_traceparent only. Without tracing there is no span to send.
+// injectTraceparent sets the W3C traceparent of the relay's own span on an
+// upstream request's header, for a channel with forward_traceparent: the
+// current attempt's span (else the request's, for a call made outside the
+// attempt loop), so the upstream continues the trace under the attempt
+// that called it. A request whose trace the sampler dropped has no span of
+// the relay's; it sends the trace's id, unsampled, under a span id the
+// relay makes for the call, so the upstream drops the trace too and never
+// names the client's or Caddy's span as its parent. No tracestate is sent:
+// it holds what the client's vendors put there, which is no upstream's
+// business. Without tracing there is no trace, and nothing is sent.
 func (s *spans) injectTraceparent(ctx context.Context, h http.Header) {
-	if s != nil && s.attempt != nil {
-		ctx = trace.ContextWithSpan(ctx, s.attempt)
+	var sc trace.SpanContext
+	switch {
+	case s != nil && s.attempt != nil:
+		sc = s.attempt.SpanContext()
+	case s != nil:
+		sc = s.span.SpanContext()
+	default:
+		sc = trace.SpanContextFromContext(ctx)
+		if !sc.IsValid() {
+			return
+		}
+		sc = sc.WithSpanID(newSpanID()).WithTraceFlags(sc.TraceFlags() &^ trace.FlagsSampled)
 	}
-	propagation.TraceContext{}.Inject(ctx, propagation.HeaderCarrier(h))
+	sc = sc.WithTraceState(trace.TraceState{})
+	propagation.TraceContext{}.Inject(trace.ContextWithSpanContext(ctx, sc), propagation.HeaderCarrier(h))
+}
+
+// newSpanID is a random span id, never the invalid all-zero one.
+func newSpanID() trace.SpanID {
+	var id trace.SpanID
+	for !id.IsValid() {
+		binary.BigEndian.PutUint64(id[:], rand.Uint64())
+	}
+	return id
 }

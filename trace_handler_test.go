@@ -70,8 +70,9 @@ func TestTraceIDInTheLogLine(t *testing.T) {
 
 // TestTraceNotSampled: a request whose trace the sampler dropped (Caddy's
 // server span does not record) gets no span of the relay's, and a channel
-// with forward_traceparent sends the trace's context unsampled, so the
-// upstream does not sample it either.
+// with forward_traceparent sends the trace's id unsampled, so the upstream
+// does not sample it either, under a span id of the relay's own rather
+// than Caddy's server span's.
 func TestTraceNotSampled(t *testing.T) {
 	up := fakeupstream.New(t, fakeupstream.Message("ok"))
 	r := tracedRelay("trace-unsampled", up.URL)
@@ -88,8 +89,11 @@ func TestTraceNotSampled(t *testing.T) {
 	if n := len(rec.Ended()); n != 0 {
 		t.Errorf("%d spans recorded of a request not sampled", n)
 	}
-	want := "00-" + server.SpanContext().TraceID().String() + "-" + server.SpanContext().SpanID().String() + "-00"
-	if got := up.Last(t).Header.Get("Traceparent"); got != want {
-		t.Errorf("the upstream got traceparent %q, want the unsampled %q", got, want)
+	sc := server.SpanContext()
+	got := up.Last(t).Header.Get("Traceparent")
+	if len(got) != 55 || got[3:35] != sc.TraceID().String() || got[53:] != "00" {
+		t.Errorf("the upstream got traceparent %q, want one of trace %s, unsampled", got, sc.TraceID())
+	} else if got[36:52] == sc.SpanID().String() {
+		t.Errorf("the upstream got Caddy's server span %s as its parent, not the relay's", sc.SpanID())
 	}
 }

@@ -417,6 +417,82 @@ func TestTracesCarryNoSecrets(t *testing.T) {
 	}
 }
 
+// TestTraceparentIsTheRelays: a channel with forward_traceparent sends the
+// relay's own context upstream, never the client's: for a sampled trace,
+// the client's trace id with the span id of the attempt that sent it; for
+// a trace the sampler dropped, the client's trace id, unsampled, with a
+// span id of the relay's own for each attempt (neither the client's nor
+// shared by two attempts). The client's tracestate, which carries what
+// its vendors put there, reaches no upstream.
+func TestTraceparentIsTheRelays(t *testing.T) {
+	rcv := otlp()
+	const state = "vendor=client-secret-state"
+	parse := func(who, tp string) (traceID, spanID, flags string) {
+		t.Helper()
+		p := strings.Split(tp, "-")
+		if len(p) != 4 || p[0] != "00" || len(p[1]) != 32 || len(p[2]) != 16 || len(p[3]) != 2 {
+			t.Fatalf("%s got traceparent %q", who, tp)
+		}
+		return p[1], p[2], p[3]
+	}
+
+	for _, sampled := range []bool{true, false} {
+		t.Run(map[bool]string{true: "sampled", false: "dropped"}[sampled], func(t *testing.T) {
+			// channels of their own: the first 529 cools its channel
+			over := fakeupstream.New(t, fakeupstream.Error(529, "overloaded_error", "Overloaded"))
+			ok := fakeupstream.New(t, fakeupstream.Message("the answer"))
+			g := fmt.Sprintf("tp-%v", sampled)
+			startRelayWith(t, tracingSite,
+				channelBlock(g+"-over", over.URL, "priority 1", "forward_traceparent")+
+					channelBlock(g+"-ok", ok.URL, "priority 2", "forward_traceparent")+
+					keyAndGroup(g, g+"-over "+g+"-ok"))
+			tp, traceID := newTraceparent()
+			clientSpan := tp[36:52]
+			if !sampled {
+				tp = tp[:53] + "00"
+			}
+			r := message(t, simpleBody, "Traceparent", tp, "Tracestate", state)
+			if r.status != http.StatusOK || r.header.Get("X-Relay-Attempts") != "2" {
+				t.Fatalf("status %d, attempts %q: %s", r.status, r.header.Get("X-Relay-Attempts"), r.body)
+			}
+			var sent [2]string
+			for i, up := range []*fakeupstream.Upstream{over, ok} {
+				h := up.Last(t).Header
+				if got := h.Values("Tracestate"); len(got) > 0 {
+					t.Errorf("attempt %d sent the client's tracestate upstream: %q", i+1, got)
+				}
+				gotTrace, span, flags := parse(fmt.Sprintf("attempt %d", i+1), h.Get("Traceparent"))
+				if gotTrace != traceID {
+					t.Errorf("attempt %d sent trace %s, want the client's %s", i+1, gotTrace, traceID)
+				}
+				if wantFlags := map[bool]string{true: "01", false: "00"}[sampled]; flags != wantFlags {
+					t.Errorf("attempt %d sent flags %s, want %s", i+1, flags, wantFlags)
+				}
+				if span == clientSpan {
+					t.Errorf("attempt %d sent the client's own span id %s as its parent", i+1, span)
+				}
+				sent[i] = span
+			}
+			if sent[0] == sent[1] {
+				t.Errorf("both attempts sent span id %s: not each its own", sent[0])
+			}
+			if !sampled {
+				return
+			}
+			spans := rcv.trace(t, traceID, 10*time.Second, func(s []*tracepb.Span) bool {
+				return len(named(s, "relay.attempt")) == 2
+			})
+			attempts := named(spans, "relay.attempt")
+			sort.Slice(attempts, func(i, j int) bool { return attempts[i].StartTimeUnixNano < attempts[j].StartTimeUnixNano })
+			for i, a := range attempts {
+				if want := hex.EncodeToString(a.SpanId); sent[i] != want {
+					t.Errorf("attempt %d sent span id %s, want its own span's %s", i+1, sent[i], want)
+				}
+			}
+		})
+	}
+}
+
 // TestTraceparentWithoutTracing: without Caddy's tracing there is no span
 // to forward, and the client's own traceparent does not reach the
 // upstream, forward_traceparent or not.
