@@ -271,9 +271,9 @@ type ending struct {
 	chain      []attemptRecord
 	usage      usage
 	incomplete bool // the answer did not complete: tokens are the ones seen
-	estimated  bool // its output is an estimate: its client left, and the final count never came (settle.go)
+	estimated  bool // its usage is an estimate: its output (the final count never came), or the input of a client that left before any answer (settle.go)
 	// estimatedPrice says that its cost is at the estimate of a model the
-	// price table does not know (pricing.go)
+	// price table does not know (unpriced.go)
 	estimatedPrice bool
 	// leftOn, when its client left before the answer, is the channel whose
 	// upstream was working on it: the input it took is charged (settle.go)
