@@ -36,8 +36,8 @@ func (a *spendAccount) shareFits(g string, n nanoUSD) bool {
 			active++
 		}
 	}
-	for other, n := range a.waiting {
-		if other != g && n > 0 && a.groups[other] <= 0 {
+	for other, waiters := range a.waiting {
+		if other != g && waiters > 0 && a.groups[other] <= 0 {
 			active++
 		}
 	}
