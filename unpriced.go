@@ -59,9 +59,16 @@ func (r *Relay) unpriced(in *inbound, model string, cost float64) {
 // model without a price. The warning names the budgets, the channels and
 // the unpriced models listed, so a `pricing` row can end the estimate.
 func (r *Relay) warnUnpriced() {
-	budgets := map[*group][]string{}
+	// each budget is noted once (a key, a user, a group, a channel of the
+	// group); a warning names the first few of a group's, and counts them
+	// all: a config of many budgeted keys is read in one pass
+	const named = 10
+	budgets, counts := map[*group][]string{}, map[*group]int{}
 	note := func(g *group, what string) {
-		if g != nil && !slices.Contains(budgets[g], what) {
+		if g == nil {
+			return
+		}
+		if counts[g]++; counts[g] <= named {
 			budgets[g] = append(budgets[g], what)
 		}
 	}
@@ -111,6 +118,9 @@ func (r *Relay) warnUnpriced() {
 		}
 		slices.Sort(budgets[g])
 		fields := []zap.Field{zap.String("group", g.name), zap.Strings("budgets", budgets[g])}
+		if counts[g] > named {
+			fields = append(fields, zap.Int("budgets_in_all", counts[g]))
+		}
 		if len(every) > 0 {
 			fields = append(fields, zap.Strings("channels_serving_every_model", every))
 		}
