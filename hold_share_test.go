@@ -11,14 +11,13 @@ import (
 	"github.com/caddy-relay/relay/internal/fakeupstream"
 )
 
-// TestOneGroupsHoldsDoNotStarveAnotherOnASharedCap: a channel with a $1
-// daily cap serves two groups. Group a's two max_tokens 32000 requests
-// hold $0.96 of it while they run; group b's 20 requests of up to $0.015
-// each then find $0.04 of room: two run, and the rest wait for room, as
-// for a busy channel, and are served when a's requests end, where 18 of
-// them used to be refused with 503.
-func TestOneGroupsHoldsDoNotStarveAnotherOnASharedCap(t *testing.T) {
-	name := "share-" + strconv.FormatInt(holdRelays.Add(1), 10)
+// shareRelay is a relay whose one channel, on a gated upstream, has a $1
+// daily cap and serves groups <name>-a and <name>-b (of max_queue
+// bQueue; 0: the default), each with a key sk-<name>-a, sk-<name>-b. Its
+// model m-hold costs $15 per million output tokens.
+func shareRelay(t *testing.T, prefix string, bQueue int) (*Relay, string, *gate) {
+	t.Helper()
+	name := prefix + "-" + strconv.FormatInt(holdRelays.Add(1), 10)
 	g := newGate()
 	up := fakeupstream.New(t, g)
 	t.Cleanup(g.openAll)
@@ -26,13 +25,25 @@ func TestOneGroupsHoldsDoNotStarveAnotherOnASharedCap(t *testing.T) {
 		Pricing: map[string]Price{"m-hold": {Input: 0, Output: 15}},
 		Channels: []*Channel{{Name: name, SpendCaps: []string{"1usd/day"},
 			UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", fakeupstream.Key)}},
-		Groups: []*Group{{Name: name + "-a", Channels: []string{name}}, {Name: name + "-b", Channels: []string{name}}},
-		Keys: []*Key{{Secret: "sk-" + name + "-a", Group: name + "-a", KeyOptions: KeyOptions{Name: name + "-a"}},
-			{Secret: "sk-" + name + "-b", Group: name + "-b", KeyOptions: KeyOptions{Name: name + "-b"}}},
+		Groups: []*Group{{Name: name + "-a", Channels: []string{name}}, {Name: name + "-b", Channels: []string{name}, MaxQueue: bQueue}},
+	}
+	for _, k := range []string{"a", "b"} {
+		r.Keys = append(r.Keys, &Key{Secret: "sk-" + name + "-" + k, Group: name + "-" + k, KeyOptions: KeyOptions{Name: name + "-" + k}})
 	}
 	provisionHandler(t, r)
 	clock := &fakeClock{t: time.Date(2030, time.March, 15, 12, 0, 0, 0, time.UTC)}
 	r.now = clock.now
+	return r, name, g
+}
+
+// TestOneGroupsHoldsDoNotStarveAnotherOnASharedCap: a channel with a $1
+// daily cap serves two groups. Group a's two max_tokens 32000 requests
+// hold $0.96 of it while they run; group b's 20 requests of up to $0.015
+// each then find $0.04 of room: two run, and the rest wait for room, as
+// for a busy channel, and are served when a's requests end, where 18 of
+// them used to be refused with 503.
+func TestOneGroupsHoldsDoNotStarveAnotherOnASharedCap(t *testing.T) {
+	r, name, g := shareRelay(t, "share", 0)
 	send := func(key string, maxTokens int) *httptest.ResponseRecorder {
 		w, _ := serveHandler(t, r, newRequest(holdBody(maxTokens), key))
 		return w
@@ -124,19 +135,7 @@ func TestAGroupTakesAtMostItsShareOfACapOthersUse(t *testing.T) {
 // not queue, a request that finds a cap's room held by another group's
 // requests is answered at once, naming the cap, as before it could wait.
 func TestARequestThatCannotWaitForACapIsToldOfTheCap(t *testing.T) {
-	name := "share-noq-" + strconv.FormatInt(holdRelays.Add(1), 10)
-	g := newGate()
-	up := fakeupstream.New(t, g)
-	t.Cleanup(g.openAll)
-	r := &Relay{
-		Pricing: map[string]Price{"m-hold": {Input: 0, Output: 15}},
-		Channels: []*Channel{{Name: name, SpendCaps: []string{"1usd/day"},
-			UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", fakeupstream.Key)}},
-		Groups: []*Group{{Name: name + "-a", Channels: []string{name}}, {Name: name + "-b", Channels: []string{name}, MaxQueue: -1}},
-		Keys: []*Key{{Secret: "sk-" + name + "-a", Group: name + "-a", KeyOptions: KeyOptions{Name: name + "-a"}},
-			{Secret: "sk-" + name + "-b", Group: name + "-b", KeyOptions: KeyOptions{Name: name + "-b"}}},
-	}
-	provisionHandler(t, r)
+	r, name, g := shareRelay(t, "share-noq", -1)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
