@@ -11,6 +11,7 @@ import (
 	"math"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -413,5 +414,60 @@ func TestFleetBatchesHoldAChannelsCapAcrossNodes(t *testing.T) {
 	t.Logf("figure: 30 batch creates over two relays on a $0.05 cap: %d made (upstream: %d)", made, store.Batches())
 	if made != 1 || store.Batches() != 1 {
 		t.Errorf("%d batches made (the upstream made %d) on a $0.05 cap at $0.04 each, want 1", made, store.Batches())
+	}
+}
+
+// TestBudgetsThatMeetUnpricedModelsAreWarnedOfAtLoad validates a config
+// whose budgeted key's group has a channel that serves any model: the
+// built binary, loading it, warns with the group, the budget and the
+// channel; the same config with a models line on the channel does not.
+func TestBudgetsThatMeetUnpricedModelsAreWarnedOfAtLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the caddy binary")
+	}
+	config := func(models string) string {
+		path := filepath.Join(t.TempDir(), "Caddyfile")
+		src := `http://localhost:9 {
+	relay {
+		key sk-unpriced-warning-0123456789 team {
+			name teamkey
+			budget 1usd/day
+		}
+		channel open {
+			url http://127.0.0.1:9
+			api_key {env.UNPRICED_WARNING_KEY}
+` + models + `		}
+		group team {
+			channels open
+		}
+	}
+}
+`
+		if err := os.WriteFile(path, []byte(src), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	validate := func(path string) string {
+		cmd := exec.Command(caddyBin, "validate", "--config", path)
+		cmd.Env = append(os.Environ(), "UNPRICED_WARNING_KEY=sk-ant-api03-fake-upstream-key")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("caddy validate: %v\n%s", err, out)
+		}
+		return string(out)
+	}
+	out := validate(config(""))
+	var warned string
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, "budgets meet models without a price") {
+			warned = line
+		}
+	}
+	if warned == "" || !strings.Contains(warned, `"group":"team"`) || !strings.Contains(warned, `key \"teamkey\"`) || !strings.Contains(warned, `"channels_serving_every_model":["open"]`) {
+		t.Errorf("the load's warning: %q\nin:\n%s", warned, out)
+	}
+	if out := validate(config("\t\t\tmodels claude-sonnet-4-5\n")); strings.Contains(out, "without a price") {
+		t.Errorf("a channel of priced models was warned of:\n%s", out)
 	}
 }
