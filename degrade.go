@@ -290,7 +290,7 @@ func (r *Relay) degrade(in *inbound) {
 	in.grant.degrade.cheaper = cheaper
 	g := in.group()
 	if model != "" && model != in.ask.model &&
-		r.costCeiling(model, in.ask.estimate, int64(in.ask.maxOut), in.ask.searches) < r.costCeiling(in.ask.model, in.ask.estimate, int64(in.ask.maxOut), in.ask.searches) {
+		r.worstOf(in, model, false) < r.worstOf(in, in.ask.model, false) {
 		in.grant.degrade.model, in.grant.target = model, model
 		metricDegraded.WithLabelValues(g.name, degradeModel).Inc()
 	}

@@ -274,7 +274,9 @@ func (r *Relay) worstCase(in *inbound, floored bool) float64 {
 }
 
 // worstOf is worstCase's figure for one model it may be served as, at list
-// price.
+// price: its prompt estimate, max_tokens and web searches, its input at
+// least its hold floor when floored; a model without a price at its
+// estimate.
 func (r *Relay) worstOf(in *inbound, model string, floored bool) float64 {
 	rates, _ := r.ratesFor(model, true)
 	if rates == nil {
@@ -287,17 +289,6 @@ func (r *Relay) worstOf(in *inbound, model string, floored bool) float64 {
 		worst = max(worst, rates.worst(0, maxOut)+r.floorOf(rates, window))
 	}
 	return worst + float64(in.ask.searches)*rates.webSearch
-}
-
-// costCeiling is the most a request for model with a prompt of about
-// prompt tokens, maxTokens of output (0: the model's maximum) and searches
-// web searches may cost at list price, where money is counted: a model
-// without a price at its estimate.
-func (r *Relay) costCeiling(model string, prompt, maxTokens, searches int64) float64 {
-	if rates, _ := r.ratesFor(model, true); rates != nil {
-		return rates.worst(prompt, maxTokens) + float64(searches)*rates.webSearch
-	}
-	return 0
 }
 
 // worst is the most a request with a prompt of about prompt tokens and
