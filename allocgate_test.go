@@ -72,6 +72,10 @@ var allocGated = []allocBench{
 // -benchmem reports it: allocations and bytes.
 type allocFigures struct {
 	allocs, bytes int64
+	// perOp is the allocations per iteration before allocs truncates it
+	// to a whole number: two benchmarks a fraction apart may truncate a
+	// whole allocation apart
+	perOp float64
 }
 
 // TestAllocationBaseline is the allocation gate: the allocs/op and B/op of
@@ -139,13 +143,13 @@ func measureAllocs(t *testing.T, benches []allocBench) map[string]allocFigures {
 				t.Fatalf("%s stopped after %d of its %d iterations; see why with: go test -run '^$' -bench '^%s$' .",
 					bm.name, res.N, bm.iterations, bm.name)
 			}
-			f := allocFigures{allocs: res.AllocsPerOp(), bytes: res.AllocedBytesPerOp()}
+			f := allocFigures{allocs: res.AllocsPerOp(), bytes: res.AllocedBytesPerOp(), perOp: float64(res.MemAllocs) / float64(res.N)}
 			op := res.T / time.Duration(res.N)
 			if round == 0 {
 				least, took = f, op
 				continue
 			}
-			least = allocFigures{allocs: min(least.allocs, f.allocs), bytes: min(least.bytes, f.bytes)}
+			least = allocFigures{allocs: min(least.allocs, f.allocs), bytes: min(least.bytes, f.bytes), perOp: min(least.perOp, f.perOp)}
 			took = min(took, op)
 		}
 		measured[bm.name] = least
@@ -278,19 +282,19 @@ func TestAllocationGateCompares(t *testing.T) {
 		measured    map[string]allocFigures
 		over, under []string // the start of each line
 	}{
-		{"the same", map[string]allocFigures{"BenchmarkBig": {170, 28_000}, "BenchmarkSmall": {2, 192}}, nil, nil},
-		{"4% over", map[string]allocFigures{"BenchmarkBig": {176, 29_120}, "BenchmarkSmall": {2, 199}}, nil, nil},
-		{"6% more allocations", map[string]allocFigures{"BenchmarkBig": {181, 28_000}, "BenchmarkSmall": {2, 192}},
+		{"the same", map[string]allocFigures{"BenchmarkBig": {allocs: 170, bytes: 28_000}, "BenchmarkSmall": {allocs: 2, bytes: 192}}, nil, nil},
+		{"4% over", map[string]allocFigures{"BenchmarkBig": {allocs: 176, bytes: 29_120}, "BenchmarkSmall": {allocs: 2, bytes: 199}}, nil, nil},
+		{"6% more allocations", map[string]allocFigures{"BenchmarkBig": {allocs: 181, bytes: 28_000}, "BenchmarkSmall": {allocs: 2, bytes: 192}},
 			[]string{"BenchmarkBig: 181 allocs/op, +6.5%"}, nil},
-		{"6% more bytes", map[string]allocFigures{"BenchmarkBig": {170, 29_680}, "BenchmarkSmall": {2, 192}},
+		{"6% more bytes", map[string]allocFigures{"BenchmarkBig": {allocs: 170, bytes: 29_680}, "BenchmarkSmall": {allocs: 2, bytes: 192}},
 			[]string{"BenchmarkBig: 29680 B/op, +6.0%"}, nil},
-		{"one allocation more of 16 bytes on a small one", map[string]allocFigures{"BenchmarkBig": {170, 28_000}, "BenchmarkSmall": {3, 208}},
+		{"one allocation more of 16 bytes on a small one", map[string]allocFigures{"BenchmarkBig": {allocs: 170, bytes: 28_000}, "BenchmarkSmall": {allocs: 3, bytes: 208}},
 			[]string{"BenchmarkSmall: 3 allocs/op", "BenchmarkSmall: 208 B/op"}, nil},
-		{"6% fewer", map[string]allocFigures{"BenchmarkBig": {159, 26_320}, "BenchmarkSmall": {2, 192}},
+		{"6% fewer", map[string]allocFigures{"BenchmarkBig": {allocs: 159, bytes: 26_320}, "BenchmarkSmall": {allocs: 2, bytes: 192}},
 			nil, []string{"BenchmarkBig: 159 allocs/op", "BenchmarkBig: 26320 B/op"}},
-		{"a gated benchmark not measured", map[string]allocFigures{"BenchmarkBig": {170, 28_000}},
+		{"a gated benchmark not measured", map[string]allocFigures{"BenchmarkBig": {allocs: 170, bytes: 28_000}},
 			[]string{"BenchmarkSmall: in the baseline but not measured"}, nil},
-		{"a benchmark the baseline lacks", map[string]allocFigures{"BenchmarkBig": {170, 28_000}, "BenchmarkSmall": {2, 192}, "BenchmarkNew": {1, 8}},
+		{"a benchmark the baseline lacks", map[string]allocFigures{"BenchmarkBig": {allocs: 170, bytes: 28_000}, "BenchmarkSmall": {allocs: 2, bytes: 192}, "BenchmarkNew": {allocs: 1, bytes: 8}},
 			[]string{"BenchmarkNew: measured but not in the baseline"}, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -320,7 +324,7 @@ func startsEach(lines, prefixes []string) bool {
 // committed file parses and names exactly the gated benchmarks, and a
 // malformed line is an error.
 func TestAllocationBaselineFile(t *testing.T) {
-	measured := map[string]allocFigures{"BenchmarkBig": {170, 28_000}, "BenchmarkSmall": {2, 192}}
+	measured := map[string]allocFigures{"BenchmarkBig": {allocs: 170, bytes: 28_000}, "BenchmarkSmall": {allocs: 2, bytes: 192}}
 	benches := []allocBench{{name: "BenchmarkBig"}, {name: "BenchmarkSmall"}}
 	got, err := parseAllocBaseline(formatAllocBaseline(benches, measured))
 	if err != nil || !reflect.DeepEqual(got, measured) {

@@ -290,9 +290,12 @@ func TestAllocationOfTheLedger(t *testing.T) {
 		t.Errorf("the ledger's writer took %d rows, want one a request: %d", rows.Load(), want)
 	}
 	// bytes move by a fraction of a percent between two runs of the same
-	// benchmark (see allocTolerance); a row kept on the heap would be ~300
-	if on.allocs > off.allocs || float64(on.bytes) > float64(off.bytes)*1.005 {
-		t.Errorf("a request allocates %d times, %d B, with the ledger; %d times, %d B, without", on.allocs, on.bytes, off.allocs, off.bytes)
+	// benchmark (see allocTolerance); a row kept on the heap would be ~300.
+	// Allocations are compared before truncation (a row on the heap is one
+	// more a request): 163.97 and 164.02 are the same count, which the
+	// whole numbers said was 163 against 164 once on a loaded machine.
+	if on.perOp > off.perOp+0.5 || float64(on.bytes) > float64(off.bytes)*1.005 {
+		t.Errorf("a request allocates %.2f times, %d B, with the ledger; %.2f times, %d B, without", on.perOp, on.bytes, off.perOp, off.bytes)
 	}
 }
 
