@@ -25,23 +25,23 @@ type affinityWrite struct {
 }
 
 // affinityKey is the Redis key of a group's prefix.
-func (f *fleet) affinityKey(group string, k prefixKey) string {
-	return f.key("a:"+group, hex.EncodeToString(k[:]))
+func (f *member) affinityKey(group string, k prefixKey) string {
+	return f.Key("a:"+group, hex.EncodeToString(k[:]))
 }
 
 // affinityWarm asks Redis for the channel with a live record of p's
 // longest prefix that has one: the channel, the index of that prefix's
 // key, and until when (Unix ns); "" when none has, or Redis did not
 // answer in time.
-func (f *fleet) affinityWarm(group string, p *cachePrefix, now time.Time) (string, int, int64) {
+func (f *member) affinityWarm(group string, p *cachePrefix, now time.Time) (string, int, int64) {
 	keys := make([]string, p.nkeys)
 	for i := range keys {
 		keys[i] = f.affinityKey(group, p.keys[i])
 	}
 	var vals []any
-	err := f.do("affinity", func(ctx context.Context) error {
+	err := f.Do("affinity", func(ctx context.Context) error {
 		var err error
-		vals, err = f.client.MGet(ctx, keys...).Result()
+		vals, err = f.Redis.MGet(ctx, keys...).Result()
 		return err
 	})
 	if err != nil {
@@ -64,7 +64,7 @@ func (f *fleet) affinityWarm(group string, p *cachePrefix, now time.Time) (strin
 
 // recordAffinity queues the records of p's prefixes on channel for Redis;
 // when the queue is full (Redis slow or down) they stay on this node.
-func (f *fleet) recordAffinity(p *cachePrefix, channel string, now time.Time) {
+func (f *member) recordAffinity(p *cachePrefix, channel string, now time.Time) {
 	for i := range int(p.nkeys) {
 		ttl := p.ttlOf(i)
 		w := affinityWrite{key: f.affinityKey(p.group, p.keys[i]), ttl: ttl,
@@ -79,7 +79,7 @@ func (f *fleet) recordAffinity(p *cachePrefix, channel string, now time.Time) {
 
 // writeAffinity writes the queued records, a batch a round trip, until
 // ctx ends.
-func (f *fleet) writeAffinity(ctx context.Context) {
+func (f *member) writeAffinity(ctx context.Context) {
 	batch := make([]affinityWrite, 0, 256)
 	for {
 		select {
@@ -97,8 +97,8 @@ func (f *fleet) writeAffinity(ctx context.Context) {
 				break more
 			}
 		}
-		_ = f.background("affinity_record", func(ctx context.Context) error {
-			_, err := f.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+		_ = f.Background("affinity_record", func(ctx context.Context) error {
+			_, err := f.Redis.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 				for _, w := range batch {
 					pipe.Set(ctx, w.key, w.value, w.ttl)
 				}

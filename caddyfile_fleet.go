@@ -43,7 +43,7 @@ func parseFleet(d *caddyfile.Dispenser) (*Fleet, error) {
 		}
 	}
 	rs.Timeout, rs.Lease = timeout, lease
-	if err := rs.validate(); err != nil {
+	if err := rs.Validate(); err != nil {
 		return nil, d.Err(err.Error())
 	}
 	return &Fleet{Redis: rs}, nil

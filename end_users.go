@@ -1,6 +1,10 @@
 package relay
 
-import "time"
+import (
+	"time"
+
+	"github.com/caddy-relay/relay/internal/fleet"
+)
 
 // End user limits: a key's (or a user entry's) user_rate and user_tokens
 // hold each of its end users, told apart by the metadata.user_id of the
@@ -94,4 +98,4 @@ func (s *keyState) configureEndUsers(sp stateSpec, now time.Time) {
 
 // endUserTag is where a fleet keeps an end user's limits: a digest, so the
 // client's id never reaches Redis, and the key stays short.
-func endUserTag(id string) string { return "e:" + digest(id) }
+func endUserTag(id string) string { return "e:" + fleet.Digest(id) }

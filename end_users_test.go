@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/caddy-relay/relay/internal/memtest"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -324,7 +325,9 @@ func TestEndUsersAndIdentitiesShareLimitsInAFleet(t *testing.T) {
 func admitOps(t testing.TB) float64 {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(metricFleetSeconds)
+	if err := fleet.RegisterMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -21,7 +21,7 @@ func TestTheFleetRouteStatesEachNodesBlocks(t *testing.T) {
 	startRelay(t, block)
 	// the next heartbeat, now: first so that the relays up are known and
 	// the key's block is sized, then so that the block is listed
-	beat := func() { fleets.Range(func(_, v any) bool { v.(*fleet).beat(); return true }) }
+	beat := func() { fleets.Range(func(_, v any) bool { v.(*member).Beat(); return true }) }
 	beat()
 	if r := message(t, simpleBody); r.status != 200 {
 		t.Fatalf("%d %s", r.status, r.body)
@@ -68,7 +68,7 @@ func TestAClusterPipelinesItsAdmissions(t *testing.T) {
 		Groups:   []*Group{{Name: "cl-g", Channels: []string{"cl-ch"}, MaxQueue: -1}}, // a busy channel is an answer, not a wait
 	}
 	provisionHandler(t, r)
-	if !r.fleet.cluster {
+	if !r.fleet.Cluster {
 		t.Fatal("not a cluster client")
 	}
 	body := `{"model":"m","max_tokens":8,"metadata":{"user_id":"carol"},"messages":[{"role":"user","content":"hi"}]}`

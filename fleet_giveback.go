@@ -47,7 +47,7 @@ func (s *sharedLimit) giveBack(spec limits, g grant, correction int64) {
 	if r.lease != "" {
 		l := leaseRef{s.lease, r.lease}
 		s.f.drop(l, false)
-		if !s.f.cluster {
+		if !s.f.Cluster {
 			s.f.pendSlots(l)
 			r.lease = ""
 		}
@@ -70,7 +70,7 @@ const (
 
 // pendSlots queues slots freed on this relay, to be given back with the
 // next admission or by the worker.
-func (f *fleet) pendSlots(ls ...leaseRef) {
+func (f *member) pendSlots(ls ...leaseRef) {
 	if len(ls) == 0 {
 		return
 	}
@@ -84,7 +84,7 @@ func (f *fleet) pendSlots(ls ...leaseRef) {
 }
 
 // takeSlots takes at most n of the slots freed and not yet given back.
-func (f *fleet) takeSlots(n int) []leaseRef {
+func (f *member) takeSlots(n int) []leaseRef {
 	f.slotsMu.Lock()
 	defer f.slotsMu.Unlock()
 	if len(f.slots) == 0 {
@@ -98,7 +98,7 @@ func (f *fleet) takeSlots(n int) []leaseRef {
 
 // giveBackSlots gives back, slotDelay after they were freed, the slots no
 // admission carried, until ctx ends.
-func (f *fleet) giveBackSlots(ctx context.Context) {
+func (f *member) giveBackSlots(ctx context.Context) {
 	t := time.NewTimer(time.Duration(f.slotDelay.Load()))
 	defer t.Stop()
 	for {
@@ -119,13 +119,13 @@ func (f *fleet) giveBackSlots(ctx context.Context) {
 
 // flushSlots gives back every slot freed and not given back yet, in one
 // round trip.
-func (f *fleet) flushSlots() {
+func (f *member) flushSlots() {
 	slots := f.takeSlots(math.MaxInt)
 	if len(slots) == 0 {
 		return
 	}
-	_ = f.background("release", func(ctx context.Context) error {
-		_, err := f.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+	_ = f.Background("release", func(ctx context.Context) error {
+		_, err := f.Redis.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 			for _, l := range slots {
 				pipe.ZRem(ctx, l.set, l.id)
 			}
@@ -142,7 +142,7 @@ func (s *sharedLimit) queue(r release) { s.f.queueRelease(r) }
 
 // queueRelease hands r to the worker that gives back to Redis, or sends
 // it on the caller's time when the worker is behind by a full queue.
-func (f *fleet) queueRelease(r release) {
+func (f *member) queueRelease(r release) {
 	select {
 	case f.releases <- r:
 	default:
@@ -175,7 +175,7 @@ func blockRelease(s *sharedLimit, requests, emission, tokens, perMs, burst float
 
 // hold records a lease this node renews until it is given back: a
 // concurrency slot, or a request's hold of a budget (held).
-func (f *fleet) hold(l leaseRef, held bool) {
+func (f *member) hold(l leaseRef, held bool) {
 	f.leaseMu.Lock()
 	if held {
 		f.holdLeases[l] = struct{}{}
@@ -186,7 +186,7 @@ func (f *fleet) hold(l leaseRef, held bool) {
 }
 
 // drop stops renewing a lease.
-func (f *fleet) drop(l leaseRef, held bool) {
+func (f *member) drop(l leaseRef, held bool) {
 	f.leaseMu.Lock()
 	if held {
 		delete(f.holdLeases, l)
@@ -198,7 +198,7 @@ func (f *fleet) drop(l leaseRef, held bool) {
 
 // giveBack pipelines the queued releases to Redis, as many at once as have
 // queued, until ctx ends.
-func (f *fleet) giveBack(ctx context.Context) {
+func (f *member) giveBack(ctx context.Context) {
 	batch := make([]release, 0, 256)
 	for {
 		select {
@@ -223,9 +223,9 @@ func (f *fleet) giveBack(ctx context.Context) {
 // flush gives back a batch in one round trip. What Redis does not take
 // expires: a lease within its lease time, a token correction never (the
 // bucket is as if the estimate had been right).
-func (f *fleet) flush(batch []release) {
-	_ = f.background("release", func(ctx context.Context) error {
-		_, err := f.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+func (f *member) flush(batch []release) {
+	_ = f.Background("release", func(ctx context.Context) error {
+		_, err := f.Redis.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 			for _, r := range batch {
 				if r.lease != "" {
 					pipe.ZRem(ctx, r.limit.lease, r.lease)
@@ -248,14 +248,14 @@ func (f *fleet) flush(batch []release) {
 
 // renewLeases moves the expiry of every lease this node holds, every third
 // of the lease time, until ctx ends.
-func (f *fleet) renewLeases(ctx context.Context) {
-	every(ctx, f.lease/3, nil, f.renew)
+func (f *member) renewLeases(ctx context.Context) {
+	every(ctx, f.Lease/3, nil, f.renew)
 }
 
 // renew moves the expiry of every lease this node holds: its concurrency
 // slots (its blocks' too) and its requests' holds; and confirms that
 // Redis still holds its blocks of slots.
-func (f *fleet) renew() {
+func (f *member) renew() {
 	bySet := map[string][]any{}
 	f.leaseMu.Lock()
 	for l := range f.leases {
@@ -271,12 +271,12 @@ func (f *fleet) renew() {
 	checks := f.slotChecks() // after the leases: a block taken since is confirmed by its taking
 	start := f.now()
 	var found []*redis.Cmd
-	err := f.background("renew", func(ctx context.Context) error {
-		_, err := f.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+	err := f.Background("renew", func(ctx context.Context) error {
+		_, err := f.Redis.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 			for set, ids := range bySet {
-				renewScript.Eval(ctx, pipe, []string{set}, append([]any{f.lease.Milliseconds()}, ids...)...)
+				renewScript.Eval(ctx, pipe, []string{set}, append([]any{f.Lease.Milliseconds()}, ids...)...)
 			}
-			found = checkSlots(ctx, pipe, f.lease.Milliseconds(), checks)
+			found = checkSlots(ctx, pipe, f.Lease.Milliseconds(), checks)
 			return nil
 		})
 		return err

@@ -3,10 +3,10 @@ package relay
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"strings"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -127,7 +127,7 @@ return out
 
 // share makes the channel's health and limits the fleet's (nil: this
 // relay's own). Limits are kept in Redis only when the channel has some.
-func (h *channelHealth) share(f *fleet) {
+func (h *channelHealth) share(f *member) {
 	h.fleet.Store(f)
 	h.limits.share(f, tag("c:", h.name))
 	if f != nil {
@@ -142,11 +142,11 @@ func (h *channelHealth) announce(c healthChange) {
 	if f == nil {
 		return
 	}
-	c.Node, c.Channel = f.node, h.name
+	c.Node, c.Channel = f.Node, h.name
 	select {
 	case f.publish <- c:
 	default: // far behind: the next sync brings the state in
-		metricFleetErrors.WithLabelValues("publish").Inc()
+		fleet.Failed("publish")
 	}
 }
 
@@ -289,14 +289,14 @@ func outcomeNamed(name string) outcome {
 }
 
 // healthKey is the hash that keeps a channel's health.
-func (f *fleet) healthKey(channel string) string { return f.key(tag("c:", channel), "health") }
+func (f *member) healthKey(channel string) string { return f.Key(tag("c:", channel), "health") }
 
 // healthTopic is the pub/sub channel of health changes.
-func (f *fleet) healthTopic() string { return f.prefix + "health" }
+func (f *member) healthTopic() string { return f.Prefix + "health" }
 
 // resyncSoon asks the publisher to bring this node's state in and take the
 // fleet's, for every shared channel.
-func (f *fleet) resyncSoon() {
+func (f *member) resyncSoon() {
 	select {
 	case f.resync <- struct{}{}:
 	default:
@@ -307,7 +307,7 @@ func (f *fleet) resyncSoon() {
 // queued, and syncs when asked, until ctx ends. Admin changes that could
 // not be sent wait for the next sync; the others need not, as a sync sends
 // the state they left.
-func (f *fleet) publishHealth(ctx context.Context) {
+func (f *member) publishHealth(ctx context.Context) {
 	pending := map[string]healthChange{} // channel -> its last admin change not yet sent
 	batch := make([]healthChange, 0, 64)
 	for {
@@ -350,9 +350,9 @@ func (f *fleet) publishHealth(ctx context.Context) {
 }
 
 // send stores and publishes changes in one round trip.
-func (f *fleet) send(batch []healthChange) error {
-	return f.background("publish", func(ctx context.Context) error {
-		_, err := f.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+func (f *member) send(batch []healthChange) error {
+	return f.Background("publish", func(ctx context.Context) error {
+		_, err := f.Redis.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 			for _, c := range batch {
 				msg, _ := json.Marshal(c)
 				seen := " (seen by " + c.Node + ")"
@@ -371,7 +371,7 @@ func (f *fleet) send(batch []healthChange) error {
 
 // sync sends the state of every shared channel of this node to Redis and
 // applies what the fleet holds, in one round trip.
-func (f *fleet) sync() {
+func (f *member) sync() {
 	var names []string
 	var states []*channelHealth
 	channelStates.Range(func(k, v any) bool {
@@ -389,8 +389,8 @@ func (f *fleet) sync() {
 	for i, h := range states {
 		steered[i] = h.steered.Load()
 	}
-	err := f.background("sync", func(ctx context.Context) error {
-		_, err := f.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+	err := f.Background("sync", func(ctx context.Context) error {
+		_, err := f.Redis.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 			for i, h := range states {
 				cmds[i] = healthScript.Eval(ctx, pipe, []string{f.healthKey(names[i])}, h.own(now)...)
 			}
@@ -406,7 +406,7 @@ func (f *fleet) sync() {
 		// a reset, enable or disable that came while the sync ran is newer
 		// than what it read; the next sync brings the rest in
 		if st, err := cmds[i].Slice(); err == nil && h.steered.Load() == steered[i] {
-			h.applyStored(st, now, f.node)
+			h.applyStored(st, now, f.Node)
 		}
 	}
 }
@@ -414,61 +414,14 @@ func (f *fleet) sync() {
 // subscribeHealth applies the health changes the other nodes publish,
 // until ctx ends. Each time the subscription is made (again, after Redis
 // was lost), the node syncs: what it missed meanwhile is in the hashes.
-func (f *fleet) subscribeHealth(ctx context.Context) {
-	f.subscribe(ctx, f.healthTopic(), f.resyncSoon, func(payload string) {
+func (f *member) subscribeHealth(ctx context.Context) {
+	f.Subscribe(ctx, f.healthTopic(), f.resyncSoon, func(payload string) {
 		var c healthChange
-		if json.Unmarshal([]byte(payload), &c) != nil || c.Node == f.node {
+		if json.Unmarshal([]byte(payload), &c) != nil || c.Node == f.Node {
 			return
 		}
 		if h := findChannel(c.Channel); h != nil && h.fleet.Load() == f {
 			h.apply(c, time.Now())
 		}
 	})
-}
-
-// subscribe hands each message published on topic to onMessage, until
-// ctx ends, and calls subscribed (when not nil) each time the
-// subscription is made, again after Redis was lost.
-func (f *fleet) subscribe(ctx context.Context, topic string, subscribed func(), onMessage func(payload string)) {
-	ps := f.client.Subscribe(ctx, topic)
-	stop := context.AfterFunc(ctx, func() { _ = ps.Close() }) // ends a receive under way
-	defer stop()
-	defer ps.Close()
-	for {
-		msg, err := ps.ReceiveTimeout(ctx, heartbeatEvery)
-		if ctx.Err() != nil {
-			return
-		}
-		if err != nil {
-			if isTimeout(err) {
-				// quiet: make sure the connection is alive (a failed ping
-				// makes the next receive reconnect)
-				_ = ps.Ping(ctx)
-				continue
-			}
-			select { // Redis is away: the next receive tries again
-			case <-ctx.Done():
-				return
-			case <-time.After(resubscribeEvery):
-			}
-			continue
-		}
-		switch m := msg.(type) {
-		case *redis.Subscription:
-			if subscribed != nil {
-				subscribed()
-			}
-		case *redis.Message:
-			onMessage(m.Payload)
-		}
-	}
-}
-
-// resubscribeEvery paces the subscriber's attempts while Redis is away.
-const resubscribeEvery = 250 * time.Millisecond
-
-// isTimeout reports whether err is a network timeout.
-func isTimeout(err error) bool {
-	var t interface{ Timeout() bool }
-	return errors.As(err, &t) && t.Timeout()
 }

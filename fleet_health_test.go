@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-relay/relay/internal/redistest"
@@ -124,7 +125,7 @@ func TestHealthChangesArePublishedAndStored(t *testing.T) {
 	// a 529 on this node
 	h.record(verdict{outcome: outcomeOverloaded, reason: "529"}, cooldownPolicy{base: 3 * time.Second, max: time.Minute}, time.Now(), 0)
 	c := next()
-	if c.Kind != changeCool || c.Until != 3000 || c.Error != "overloaded" || c.Node != thisNode().ID {
+	if c.Kind != changeCool || c.Until != 3000 || c.Error != "overloaded" || c.Node != fleet.ThisNode().ID {
 		t.Fatalf("published %+v", c)
 	}
 	left, err := rdb.HGet(context.Background(), "hs:{c:fleet-pub}:health", "until").Int64()
@@ -136,7 +137,7 @@ func TestHealthChangesArePublishedAndStored(t *testing.T) {
 		t.Fatalf("stored cooldown ends in %v, want about 3s on Redis's clock", d)
 	}
 	why, _ := rdb.HMGet(context.Background(), "hs:{c:fleet-pub}:health", "error", "reason").Result()
-	if len(why) != 2 || why[0] != "overloaded" || why[1] != "529 (seen by "+thisNode().ID+")" {
+	if len(why) != 2 || why[0] != "overloaded" || why[1] != "529 (seen by "+fleet.ThisNode().ID+")" {
 		t.Fatalf("stored why: %v", why)
 	}
 
@@ -225,7 +226,7 @@ func TestAClassCooldownIsSharedByTheFleet(t *testing.T) {
 			if err := json.Unmarshal([]byte(m.Payload), &c); err != nil {
 				t.Fatal(err)
 			}
-			if c.Channel == "fleet-class" && c.Node == thisNode().ID {
+			if c.Channel == "fleet-class" && c.Node == fleet.ThisNode().ID {
 				return c
 			}
 		}
@@ -243,8 +244,8 @@ func TestAClassCooldownIsSharedByTheFleet(t *testing.T) {
 	redisNow, _ := rdb.Time(ctx).Result()
 	stored, _ := rdb.HGetAll(ctx, key).Result()
 	if left := time.Duration(atoi(stored["cu:opus"])-redisNow.UnixMilli()) * time.Millisecond; left < 19*time.Second || left > 20*time.Second ||
-		stored["cl:opus"] != stored["cu:opus"] || stored["cr:opus"] != "status 429 (seen by "+thisNode().ID+")" || stored["until"] != "" ||
-		stored["error"] != "rate_limited" || stored["reason"] != "status 429 (class opus) (seen by "+thisNode().ID+")" {
+		stored["cl:opus"] != stored["cu:opus"] || stored["cr:opus"] != "status 429 (seen by "+fleet.ThisNode().ID+")" || stored["until"] != "" ||
+		stored["error"] != "rate_limited" || stored["reason"] != "status 429 (class opus) (seen by "+fleet.ThisNode().ID+")" {
 		t.Fatalf("stored %v", stored)
 	}
 	if h.until.Load() != 0 {

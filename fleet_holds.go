@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -99,9 +100,9 @@ return 0
 `)
 
 // holdKeys are the Redis keys of an account's holds and of their total.
-func (f *fleet) holdKeys(id string) (set, total string) {
+func (f *member) holdKeys(id string) (set, total string) {
 	t := tag("s:", id)
-	return f.key(t, "holds"), f.key(t, "held")
+	return f.Key(t, "holds"), f.Key(t, "held")
 }
 
 // holdMember is the member of a hold of n under id in an account's holds.
@@ -119,7 +120,7 @@ type holdCall struct {
 
 // prepareHold makes the script's keys and arguments that hold n against
 // every budget of a, as member, for ttl.
-func (f *fleet) prepareHold(a *spendAccount, now time.Time, n nanoUSD, member string, ttl time.Duration) *holdCall {
+func (f *member) prepareHold(a *spendAccount, now time.Time, n nanoUSD, member string, ttl time.Duration) *holdCall {
 	set, total := f.holdKeys(a.id)
 	c := &holdCall{member: member, keys: []string{set, total}}
 	var budgets []any
@@ -141,14 +142,14 @@ func (f *fleet) prepareHold(a *spendAccount, now time.Time, n nanoUSD, member st
 
 // prepareHolds prepares the holds of hs (nil: none), each as a lease of
 // this relay's.
-func (f *fleet) prepareHolds(now time.Time, hs *holds) []*holdCall {
+func (f *member) prepareHolds(now time.Time, hs *holds) []*holdCall {
 	if hs == nil {
 		return nil
 	}
 	hcs := make([]*holdCall, hs.n)
 	for i := range hs.n {
 		h := &hs.list[i]
-		hcs[i] = f.prepareHold(h.a, now, h.usd, holdMember(f.leaseID(), h.usd), f.lease)
+		hcs[i] = f.prepareHold(h.a, now, h.usd, holdMember(f.LeaseID(), h.usd), f.Lease)
 	}
 	return hcs
 }
@@ -164,7 +165,7 @@ func readHolds(res []int64, holds []*holdCall) (holdAnswer, error) {
 		}
 		j := int(v[1]) - 1
 		if j < 0 || j >= len(h.periods) {
-			return holdAnswer{}, errFleetDown // not an answer of this script
+			return holdAnswer{}, fleet.ErrDown // not an answer of this script
 		}
 		ans = holdAnswer{verdict: holdWait, i: i, period: h.periods[j], spent: nanoUSD(v[2]), held: nanoUSD(v[3])}
 		if v[0] == 2 {
@@ -180,8 +181,8 @@ func readHolds(res []int64, holds []*holdCall) (holdAnswer, error) {
 // its group's), each thing and each hold takes a script of its own, all
 // sent in one pipeline (to the nodes that hold their slots, at once); what
 // was taken is given back when another refused.
-func (f *fleet) admitAny(now time.Time, calls []*admitCall, hcs []*holdCall) (refused int, scope limitScope, wait time.Duration, ans holdAnswer, err error) {
-	if !f.cluster || len(calls)+len(hcs) < 2 {
+func (f *member) admitAny(now time.Time, calls []*admitCall, hcs []*holdCall) (refused int, scope limitScope, wait time.Duration, ans holdAnswer, err error) {
+	if !f.Cluster || len(calls)+len(hcs) < 2 {
 		return f.admitAll(now, calls, hcs)
 	}
 	refused = -1
@@ -191,8 +192,8 @@ func (f *fleet) admitAny(now time.Time, calls []*admitCall, hcs []*holdCall) (re
 		asked = asked || c.redis
 	}
 	if asked {
-		err = f.do("admit", func(ctx context.Context) error {
-			_, err := f.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+		err = f.Do("admit", func(ctx context.Context) error {
+			_, err := f.Redis.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 				for i, c := range calls {
 					if c.redis {
 						c.sent = true
@@ -277,13 +278,13 @@ func (f *fleet) admitAny(now time.Time, calls []*admitCall, hcs []*holdCall) (re
 		}
 	}
 	if failed {
-		return -1, scopeNone, 0, holdAnswer{}, errFleetDown
+		return -1, scopeNone, 0, holdAnswer{}, fleet.ErrDown
 	}
 	return refused, scope, wait, ans, nil
 }
 
 // admitHolds takes holds alone (a batch's), as admitAny does.
-func (f *fleet) admitHolds(now time.Time, calls []*admitCall, hcs []*holdCall) ([]headroom, int, limitScope, time.Duration, holdAnswer, error) {
+func (f *member) admitHolds(now time.Time, calls []*admitCall, hcs []*holdCall) ([]headroom, int, limitScope, time.Duration, holdAnswer, error) {
 	refused, scope, wait, ans, err := f.admitAny(now, calls, hcs)
 	return nil, refused, scope, wait, ans, err
 }
@@ -295,7 +296,7 @@ func (f *fleet) admitHolds(now time.Time, calls []*admitCall, hcs []*holdCall) (
 // all; the others are taken first, on their own. While Redis does not
 // answer, the holds are taken on this relay, with the limits, as the
 // limits are (or, on_error deny, refused).
-func (f *fleet) takeAll(now time.Time, asks []ask, hs *holds) (refused int, scope limitScope, wait time.Duration, ans holdAnswer) {
+func (f *member) takeAll(now time.Time, asks []ask, hs *holds) (refused int, scope limitScope, wait time.Duration, ans holdAnswer) {
 	var inScript [4]bool
 	for i := range asks {
 		if l := asks[i].l; l != nil {
@@ -326,7 +327,7 @@ func (f *fleet) takeAll(now time.Time, asks []ask, hs *holds) (refused int, scop
 		r, rscope, rwait, hans, err = f.admitAny(now, calls[:n], hcs)
 	}
 	switch {
-	case err != nil && f.deny:
+	case err != nil && f.Deny:
 		undo()
 		return 0, scopeFleetDown, 0, holdAnswer{}
 	case err != nil: // Redis is down: this relay's own holds and limits meanwhile
@@ -372,7 +373,7 @@ func (f *fleet) takeAll(now time.Time, asks []ask, hs *holds) (refused int, scop
 
 // releaseHold gives back, off the request's path, a hold of a in Redis
 // that cost nothing.
-func (f *fleet) releaseHold(a *spendAccount, member string) {
+func (f *member) releaseHold(a *spendAccount, member string) {
 	set, total := f.holdKeys(a.id)
 	f.drop(leaseRef{set, member}, true)
 	f.queueRelease(release{holdSet: set, holdTotal: total, member: member})

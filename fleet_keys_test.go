@@ -4,7 +4,9 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -16,7 +18,7 @@ import (
 // hash tag the table names is one the code uses, so that neither drifts
 // from the other. The code is read, not run: each call of the fleet's key
 // (thing tag, what), each tag("<kind>:", ...) and "<kind>:"+... that makes
-// a thing, and each f.prefix + "<name>" (the keys and pub/sub channels
+// a thing, and each f.Prefix + "<name>" (the keys and pub/sub channels
 // outside a hash tag).
 func TestFleetRedisKeysDocumented(t *testing.T) {
 	doc, err := os.ReadFile("docs/fleet.md")
@@ -29,16 +31,24 @@ func TestFleetRedisKeysDocumented(t *testing.T) {
 	notKeys := map[string]string{"b:": "a batch's member in a holds set (holdMember)"}
 	whats, kinds, prefixed := map[string]string{}, map[string]string{}, map[string]string{}
 	fset := token.NewFileSet()
-	files, err := os.ReadDir(".")
+	var files []string // the module's source, the root and its packages
+	err = filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && path != "." && (d.Name() == "testdata" || d.Name() == "bench" || d.Name() == "cmd" || strings.HasPrefix(d.Name(), ".")) {
+			return filepath.SkipDir
+		}
+		if strings.HasSuffix(path, ".go") && !strings.HasSuffix(path, "_test.go") {
+			files = append(files, path)
+		}
+		return nil
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	kindLit := regexp.MustCompile(`^[a-z]:$`)
-	for _, e := range files {
-		name := e.Name()
-		if !strings.HasSuffix(name, ".go") || strings.HasSuffix(name, "_test.go") {
-			continue
-		}
+	for _, name := range files {
 		f, err := parser.ParseFile(fset, name, nil, 0)
 		if err != nil {
 			t.Fatal(err)
@@ -47,7 +57,7 @@ func TestFleetRedisKeysDocumented(t *testing.T) {
 			switch n := n.(type) {
 			case *ast.CallExpr:
 				sel, ok := n.Fun.(*ast.SelectorExpr)
-				if ok && sel.Sel.Name == "key" && len(n.Args) == 2 {
+				if ok && sel.Sel.Name == "Key" && len(n.Args) == 2 {
 					if s, ok := leadingLiteral(n.Args[1]); ok {
 						whats[s] = fset.Position(n.Pos()).String()
 					}
@@ -55,7 +65,14 @@ func TestFleetRedisKeysDocumented(t *testing.T) {
 						kinds[s] = fset.Position(n.Pos()).String() // a fixed thing: nodes
 					}
 				}
-				if id, ok := n.Fun.(*ast.Ident); ok && id.Name == "tag" && len(n.Args) == 2 {
+				name := ""
+				switch fn := n.Fun.(type) {
+				case *ast.Ident:
+					name = fn.Name
+				case *ast.SelectorExpr:
+					name = fn.Sel.Name
+				}
+				if (name == "tag" || name == "Tag") && len(n.Args) == 2 {
 					if s, ok := leadingLiteral(n.Args[0]); ok {
 						kinds[s] = fset.Position(n.Pos()).String()
 					}
@@ -67,7 +84,7 @@ func TestFleetRedisKeysDocumented(t *testing.T) {
 				if s, ok := literal(n.X); ok && kindLit.MatchString(s) && notKeys[s] == "" {
 					kinds[s] = fset.Position(n.Pos()).String()
 				}
-				if sel, ok := n.X.(*ast.SelectorExpr); ok && sel.Sel.Name == "prefix" {
+				if sel, ok := n.X.(*ast.SelectorExpr); ok && (sel.Sel.Name == "prefix" || sel.Sel.Name == "Prefix") {
 					if s, ok := leadingLiteral(n.Y); ok {
 						prefixed[s] = fset.Position(n.Pos()).String()
 					}

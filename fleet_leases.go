@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -94,11 +95,11 @@ func (b *block) end(next *uint64) float64 {
 // blockSize is the block of a limit of n a period this node takes, or 0
 // when the limit is not leased: too small a share, or the number of
 // relays up not known yet.
-func (f *fleet) blockSize(n float64, least int64) int64 {
+func (f *member) blockSize(n float64, least int64) int64 {
 	if f.noLeases.Load() {
 		return 0
 	}
-	nodes := f.relaysUp()
+	nodes := f.RelaysUp()
 	if nodes <= 0 {
 		return 0
 	}
@@ -109,22 +110,14 @@ func (f *fleet) blockSize(n float64, least int64) int64 {
 	return b
 }
 
-// relaysUp is the number of relays up in the fleet (0: not known yet).
-func (f *fleet) relaysUp() int64 {
-	if n := f.nodesPinned.Load(); n > 0 {
-		return n
-	}
-	return f.nodesUp.Load()
-}
-
 // blockLease is how long a block of a limit of period lasts.
-func (f *fleet) blockLease(period time.Duration) time.Duration {
-	return min(max(period/leaseShare, minBlockLease), f.lease)
+func (f *member) blockLease(period time.Duration) time.Duration {
+	return min(max(period/leaseShare, minBlockLease), f.Lease)
 }
 
 // leaseBlocks records that s holds a block, for the worker that ends
 // blocks whose lease ran out.
-func (f *fleet) leaseBlocks(s *sharedLimit) {
+func (f *member) leaseBlocks(s *sharedLimit) {
 	f.blocksMu.Lock()
 	f.blocks[s] = struct{}{}
 	f.blocksMu.Unlock()
@@ -136,7 +129,7 @@ func (f *fleet) leaseBlocks(s *sharedLimit) {
 
 // expireBlocks ends the blocks whose lease ran out and gives back what is
 // left of them, off the request's path, until ctx ends.
-func (f *fleet) expireBlocks(ctx context.Context) {
+func (f *member) expireBlocks(ctx context.Context) {
 	t := time.NewTimer(time.Hour)
 	defer t.Stop()
 	for {
@@ -158,7 +151,7 @@ func (f *fleet) expireBlocks(ctx context.Context) {
 // endBlocks ends the blocks whose lease ended at now (every block, with
 // all set) and queues what is left of them to be given back; it returns
 // the earliest end of the blocks still held (zero: none).
-func (f *fleet) endBlocks(now time.Time, all bool) time.Time {
+func (f *member) endBlocks(now time.Time, all bool) time.Time {
 	f.blocksMu.Lock()
 	list := make([]*sharedLimit, 0, len(f.blocks))
 	for s := range f.blocks {
@@ -252,58 +245,35 @@ func (l limits) tokensPerMs() float64 {
 	return l.tokens.n / float64(l.tokens.period.Milliseconds())
 }
 
-// blockInfo is one block a node holds, in GET /relay/fleet.
-type blockInfo struct {
-	// Limit is the thing whose limit it is: k:<key name>, u:<identity>,
-	// c:<channel>, e:<digest of an end user>.
-	Limit string `json:"limit"`
-	// Kind is requests (a rate), tokens, or concurrency (slots).
-	Kind string `json:"kind"`
-	// Block is what the node took; Left what it has not used yet. Of
-	// concurrency, Block is the size of a block of slots, Held the slots
-	// the node holds (whole blocks, the last one maybe smaller) and Left
-	// those no request of it uses; Until is when it next gives back what
-	// its requests in flight did not need.
-	Block int64 `json:"block"`
-	Left  int64 `json:"left"`
-	Held  int64 `json:"held,omitempty"`
-	// Nodes is the number of relays up the block was sized for, and
-	// MaxFleetError the most the fleet's count of this limit can be off
-	// while each holds a block of this size: one block per node.
-	Nodes         int64     `json:"nodes"`
-	MaxFleetError int64     `json:"max_fleet_error"`
-	Until         time.Time `json:"until"`
-}
-
 // maxBlockInfos bounds the blocks a node lists in its heartbeat.
 const maxBlockInfos = 100
 
 // blockInfos lists the blocks this node holds, the largest errors first,
 // at most maxBlockInfos.
-func (f *fleet) blockInfos(now time.Time) []blockInfo {
+func (f *member) blockInfos(now time.Time) []fleet.Block {
 	f.blocksMu.Lock()
 	list := make([]*sharedLimit, 0, len(f.blocks))
 	for s := range f.blocks {
 		list = append(list, s)
 	}
 	f.blocksMu.Unlock()
-	out := []blockInfo{}
+	out := []fleet.Block{}
 	for _, s := range list {
 		s.mu.Lock()
 		for kind, b := range map[string]*block{"requests": &s.rb, "tokens": &s.tb} {
 			if b.live(now) {
-				out = append(out, blockInfo{Limit: s.thing, Kind: kind, Block: b.size, Left: int64(math.Floor(b.left)),
+				out = append(out, fleet.Block{Limit: s.thing, Kind: kind, Block: b.size, Left: int64(math.Floor(b.left)),
 					Nodes: b.nodes, MaxFleetError: b.size * b.nodes, Until: f.wallTime(now, b.until)})
 			}
 		}
 		if b := &s.cb; b.held() {
 			held := int64(len(b.ids))
-			out = append(out, blockInfo{Limit: s.thing, Kind: "concurrency", Block: b.size, Left: held - b.used, Held: held,
+			out = append(out, fleet.Block{Limit: s.thing, Kind: "concurrency", Block: b.size, Left: held - b.used, Held: held,
 				Nodes: b.nodes, MaxFleetError: b.size * b.nodes, Until: f.wallTime(now, b.until)})
 		}
 		s.mu.Unlock()
 	}
-	slices.SortFunc(out, func(a, b blockInfo) int {
+	slices.SortFunc(out, func(a, b fleet.Block) int {
 		if a.MaxFleetError != b.MaxFleetError {
 			return int(b.MaxFleetError - a.MaxFleetError)
 		}
@@ -316,7 +286,7 @@ func (f *fleet) blockInfos(now time.Time) []blockInfo {
 }
 
 // wallTime is the wall-clock time of t, a time on the clock of now, in UTC.
-func (f *fleet) wallTime(now, t time.Time) time.Time {
+func (f *member) wallTime(now, t time.Time) time.Time {
 	return time.Now().Add(t.Sub(now)).UTC().Truncate(time.Millisecond)
 }
 

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
 
@@ -19,12 +20,12 @@ import (
 // testNodes starts n nodes of one fleet on the Redis at addr, each
 // sizing its blocks for n relays up (one process is one node to the
 // heartbeats: TestHeartbeatsCountTheRelaysUp checks that count).
-func testNodes(t *testing.T, addr, prefix string, n int) []*fleet {
+func testNodes(t *testing.T, addr, prefix string, n int) []*member {
 	t.Helper()
-	nodes := make([]*fleet, n)
+	nodes := make([]*member, n)
 	for i := range nodes {
 		nodes[i] = testFleet(t, addr, prefix, 0)
-		nodes[i].nodesPinned.Store(int64(n))
+		nodes[i].NodesPinned.Store(int64(n))
 	}
 	return nodes
 }
@@ -37,7 +38,7 @@ func TestHeartbeatsCountTheRelaysUp(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	defer rdb.Close()
 	ctx := context.Background()
-	f := &fleet{prefix: "beat:", lease: defaultLease}
+	f := &member{Client: &fleet.Client{Prefix: "beat:", Lease: fleet.DefaultLease}}
 	if f.blockSize(6000, minRateBlock) != 0 {
 		t.Fatal("a block was sized before the relays up were known")
 	}
@@ -46,9 +47,9 @@ func TestHeartbeatsCountTheRelaysUp(t *testing.T) {
 	for i, seen := range []time.Duration{-time.Second, -3 * time.Second, -time.Minute} {
 		rdb.ZAdd(ctx, "beat:{nodes}:seen", redis.Z{Score: float64(now.Add(seen).UnixMilli()), Member: "peer-" + strconv.Itoa(i)})
 	}
-	f.beat()
-	if up := f.nodesUp.Load(); up != 3 {
-		t.Fatalf("%d relays up, want 3: this one and the two seen in the last %v", up, nodeGoneAfter)
+	f.Beat()
+	if up := f.NodesUp.Load(); up != 3 {
+		t.Fatalf("%d relays up, want 3: this one and the two seen in the last %v", up, fleet.NodeGoneAfter)
 	}
 	if b := f.blockSize(6000, minRateBlock); b != 200 {
 		t.Fatalf("a block of 6000/m for 3 relays: %d, want 200", b)
@@ -243,8 +244,8 @@ func TestABlockIsNotUsedPastItsLease(t *testing.T) {
 	l := sharedLimiter(t, f, "k:exp", spec)
 	s := l.shared.Load()
 	lease := f.blockLease(spec.rate.period)
-	if lease != defaultLease {
-		t.Fatalf("a block of a limit per hour is leased for %v, want the storage lease %v", lease, defaultLease)
+	if lease != fleet.DefaultLease {
+		t.Fatalf("a block of a limit per hour is leased for %v, want the storage lease %v", lease, fleet.DefaultLease)
 	}
 	t0 := time.Now()
 	take := func(at time.Time) {
@@ -358,8 +359,8 @@ func TestBlocksOutliveRedisForTheirLease(t *testing.T) {
 	local := testFleet(t, srv.Addr, "down:", 0)
 	now := time.Now()
 	var nodes []*limiter
-	for _, f := range []*fleet{deny, local} {
-		f.nodesPinned.Store(2)
+	for _, f := range []*member{deny, local} {
+		f.NodesPinned.Store(2)
 		l := sharedLimiter(t, f, "k:down", spec)
 		g, scope, _ := l.take(now, -1)
 		if scope != scopeNone {
@@ -422,7 +423,7 @@ func TestALeasedKeyAsksRedisNothing(t *testing.T) {
 		Groups:   []*Group{{Name: "leased-g", Channels: []string{"leased-ch"}}},
 	}
 	provisionHandler(t, r)
-	r.fleet.beat()
+	r.fleet.Beat()
 	send := func(key string) {
 		t.Helper()
 		w, _ := serveHandler(t, r, newRequest(simpleBody, key))
@@ -521,7 +522,7 @@ func BenchmarkFleetAdmit(b *testing.B) {
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			f := testFleet(b, srv.Addr, "bench-"+c.name+":", 0)
-			f.nodesPinned.Store(1)
+			f.NodesPinned.Store(1)
 			f.noLeases.Store(!c.leases)
 			l := new(limiter)
 			l.configure(c.spec, time.Now())

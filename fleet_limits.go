@@ -7,12 +7,14 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/caddy-relay/relay/internal/fleet"
 )
 
 // sharedLimit is a key's or a channel's limits as the fleet keeps them,
 // and the blocks of them this node holds (fleet_leases.go).
 type sharedLimit struct {
-	f     *fleet
+	f     *member
 	thing string // its hash tag's content: k:<key>, c:<channel>, ...
 	lease string // the keys of its limits
 	rate  string
@@ -31,15 +33,15 @@ type sharedLimit struct {
 	last headroom
 }
 
-func newSharedLimit(f *fleet, thing string) *sharedLimit {
-	return &sharedLimit{f: f, thing: thing, lease: f.key(thing, "leases"), rate: f.key(thing, "rate"), bkt: f.key(thing, "tokens")}
+func newSharedLimit(f *member, thing string) *sharedLimit {
+	return &sharedLimit{f: f, thing: thing, lease: f.Key(thing, "leases"), rate: f.Key(thing, "rate"), bkt: f.Key(thing, "tokens")}
 }
 
 // tag is the hash tag of a thing: its kind and name, or a digest of the
 // name when the name holds a brace, which would end the tag early.
 func tag(kind, name string) string {
 	if strings.ContainsAny(name, "{}") {
-		return kind + digest(name)
+		return kind + fleet.Digest(name)
 	}
 	return kind + name
 }
@@ -58,7 +60,7 @@ func (s *sharedLimit) admit(now time.Time, spec limits, estimate int64) (grant, 
 	if r != nil {
 		waited := time.Now()
 		if s.f.awaitRefill(r) {
-			return grant{}, scopeNone, 0, errFleetDown
+			return grant{}, scopeNone, 0, fleet.ErrDown
 		}
 		now = now.Add(time.Since(waited)) // on the caller's clock
 		c, _ = s.prepare(now, spec, estimate, false)
@@ -146,7 +148,7 @@ func (s *sharedLimit) prepare(now time.Time, spec limits, estimate int64, wait b
 			c.rret = max(0, math.Floor(b.end(&s.gens)))
 			s.startRefill(&b.refill)
 			rtake = size
-			c.rate = blockUse{ask: size, nodes: s.f.relaysUp(), lease: s.f.blockLease(spec.rate.period)}
+			c.rate = blockUse{ask: size, nodes: s.f.RelaysUp(), lease: s.f.blockLease(spec.rate.period)}
 		}
 	}
 	if perMs > 0 {
@@ -164,7 +166,7 @@ func (s *sharedLimit) prepare(now time.Time, spec limits, estimate int64, wait b
 			c.tret = b.end(&s.gens)
 			s.startRefill(&b.refill)
 			ttake = size
-			c.tokens = blockUse{ask: size, nodes: s.f.relaysUp(), lease: s.f.blockLease(spec.tokens.period)}
+			c.tokens = blockUse{ask: size, nodes: s.f.RelaysUp(), lease: s.f.blockLease(spec.tokens.period)}
 		}
 	}
 	s.mu.Unlock()
@@ -185,7 +187,7 @@ func (s *sharedLimit) prepare(now time.Time, spec limits, estimate int64, wait b
 		c.rret = 0 // cannot happen: a rate's rest is given back only by a call that asks the rate
 	}
 	c.keys = []string{s.lease, s.rate, s.bkt}
-	c.args = []any{c.g.lease, spec.concurrency, s.f.lease.Milliseconds(), emission, burst, rtake, c.rret,
+	c.args = []any{c.g.lease, spec.concurrency, s.f.Lease.Milliseconds(), emission, burst, rtake, c.rret,
 		perMs, spec.tokens.n, charge, ttake, c.tret, c.slots.ask}
 	if c.slots.gen != 0 {
 		c.args[1] = 0 // its slot is held: the concurrency is not asked
@@ -320,7 +322,7 @@ func (c *admitCall) granted(now time.Time, ans headroom, got taken) grant {
 // its scope and wait, and the verdict on the holds. Each call's g is then
 // what it grants (what is left, when refused); a request not admitted
 // took nothing.
-func (f *fleet) admitAll(now time.Time, calls []*admitCall, holds []*holdCall) (refused int, scope limitScope, wait time.Duration, ans holdAnswer, err error) {
+func (f *member) admitAll(now time.Time, calls []*admitCall, holds []*holdCall) (refused int, scope limitScope, wait time.Duration, ans holdAnswer, err error) {
 	refused = -1
 	var keys []string
 	var args []any
@@ -353,13 +355,13 @@ func (f *fleet) admitAll(now time.Time, calls []*admitCall, holds []*holdCall) (
 			args = append(args, h.args...)
 		}
 		var res []int64
-		err = f.do("admit", func(ctx context.Context) error {
+		err = f.Do("admit", func(ctx context.Context) error {
 			var e error
-			res, e = admitScript.Run(ctx, f.client, keys, args...).Int64Slice()
+			res, e = admitScript.Run(ctx, f.Redis, keys, args...).Int64Slice()
 			return e
 		})
 		if err == nil && len(res) != admitAnswer*asked+4*len(holds) {
-			err = errFleetDown
+			err = fleet.ErrDown
 		}
 		if err == nil {
 			ans, err = readHolds(res[admitAnswer*asked:], holds)

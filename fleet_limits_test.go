@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
 
@@ -16,7 +17,7 @@ import (
 // testFleet connects to the Redis at addr as one node of a fleet whose
 // keys start with prefix; each call is another node (its own client,
 // leases and background work).
-func testFleet(t testing.TB, addr, prefix string, lease time.Duration) *fleet {
+func testFleet(t testing.TB, addr, prefix string, lease time.Duration) *member {
 	t.Helper()
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	t.Cleanup(cancel)
@@ -29,7 +30,7 @@ func testFleet(t testing.TB, addr, prefix string, lease time.Duration) *fleet {
 }
 
 // sharedLimiter is a limiter kept in fleet f under thing.
-func sharedLimiter(t *testing.T, f *fleet, thing string, spec limits) *limiter {
+func sharedLimiter(t *testing.T, f *member, thing string, spec limits) *limiter {
 	t.Helper()
 	l := new(limiter)
 	l.configure(spec, time.Now())
@@ -223,10 +224,9 @@ func TestLeasesOfADeadNodeExpire(t *testing.T) {
 // up to wait, for b to take one of them: they must free within a lease
 // (and a third of one, the renewals' spacing) of the death, with room
 // for a loaded machine (under two leases).
-func slotsFreedByDeath(t *testing.T, dying *fleet, b *limiter, lease, wait time.Duration) {
+func slotsFreedByDeath(t *testing.T, dying *member, b *limiter, lease, wait time.Duration) {
 	t.Helper()
-	dying.stop()
-	dying.done.Wait()
+	dying.Stop()
 	died := time.Now()
 	waitFor(t, "the dead node's slots free", wait, func() bool {
 		g, scope, _ := b.take(time.Now(), -1)
@@ -241,7 +241,7 @@ func slotsFreedByDeath(t *testing.T, dying *fleet, b *limiter, lease, wait time.
 }
 
 func TestSharedLimitKeysAreTagged(t *testing.T) {
-	f := &fleet{prefix: "p:"}
+	f := &member{Client: &fleet.Client{Prefix: "p:"}}
 	s := newSharedLimit(f, tag("k:", "support"))
 	if s.lease != "p:{k:support}:leases" || s.rate != "p:{k:support}:rate" || s.bkt != "p:{k:support}:tokens" {
 		t.Fatalf("keys %q %q %q", s.lease, s.rate, s.bkt)

@@ -1,6 +1,10 @@
 package relay
 
-import "time"
+import (
+	"time"
+
+	"github.com/caddy-relay/relay/internal/fleet"
+)
 
 // Refills. One request at a time takes the next block of a limit
 // (fleet_leases.go, fleet_slots.go): the request that finds the block
@@ -70,7 +74,7 @@ func (s *sharedLimit) refillLocked(now time.Time, spec limits, estimate int64) *
 		return s.rb.refill
 	case s.tb.refill != nil && spec.tokens.n > 0 && estimate >= 0:
 		return s.tb.refill
-	case s.cb.refill != nil && spec.concurrency > 0 && !s.cb.free(now, s.f.lease):
+	case s.cb.refill != nil && spec.concurrency > 0 && !s.cb.free(now, s.f.Lease):
 		return s.cb.refill
 	}
 	return nil
@@ -79,8 +83,8 @@ func (s *sharedLimit) refillLocked(now time.Time, spec limits, estimate int64) *
 // awaitRefill waits for the refill r to end, at most the storage's
 // timeout, and reports whether Redis failed it, or the time ran out: then
 // Redis counts as down for the request.
-func (f *fleet) awaitRefill(r *refill) (down bool) {
-	t := time.NewTimer(f.timeout)
+func (f *member) awaitRefill(r *refill) (down bool) {
+	t := time.NewTimer(f.Timeout)
 	defer t.Stop()
 	select {
 	case <-r.done:
@@ -95,9 +99,9 @@ func (f *fleet) awaitRefill(r *refill) (down bool) {
 // of them would ask Redis beside another request taking a block, and none
 // prepared before it is taking one, the calls prepared take nothing after
 // all, the request waits for that refill, and prepares them again, without
-// waiting again (now moves on by the wait): errFleetDown when
+// waiting again (now moves on by the wait): fleet.ErrDown when
 // Redis failed the refill.
-func (f *fleet) prepareAll(now *time.Time, asks []ask, in func(int) bool, calls *[4]*admitCall, which *[4]int) (int, error) {
+func (f *member) prepareAll(now *time.Time, asks []ask, in func(int) bool, calls *[4]*admitCall, which *[4]int) (int, error) {
 	wait := true
 	for {
 		n := 0
@@ -124,7 +128,7 @@ func (f *fleet) prepareAll(now *time.Time, asks []ask, in func(int) bool, calls 
 		}
 		waited := time.Now()
 		if f.awaitRefill(r) {
-			return 0, errFleetDown
+			return 0, fleet.ErrDown
 		}
 		*now = now.Add(time.Since(waited)) // on the caller's clock
 		wait = false

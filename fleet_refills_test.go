@@ -17,7 +17,7 @@ import (
 // returns the node, the limiter, and the 21 requests' answers to come.
 // The requests are admitted alone (take), or as a request's first attempt
 // admits its limits together (takeAll).
-func refillSetup(t *testing.T, srv *redistest.Server, prefix string, timeout time.Duration, onError string, together bool) (*fleet, *limiter, <-chan limitScope) {
+func refillSetup(t *testing.T, srv *redistest.Server, prefix string, timeout time.Duration, onError string, together bool) (*member, *limiter, <-chan limitScope) {
 	t.Helper()
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	t.Cleanup(cancel)
@@ -26,7 +26,7 @@ func refillSetup(t *testing.T, srv *redistest.Server, prefix string, timeout tim
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = f.Destruct() })
-	f.nodesPinned.Store(1)
+	f.NodesPinned.Store(1)
 	l := sharedLimiter(t, f, "k:refill", limits{rate: rateSpec{n: 6000, period: time.Minute}})
 	s := l.shared.Load()
 	g, scope, _ := l.take(time.Now(), -1)
@@ -114,7 +114,7 @@ func TestARefillRedisFailedFailsItsWaitersAtOnce(t *testing.T) {
 	if ops := admitOps(t) - before; ops != 2 {
 		t.Fatalf("the requests asked Redis %v times, want 2: the first block, and the one that failed", ops)
 	}
-	if st := f.breaker.State(); st != gobreaker.StateClosed {
+	if st := f.BreakerState(); st != gobreaker.StateClosed {
 		t.Fatalf("the breaker is %v after one failed call, want closed", st)
 	}
 }

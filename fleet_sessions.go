@@ -42,15 +42,15 @@ return n
 
 // loopRun counts the request's pair (d; 0: none) in the fleet's run of
 // the session (tag); ok is false when Redis did not answer.
-func (f *fleet) loopRun(tag string, d uint64, retry bool) (run int, ok bool) {
+func (f *member) loopRun(tag string, d uint64, retry bool) (run int, ok bool) {
 	r := "0"
 	if retry {
 		r = "1"
 	}
 	var n int64
-	err := f.do("loop", func(ctx context.Context) error {
+	err := f.Do("loop", func(ctx context.Context) error {
 		var err error
-		n, err = loopScript.Run(ctx, f.client, []string{f.key(tag, "loop")}, strconv.FormatUint(d, 10), r, sessionIdle.Milliseconds()).Int64()
+		n, err = loopScript.Run(ctx, f.Redis, []string{f.Key(tag, "loop")}, strconv.FormatUint(d, 10), r, sessionIdle.Milliseconds()).Int64()
 		return err
 	})
 	return int(n), err == nil

@@ -23,13 +23,13 @@ type signedEntry struct {
 }
 
 // signaturesTopic is the pub/sub channel of learned signatures.
-func (f *fleet) signaturesTopic() string { return f.prefix + "signatures" }
+func (f *member) signaturesTopic() string { return f.Prefix + "signatures" }
 
 // share queues a signature this node learned for the other nodes; when
 // the queue is full it is dropped (the others learn it from the next
 // answer of the conversation).
-func (f *fleet) share(e signedEntry) {
-	if f.closed.Load() {
+func (f *member) share(e signedEntry) {
+	if f.Closed() {
 		return
 	}
 	select {
@@ -41,7 +41,7 @@ func (f *fleet) share(e signedEntry) {
 // publishSignatures sends the signatures this node learns, as many in one
 // message as have queued, until ctx ends. A message is the node's id, then
 // a line "<digest in hex> <domain>" per signature.
-func (f *fleet) publishSignatures(ctx context.Context) {
+func (f *member) publishSignatures(ctx context.Context) {
 	var b strings.Builder
 	for {
 		select {
@@ -49,7 +49,7 @@ func (f *fleet) publishSignatures(ctx context.Context) {
 			return
 		case e := <-f.signed:
 			b.Reset()
-			b.WriteString(f.node)
+			b.WriteString(f.Node)
 			appendSigned(&b, e)
 		more:
 			for n := 1; n < 256; n++ {
@@ -61,8 +61,8 @@ func (f *fleet) publishSignatures(ctx context.Context) {
 				}
 			}
 			msg := b.String()
-			_ = f.background("publish", func(ctx context.Context) error {
-				return f.client.Publish(ctx, f.signaturesTopic(), msg).Err()
+			_ = f.Background("publish", func(ctx context.Context) error {
+				return f.Redis.Publish(ctx, f.signaturesTopic(), msg).Err()
 			})
 		}
 	}
@@ -77,8 +77,8 @@ func appendSigned(b *strings.Builder, e signedEntry) {
 
 // subscribeSignatures adds the signatures the other nodes publish to this
 // node's table, until ctx ends.
-func (f *fleet) subscribeSignatures(ctx context.Context) {
-	f.subscribe(ctx, f.signaturesTopic(), nil, func(payload string) { learnShared(payload, f.node) })
+func (f *member) subscribeSignatures(ctx context.Context) {
+	f.Subscribe(ctx, f.signaturesTopic(), nil, func(payload string) { learnShared(payload, f.Node) })
 }
 
 // learnShared adds the signatures of a message another node published; a

@@ -56,7 +56,7 @@ func TestSignaturesTravelTheFleet(t *testing.T) {
 		t.Errorf("published %q, want it to end with %q and hold no signature", m.Payload, want)
 	}
 	// its own message, heard back, teaches nothing
-	node := ch.health.fleet.Load().node
+	node := ch.health.fleet.Load().Node
 	if from, _, _ := strings.Cut(m.Payload, "\n"); from != node {
 		t.Errorf("published as %q, not as the node %q", from, node)
 	}

@@ -52,7 +52,7 @@ const defaultSlotEvery = time.Second
 
 // slotLease is how long a node keeps the slots its peak needed before it
 // shrinks what it holds to what the next peak needs.
-func (f *fleet) slotLease() time.Duration { return time.Duration(f.slotEvery.Load()) }
+func (f *member) slotLease() time.Duration { return time.Duration(f.slotEvery.Load()) }
 
 // slotBlock is what this node holds of a concurrency limit: members of the
 // limit's lease set. Guarded by its sharedLimit's mu.
@@ -139,18 +139,18 @@ func (s *sharedLimit) prepareSlots(c *admitCall, now time.Time, spec limits) (fr
 	b := &s.cb
 	size := min(s.f.blockSize(float64(spec.concurrency), minSlotBlock), maxSlotBlock)
 	if size == 0 { // not leased: slots still held go back
-		c.g.lease, c.redis = s.f.leaseID(), true
+		c.g.lease, c.redis = s.f.LeaseID(), true
 		return b.end(&s.gens)
 	}
-	if gen := b.use(now, s.f.lease); gen != 0 {
+	if gen := b.use(now, s.f.Lease); gen != 0 {
 		c.slots.gen, c.g.slotGen = gen, gen
 		return nil
 	}
-	c.g.lease, c.redis = s.f.leaseID(), true
+	c.g.lease, c.redis = s.f.LeaseID(), true
 	if b.refill != nil { // another request is taking the next block: this one asks alone
 		return nil
 	}
-	if b.held() && !b.fresh(now, s.f.lease) {
+	if b.held() && !b.fresh(now, s.f.Lease) {
 		free = b.end(&s.gens)
 	}
 	if b.gen == 0 {
@@ -158,7 +158,7 @@ func (s *sharedLimit) prepareSlots(c *admitCall, now time.Time, spec limits) (fr
 		b.gen = s.gens
 	}
 	s.startRefill(&b.refill)
-	c.slots.ask, c.slots.nodes = size, s.f.relaysUp()
+	c.slots.ask, c.slots.nodes = size, s.f.RelaysUp()
 	return free
 }
 
@@ -248,7 +248,7 @@ func (s *sharedLimit) freeSlot(gen uint64) {
 
 // releaseSlots stops renewing slots of s and gives them back, off the
 // request's path: with the next admission, or the worker.
-func (f *fleet) releaseSlots(s *sharedLimit, ids []string) {
+func (f *member) releaseSlots(s *sharedLimit, ids []string) {
 	if len(ids) == 0 {
 		return
 	}
@@ -259,7 +259,7 @@ func (f *fleet) releaseSlots(s *sharedLimit, ids []string) {
 		delete(f.leases, refs[i])
 	}
 	f.leaseMu.Unlock()
-	if !f.cluster {
+	if !f.Cluster {
 		f.pendSlots(refs...)
 		return
 	}
@@ -269,7 +269,7 @@ func (f *fleet) releaseSlots(s *sharedLimit, ids []string) {
 }
 
 // holdSlots records slots this node renews until it gives them back.
-func (f *fleet) holdSlots(s *sharedLimit, ids []string) {
+func (f *member) holdSlots(s *sharedLimit, ids []string) {
 	f.leaseMu.Lock()
 	for _, id := range ids {
 		f.leases[leaseRef{s.lease, id}] = struct{}{}
@@ -286,7 +286,7 @@ func (s *sharedLimit) endSlots(now time.Time, all bool) (bool, time.Time) {
 	var free []string
 	switch {
 	case !b.held():
-	case all || !b.fresh(now, s.f.lease):
+	case all || !b.fresh(now, s.f.Lease):
 		free = b.end(&s.gens)
 	case !now.Before(b.until):
 		free = b.shrink(now, s.f.slotLease())
@@ -306,7 +306,7 @@ type slotCheck struct {
 }
 
 // slotChecks lists the slots of blocks held, one per sharedLimit.
-func (f *fleet) slotChecks() []slotCheck {
+func (f *member) slotChecks() []slotCheck {
 	f.blocksMu.Lock()
 	defer f.blocksMu.Unlock()
 	var out []slotCheck

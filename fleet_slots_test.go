@@ -282,8 +282,8 @@ func TestSlotsOfADeadNodeExpire(t *testing.T) {
 	spec := limits{concurrency: 200} // two nodes: blocks of 10
 	dying := testFleet(t, srv.Addr, "slotdead:", lease)
 	other := testFleet(t, srv.Addr, "slotdead:", lease)
-	for _, f := range []*fleet{dying, other} {
-		f.nodesPinned.Store(2)
+	for _, f := range []*member{dying, other} {
+		f.NodesPinned.Store(2)
 	}
 	a := sharedLimiter(t, dying, "k:d", spec)
 	b := sharedLimiter(t, other, "k:d", spec)

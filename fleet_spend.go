@@ -29,7 +29,7 @@ const spendKeyTTL = 35 * 24 * time.Hour
 // share makes the account's spend the fleet's (nil: this relay's own).
 // Holds the fleet it leaves was to give back with their cost are left to
 // expire there with their lease.
-func (a *spendAccount) share(f *fleet) {
+func (a *spendAccount) share(f *member) {
 	if a.fleet.Swap(f) != f {
 		a.mu.Lock()
 		a.releases, a.fleetHeld = nil, 0
@@ -42,15 +42,15 @@ func (a *spendAccount) share(f *fleet) {
 
 // spendKey is the Redis key of an account's total for the period that
 // began at start.
-func (f *fleet) spendKey(id string, p budgetPeriod, start time.Time) string {
+func (f *member) spendKey(id string, p budgetPeriod, start time.Time) string {
 	if start.Hour() != 0 || start.Minute() != 0 || start.Second() != 0 { // a session's window
-		return f.key(tag("s:", id), p.String()+":"+start.UTC().Format("20060102T150405"))
+		return f.Key(tag("s:", id), p.String()+":"+start.UTC().Format("20060102T150405"))
 	}
-	return f.key(tag("s:", id), p.String()+":"+start.Format("20060102"))
+	return f.Key(tag("s:", id), p.String()+":"+start.Format("20060102"))
 }
 
 // spendSoon asks for a sync of the spend now rather than at the next tick.
-func (f *fleet) spendSoon() {
+func (f *member) spendSoon() {
 	select {
 	case f.spendNow <- struct{}{}:
 	default:
@@ -59,7 +59,7 @@ func (f *fleet) spendSoon() {
 
 // syncSpend adds this relay's spend to the fleet's and reads the totals,
 // every spendSyncEvery and when asked, until ctx ends.
-func (f *fleet) syncSpend(ctx context.Context) {
+func (f *member) syncSpend(ctx context.Context) {
 	every(ctx, spendSyncEvery, f.spendNow, f.flushSpend)
 }
 
@@ -90,7 +90,7 @@ type heldSync struct {
 // here, gives back the holds of the requests that charged it, and reads
 // the totals and what the fleet holds (settleScript); the others add what
 // was charged, a command a period.
-func (f *fleet) flushSpend() {
+func (f *member) flushSpend() {
 	f.spendMu.Lock() // one sync at a time: each adds what the one before did not
 	defer f.spendMu.Unlock()
 	var work []*spendSync
@@ -125,8 +125,8 @@ func (f *fleet) flushSpend() {
 	if len(work) == 0 && len(held) == 0 {
 		return
 	}
-	err := f.background("spend", func(ctx context.Context) error {
-		_, err := f.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+	err := f.Background("spend", func(ctx context.Context) error {
+		_, err := f.Redis.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 			for _, w := range work {
 				k := f.spendKey(w.a.id, w.p, w.start)
 				if w.pending != 0 {

@@ -4,19 +4,17 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"runtime"
-	"runtime/debug"
 	"runtime/pprof"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddytest"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 	"github.com/sony/gobreaker/v2"
 	"go.uber.org/zap"
@@ -184,7 +182,7 @@ func TestAFrozenRedisCostsNoMoreThanTheTimeout(t *testing.T) {
 	}
 	provisionHandler(t, r)
 	core, logs := observer.New(zapcore.InfoLevel)
-	r.fleet.logger.Store(zap.New(core))
+	r.fleet.SetLogger(zap.New(core))
 	serve := func() time.Duration {
 		t.Helper()
 		start := time.Now()
@@ -203,7 +201,7 @@ func TestAFrozenRedisCostsNoMoreThanTheTimeout(t *testing.T) {
 	var slowest time.Duration
 	waitFor(t, "the breaker opens", 6*time.Second, func() bool {
 		slowest = max(slowest, serve())
-		return r.fleet.breaker.State() == gobreaker.StateOpen
+		return r.fleet.BreakerState() == gobreaker.StateOpen
 	})
 	// the timeout, plus what the race detector and a noisy machine add
 	if slowest > 50*time.Millisecond+150*time.Millisecond {
@@ -215,7 +213,7 @@ func TestAFrozenRedisCostsNoMoreThanTheTimeout(t *testing.T) {
 	srv.Continue()
 	waitFor(t, "the node rejoins", 5*time.Second, func() bool {
 		serve()
-		return r.fleet.up.Load()
+		return r.fleet.Up()
 	})
 	if n := logs.FilterMessageSnippet("storage reachable again").Len(); n != 1 {
 		for _, e := range logs.All() {
@@ -225,153 +223,11 @@ func TestAFrozenRedisCostsNoMoreThanTheTimeout(t *testing.T) {
 	}
 }
 
-// quietFleet is a test fleet whose first heartbeat, which it sends as it
-// starts, has answered: for two seconds nothing of its own succeeds
-// between a test's operations, so the failures a test makes in a row are
-// the breaker's failures in a row.
-func quietFleet(t *testing.T, addr, prefix string) *fleet {
-	f := testFleet(t, addr, prefix, 0)
-	waitFor(t, "the fleet's first heartbeat", 2*time.Second, func() bool { return f.nodesUp.Load() > 0 })
-	return f
-}
-
-// heldOperation starts an operation through run that has begun (it
-// returns once it has) and answers, successfully, when release is closed;
-// its outcome comes on slow.
-func heldOperation(run func(string, func(context.Context) error) error) (release chan struct{}, slow chan error) {
-	started := make(chan struct{})
-	release, slow = make(chan struct{}), make(chan error, 1)
-	go func() {
-		slow <- run("renew", func(context.Context) error {
-			close(started)
-			<-release
-			return nil
-		})
-	}()
-	<-started
-	return release, slow
-}
-
-// TestAnOperationThatAnswersWhileTheBreakerIsOpenDoesNotEndTheOutage: an
-// operation begun after Redis was found unreachable, but before the
-// breaker opened, that answers while it is open (a background one waits
-// longer than the requests' time) does not say Redis is back: the
-// operations after it would still be refused by the breaker and start a
-// second outage. The breaker's probe ends the outage, with one line.
-func TestAnOperationThatAnswersWhileTheBreakerIsOpenDoesNotEndTheOutage(t *testing.T) {
-	srv := redistest.Start(t)
-	f := quietFleet(t, srv.Addr, "straddle:")
-	core, logs := observer.New(zapcore.InfoLevel)
-	f.logger.Store(zap.New(core))
-	fail := errors.New("no answer")
-	if err := f.do("admit", func(context.Context) error { return fail }); err == nil || f.up.Load() {
-		t.Fatalf("a failed operation: %v, up %v; want failed and down", err, f.up.Load())
-	}
-	release, slow := heldOperation(f.background)
-	for range 2 { // with the first, three failures: the breaker opens
-		_ = f.do("admit", func(context.Context) error { return fail })
-	}
-	if st := f.breaker.State(); st != gobreaker.StateOpen {
-		t.Fatalf("after 3 failures the breaker is %v, want open", st)
-	}
-	close(release)
-	if err := <-slow; err != nil {
-		t.Fatalf("the operation begun before the breaker opened: %v", err)
-	}
-	if f.up.Load() || logs.FilterMessageSnippet("storage reachable again").Len() != 0 {
-		t.Fatal("an operation that answered while the breaker was open ended the outage")
-	}
-	waitFor(t, "the breaker lets an operation try", 3*time.Second, func() bool { return f.breaker.State() == gobreaker.StateHalfOpen })
-	if err := f.do("admit", func(context.Context) error { return nil }); err != nil || !f.up.Load() {
-		t.Fatalf("the breaker's probe answered (err %v): up %v, want true", err, f.up.Load())
-	}
-	if n, m := logs.FilterMessageSnippet("storage unreachable").Len(), logs.FilterMessageSnippet("storage reachable again").Len(); n != 1 || m != 1 {
-		t.Fatalf("%d lines say the storage is unreachable and %d that it is back, want 1 and 1", n, m)
-	}
-}
-
-// TestASlowAnswerOnARequestsPathIsNotAnOutage: a request's operation that
-// runs out of its time fails that request, and is counted, but neither
-// opens the breaker nor declares Redis unreachable, however many in a
-// row: on a saturated machine Redis answers late without being gone.
-// Operations off the requests' paths that run out of theirs, which are
-// longer, do both; then a request's operation fails at once, without
-// being tried.
-func TestASlowAnswerOnARequestsPathIsNotAnOutage(t *testing.T) {
-	srv := redistest.Start(t)
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	t.Cleanup(cancel)
-	f, err := newFleet(ctx, &FleetRedis{Address: []string{srv.Addr}, Prefix: "slow:", Timeout: caddy.Duration(20 * time.Millisecond)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = f.Destruct() })
-	if f.backgroundTimeout != 200*time.Millisecond {
-		t.Fatalf("operations off the requests' paths wait %v, want 10 times the timeout", f.backgroundTimeout)
-	}
-	core, logs := observer.New(zapcore.InfoLevel)
-	f.logger.Store(zap.New(core))
-	late := func(ctx context.Context) error { // Redis answers after the deadline
-		<-ctx.Done()
-		return ctx.Err()
-	}
-	errs := metricFleetErrors.WithLabelValues("slow_admit")
-	before := testutil.ToFloat64(errs)
-	for i := range 5 {
-		start := time.Now()
-		if err := f.do("slow_admit", late); !errors.Is(err, errFleetDown) {
-			t.Fatalf("a late answer: %v, want the storage unavailable", err)
-		}
-		if took := time.Since(start); took > time.Second {
-			t.Fatalf("a request's operation waited %v; its timeout is 20ms", took)
-		}
-		if st := f.breaker.State(); st != gobreaker.StateClosed || !f.up.Load() {
-			t.Fatalf("after %d late answers: breaker %v, up %v; want closed and up", i+1, st, f.up.Load())
-		}
-	}
-	// a late answer in the real client too: Redis frozen for one operation
-	srv.Stop()
-	err = f.do("slow_admit", func(ctx context.Context) error { return f.client.Get(ctx, "slow:x").Err() })
-	srv.Continue()
-	if !errors.Is(err, errFleetDown) || f.breaker.State() != gobreaker.StateClosed || !f.up.Load() {
-		t.Fatalf("a frozen Redis's late answer: %v, breaker %v, up %v; want a failed request, closed and up", err, f.breaker.State(), f.up.Load())
-	}
-	if got := testutil.ToFloat64(errs) - before; got != 6 {
-		t.Fatalf("relay_storage_errors_total{op=slow_admit} grew by %v, want 6", got)
-	}
-	if n := logs.FilterMessageSnippet("storage unreachable").Len(); n != 0 {
-		t.Fatalf("%d lines say the storage is unreachable after late answers", n)
-	}
-	if err := f.do("slow_admit", func(ctx context.Context) error { return f.client.Get(ctx, "slow:x").Err() }); err != nil {
-		t.Fatalf("Redis answered again: %v", err)
-	}
-
-	for range 3 { // what runs off the requests' paths finds Redis gone
-		start := time.Now()
-		if err := f.background("slow_renew", late); !errors.Is(err, errFleetDown) {
-			t.Fatalf("a late answer off the requests' paths: %v", err)
-		}
-		if took := time.Since(start); took < 200*time.Millisecond {
-			t.Fatalf("an operation off the requests' paths gave up after %v, want its longer timeout", took)
-		}
-	}
-	if st := f.breaker.State(); st != gobreaker.StateOpen || f.up.Load() {
-		t.Fatalf("after 3 late answers off the requests' paths: breaker %v, up %v; want open and down", st, f.up.Load())
-	}
-	if n := logs.FilterMessageSnippet("storage unreachable").Len(); n != 1 {
-		t.Fatalf("%d lines say the storage is unreachable, want 1", n)
-	}
-	tried := false
-	if err := f.do("slow_admit", func(context.Context) error { tried = true; return nil }); !errors.Is(err, errFleetDown) || tried {
-		t.Fatalf("with the breaker open a request's operation: %v, tried %v; want failed at once", err, tried)
-	}
-}
-
 func TestFleetRouteListsTheNodes(t *testing.T) {
 	// without storage, the fleet is this node
 	startRelay(t, "\t\tkey "+clientKey+" solo-g\n\t\tchannel solo-ch {\n\t\t\tprovider mock\n\t\t}\n\t\tgroup solo-g {\n\t\t\tchannels solo-ch\n\t\t}\n")
 	nodes := fleetNodes(t)
-	if len(nodes) != 1 || nodes[0].ID != thisNode().ID || nodes[0].State != "up" || nodes[0].Version == "" ||
+	if len(nodes) != 1 || nodes[0].ID != fleet.ThisNode().ID || nodes[0].State != "up" || nodes[0].Version == "" ||
 		!nodes[0].Self || !strings.HasSuffix(nodes[0].Address, ":9080") {
 		t.Fatalf("nodes %+v; want this node alone, self, at its listen port 9080", nodes)
 	}
@@ -388,7 +244,7 @@ func TestFleetRouteListsTheNodes(t *testing.T) {
 	waitFor(t, "this node's heartbeat", 2*time.Second, func() bool { return len(fleetNodes(t)) == 2 })
 	for _, n := range fleetNodes(t) {
 		switch n.ID {
-		case thisNode().ID:
+		case fleet.ThisNode().ID:
 			if n.State != "up" || !strings.HasSuffix(n.Address, ":9080") || !n.Self || time.Since(n.LastSeen) > 5*time.Second {
 				t.Errorf("this node: %+v", n)
 			}
@@ -411,36 +267,14 @@ func TestFleetRouteListsTheNodes(t *testing.T) {
 	}
 }
 
-func TestModuleVersion(t *testing.T) {
-	const module = "github.com/caddy-relay/relay"
-	vcs := []debug.BuildSetting{{Key: "vcs.revision", Value: "0123456789abcdef0123"}, {Key: "vcs.modified", Value: "true"}}
-	for _, tt := range []struct {
-		name string
-		bi   *debug.BuildInfo
-		want string
-	}{
-		{"no build info", nil, "(devel)"},
-		{"a dependency (xcaddy)", &debug.BuildInfo{Main: debug.Module{Path: "caddy", Version: "(devel)"},
-			Deps: []*debug.Module{{Path: module, Version: "v1.4.0"}}, Settings: vcs}, "v1.4.0"},
-		{"a dependency replaced", &debug.BuildInfo{Deps: []*debug.Module{{Path: module, Version: "v1.4.0", Replace: &debug.Module{Path: "../relay", Version: ""}}}}, "v1.4.0"},
-		{"the main module, stamped", &debug.BuildInfo{Main: debug.Module{Path: module, Version: "v1.5.0"}}, "v1.5.0"},
-		{"the main module, its commit", &debug.BuildInfo{Main: debug.Module{Path: module, Version: "(devel)"}, Settings: vcs}, "0123456789ab+dirty"},
-		{"go run", &debug.BuildInfo{Main: debug.Module{Path: module, Version: "(devel)"}}, "(devel)"},
-	} {
-		if got := moduleVersion(tt.bi); got != tt.want {
-			t.Errorf("%s: %q, want %q", tt.name, got, tt.want)
-		}
-	}
-}
-
-func fleetNodes(t *testing.T) []fleetNode {
+func fleetNodes(t *testing.T) []fleet.Node {
 	t.Helper()
 	resp, err := client.Get(adminURL + "/relay/fleet")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var nodes []fleetNode
+	var nodes []fleet.Node
 	if err := json.NewDecoder(resp.Body).Decode(&nodes); err != nil || resp.StatusCode != 200 {
 		t.Fatalf("GET /relay/fleet: %d %v", resp.StatusCode, err)
 	}
@@ -532,45 +366,4 @@ func TestReloadsWithAFleetLeakNothing(t *testing.T) {
 		c, sub = clients()
 		return g <= baseGoroutines+5 && sub <= baseSubscribed && c <= baseClients+4
 	})
-}
-
-// TestAnOperationBegunBeforeAnOutageDoesNotEndIt: an operation that began
-// while Redis was up and answers after the relay said it is unreachable
-// (its breaker opened meanwhile) says nothing of now: the relay stays down,
-// with one line, until an operation begun since answers.
-func TestAnOperationBegunBeforeAnOutageDoesNotEndIt(t *testing.T) {
-	srv := redistest.Start(t)
-	f := quietFleet(t, srv.Addr, "flap:")
-	core, logs := observer.New(zapcore.InfoLevel)
-	f.logger.Store(zap.New(core))
-	release, slow := heldOperation(f.do)
-	fail := errors.New("no answer")
-	for range 3 { // the breaker opens
-		if err := f.do("admit", func(context.Context) error { return fail }); err == nil {
-			t.Fatal("a failed operation succeeded")
-		}
-	}
-	if f.up.Load() || f.breaker.State() != gobreaker.StateOpen {
-		t.Fatalf("after 3 failures: up %v, breaker %v; want down and open", f.up.Load(), f.breaker.State())
-	}
-	close(release)
-	if err := <-slow; err != nil {
-		t.Fatalf("the operation begun before the outage: %v", err)
-	}
-	if f.up.Load() {
-		t.Fatal("an operation begun before the outage ended it")
-	}
-	if n := logs.FilterMessageSnippet("storage reachable again").Len(); n != 0 {
-		t.Fatalf("%d lines say the storage is back while its breaker is open", n)
-	}
-	waitFor(t, "the breaker lets an operation try", 3*time.Second, func() bool { return f.breaker.State() == gobreaker.StateHalfOpen })
-	if err := f.do("renew", func(context.Context) error { return nil }); err != nil || !f.up.Load() {
-		t.Fatalf("an operation begun since the outage answered (err %v): up %v, want true", err, f.up.Load())
-	}
-	if n := logs.FilterMessageSnippet("storage unreachable").Len(); n != 1 {
-		t.Fatalf("%d lines say the storage is unreachable, want 1", n)
-	}
-	if n := logs.FilterMessageSnippet("storage reachable again").Len(); n != 1 {
-		t.Fatalf("%d lines say the storage is back, want 1", n)
-	}
 }

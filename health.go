@@ -53,8 +53,8 @@ type channelHealth struct {
 	// before one does not apply the fleet's older state over it
 	steered atomic.Uint64
 
-	name  string                // the channel's name
-	fleet atomic.Pointer[fleet] // the fleet the health is shared with; nil: none
+	name  string                 // the channel's name
+	fleet atomic.Pointer[member] // the fleet the health is shared with; nil: none
 
 	// models the upstream refused (403): model -> until, Unix nanoseconds.
 	// Copied on write, read without the lock on every selection.

@@ -536,8 +536,8 @@ func (r *Relay) settleHolds(in *inbound, cost float64) {
 
 // fleet is the fleet that keeps every hold of the request; nil when a hold
 // is kept on this relay.
-func (hs *holds) fleet() *fleet {
-	var f *fleet
+func (hs *holds) fleet() *member {
+	var f *member
 	for i := range hs.n {
 		af := hs.list[i].a.fleet.Load()
 		if af == nil || f != nil && af != f {

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/redis/go-redis/v9"
 	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
@@ -44,7 +45,7 @@ type batchHold struct {
 
 // batchHoldID names a batch's hold: by its channel and the upstream's
 // id, as its accounting mark is.
-func batchHoldID(channel, up string) string { return digest(channel + "\x00" + up) }
+func batchHoldID(channel, up string) string { return fleet.Digest(channel + "\x00" + up) }
 
 // batchWorstCase is the most a batch's requests may cost, in USD: each
 // request's worst case as a message's (of its own params, its input at
@@ -164,11 +165,11 @@ func (b *batchHoldTaken) take(accts []*spendAccount, now time.Time, channel stri
 	}
 	calls := make([]*holdCall, len(accts))
 	for i, a := range accts {
-		calls[i] = f.prepareHold(a, now, b.usd, holdMember(f.leaseID(), b.usd), f.lease)
+		calls[i] = f.prepareHold(a, now, b.usd, holdMember(f.LeaseID(), b.usd), f.Lease)
 	}
 	_, _, _, _, ans, err := f.admitHolds(now, nil, calls)
 	switch {
-	case err != nil && f.deny:
+	case err != nil && f.Deny:
 		return ans, err
 	case err != nil: // Redis is down: held on this relay alone meanwhile
 		return b.reserve(accts, now, channel), nil
@@ -296,8 +297,8 @@ func (b *batchHoldTaken) keep(channel, up string) {
 	}
 	member := holdMember("b:"+id, b.usd)
 	var rec strings.Builder // whose holds they are: account id and member, a line each
-	err := f.do("batch_hold", func(ctx context.Context) error {
-		_, err := f.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+	err := f.Do("batch_hold", func(ctx context.Context) error {
+		_, err := f.Redis.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 			for _, p := range b.parts {
 				set, total := f.holdKeys(p.a.id)
 				keepBatchScript.Eval(ctx, pipe, []string{set, total}, p.lease, member, batchHoldFor.Milliseconds(), holdKeysTTL.Milliseconds())
@@ -334,7 +335,7 @@ return 0
 `)
 
 // batchHoldKey is where a fleet records whose a batch's hold is.
-func (f *fleet) batchHoldKey(id string) string { return f.prefix + "batch_hold:" + id }
+func (f *member) batchHoldKey(id string) string { return f.Prefix + "batch_hold:" + id }
 
 // settleBatch makes the request that accounts the results of the batch up
 // on channel settle that batch's holds, those whose accounts are
@@ -390,9 +391,9 @@ func (in *inbound) payBatch(hs *holds) {
 func (r *Relay) settleFleetBatch(in *inbound, id string) {
 	f := r.fleet
 	var rec string
-	err := f.do("batch_hold", func(ctx context.Context) error {
+	err := f.Do("batch_hold", func(ctx context.Context) error {
 		var err error
-		rec, err = f.client.GetDel(ctx, f.batchHoldKey(id)).Result()
+		rec, err = f.Redis.GetDel(ctx, f.batchHoldKey(id)).Result()
 		return err
 	})
 	if err != nil {

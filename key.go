@@ -187,7 +187,7 @@ type keyState struct {
 // shares them.
 type stateSpec struct {
 	limits  limits
-	fleet   *fleet
+	fleet   *member
 	budgets budgetSpec // user * only: each identity's budgets
 }
 

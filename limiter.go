@@ -93,7 +93,7 @@ type limiter struct {
 // share keeps the limits in the fleet f, as thing ("k:" and a key's name,
 // "c:" and a channel's), when there are limits to keep (nil f: in this
 // relay alone).
-func (l *limiter) share(f *fleet, thing string) {
+func (l *limiter) share(f *member, thing string) {
 	spec := l.limits()
 	if f == nil || spec == (limits{}) {
 		if old := l.shared.Swap(nil); old != nil {
@@ -217,7 +217,7 @@ func (l *limiter) takeRate(now time.Time) (grant, limitScope, time.Duration) {
 			l.refusedUntil.Store(now.Add(max(wait, sharedBusyHint)).UnixNano())
 			l.refusedBy.Store(int32(slices.Index(scriptScopes[:], scope)))
 			return grant{left: g.left}, scope, wait
-		case s.f.deny:
+		case s.f.Deny:
 			return grant{}, scopeFleetDown, 0
 		}
 		// Redis is down: this relay keeps its own rate meanwhile
@@ -294,7 +294,7 @@ func (l *limiter) settle(now time.Time, s *sharedLimit, g grant, scope limitScop
 			}
 		}
 		return grant{left: g.left}, scope, wait, true
-	case s.f.deny:
+	case s.f.Deny:
 		return grant{}, scopeFleetDown, 0, true
 	}
 	return grant{}, scopeNone, 0, false
@@ -318,7 +318,7 @@ type ask struct {
 // did not answer and on_error says deny); ans says why the holds were not
 // taken. Each admitted ask's g is to give back with done.
 func takeAll(now time.Time, asks []ask, hs *holds) (refused int, scope limitScope, wait time.Duration, ans holdAnswer) {
-	var f *fleet
+	var f *member
 	local := false // the holds are this relay's
 	if hs.pending() {
 		if f = hs.fleet(); f == nil {

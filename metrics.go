@@ -149,22 +149,6 @@ var (
 		Help: "Batches whose results were accounted (tokens, cost at the batch price, the key's spend and token limit), by group and channel: once per batch, at its first read.",
 	}, []string{"group", "channel"})
 
-	metricFleetUp = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "relay_storage_up",
-		Help: "1 while the fleet's storage (Redis) answers, 0 while the relay serves on its own state; absent without storage.",
-	})
-
-	metricFleetErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "relay_storage_errors_total",
-		Help: "Operations on the fleet's storage (Redis) that failed or timed out, by operation (admit, release, renew, publish, sync, heartbeat, fleet, owners).",
-	}, []string{"op"})
-
-	metricFleetSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "relay_storage_seconds",
-		Help:    "Time of operations on the fleet's storage (Redis), by operation.",
-		Buckets: []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25},
-	}, []string{"op"})
-
 	metricLedgerDropped = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "relay_ledger_dropped_total",
 		Help: "Rows of the usage ledger dropped: the database was away (or slower than the traffic) for longer than the queue holds, or the relay stopped before it could write them. Their requests were served; their cost is in the budgets' spend and relay_cost_usd_total, not in the ledger.",
@@ -207,15 +191,8 @@ var collectors = []prometheus.Collector{
 	metricCacheAffinity, metricCacheMissUSD, metricUnpriced,
 }
 
-// fleetCollectors are registered only by a config with a fleet (`storage`).
-var fleetCollectors = []prometheus.Collector{metricFleetUp, metricFleetErrors, metricFleetSeconds}
-
 // ledgerCollectors are registered only by a config with a ledger.
 var ledgerCollectors = []prometheus.Collector{metricLedgerDropped, metricLedgerLost, metricLedgerWritten, metricLedgerWriterCPU}
-
-// registerFleetMetrics registers the fleet's collectors in a config's
-// registry.
-func registerFleetMetrics(reg prometheus.Registerer) error { return register(reg, fleetCollectors) }
 
 // registerMetrics registers the relay's collectors in a config's registry.
 func registerMetrics(reg prometheus.Registerer) error { return register(reg, collectors) }

@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/caddyserver/caddy/v2/caddytest"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.yaml.in/yaml/v3"
@@ -222,7 +223,7 @@ func TestAnUnfilteredAccessLogShowsTheKey(t *testing.T) {
 func TestDashboardAndRulesQueryExistingMetrics(t *testing.T) {
 	exported := map[string]bool{}
 	descs := make(chan *prometheus.Desc, 64)
-	for _, c := range append(append(collectors[:len(collectors):len(collectors)], fleetCollectors...), ledgerCollectors...) {
+	for _, c := range append(append(collectors[:len(collectors):len(collectors)], fleet.Collectors()...), ledgerCollectors...) {
 		c.Describe(descs)
 	}
 	close(descs)

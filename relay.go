@@ -195,7 +195,7 @@ type Relay struct {
 	decode        *decodeBudget   // the node's budget for decoding request bodies (decode.go)
 	users         map[string]*key // user entries by id, but user *
 	anyUser       *key            // user *; nil: none
-	fleet         *fleet          // the fleet this relay shares state with; nil: none
+	fleet         *member         // the fleet this relay shares state with; nil: none
 	ledger        *ledger         // where each request's row goes; nil: none
 	logger        *zap.Logger
 	prices        pricebook

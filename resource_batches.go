@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 )
@@ -35,14 +36,14 @@ var accountedHere sync.Map
 // claimBatch reports whether the results of the batch up on channel are to
 // be accounted by this read: true for the first read only.
 func (r *Relay) claimBatch(channel, up string) bool {
-	id := digest(channel + "\x00" + up)
+	id := fleet.Digest(channel + "\x00" + up)
 	if _, loaded := accountedHere.LoadOrStore(id, struct{}{}); loaded {
 		return false
 	}
 	if f := r.fleet; f != nil {
 		claimed := false
-		err := f.do("batch_accounted", func(ctx context.Context) error {
-			ok, err := f.client.SetNX(ctx, f.prefix+"batch_accounted:"+id, 1, batchAccountedFor).Result()
+		err := f.Do("batch_accounted", func(ctx context.Context) error {
+			ok, err := f.Redis.SetNX(ctx, f.Prefix+"batch_accounted:"+id, 1, batchAccountedFor).Result()
 			claimed = ok
 			return err
 		})

@@ -160,7 +160,7 @@ type resourceSecret struct {
 	mu     sync.Mutex
 	key    []byte
 	tried  time.Time
-	fleet  *fleet
+	fleet  *member
 	logger *zap.Logger
 }
 
@@ -240,12 +240,12 @@ func (s *resourceSecret) get() ([]byte, bool) {
 	s.tried = time.Now()
 	f := s.fleet
 	var key string
-	err := f.do("resource_secret", func(ctx context.Context) error {
-		k := f.prefix + "resource_secret"
-		if err := f.client.SetNX(ctx, k, newSecret(), 0).Err(); err != nil {
+	err := f.Do("resource_secret", func(ctx context.Context) error {
+		k := f.Prefix + "resource_secret"
+		if err := f.Redis.SetNX(ctx, k, newSecret(), 0).Err(); err != nil {
 			return err
 		}
-		v, err := f.client.Get(ctx, k).Result()
+		v, err := f.Redis.Get(ctx, k).Result()
 		key = v
 		return err
 	})

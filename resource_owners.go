@@ -57,7 +57,7 @@ import (
 
 // ownerStore keeps the owners of batches and files.
 type ownerStore struct {
-	fleet   *fleet            // set in fleet mode
+	fleet   *member           // set in fleet mode
 	storage certmagic.Storage // Caddy's storage; nil in a unit test's context
 	now     func() time.Time
 
@@ -82,7 +82,7 @@ const (
 	ownerMissFor = time.Minute
 )
 
-func newOwnerStore(f *fleet, storage certmagic.Storage, now func() time.Time) *ownerStore {
+func newOwnerStore(f *member, storage certmagic.Storage, now func() time.Time) *ownerStore {
 	cache, err := simplelru.NewLRU[string, ownerEntry](ownerCacheSize, nil)
 	if err != nil {
 		panic(err) // the size is a positive constant
@@ -108,8 +108,8 @@ func ownerStorageKey(kind resourceKind, channel, up string) string {
 }
 
 // ownerHash is the Redis hash of a channel's owners of one kind.
-func (f *fleet) ownerHash(kind resourceKind, channel string) string {
-	return f.key(tag("c:", channel), "owners:"+kind.String())
+func (f *member) ownerHash(kind resourceKind, channel string) string {
+	return f.Key(tag("c:", channel), "owners:"+kind.String())
 }
 
 // ownerRecord is a record in Caddy's storage. The channel and the
@@ -127,8 +127,8 @@ func (o *ownerStore) record(ctx context.Context, kind resourceKind, channel, up,
 	switch {
 	case o.fleet != nil:
 		f := o.fleet
-		if err := f.do("owners", func(ctx context.Context) error {
-			return f.client.HSet(ctx, f.ownerHash(kind, channel), up, group).Err()
+		if err := f.Do("owners", func(ctx context.Context) error {
+			return f.Redis.HSet(ctx, f.ownerHash(kind, channel), up, group).Err()
 		}); err != nil {
 			return err
 		}
@@ -158,8 +158,8 @@ func (o *ownerStore) forget(ctx context.Context, kind resourceKind, channel, up 
 	switch {
 	case o.fleet != nil:
 		f := o.fleet
-		return f.do("owners", func(ctx context.Context) error {
-			return f.client.HDel(ctx, f.ownerHash(kind, channel), up).Err()
+		return f.Do("owners", func(ctx context.Context) error {
+			return f.Redis.HDel(ctx, f.ownerHash(kind, channel), up).Err()
 		})
 	case o.storage != nil:
 		if err := o.storage.Delete(ctx, ownerStorageKey(kind, channel, up)); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -235,8 +235,8 @@ func (o *ownerStore) readRedis(kind resourceKind, channel string, ups []string, 
 		fields[j] = ups[i]
 	}
 	var vals []any
-	err := f.do("owners", func(ctx context.Context) error {
-		v, err := f.client.HMGet(ctx, f.ownerHash(kind, channel), fields...).Result()
+	err := f.Do("owners", func(ctx context.Context) error {
+		v, err := f.Redis.HMGet(ctx, f.ownerHash(kind, channel), fields...).Result()
 		vals = v
 		return err
 	})

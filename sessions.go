@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/caddyserver/caddy/v2"
 )
 
@@ -143,7 +144,7 @@ type session struct {
 	rules     *sessionRules // what it was last configured with
 	spend     *spendAccount // session_budget; nil: none
 	limits    *limiter      // session_rate; nil: none
-	fleet     *fleet        // where its loop guard counts, in a fleet; nil: here
+	fleet     *member       // where its loop guard counts, in a fleet; nil: here
 	tag       string        // where the fleet keeps it
 	loopLast  uint64        // the digest of the last (tool call, tool result) pair its conversation ended with
 	loopCount int           // in a row
@@ -226,7 +227,7 @@ func sessionDigest(sid string) string {
 	if sid == "" {
 		return ""
 	}
-	return digest(sid)
+	return fleet.Digest(sid)
 }
 
 // session is the state of the session sid of the principal stateID,
@@ -299,10 +300,10 @@ func trimSessions(gs *groupState, c *idleCache[*principalSessions]) {
 // limiter, made or dropped as the rules say. It runs under s.mu.
 func (r *Relay) configureSession(s *session, id string, rules *sessionRules, now time.Time) {
 	s.rules = rules
-	s.fleet, s.tag = r.fleet, "x:"+digest(id)
+	s.fleet, s.tag = r.fleet, "x:"+fleet.Digest(id)
 	if rules.budgetUSD > 0 {
 		if s.spend == nil {
-			aid := sessionSpendPrefix + digest(id)
+			aid := sessionSpendPrefix + fleet.Digest(id)
 			a, err := spend.account(aid)
 			if err != nil { // the pool's constructor does not fail
 				a = &spendAccount{id: aid}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
@@ -418,7 +419,7 @@ func TestAnIdleSessionIsDroppedWithItsAccount(t *testing.T) {
 	if w, _ := serveHandler(t, r, old.request(key, 10)); w.Code != 200 {
 		t.Fatalf("%d %s", w.Code, w.Body)
 	}
-	account := sessionSpendPrefix + digest(name+"\x00"+old.id)
+	account := sessionSpendPrefix + fleet.Digest(name+"\x00"+old.id)
 	if n, _ := spendAccounts.References(account); n != 1 {
 		t.Fatalf("the session's account has %d references, want 1", n)
 	}

@@ -57,8 +57,8 @@ type spendAccount struct {
 	waiting map[string]int
 	freed   atomic.Uint64 // counts the holds that ended, for a request about to wait for one
 
-	budgeted atomic.Bool           // it has a budget: requests are checked against it
-	fleet    atomic.Pointer[fleet] // where the fleet's totals are, when shared
+	budgeted atomic.Bool            // it has a budget: requests are checked against it
+	fleet    atomic.Pointer[member] // where the fleet's totals are, when shared
 	logger   atomic.Pointer[zap.Logger]
 	// perIdentity marks the account of one identity of a user * entry:
 	// not exported as metrics, whose key label would be unbounded
@@ -77,7 +77,7 @@ type budgetSpec struct {
 }
 
 // apply configures account a with the spec, shared by fleet f (nil: none).
-func (b budgetSpec) apply(a *spendAccount, f *fleet) {
+func (b budgetSpec) apply(a *spendAccount, f *member) {
 	a.mu.Lock()
 	a.scope = b.scope
 	if a.window != b.window {

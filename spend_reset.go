@@ -123,12 +123,12 @@ func (s *spendStore) reset(id string, periods []budgetPeriod, now time.Time) {
 // resetSpend deletes the fleet's totals of account id in periods, the ones
 // current at now: a relay reads a missing total as zero, and its next
 // addition starts it again. It runs under f.spendMu.
-func (f *fleet) resetSpend(id string, periods []budgetPeriod, now time.Time) error {
+func (f *member) resetSpend(id string, periods []budgetPeriod, now time.Time) error {
 	keys := make([]string, len(periods))
 	for i, p := range periods {
 		keys[i] = f.spendKey(id, p, p.start(now))
 	}
-	return f.do("spend", func(ctx context.Context) error {
-		return f.client.Del(ctx, keys...).Err()
+	return f.Do("spend", func(ctx context.Context) error {
+		return f.Redis.Del(ctx, keys...).Err()
 	})
 }

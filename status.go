@@ -6,6 +6,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/caddy-relay/relay/internal/fleet"
 )
 
 // The status page's picture of the relay: the last requests this node
@@ -165,8 +167,8 @@ type statusSnapshot struct {
 	Sessions []sessionView `json:"sessions"`
 	// Fleet lists the fleet's nodes when a relay handler has storage;
 	// FleetError says why it could not be read.
-	Fleet      []fleetNode `json:"fleet,omitempty"`
-	FleetError string      `json:"fleet_error,omitempty"`
+	Fleet      []fleet.Node `json:"fleet,omitempty"`
+	FleetError string       `json:"fleet_error,omitempty"`
 }
 
 // statusChannel is a channel's row of GET /relay/channels, with what the
@@ -208,8 +210,8 @@ type statusGroup struct {
 // snapshot builds the page's picture at now from the channels, groups and
 // keys of every loaded relay handler, the fleet (fleet, when not nil) and
 // the ring's rows.
-func snapshot(now time.Time, rows []recentRequest, fleet func() ([]fleetNode, error)) statusSnapshot {
-	snap := statusSnapshot{Node: thisNode().ID, Channels: []statusChannel{}, Groups: []statusGroup{}, Keys: []keyStatus{}}
+func snapshot(now time.Time, rows []recentRequest, nodes func() ([]fleet.Node, error)) statusSnapshot {
+	snap := statusSnapshot{Node: fleet.ThisNode().ID, Channels: []statusChannel{}, Groups: []statusGroup{}, Keys: []keyStatus{}}
 	byName := map[string]int{}
 	channelStates.Range(func(k, v any) bool {
 		byName[k.(string)] = len(snap.Channels)
@@ -262,8 +264,8 @@ func snapshot(now time.Time, rows []recentRequest, fleet func() ([]fleetNode, er
 		return cmp.Or(strings.Compare(a.Name, b.Name), strings.Compare(a.Kind, b.Kind))
 	})
 	snap.Sessions = topSessions(now, statusMaxSessions)
-	if fleet != nil {
-		nodes, err := fleet()
+	if nodes != nil {
+		nodes, err := nodes()
 		if err != nil {
 			snap.FleetError = err.Error()
 		}

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
@@ -73,7 +74,7 @@ type hostCheck struct {
 type fleetCache struct {
 	mu    sync.Mutex
 	at    time.Time
-	nodes []fleetNode
+	nodes []fleet.Node
 	err   error
 }
 
@@ -346,7 +347,7 @@ func (s *StatusPage) events(w http.ResponseWriter, r *http.Request) error {
 
 // fleet lists the fleet's nodes, read at most every statusFleetTick; nil
 // when no relay handler has storage.
-func (s *StatusPage) fleet() ([]fleetNode, error) {
+func (s *StatusPage) fleet() ([]fleet.Node, error) {
 	has := false
 	fleets.Range(func(_, _ any) bool { has = true; return false })
 	if !has {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddytest"
 
@@ -295,7 +296,7 @@ func TestStatusShowsTheFleet(t *testing.T) {
 		channelBlock("st-fleet", up.URL)+keyAndGroup("stg", "st-fleet"))
 	message(t, `{"model":"claude-sonnet-4-5","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`)
 	events := readStatusEvents(t)
-	if !strings.Contains(events, `"fleet":[{"id":"`+thisNode().ID+`"`) || !strings.Contains(events, `"state":"up"`) {
+	if !strings.Contains(events, `"fleet":[{"id":"`+fleet.ThisNode().ID+`"`) || !strings.Contains(events, `"state":"up"`) {
 		t.Fatalf("the events do not list this node in the fleet:\n%s", events)
 	}
 }
