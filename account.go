@@ -76,7 +76,7 @@ func (r *Relay) account(in *inbound) {
 
 	r.settleAffinity(in)
 	in.tr.end(in, priced)
-	recentRequests.record(in, duration, cost)
+	recordStatus(in, duration, cost)
 	r.ledger.record(in, r.now(), duration, cost, tools)
 
 	c := r.logger.Check(zap.InfoLevel, "relayed request")

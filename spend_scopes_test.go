@@ -139,7 +139,7 @@ func TestAGroupBudgetHoldsItsKeysTogether(t *testing.T) {
 	if held := acct.heldUSD(); held != 0.6 {
 		t.Errorf("the group holds %v, want A's 0.60", held)
 	}
-	for _, g := range snapshot(time.Now(), nil, nil).Groups {
+	for _, g := range (statusSource{}).Snapshot(time.Now()).Groups {
 		if g.Name == name && (g.HeldUSD != 0.6 || g.BudgetUSD["day"] != 1 || g.SpendUSD["day"] != 0 || len(g.BudgetUSD) != 1) {
 			t.Errorf("the status page's row of the group: %+v; want $0.60 held of a $1 daily budget", g)
 		}

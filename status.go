@@ -1,318 +1,219 @@
 package relay
 
 import (
-	"cmp"
-	"slices"
-	"strings"
-	"sync"
+	"context"
+	"net/http"
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fleet"
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-relay/relay/statuspage"
 )
 
-// The status page's picture of the relay: the last requests this node
-// answered (a ring written once per request by account) and a snapshot of
-// every channel, group, key and fleet node of the running config, built
-// only when a page asks. Nothing here is ever a secret: rows are made of
-// names, counters and what the client and upstream said.
+// The relay's side of the status page (package statuspage): the row of
+// each request it writes into the page's ring, and what the page reads of
+// the relay, its Source, over the process-wide state of every loaded relay
+// handler (channels' health, groups, provisioned keys, sessions, fleets,
+// ledgers), so that one Source serves every page across reloads.
 
-// recentSize is how many requests the ring keeps.
-const recentSize = 1000
-
-// chainSize is how many attempts of a request the ring keeps by name; the
-// count of attempts is kept whole.
-const chainSize = 4
-
-// recentRequest is one slot of the ring: fixed fields, and strings the
-// request already held (its id, key and channel names, its model), so
-// writing a slot allocates nothing.
-type recentRequest struct {
-	seq       uint64
-	at        int64 // unix ns, when the request arrived
-	id        string
-	key       string
-	model     string
-	served    string
-	channel   string // the channel whose answer the client got; "" none
-	chain     [chainSize]string
-	outcomes  [chainSize]outcome
-	attempts  int
-	status    int
-	stream    bool
-	firstByte time.Duration
-	duration  time.Duration
-	input     int64
-	output    int64
-	cost      float64
-	code      string
+func init() {
+	statuspage.SetSource(statusSource{})
 }
 
-// requestRing is the last recentSize requests of this node (never shared
-// in a fleet): a fixed array, written under a short lock.
-type requestRing struct {
-	mu   sync.Mutex
-	next uint64 // the seq of the next slot written; slot seq-1 is the newest
-	rows [recentSize]recentRequest
+// recordStatus writes in's row into the status page's ring; account
+// calls it once per request. It allocates nothing.
+func recordStatus(in *inbound, duration time.Duration, cost float64) {
+	row := statusRow(in, duration, cost)
+	statuspage.Record(&row)
 }
 
-// recentRequests is the process-wide ring: it outlives reloads, as the
-// channels' health does.
-var recentRequests = new(requestRing)
-
-// record writes in's slot; account calls it once per request.
-func (g *requestRing) record(in *inbound, duration time.Duration, cost float64) {
-	g.mu.Lock()
-	g.next++
-	s := &g.rows[(g.next-1)%recentSize]
-	s.seq = g.next
-	s.at = in.start.UnixNano()
-	s.id, s.model, s.served, s.code = in.id, in.ask.model, in.grant.target, in.end.errCode
-	s.key, s.channel = "", ""
+// statusRow is in's row of the status page: counters and strings in
+// already holds.
+func statusRow(in *inbound, duration time.Duration, cost float64) statuspage.Request {
+	row := statuspage.Request{
+		At: in.start, ID: in.id, Model: in.ask.model, Served: in.grant.target, Code: in.end.errCode,
+		Attempts: in.end.attempts, Status: in.end.status, Stream: in.ask.stream,
+		FirstByte: in.end.firstByte, Duration: duration,
+		Input: in.end.usage.input, Output: in.end.usage.output, CostUSD: cost,
+	}
 	if in.who.key != nil {
-		s.key = in.who.key.name
+		row.Key = in.who.key.name
 	}
 	if in.end.answered != nil {
-		s.channel = in.end.answered.name
+		row.Channel = in.end.answered.name
 	}
-	s.chain, s.outcomes = [chainSize]string{}, [chainSize]outcome{}
-	for i := range min(len(in.end.chain), chainSize) {
-		s.chain[i], s.outcomes[i] = in.end.chain[i].channel, in.end.chain[i].outcome
+	for i := range min(len(in.end.chain), statuspage.ChainSize) {
+		row.Chain[i], row.Outcomes[i] = in.end.chain[i].channel, in.end.chain[i].outcome.String()
 	}
-	s.attempts, s.status, s.stream = in.end.attempts, in.end.status, in.ask.stream
-	s.firstByte, s.duration = in.end.firstByte, duration
-	s.input, s.output, s.cost = in.end.usage.input, in.end.usage.output, cost
-	g.mu.Unlock()
+	return row
 }
 
-// since copies the rows written after seq, oldest first, and returns the
-// newest seq.
-func (g *requestRing) since(seq uint64) ([]recentRequest, uint64) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	first := max(seq+1, g.next-min(g.next, recentSize)+1)
-	out := make([]recentRequest, 0, g.next+1-min(first, g.next+1))
-	for s := first; s <= g.next; s++ {
-		out = append(out, g.rows[(s-1)%recentSize])
-	}
-	return out, g.next
+// statusSource is the status page's view of the relay. Its ledger is the
+// one it reads; nil: the process's (theLedger).
+type statusSource struct {
+	ledger *ledger
 }
 
-// requestRow is a ring slot as the page gets it.
-type requestRow struct {
-	Seq         uint64    `json:"seq"`
-	At          time.Time `json:"at"`
-	ID          string    `json:"id"`
-	Key         string    `json:"key"`
-	Model       string    `json:"model"`
-	Served      string    `json:"served,omitempty"`
-	Channel     string    `json:"channel"`
-	Chain       []string  `json:"chain"` // channel:outcome per attempt
-	Attempts    int       `json:"attempts"`
-	Status      int       `json:"status"`
-	Stream      bool      `json:"stream"`
-	FirstByteMs float64   `json:"first_byte_ms"`
-	DurationMs  float64   `json:"duration_ms"`
-	Input       int64     `json:"input_tokens"`
-	Output      int64     `json:"output_tokens"`
-	CostUSD     float64   `json:"cost_usd"`
-	// Code is the error code of the relay's own answer, or how the last
-	// attempt ended when an upstream's failure was passed on.
-	Code string `json:"code,omitempty"`
-}
-
-func (s *recentRequest) row() requestRow {
-	r := requestRow{
-		Seq: s.seq, At: time.Unix(0, s.at).UTC(), ID: s.id, Key: s.key, Model: s.model,
-		Channel: s.channel, Attempts: s.attempts, Status: s.status, Stream: s.stream,
-		FirstByteMs: ms(s.firstByte), DurationMs: ms(s.duration),
-		Input: s.input, Output: s.output, CostUSD: s.cost, Code: s.code, Chain: []string{},
-	}
-	if s.served != s.model {
-		r.Served = s.served
-	}
-	n := 0
-	for i := range min(s.attempts, chainSize) {
-		if s.chain[i] != "" {
-			r.Chain = append(r.Chain, s.chain[i]+":"+s.outcomes[i].String())
-			n = i + 1
-		}
-	}
-	if r.Code == "" && s.status >= 400 && n > 0 {
-		r.Code = s.outcomes[n-1].String() // an upstream's failure passed on: how the last attempt ended
-	}
-	return r
-}
-
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-
-// statusMaxKeys bounds the keys of a snapshot, which every viewer of the
-// page is sent each time it changes: a relay may have a hundred thousand.
-const statusMaxKeys = 500
-
-// statusMaxSessions bounds the sessions the status page shows.
-const statusMaxSessions = 20
-
-// statusSnapshot is everything the page shows but the requests.
-type statusSnapshot struct {
-	Node     string          `json:"node"`
-	Channels []statusChannel `json:"channels"`
-	Groups   []statusGroup   `json:"groups"`
-	// Keys are the keys that have served a request since their config
-	// loaded, at most statusMaxKeys of them (those that spent most this
-	// month); KeysTotal counts every key. GET /relay/keys lists them all.
-	Keys      []keyStatus `json:"keys"`
-	KeysTotal int         `json:"keys_total"`
-	// Sessions are the costliest live agent sessions, at most
-	// statusMaxSessions (GET /relay/sessions lists more).
-	Sessions []sessionView `json:"sessions"`
-	// Fleet lists the fleet's nodes when a relay handler has storage;
-	// FleetError says why it could not be read.
-	Fleet      []fleet.Node `json:"fleet,omitempty"`
-	FleetError string       `json:"fleet_error,omitempty"`
-}
-
-// statusChannel is a channel's row of GET /relay/channels, with what the
-// ring tells of its recent traffic.
-type statusChannel struct {
-	channelStatus
-	Recent channelRecent `json:"recent"`
-}
-
-// channelRecent is a channel's attempts among the requests in the ring, of
-// the last recentMinutes minutes.
-type channelRecent struct {
-	// PerMinute counts attempts by minute, the oldest first, the current
-	// minute last; ErrorsPerMinute those that did not succeed.
-	PerMinute       [recentMinutes]int `json:"per_minute"`
-	ErrorsPerMinute [recentMinutes]int `json:"errors_per_minute"`
-	// ErrorRatio is the failed share of the attempts of the last 5
-	// minutes; FirstByteP50Ms the median first byte of the answers it gave
-	// in that time.
-	ErrorRatio     float64 `json:"error_ratio"`
-	FirstByteP50Ms float64 `json:"first_byte_p50_ms"`
-}
-
-// recentMinutes is how far back a channel's sparkline goes.
-const recentMinutes = 10
-
-// statusGroup is a group's queue: how many requests wait, by priority;
-// and what its keys and users spent together, in the current month and
-// each period it has a budget for, its budgets and what requests in
-// flight and batches hold against them.
-type statusGroup struct {
-	Name      string             `json:"name"`
-	Queue     map[string]int     `json:"queue"`
-	SpendUSD  map[string]float64 `json:"spend_usd,omitempty"`
-	BudgetUSD map[string]float64 `json:"budget_usd,omitempty"`
-	HeldUSD   float64            `json:"held_usd,omitempty"`
-}
-
-// snapshot builds the page's picture at now from the channels, groups and
-// keys of every loaded relay handler, the fleet (fleet, when not nil) and
-// the ring's rows.
-func snapshot(now time.Time, rows []recentRequest, nodes func() ([]fleet.Node, error)) statusSnapshot {
-	snap := statusSnapshot{Node: fleet.ThisNode().ID, Channels: []statusChannel{}, Groups: []statusGroup{}, Keys: []keyStatus{}}
-	byName := map[string]int{}
+// Snapshot lists every channel, group, key in use and the costliest
+// sessions at now.
+func (statusSource) Snapshot(now time.Time) statuspage.Snapshot {
+	snap := statuspage.Snapshot{Node: fleet.ThisNode().ID}
 	channelStates.Range(func(k, v any) bool {
-		byName[k.(string)] = len(snap.Channels)
-		snap.Channels = append(snap.Channels, statusChannel{channelStatus: v.(*channelHealth).status(k.(string), now)})
+		st := v.(*channelHealth).status(k.(string), now)
+		snap.Channels = append(snap.Channels, statuspage.ChannelView{Channel: pageChannel(st)})
 		return true
 	})
-	recentStats(snap.Channels, byName, rows, now)
-	slices.SortFunc(snap.Channels, func(a, b statusChannel) int { return strings.Compare(a.Name, b.Name) })
-
 	groupStates.Range(func(k, v any) bool {
-		st := v.(*groupState)
-		g := statusGroup{Name: k.(string), Queue: map[string]int{}}
-		st.queue.mu.Lock()
-		for p := range priorityCount {
-			g.Queue[p.String()] = st.queue.levels[p].Len()
-		}
-		st.queue.mu.Unlock()
-		if a := st.spend.Load(); a != nil { // on its relay's clock
-			spent, caps := a.spent(time.Time{})
-			g.SpendUSD, g.HeldUSD = map[string]float64{}, a.heldUSD()
-			for p := range numPeriods {
-				if caps[p] > 0 || p == periodMonth {
-					g.SpendUSD[p.String()] = spent[p]
-				}
-				if caps[p] > 0 {
-					if g.BudgetUSD == nil {
-						g.BudgetUSD = map[string]float64{}
-					}
-					g.BudgetUSD[p.String()] = caps[p]
-				}
-			}
-		}
-		snap.Groups = append(snap.Groups, g)
+		snap.Groups = append(snap.Groups, pageGroup(k.(string), v.(*groupState)))
 		return true
 	})
-	slices.SortFunc(snap.Groups, func(a, b statusGroup) int { return strings.Compare(a.Name, b.Name) })
-
 	keys := provisionedKeys.current()
 	snap.KeysTotal = len(keys)
 	for _, k := range keys {
 		if k.active.Load() { // a key that has served nothing has nothing to show
-			snap.Keys = append(snap.Keys, k.status(k.relay.now()))
+			snap.Keys = append(snap.Keys, pageKey(k.status(k.relay.now())))
 		}
 	}
-	if len(snap.Keys) > statusMaxKeys { // those that spent most this month
-		slices.SortFunc(snap.Keys, func(a, b keyStatus) int { return cmp.Compare(b.SpendUSD["month"], a.SpendUSD["month"]) })
-		snap.Keys = snap.Keys[:statusMaxKeys]
-	}
-	slices.SortFunc(snap.Keys, func(a, b keyStatus) int {
-		return cmp.Or(strings.Compare(a.Name, b.Name), strings.Compare(a.Kind, b.Kind))
-	})
-	snap.Sessions = topSessions(now, statusMaxSessions)
-	if nodes != nil {
-		nodes, err := nodes()
-		if err != nil {
-			snap.FleetError = err.Error()
-		}
-		snap.Fleet = nodes
+	for _, v := range topSessions(now, statuspage.MaxSessions) {
+		snap.Sessions = append(snap.Sessions, statuspage.Session(v))
 	}
 	return snap
 }
 
-// recentStats fills each channel's recent traffic from the ring's rows.
-func recentStats(chs []statusChannel, byName map[string]int, rows []recentRequest, now time.Time) {
-	minute := now.Unix() / 60
-	firstBytes := make([][]time.Duration, len(chs))
-	tries := make([][2]int, len(chs)) // attempts, failures of the last 5 minutes
-	for i := range rows {
-		s := &rows[i]
-		age := minute - s.at/int64(time.Second)/60
-		if age < 0 || age >= recentMinutes {
-			continue
-		}
-		for j := range min(s.attempts, chainSize) {
-			c, ok := byName[s.chain[j]]
-			if !ok {
-				continue
+// pageGroup is a group's queue by priority, and its spend, budgets and
+// holds.
+func pageGroup(name string, st *groupState) statuspage.Group {
+	g := statuspage.Group{Name: name, Queue: map[string]int{}}
+	st.queue.mu.Lock()
+	for p := range priorityCount {
+		g.Queue[p.String()] = st.queue.levels[p].Len()
+	}
+	st.queue.mu.Unlock()
+	if a := st.spend.Load(); a != nil { // on its relay's clock
+		spent, caps := a.spent(time.Time{})
+		g.SpendUSD, g.HeldUSD = map[string]float64{}, a.heldUSD()
+		for p := range numPeriods {
+			if caps[p] > 0 || p == periodMonth {
+				g.SpendUSD[p.String()] = spent[p]
 			}
-			failed := s.outcomes[j] != outcomeSuccess
-			chs[c].Recent.PerMinute[recentMinutes-1-age]++
-			if failed {
-				chs[c].Recent.ErrorsPerMinute[recentMinutes-1-age]++
-			}
-			if age < 5 {
-				tries[c][0]++
-				if failed {
-					tries[c][1]++
+			if caps[p] > 0 {
+				if g.BudgetUSD == nil {
+					g.BudgetUSD = map[string]float64{}
 				}
+				g.BudgetUSD[p.String()] = caps[p]
 			}
-		}
-		if c, ok := byName[s.channel]; ok && age < 5 && s.firstByte > 0 {
-			firstBytes[c] = append(firstBytes[c], s.firstByte)
 		}
 	}
-	for c := range chs {
-		if tries[c][0] > 0 {
-			chs[c].Recent.ErrorRatio = float64(tries[c][1]) / float64(tries[c][0])
+	return g
+}
+
+// Fleet lists the fleet's nodes, or none when no relay handler has
+// storage.
+func (statusSource) Fleet() ([]statuspage.FleetNode, error) {
+	has := false
+	fleets.Range(func(_, _ any) bool { has = true; return false })
+	if !has {
+		return nil, nil
+	}
+	rows, err := fleetRows()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]statuspage.FleetNode, len(rows))
+	for i, n := range rows {
+		out[i] = pageNode(n)
+	}
+	return out, nil
+}
+
+// Act steers a channel as the admin API does.
+func (statusSource) Act(channel, action string) (statuspage.Channel, error) {
+	st, err := steerChannel(channel, action)
+	if err != nil {
+		return statuspage.Channel{}, err
+	}
+	return pageChannel(st), nil
+}
+
+// theLedger is the ledger the page reads.
+func (s statusSource) theLedger() (*ledger, error) {
+	if s.ledger != nil {
+		return s.ledger, nil
+	}
+	return theLedger()
+}
+
+// Ledger says why there is no ledger to read.
+func (s statusSource) Ledger() error {
+	_, err := s.theLedger()
+	return err
+}
+
+// Spend runs a usage query of the ledger.
+func (s statusSource) Spend(ctx context.Context, from, to time.Time, by []string, emit func(statuspage.SpendRow) error) error {
+	l, err := s.theLedger()
+	if err != nil {
+		return err
+	}
+	return l.store.usage(ctx, usageQuery{from: from, to: to, groupBy: by}, func(u usageRow) error {
+		return emit(statuspage.SpendRow{Values: u.values, Requests: u.requests, CostNano: u.costNano})
+	})
+}
+
+// SpendCSV writes the usage by day, group, key and model as GET
+// /relay/usage's CSV.
+func (s statusSource) SpendCSV(w http.ResponseWriter, r *http.Request, from, to time.Time) error {
+	l, err := s.theLedger()
+	if err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: err}
+	}
+	return writeUsage(w, r, l, usageQuery{from: from, to: to, groupBy: []string{"day", "group", "key", "model"}, csv: true})
+}
+
+// pageChannel is a channel's admin row as the page shows it.
+func pageChannel(st channelStatus) statuspage.Channel {
+	c := statuspage.Channel{
+		Name: st.Name, Provider: st.Provider, Groups: st.Groups, State: st.State,
+		CooldownUntil: st.CooldownUntil, Inflight: st.Inflight, Busy: st.Busy, BusyUntil: st.BusyUntil,
+		Requests: st.Requests, Failures: st.Failures, EWMALatencyMs: st.EWMALatencyMs,
+		LastError: st.LastError, LastErrorReason: st.LastErrorReason, LastErrorAt: st.LastErrorAt, ResetAt: st.ResetAt,
+		RefusedModels: st.RefusedModels, Lacks: st.Lacks,
+		SpendUSD: st.SpendUSD, SpendCapUSD: st.SpendCapUSD, CappedUntil: st.CappedUntil,
+	}
+	if st.Classes != nil {
+		c.Classes = make(map[string]statuspage.ClassCooldown, len(st.Classes))
+		for name, cs := range st.Classes {
+			c.Classes[name] = statuspage.ClassCooldown(cs)
 		}
-		if fb := firstBytes[c]; len(fb) > 0 {
-			slices.Sort(fb)
-			chs[c].Recent.FirstByteP50Ms = ms(fb[len(fb)/2])
-		}
+	}
+	return c
+}
+
+// pageKey is a key's admin row as the page shows it.
+func pageKey(st keyStatus) statuspage.Key {
+	return statuspage.Key{
+		Name: st.Name, Kind: st.Kind, Group: st.Group, Priority: st.Priority,
+		Expires: st.Expires, Expired: st.Expired, Disabled: st.Disabled, Limits: statuspage.KeyLimits(st.Limits),
+		SpendUSD: st.SpendUSD, BudgetUSD: st.BudgetUSD, RemainingUSD: st.RemainingUSD,
+		EstimatedUSD: st.EstimatedUSD, EstimatedPriceUSD: st.EstimatedPriceUSD, HeldUSD: st.HeldUSD,
 	}
 }
+
+// pageNode is a fleet node's admin row as the page shows it.
+func pageNode(n fleet.Node) statuspage.FleetNode {
+	out := statuspage.FleetNode{
+		ID: n.ID, Address: n.Address, Version: n.Version, Started: n.Started,
+		LastSeen: n.LastSeen, State: n.State, Self: n.Self,
+	}
+	if n.Leases != nil {
+		out.Leases = make([]statuspage.Lease, len(n.Leases))
+		for i, b := range n.Leases {
+			out.Leases[i] = statuspage.Lease(b)
+		}
+	}
+	return out
+}
+
+// Interface guard
+var _ statuspage.Source = statusSource{}

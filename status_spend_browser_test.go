@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/statuspage"
 	cdpbrowser "github.com/chromedp/cdproto/browser"
 	"github.com/chromedp/chromedp"
 )
@@ -23,8 +24,8 @@ func TestStatusSpendViewInABrowser(t *testing.T) {
 
 	today := time.Now().UTC().Format(time.DateOnly)
 	past := time.Now().UTC().AddDate(0, 0, -2).Format(time.DateOnly)
-	if n := eval[int](t, ctx, `document.querySelectorAll("#spend-chart g.day").length`); n != spendDays {
-		t.Errorf("the chart has %d days, want %d", n, spendDays)
+	if n := eval[int](t, ctx, `document.querySelectorAll("#spend-chart g.day").length`); n != statuspage.SpendDays {
+		t.Errorf("the chart has %d days, want %d", n, statuspage.SpendDays)
 	}
 	bars := func(day string) []string {
 		return eval[[]string](t, ctx, `[...document.querySelectorAll('#spend-chart g.day[data-day="`+day+`"] rect')].map(r => r.dataset.group)`)

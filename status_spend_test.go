@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/statuspage"
 )
 
 // The keys of the Spend view's tests: spend-kb's three requests cost more
@@ -80,13 +81,13 @@ func spendRelay(t *testing.T) {
 }
 
 // getSpend reads the page's Spend view.
-func getSpend(t *testing.T) spendView {
+func getSpend(t *testing.T) statuspage.SpendView {
 	t.Helper()
 	code, h, body := get(t, "/status/spend")
 	if code != 200 || h.Get("Content-Type") != "application/json" {
 		t.Fatalf("spend: %d %s %s", code, h.Get("Content-Type"), body)
 	}
-	var v spendView
+	var v statuspage.SpendView
 	if err := json.Unmarshal([]byte(body), &v); err != nil {
 		t.Fatalf("spend: %v\n%s", err, body)
 	}
@@ -100,14 +101,14 @@ func TestStatusSpendViewFromTheLedger(t *testing.T) {
 	v := getSpend(t)
 	today := time.Now().UTC().Format(time.DateOnly)
 	past := time.Now().UTC().AddDate(0, 0, -2).Format(time.DateOnly)
-	if !v.Ledger || v.Notice != "" || len(v.Days) != spendDays || v.Days[spendDays-1] != today || v.Days[spendDays-3] != past {
+	if !v.Ledger || v.Notice != "" || len(v.Days) != statuspage.SpendDays || v.Days[statuspage.SpendDays-1] != today || v.Days[statuspage.SpendDays-3] != past {
 		t.Fatalf("the view's days: ledger %v, notice %q, %d days %v", v.Ledger, v.Notice, len(v.Days), v.Days)
 	}
 	if len(v.Groups) != 2 || v.Groups[0].Name != "spend-a" || v.Groups[1].Name != "spend-b" {
 		t.Fatalf("groups: %+v", v.Groups)
 	}
 	a, b := v.Groups[0].CostUSD, v.Groups[1].CostUSD
-	if !near(a[spendDays-1], sonnetCost+haikuCost) || !near(a[spendDays-3], pastCost) || !near(b[spendDays-1], 3*sonnetCost) || b[spendDays-3] != 0 {
+	if !near(a[statuspage.SpendDays-1], sonnetCost+haikuCost) || !near(a[statuspage.SpendDays-3], pastCost) || !near(b[statuspage.SpendDays-1], 3*sonnetCost) || b[statuspage.SpendDays-3] != 0 {
 		t.Fatalf("costs by day: spend-a %v, spend-b %v", a, b)
 	}
 	if !near(v.TotalUSD, 4*sonnetCost+haikuCost+pastCost) {
@@ -169,22 +170,23 @@ func BenchmarkStatusSpend(b *testing.B) {
 	}
 	defer s.close()
 	now := time.Now().UTC()
-	from, _ := spendRange(now)
+	// the view's first day: today is the last of statuspage.SpendDays
+	from := time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, time.UTC).AddDate(0, 0, 1-statuspage.SpendDays)
 	ctx := context.Background()
 	const batch = 1000
 	for k := 0; k < 60*batch; k += batch {
 		rows := benchRows(batch, from, k)
 		for i := range rows { // each run of 600 rows (every combination) on one day
-			rows[i].at = from.AddDate(0, 0, (k+i)/600%spendDays).Add(time.Hour)
+			rows[i].at = from.AddDate(0, 0, (k+i)/600%statuspage.SpendDays).Add(time.Hour)
 		}
 		if err := s.write(ctx, rows); err != nil {
 			b.Fatal(err)
 		}
 	}
-	l := &ledger{store: s}
+	src := statusSource{ledger: &ledger{store: s}}
 	b.ResetTimer()
 	for b.Loop() {
-		if v := buildSpend(ctx, l, now); v.Notice != "" || len(v.Groups) != 8 || len(v.TopKeys) != spendTop {
+		if v := statuspage.BuildSpend(ctx, src, now); v.Notice != "" || len(v.Groups) != 8 || len(v.TopKeys) != statuspage.SpendTop {
 			b.Fatalf("%+v", v)
 		}
 	}

@@ -13,11 +13,11 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fleet"
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddytest"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
 	"github.com/caddy-relay/relay/internal/redistest"
+	"github.com/caddy-relay/relay/statuspage"
 )
 
 // statusSite mounts the status page at /status/ of the test site.
@@ -233,59 +233,45 @@ func TestStatusPageAnswersOnlyItsOwnHosts(t *testing.T) {
 	}
 }
 
-func TestStatusRingKeepsTheLastRequests(t *testing.T) {
-	g := new(requestRing)
+// TestStatusRowOfARequest: account writes each request's row into the
+// status page's ring with what the request already holds, allocating
+// nothing.
+func TestStatusRowOfARequest(t *testing.T) {
 	ch := &channel{name: "ring-ch"}
-	in := &inbound{id: "req", start: time.Unix(100, 0), ask: asked{model: "m"}, grant: granted{target: "m"}, end: ending{answered: ch, status: 200, attempts: 1}}
-	in.end.chain = append(in.chainBuf[:0], attemptRecord{channel: "ring-ch", outcome: outcomeSuccess})
-	if n := testing.AllocsPerRun(100, func() { g.record(in, time.Millisecond, 0.5) }); n != 0 {
-		t.Errorf("record allocates %v times", n)
+	k := &key{name: "ring-key"}
+	in := &inbound{id: "req", start: time.Unix(100, 0), ask: asked{model: "m", stream: true}, grant: granted{target: "m2"},
+		end: ending{answered: ch, status: 200, attempts: 5, firstByte: time.Second, errCode: "code"}}
+	in.who.key = k
+	in.end.usage.input, in.end.usage.output = 10, 5
+	for i := range 5 {
+		in.end.chain = append(in.end.chain, attemptRecord{channel: fmt.Sprint("ch", i), outcome: outcomeOverloaded})
 	}
-	for i := range recentSize + 5 {
-		in.id = fmt.Sprint("r", i)
-		g.record(in, time.Millisecond, 0.5)
+	in.end.chain[4] = attemptRecord{channel: "ring-ch", outcome: outcomeSuccess}
+	if n := testing.AllocsPerRun(100, func() { recordStatus(in, time.Millisecond, 0.5) }); n != 0 {
+		t.Errorf("recording a request allocates %v times", n)
 	}
-	rows, last := g.since(0)
-	if len(rows) != recentSize || rows[0].id != "r5" || rows[len(rows)-1].id != fmt.Sprint("r", recentSize+4) || last != rows[len(rows)-1].seq {
-		t.Fatalf("%d rows, first %s, last %s, seq %d", len(rows), rows[0].id, rows[len(rows)-1].id, last)
+	row := statusRow(in, time.Millisecond, 0.5)
+	want := statuspage.Request{
+		At: in.start, ID: "req", Key: "ring-key", Model: "m", Served: "m2", Channel: "ring-ch",
+		Chain:    [statuspage.ChainSize]string{"ch0", "ch1", "ch2", "ch3"},
+		Outcomes: [statuspage.ChainSize]string{"overloaded", "overloaded", "overloaded", "overloaded"},
+		Attempts: 5, Status: 200, Stream: true, FirstByte: time.Second, Duration: time.Millisecond,
+		Input: 10, Output: 5, CostUSD: 0.5, Code: "code",
 	}
-	more, _ := g.since(last - 2)
-	if len(more) != 2 || more[1].seq != last {
-		t.Fatalf("since: %d rows", len(more))
-	}
-	if none, _ := g.since(last); len(none) != 0 {
-		t.Fatalf("since the newest: %d rows", len(none))
-	}
-	row := rows[0].row()
-	if row.Channel != "ring-ch" || len(row.Chain) != 1 || row.Chain[0] != "ring-ch:success" || row.CostUSD != 0.5 {
-		t.Fatalf("row: %+v", row)
-	}
-}
-
-func TestStatusCaddyfile(t *testing.T) {
-	for _, c := range []struct{ in, err string }{
-		{"relay_status", ""},
-		{"relay_status extra", "wrong argument count"},
-		{"relay_status {\n\tfoo\n}", "takes no options"},
-	} {
-		d := caddyfile.NewTestDispenser(c.in)
-		err := new(StatusPage).UnmarshalCaddyfile(d)
-		if (err == nil) != (c.err == "") || err != nil && !strings.Contains(err.Error(), c.err) {
-			t.Errorf("%q: %v, want %q", c.in, err, c.err)
-		}
+	if row != want {
+		t.Errorf("the row of a request:\n got %+v\nwant %+v", row, want)
 	}
 }
 
 // BenchmarkStatusRecord is the request path's share of the status page:
 // writing one ring slot.
 func BenchmarkStatusRecord(b *testing.B) {
-	g := new(requestRing)
 	ch := &channel{name: "ring-ch"}
 	in := &inbound{id: "req", start: time.Unix(100, 0), ask: asked{model: "m"}, grant: granted{target: "m"}, end: ending{answered: ch, status: 200, attempts: 1}}
 	in.end.chain = append(in.chainBuf[:0], attemptRecord{channel: "ring-ch", outcome: outcomeSuccess})
 	b.ReportAllocs()
 	for b.Loop() {
-		g.record(in, time.Millisecond, 0.5)
+		recordStatus(in, time.Millisecond, 0.5)
 	}
 }
 
@@ -315,7 +301,7 @@ func TestStatusPagePaths(t *testing.T) {
 	}
 	for path, mime := range map[string]string{"/status/": "text/html", "/status/board/": "text/html", "/status/status.js": "text/javascript", "/status/status.css": "text/css"} {
 		status, h, _ := get(t, path)
-		if status != 200 || !strings.HasPrefix(h.Get("Content-Type"), mime) || h.Get("X-Content-Type-Options") != "nosniff" || h.Get("Content-Security-Policy") != statusCSP {
+		if status != 200 || !strings.HasPrefix(h.Get("Content-Type"), mime) || h.Get("X-Content-Type-Options") != "nosniff" || h.Get("Content-Security-Policy") != statuspage.CSP {
 			t.Errorf("%s: %d %q %q", path, status, h.Get("Content-Type"), h.Get("Content-Security-Policy"))
 		}
 	}
@@ -326,18 +312,19 @@ func TestStatusPagePaths(t *testing.T) {
 }
 
 // TestStatusPageShowsTheKeysInUse: the status page is sent to every viewer
-// each time it changes, so it lists the keys that have served a request, at
-// most statusMaxKeys of them, and counts the others.
+// each time it changes, so the relay gives it the keys that have served a
+// request and counts the others (the page shows at most
+// statuspage.MaxKeys of them).
 func TestStatusPageShowsTheKeysInUse(t *testing.T) {
 	var lines []string
-	for i := range statusMaxKeys + 100 {
+	for i := range statuspage.MaxKeys + 100 {
 		lines = append(lines, fmt.Sprintf(`{"secret": "sk-many-%04d-0123456789abcdef", "group": "many", "name": "many-%04d"}`, i, i))
 	}
 	r := &Relay{KeysFile: writeKeysFile(t, strings.Join(lines, "\n")),
 		Channels: []*Channel{{Name: "many-ch", UpstreamRaw: upstream("mock")}},
 		Groups:   []*Group{{Name: "many", Channels: []string{"many-ch"}}}}
 	provisionHandler(t, r)
-	mine := func(snap statusSnapshot) (n int) {
+	mine := func(snap statuspage.Snapshot) (n int) {
 		for _, k := range snap.Keys {
 			if strings.HasPrefix(k.Name, "many-") {
 				n++
@@ -348,14 +335,14 @@ func TestStatusPageShowsTheKeysInUse(t *testing.T) {
 	if w, _ := serveHandler(t, r, newRequest(simpleBody, "sk-many-0007-0123456789abcdef")); w.Code != 200 {
 		t.Fatalf("%d %s", w.Code, w.Body)
 	}
-	snap := snapshot(time.Now(), nil, nil)
-	if mine(snap) != 1 || snap.KeysTotal < statusMaxKeys+100 {
+	snap := statusSource{}.Snapshot(time.Now())
+	if mine(snap) != 1 || snap.KeysTotal < statuspage.MaxKeys+100 {
 		t.Fatalf("after one key's request: %d of the keys shown, %d keys counted", mine(snap), snap.KeysTotal)
 	}
 	for _, k := range r.keys {
 		r.activate(k)
 	}
-	if snap := snapshot(time.Now(), nil, nil); len(snap.Keys) != statusMaxKeys {
-		t.Errorf("with every key in use: %d keys shown, want %d", len(snap.Keys), statusMaxKeys)
+	if snap := (statusSource{}).Snapshot(time.Now()); mine(snap) != statuspage.MaxKeys+100 {
+		t.Errorf("with every key in use: %d keys given the page, want %d", mine(snap), statuspage.MaxKeys+100)
 	}
 }

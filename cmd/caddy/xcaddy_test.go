@@ -75,7 +75,9 @@ func TestXcaddyBuildsTheLocalCheckout(t *testing.T) {
 	if err != nil {
 		t.Fatalf("caddy list-modules: %v\n%s", err, out)
 	}
-	for _, m := range []string{"http.handlers.relay", "admin.api.relay", "http.handlers.relay.providers.mock"} {
+	// the status page and its check of an open page are a package of the
+	// relay's own, which the relay imports
+	for _, m := range []string{"http.handlers.relay", "admin.api.relay", "http.handlers.relay.providers.mock", "http.handlers.relay_status", "relay_status_exposure"} {
 		if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(m) + `$`).Match(out) {
 			t.Errorf("the xcaddy binary lacks the module %s:\n%s", m, out)
 		}

@@ -1,4 +1,4 @@
-package relay
+package statuspage
 
 import (
 	"cmp"
@@ -14,47 +14,49 @@ import (
 )
 
 // The status page's Spend view: what the ledger holds of the last
-// spendDays UTC days, by day and group, and the keys and models that cost
+// SpendDays UTC days, by day and group, and the keys and models that cost
 // most, read by the page from `spend` beside it (never from the admin
 // API, which is privileged and on another origin), and the same rows as
-// CSV from `spend.csv`. Built with the ledger's usage queries; rows are
-// made of names and sums, as the rest of the page.
+// CSV from `spend.csv`. Built with the ledger's usage queries, which the
+// Source answers; rows are made of names and sums, as the rest of the
+// page.
 
-// spendDays is how many UTC days the Spend view covers, today the last.
-const spendDays = 30
+// SpendDays is how many UTC days the Spend view covers, today the last.
+const SpendDays = 30
 
-// spendTop is how many keys and models the view lists.
-const spendTop = 10
+// SpendTop is how many keys and models the view lists.
+const SpendTop = 10
 
 // spendTTL is how long a view is kept for every viewer of the page: a
 // ledger query at most this often, however many pages are open.
 const spendTTL = 5 * time.Second
 
-// spendView is the page's Spend view. Without a ledger, Ledger is false
-// and Notice says why; Notice also says why a ledger did not answer.
-type spendView struct {
+// SpendView is the page's Spend view, as `spend` answers it. Without a
+// ledger, Ledger is false and Notice says why; Notice also says why a
+// ledger did not answer.
+type SpendView struct {
 	Ledger bool   `json:"ledger"`
 	Notice string `json:"notice,omitempty"`
 	// Days are the view's UTC days, the oldest first, today last.
 	Days []string `json:"days"`
 	// Groups are the groups that spent in those days, by name, each with
 	// its cost on each of Days.
-	Groups []spendGroup `json:"groups"`
+	Groups []SpendGroup `json:"groups"`
 	// TopKeys and TopModels are the keys and the models (as served) that
 	// cost most in those days, the costliest first.
-	TopKeys   []spendTotal `json:"top_keys"`
-	TopModels []spendTotal `json:"top_models"`
+	TopKeys   []SpendTotal `json:"top_keys"`
+	TopModels []SpendTotal `json:"top_models"`
 	TotalUSD  float64      `json:"total_usd"`
 }
 
-// spendGroup is a group's cost by day.
-type spendGroup struct {
+// SpendGroup is a group's cost by day.
+type SpendGroup struct {
 	Name    string    `json:"name"`
 	CostUSD []float64 `json:"cost_usd"`
 }
 
-// spendTotal is a key's or model's cost and requests over the view.
-type spendTotal struct {
+// SpendTotal is a key's or model's cost and requests over the view.
+type SpendTotal struct {
 	Name     string  `json:"name"`
 	Requests int64   `json:"requests"`
 	CostUSD  float64 `json:"cost_usd"`
@@ -64,67 +66,69 @@ type spendTotal struct {
 type spendCache struct {
 	mu   sync.Mutex
 	at   time.Time
-	view spendView
+	view SpendView
 }
 
-// spendRange is the view's query window at now: spendDays whole UTC days,
+// spendRange is the view's query window at now: SpendDays whole UTC days,
 // which the ledger answers from its daily rollup.
 func spendRange(now time.Time) (from, to time.Time) {
 	now = now.UTC()
 	to = time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, time.UTC).AddDate(0, 0, 1)
-	return to.AddDate(0, 0, -spendDays), to
+	return to.AddDate(0, 0, -SpendDays), to
 }
 
-// buildSpend reads the view at now from l.
-func buildSpend(ctx context.Context, l *ledger, now time.Time) spendView {
+// BuildSpend reads the view at now from src's ledger: three queries of
+// its daily rollup (by day and group, by key, by model). A page builds it
+// at most every few seconds, for all its viewers.
+func BuildSpend(ctx context.Context, src Source, now time.Time) SpendView {
 	from, to := spendRange(now)
-	v := spendView{Ledger: true, Days: make([]string, 0, spendDays), Groups: []spendGroup{}, TopKeys: []spendTotal{}, TopModels: []spendTotal{}}
+	v := SpendView{Ledger: true, Days: make([]string, 0, SpendDays), Groups: []SpendGroup{}, TopKeys: []SpendTotal{}, TopModels: []SpendTotal{}}
 	day := map[string]int{}
 	for d := from; d.Before(to); d = d.AddDate(0, 0, 1) {
 		day[d.Format(time.DateOnly)] = len(v.Days)
 		v.Days = append(v.Days, d.Format(time.DateOnly))
 	}
 	group := map[string]int{}
-	err := l.store.usage(ctx, usageQuery{from: from, to: to, groupBy: []string{"day", "group"}}, func(u usageRow) error {
-		i, ok := day[u.values[0]]
+	err := src.Spend(ctx, from, to, []string{"day", "group"}, func(u SpendRow) error {
+		i, ok := day[u.Values[0]]
 		if !ok {
 			return nil
 		}
-		g, ok := group[u.values[1]]
+		g, ok := group[u.Values[1]]
 		if !ok {
 			g = len(v.Groups)
-			group[u.values[1]] = g
-			v.Groups = append(v.Groups, spendGroup{Name: u.values[1], CostUSD: make([]float64, spendDays)})
+			group[u.Values[1]] = g
+			v.Groups = append(v.Groups, SpendGroup{Name: u.Values[1], CostUSD: make([]float64, SpendDays)})
 		}
-		usd := float64(u.costNano) / 1e9
+		usd := float64(u.CostNano) / 1e9
 		v.Groups[g].CostUSD[i] += usd
 		v.TotalUSD += usd
 		return nil
 	})
 	if err == nil {
-		v.TopKeys, err = spendTops(ctx, l, from, to, "key")
+		v.TopKeys, err = spendTops(ctx, src, from, to, "key")
 	}
 	if err == nil {
-		v.TopModels, err = spendTops(ctx, l, from, to, "model")
+		v.TopModels, err = spendTops(ctx, src, from, to, "model")
 	}
 	if err != nil {
-		return spendView{Ledger: true, Notice: "the ledger did not answer: " + err.Error()}
+		return SpendView{Ledger: true, Notice: "the ledger did not answer: " + err.Error()}
 	}
-	slices.SortFunc(v.Groups, func(a, b spendGroup) int { return cmp.Compare(a.Name, b.Name) })
+	slices.SortFunc(v.Groups, func(a, b SpendGroup) int { return cmp.Compare(a.Name, b.Name) })
 	return v
 }
 
-// spendTops is the spendTop costliest values of column in [from, to).
-func spendTops(ctx context.Context, l *ledger, from, to time.Time, column string) ([]spendTotal, error) {
-	var all []spendTotal
-	err := l.store.usage(ctx, usageQuery{from: from, to: to, groupBy: []string{column}}, func(u usageRow) error {
-		all = append(all, spendTotal{Name: u.values[0], Requests: u.requests, CostUSD: float64(u.costNano) / 1e9})
+// spendTops is the SpendTop costliest values of column in [from, to).
+func spendTops(ctx context.Context, src Source, from, to time.Time, column string) ([]SpendTotal, error) {
+	var all []SpendTotal
+	err := src.Spend(ctx, from, to, []string{column}, func(u SpendRow) error {
+		all = append(all, SpendTotal{Name: u.Values[0], Requests: u.Requests, CostUSD: float64(u.CostNano) / 1e9})
 		return nil
 	})
-	slices.SortStableFunc(all, func(a, b spendTotal) int {
+	slices.SortStableFunc(all, func(a, b SpendTotal) int {
 		return cmp.Or(cmp.Compare(b.CostUSD, a.CostUSD), cmp.Compare(a.Name, b.Name))
 	})
-	return append([]spendTotal{}, all[:min(len(all), spendTop)]...), err
+	return append([]SpendTotal{}, all[:min(len(all), SpendTop)]...), err
 }
 
 // spend serves the view as JSON.
@@ -138,16 +142,15 @@ func (s *StatusPage) spend(w http.ResponseWriter, r *http.Request) error {
 }
 
 // spendView is the view at now, built at most every spendTTL.
-func (s *StatusPage) spendView(ctx context.Context, now time.Time) spendView {
-	l, err := theLedger()
-	if err != nil {
-		return spendView{Notice: err.Error()}
+func (s *StatusPage) spendView(ctx context.Context, now time.Time) SpendView {
+	if err := s.src.Ledger(); err != nil {
+		return SpendView{Notice: err.Error()}
 	}
 	c := s.spends
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.at.IsZero() || now.Sub(c.at) >= spendTTL || now.Before(c.at) {
-		v := buildSpend(ctx, l, now)
+		v := BuildSpend(ctx, s.src, now)
 		if v.Notice != "" && ctx.Err() != nil { // its viewer left: not every viewer's answer
 			return v
 		}
@@ -159,8 +162,7 @@ func (s *StatusPage) spendView(ctx context.Context, now time.Time) spendView {
 // spendCSV serves the view's rows, by day, group, key and model, as the
 // admin API's GET /relay/usage does in CSV.
 func (s *StatusPage) spendCSV(w http.ResponseWriter, r *http.Request) error {
-	l, err := theLedger()
-	if err != nil {
+	if err := s.src.Ledger(); err != nil {
 		return statusError(w, http.StatusNotFound, err.Error())
 	}
 	from, to := spendRange(time.Now())
@@ -168,7 +170,7 @@ func (s *StatusPage) spendCSV(w http.ResponseWriter, r *http.Request) error {
 		w.Header().Set("Content-Type", "text/csv; charset=utf-8")
 		return nil
 	}
-	err = writeUsage(w, r, l, usageQuery{from: from, to: to, groupBy: []string{"day", "group", "key", "model"}, csv: true})
+	err := s.src.SpendCSV(w, r, from, to)
 	var api caddy.APIError
 	if errors.As(err, &api) { // the ledger did not answer: nothing is written yet
 		w.Header().Del("Content-Disposition")

@@ -1,4 +1,4 @@
-package relay
+package statuspage
 
 import (
 	"encoding/json"
@@ -28,17 +28,17 @@ func TestAnOpenStatusPageIsWarnedOfAtLoad(t *testing.T) {
 		name, sites string
 		warn        string // the site the warning names; "" for none
 	}{
-		{"public, no login", "http://status.example:9080 {\n\trelay_status\n}\n", "http://status.example:9080"},
-		{"public, no host, under a path", ":9080 {\n\trelay_status /status/*\n}\n", ":9080"},
-		{"behind basic_auth", "http://status.example:9080 {\n" + auth + "\trelay_status\n}\n", ""},
-		{"behind basic_auth in a handle block", "http://status.example:9080 {\n\thandle /status/* {\n" + auth + "\t\trelay_status\n\t}\n}\n", ""},
-		{"behind basic_auth of the same path", "http://status.example:9080 {\n\tbasic_auth /status/* {\n\t\toncall " + string(hash) + "\n\t}\n\trelay_status /status/*\n}\n", ""},
-		{"behind forward_auth", "http://status.example:9080 {\n\tforward_auth 127.0.0.1:9 {\n\t\turi /verify\n\t}\n\trelay_status\n}\n", ""},
-		{"basic_auth of another path", "http://status.example:9080 {\n\tbasic_auth /other/* {\n\t\toncall " + string(hash) + "\n\t}\n\trelay_status\n}\n", "http://status.example:9080"},
-		{"basic_auth a client may dodge", "http://status.example:9080 {\n\t@signin header Authorization \"Basic *\"\n\tbasic_auth @signin {\n\t\toncall " + string(hash) + "\n\t}\n\trelay_status\n}\n", "http://status.example:9080"},
-		{"bound to 127.0.0.1", "http://status.example:9080 {\n\tbind 127.0.0.1\n\trelay_status\n}\n", ""},
-		{"bound to localhost", ":9080 {\n\tbind localhost\n\trelay_status\n}\n", ""},
-		{"bound to 127.0.0.1 and a public address", ":9080 {\n\tbind 127.0.0.1 0.0.0.0\n\trelay_status\n}\n", "0.0.0.0:9080 127.0.0.1:9080"},
+		{"public, no login", "http://status.example:9180 {\n\trelay_status\n}\n", "http://status.example:9180"},
+		{"public, no host, under a path", ":9180 {\n\trelay_status /status/*\n}\n", ":9180"},
+		{"behind basic_auth", "http://status.example:9180 {\n" + auth + "\trelay_status\n}\n", ""},
+		{"behind basic_auth in a handle block", "http://status.example:9180 {\n\thandle /status/* {\n" + auth + "\t\trelay_status\n\t}\n}\n", ""},
+		{"behind basic_auth of the same path", "http://status.example:9180 {\n\tbasic_auth /status/* {\n\t\toncall " + string(hash) + "\n\t}\n\trelay_status /status/*\n}\n", ""},
+		{"behind forward_auth", "http://status.example:9180 {\n\tforward_auth 127.0.0.1:9 {\n\t\turi /verify\n\t}\n\trelay_status\n}\n", ""},
+		{"basic_auth of another path", "http://status.example:9180 {\n\tbasic_auth /other/* {\n\t\toncall " + string(hash) + "\n\t}\n\trelay_status\n}\n", "http://status.example:9180"},
+		{"basic_auth a client may dodge", "http://status.example:9180 {\n\t@signin header Authorization \"Basic *\"\n\tbasic_auth @signin {\n\t\toncall " + string(hash) + "\n\t}\n\trelay_status\n}\n", "http://status.example:9180"},
+		{"bound to 127.0.0.1", "http://status.example:9180 {\n\tbind 127.0.0.1\n\trelay_status\n}\n", ""},
+		{"bound to localhost", ":9180 {\n\tbind localhost\n\trelay_status\n}\n", ""},
+		{"bound to 127.0.0.1 and a public address", ":9180 {\n\tbind 127.0.0.1 0.0.0.0\n\trelay_status\n}\n", "0.0.0.0:9180 127.0.0.1:9180"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			warnings := statusWarnings(t, c.sites)
@@ -62,12 +62,13 @@ func TestAnOpenStatusPageIsWarnedOfAtLoad(t *testing.T) {
 
 // statusWarnings loads sites (Caddyfile site blocks) into a running Caddy
 // whose log goes to a file, and returns the status page's warnings of an
-// open page, decoded.
+// open page, decoded. Its ports (admin 2998, sites 9180) are not the root
+// package's (2999, 9080): go test ./... runs both packages at once.
 func statusWarnings(t *testing.T, sites string) []map[string]any {
 	t.Helper()
 	caddyLog := filepath.Join(t.TempDir(), "caddy.log")
-	tester := caddytest.NewTester(t)
-	tester.InitServer("{\n\tadmin localhost:2999\n\thttp_port 9080\n\thttps_port 9443\n\tskip_install_trust\n\tgrace_period 1ns\n"+
+	tester := caddytest.NewTester(t).WithDefaultOverrides(caddytest.Config{AdminPort: 2998})
+	tester.InitServer("{\n\tadmin localhost:2998\n\thttp_port 9180\n\thttps_port 9543\n\tskip_install_trust\n\tgrace_period 1ns\n"+
 		"\tlog {\n\t\toutput file "+caddyLog+"\n\t\tformat json\n\t}\n}\n"+sites, "caddyfile")
 	if t.Failed() {
 		t.FailNow()

@@ -1,0 +1,85 @@
+package main
+
+import (
+	"go/ast"
+	"go/token"
+	"go/types"
+)
+
+// Write is one place that writes a field of a struct type: an assignment,
+// an increment, or the taking of the field's address (a write through the
+// pointer cannot be told from a read).
+type Write struct {
+	// File and Line are where.
+	File string
+	Line int
+	// Field is the field written, as Type.field.
+	Field string
+}
+
+// Writes lists the places in the package that write a field of the named
+// struct type, directly (in.end.status = 200) or a field inside it
+// (in.end.usage.input = 5), or the whole value (in.end = ending{}).
+func (h *House) Writes(typeName string) []Write {
+	obj, _ := h.Types.Scope().Lookup(typeName).(*types.TypeName)
+	if obj == nil {
+		return nil
+	}
+	named, _ := obj.Type().(*types.Named)
+	var out []Write
+	// written reports the first selector in e's chain that selects a field
+	// of the type, or whose value is of the type
+	var written func(e ast.Expr) (string, bool)
+	written = func(e ast.Expr) (string, bool) {
+		switch x := e.(type) {
+		case *ast.ParenExpr:
+			return written(x.X)
+		case *ast.IndexExpr:
+			return written(x.X)
+		case *ast.StarExpr:
+			return written(x.X)
+		case *ast.SelectorExpr:
+			if sel := h.Info.Selections[x]; sel != nil && sel.Kind() == types.FieldVal {
+				if recv := deref(sel.Recv()); types.Identical(recv, named) {
+					return typeName + "." + x.Sel.Name, true
+				}
+				if types.Identical(deref(sel.Obj().Type()), named) {
+					return typeName, true
+				}
+			}
+			return written(x.X)
+		}
+		return "", false
+	}
+	note := func(e ast.Expr, at token.Pos) {
+		if f, ok := written(e); ok {
+			p := h.Fset.Position(at)
+			out = append(out, Write{File: base(h.Fset, at), Line: p.Line, Field: f})
+		}
+	}
+	for _, f := range h.Syntax {
+		ast.Inspect(f, func(n ast.Node) bool {
+			switch n := n.(type) {
+			case *ast.AssignStmt:
+				for _, l := range n.Lhs {
+					note(l, l.Pos())
+				}
+			case *ast.IncDecStmt:
+				note(n.X, n.Pos())
+			case *ast.UnaryExpr:
+				if n.Op == token.AND {
+					note(n.X, n.Pos())
+				}
+			}
+			return true
+		})
+	}
+	return out
+}
+
+func deref(t types.Type) types.Type {
+	if p, ok := t.(*types.Pointer); ok {
+		return p.Elem()
+	}
+	return t
+}
