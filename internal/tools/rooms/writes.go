@@ -70,6 +70,23 @@ func (h *House) Writes(typeName string) []Write {
 				if n.Op == token.AND {
 					note(n.X, n.Pos())
 				}
+			case *ast.CallExpr:
+				// x.f.m() with m on *T takes &x.f: a write
+				if fun, ok := n.Fun.(*ast.SelectorExpr); ok {
+					if sel := h.Info.Selections[fun]; sel != nil && sel.Kind() == types.MethodVal {
+						_, ptrRecv := sel.Obj().Type().(*types.Signature).Recv().Type().(*types.Pointer)
+						_, ptrVal := h.Info.Types[fun.X].Type.(*types.Pointer)
+						if ptrRecv && !ptrVal {
+							note(fun.X, n.Pos())
+						}
+					}
+				}
+			case *ast.CompositeLit:
+				// a value made whole: T{...} or &T{...}
+				if tv, ok := h.Info.Types[n]; ok && types.Identical(deref(tv.Type), named) {
+					p := h.Fset.Position(n.Pos())
+					out = append(out, Write{File: base(h.Fset, n.Pos()), Line: p.Line, Field: typeName})
+				}
 			}
 			return true
 		})
