@@ -74,9 +74,11 @@ func (h *House) Writes(typeName string) []Write {
 				// x.f.m() with m on *T takes &x.f: a write
 				if fun, ok := n.Fun.(*ast.SelectorExpr); ok {
 					if sel := h.Info.Selections[fun]; sel != nil && sel.Kind() == types.MethodVal {
-						_, ptrRecv := sel.Obj().Type().(*types.Signature).Recv().Type().(*types.Pointer)
+						recv := sel.Obj().Type().(*types.Signature).Recv().Type()
+						_, ptrRecv := recv.(*types.Pointer)
 						_, ptrVal := h.Info.Types[fun.X].Type.(*types.Pointer)
-						if ptrRecv && !ptrVal {
+						// the type's own methods are how it is written
+						if ptrRecv && !ptrVal && !types.Identical(deref(recv), named) {
 							note(fun.X, n.Pos())
 						}
 					}
