@@ -46,6 +46,9 @@ func (h *House) Writes(typeName string) []Write {
 				if types.Identical(deref(sel.Obj().Type()), named) {
 					return typeName, true
 				}
+				if _, ptr := h.Info.Types[x.X].Type.(*types.Pointer); ptr {
+					return "", false // through a pointer: what is written is elsewhere
+				}
 			}
 			return written(x.X)
 		}
