@@ -23,7 +23,7 @@ const (
 func (r *Relay) account(in *inbound) {
 	duration := time.Since(in.start)
 	if in.end.status == 0 { // the client left before any answer
-		in.end.status, in.end.incomplete = statusClientClosed, true
+		in.end.clientLeft()
 	}
 	group, key, channel := labelNone, labelNone, labelNone
 	if in.who.key != nil {
@@ -90,7 +90,7 @@ func (r *Relay) account(in *inbound) {
 		zap.String("group", group),
 		zap.String("model", in.ask.model),
 		zap.Bool("stream", in.ask.stream),
-		zap.Array("attempts", (*attemptChain)(&in.end.chain)),
+		zap.Array("attempts", in.end.attemptsLog()),
 		zap.Int("status", in.end.status),
 		zap.Duration("first_byte", in.end.firstByte),
 		zap.Duration("duration", duration),
@@ -164,13 +164,13 @@ func (r *Relay) price(in *inbound) (priced bool, tools float64) {
 	if rates == nil {
 		return false, 0
 	}
-	in.end.cost = 0
+	in.end.priced(0, false)
 	if ch := in.end.charged(); ch != nil {
-		in.end.cost = rates.cost(in.end.usage) * ch.priceFactor
+		cost := rates.cost(in.end.usage) * ch.priceFactor
 		tools = rates.serverTools(in.end.usage) * ch.priceFactor
-		if estimated && in.end.cost > 0 {
-			in.end.estimatedPrice = true
-			r.unpriced(in, in.grant.target, in.end.cost)
+		in.end.priced(cost, estimated && cost > 0)
+		if estimated && cost > 0 {
+			r.unpriced(in, in.grant.target, cost)
 		}
 	}
 	return true, tools
@@ -187,7 +187,7 @@ const (
 func (in *inbound) waste(res attemptResult, reason string) {
 	if res.wasted > 0 {
 		metricWasted.WithLabelValues(res.channel.name, reason).Add(float64(res.wasted))
-		in.end.wasted += res.wasted
+		in.end.wastedTokens(res.wasted)
 	}
 }
 

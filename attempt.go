@@ -68,13 +68,13 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 				res.prompt, res.estimatedInput = usage{input: u.input, cacheRead: u.cacheRead, cacheWrite: u.cacheWrite, cacheWrite1h: u.cacheWrite1h}, false
 			}
 		}
-		in.end.usage = usage{} // only the answer that reaches the client counts: every attempt starts from none
+		in.end.retry() // only the answer that reaches the client counts: every attempt starts from none
 	}
 	v := res.verdict
 	if v.outcome.byClass() { // an upstream's limit: the class of the model it answered for cools
 		v.class = ch.classOf(in.grant.target)
 	}
-	in.end.chain = append(in.end.chain, attemptRecord{channel: ch.name, outcome: v.outcome, duration: time.Since(start)})
+	in.end.attempted(attemptRecord{channel: ch.name, outcome: v.outcome, duration: time.Since(start)})
 	if v.outcome == outcomeSuccess && res.firstByte > 0 {
 		m := ch.metrics.attempted(ch.name)
 		m.success.Inc()
@@ -310,12 +310,12 @@ func (r *Relay) message(ctx context.Context, w http.ResponseWriter, req *http.Re
 		return res
 	}
 	dl.stop()
-	in.end.usage.fromMessage(buf.Bytes())
+	in.end.countedMessage(buf.Bytes())
 	in.tr.fromMessage(buf.Bytes())
 	if dl.gone() {
 		// its client left while it came: nothing is written, but the answer
 		// was made for the client, whose bill it is (settle.go)
-		in.end.answered, in.end.incomplete = ch, true
+		in.end.cutOn(ch)
 		return attemptResult{verdict: verdict{outcome: outcomeCanceled, reason: "client canceled"}, channel: ch, done: true, firstByte: firstByte}
 	}
 	in.committed(ch)

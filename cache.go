@@ -157,7 +157,7 @@ func noCache(h http.Header) bool {
 
 // serveStored writes a cached answer, byte for byte.
 func (r *Relay) serveStored(w http.ResponseWriter, in *inbound, e *cached, result string) {
-	in.end.shared = sharedCache
+	in.end.sharedBy(sharedCache)
 	h := w.Header()
 	e.header.writeTo(h)
 	h.Set("X-Relay-Cache", result)
@@ -180,8 +180,9 @@ func (r *Relay) revalidate(req *http.Request, in *inbound, c *responseCache, d b
 	ask := in.ask
 	ask.header, ask.body, ask.chat = in.ask.header.Clone(), bytes.Clone(in.ask.body), nil
 	bg := &inbound{id: newRequestID(), start: time.Now(), route: in.route, who: in.who, ask: ask,
-		grant: granted{target: in.grant.target, pinned: in.grant.pinned, degrade: in.grant.degrade}, end: ending{shared: sharedRevalidation}}
-	bg.end.chain = bg.chainBuf[:0]
+		grant: granted{target: in.grant.target, pinned: in.grant.pinned, degrade: in.grant.degrade}}
+	bg.end.begin(bg.chainBuf[:0])
+	bg.end.sharedBy(sharedRevalidation)
 	bgReq := req.WithContext(context.WithoutCancel(req.Context())) // the client's leaving ends nothing
 	go func() {
 		defer c.leave(d, f)

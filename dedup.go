@@ -424,7 +424,7 @@ func (r *Relay) replay(w http.ResponseWriter, ctx context.Context, in *inbound, 
 		select {
 		case <-wake:
 		case <-ctx.Done():
-			in.end.shared = how
+			in.end.sharedBy(how)
 			return true // the client is gone
 		}
 		f.mu.Lock()
@@ -436,7 +436,7 @@ func (r *Relay) replay(w http.ResponseWriter, ctx context.Context, in *inbound, 
 	status, header := f.status, f.header
 	f.mu.Unlock()
 
-	in.end.shared = how
+	in.end.sharedBy(how)
 	h := w.Header()
 	header.writeTo(h)
 	r.ratelimitHeaders(h, in)
@@ -457,20 +457,20 @@ func (r *Relay) replay(w http.ResponseWriter, ctx context.Context, in *inbound, 
 		f.mu.Unlock()
 		if dropped { // the leader's answer outgrew what is kept
 			_, _ = w.Write(sseError("api_error", "the answer this retry attached to grew too large to replay", in.id))
-			in.end.incomplete = true
+			in.end.cut()
 			_ = rc.Flush()
 			return true
 		}
 		if len(chunk) > 0 {
 			if _, err := w.Write(chunk); err != nil {
-				in.end.incomplete = true
+				in.end.cut()
 				return true
 			}
 			pos += len(chunk)
 			_ = rc.Flush()
 		}
 		if done {
-			in.end.incomplete = !ok
+			in.end.whole(ok)
 			if ok {
 				r.saved(in, saved, usd)
 			}
@@ -479,7 +479,7 @@ func (r *Relay) replay(w http.ResponseWriter, ctx context.Context, in *inbound, 
 		select {
 		case <-wake:
 		case <-ctx.Done():
-			in.end.incomplete = true
+			in.end.cut()
 			return true
 		}
 	}

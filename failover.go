@@ -163,7 +163,7 @@ func (r *Relay) failover(w http.ResponseWriter, req *http.Request, in *inbound, 
 		}
 		q.leave()
 		sel.tried = append(sel.tried, ch)
-		in.end.attempts = n
+		in.end.tries(n)
 		if n > 1 {
 			metricFailovers.WithLabelValues(g.name).Inc()
 			in.tr.failover(&last, n)

@@ -380,7 +380,7 @@ func (in *inbound) payBatch(hs *holds) {
 	}
 	for i := range hs.n {
 		if a := hs.list[i].a; a.scopeIs(spendOfKey) {
-			in.end.batch.payer = a
+			in.end.batchPayer(a)
 			return
 		}
 	}

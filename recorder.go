@@ -42,7 +42,7 @@ func (rec *answerRecorder) Write(p []byte) (int, error) {
 // see records status, unless the request has its status already.
 func (rec *answerRecorder) see(status int) {
 	if in := rec.in; in.end.status == 0 && status >= 200 {
-		in.end.status, in.end.firstByte = status, time.Since(in.start)
+		in.end.sent(status, time.Since(in.start))
 		in.budgetHeader(rec.ResponseWriter.Header()) // before the first byte, whoever writes the answer
 	}
 }

@@ -378,7 +378,7 @@ func (r *Relay) Cleanup() error {
 // answer committed leaves by one exit, answer.
 func (r *Relay) ServeHTTP(w http.ResponseWriter, req *http.Request, _ caddyhttp.Handler) error {
 	in := &inbound{id: newRequestID(), start: time.Now(), ask: asked{rawQuery: req.URL.RawQuery, header: req.Header}}
-	in.end.chain = in.chainBuf[:0]
+	in.end.begin(in.chainBuf[:0])
 	in.tr, req = startSpans(req) // nil without Caddy's tracing (trace.go)
 	if repl, ok := req.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
 		repl.Map(in.placeholder)
@@ -492,16 +492,16 @@ func (r *Relay) answer(w http.ResponseWriter, in *inbound, f *failure) {
 		}
 	}
 	if f.err != nil {
-		in.end.cause = cmp.Or(f.err.cause, causeClient)
-		in.end.errCode = cmp.Or(f.err.code, f.err.typ)
+		in.end.failed(cmp.Or(f.err.cause, causeClient), cmp.Or(f.err.code, f.err.typ))
 		r.ratelimitHeaders(h, in)
 		f.err.write(w, in.id)
 		return
 	}
-	in.end.answered, in.end.cause = last.channel, causeUpstream
+	cause := causeUpstream
 	if last.verdict.outcome == outcomeClientError {
-		in.end.cause = causeClient
+		cause = causeClient
 	}
+	in.end.upstreamAnswered(last.channel, cause)
 	copyResponseHeaders(h, last.header, r.passRatelimit)
 	r.ratelimitHeaders(h, in)
 	h.Set("Content-Length", strconv.Itoa(len(last.body)))

@@ -259,33 +259,6 @@ type granted struct {
 	degrade degraded
 }
 
-// ending is how the request ended, written by the attempt, stream and
-// account steps; zero until they run.
-type ending struct {
-	status     int           // sent to the client; 0 until then
-	cause      string        // of a failure's answer, for the cause label; "" until then
-	errCode    string        // of the relay's own error answer: its error.code, else its type; "" none
-	attempts   int           // made so far
-	answered   *channel      // the channel whose answer the client got
-	firstByte  time.Duration // until the client's response headers
-	chain      []attemptRecord
-	usage      usage
-	incomplete bool // the answer did not complete: tokens are the ones seen
-	estimated  bool // its usage is an estimate: its output (the final count never came), or the input of a client that left before any answer (settle.go)
-	// estimatedPrice says that its cost is at the estimate of a model the
-	// price table does not know (unpriced.go)
-	estimatedPrice bool
-	// leftOn, when its client left before the answer, is the channel whose
-	// upstream was working on it: the input it took is charged (settle.go)
-	leftOn *channel
-	cost   float64 // in USD: list price x price_factor of the channel that answered; set by account (price)
-	wasted int64   // input tokens of attempts abandoned on the way (relay_wasted_tokens_total)
-	shared string  // what answered it instead of an upstream (dedup.go); "": none
-	// batch is what the request charged for the batch results it
-	// accounted (resource_batches.go); nil for every other request
-	batch *batchCharge
-}
-
 // group is the group whose channels serve the request: its key's, or only
 // the channel that holds the files it references (pinned).
 func (in *inbound) group() *group {
@@ -383,7 +356,7 @@ type attemptRecord struct {
 
 // committed records that ch's answer is going to the client (its status
 // and first byte are the recorder's to see).
-func (in *inbound) committed(ch *channel) { in.end.answered = ch }
+func (in *inbound) committed(ch *channel) { in.end.committed(ch) }
 
 // sessionID names the request's session for sticky picks and canary
 // splits: Claude Code's X-Claude-Code-Session-Id, else the session part of

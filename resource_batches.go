@@ -141,7 +141,7 @@ func (c *resourceCtx) results(a *resourceAttempt, up string) {
 		c.stream(a, nil)
 		return
 	}
-	c.in.end.batch = &batchCharge{}
+	c.in.end.chargesBatch()
 	c.r.settleBatch(c.in, a.ch.name, up) // the batch's hold becomes what its results cost
 	b := &batchUsage{limit: int(c.r.MaxResponseSize)}
 	complete := c.stream(a, b.see)
@@ -177,8 +177,7 @@ type batchModel struct {
 // cost (the key's spend) and its tokens (the key's token limit).
 func (c *resourceCtx) accountBatch(ch *channel, b *batchUsage, complete bool) {
 	r, in := c.r, c.in
-	in.end.usage, in.end.incomplete = b.total, !complete
-	in.end.cost = 0
+	in.end.batchResults(b.total, complete)
 	_, budgets := budgeted(in.who.state.spend, in.group().spend, nil)
 	counted := in.grant.holds != nil || budgets > 0 || in.group().capped // a model without a price costs its estimate
 	models := slices.Sorted(maps.Keys(b.byModel))
@@ -196,17 +195,14 @@ func (c *resourceCtx) accountBatch(ch *channel, b *batchUsage, complete bool) {
 			cost = rates.batchCost(u) * ch.priceFactor
 			tools = rates.serverTools(u) * ch.priceFactor
 			if estimated = est && cost > 0; estimated {
-				in.end.estimatedPrice = true
 				r.unpriced(in, model, cost)
 			}
 		}
-		in.end.cost += cost
+		in.end.addCost(cost, estimated)
 		if cost > 0 {
 			metricCost.WithLabelValues(c.group.name, ch.name, label).Add(cost)
 		}
-		if in.end.batch != nil {
-			in.end.batch.models = append(in.end.batch.models, batchModel{model: model, usage: u, cost: cost, tools: tools, estimated: estimated})
-		}
+		in.end.batchModel(batchModel{model: model, usage: u, cost: cost, tools: tools, estimated: estimated})
 	}
 	metricBatchResultsAccounted.WithLabelValues(c.group.name, ch.name).Inc()
 }

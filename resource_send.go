@@ -37,7 +37,7 @@ func (c *resourceCtx) send(ch *channel, rp provider.ResourceProvider, call *prov
 	case t == nil:
 		return &resourceAttempt{c: c, ch: ch, failure: refused(errQueue("the channel that holds this "+c.rq.kind.noun()+" is at its limit", time.Second))}
 	}
-	c.in.end.attempts++
+	c.in.end.another()
 	return c.sendAdmitted(ch, t, rp, call, headerTimeout)
 }
 
@@ -96,7 +96,7 @@ func (a *resourceAttempt) end(v verdict) {
 	}
 	r := a.c.r
 	a.dl.stop()
-	a.in().end.chain = append(a.in().end.chain, attemptRecord{channel: a.ch.name, outcome: v.outcome, duration: time.Since(a.start)})
+	a.in().end.attempted(attemptRecord{channel: a.ch.name, outcome: v.outcome, duration: time.Since(a.start)})
 	metricAttempts.WithLabelValues(a.ch.name, v.outcome.String()).Inc()
 	if cooled := a.t.finish(v, a.ch.cooldown, r.now(), 0, 0); cooled > 0 {
 		r.logger.Warn("channel cooling down", zap.String("channel", a.ch.name), zap.String("outcome", v.outcome.String()),
@@ -182,7 +182,7 @@ func (c *resourceCtx) stream(a *resourceAttempt, see func([]byte)) (complete boo
 		}
 		if err != nil {
 			if !clientGone {
-				c.in.end.incomplete = true
+				c.in.end.cut()
 			}
 			return false
 		}

@@ -126,10 +126,9 @@ func (in *inbound) leftAt(now time.Time) time.Time {
 // when the client was found gone, if err is nil.
 func (s *streamAttempt) settle(rd *sse.Reader, ev sse.Event, err error) attemptResult {
 	s.deadline.leave() // the grace runs from now, if the watch has not seen it yet
-	u := &s.in.end.usage
 	for err == nil {
 		if string(ev.Name) == "message_delta" && gjson.ValidBytes(ev.Data) {
-			u.fromEvent(ev.Name, ev.Data)
+			s.in.end.counted(ev.Name, ev.Data)
 		}
 		if string(ev.Name) == "message_stop" {
 			s.drain(rd)
@@ -137,11 +136,7 @@ func (s *streamAttempt) settle(rd *sse.Reader, ev sse.Event, err error) attemptR
 		}
 		ev, err = rd.Next()
 	}
-	s.in.end.incomplete = true
-	if !u.final {
-		u.output = max(u.output, u.estimatedOutput())
-		s.in.end.estimated = true
-	}
+	s.in.end.finished(false)
 	return attemptResult{verdict: verdict{outcome: outcomeCanceled, reason: "client gone"}, channel: s.ch, done: true}
 }
 
@@ -406,16 +401,5 @@ func (in *inbound) leftBefore(res attemptResult) {
 	if !res.accepted || res.channel == nil || res.prompt == (usage{}) {
 		return
 	}
-	in.end.usage, in.end.leftOn, in.end.incomplete = res.prompt, res.channel, true
-	in.end.estimated = in.end.estimated || res.estimatedInput
-}
-
-// charged is the channel whose upstream the request's usage is charged
-// for: the one whose answer the client got, or the one that was working
-// on it when its client left; nil: none.
-func (e *ending) charged() *channel {
-	if e.answered != nil {
-		return e.answered
-	}
-	return e.leftOn
+	in.end.leftDuring(res.channel, res.prompt, res.estimatedInput)
 }

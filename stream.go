@@ -109,7 +109,7 @@ func (s *streamAttempt) run() attemptResult {
 	// sent it all)
 	s.in.releaseBody()
 	if !committed {
-		s.in.end.incomplete = true
+		s.in.end.cut()
 		return attemptResult{verdict: verdict{outcome: outcomeCanceled, reason: "client gone"}, channel: s.ch, done: true}
 	}
 	return s.pump(rd, next)
@@ -157,7 +157,7 @@ func (s *streamAttempt) take(ev sse.Event, err error, first bool) (res attemptRe
 	if !s.wellFormed(ev) {
 		return res, false, next, false
 	}
-	s.in.end.usage.fromEvent(ev.Name, ev.Data)
+	s.in.end.counted(ev.Name, ev.Data)
 	s.in.tr.fromEvent(ev.Name, ev.Data)
 	if s.in.ask.thinking.on {
 		learnEvent(ev.Name, ev.Data, s.ch) // thinking.go
@@ -173,7 +173,7 @@ func (s *streamAttempt) take(ev sse.Event, err error, first bool) (res attemptRe
 		if !v.outcome.retryable() {
 			// the request's own fault: the client sees the stream as sent
 			s.commit(s.held)
-			s.in.end.incomplete = true
+			s.in.end.cut()
 			return attemptResult{verdict: v, channel: s.ch, done: true}, false, next, true
 		}
 		return attemptResult{verdict: v, channel: s.ch, status: s.resp.StatusCode, header: s.resp.Header, body: s.held}, false, next, true
@@ -232,11 +232,7 @@ func (s *streamAttempt) pump(rd *sse.Reader, next pendingRead) attemptResult {
 		// answer, whose output the upstream did not report: it is billed the
 		// estimate of the content the client was sent, as a client that
 		// leaves is
-		s.in.end.incomplete = v.outcome != outcomeSuccess
-		if u := &s.in.end.usage; s.in.end.incomplete && !u.final {
-			u.output = max(u.output, u.estimatedOutput())
-			s.in.end.estimated = true
-		}
+		s.in.end.finished(v.outcome == outcomeSuccess)
 		return attemptResult{verdict: v, channel: s.ch, done: true}
 	}
 	for {
@@ -268,7 +264,7 @@ func (s *streamAttempt) pump(rd *sse.Reader, next pendingRead) attemptResult {
 		if !s.wellFormed(ev) {
 			continue
 		}
-		s.in.end.usage.fromEvent(ev.Name, ev.Data)
+		s.in.end.counted(ev.Name, ev.Data)
 		s.in.tr.fromEvent(ev.Name, ev.Data)
 		if s.in.ask.thinking.on {
 			learnEvent(ev.Name, ev.Data, s.ch) // thinking.go
