@@ -80,8 +80,10 @@ func (h *House) Writes(typeName string) []Write {
 						recv := sel.Obj().Type().(*types.Signature).Recv().Type()
 						_, ptrRecv := recv.(*types.Pointer)
 						_, ptrVal := h.Info.Types[fun.X].Type.(*types.Pointer)
-						// the type's own methods are how it is written
-						if ptrRecv && !ptrVal && !types.Identical(deref(recv), named) {
+						// the type's own methods are how it is written;
+						// an atomic's Load reads
+						atomicRead := sel.Obj().Pkg() != nil && sel.Obj().Pkg().Path() == "sync/atomic" && sel.Obj().Name() == "Load"
+						if ptrRecv && !ptrVal && !atomicRead && !types.Identical(deref(recv), named) {
 							note(fun.X, n.Pos())
 						}
 					}
