@@ -17,6 +17,112 @@ import (
 	"go.uber.org/zap"
 )
 
+// attempting is the state of a request's current attempt, which the
+// attempt step owns: the Call its channel's provider builds the upstream
+// request from, what that channel strips from the body, and the writes of
+// the client's body still under way.
+type attempting struct {
+	call  provider.Call // the current attempt's, for its provider
+	strip featureSet    // the features the current attempt's channel removes
+	// thinkingTo, when set, is the signature domain of the current
+	// attempt's channel, which gets the body without the thinking blocks
+	// it did not sign (thinking.go)
+	thinkingTo string
+	// trace is the current attempt's trace, in its context already:
+	// NewRequest sets its WroteRequest rather than add a trace of its own
+	// (a second one is composed with the first by reflection, and would
+	// fire the first's hook as well)
+	trace *httptrace.ClientTrace
+	// writing counts the upstream requests whose transport may still read
+	// the body: net/http may write a request body even after RoundTrip
+	// returned, until its WroteRequest trace says it is done.
+	writing atomic.Int32
+}
+
+// callFor is the Call of an attempt of the request on ch: the request as
+// the channel's provider sees it. One Call serves the request's attempts in
+// turn.
+func (in *inbound) callFor(ch *channel) *provider.Call {
+	in.try.call = provider.NewCall(provider.Call{Channel: ch.name, Path: in.route.upstreamPath(), RawQuery: in.ask.rawQuery, Header: in.ask.header,
+		Model: ch.upstreamModel(in.grant.target), Stream: in.ask.stream}, in)
+	in.try.strip, in.try.thinkingTo = 0, ""
+	if in.grant.sel.signer != "" {
+		in.try.thinkingTo = in.thinkingFor(ch)
+	}
+	if !in.ask.needs.empty() {
+		set, betas := ch.stripFor(&in.ask.needs, in.grant.sel.now)
+		in.try.strip = set
+		if len(betas) > 0 {
+			in.try.call.Header = stripBetas(in.ask.header, betas)
+		}
+	}
+	return &in.try.call
+}
+
+// Body implements provider.Source: the client's body with model in place
+// of its own, without the features the current attempt's channel strips.
+// When nothing changes it is the pooled buffer itself, not a copy.
+func (in *inbound) Body(model string) []byte {
+	if model == in.ask.model && in.try.strip == 0 && in.try.thinkingTo == "" {
+		return in.ask.body
+	}
+	out := in.ask.body
+	if model != in.ask.model {
+		out = make([]byte, 0, len(in.ask.body)+len(model)-len(in.ask.model))
+		out = append(out, in.ask.body[:in.ask.modelStart]...)
+		out = append(out, '"')
+		out = append(out, model...)
+		out = append(out, '"')
+		out = append(out, in.ask.body[in.ask.modelEnd:]...)
+	}
+	if in.try.strip != 0 {
+		// the body is valid JSON (inspect checked): this cannot fail
+		if stripped, err := stripBody(out, in.try.strip); err == nil {
+			out = stripped
+		}
+	}
+	if in.try.thinkingTo != "" {
+		out, _ = stripThinking(out, in.try.thinkingTo)
+	}
+	return out
+}
+
+// NewRequest implements provider.Source: an upstream request with body b,
+// which may share the client body's pooled buffer: the request then traces
+// when the transport is done writing it, which releaseBody waits for. The
+// body stays a *bytes.Reader, which net/http writes best.
+func (in *inbound) NewRequest(ctx context.Context, method, url string, b []byte) (*http.Request, error) {
+	getBody := func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
+	shared := len(b) > 0 && len(in.ask.body) > 0 && &b[0] == &in.ask.body[0] // else a copy (a mapped model): nothing shared
+	if shared {
+		// every write of a request made with the attempt's own trace in
+		// its context is counted by that trace's hook, set once; any other
+		// context gets a trace of its own (composed with what it has)
+		if t := httptrace.ContextClientTrace(ctx); t != nil && t == in.try.trace {
+			t.WroteRequest = in.wrote
+		} else {
+			ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: in.wrote})
+		}
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, bytes.NewReader(b))
+	if err != nil {
+		return nil, err
+	}
+	req.GetBody = getBody
+	if shared {
+		in.try.writing.Add(1)
+		req.GetBody = func() (io.ReadCloser, error) {
+			in.try.writing.Add(1) // a retry of the write, on a new connection
+			return getBody()
+		}
+	}
+	return req, nil
+}
+
+// wrote is the WroteRequest trace of an upstream request that shares the
+// body's buffer.
+func (in *inbound) wrote(httptrace.WroteRequestInfo) { in.try.writing.Add(-1) }
+
 // attemptResult is how one attempt ended. When done, the client has its
 // answer (or is gone); otherwise the relay may try another channel, and
 // status, header and body hold the upstream's answer for the client in case
@@ -193,9 +299,9 @@ func (r *Relay) exchange(w http.ResponseWriter, req *http.Request, in *inbound, 
 	ctx = httptrace.WithClientTrace(ctx, &dl.trace)
 
 	call := in.callFor(ch)
-	in.attemptTrace = &dl.trace
+	in.try.trace = &dl.trace
 	upReq, err := ch.provider.NewRequest(ctx, call)
-	in.attemptTrace = nil
+	in.try.trace = nil
 	if err != nil {
 		return r.notSent(ctx, req, in, ch, err)
 	}

@@ -2,13 +2,11 @@ package relay
 
 import (
 	"bytes"
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"io"
 	"net/http"
-	"net/http/httptrace"
 	"os"
 	"strings"
 	"sync"
@@ -148,10 +146,11 @@ func (r *Relay) readBody(w http.ResponseWriter, req *http.Request) (*bytes.Buffe
 // (attempt, stream and account); the rest is the plumbing of the attempt in
 // flight.
 type inbound struct {
-	who   requester
-	ask   asked
-	grant granted
-	end   ending
+	who   requester  // who asks: the auth step's
+	ask   asked      // what was asked: the body and inspect steps'
+	grant granted    // what the admit and select steps gave it
+	try   attempting // its current attempt: the attempt step's (attempt.go)
+	end   ending     // how it ended: written through ending.go's methods
 
 	id    string
 	route route
@@ -159,28 +158,12 @@ type inbound struct {
 	rec   answerRecorder // the one exit its answer leaves by (recorder.go)
 	tr    *spans         // its spans, with Caddy's tracing on; nil: none (trace.go)
 
-	call     provider.Call // the current attempt's, for its provider
-	strip    featureSet    // the features the current attempt's channel removes
 	triedBuf [4]*channel
 	chainBuf [4]attemptRecord
 	bodyBuf  *bytes.Buffer // the pooled buffer behind body; nil once released
-	// writing counts the upstream requests whose transport may still read
-	// body: net/http may write a request body even after RoundTrip returned,
-	// until its WroteRequest trace says it is done.
-	writing atomic.Int32
-	// attemptTrace is the current attempt's trace, in its context already:
-	// NewRequest sets its WroteRequest rather than add a trace of its own
-	// (a second one is composed with the first by reflection, and would
-	// fire the first's hook as well)
-	attemptTrace *httptrace.ClientTrace
 	// left is when the client left, in Unix nanoseconds; 0: it has not, as
 	// far as the relay knows (settle.go)
 	left atomic.Int64
-
-	// thinkingTo, when set, is the signature domain of the current
-	// attempt's channel, which gets the body without the thinking blocks
-	// it did not sign (thinking.go)
-	thinkingTo string
 }
 
 // requester is who asks: the key (or identity) a request is served as, set
@@ -277,75 +260,11 @@ func (in *inbound) releaseBody() {
 	if in.bodyBuf == nil {
 		return
 	}
-	if in.writing.Load() == 0 {
+	if in.try.writing.Load() == 0 {
 		releaseBody(in.bodyBuf)
 	}
 	in.bodyBuf, in.ask.body = nil, nil
 }
-
-// Body implements provider.Source: the client's body with model in place
-// of its own, without the features the current attempt's channel strips.
-// When nothing changes it is the pooled buffer itself, not a copy.
-func (in *inbound) Body(model string) []byte {
-	if model == in.ask.model && in.strip == 0 && in.thinkingTo == "" {
-		return in.ask.body
-	}
-	out := in.ask.body
-	if model != in.ask.model {
-		out = make([]byte, 0, len(in.ask.body)+len(model)-len(in.ask.model))
-		out = append(out, in.ask.body[:in.ask.modelStart]...)
-		out = append(out, '"')
-		out = append(out, model...)
-		out = append(out, '"')
-		out = append(out, in.ask.body[in.ask.modelEnd:]...)
-	}
-	if in.strip != 0 {
-		// the body is valid JSON (inspect checked): this cannot fail
-		if stripped, err := stripBody(out, in.strip); err == nil {
-			out = stripped
-		}
-	}
-	if in.thinkingTo != "" {
-		out, _ = stripThinking(out, in.thinkingTo)
-	}
-	return out
-}
-
-// NewRequest implements provider.Source: an upstream request with body b,
-// which may share the client body's pooled buffer: the request then traces
-// when the transport is done writing it, which releaseBody waits for. The
-// body stays a *bytes.Reader, which net/http writes best.
-func (in *inbound) NewRequest(ctx context.Context, method, url string, b []byte) (*http.Request, error) {
-	getBody := func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
-	shared := len(b) > 0 && len(in.ask.body) > 0 && &b[0] == &in.ask.body[0] // else a copy (a mapped model): nothing shared
-	if shared {
-		// every write of a request made with the attempt's own trace in
-		// its context is counted by that trace's hook, set once; any other
-		// context gets a trace of its own (composed with what it has)
-		if t := httptrace.ContextClientTrace(ctx); t != nil && t == in.attemptTrace {
-			t.WroteRequest = in.wrote
-		} else {
-			ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: in.wrote})
-		}
-	}
-	req, err := http.NewRequestWithContext(ctx, method, url, bytes.NewReader(b))
-	if err != nil {
-		return nil, err
-	}
-	req.GetBody = getBody
-	if shared {
-		in.writing.Add(1)
-		req.GetBody = func() (io.ReadCloser, error) {
-			in.writing.Add(1) // a retry of the write, on a new connection
-			return getBody()
-		}
-	}
-	return req, nil
-}
-
-// wrote is the WroteRequest trace of an upstream request that shares the
-// body's buffer.
-func (in *inbound) wrote(httptrace.WroteRequestInfo) { in.writing.Add(-1) }
 
 // attemptRecord is one link of a request's attempt chain.
 type attemptRecord struct {
@@ -376,26 +295,6 @@ func (in *inbound) sessionID() string {
 // jsonSessionID is the session_id of the JSON form of metadata.user_id;
 // "" for none.
 func jsonSessionID(u string) string { return gjson.Get(u, "session_id").String() }
-
-// callFor is the Call of an attempt of the request on ch: the request as
-// the channel's provider sees it. One Call serves the request's attempts in
-// turn.
-func (in *inbound) callFor(ch *channel) *provider.Call {
-	in.call = provider.NewCall(provider.Call{Channel: ch.name, Path: in.route.upstreamPath(), RawQuery: in.ask.rawQuery, Header: in.ask.header,
-		Model: ch.upstreamModel(in.grant.target), Stream: in.ask.stream}, in)
-	in.strip = 0
-	if in.grant.sel.signer != "" {
-		in.stripThinkingFor(ch)
-	}
-	if !in.ask.needs.empty() {
-		set, betas := ch.stripFor(&in.ask.needs, in.grant.sel.now)
-		in.strip = set
-		if len(betas) > 0 {
-			in.call.Header = stripBetas(in.ask.header, betas)
-		}
-	}
-	return &in.call
-}
 
 // newRequestID returns the id that names a request in the x-relay-request-id
 // header, the error bodies and the logs.

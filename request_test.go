@@ -503,8 +503,8 @@ func TestSharedBodyIsFreedOnceTheTransportWroteIt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if in.writing.Load() != 1 {
-		t.Fatalf("bodies being written before sending: %d", in.writing.Load())
+	if in.try.writing.Load() != 1 {
+		t.Fatalf("bodies being written before sending: %d", in.try.writing.Load())
 	}
 	resp, err := http.DefaultTransport.RoundTrip(req)
 	if err != nil {
@@ -515,14 +515,14 @@ func TestSharedBodyIsFreedOnceTheTransportWroteIt(t *testing.T) {
 	if string(up.Last(t).Body) != string(body) {
 		t.Errorf("upstream got %s", up.Last(t).Body)
 	}
-	if n := in.writing.Load(); n != 0 {
+	if n := in.try.writing.Load(); n != 0 {
 		t.Errorf("bodies being written after the round trip: %d; the buffer would never return to its pool", n)
 	}
 
 	// a mapped model is a copy: it shares nothing with the pooled buffer
 	ch.models = map[string]string{"claude-sonnet-4-5": "upstream-name"}
-	if _, err := p.NewRequest(context.Background(), in.callFor(ch)); err != nil || in.writing.Load() != 0 {
-		t.Errorf("a copied body must not count as sharing the buffer: %d", in.writing.Load())
+	if _, err := p.NewRequest(context.Background(), in.callFor(ch)); err != nil || in.try.writing.Load() != 0 {
+		t.Errorf("a copied body must not count as sharing the buffer: %d", in.try.writing.Load())
 	}
 }
 
@@ -547,7 +547,7 @@ func TestWeakKeys(t *testing.T) {
 func TestSharedBodyWritesAreCountedOncePerRequest(t *testing.T) {
 	in := &inbound{ask: asked{body: []byte(`{"model":"m"}`)}}
 	trace := &httptrace.ClientTrace{}
-	in.attemptTrace = trace
+	in.try.trace = trace
 	ctx := httptrace.WithClientTrace(context.Background(), trace)
 	var reqs []*http.Request
 	for range 2 {
@@ -557,13 +557,13 @@ func TestSharedBodyWritesAreCountedOncePerRequest(t *testing.T) {
 		}
 		reqs = append(reqs, req)
 	}
-	if n := in.writing.Load(); n != 2 {
+	if n := in.try.writing.Load(); n != 2 {
 		t.Fatalf("%d writes counted, want 2", n)
 	}
 	for _, req := range reqs { // what the transport does when each is written
 		httptrace.ContextClientTrace(req.Context()).WroteRequest(httptrace.WroteRequestInfo{})
 	}
-	if n := in.writing.Load(); n != 0 {
+	if n := in.try.writing.Load(); n != 0 {
 		t.Fatalf("%d writes left after both ended, want 0", n)
 	}
 }

@@ -210,18 +210,17 @@ func (s *selection) signerAllows(ch *channel) bool {
 	return s.signer == "" || s.crossSigner || ch.domain == s.signer
 }
 
-// stripThinkingFor says whether the attempt on ch sends the body without
-// the thinking blocks ch's domain did not sign: its group lets the
-// request cross domains, and it carries a known block of another domain.
-// It counts the stripped attempt.
-func (in *inbound) stripThinkingFor(ch *channel) {
-	in.thinkingTo = ""
+// thinkingFor is the signature domain whose thinking blocks alone the
+// attempt on ch keeps ("": the body goes as it is): ch's, when its group
+// lets the request cross domains and it carries a known block of another
+// domain. It counts the stripped attempt.
+func (in *inbound) thinkingFor(ch *channel) string {
 	s := &in.grant.sel
 	if s.signer == "" || !s.crossSigner || (ch.domain == s.signer && !in.ask.thinking.mixed) {
-		return
+		return ""
 	}
-	in.thinkingTo = ch.domain
 	metricThinkingStripped.WithLabelValues(in.group().name).Inc()
+	return ch.domain
 }
 
 // learnMessage remembers the signatures of a whole (non-streamed) answer

@@ -33,18 +33,22 @@ func rootHouse(t *testing.T) *House {
 	return h
 }
 
-// TestTheOutcomeIsWrittenInOneFile: a request's outcome (the type ending)
-// is written only by the methods of ending.go: no other file assigns to its
-// fields, takes their address, or calls a method that changes them.
-func TestTheOutcomeIsWrittenInOneFile(t *testing.T) {
+// TestEachPartOfTheRequestIsWrittenByItsOwner: a request's outcome (the
+// type ending) is written only by the methods of ending.go, and its
+// current attempt (attempting) only by the attempt step (attempt.go): no
+// other file assigns to their fields, takes their address, or calls a
+// method that changes them.
+func TestEachPartOfTheRequestIsWrittenByItsOwner(t *testing.T) {
 	h := rootHouse(t)
-	writes := h.Writes("ending")
-	if len(writes) == 0 {
-		t.Fatal("found no write of ending at all: has the type been renamed?")
-	}
-	for _, w := range writes {
-		if w.File != "ending.go" {
-			t.Errorf("%s:%d writes %s: a request's outcome is written only through the methods of ending.go", w.File, w.Line, w.Field)
+	for typ, owner := range map[string]string{"ending": "ending.go", "attempting": "attempt.go"} {
+		writes := h.Writes(typ)
+		if len(writes) == 0 {
+			t.Errorf("found no write of %s at all: has the type been renamed?", typ)
+		}
+		for _, w := range writes {
+			if w.File != owner {
+				t.Errorf("%s:%d writes %s: it is written only in %s", w.File, w.Line, w.Field, owner)
+			}
 		}
 	}
 }
