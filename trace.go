@@ -7,8 +7,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
-	"unsafe"
 
+	"github.com/caddy-relay/relay/internal/jsonscan"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/tidwall/gjson"
 	"go.opentelemetry.io/otel/attribute"
@@ -187,7 +187,7 @@ func (s *spans) fromMessage(body []byte) {
 	if s == nil {
 		return
 	}
-	r := gjson.GetMany(unsafe.String(unsafe.SliceData(body), len(body)), "id", "model", "stop_reason")
+	r := gjson.GetMany(jsonscan.String(body), "id", "model", "stop_reason")
 	s.respID, s.respModel, s.finish = strings.Clone(r[0].Str), strings.Clone(r[1].Str), strings.Clone(r[2].Str)
 }
 
@@ -197,7 +197,7 @@ func (s *spans) fromEvent(name, data []byte) {
 	if s == nil {
 		return
 	}
-	d := unsafe.String(unsafe.SliceData(data), len(data))
+	d := jsonscan.String(data)
 	switch string(name) {
 	case "message_start":
 		r := gjson.GetMany(d, "message.id", "message.model")
