@@ -3,10 +3,8 @@ package relay
 import (
 	"net/http"
 	"net/url"
-	"reflect"
 	"strings"
 	"time"
-	"unsafe"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -55,8 +53,8 @@ func accessLogShowsKey(ctx caddy.Context, srv *caddyhttp.Server) bool {
 		if !ok {
 			return true
 		}
-		for _, enc := range encs {
-			buf, err := enc.Clone().EncodeEntry(zapcore.Entry{Level: zapcore.InfoLevel, Time: time.Now(), LoggerName: logger, Message: "handled request"}, []zapcore.Field{field})
+		for _, enc := range encs { // each a clone of the log's own, its alone
+			buf, err := enc.EncodeEntry(zapcore.Entry{Level: zapcore.InfoLevel, Time: time.Now(), LoggerName: logger, Message: "handled request"}, []zapcore.Field{field})
 			if err != nil {
 				return true
 			}
@@ -78,47 +76,38 @@ func (m loggerModule) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{ID: caddy.ModuleID(m), New: func() caddy.Module { return m }}
 }
 
-var (
-	coreType    = reflect.TypeFor[zapcore.Core]()
-	encoderType = reflect.TypeFor[zapcore.Encoder]()
-)
-
-// coreEncoders lists the encoders of the cores under c: zap's tee of
-// cores, Caddy's filtering core and zap's sampler hold cores, zap's I/O
-// core holds its encoder in a field zap does not export, which is read
-// here. False when a core is of a shape it does not know.
+// coreEncoders lists the encoders of the cores under c, through zap's own
+// Core.With: every core hands the fields it is given to its encoders (zap's
+// I/O core to a clone of its encoder, its tee and sampler and Caddy's
+// filtering core to the cores they hold), and an inline field's marshaler
+// is given the encoder itself. False when a core hands it something that
+// is not an encoder, or when a core that logs at info hands it nothing
+// (zap's nop core logs nothing): the relay cannot tell what it writes.
 func coreEncoders(c zapcore.Core) ([]zapcore.Encoder, bool) {
-	v := reflect.ValueOf(c)
-	switch {
-	case !v.IsValid():
+	if c == nil {
 		return nil, true
-	case v.Kind() == reflect.Slice: // zap's multiCore
-		var out []zapcore.Encoder
-		for i := range v.Len() {
-			inner, ok := v.Index(i).Interface().(zapcore.Core)
-			if !ok {
-				return nil, false
-			}
-			encs, ok := coreEncoders(inner)
-			if !ok {
-				return nil, false
-			}
-			out = append(out, encs...)
-		}
-		return out, true
-	case v.Kind() == reflect.Struct && v.NumField() == 0: // zap's nopCore
-		return nil, true
-	case v.Kind() != reflect.Pointer || v.Elem().Kind() != reflect.Struct:
+	}
+	var g encoderGrab
+	c.With([]zapcore.Field{zap.Inline(&g)})
+	if g.unknown || len(g.encs) == 0 && c.Enabled(zapcore.InfoLevel) {
 		return nil, false
 	}
-	s := v.Elem()
-	if f := s.FieldByName("enc"); f.IsValid() && f.Type() == encoderType { // zap's ioCore
-		enc, _ := reflect.NewAt(f.Type(), unsafe.Pointer(f.UnsafeAddr())).Elem().Interface().(zapcore.Encoder)
-		return []zapcore.Encoder{enc}, enc != nil
+	return g.encs, true
+}
+
+// encoderGrab is an inline field that adds nothing to an entry: it notes
+// the encoders it is given.
+type encoderGrab struct {
+	encs    []zapcore.Encoder
+	unknown bool // it was given an object encoder that is not an Encoder
+}
+
+// MarshalLogObject implements zapcore.ObjectMarshaler.
+func (g *encoderGrab) MarshalLogObject(enc zapcore.ObjectEncoder) error {
+	if e, ok := enc.(zapcore.Encoder); ok {
+		g.encs = append(g.encs, e)
+	} else {
+		g.unknown = true
 	}
-	if f := s.FieldByName("Core"); f.IsValid() && f.Type() == coreType && f.CanInterface() { // an embedded core
-		inner, _ := f.Interface().(zapcore.Core)
-		return coreEncoders(inner)
-	}
-	return nil, false
+	return nil
 }

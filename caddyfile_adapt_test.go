@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/providertest"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -204,7 +205,7 @@ func TestExamplesAdaptAndValidate(t *testing.T) {
 				switch {
 				case m[1] == "env" && strings.HasSuffix(m[2], "_FILE"):
 					// a credentials file must exist and be well formed
-					t.Setenv(m[2], newFakeGoogle(t, 3600).serviceAccountFile(t))
+					t.Setenv(m[2], providertest.NewFakeGoogle(t, 3600).ServiceAccountFile(t))
 				case m[1] == "env":
 					t.Setenv(m[2], "test-secret-"+m[2])
 				default:

@@ -21,6 +21,7 @@ import (
 type channel struct {
 	name       string
 	provider   provider.Provider
+	genAIName  string // gen_ai.provider.name of its spans (trace.go)
 	rt         http.RoundTripper
 	host       string            // upstream host, to prefer another one after a 529
 	models     map[string]string // client name -> upstream name; nil serves all
@@ -144,8 +145,11 @@ func (r *Relay) provisionChannel(ctx caddy.Context, cfg *Channel) (*channel, err
 
 // providerName is the name of the channel's provider, as `provider` gives
 // it.
-func (ch *channel) providerName() string {
-	if m, ok := ch.provider.(caddy.Module); ok {
+func (ch *channel) providerName() string { return moduleName(ch.provider) }
+
+// moduleName is the name of p's module, as `provider` gives it.
+func moduleName(p provider.Provider) string {
+	if m, ok := p.(caddy.Module); ok {
 		return m.CaddyModule().ID.Name()
 	}
 	return ""
@@ -167,6 +171,7 @@ func (r *Relay) loadProvider(ctx caddy.Context, cfg *Channel, ch *channel) error
 		return fmt.Errorf("provider: module %T does not implement provider.Provider", mod)
 	}
 	ch.provider = p
+	ch.genAIName = genAIName(p)
 	if t, ok := p.(provider.Transporter); ok {
 		if cfg.TransportRaw != nil {
 			return fmt.Errorf("its provider answers in-process and takes no transport")

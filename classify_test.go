@@ -13,7 +13,11 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/providertest"
 	"github.com/caddy-relay/relay/provider"
+	"github.com/caddy-relay/relay/providers/bedrock"
+	openaiprovider "github.com/caddy-relay/relay/providers/openai"
+	"github.com/caddy-relay/relay/providers/vertex"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 )
 
@@ -405,5 +409,34 @@ func TestTheRealBillingErrorStillCools(t *testing.T) {
 	st := channels(t)["hostile-bill-a"]
 	if st.LastError != "auth" || st.CooldownUntil == nil || time.Until(*st.CooldownUntil) < 29*time.Minute {
 		t.Errorf("an account out of credit should cool for auth_cooldown: %+v", st)
+	}
+}
+
+// TestProvidersErrorsAreClassified: each built-in provider turns its
+// upstream's errors into Anthropic's (its own tests check how), and the
+// classification table takes those as it takes Anthropic's own: a
+// throttled Bedrock is rate limited, an unavailable Vertex overloaded, an
+// OpenAI-format quota error the account's.
+func TestProvidersErrorsAreClassified(t *testing.T) {
+	for name, tt := range map[string]struct {
+		p     provider.Provider
+		cases []providertest.ErrorCase
+	}{
+		"bedrock": {&bedrock.Provider{}, providertest.BedrockErrors},
+		"vertex":  {&vertex.Provider{}, providertest.VertexErrors},
+		"openai":  {&openaiprovider.Provider{}, providertest.OpenAIErrors},
+	} {
+		for _, c := range tt.cases {
+			t.Run(name+"/"+c.Name, func(t *testing.T) {
+				out, err := tt.p.Response(c.Response(), &provider.Call{Path: provider.PathMessages})
+				if err != nil {
+					t.Fatal(err)
+				}
+				body, _ := io.ReadAll(out.Body)
+				if v := classifyStatus(out.StatusCode, out.Header, body, time.Now()); v.outcome.String() != c.Outcome {
+					t.Errorf("classified %s, want %s", v.outcome, c.Outcome)
+				}
+			})
+		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/providertest"
 	"github.com/caddy-relay/relay/provider"
 	"github.com/caddy-relay/relay/providers/anthropic"
 	"github.com/caddy-relay/relay/providers/bedrock"
@@ -195,10 +196,10 @@ func TestBedrockBetaRefusalIsCertainOnlyForOneFlag(t *testing.T) {
 }
 
 func TestFeatureBedrockBetaRefusal(t *testing.T) {
-	fb := newFakeBedrock(t, func(w http.ResponseWriter, r *http.Request) {
+	fb := providertest.NewFakeBedrock(t, func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		if strings.Contains(gjson.GetBytes(body, "anthropic_beta").Raw, "effort-2025-11-24") {
-			bedrockFailure(400, "ValidationException", "invalid beta flag")(w, r)
+			providertest.BedrockFailure(400, "ValidationException", "invalid beta flag")(w, r)
 			return
 		}
 		fakeupstream.Raw(200, fakeupstream.MessageBody("claude-sonnet-4-5", "from bedrock", fakeupstream.Usage{InputTokens: 7, OutputTokens: 2}))(w, r)
@@ -272,7 +273,7 @@ func lacking(text, field, beta string) http.HandlerFunc {
 }
 
 func TestFeatureRoutesPastBedrockByteIdentical(t *testing.T) {
-	fb := newFakeBedrock(t, fakeupstream.Raw(200, fakeupstream.MessageBody("claude-sonnet-4-5", "from bedrock", fakeupstream.Usage{InputTokens: 7, OutputTokens: 2})))
+	fb := providertest.NewFakeBedrock(t, fakeupstream.Raw(200, fakeupstream.MessageBody("claude-sonnet-4-5", "from bedrock", fakeupstream.Usage{InputTokens: 7, OutputTokens: 2})))
 	direct := fakeupstream.New(t, fakeupstream.Message("from anthropic"))
 	startRelay(t, bedrockChannel(t, "fid-bedrock", fb.URL, "priority 1")+
 		channelBlock("fid-direct", direct.URL, "priority 2")+
@@ -297,7 +298,7 @@ func TestFeatureRoutesPastBedrockByteIdentical(t *testing.T) {
 }
 
 func TestFeatureNoChannelSupportsIt(t *testing.T) {
-	fb := newFakeBedrock(t, fakeupstream.Raw(200, fakeupstream.MessageBody("claude-sonnet-4-5", "from bedrock", fakeupstream.Usage{InputTokens: 7, OutputTokens: 2})))
+	fb := providertest.NewFakeBedrock(t, fakeupstream.Raw(200, fakeupstream.MessageBody("claude-sonnet-4-5", "from bedrock", fakeupstream.Usage{InputTokens: 7, OutputTokens: 2})))
 	startRelay(t, bedrockChannel(t, "fid-only-bedrock", fb.URL)+keyAndGroup("fid-only", "fid-only-bedrock"))
 
 	r := message(t, `{"model":"claude-sonnet-4-5","max_tokens":64,"mcp_servers":[{"type":"url","url":"https://mcp.example/sse","name":"x"}],"messages":[{"role":"user","content":"Hi"}]}`)

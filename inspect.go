@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"unsafe"
 
 	"github.com/caddy-relay/relay/internal/jsonscan"
 	"github.com/go-json-experiment/json/jsontext"
@@ -135,7 +134,7 @@ func (in *inbound) readField(sc *jsonscan.Scanner, field string, model *[]byte) 
 		in.ask.stream = jsonscan.KindOf(v) == 't'
 	case "max_tokens":
 		if jsonscan.KindOf(v) == '0' {
-			n, _ := strconv.ParseInt(unsafe.String(unsafe.SliceData(v), len(v)), 10, 32)
+			n, _ := strconv.ParseInt(jsonscan.String(v), 10, 32)
 			in.ask.maxOut = int32(n)
 		}
 	case "thinking":
@@ -215,7 +214,7 @@ func (in *inbound) scanTools(sc *jsonscan.Scanner) error {
 				in.ask.needs.set |= toolFeature(typ)
 				search = strings.HasPrefix(typ, webSearchTool)
 			case kind == '0' && unquoteJSON(name) == "max_uses":
-				maxUses = unsafe.String(unsafe.SliceData(v), len(v))
+				maxUses = jsonscan.String(v)
 			}
 			if in.ask.prefix != nil && fieldName(name) == "cache_control" {
 				marked, long = isBreakpoint(v)
@@ -248,7 +247,7 @@ func fieldName(raw []byte) string {
 	if bytes.IndexByte(inner, '\\') >= 0 {
 		return ""
 	}
-	return unsafe.String(unsafe.SliceData(inner), len(inner))
+	return jsonscan.String(inner)
 }
 
 // errBodyJSON answers a body the strict scan refused (internal/jsonscan's,

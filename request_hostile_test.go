@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/providertest"
 	"github.com/tidwall/gjson"
 )
 
@@ -114,7 +115,7 @@ func TestSmuggledSecondModelIsRefused(t *testing.T) {
 }
 
 func TestModelNamesAreCheckedBeforeAnyURL(t *testing.T) {
-	fb := newFakeBedrock(t, fakeupstream.Message("served"))
+	fb := providertest.NewFakeBedrock(t, fakeupstream.Message("served"))
 	bedrock := strings.Replace(bedrockChannel(t, "hostile-dots", fb.URL),
 		"\t\t\tmodels claude-sonnet-4-5=us.anthropic.claude-sonnet-4-5-20250929-v1:0\n", "", 1)
 	startRelay(t, bedrock+keyAndGroup("hostile-dots", "hostile-dots"))
@@ -134,7 +135,7 @@ func TestModelNamesAreCheckedBeforeAnyURL(t *testing.T) {
 			t.Errorf("model %q: %d %s", model, r.status, r.body)
 		}
 	}
-	if bad := fb.refused(); len(bad) > 0 {
+	if bad := fb.Refused(); len(bad) > 0 {
 		t.Errorf("signatures refused: %v", bad)
 	}
 }

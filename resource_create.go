@@ -9,8 +9,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
+	"github.com/caddy-relay/relay/internal/jsonscan"
 	"github.com/caddy-relay/relay/provider"
 	"github.com/tidwall/gjson"
 )
@@ -175,7 +175,7 @@ func batchModels(body []byte) ([]string, *relayError) {
 	seen := map[string]bool{} // a batch may name as many models as requests
 	ok := true
 	// read in place: what is kept is cloned
-	if reqs := gjson.Get(unsafe.String(unsafe.SliceData(body), len(body)), "requests"); reqs.IsArray() {
+	if reqs := gjson.Get(jsonscan.String(body), "requests"); reqs.IsArray() {
 		reqs.ForEach(func(_, r gjson.Result) bool {
 			m := r.Get("params.model")
 			switch {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
 	"github.com/caddy-relay/relay/internal/pgtest"
+	"github.com/caddy-relay/relay/internal/providertest"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/tidwall/gjson"
 )
@@ -343,9 +344,9 @@ func TestTheLedgerRowHoldsTheServerToolCost(t *testing.T) {
 func TestCloudChannelsChargeTheirWebSearches(t *testing.T) {
 	const model = "claude-sonnet-4-5-20250929"
 	t.Run("bedrock", func(t *testing.T) {
-		fb := newFakeBedrock(t, func(w http.ResponseWriter, r *http.Request) {
+		fb := providertest.NewFakeBedrock(t, func(w http.ResponseWriter, r *http.Request) {
 			if strings.HasSuffix(r.URL.Path, "/invoke-with-response-stream") {
-				eventStream(fakeupstream.StreamEvents(model, searchUsage, "Searched"))(w, r)
+				providertest.EventStream(fakeupstream.StreamEvents(model, searchUsage, "Searched"))(w, r)
 				return
 			}
 			fakeupstream.Raw(200, fakeupstream.MessageBody(model, "Searched", searchUsage))(w, r)
@@ -354,8 +355,8 @@ func TestCloudChannelsChargeTheirWebSearches(t *testing.T) {
 		checkCloudSearchCost(t, "br-search")
 	})
 	t.Run("vertex", func(t *testing.T) {
-		g := newFakeGoogle(t, 3600)
-		vertex := fakeVertex(t, g, func(w http.ResponseWriter, r *http.Request) {
+		g := providertest.NewFakeGoogle(t, 3600)
+		vertex := providertest.NewFakeVertex(t, g, func(w http.ResponseWriter, r *http.Request) {
 			if strings.HasSuffix(r.URL.Path, ":streamRawPredict") {
 				fakeupstream.Stream(fakeupstream.StreamEvents(model, searchUsage, "Searched")...)(w, r)
 				return
@@ -363,7 +364,7 @@ func TestCloudChannelsChargeTheirWebSearches(t *testing.T) {
 			w.Header().Set("Content-Type", "application/json")
 			_, _ = w.Write(fakeupstream.MessageBody(model, "Searched", searchUsage))
 		})
-		startRelay(t, vertexBlock("vx-search", vertex.URL, g.serviceAccountFile(t), "models claude-sonnet-4-5=claude-sonnet-4-5@20250929")+
+		startRelay(t, vertexBlock("vx-search", vertex.URL, g.ServiceAccountFile(t), "models claude-sonnet-4-5=claude-sonnet-4-5@20250929")+
 			keyAndGroup("vx-search", "vx-search"))
 		checkCloudSearchCost(t, "vx-search")
 	})

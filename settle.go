@@ -5,8 +5,8 @@ import (
 	"errors"
 	"strings"
 	"time"
-	"unsafe"
 
+	"github.com/caddy-relay/relay/internal/jsonscan"
 	"github.com/caddy-relay/relay/internal/sse"
 	"github.com/tidwall/gjson"
 )
@@ -168,7 +168,7 @@ func (u *usage) estimatedOutput() int64 {
 // on every stream's path, so Anthropic's own framing of the event is
 // found without a parse, and any other by gjson.
 func deltaContent(data []byte) int64 {
-	s := unsafe.String(unsafe.SliceData(data), len(data))
+	s := jsonscan.String(data)
 	if rest, ok := strings.CutPrefix(s, `{"type":"content_block_delta","index":`); ok {
 		i := 0
 		for i < len(rest) && '0' <= rest[i] && rest[i] <= '9' {

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"unsafe"
 
 	"github.com/caddy-relay/relay/internal/jsonscan"
 	"github.com/caddy-relay/relay/provider"
@@ -187,7 +186,7 @@ func signedPart(typ, sig, data []byte) []byte {
 // thinkingOn reports whether a raw `thinking` value asks for thinking: an
 // object whose type is not disabled.
 func thinkingOn(v []byte) bool {
-	return jsonscan.KindOf(v) == '{' && gjson.Get(unsafe.String(unsafe.SliceData(v), len(v)), "type").Str != "disabled"
+	return jsonscan.KindOf(v) == '{' && gjson.Get(jsonscan.String(v), "type").Str != "disabled"
 }
 
 // signerFor sets what the selection knows of the request's signer: the
@@ -244,7 +243,7 @@ func learnMessage(body []byte, ch *channel) {
 // carries: a thinking block's signature_delta, a redacted thinking block's
 // data in its content_block_start.
 func learnEvent(name, data []byte, ch *channel) {
-	s := unsafe.String(unsafe.SliceData(data), len(data))
+	s := jsonscan.String(data)
 	switch string(name) {
 	case "content_block_delta":
 		if !strings.Contains(s, `"signature_delta"`) {

@@ -7,8 +7,9 @@ import (
 	"net/http"
 	"strings"
 	"time"
-	"unsafe"
 
+	"github.com/caddy-relay/relay/internal/jsonscan"
+	"github.com/caddy-relay/relay/provider"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/tidwall/gjson"
 	"go.opentelemetry.io/otel/attribute"
@@ -88,20 +89,20 @@ func startSpans(req *http.Request) (*spans, *http.Request) {
 	return &spans{tracer: tracer, span: span, sampled: sc.IsSampled(), traceID: sc.TraceID().String()}, req.WithContext(ctx)
 }
 
-// genAIProvider is gen_ai.provider.name for a channel's provider.
-func genAIProvider(ch *channel) attribute.KeyValue {
-	switch name := ch.providerName(); name {
-	case providerAnthropic:
-		return semconv.GenAIProviderNameAnthropic
-	case "bedrock":
-		return semconv.GenAIProviderNameAWSBedrock
-	case "vertex":
-		return semconv.GenAIProviderNameGCPVertexAI
-	case "openai":
-		return semconv.GenAIProviderNameOpenAI
-	default:
-		return semconv.GenAIProviderNameKey.String(name)
+// genAIName is gen_ai.provider.name for a channel of provider p: the
+// name p gives its upstream (provider.GenAINamer), else its module's name.
+func genAIName(p provider.Provider) string {
+	if n, ok := p.(provider.GenAINamer); ok {
+		if name := n.GenAIProviderName(); name != "" {
+			return name
+		}
 	}
+	return moduleName(p)
+}
+
+// genAIProvider is the gen_ai.provider.name attribute of ch's spans.
+func genAIProvider(ch *channel) attribute.KeyValue {
+	return semconv.GenAIProviderNameKey.String(ch.genAIName)
 }
 
 // startAttempt starts the span of attempt n on ch.
@@ -187,7 +188,7 @@ func (s *spans) fromMessage(body []byte) {
 	if s == nil {
 		return
 	}
-	r := gjson.GetMany(unsafe.String(unsafe.SliceData(body), len(body)), "id", "model", "stop_reason")
+	r := gjson.GetMany(jsonscan.String(body), "id", "model", "stop_reason")
 	s.respID, s.respModel, s.finish = strings.Clone(r[0].Str), strings.Clone(r[1].Str), strings.Clone(r[2].Str)
 }
 
@@ -197,7 +198,7 @@ func (s *spans) fromEvent(name, data []byte) {
 	if s == nil {
 		return
 	}
-	d := unsafe.String(unsafe.SliceData(data), len(data))
+	d := jsonscan.String(data)
 	switch string(name) {
 	case "message_start":
 		r := gjson.GetMany(d, "message.id", "message.model")

@@ -8,8 +8,12 @@ import (
 	"testing"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/provider"
+	"github.com/caddyserver/caddy/v2"
+	"go.opentelemetry.io/otel/attribute"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -95,5 +99,66 @@ func TestTraceNotSampled(t *testing.T) {
 		t.Errorf("the upstream got traceparent %q, want one of trace %s, unsampled", got, sc.TraceID())
 	} else if got[36:52] == sc.SpanID().String() {
 		t.Errorf("the upstream got Caddy's server span %s as its parent, not the relay's", sc.SpanID())
+	}
+}
+
+// TestGenAIProviderNames: each built-in provider names its upstream as
+// OpenTelemetry's GenAI conventions do; one that does not (mock) is named
+// by its module.
+func TestGenAIProviderNames(t *testing.T) {
+	for name, want := range map[string]attribute.KeyValue{
+		"anthropic": semconv.GenAIProviderNameAnthropic,
+		"bedrock":   semconv.GenAIProviderNameAWSBedrock,
+		"vertex":    semconv.GenAIProviderNameGCPVertexAI,
+		"openai":    semconv.GenAIProviderNameOpenAI,
+		"mock":      semconv.GenAIProviderNameKey.String("mock"),
+	} {
+		mod, err := caddy.GetModule(provider.Namespace + "." + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := mod.New().(provider.Provider)
+		if _, names := p.(provider.GenAINamer); names == (name == "mock") {
+			t.Errorf("provider %s implements GenAINamer: %v", name, names)
+		}
+		if got := semconv.GenAIProviderNameKey.String(genAIName(p)); got != want {
+			t.Errorf("provider %s: gen_ai.provider.name %q, want %q", name, got.Value.Emit(), want.Value.Emit())
+		}
+	}
+}
+
+// TestTheSpansNameTheProvider: the attempt's span and the request's carry
+// the channel's gen_ai.provider.name, here the default of a provider that
+// gives none: its module's name.
+func TestTheSpansNameTheProvider(t *testing.T) {
+	r := benchServeRelay("trace-mock", "", nil)
+	r.Channels[0].UpstreamRaw = upstream("mock")
+	provisionHandler(t, r)
+	rec := tracetest.NewSpanRecorder()
+	tracer := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)).Tracer("caddy")
+	req := benchServeRequest("trace-mock", simpleBody)
+	ctx, server := tracer.Start(req.Context(), "caddy", trace.WithSpanKind(trace.SpanKindServer))
+	if w, _ := serveHandler(t, r, req.WithContext(ctx)); w.Code != http.StatusOK {
+		t.Fatalf("status %d: %s", w.Code, w.Body)
+	}
+	server.End()
+	seen := 0
+	for _, s := range rec.Ended() {
+		if s.Name() != "relay" && s.Name() != "relay.attempt" {
+			continue
+		}
+		seen++
+		var got string
+		for _, kv := range s.Attributes() {
+			if kv.Key == semconv.GenAIProviderNameKey {
+				got = kv.Value.Emit()
+			}
+		}
+		if got != "mock" {
+			t.Errorf("span %s: gen_ai.provider.name %q, want mock", s.Name(), got)
+		}
+	}
+	if seen != 2 {
+		t.Errorf("%d spans of the relay's, want the request's and its attempt's", seen)
 	}
 }

@@ -2,8 +2,8 @@ package relay
 
 import (
 	"math"
-	"unsafe"
 
+	"github.com/caddy-relay/relay/internal/jsonscan"
 	"github.com/tidwall/gjson"
 )
 
@@ -63,7 +63,7 @@ func (u *usage) read(obj gjson.Result) {
 
 // fromMessage reads the usage of a complete, non-streaming reply.
 func (u *usage) fromMessage(body []byte) {
-	u.read(gjson.Get(unsafe.String(unsafe.SliceData(body), len(body)), "usage"))
+	u.read(gjson.Get(jsonscan.String(body), "usage"))
 }
 
 // fromEvent reads the usage an SSE event carries: message_start has the
@@ -72,7 +72,7 @@ func (u *usage) fromMessage(body []byte) {
 // wins. Nothing is ever summed but the weight of the content deltas.
 func (u *usage) fromEvent(name, data []byte) {
 	// a string view of the event, valid for this call: only numbers are kept
-	s := unsafe.String(unsafe.SliceData(data), len(data))
+	s := jsonscan.String(data)
 	switch string(name) {
 	case "message_start":
 		u.read(gjson.Get(s, "message.usage"))

@@ -3,8 +3,8 @@ package apirules
 import (
 	"fmt"
 	"strings"
-	"unsafe"
 
+	"github.com/caddy-relay/relay/internal/jsonscan"
 	"github.com/tidwall/gjson"
 )
 
@@ -85,7 +85,7 @@ func (s *schema) check(body []byte) flaw {
 // benchmarks' upstream checks every request. Nothing of the result outlives
 // the check.
 func parse(body []byte) gjson.Result {
-	return gjson.Parse(unsafe.String(unsafe.SliceData(body), len(body)))
+	return gjson.Parse(jsonscan.String(body))
 }
 
 func (s *schema) checkValue(root gjson.Result) flaw {

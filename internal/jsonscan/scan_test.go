@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 func TestValid(t *testing.T) {
@@ -396,5 +397,19 @@ func TestRun(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+func TestStringSharesTheBytes(t *testing.T) {
+	b := []byte(`{"model":"m"}`)
+	s := String(b)
+	if s != `{"model":"m"}` || unsafe.StringData(s) != &b[0] {
+		t.Errorf("String(%q) = %q, not the same memory", b, s)
+	}
+	if String(nil) != "" || String(b[:0]) != "" {
+		t.Error("an empty slice is not the empty string")
+	}
+	if n := testing.AllocsPerRun(100, func() { s = String(b) }); n != 0 {
+		t.Errorf("String allocates %v times", n)
 	}
 }

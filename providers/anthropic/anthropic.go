@@ -93,6 +93,10 @@ func (p *Provider) BaseURL() string {
 // only when their config says so (signature_domain).
 func (p *Provider) Account() string { return "key-" + provider.Digest(p.base, p.apiKey) }
 
+// GenAIProviderName implements provider.GenAINamer: the conventions' name of
+// Anthropic's API.
+func (*Provider) GenAIProviderName() string { return "anthropic" }
+
 // NewRequest implements provider.Provider.
 func (p *Provider) NewRequest(ctx context.Context, c *provider.Call) (*http.Request, error) {
 	u := p.base + c.Path
@@ -169,6 +173,7 @@ func (p *Provider) CaddyfileOptions() provider.Options {
 
 // Interface guards
 var (
+	_ provider.GenAINamer       = (*Provider)(nil)
 	_ provider.Provider         = (*Provider)(nil)
 	_ provider.ResourceProvider = (*Provider)(nil)
 	_ provider.FeatureSupport   = (*Provider)(nil)

@@ -164,6 +164,10 @@ func (p *Provider) Provision(ctx caddy.Context) error {
 // domains unless the channels' config names one (signature_domain).
 func (p *Provider) Account() string { return p.account }
 
+// GenAIProviderName implements provider.GenAINamer: the conventions' name of
+// AWS Bedrock.
+func (*Provider) GenAIProviderName() string { return "aws.bedrock" }
+
 // features is what InvokeModel takes of the feature table; it refuses
 // every other feature, and a whole request for a beta flag it does not know
 // (docs/providers.md gives the source of each).
@@ -496,6 +500,7 @@ func header(m eventstream.Message, name string) string {
 
 // Interface guards
 var (
+	_ provider.GenAINamer      = (*Provider)(nil)
 	_ provider.Provider        = (*Provider)(nil)
 	_ provider.FeatureSupport  = (*Provider)(nil)
 	_ provider.RefusalReader   = (*Provider)(nil)

@@ -92,6 +92,10 @@ func (p *Provider) BaseURL() string {
 	return strings.TrimSuffix(cmp.Or(p.URL, defaultOpenAIURL), "/")
 }
 
+// GenAIProviderName implements provider.GenAINamer: its upstream speaks
+// OpenAI's API, which the conventions name openai whoever serves it.
+func (*Provider) GenAIProviderName() string { return "openai" }
+
 // NewRequest implements provider.Provider: the message becomes a chat completion.
 // A request the format cannot carry is the client's error (a 400), never
 // the channel's.
@@ -188,6 +192,7 @@ func (*Provider) Supports(name string) provider.Support {
 
 // Interface guards
 var (
+	_ provider.GenAINamer   = (*Provider)(nil)
 	_ provider.Provider     = (*Provider)(nil)
 	_ caddy.Provisioner     = (*Provider)(nil)
 	_ caddyfile.Unmarshaler = (*Provider)(nil)

@@ -131,6 +131,10 @@ func (p *Provider) Provision(ctx caddy.Context) error {
 // whose channels (in any region) share a signature domain.
 func (p *Provider) Account() string { return "project-" + p.Project }
 
+// GenAIProviderName implements provider.GenAINamer: the conventions' name of
+// Google Vertex AI.
+func (*Provider) GenAIProviderName() string { return "gcp.vertex_ai" }
+
 // UnmarshalCaddyfile reads the provider's lines of a channel block:
 //
 //	project           <project>
@@ -347,6 +351,7 @@ func nonEmpty(ss ...string) []string {
 
 // Interface guards
 var (
+	_ provider.GenAINamer      = (*Provider)(nil)
 	_ provider.Provider        = (*Provider)(nil)
 	_ provider.FeatureSupport  = (*Provider)(nil)
 	_ provider.OptionsProvider = (*Provider)(nil)
