@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -101,6 +102,16 @@ var arrows = []struct {
 	{"internal/", []string{"internal/", "provider"}, nil},
 }
 
+// under reports whether the package at path (within the module; "." the
+// root) is in room: room itself, or, for a room ending in a slash, a
+// package below it.
+func under(path, room string) bool {
+	if strings.HasSuffix(room, "/") {
+		return strings.HasPrefix(path, room)
+	}
+	return path == room || room != "." && strings.HasPrefix(path, room+"/")
+}
+
 // TestImportsFollowTheArrows: every import between the module's packages
 // runs along an arrow of the house: the root imports its rooms, and no room
 // imports the root back.
@@ -118,7 +129,7 @@ func TestImportsFollowTheArrows(t *testing.T) {
 			may   []string
 			tests []string
 		}) bool {
-			return from == a.room || a.room != "." && strings.HasPrefix(from, a.room)
+			return under(from, a.room)
 		})
 		if i < 0 {
 			t.Errorf("package %s is in no room of the house: add it to the arrows", from)
@@ -129,7 +140,7 @@ func TestImportsFollowTheArrows(t *testing.T) {
 				continue
 			}
 			to := rel(imp)
-			ok := slices.ContainsFunc(arrows[i].may, func(m string) bool { return to == m || m != "." && strings.HasPrefix(to, m) })
+			ok := slices.ContainsFunc(arrows[i].may, func(m string) bool { return under(to, m) })
 			if !ok {
 				t.Errorf("%s imports %s: against the arrows (a room never imports the root, a leaf never the status page or a provider)", from, to)
 			}
@@ -146,6 +157,119 @@ func TestNoUnsafeOutsideJSONScan(t *testing.T) {
 	for _, f := range strings.Fields(string(out)) {
 		if !regexp.MustCompile(`^internal/jsonscan/`).MatchString(f) {
 			t.Errorf("%s imports unsafe: only internal/jsonscan may", f)
+		}
+	}
+}
+
+// fileMap reads the table of docs/architecture.md's "Where things are":
+// the names in backquotes in each row's last column: root files (a name or
+// a pattern ending in .go) and packages (a path with a slash).
+func fileMap(t *testing.T) (files, packages []string) {
+	t.Helper()
+	doc, err := os.ReadFile(filepath.Join(moduleRoot, "docs", "architecture.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(doc)
+	start := strings.Index(text, "\n## Where things are")
+	if start < 0 {
+		t.Fatal(`docs/architecture.md has no section "Where things are"`)
+	}
+	text = text[start+1:]
+	if end := strings.Index(text, "\n## "); end >= 0 {
+		text = text[:end]
+	}
+	name := regexp.MustCompile("`([^`]+)`")
+	for _, line := range strings.Split(text, "\n") {
+		if !strings.HasPrefix(line, "|") || strings.HasPrefix(line, "| ---") {
+			continue
+		}
+		cells := strings.Split(strings.Trim(line, "| "), " | ")
+		for _, m := range name.FindAllStringSubmatch(cells[len(cells)-1], -1) {
+			switch n := m[1]; {
+			case strings.HasSuffix(n, ".go") && !strings.Contains(n, "/"):
+				files = append(files, n)
+			case strings.Contains(n, "/"):
+				packages = append(packages, strings.TrimSuffix(n, "/"))
+			}
+		}
+	}
+	return files, packages
+}
+
+// TestTheFileMapIsTheTree: docs/architecture.md's map names every source
+// file of the root package and every package of the module, and nothing
+// that is not there.
+func TestTheFileMapIsTheTree(t *testing.T) {
+	files, packages := fileMap(t)
+	entries, err := os.ReadDir(moduleRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tree []string
+	for _, e := range entries {
+		if n := e.Name(); strings.HasSuffix(n, ".go") && !strings.HasSuffix(n, "_test.go") {
+			tree = append(tree, n)
+		}
+	}
+	matches := func(pattern, name string) bool { ok, _ := filepath.Match(pattern, name); return ok }
+	for _, f := range tree {
+		if !slices.ContainsFunc(files, func(p string) bool { return matches(p, f) }) {
+			t.Errorf("%s is not in docs/architecture.md's file map", f)
+		}
+	}
+	for _, p := range files {
+		if !slices.ContainsFunc(tree, func(f string) bool { return matches(p, f) }) {
+			t.Errorf("docs/architecture.md's file map names %s, which is not a source file of the root", p)
+		}
+	}
+	for _, p := range modulePackages(t) {
+		rel := strings.TrimPrefix(p.ImportPath, module+"/")
+		if p.ImportPath == module || strings.HasPrefix(rel, "internal/tools/") {
+			continue
+		}
+		if !slices.ContainsFunc(packages, func(m string) bool { return rel == m || strings.HasPrefix(rel, m+"/") }) {
+			t.Errorf("package %s is not in docs/architecture.md's file map", rel)
+		}
+	}
+	for _, m := range packages {
+		if _, err := os.Stat(filepath.Join(moduleRoot, m)); err != nil {
+			t.Errorf("docs/architecture.md's file map names %s, which is not in the tree", m)
+		}
+	}
+}
+
+// The root holds the request path: few enough files that a newcomer can
+// read its list, none too long to read at a sitting.
+const (
+	maxRootFiles = 75
+	maxFileLines = 600
+)
+
+// TestTheRootHoldsTheRequestPath: the root package has at most
+// maxRootFiles source files, and no source file of the module is longer
+// than maxFileLines.
+func TestTheRootHoldsTheRequestPath(t *testing.T) {
+	h := rootHouse(t)
+	if len(h.Files) > maxRootFiles {
+		t.Errorf("the root package has %d source files, more than %d: move a leaf or a kind of state into a package of its own", len(h.Files), maxRootFiles)
+	}
+	cmd := exec.Command("git", "ls-files", "*.go")
+	cmd.Dir = moduleRoot
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range strings.Fields(string(out)) {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(moduleRoot, f))
+		if err != nil {
+			continue // deleted in the work tree
+		}
+		if n := bytes.Count(b, []byte("\n")); n > maxFileLines {
+			t.Errorf("%s has %d lines, more than %d: cut it by concept", f, n, maxFileLines)
 		}
 	}
 }
