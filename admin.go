@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -127,17 +126,14 @@ func steerChannel(name, action string) (channelStatus, error) {
 	}
 	switch action {
 	case "reset":
-		h.reset()
+		h.Reset()
 	case "disable":
-		h.steered.Add(1)
-		h.disabled.Store(true)
+		h.Disable()
 	case "enable":
-		h.steered.Add(1)
-		h.disabled.Store(false)
+		h.Enable()
 	default:
 		return channelStatus{}, fmt.Errorf("unknown action %q: use reset, disable or enable", action)
 	}
-	h.announce(healthChange{Kind: action}) // the kinds of change are named as the actions
 	return h.status(name, time.Now()), nil
 }
 
@@ -258,22 +254,22 @@ type channelStatus struct {
 func (h *channelHealth) status(name string, now time.Time) channelStatus {
 	st := channelStatus{
 		Name:     name,
-		State:    h.state(now),
+		State:    h.State(now),
 		Inflight: h.limits.inflight.Load(),
-		Requests: h.requests.Load(),
-		Failures: h.failures.Load(),
+		Requests: h.Requests(),
+		Failures: h.Failures(),
 		Groups:   []string{},
 	}
-	if ok, until := h.available(now); !ok && !until.IsZero() {
+	if ok, until := h.Available(now); !ok && !until.IsZero() {
 		st.CooldownUntil = &until
 	}
-	for class, c := range h.coolingClasses(now) {
+	for class, c := range h.CoolingClasses(now) {
 		if st.Classes == nil {
 			st.Classes = map[string]classStatus{}
 		}
-		until := time.Unix(0, c.until).UTC()
-		st.Classes[class] = classStatus{State: stateCooldown, Until: until, Reason: c.reason}
-		if !h.disabled.Load() && (st.CooldownUntil == nil || until.After(*st.CooldownUntil)) {
+		until := time.Unix(0, c.Until).UTC()
+		st.Classes[class] = classStatus{State: stateCooldown, Until: until, Reason: c.Reason}
+		if !h.Disabled() && (st.CooldownUntil == nil || until.After(*st.CooldownUntil)) {
 			st.CooldownUntil = &until
 		}
 	}
@@ -298,21 +294,17 @@ func (h *channelHealth) status(name string, now time.Time) channelStatus {
 			}
 		}
 	}
-	st.RefusedModels = setAsideUntil(&h.refused, now)
-	st.Lacks = setAsideUntil(&h.lacks, now)
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	st.EWMALatencyMs = math.Round(h.latency()*100) / 100
-	st.Provider = h.ownerLocked().provider
-	if g := h.groupsLocked(); g != nil {
+	st.RefusedModels = setAsideUntil(h.Refused(), now)
+	st.Lacks = setAsideUntil(h.Lacking(), now)
+	st.EWMALatencyMs = math.Round(h.Latency()*100) / 100
+	st.Provider = h.owner().provider
+	if g := h.groups(); g != nil {
 		st.Groups = g
 	}
-	if !h.lastErrorAt.IsZero() {
-		at := h.lastErrorAt
-		st.LastError, st.LastErrorReason, st.LastErrorAt = h.lastError.String(), h.lastReason, &at
+	if last, reason, at := h.LastError(); !at.IsZero() {
+		st.LastError, st.LastErrorReason, st.LastErrorAt = last.String(), reason, &at
 	}
-	if !h.resetAt.IsZero() {
-		at := h.resetAt
+	if at := h.ResetAt(); !at.IsZero() {
 		st.ResetAt = &at
 	}
 	return st
@@ -327,16 +319,14 @@ type classStatus struct {
 
 // setAsideUntil lists the entries of a set-aside map (refused models,
 // lacking features) that have not ended; nil when none.
-func setAsideUntil(m *atomic.Pointer[map[string]int64], now time.Time) map[string]time.Time {
+func setAsideUntil(m map[string]int64, now time.Time) map[string]time.Time {
 	var out map[string]time.Time
-	if cur := m.Load(); cur != nil {
-		for name, until := range *cur {
-			if until > now.UnixNano() {
-				if out == nil {
-					out = map[string]time.Time{}
-				}
-				out[name] = time.Unix(0, until).UTC()
+	for name, until := range m {
+		if until > now.UnixNano() {
+			if out == nil {
+				out = map[string]time.Time{}
 			}
+			out[name] = time.Unix(0, until).UTC()
 		}
 	}
 	return out

@@ -177,7 +177,7 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 		in.end.retry() // only the answer that reaches the client counts: every attempt starts from none
 	}
 	v := res.verdict
-	if v.outcome.byClass() { // an upstream's limit: the class of the model it answered for cools
+	if v.outcome.ByClass() { // an upstream's limit: the class of the model it answered for cools
 		v.class = ch.classOf(in.grant.target)
 	}
 	in.end.attempted(attemptRecord{channel: ch.name, outcome: v.outcome, duration: time.Since(start)})
@@ -201,7 +201,7 @@ func (r *Relay) attempt(w http.ResponseWriter, req *http.Request, in *inbound, c
 // from attempt, so that the log fields take no room in attempt's frame,
 // which a stream keeps on its goroutine's stack while it lasts.
 func (r *Relay) logCooling(in *inbound, ch *channel, v *verdict, cooled time.Duration) {
-	if v.class != "" && v.outcome.byClass() {
+	if v.class != "" && v.outcome.ByClass() {
 		r.logger.Warn("channel cooling down for a model class",
 			zap.String("channel", ch.name),
 			zap.String("class", v.class),

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/health"
 	"github.com/caddy-relay/relay/internal/providertest"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -161,7 +162,7 @@ func TestCaddyfileBreakerProbeAndBudget(t *testing.T) {
 	if b := ch.Breaker; b == nil || b.MinRequests != 8 || b.OpenFor != caddy.Duration(time.Minute) || b.HalfOpenProbes != 2 || b.Window != 0 {
 		t.Errorf("channel breaker = %+v", b)
 	}
-	if got := resolveBreaker(ch.Breaker, r.Breaker); got != (breakerSettings{window: 20 * time.Second, ratio: 0.5, minRequests: 8, openFor: time.Minute, probes: 2}) {
+	if got := resolveBreaker(ch.Breaker, r.Breaker); got != (health.BreakerSettings{Window: 20 * time.Second, Ratio: 0.5, MinRequests: 8, OpenFor: time.Minute, Probes: 2}) {
 		t.Errorf("merged breaker = %+v", got)
 	}
 	if p := ch.Probe; p == nil || p.Interval != caddy.Duration(15*time.Second) || p.Path != "/v1/messages" || p.Body != `{"model":"claude-haiku-4-5","max_tokens":1,"messages":[]}` {

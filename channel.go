@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/health"
 	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
@@ -35,8 +36,8 @@ type channel struct {
 	firstContent time.Duration
 	response     time.Duration
 	streamIdle   time.Duration
-	cooldown     cooldownPolicy
-	breaker      breakerSettings
+	cooldown     health.CooldownPolicy
+	breaker      health.BreakerSettings
 	limits       limits
 	probe        *probe        // nil: no active probes
 	priceFactor  float64       // its price over the list price
@@ -46,7 +47,7 @@ type channel struct {
 	forwardTraceparent bool
 	domain             string // its signature domain (thinking.go)
 
-	// model classes (health_classes.go): the class of each model it
+	// model classes (channel_classes.go): the class of each model it
 	// lists, by the client's name; its model_class lines; the price rows
 	// that are classes of their own; the names its classes may have
 	classes    map[string]string
@@ -109,11 +110,11 @@ func (r *Relay) provisionChannel(ctx caddy.Context, cfg *Channel) (*channel, err
 	ch.firstContent = pickDuration(t.FirstContentTimeout, r.FirstContentTimeout, defaultFirstContentTimeout)
 	ch.response = pickDuration(t.ResponseTimeout, r.ResponseTimeout, defaultResponseTimeout)
 	ch.streamIdle = pickDuration(t.StreamIdleTimeout, r.StreamIdleTimeout, defaultStreamIdleTimeout)
-	ch.cooldown = cooldownPolicy{
-		base:       pickDuration(t.Cooldown, r.Cooldown, defaultCooldown),
-		max:        pickDuration(t.MaxCooldown, r.MaxCooldown, defaultMaxCooldown),
-		auth:       pickDuration(t.AuthCooldown, r.AuthCooldown, defaultAuthCooldown),
-		capability: pickDuration(t.CapabilityTTL, r.CapabilityTTL, defaultCapabilityTTL),
+	ch.cooldown = health.CooldownPolicy{
+		Base:       pickDuration(t.Cooldown, r.Cooldown, defaultCooldown),
+		Max:        pickDuration(t.MaxCooldown, r.MaxCooldown, defaultMaxCooldown),
+		Auth:       pickDuration(t.AuthCooldown, r.AuthCooldown, defaultAuthCooldown),
+		Capability: pickDuration(t.CapabilityTTL, r.CapabilityTTL, defaultCapabilityTTL),
 	}
 	ch.breaker = resolveBreaker(t.Breaker, r.Breaker)
 
@@ -128,7 +129,7 @@ func (r *Relay) provisionChannel(ctx caddy.Context, cfg *Channel) (*channel, err
 	}
 
 	st, _, err := channelStates.LoadOrNew(cfg.Name, func() (caddy.Destructor, error) {
-		return &channelHealth{name: cfg.Name}, nil
+		return newChannelHealth(cfg.Name), nil
 	})
 	if err != nil {
 		return nil, err
@@ -190,26 +191,26 @@ func (r *Relay) loadProvider(ctx caddy.Context, cfg *Channel, ch *channel) error
 
 // resolveBreaker merges the channel's and the relay's breaker blocks field
 // by field over the defaults.
-func resolveBreaker(channel, relay *Breaker) breakerSettings {
-	s := defaultBreaker
+func resolveBreaker(channel, relay *Breaker) health.BreakerSettings {
+	s := health.DefaultBreaker
 	for _, b := range []*Breaker{relay, channel} {
 		if b == nil {
 			continue
 		}
 		if b.Window > 0 {
-			s.window = time.Duration(b.Window)
+			s.Window = time.Duration(b.Window)
 		}
 		if b.FailureRatio > 0 {
-			s.ratio = b.FailureRatio
+			s.Ratio = b.FailureRatio
 		}
 		if b.MinRequests > 0 {
-			s.minRequests = uint32(b.MinRequests)
+			s.MinRequests = uint32(b.MinRequests)
 		}
 		if b.OpenFor > 0 {
-			s.openFor = time.Duration(b.OpenFor)
+			s.OpenFor = time.Duration(b.OpenFor)
 		}
 		if b.HalfOpenProbes > 0 {
-			s.probes = uint32(b.HalfOpenProbes)
+			s.Probes = uint32(b.HalfOpenProbes)
 		}
 	}
 	return s

@@ -9,43 +9,28 @@ import (
 	"strings"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/health"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"github.com/tidwall/gjson"
 )
 
-// outcome is what one attempt on one channel came to. It decides whether the
-// relay commits, passes the answer through, or fails over, and how the
-// channel's health changes.
-type outcome uint8
+// outcome is what one attempt on one channel came to (internal/health's
+// Outcome): it decides whether the relay commits, passes the answer
+// through, or fails over, and how the channel's health changes.
+type outcome = health.Outcome
 
+// The outcomes, by the names the relay's code reads them.
 const (
-	outcomeSuccess      outcome = iota // 2xx: commit
-	outcomeClientError                 // the request's own fault: pass through, channel stays healthy
-	outcomeAuth                        // the channel's credential or account is unusable
-	outcomeRateLimited                 // 429: the channel's quota is exhausted for a while
-	outcomeOverloaded                  // 529: the provider is overloaded, not the credential
-	outcomeTransient                   // 5xx, network error, timeout, broken stream
-	outcomeCanceled                    // the client went away: nobody's fault
-	outcomeModelRefused                // the channel may not serve this model: set aside for it alone
-	outcomeLacksFeature                // the channel's wire does not support a feature the request carries: set aside for it alone
+	outcomeSuccess      = health.Success
+	outcomeClientError  = health.ClientError
+	outcomeAuth         = health.Auth
+	outcomeRateLimited  = health.RateLimited
+	outcomeOverloaded   = health.Overloaded
+	outcomeTransient    = health.Transient
+	outcomeCanceled     = health.Canceled
+	outcomeModelRefused = health.ModelRefused
+	outcomeLacksFeature = health.LacksFeature
 )
-
-var outcomeNames = [...]string{"success", "client_error", "auth", "rate_limited", "overloaded", "transient", "canceled", "model_refused", "lacks_feature"}
-
-func (o outcome) String() string { return outcomeNames[o] }
-
-// retryable reports whether another channel should be tried.
-func (o outcome) retryable() bool {
-	switch o {
-	case outcomeAuth, outcomeRateLimited, outcomeOverloaded, outcomeTransient, outcomeModelRefused, outcomeLacksFeature:
-		return true
-	}
-	return false
-}
-
-// byClass reports whether the outcome is an upstream's limit, which cools
-// the model class that answered rather than the channel (a 429, a 529).
-func (o outcome) byClass() bool { return o == outcomeRateLimited || o == outcomeOverloaded }
 
 // verdict is an outcome with what the relay learned along with it.
 type verdict struct {
@@ -59,9 +44,14 @@ type verdict struct {
 	// with outcomeLacksFeature: the features the channel lacks, which the
 	// request carried
 	features []string
-	// with an outcome byClass: the model class it cools on the channel;
+	// with an outcome ByClass: the model class it cools on the channel;
 	// "": the whole channel (a resource's call, which no model names)
 	class string
+}
+
+// forHealth is what the channel's health takes of the verdict.
+func (v verdict) forHealth() health.Verdict {
+	return health.Verdict{Outcome: v.outcome, Wait: v.wait, Reason: v.reason, Model: v.model, Features: v.features, Class: v.class}
 }
 
 // classes is the classification table: each upstream status, the error

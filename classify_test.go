@@ -115,8 +115,8 @@ func TestOutcomeRetryable(t *testing.T) {
 	}
 	for o, retry := range want {
 		t.Run(o.String(), func(t *testing.T) {
-			if o.retryable() != retry {
-				t.Errorf("retryable() = %v, want %v", o.retryable(), retry)
+			if o.Retryable() != retry {
+				t.Errorf("retryable() = %v, want %v", o.Retryable(), retry)
 			}
 		})
 	}

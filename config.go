@@ -173,8 +173,8 @@ func (t Tuning) over(base Tuning) Tuning {
 	}
 	if t.Breaker != nil || base.Breaker != nil {
 		s := resolveBreaker(t.Breaker, base.Breaker)
-		t.Breaker = &Breaker{Window: caddy.Duration(s.window), FailureRatio: s.ratio, MinRequests: int(s.minRequests),
-			OpenFor: caddy.Duration(s.openFor), HalfOpenProbes: int(s.probes)}
+		t.Breaker = &Breaker{Window: caddy.Duration(s.Window), FailureRatio: s.Ratio, MinRequests: int(s.MinRequests),
+			OpenFor: caddy.Duration(s.OpenFor), HalfOpenProbes: int(s.Probes)}
 	}
 	return t
 }

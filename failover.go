@@ -181,7 +181,7 @@ func (r *Relay) failover(w http.ResponseWriter, req *http.Request, in *inbound, 
 			in.waste(res, wasteCanceled)
 			in.leftBefore(res)
 			return nil
-		case !res.verdict.outcome.retryable() || res.final || n > g.retries:
+		case !res.verdict.outcome.Retryable() || res.final || n > g.retries:
 			return &failure{last: res, attempts: n}
 		}
 		last = res

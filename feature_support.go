@@ -192,9 +192,9 @@ func (ch *channel) takes(n *needs, now time.Time) (ok, strips bool) {
 			strips = true
 		}
 	}
-	if m := ch.health.lacks.Load(); m != nil {
+	if m := ch.health.Lacking(); m != nil {
 		at := now.UnixNano()
-		learned := func(name string) bool { until, ok := (*m)[name]; return ok && until > at }
+		learned := func(name string) bool { until, ok := m[name]; return ok && until > at }
 		for s := n.set &^ f.strips; s != 0; s &= s - 1 {
 			if learned(featureTable[lowBit(s)].name) {
 				return false, false
@@ -218,11 +218,11 @@ func (ch *channel) stripFor(n *needs, now time.Time) (featureSet, []string) {
 	f := &ch.features
 	set := n.set & f.strips
 	var betas []string
-	m := ch.health.lacks.Load()
+	m := ch.health.Lacking()
 	for _, b := range n.betas {
 		s := f.beta(b)
 		if s == provider.Supported && f.stripOtherBetas && m != nil {
-			if until, ok := (*m)[b]; ok && until > now.UnixNano() {
+			if until, ok := m[b]; ok && until > now.UnixNano() {
 				s = provider.Strip
 			}
 		}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fleet"
+	"github.com/caddy-relay/relay/internal/health"
 	"github.com/caddyserver/caddy/v2"
 )
 
@@ -68,10 +69,12 @@ type member struct {
 	// needed before it gives back the rest (fleet_slots.go), in ns
 	slotEvery atomic.Int64
 
+	// health is the channels' health this relay shares with the fleet:
+	// their changes published and stored, the others' applied
+	health *health.Shared
+
 	releases chan release       // given back off the request path
-	publish  chan healthChange  // health changes of this node, to publish
 	signed   chan signedEntry   // signatures this node learned, to publish (fleet_signatures.go)
-	resync   chan struct{}      // asks for a sync of every shared channel's health
 	spendNow chan struct{}      // asks for a sync of the spend
 	affinity chan affinityWrite // prompt-cache affinity records, to write (affinity_fleet.go)
 }
@@ -105,19 +108,17 @@ func newFleet(ctx caddy.Context, s *FleetRedis) (*member, error) {
 		blocksNew: make(chan struct{}, 1),
 		slotsNew:  make(chan struct{}, 1),
 		now:       time.Now,
+		health:    health.NewShared(c),
 		releases:  make(chan release, 4096),
-		publish:   make(chan healthChange, 1024),
 		signed:    make(chan signedEntry, 1024),
-		resync:    make(chan struct{}, 1),
 		spendNow:  make(chan struct{}, 1),
 		affinity:  make(chan affinityWrite, 4096),
 	}
 	f.holdLeases = map[leaseRef]struct{}{}
 	f.slotDelay.Store(int64(defaultSlotDelay))
 	f.slotEvery.Store(int64(min(defaultSlotEvery, f.Lease)))
-	c.OnUp(f.resyncSoon)
 	c.ReportBlocks(func() []fleet.Block { return f.blockInfos(f.now()) })
-	for _, run := range []func(context.Context){f.renewLeases, f.giveBack, c.Heartbeat, f.publishHealth, f.subscribeHealth, f.publishSignatures, f.subscribeSignatures, f.syncSpend, f.expireBlocks, f.giveBackSlots, f.writeAffinity} {
+	for _, run := range []func(context.Context){f.renewLeases, f.giveBack, c.Heartbeat, f.publishSignatures, f.subscribeSignatures, f.syncSpend, f.expireBlocks, f.giveBackSlots, f.writeAffinity} {
 		c.Go(run)
 	}
 	return f, nil

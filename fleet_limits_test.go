@@ -250,9 +250,6 @@ func TestSharedLimitKeysAreTagged(t *testing.T) {
 	if got := tag("c:", "a}b"); got == "c:a}b" || len(got) != len("c:")+16 {
 		t.Fatalf("tag of a name with a brace: %q", got)
 	}
-	if got := f.healthKey("x"); got != "p:{c:x}:health" {
-		t.Fatal(got)
-	}
 }
 
 // TestAFreedSlotGoesWithTheNextAdmission: a slot a request frees is given

@@ -3,6 +3,8 @@ package relay
 import (
 	"testing"
 	"time"
+
+	"github.com/caddy-relay/relay/internal/health"
 )
 
 // BenchmarkAdmitAndSelectWithBudget is BenchmarkAdmitAndSelect for keys
@@ -16,7 +18,7 @@ func BenchmarkAdmitAndSelectWithBudget(b *testing.B) {
 		k.state.spend.configure([numPeriods]float64{periodDay: 1e9}, 0, k.name, discardLogger(), nil)
 		keys = append(keys, k)
 	}
-	policy := cooldownPolicy{base: time.Second, max: time.Minute, auth: time.Hour}
+	policy := health.CooldownPolicy{Base: time.Second, Max: time.Minute, Auth: time.Hour}
 	var triedBuf [4]*channel
 	in := &inbound{route: routeMessages, ask: asked{model: "claude-sonnet-4-5", estimate: 100, maxOut: 1024}}
 	b.ReportAllocs()

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/health"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -287,7 +288,7 @@ func BenchmarkAdmitAndSelect(b *testing.B) {
 		r.activate(k) // a key takes its state at its first request
 		keys = append(keys, k)
 	}
-	policy := cooldownPolicy{base: time.Second, max: time.Minute, auth: time.Hour}
+	policy := health.CooldownPolicy{Base: time.Second, Max: time.Minute, Auth: time.Hour}
 	var triedBuf [4]*channel
 	b.ReportAllocs()
 	b.ResetTimer()

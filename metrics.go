@@ -234,7 +234,7 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	live := map[string]int{}
 	channelStates.Range(func(k, v any) bool {
 		name, h := k.(string), v.(*channelHealth)
-		cur := h.state(now)
+		cur := h.State(now)
 		for _, s := range allStates {
 			val := 0.0
 			if s == cur {
@@ -246,7 +246,7 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 		for class, left := range classCooling(h, now) {
 			ch <- prometheus.MustNewConstMetric(c.classCooling, prometheus.GaugeValue, left, name, class)
 		}
-		ok, _ := h.available(now)
+		ok, _ := h.Available(now)
 		for _, g := range h.groups() {
 			if _, seen := live[g]; !seen {
 				live[g] = 0
@@ -272,11 +272,11 @@ func classCooling(h *channelHealth, now time.Time) map[string]float64 {
 	for _, c := range labels {
 		out[c] = 0
 	}
-	for class, c := range h.coolingClasses(now) {
+	for class, c := range h.CoolingClasses(now) {
 		if _, named := out[class]; !named {
 			class = classOther
 		}
-		out[class] = max(out[class], time.Duration(c.until-now.UnixNano()).Seconds())
+		out[class] = max(out[class], time.Duration(c.Until-now.UnixNano()).Seconds())
 	}
 	return out
 }

@@ -60,11 +60,10 @@ func defaultProbeBody(rt route, model string) []byte {
 // requests, but count in none of the channel's counters.
 func (r *Relay) runProbes(ctx caddy.Context, ch *channel) {
 	every(ctx, ch.probe.interval, nil, func() {
-		switch ch.health.channelState(r.now()) {
+		switch ch.health.ChannelState(r.now()) {
 		case stateCooldown, stateOpen:
 			if r.probeOnce(ctx, ch) {
-				ch.health.reset()
-				ch.health.announce(healthChange{Kind: changeReset})
+				ch.health.Reset()
 				r.logger.Info("probe succeeded; channel back in rotation", zap.String("channel", ch.name))
 			}
 		}

@@ -15,7 +15,7 @@ import (
 // client, and each client gets the same headers about its own key instead:
 // its `rate` as requests, its `tokens` as tokens, each with its limit, what
 // is left, and when it is full again. The relay still reads the upstream's
-// for itself (classify.go, health_cooldown.go's observeQuota) before they are
+// for itself (classify.go, channel_classes.go's observeQuota) before they are
 // dropped. With `pass`, the upstream's go through unchanged and the relay
 // adds none.
 

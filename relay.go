@@ -486,7 +486,7 @@ func (r *Relay) answer(w http.ResponseWriter, in *inbound, f *failure) {
 	h := w.Header()
 	last := f.last
 	if f.attempts > 0 {
-		relayHeaders(h, in, last.channel, f.attempts, last.verdict.outcome.retryable())
+		relayHeaders(h, in, last.channel, f.attempts, last.verdict.outcome.Retryable())
 		if f.err == nil && last.status == 0 {
 			f.err = errUpstreamFailed(last.verdict)
 		}

@@ -106,7 +106,7 @@ func (a *createAttempt) accepts(ch *channel, now time.Time) bool {
 		return false
 	}
 	for _, m := range a.models {
-		if refused, _ := ch.health.refuses(m, now); refused {
+		if refused, _ := ch.health.Refuses(m, now); refused {
 			return false
 		}
 	}

@@ -74,7 +74,7 @@ func (c *resourceCtx) waitForOwner(ch *channel) *relayError {
 	var deadline time.Time
 	for {
 		now := c.r.now()
-		ok, until := ch.health.available(now)
+		ok, until := ch.health.Available(now)
 		if ok {
 			return nil
 		}

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/health"
 	"github.com/caddyserver/caddy/v2"
 )
 
@@ -92,7 +93,7 @@ func BenchmarkAuthAndSelect(b *testing.B) {
 					req.Header.Set("X-Api-Key", scaleSecret(i*k/len(reqs)))
 					reqs[i] = req
 				}
-				policy := cooldownPolicy{base: time.Second, max: time.Minute, auth: time.Hour}
+				policy := health.CooldownPolicy{Base: time.Second, Max: time.Minute, Auth: time.Hour}
 				var triedBuf [4]*channel
 				b.ReportAllocs()
 				b.ResetTimer()

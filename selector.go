@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/health"
 	"github.com/cespare/xxhash/v2"
 )
 
@@ -145,7 +146,7 @@ func (g *group) pick(s *selection) pickResult {
 		if !ch.serves(s.model) {
 			continue
 		}
-		if refused, until := ch.health.refuses(s.model, s.now); refused {
+		if refused, until := ch.health.Refuses(s.model, s.now); refused {
 			if refusedUntil.IsZero() || until.Before(refusedUntil) {
 				refusedUntil = until
 			}
@@ -202,10 +203,10 @@ func (g *group) pick(s *selection) pickResult {
 	otherOut, overloaded := false, false
 	var capped *channel
 	cands = filter(cands, func(ch *channel) bool {
-		ok, until := ch.health.available(s.now)
-		by := outOther
+		ok, until := ch.health.Available(s.now)
+		by := health.OutOther
 		if !ok {
-			by = ch.health.outBy(s.now)
+			by = ch.health.OutBy(s.now)
 		}
 		if ok && s.accept == nil { // the class of the request's model may cool on it
 			ok, until, by = ch.classAvailable(s.model, s.now)
@@ -224,9 +225,9 @@ func (g *group) pick(s *selection) pickResult {
 		if !ok {
 			earliest(&recovery, until)
 			switch by {
-			case outReset:
+			case health.OutReset:
 				earliest(&reset, until)
-			case outOverload:
+			case health.OutOverload:
 				overloaded = true
 			default:
 				otherOut = true
@@ -327,7 +328,7 @@ func (g *group) anotherTakes(s *selection, ch *channel, lacked []string) bool {
 		if c == ch || contains(s.tried, c) || !c.serves(s.model) {
 			continue
 		}
-		if refused, _ := c.health.refuses(s.model, s.now); refused {
+		if refused, _ := c.health.Refuses(s.model, s.now); refused {
 			continue
 		}
 		if ok, _ := c.takes(s.needs, s.now); ok && c.features.names(lacked) && s.signerAllows(c) {
@@ -459,7 +460,7 @@ const (
 func effectiveWeights(chs []*channel, now time.Time, out []float64) []float64 {
 	best := math.Inf(1)
 	for _, ch := range chs {
-		if l := ch.health.latency(); l > 0 && l < best {
+		if l := ch.health.Latency(); l > 0 && l < best {
 			best = l
 		}
 	}
@@ -471,10 +472,10 @@ func effectiveWeights(chs []*channel, now time.Time, out []float64) []float64 {
 		if c := h.limits.maxConc.Load(); c > 0 {
 			load = 1 - inflight/float64(c)
 		}
-		health := 1 - h.failureRatio()
+		health := 1 - h.FailureRatio()
 		speed := 1.0
-		if l := h.latency(); l > 0 && !math.IsInf(best, 1) {
-			age := now.Sub(time.Unix(0, h.ewmaAt.Load()))
+		if l := h.Latency(); l > 0 && !math.IsInf(best, 1) {
+			age := now.Sub(h.LatencyAt())
 			trust := max(0, 1-float64(age)/float64(latencyMemory))
 			if l = best + (l-best)*trust; l > best+band {
 				speed = (best + band) / l

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/health"
 )
 
 func sessions(n int) []string {
@@ -52,7 +53,7 @@ func TestStickySpreadsAndKeepsSessions(t *testing.T) {
 
 	// cooling c moves c's sessions only, and they come back
 	c := g.channels[2]
-	c.health.extend(testNow.Add(time.Minute))
+	coolUntil(c.health, testNow.Add(time.Minute))
 	for s, was := range first {
 		now := pickFor(t, g, s)
 		if was != "c" && now != was {
@@ -62,7 +63,7 @@ func TestStickySpreadsAndKeepsSessions(t *testing.T) {
 			t.Fatalf("session %s stayed on the cooling channel", s)
 		}
 	}
-	c.health.until.Store(0)
+	c.health.Reset()
 	for s, was := range first {
 		if now := pickFor(t, g, s); now != was {
 			t.Fatalf("session %s did not come back to %s after the recovery (on %s)", s, was, now)
@@ -96,7 +97,7 @@ func TestASessionIDNeverLeavesTheBestLiveTier(t *testing.T) {
 			t.Fatalf("session %q picked the tier-2 channel while tier 1 is live", s)
 		}
 	}
-	a.health.extend(testNow.Add(time.Minute))
+	coolUntil(a.health, testNow.Add(time.Minute))
 	for _, s := range ids {
 		if got := pickFor(t, g, s); got != "b" {
 			t.Fatalf("session %q picked %s while b is the only live tier-1 channel", s, got)
@@ -104,7 +105,7 @@ func TestASessionIDNeverLeavesTheBestLiveTier(t *testing.T) {
 	}
 	// a canary split is the documented exception: its share of sessions
 	// reaches it whatever its priority, and no other session does
-	a.health.until.Store(0)
+	a.health.Reset()
 	split := &group{name: "tiers-split", policy: policySticky, channels: []*channel{a, b, fallback},
 		splits: []groupSplit{{ch: fallback, share: 0.01}}}
 	in := 0
@@ -138,7 +139,7 @@ func TestCanarySplit(t *testing.T) {
 		t.Errorf("%d of 1000 sessions went to the 10%% canary", in)
 	}
 	// the others only reach the canary when nothing else is live
-	a.health.extend(testNow.Add(time.Minute))
+	coolUntil(a.health, testNow.Add(time.Minute))
 	if got := pickFor(t, g, "session-that-is-not-canary-"+fmt.Sprint(in)); got != "canary" {
 		t.Errorf("with a cooling, every session must use the canary: %s", got)
 	}
@@ -147,9 +148,10 @@ func TestCanarySplit(t *testing.T) {
 func TestEffectiveWeights(t *testing.T) {
 	mk := func(name string, latencyMs float64, age time.Duration, inflight, conc int64) *channel {
 		ch := testChannel(name, withWeight(10))
-		ch.health.configure(defaultBreaker, limits{concurrency: conc}, channelOwner{}, testNow)
-		ch.health.ewmaMs.Store(math.Float64bits(latencyMs))
-		ch.health.ewmaAt.Store(testNow.Add(-age).UnixNano())
+		ch.health.configure(health.DefaultBreaker, limits{concurrency: conc}, channelOwner{}, testNow)
+		if latencyMs > 0 {
+			setLatency(ch.health, latencyMs, testNow.Add(-age))
+		}
 		ch.health.limits.inflight.Store(inflight)
 		return ch
 	}
@@ -183,7 +185,7 @@ func TestEffectiveWeights(t *testing.T) {
 func TestAdaptiveDrainsASlowChannelAndTakesItBack(t *testing.T) {
 	fast, slow := testChannel("fast"), testChannel("slow")
 	for _, ch := range []*channel{fast, slow} {
-		ch.health.configure(defaultBreaker, limits{}, channelOwner{}, testNow)
+		ch.health.configure(health.DefaultBreaker, limits{}, channelOwner{}, testNow)
 	}
 	g := &group{name: "adaptive", policy: policyAdaptive, channels: []*channel{fast, slow}}
 	rnd := rand.New(rand.NewPCG(7, 11))

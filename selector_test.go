@@ -11,13 +11,14 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/health"
 	"github.com/caddy-relay/relay/providers/anthropic"
 )
 
 // testChannel builds a runtime channel for the selector: one tier, weight 1,
 // serving every model, healthy, on its own host.
 func testChannel(name string, opts ...func(*channel)) *channel {
-	ch := &channel{name: name, priority: 1, weight: 1, host: name + ".example", health: new(channelHealth)}
+	ch := &channel{name: name, priority: 1, weight: 1, host: name + ".example", health: newChannelHealth(name)}
 	ch.features = newChannelFeatures(&anthropic.Provider{}, nil, nil, nil)
 	for _, o := range opts {
 		o(ch)
@@ -45,7 +46,9 @@ func withSupports(names ...string) func(*channel) { return withFeatures(names, n
 func withLacks(names ...string) func(*channel)    { return withFeatures(nil, names, nil) }
 func withStrip(names ...string) func(*channel)    { return withFeatures(nil, nil, names) }
 func withLearnedLack(name string, d time.Duration) func(*channel) {
-	return func(ch *channel) { setAside(&ch.health.lacks, name, testNow, testNow.Add(d)) }
+	return func(ch *channel) {
+		ch.health.Record(health.Verdict{Outcome: outcomeLacksFeature, Features: []string{name}}, health.CooldownPolicy{Capability: d}, testNow, 0)
+	}
 }
 
 // needing is the needs of a request that carries the named features.
@@ -61,7 +64,20 @@ func needing(names ...string) needs {
 	return n
 }
 func withCooldown(d time.Duration) func(*channel) {
-	return func(ch *channel) { ch.health.extend(testNow.Add(d)) }
+	return func(ch *channel) { coolUntil(ch.health, testNow.Add(d)) }
+}
+
+// coolUntil cools the channel until t, as a credential refused at testNow
+// would (a cooldown no max_cooldown caps); a cooldown that ends earlier
+// does not shorten one.
+func coolUntil(h *channelHealth, t time.Time) {
+	h.Record(health.Verdict{Outcome: outcomeAuth}, health.CooldownPolicy{Auth: t.Sub(testNow)}, testNow, 0)
+}
+
+// setLatency makes ms the channel's first-byte latency average, its last
+// sample taken at at, as a first answer would.
+func setLatency(h *channelHealth, ms float64, at time.Time) {
+	h.Record(health.Verdict{Outcome: outcomeSuccess}, health.CooldownPolicy{}, at, time.Duration(ms*float64(time.Millisecond)))
 }
 
 // Deterministic randomness: the first or the last channel of the weighted
@@ -545,8 +561,8 @@ func benchPick(b *testing.B, policy string, split bool) {
 	g := &group{name: "bench-pick", policy: policy}
 	for i := 0; i < 4; i++ {
 		ch := testChannel(fmt.Sprintf("bench-pick-%d", i), withWeight(1+i))
-		ch.health.configure(defaultBreaker, limits{}, channelOwner{}, time.Now())
-		ch.health.ewmaMs.Store(math.Float64bits(float64(100 + 50*i)))
+		ch.health.configure(health.DefaultBreaker, limits{}, channelOwner{}, time.Now())
+		setLatency(ch.health, float64(100+50*i), time.Unix(0, 0))
 		g.channels = append(g.channels, ch)
 	}
 	if split {

@@ -170,7 +170,7 @@ func (s *streamAttempt) take(ev sse.Event, err error, first bool) (res attemptRe
 		return res, true, next, len(s.held) > maxHeld || s.waiting
 	case "error":
 		v := classifyStreamError(ev.Data)
-		if !v.outcome.retryable() {
+		if !v.outcome.Retryable() {
 			// the request's own fault: the client sees the stream as sent
 			s.commit(s.held)
 			s.in.end.cut()

@@ -1,29 +1,30 @@
-package relay
+package health
 
 import (
 	"testing"
 	"testing/synctest"
 	"time"
 
-	"github.com/caddy-relay/relay/internal/fakeupstream"
-	"github.com/caddyserver/caddy/v2"
 	"github.com/sony/gobreaker/v2"
 )
 
+// testNow is the fixed "now" of the tests that step their own clock.
+var testNow = time.Date(2025, time.March, 14, 15, 9, 26, 0, time.UTC)
+
 func TestChannelHealthCooldowns(t *testing.T) {
-	policy := cooldownPolicy{base: 5 * time.Second, max: time.Minute, auth: 30 * time.Minute}
+	policy := CooldownPolicy{Base: 5 * time.Second, Max: time.Minute, Auth: 30 * time.Minute}
 	var (
-		transient  = verdict{outcome: outcomeTransient}
-		success    = verdict{outcome: outcomeSuccess}
-		clientErr  = verdict{outcome: outcomeClientError}
-		canceled   = verdict{outcome: outcomeCanceled}
-		overloaded = verdict{outcome: outcomeOverloaded}
-		auth       = verdict{outcome: outcomeAuth}
-		limited    = func(wait time.Duration) verdict { return verdict{outcome: outcomeRateLimited, wait: wait} }
+		transient  = Verdict{Outcome: Transient}
+		success    = Verdict{Outcome: Success}
+		clientErr  = Verdict{Outcome: ClientError}
+		canceled   = Verdict{Outcome: Canceled}
+		overloaded = Verdict{Outcome: Overloaded}
+		auth       = Verdict{Outcome: Auth}
+		limited    = func(wait time.Duration) Verdict { return Verdict{Outcome: RateLimited, Wait: wait} }
 	)
 	type step struct {
 		at   time.Duration // after testNow
-		v    verdict
+		v    Verdict
 		want time.Duration // the cooldown record returns
 	}
 	// Unless a case says otherwise, each step comes after the previous
@@ -145,14 +146,14 @@ func TestChannelHealthCooldowns(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			h := new(channelHealth)
+			h := new(Channel)
 			for i, s := range tt.steps {
-				if got := h.record(s.v, policy, testNow.Add(s.at), 0); got != s.want {
-					t.Errorf("step %d (%v at +%v): cooldown = %v, want %v", i+1, s.v.outcome, s.at, got, s.want)
+				if got := h.Record(s.v, policy, testNow.Add(s.at), 0); got != s.want {
+					t.Errorf("step %d (%v at +%v): cooldown = %v, want %v", i+1, s.v.Outcome, s.at, got, s.want)
 				}
 			}
 			last := testNow.Add(tt.steps[len(tt.steps)-1].at)
-			ok, until := h.available(last)
+			ok, until := h.Available(last)
 			if tt.wantUntil == 0 || testNow.Add(tt.wantUntil).Compare(last) <= 0 {
 				if !ok {
 					t.Errorf("not available after the last step; cooling until +%v", until.Sub(testNow))
@@ -170,11 +171,11 @@ func TestChannelHealthCooldowns(t *testing.T) {
 }
 
 func TestChannelHealthAvailable(t *testing.T) {
-	h := new(channelHealth)
-	if ok, until := h.available(testNow); !ok || !until.IsZero() {
+	h := new(Channel)
+	if ok, until := h.Available(testNow); !ok || !until.IsZero() {
 		t.Fatalf("a new channel: available = %v until %v, want true and zero time", ok, until)
 	}
-	h.record(verdict{outcome: outcomeTransient}, cooldownPolicy{base: 5 * time.Second, max: time.Minute, auth: time.Hour}, testNow, 0)
+	h.Record(Verdict{Outcome: Transient}, CooldownPolicy{Base: 5 * time.Second, Max: time.Minute, Auth: time.Hour}, testNow, 0)
 	end := testNow.Add(5 * time.Second)
 	tests := []struct {
 		name string
@@ -188,7 +189,7 @@ func TestChannelHealthAvailable(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ok, until := h.available(tt.at)
+			ok, until := h.Available(tt.at)
 			if ok != tt.want {
 				t.Fatalf("available = %v, want %v", ok, tt.want)
 			}
@@ -222,61 +223,43 @@ func TestBackoff(t *testing.T) {
 	}
 }
 
-func TestUpstreamQuotaIsCappedAndReset(t *testing.T) {
-	far := time.Now().Add(20 * time.Hour).UTC().Format(time.RFC3339)
-	up := fakeupstream.New(t, fakeupstream.Raw(200, fakeupstream.MessageBody("m", "a", fakeupstream.Usage{}),
-		"Anthropic-Ratelimit-Requests-Remaining", "0", "Anthropic-Ratelimit-Requests-Reset", far))
-	startRelay(t, "\t\tmax_cooldown 1m\n"+channelBlock("hostile-quota", up.URL)+keyAndGroup("hostile-quota", "hostile-quota"))
-	message(t, simpleBody)
-	st := channels(t)["hostile-quota"]
-	if c, ok := st.Classes["sonnet"]; !ok || time.Until(c.Until) > time.Minute+time.Second || st.State != stateCooldown {
-		t.Fatalf("a quota reset 20h away should cool the model's class for max_cooldown at most: %+v", st)
-	}
-	if code, _ := adminPost(t, "hostile-quota", "reset"); code != 200 {
-		t.Fatal("reset failed")
-	}
-	if st := channels(t)["hostile-quota"]; st.Classes != nil || st.State != stateHealthy {
-		t.Errorf("reset should clear the spent quota: %+v", st)
-	}
-}
-
-// newTestHealth returns a channel state with a breaker configured by s.
-func newTestHealth(s breakerSettings) *channelHealth {
-	h := new(channelHealth)
-	h.configure(s, limits{}, channelOwner{provider: "anthropic"}, time.Now())
+// newTestHealth returns a channel's health with a breaker configured by s.
+func newTestHealth(s BreakerSettings) *Channel {
+	h := NewChannel("c")
+	h.Configure(s)
 	return h
 }
 
-var testPolicy = cooldownPolicy{base: time.Millisecond, max: time.Millisecond, auth: time.Millisecond}
+var testPolicy = CooldownPolicy{Base: time.Millisecond, Max: time.Millisecond, Auth: time.Millisecond}
 
-// run admits and finishes one attempt per outcome, as the relay does.
-func run(t *testing.T, h *channelHealth, outcomes ...outcome) {
+// run lets through and finishes one attempt per outcome, as the relay does.
+func run(t *testing.T, h *Channel, outcomes ...Outcome) {
 	t.Helper()
 	for _, o := range outcomes {
-		tk, _ := h.admit(time.Now(), 0)
-		if tk == nil {
+		a, ok := h.Allow()
+		if !ok {
 			t.Fatalf("attempt refused; breaker %v", h.breaker.Load().State())
 		}
-		tk.finish(verdict{outcome: o}, testPolicy, time.Now(), time.Millisecond, 0)
+		h.Finish(a, Verdict{Outcome: o}, testPolicy, time.Now(), time.Millisecond)
 	}
 }
 
 func TestBreakerTripsAtTheConfiguredRatio(t *testing.T) {
-	s := breakerSettings{window: 10 * time.Second, ratio: 0.6, minRequests: 5, openFor: time.Hour, probes: 1}
-	f, ok := outcomeTransient, outcomeSuccess
+	s := BreakerSettings{Window: 10 * time.Second, Ratio: 0.6, MinRequests: 5, OpenFor: time.Hour, Probes: 1}
+	f, ok := Transient, Success
 	tests := []struct {
 		name     string
-		outcomes []outcome
+		outcomes []Outcome
 		open     bool
 	}{
-		{"3 of 5 failed (0.6) trips", []outcome{ok, f, ok, f, f}, true},
-		{"2 of 5 failed (0.4) does not", []outcome{f, ok, f, ok, ok}, false},
-		{"4 of 4 failed is below min_requests", []outcome{f, f, f, f}, false},
-		{"5 of 9 failed (0.56) does not", []outcome{ok, ok, ok, ok, f, f, f, f, f}, false},
-		{"6 of 10 failed trips on the tenth", []outcome{ok, ok, ok, ok, f, f, f, f, f, f}, true},
-		{"429, 529 and auth are not breaker failures", []outcome{outcomeRateLimited, outcomeOverloaded, outcomeAuth, outcomeRateLimited, outcomeOverloaded, ok}, false},
-		{"client errors count as successes", []outcome{outcomeClientError, outcomeClientError, f, f, f}, true},
-		{"canceled attempts do not count", []outcome{outcomeCanceled, outcomeCanceled, f, f, ok, ok}, false},
+		{"3 of 5 failed (0.6) trips", []Outcome{ok, f, ok, f, f}, true},
+		{"2 of 5 failed (0.4) does not", []Outcome{f, ok, f, ok, ok}, false},
+		{"4 of 4 failed is below min_requests", []Outcome{f, f, f, f}, false},
+		{"5 of 9 failed (0.56) does not", []Outcome{ok, ok, ok, ok, f, f, f, f, f}, false},
+		{"6 of 10 failed trips on the tenth", []Outcome{ok, ok, ok, ok, f, f, f, f, f, f}, true},
+		{"429, 529 and auth are not breaker failures", []Outcome{RateLimited, Overloaded, Auth, RateLimited, Overloaded, ok}, false},
+		{"client errors count as successes", []Outcome{ClientError, ClientError, f, f, f}, true},
+		{"canceled attempts do not count", []Outcome{Canceled, Canceled, f, f, ok, ok}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -287,10 +270,10 @@ func TestBreakerTripsAtTheConfiguredRatio(t *testing.T) {
 				t.Fatalf("breaker open = %v, want %v", open, tt.open)
 			}
 			if open {
-				if st := h.state(time.Now()); st != stateOpen {
+				if st := h.State(time.Now()); st != StateOpen {
 					t.Errorf("state = %q, want open", st)
 				}
-				if ok, until := h.available(time.Now()); ok || time.Until(until) < 59*time.Minute {
+				if ok, until := h.Available(time.Now()); ok || time.Until(until) < 59*time.Minute {
 					t.Errorf("an open channel must be unavailable until open_for ends: %v %v", ok, until)
 				}
 			}
@@ -303,9 +286,9 @@ func TestBreakerTripsAtTheConfiguredRatio(t *testing.T) {
 // where time.Now is the bubble's clock and a sleep steps it at once.
 
 // turnHalfOpen steps the bubble's clock past the breaker's open_for.
-func turnHalfOpen(t *testing.T, h *channelHealth) {
+func turnHalfOpen(t *testing.T, h *Channel) {
 	t.Helper()
-	time.Sleep(h.settings.openFor + time.Nanosecond)
+	time.Sleep(h.settings.OpenFor + time.Nanosecond)
 	if got := h.breaker.Load().State(); got != gobreaker.StateHalfOpen {
 		t.Fatalf("breaker %v after open_for, want half-open", got)
 	}
@@ -318,24 +301,24 @@ func TestBreakerHalfOpenAdmitsExactlyTheProbes(t *testing.T) {
 }
 
 func halfOpenAdmitsTheProbes(t *testing.T, probes uint32) {
-	s := breakerSettings{window: 10 * time.Second, ratio: 0.5, minRequests: 2, openFor: 50 * time.Millisecond, probes: probes}
+	s := BreakerSettings{Window: 10 * time.Second, Ratio: 0.5, MinRequests: 2, OpenFor: 50 * time.Millisecond, Probes: probes}
 	h := newTestHealth(s)
-	run(t, h, outcomeTransient, outcomeTransient)
-	if st := h.state(time.Now()); st != stateOpen {
+	run(t, h, Transient, Transient)
+	if st := h.State(time.Now()); st != StateOpen {
 		t.Errorf("state = %q, want open", st)
 	}
 	turnHalfOpen(t, h)
-	if st := h.state(time.Now()); st != stateHalfOpen {
+	if st := h.State(time.Now()); st != StateHalfOpen {
 		t.Errorf("state = %q, want half_open", st)
 	}
 
-	var admitted []*ticket
+	var admitted []Attempt
 	for {
-		tk, _ := h.admit(time.Now(), 0)
-		if tk == nil {
+		a, ok := h.Allow()
+		if !ok {
 			break
 		}
-		admitted = append(admitted, tk)
+		admitted = append(admitted, a)
 		if len(admitted) > 10 {
 			break
 		}
@@ -343,103 +326,80 @@ func halfOpenAdmitsTheProbes(t *testing.T, probes uint32) {
 	if uint32(len(admitted)) != probes {
 		t.Fatalf("half-open admitted %d attempts, want exactly %d", len(admitted), probes)
 	}
-	if got := h.limits.inflight.Load(); got != int64(probes) {
-		t.Errorf("inflight = %d, want %d", got, probes)
-	}
-	for _, tk := range admitted {
-		tk.finish(verdict{outcome: outcomeSuccess}, testPolicy, time.Now(), time.Millisecond, 0)
+	for _, a := range admitted {
+		h.Finish(a, Verdict{Outcome: Success}, testPolicy, time.Now(), time.Millisecond)
 	}
 	if got := h.breaker.Load().State(); got != gobreaker.StateClosed {
 		t.Errorf("after %d successful probes the breaker is %v, want closed", probes, got)
-	}
-	if got := h.limits.inflight.Load(); got != 0 {
-		t.Errorf("inflight = %d after the probes finished", got)
 	}
 }
 
 func TestBreakerHalfOpenFailureReopens(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h := newTestHealth(breakerSettings{window: 10 * time.Second, ratio: 0.5, minRequests: 2, openFor: 50 * time.Millisecond, probes: 1})
-		run(t, h, outcomeTransient, outcomeTransient)
+		h := newTestHealth(BreakerSettings{Window: 10 * time.Second, Ratio: 0.5, MinRequests: 2, OpenFor: 50 * time.Millisecond, Probes: 1})
+		run(t, h, Transient, Transient)
 		turnHalfOpen(t, h)
-		run(t, h, outcomeTransient)
+		run(t, h, Transient)
 		if got := h.breaker.Load().State(); got != gobreaker.StateOpen {
 			t.Fatalf("a failed probe should reopen the breaker, got %v", got)
 		}
-		if ok, until := h.available(time.Now()); ok || until.Sub(time.Now()) != 50*time.Millisecond {
+		if ok, until := h.Available(time.Now()); ok || until.Sub(time.Now()) != 50*time.Millisecond {
 			t.Errorf("reopened: available=%v until %v from now, want open_for", ok, until.Sub(time.Now()))
 		}
 	})
 }
 
-func TestTicketReleasedWithoutVerdict(t *testing.T) {
-	synctest.Test(t, ticketReleasedWithoutVerdict)
+func TestAttemptReleasedWithoutVerdict(t *testing.T) {
+	synctest.Test(t, attemptReleasedWithoutVerdict)
 }
 
-func ticketReleasedWithoutVerdict(t *testing.T) {
-	h := newTestHealth(breakerSettings{window: 10 * time.Second, ratio: 0.5, minRequests: 1, openFor: 50 * time.Millisecond, probes: 1})
-	run(t, h, outcomeTransient)
+func attemptReleasedWithoutVerdict(t *testing.T) {
+	h := newTestHealth(BreakerSettings{Window: 10 * time.Second, Ratio: 0.5, MinRequests: 1, OpenFor: 50 * time.Millisecond, Probes: 1})
+	run(t, h, Transient)
 	turnHalfOpen(t, h)
 	func() {
 		defer func() { _ = recover() }()
-		tk, _ := h.admit(time.Now(), 0)
-		if tk == nil {
+		a, ok := h.Allow()
+		if !ok {
 			t.Fatal("the half-open slot should be free")
 		}
-		defer tk.release(time.Now)
+		defer h.Abort(a)
 		panic("attempt panicked")
 	}()
-	if h.limits.inflight.Load() != 0 {
-		t.Errorf("inflight = %d after a panic", h.limits.inflight.Load())
-	}
-	if tk, _ := h.admit(time.Now(), 0); tk == nil {
+	if _, ok := h.Allow(); !ok {
 		t.Errorf("the half-open slot was lost with the panicking attempt")
 	}
 }
 
 func TestChannelCounters(t *testing.T) {
-	h := newTestHealth(defaultBreaker)
-	run(t, h, outcomeSuccess, outcomeTransient, outcomeClientError, outcomeRateLimited, outcomeCanceled)
-	st := h.status("c", time.Now())
-	if st.Requests != 4 || st.Failures != 2 || st.Inflight != 0 {
-		t.Errorf("requests %d failures %d inflight %d, want 4, 2, 0 (a cancel is not traffic)", st.Requests, st.Failures, st.Inflight)
+	h := newTestHealth(DefaultBreaker)
+	run(t, h, Success, Transient, ClientError, RateLimited, Canceled)
+	if h.Requests() != 4 || h.Failures() != 2 {
+		t.Errorf("requests %d failures %d, want 4, 2 (a cancel is not traffic)", h.Requests(), h.Failures())
 	}
-	if st.LastError != "rate_limited" || st.EWMALatencyMs != 1 || st.Provider != "anthropic" {
-		t.Errorf("status = %+v", st)
+	if last, _, _ := h.LastError(); last != RateLimited || h.Latency() != 1 {
+		t.Errorf("last error %v, latency %v", last, h.Latency())
 	}
-	h.disabled.Store(true)
-	if h.state(time.Now()) != stateDisabled {
-		t.Errorf("a disabled channel reports %q", h.state(time.Now()))
+	h.Disable()
+	if h.State(time.Now()) != StateDisabled {
+		t.Errorf("a disabled channel reports %q", h.State(time.Now()))
 	}
-	if ok, until := h.available(time.Now()); ok || !until.IsZero() {
+	if ok, until := h.Available(time.Now()); ok || !until.IsZero() {
 		t.Errorf("a disabled channel is available=%v until %v; want unavailable with no recovery time", ok, until)
 	}
 }
 
 func TestConfigureKeepsOrReplacesTheBreaker(t *testing.T) {
-	s := breakerSettings{window: 10 * time.Second, ratio: 0.5, minRequests: 2, openFor: time.Hour, probes: 1}
+	s := BreakerSettings{Window: 10 * time.Second, Ratio: 0.5, MinRequests: 2, OpenFor: time.Hour, Probes: 1}
 	h := newTestHealth(s)
-	run(t, h, outcomeTransient, outcomeTransient)
-	h.configure(s, limits{}, channelOwner{provider: "anthropic"}, time.Now()) // a reload with the same settings
+	run(t, h, Transient, Transient)
+	h.Configure(s) // a reload with the same settings
 	if h.breaker.Load().State() != gobreaker.StateOpen {
 		t.Errorf("a reload with unchanged settings must keep the open breaker")
 	}
-	s.openFor = 2 * time.Hour
-	h.configure(s, limits{}, channelOwner{provider: "anthropic"}, time.Now())
+	s.OpenFor = 2 * time.Hour
+	h.Configure(s)
 	if h.breaker.Load().State() != gobreaker.StateClosed {
 		t.Errorf("new settings start a new breaker")
-	}
-}
-
-func TestResolveBreakerMergesFieldByField(t *testing.T) {
-	relay := &Breaker{Window: caddy.Duration(20 * time.Second), FailureRatio: 0.5}
-	ch := &Breaker{FailureRatio: 0.8, HalfOpenProbes: 2}
-	got := resolveBreaker(ch, relay)
-	want := breakerSettings{window: 20 * time.Second, ratio: 0.8, minRequests: 5, openFor: 30 * time.Second, probes: 2}
-	if got != want {
-		t.Errorf("resolveBreaker = %+v, want %+v", got, want)
-	}
-	if got := resolveBreaker(nil, nil); got != defaultBreaker {
-		t.Errorf("defaults = %+v", got)
 	}
 }

@@ -2,9 +2,12 @@ package relay
 
 import (
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/caddy-relay/relay/internal/health"
 )
 
 // Cooldowns per model class. Anthropic, Bedrock and Vertex limit each model
@@ -25,6 +28,10 @@ import (
 // always one of a bounded set that the config and the price list name:
 // a channel without `models`, which serves any name a client sends, puts
 // every model none of the rules names in the one class `other`.
+//
+// The cooldowns themselves are the channel's health's (internal/health),
+// kept by the class's name; which class a model is on a channel is said
+// here, from the channel's config and the price list.
 
 // classOther is the class of every model no rule names, on a channel that
 // does not list its models.
@@ -33,13 +40,12 @@ const classOther = "other"
 // classFamilies are the classes a model id names by a word of its own.
 var classFamilies = [...]string{"opus", "sonnet", "haiku"}
 
-// maxClassCooldowns bounds the classes remembered as cooling per channel.
-// The classes a config can name are bounded already; this holds for what
-// other nodes of a fleet publish too.
-const maxClassCooldowns = 64
+// maxClassLen bounds a class name, as a model id is bounded: as the
+// channels' health bounds the classes it keeps.
+const maxClassLen = health.MaxClassLen
 
-// maxClassLen bounds a class name, as a model id is bounded.
-const maxClassLen = maxModelLen
+// the two bounds are one: this does not compile when they part
+var _ = [1]struct{}{}[maxModelLen-maxClassLen]
 
 // ModelClass names the model class of the upstream models whose ids match
 // a glob: what a 429, a 529 or a spent anthropic-ratelimit-* quota cools on
@@ -221,7 +227,7 @@ func (ch *channel) provisionClasses(rules []ModelClass, rows []string) {
 // classAvailable is classOut as the selector asks it: whether the
 // channel may serve model at now, and if not, until when and what keeps
 // it out.
-func (ch *channel) classAvailable(model string, now time.Time) (ok bool, until time.Time, by outBy) {
+func (ch *channel) classAvailable(model string, now time.Time) (ok bool, until time.Time, by health.OutBy) {
 	out, until, by := ch.classOut(model, now)
 	return !out, until, by
 }
@@ -230,127 +236,52 @@ func (ch *channel) classAvailable(model string, now time.Time) (ok bool, until t
 // until when, and what keeps it out: only an upstream's reset (a 429's
 // wait, a spent quota), only an upstream's overload (a 529), or both.
 // With no class cooling it reads one atomic and resolves no class.
-func (ch *channel) classOut(model string, now time.Time) (out bool, until time.Time, by outBy) {
-	c := ch.health.classes.Load()
-	n := now.UnixNano()
-	if c == nil || c.latest <= n {
-		return false, time.Time{}, outOther
+func (ch *channel) classOut(model string, now time.Time) (out bool, until time.Time, by health.OutBy) {
+	if !ch.health.ClassCooling(now) {
+		return false, time.Time{}, health.OutOther
 	}
-	e, ok := c.byClass[ch.classOf(model)]
-	if !ok || e.until <= n {
-		return false, time.Time{}, outOther
-	}
-	return true, time.Unix(0, e.until), e.outBy()
+	return ch.health.ClassOut(ch.classOf(model), now)
 }
 
-// classCooldown is one class cooling on a channel, in Unix nanoseconds.
-type classCooldown struct {
-	until      int64  // the end of its cooldown
-	limited    int64  // the end of the part an upstream's reset set (a 429's wait, a spent quota)
-	overloaded int64  // the end of the part an upstream's 529 set
-	reason     string // why, worded as the channel's cooldown reasons
+// observeQuota reads the anthropic-ratelimit-* headers of an upstream's
+// answer to a request for model: a limit whose remaining count is 0 cools
+// the model's class on the channel until its reset, so the relay stops
+// before the upstream's 429. Like a 429's wait, it is capped by the
+// channel's max_cooldown. The class is resolved only when a limit is spent.
+func (ch *channel) observeQuota(hdr http.Header, now time.Time, model string) {
+	if t, reason := spentQuota(hdr, now, ch.cooldown.Max); !t.IsZero() {
+		ch.health.QuotaSpent(ch.classOf(model), t, reason, now)
+	}
 }
 
-// outBy says what keeps the class out: the part of its cooldown that
-// lasts longest.
-func (e classCooldown) outBy() outBy {
-	switch {
-	case e.limited >= e.until:
-		return outReset
-	case e.overloaded >= e.until:
-		return outOverload
-	}
-	return outOther
-}
-
-// classCooldowns are the classes cooling on a channel, copied on write
-// (with the channel's lock held) and read without the lock on every
-// selection.
-type classCooldowns struct {
-	latest  int64 // the latest end among them: past it, no class cools
-	byClass map[string]classCooldown
-}
-
-// classCooling reports whether any class cools on the channel at now.
-func (h *channelHealth) classCooling(now time.Time) bool {
-	c := h.classes.Load()
-	return c != nil && c.latest > now.UnixNano()
-}
-
-// coolClass cools class until until (of which until limited is an
-// upstream's reset, until overloaded an upstream's 529; 0: none) for
-// reason ("": keep the reason it has); an
-// end already past changes nothing. Ends only move later. Ended entries go; when maxClassCooldowns cool, the
-// one that ends first makes room. It reports whether the end moved. h.mu
-// is held.
-func (h *channelHealth) coolClass(class string, until, limited, overloaded int64, reason string, now time.Time) bool {
-	n := now.UnixNano()
-	if class == "" || len(class) > maxClassLen || until <= n {
-		return false
-	}
-	next := &classCooldowns{byClass: map[string]classCooldown{}}
-	if cur := h.classes.Load(); cur != nil {
-		for k, v := range cur.byClass {
-			if v.until > n {
-				next.byClass[k] = v
-			}
-		}
-	}
-	e, had := next.byClass[class]
-	if !had && len(next.byClass) >= maxClassCooldowns {
-		first := ""
-		for k, v := range next.byClass {
-			if first == "" || v.until < next.byClass[first].until {
-				first = k
-			}
-		}
-		delete(next.byClass, first)
-	}
-	moved := until > e.until
-	if moved {
-		e.until = until
-	}
-	e.limited = max(e.limited, limited)
-	e.overloaded = max(e.overloaded, overloaded)
-	if reason != "" {
-		e.reason = reason
-	}
-	next.byClass[class] = e
-	for _, v := range next.byClass {
-		next.latest = max(next.latest, v.until)
-	}
-	h.classes.Store(next)
-	return moved
-}
-
-// coolingClasses lists the classes cooling at now with their ends; nil
-// when none does.
-func (h *channelHealth) coolingClasses(now time.Time) map[string]classCooldown {
-	c := h.classes.Load()
-	if c == nil || c.latest <= now.UnixNano() {
-		return nil
-	}
-	out := map[string]classCooldown{}
-	for k, v := range c.byClass {
-		if v.until > now.UnixNano() {
-			out[k] = v
-		}
+// quotaReasons word a spent limit, as the reason of a class's cooldown.
+var quotaReasons = func() (out [len(rateLimitHeaders)]string) {
+	for i, names := range rateLimitHeaders {
+		out[i] = strings.ToLower(names.remaining) + ": 0"
 	}
 	return out
-}
+}()
 
-// classLabels are the class labels of the channel's gauge: the classes
-// its configs can name.
-func (h *channelHealth) classLabels() []string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	var out []string
-	for _, o := range h.owners {
-		for _, c := range o.classes {
-			if !slices.Contains(out, c) {
-				out = append(out, c)
-			}
+// spentQuota is the latest reset, at most limit from now, of the
+// anthropic-ratelimit-* limits whose remaining count is 0, and the header
+// that said so; zero when none is spent.
+func spentQuota(hdr http.Header, now time.Time, limit time.Duration) (until time.Time, reason string) {
+	for i, names := range rateLimitHeaders {
+		// the names are canonical: read the map without Get's
+		// canonicalizing, on every answer
+		if v := hdr[names.remaining]; len(v) == 0 || v[0] != "0" {
+			continue
+		}
+		t, err := time.Parse(time.RFC3339, hdr.Get(names.reset))
+		if err != nil || !t.After(now) {
+			continue
+		}
+		if lim := now.Add(limit); t.After(lim) {
+			t = lim
+		}
+		if t.After(until) {
+			until, reason = t, quotaReasons[i]
 		}
 	}
-	return out
+	return until, reason
 }

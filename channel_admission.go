@@ -2,13 +2,16 @@ package relay
 
 import (
 	"time"
+
+	"github.com/caddy-relay/relay/internal/health"
 )
 
-// ticket is one admitted attempt on a channel. It must be finished, or
-// released when the attempt ends without a verdict (a panic).
+// ticket is one admitted attempt on a channel: what its limits granted and
+// what its breaker let through. It must be finished, or released when the
+// attempt ends without a verdict (a panic).
 type ticket struct {
 	h        *channelHealth
-	done     func(error)
+	attempt  health.Attempt
 	grant    grant // what the channel's limits admitted
 	finished bool
 }
@@ -23,12 +26,12 @@ func (h *channelHealth) admit(now time.Time, estimate int64) (*ticket, limitScop
 	if scope != scopeNone {
 		return nil, scope
 	}
-	done, err := h.breaker.Load().Allow()
-	if err != nil {
+	a, ok := h.Allow()
+	if !ok {
 		h.limits.done(now, g, 0)
 		return nil, scopeNone
 	}
-	return &ticket{h: h, done: done, grant: g}, scopeNone
+	return &ticket{h: h, attempt: a, grant: g}, scopeNone
 }
 
 // admitWith admits an attempt as admit does, and with it what goes along
@@ -53,8 +56,8 @@ func (h *channelHealth) admitWith(now time.Time, estimate int64, riders []ask, h
 		}
 		return nil, refused, scope, wait, ans
 	}
-	done, err := h.breaker.Load().Allow()
-	if err != nil { // its half-open breaker is busy with other probes
+	a, ok := h.Allow()
+	if !ok { // its half-open breaker is busy with other probes
 		giveBackAsks(now, asks, nil)
 		copy(riders, asks)
 		if hs != nil {
@@ -62,14 +65,14 @@ func (h *channelHealth) admitWith(now time.Time, estimate int64, riders []ask, h
 		}
 		return nil, -1, scopeNone, 0, holdAnswer{}
 	}
-	return &ticket{h: h, done: done, grant: asks[len(riders)].g}, -1, scopeNone, 0, holdAnswer{}
+	return &ticket{h: h, attempt: a, grant: asks[len(riders)].g}, -1, scopeNone, 0, holdAnswer{}
 }
 
-// finish records the verdict of the attempt: limits, counters, breaker,
-// cooldown and latency; tokens is what the attempt used against the
-// channel's token limit. It returns the cooldown it started (zero when
-// none).
-func (t *ticket) finish(v verdict, p cooldownPolicy, now time.Time, firstByte time.Duration, tokens int64) time.Duration {
+// finish records the verdict of the attempt: limits, then the channel's
+// health (breaker, counters, cooldown and latency); tokens is what the
+// attempt used against the channel's token limit. It returns the cooldown
+// it started (zero when none).
+func (t *ticket) finish(v verdict, p health.CooldownPolicy, now time.Time, firstByte time.Duration, tokens int64) time.Duration {
 	if t.finished {
 		return 0
 	}
@@ -77,23 +80,7 @@ func (t *ticket) finish(v verdict, p cooldownPolicy, now time.Time, firstByte ti
 	h := t.h
 	h.limits.done(now, t.grant, tokens)
 	h.wakeQueues()
-	switch {
-	case v.outcome == outcomeCanceled:
-		t.done(errBreakerExcluded)
-	case v.outcome == outcomeTransient:
-		t.done(errBreakerFailure)
-	case v.outcome.retryable(): // 429, 529, auth, a refused model: the breaker is about failures
-		t.done(errBreakerExcluded)
-	default:
-		t.done(nil)
-	}
-	if v.outcome != outcomeCanceled {
-		h.requests.Add(1)
-	}
-	if v.outcome.retryable() && v.outcome != outcomeModelRefused && v.outcome != outcomeLacksFeature {
-		h.failures.Add(1)
-	}
-	return h.record(v, p, now, firstByte)
+	return h.Finish(t.attempt, v.forHealth(), p, now, firstByte)
 }
 
 // release ends an attempt that never got a verdict, so the in-flight count
@@ -102,7 +89,7 @@ func (t *ticket) release(now func() time.Time) {
 	if !t.finished {
 		t.finished = true
 		t.h.limits.done(now(), t.grant, 0)
-		t.done(errBreakerExcluded)
+		t.h.Abort(t.attempt)
 		t.h.wakeQueues()
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/health"
 )
 
 const (
@@ -215,8 +216,8 @@ func TestAnOpus429CoolsOnlyOpusOnItsChannel(t *testing.T) {
 		st.LastError != "rate_limited" || st.LastErrorReason != "status 429 (class opus)" {
 		t.Fatalf("a after an opus 429: %+v", st)
 	}
-	if h.channelState(clock.now()) != stateHealthy {
-		t.Errorf("the channel itself is %s: only its opus class cools", h.channelState(clock.now()))
+	if h.ChannelState(clock.now()) != stateHealthy {
+		t.Errorf("the channel itself is %s: only its opus class cools", h.ChannelState(clock.now()))
 	}
 
 	// 30s on, opus is back on a
@@ -461,19 +462,11 @@ func TestAHostileClientCannotGrowClassState(t *testing.T) {
 	}
 	h := findChannel("clshostile-a")
 	sendModel(t, r, "clshostile", "hostile-model-last")
-	if c := h.classes.Load(); c == nil || len(c.byClass) != 1 || c.byClass[classOther].until == 0 {
+	if c := h.CoolingClasses(clock.now()); len(c) != 1 || c[classOther].Until == 0 {
 		t.Fatalf("class state after 2000 models: %+v, want one class: other", c)
 	}
-
-	// what the fleet could publish is capped too
-	h.mu.Lock()
-	for i := range 10_000 {
-		h.coolClass(fmt.Sprintf("published-%d", i), clock.now().Add(time.Hour).UnixNano(), 0, 0, "", clock.now())
-	}
-	h.mu.Unlock()
-	if n := len(h.classes.Load().byClass); n != maxClassCooldowns {
-		t.Fatalf("%d classes kept, want at most %d", n, maxClassCooldowns)
-	}
+	// what the fleet could publish is capped too: internal/health's
+	// TestClassCooldownsAreBounded
 
 	// and the gauge's labels are the classes the config can name, other
 	// standing for any class it does not
@@ -523,9 +516,7 @@ func BenchmarkClassCooldownCheck(b *testing.B) {
 			}
 		}
 	})
-	ch.health.mu.Lock()
-	ch.health.coolClass("opus", now.Add(time.Minute).UnixNano(), 0, 0, "status 529", now)
-	ch.health.mu.Unlock()
+	coolClass(ch.health, "opus", now)
 	b.Run("another cooling", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
@@ -544,9 +535,7 @@ func BenchmarkClassCooldownCheck(b *testing.B) {
 	})
 	open := testChannel("bench-class-open")
 	open.provisionClasses(nil, newPricebook(nil).classRows())
-	open.health.mu.Lock()
-	open.health.coolClass("opus", now.Add(time.Minute).UnixNano(), 0, 0, "status 529", now)
-	open.health.mu.Unlock()
+	coolClass(open.health, "opus", now)
 	b.Run("another cooling, every model served", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
@@ -555,4 +544,10 @@ func BenchmarkClassCooldownCheck(b *testing.B) {
 			}
 		}
 	})
+}
+
+// coolClass cools class on the channel for a minute from now, as a 529
+// for a model of it would.
+func coolClass(h *channelHealth, class string, now time.Time) {
+	h.Record(health.Verdict{Outcome: outcomeOverloaded, Reason: "status 529", Class: class}, health.CooldownPolicy{Base: time.Minute, Max: time.Minute}, now, 0)
 }

@@ -1,4 +1,4 @@
-package relay
+package health
 
 import (
 	"errors"
@@ -7,20 +7,33 @@ import (
 	"github.com/sony/gobreaker/v2"
 )
 
-// breakerSettings are a channel's resolved breaker options.
-type breakerSettings struct {
-	window      time.Duration
-	ratio       float64
-	minRequests uint32
-	openFor     time.Duration
-	probes      uint32
+// BreakerSettings are a channel's resolved breaker options.
+type BreakerSettings struct {
+	Window      time.Duration // the sliding window the failure ratio is of
+	Ratio       float64       // the share of failed attempts that opens the breaker
+	MinRequests uint32        // the fewest judged attempts in the window that may open it
+	OpenFor     time.Duration // how long it stays open before it turns half-open
+	Probes      uint32        // the attempts a half-open breaker lets through
 }
 
-// Breaker defaults.
-var defaultBreaker = breakerSettings{window: 10 * time.Second, ratio: 0.6, minRequests: 5, openFor: 30 * time.Second, probes: 1}
+// DefaultBreaker is the breaker of a channel whose config sets none of
+// its options.
+var DefaultBreaker = BreakerSettings{Window: 10 * time.Second, Ratio: 0.6, MinRequests: 5, OpenFor: 30 * time.Second, Probes: 1}
 
-// failureRatio is the share of failed attempts in the breaker's window.
-func (h *channelHealth) failureRatio() float64 {
+// Configure gives the (possibly surviving) state a config's breaker
+// settings. gobreaker cannot change its settings, so new settings start a
+// new breaker; unchanged settings keep the breaker and its counts.
+func (h *Channel) Configure(s BreakerSettings) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.breaker.Load() == nil || s != h.settings {
+		h.settings = s
+		h.resetBreaker()
+	}
+}
+
+// FailureRatio is the share of failed attempts in the breaker's window.
+func (h *Channel) FailureRatio() float64 {
 	c := h.breaker.Load().Counts()
 	if judged := c.TotalSuccesses + c.TotalFailures; judged > 0 {
 		return float64(c.TotalFailures) / float64(judged)
@@ -30,20 +43,20 @@ func (h *channelHealth) failureRatio() float64 {
 
 // resetBreaker starts a closed breaker with the current settings. h.mu is
 // held.
-func (h *channelHealth) resetBreaker() {
+func (h *Channel) resetBreaker() {
 	s := h.settings
 	h.openUntil.Store(0)
 	h.breaker.Store(gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
-		MaxRequests:  s.probes,
-		Interval:     s.window,
-		BucketPeriod: s.window / 10,
-		Timeout:      s.openFor,
+		MaxRequests:  s.Probes,
+		Interval:     s.Window,
+		BucketPeriod: s.Window / 10,
+		Timeout:      s.OpenFor,
 		ReadyToTrip: func(c gobreaker.Counts) bool {
 			if h.forcing.Load() {
 				return true
 			}
 			judged := c.TotalSuccesses + c.TotalFailures
-			return judged >= s.minRequests && float64(c.TotalFailures)/float64(judged) >= s.ratio-1e-9
+			return judged >= s.MinRequests && float64(c.TotalFailures)/float64(judged) >= s.Ratio-1e-9
 		},
 		IsExcluded: func(err error) bool { return err == errBreakerExcluded },
 		// gobreaker keeps its own time (time.Now): the end of an open
@@ -51,16 +64,16 @@ func (h *channelHealth) resetBreaker() {
 		// half-open. (Tests run it in a testing/synctest bubble.)
 		OnStateChange: func(_ string, from, to gobreaker.State) {
 			if to == gobreaker.StateOpen {
-				h.openUntil.Store(time.Now().Add(s.openFor).UnixNano())
+				h.openUntil.Store(time.Now().Add(s.OpenFor).UnixNano())
 			}
 			if h.forcing.Load() {
 				return
 			}
 			switch {
 			case to == gobreaker.StateOpen:
-				h.announce(healthChange{Kind: changeOpen, Open: s.openFor.Milliseconds()})
+				h.announce(change{Kind: changeOpen, Open: s.OpenFor.Milliseconds()})
 			case to == gobreaker.StateClosed && from == gobreaker.StateHalfOpen:
-				h.announce(healthChange{Kind: changeClosed})
+				h.announce(change{Kind: changeClosed})
 			}
 		},
 	}))
@@ -69,7 +82,7 @@ func (h *channelHealth) resetBreaker() {
 // forceOpen opens the breaker because another node's opened: it fails
 // one attempt on a breaker made to trip at once. A breaker already open or
 // half-open stays as it is.
-func (h *channelHealth) forceOpen() {
+func (h *Channel) forceOpen() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	b := h.breaker.Load()
@@ -85,7 +98,7 @@ func (h *channelHealth) forceOpen() {
 
 // closeBreaker closes the breaker because another node's closed after its
 // probes succeeded.
-func (h *channelHealth) closeBreaker() {
+func (h *Channel) closeBreaker() {
 	h.steered.Add(1)
 	h.mu.Lock()
 	defer h.mu.Unlock()
