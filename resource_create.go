@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/jsonscan"
+	"github.com/caddy-relay/relay/internal/resourceid"
 	"github.com/caddy-relay/relay/provider"
 	"github.com/tidwall/gjson"
 )
@@ -25,7 +26,7 @@ func (c *resourceCtx) create() *failure {
 	var body []byte
 	var models []string
 	var pinned *channel
-	if c.rq.kind == kindBatch {
+	if c.rq.kind == resourceid.Batch {
 		buf, rerr := c.r.readBody(c.w, c.req)
 		if rerr != nil {
 			return refused(rerr)
@@ -63,7 +64,7 @@ func (c *resourceCtx) create() *failure {
 		}
 		return refused(&relayError{status: http.StatusServiceUnavailable, typ: "relay_error", code: "model_not_found", msg: msg, noRetry: true})
 	}
-	if c.rq.kind == kindBatch { // a batch holds its worst case before anything is sent
+	if c.rq.kind == resourceid.Batch { // a batch holds its worst case before anything is sent
 		held, rerr := c.r.holdBatch(c.in, body, &cands)
 		if rerr != nil {
 			return refused(rerr)
@@ -74,10 +75,10 @@ func (c *resourceCtx) create() *failure {
 
 	ca := &createAttempt{c: c, models: models, body: body, path: pathFiles}
 	ca.cands = cands
-	if c.rq.kind == kindBatch {
+	if c.rq.kind == resourceid.Batch {
 		ca.path = pathBatches
 	}
-	if c.rq.kind == kindFile {
+	if c.rq.kind == resourceid.File {
 		if c.req.ContentLength > c.r.MaxUploadSize {
 			return refused(errTooLarge("max_upload_size", c.r.MaxUploadSize))
 		}

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/caddy-relay/relay/internal/resourceid"
 	"github.com/go-json-experiment/json/jsontext"
 )
 
@@ -76,9 +77,9 @@ func (r *Relay) pinFiles(ctx context.Context, secret []byte, g *group, body []by
 			return
 		}
 		id := string(raw)
-		name, up, ok := parseItemID(secret, kindFile, g.name, id)
+		name, up, ok := resourceid.ParseItem(secret, resourceid.File, g.name, id)
 		if !ok {
-			refusal = errResourceNotFound(kindFile, id)
+			refusal = errResourceNotFound(resourceid.File, id)
 			return
 		}
 		if owner != nil && owner.name != name {
@@ -88,12 +89,12 @@ func (r *Relay) pinFiles(ctx context.Context, secret []byte, g *group, body []by
 		}
 		if owner == nil {
 			for _, ch := range g.channels {
-				if _, serves := servesResource(ch, kindFile); serves && ch.name == name {
+				if _, serves := servesResource(ch, resourceid.File); serves && ch.name == name {
 					owner = ch
 				}
 			}
 			if owner == nil {
-				refusal = errOwnerGone(kindFile, name, g.name)
+				refusal = errOwnerGone(resourceid.File, name, g.name)
 				return
 			}
 		}
@@ -109,7 +110,7 @@ func (r *Relay) pinFiles(ctx context.Context, secret []byte, g *group, body []by
 	case len(refs) == 0:
 		return body, nil, 0, nil
 	}
-	if rerr := r.checkOwners(ctx, kindFile, g.name, owner.name, ups, ids); rerr != nil {
+	if rerr := r.checkOwners(ctx, resourceid.File, g.name, owner.name, ups, ids); rerr != nil {
 		return nil, nil, 0, rerr
 	}
 	out := make([]byte, 0, len(body))
@@ -156,7 +157,7 @@ func eachFileID(body []byte, f func(start, end int)) error {
 // holds them: the request's body gets the upstream's file ids, and its
 // group becomes that channel alone.
 func (r *Relay) pinToFiles(ctx context.Context, in *inbound) *relayError {
-	secret, ok := r.secret.get()
+	secret, ok := r.secret.Get()
 	if !ok {
 		return errStorageUnavailable()
 	}

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/resourceid"
 	"github.com/caddy-relay/relay/provider"
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
@@ -27,31 +28,31 @@ type resourceCtx struct {
 }
 
 // servesResource reports whether ch's provider serves kind.
-func servesResource(ch *channel, kind resourceKind) (provider.ResourceProvider, bool) {
+func servesResource(ch *channel, kind resourceid.Kind) (provider.ResourceProvider, bool) {
 	rp, ok := ch.provider.(provider.ResourceProvider)
 	return rp, ok && rp.ServesResource(kind.String())
 }
 
 // errResourceNotFound answers an id that names nothing the group may see.
-func errResourceNotFound(kind resourceKind, id string) *relayError {
+func errResourceNotFound(kind resourceid.Kind, id string) *relayError {
 	if len(id) > 128 {
 		id = id[:128] + "..."
 	}
-	return &relayError{status: http.StatusNotFound, typ: "not_found_error", msg: "no such " + kind.noun() + ": " + strconv.Quote(id)}
+	return &relayError{status: http.StatusNotFound, typ: "not_found_error", msg: "no such " + kind.Noun() + ": " + strconv.Quote(id)}
 }
 
 // errOwnerGone answers an id whose channel is no longer in the group.
-func errOwnerGone(kind resourceKind, channel, group string) *relayError {
+func errOwnerGone(kind resourceid.Kind, channel, group string) *relayError {
 	return &relayError{status: http.StatusNotFound, typ: "not_found_error",
-		msg: "the channel that holds this " + kind.noun() + ", " + strconv.Quote(channel) + ", is no longer a channel of group " + strconv.Quote(group) + " that serves " + kind.String()}
+		msg: "the channel that holds this " + kind.Noun() + ", " + strconv.Quote(channel) + ", is no longer a channel of group " + strconv.Quote(group) + " that serves " + kind.String()}
 }
 
 // owner resolves a client's item id to its channel and the upstream's id:
 // the id must be sealed for the group, and the item recorded as made by
 // it. An item of another group, or of none, is answered as an id that
 // does not exist.
-func (c *resourceCtx) owner(kind resourceKind, id string) (*channel, provider.ResourceProvider, string, *relayError) {
-	name, up, ok := parseItemID(c.secret, kind, c.group.name, id)
+func (c *resourceCtx) owner(kind resourceid.Kind, id string) (*channel, provider.ResourceProvider, string, *relayError) {
+	name, up, ok := resourceid.ParseItem(c.secret, kind, c.group.name, id)
 	if !ok {
 		return nil, nil, "", errResourceNotFound(kind, id)
 	}
@@ -82,9 +83,9 @@ func (c *resourceCtx) waitForOwner(ch *channel) *relayError {
 			continue
 		}
 		e := &relayError{status: http.StatusServiceUnavailable, typ: "relay_error", code: "no_healthy_channel", cause: causeRelay,
-			msg: "the channel that holds this " + c.rq.kind.noun() + " is cooling down after failures; retry later", retryAfter: untilFrom(until, now)}
+			msg: "the channel that holds this " + c.rq.kind.Noun() + " is cooling down after failures; retry later", retryAfter: untilFrom(until, now)}
 		if until.IsZero() {
-			e.msg, e.noRetry = "the channel that holds this "+c.rq.kind.noun()+" is disabled", true
+			e.msg, e.noRetry = "the channel that holds this "+c.rq.kind.Noun()+" is disabled", true
 		}
 		return e
 	}
@@ -100,7 +101,7 @@ func (c *resourceCtx) item() *failure {
 		return refused(rerr)
 	}
 	path := pathFiles
-	if c.rq.kind == kindBatch {
+	if c.rq.kind == resourceid.Batch {
 		path = pathBatches
 	}
 	path += "/" + url.PathEscape(up)
@@ -145,13 +146,13 @@ func (c *resourceCtx) item() *failure {
 // checkOwners checks that group made the items ups of kind at channel,
 // whose client ids are ids: nil when it made them all, else the answer,
 // 404 for the first it did not make, as for an id that does not exist.
-func (r *Relay) checkOwners(ctx context.Context, kind resourceKind, group, channel string, ups, ids []string) *relayError {
+func (r *Relay) checkOwners(ctx context.Context, kind resourceid.Kind, group, channel string, ups, ids []string) *relayError {
 	owners, err := r.owners.lookup(ctx, kind, channel, ups, false)
 	if err != nil {
 		if r.fleet == nil { // a fleet logs its storage's outages itself
 			r.logger.Warn("could not read the owners of batches or files", zap.String("channel", channel), zap.Error(err))
 		}
-		return errOwnersUnavailable("the relay could not read who owns this " + kind.noun() + " from its storage; retry later")
+		return errOwnersUnavailable("the relay could not read who owns this " + kind.Noun() + " from its storage; retry later")
 	}
 	for i, g := range owners {
 		if g != group {
@@ -174,7 +175,7 @@ func (c *resourceCtx) gone(last attemptResult) bool {
 // every call finds gone, so failing to remove it is only logged.
 func (c *resourceCtx) forgetOwner(ch *channel, up string) {
 	if err := c.r.owners.forget(c.req.Context(), c.rq.kind, ch.name, up); err != nil {
-		c.r.logger.Warn("could not remove the owner record of a deleted "+c.rq.kind.noun(), zap.String("channel", ch.name),
+		c.r.logger.Warn("could not remove the owner record of a deleted "+c.rq.kind.Noun(), zap.String("channel", ch.name),
 			zap.String("upstream_id", up), zap.Error(err))
 	}
 }
@@ -182,16 +183,16 @@ func (c *resourceCtx) forgetOwner(ch *channel, up string) {
 // rewriteItem replaces the upstream's ids in one object of the API (a
 // batch, a file, a deletion) with the client's.
 func (c *resourceCtx) rewriteItem(obj []byte, channel string) []byte {
-	kind := kindFile
+	kind := resourceid.File
 	switch gjson.GetBytes(obj, "type").Str {
 	case "message_batch", "message_batch_deleted":
-		kind = kindBatch
+		kind = resourceid.Batch
 	}
 	id := gjson.GetBytes(obj, "id")
 	if id.Type != gjson.String {
 		return obj
 	}
-	clientID := itemID(c.secret, kind, c.group.name, channel, id.Str)
+	clientID := resourceid.Item(c.secret, kind, c.group.name, channel, id.Str)
 	out, err := sjson.SetBytes(obj, "id", clientID)
 	if err != nil {
 		return obj

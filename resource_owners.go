@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/resourceid"
 	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/certmagic"
 	"github.com/hashicorp/golang-lru/v2/simplelru"
@@ -95,20 +96,20 @@ func newOwnerStore(f *member, storage certmagic.Storage, now func() time.Time) *
 }
 
 // ownerCacheKey names an item in the cache.
-func ownerCacheKey(kind resourceKind, channel, up string) string {
+func ownerCacheKey(kind resourceid.Kind, channel, up string) string {
 	return string(rune('0'+kind)) + channel + "\x00" + up
 }
 
 // ownerStorageKey is where, in Caddy's storage, the owner of an item is
 // recorded. The channel and the upstream's id are hashed: either may hold
 // characters a path must not.
-func ownerStorageKey(kind resourceKind, channel, up string) string {
+func ownerStorageKey(kind resourceid.Kind, channel, up string) string {
 	sum := sha256.Sum256([]byte(channel + "\x00" + up))
 	return "relay/owners/" + kind.String() + "/" + hex.EncodeToString(sum[:16])
 }
 
 // ownerHash is the Redis hash of a channel's owners of one kind.
-func (f *member) ownerHash(kind resourceKind, channel string) string {
+func (f *member) ownerHash(kind resourceid.Kind, channel string) string {
 	return f.Key(tag("c:", channel), "owners:"+kind.String())
 }
 
@@ -123,7 +124,7 @@ type ownerRecord struct {
 }
 
 // record notes that group owns the item up of kind at channel.
-func (o *ownerStore) record(ctx context.Context, kind resourceKind, channel, up, group string) error {
+func (o *ownerStore) record(ctx context.Context, kind resourceid.Kind, channel, up, group string) error {
 	switch {
 	case o.fleet != nil:
 		f := o.fleet
@@ -149,7 +150,7 @@ func (o *ownerStore) record(ctx context.Context, kind resourceKind, channel, up,
 
 // forget removes the record of the item up of kind at channel, which the
 // upstream no longer has.
-func (o *ownerStore) forget(ctx context.Context, kind resourceKind, channel, up string) error {
+func (o *ownerStore) forget(ctx context.Context, kind resourceid.Kind, channel, up string) error {
 	k := ownerCacheKey(kind, channel, up)
 	o.mu.Lock()
 	o.cache.Remove(k)
@@ -173,7 +174,7 @@ func (o *ownerStore) forget(ctx context.Context, kind resourceKind, channel, up 
 // an item with no record. In a fleet the items the cache does not know
 // take one round trip, whatever their number. inList says the look-up is
 // a list's, which may trust that an item had no record a moment ago.
-func (o *ownerStore) lookup(ctx context.Context, kind resourceKind, channel string, ups []string, inList bool) ([]string, error) {
+func (o *ownerStore) lookup(ctx context.Context, kind resourceid.Kind, channel string, ups []string, inList bool) ([]string, error) {
 	out := make([]string, len(ups))
 	var missing []int // indexes of the items to read
 	now := o.now()
@@ -228,7 +229,7 @@ func (o *ownerStore) lookup(ctx context.Context, kind resourceKind, channel stri
 
 // readRedis reads the owners of ups[missing] from the channel's hash, in
 // one HMGET.
-func (o *ownerStore) readRedis(kind resourceKind, channel string, ups []string, missing []int, out []string) error {
+func (o *ownerStore) readRedis(kind resourceid.Kind, channel string, ups []string, missing []int, out []string) error {
 	f := o.fleet
 	fields := make([]string, len(missing))
 	for j, i := range missing {
@@ -252,7 +253,7 @@ func (o *ownerStore) readRedis(kind resourceKind, channel string, ups []string, 
 }
 
 // readStorage reads the owners of ups[missing] from Caddy's storage.
-func (o *ownerStore) readStorage(ctx context.Context, kind resourceKind, channel string, ups []string, missing []int, out []string) error {
+func (o *ownerStore) readStorage(ctx context.Context, kind resourceid.Kind, channel string, ups []string, missing []int, out []string) error {
 	if o.storage == nil {
 		return nil
 	}
@@ -305,8 +306,8 @@ func (c *resourceCtx) recordOwner(ch *channel, rp provider.ResourceProvider, obj
 	if err == nil {
 		return nil
 	}
-	noun, undone := c.rq.kind.noun(), "deleted"
-	if c.rq.kind == kindBatch {
+	noun, undone := c.rq.kind.Noun(), "deleted"
+	if c.rq.kind == resourceid.Batch {
 		undone = "cancelled"
 	}
 	fields := []zap.Field{zap.String("channel", ch.name), zap.String("group", c.group.name), zap.String("upstream_id", id.Str),
@@ -326,7 +327,7 @@ func (c *resourceCtx) undoCreate(ctx context.Context, ch *channel, rp provider.R
 	h := c.req.Header.Clone()
 	h.Del("Content-Type") // the create's, not this call's
 	call := &provider.ResourceCall{Channel: ch.name, Method: http.MethodDelete, Path: pathFiles + "/" + url.PathEscape(up), Header: h, ContentLength: -1}
-	if c.rq.kind == kindBatch {
+	if c.rq.kind == resourceid.Batch {
 		call.Method, call.Path = http.MethodPost, pathBatches+"/"+url.PathEscape(up)+"/cancel"
 	}
 	ctx, cancel := context.WithTimeout(ctx, ch.response)

@@ -35,7 +35,7 @@ func (c *resourceCtx) send(ch *channel, rp provider.ResourceProvider, call *prov
 	case scope == scopeFleetDown:
 		return &resourceAttempt{c: c, ch: ch, failure: refused(errStorageUnavailable())}
 	case t == nil:
-		return &resourceAttempt{c: c, ch: ch, failure: refused(errQueue("the channel that holds this "+c.rq.kind.noun()+" is at its limit", time.Second))}
+		return &resourceAttempt{c: c, ch: ch, failure: refused(errQueue("the channel that holds this "+c.rq.kind.Noun()+" is at its limit", time.Second))}
 	}
 	c.in.end.another()
 	return c.sendAdmitted(ch, t, rp, call, headerTimeout)

@@ -5,6 +5,9 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/caddy-relay/relay/internal/fleet"
+	"github.com/caddy-relay/relay/internal/resourceid"
 )
 
 // Paths of the Message Batches and Files APIs.
@@ -38,7 +41,7 @@ func (o resourceOp) String() string { return opNames[o] }
 
 // resourceRequest is a request of the Batches or Files API.
 type resourceRequest struct {
-	kind resourceKind
+	kind resourceid.Kind
 	op   resourceOp
 	id   string // the client's id of the item, for item operations
 }
@@ -48,10 +51,10 @@ type resourceRequest struct {
 func parseResource(method, p string) (resourceRequest, *relayError) {
 	var rq resourceRequest
 	rest, ok := strings.CutPrefix(p, pathBatches)
-	rq.kind = kindBatch
+	rq.kind = resourceid.Batch
 	if !ok {
 		rest, _ = strings.CutPrefix(p, pathFiles)
-		rq.kind = kindFile
+		rq.kind = resourceid.File
 	}
 	rest = strings.TrimPrefix(rest, "/")
 	id, sub, _ := strings.Cut(rest, "/")
@@ -69,11 +72,11 @@ func parseResource(method, p string) (resourceRequest, *relayError) {
 		if method == http.MethodDelete {
 			rq.op = opDelete
 		}
-	case sub == "cancel" && rq.kind == kindBatch:
+	case sub == "cancel" && rq.kind == resourceid.Batch:
 		rq.op, allow = opCancel, http.MethodPost
-	case sub == "results" && rq.kind == kindBatch:
+	case sub == "results" && rq.kind == resourceid.Batch:
 		rq.op, allow = opResults, http.MethodGet
-	case sub == "content" && rq.kind == kindFile:
+	case sub == "content" && rq.kind == resourceid.File:
 		rq.op, allow = opContent, http.MethodGet
 	default:
 		return rq, errNotFound(p)
@@ -94,7 +97,7 @@ func (r *Relay) serveResource(w http.ResponseWriter, req *http.Request, in *inbo
 	if rerr != nil {
 		return refused(rerr)
 	}
-	if rq.kind == kindBatch && rq.op == opCreate {
+	if rq.kind == resourceid.Batch && rq.op == opCreate {
 		if rerr := r.withinBudget(in, 0); rerr != nil {
 			return refused(rerr)
 		}
@@ -109,7 +112,7 @@ func (r *Relay) serveResource(w http.ResponseWriter, req *http.Request, in *inbo
 		return refused(rerr)
 	}
 	defer func() { in.who.state.limits.done(r.now(), in.grant.keyGrant, in.billed()) }()
-	secret, ok := r.secret.get()
+	secret, ok := r.secret.Get()
 	if !ok {
 		return refused(errStorageUnavailable())
 	}
@@ -142,4 +145,14 @@ func (r *Relay) keyAdmitted(in *inbound, g grant, scope limitScope, wait time.Du
 	}
 	metricRateLimited.WithLabelValues(in.who.key.name, string(scope)).Inc()
 	return errKeyLimited(in.who.key.describe(), scope, wait)
+}
+
+// fleetClient is the Redis client of the relay's fleet, where the state
+// of batches and files (their ids' secret, their owners) is kept; nil
+// without a fleet.
+func (r *Relay) fleetClient() *fleet.Client {
+	if r.fleet == nil {
+		return nil
+	}
+	return r.fleet.Client
 }
