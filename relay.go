@@ -26,6 +26,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/owners"
 	"github.com/caddy-relay/relay/internal/resourceid"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -205,7 +206,7 @@ type Relay struct {
 	modelNames    map[string]bool    // every model a channel lists, for metric labels
 	passRatelimit bool               // upstream_ratelimit_headers pass
 	secret        *resourceid.Secret // keys the MAC of batch and file ids
-	owners        *ownerStore        // which group made each batch and file
+	owners        *owners.Store      // which group made each batch and file
 	storage       certmagic.Storage  // Caddy's storage; nil in a unit test's context
 	dedupWindow   time.Duration      // 0: retries are not attached
 	dedupGrace    time.Duration
@@ -292,7 +293,7 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 	}
 	r.secret = secret
 	r.affinity = new(affinitySeed)
-	r.owners = newOwnerStore(r.fleet, r.storage, func() time.Time { return r.now() })
+	r.owners = owners.New(r.fleetClient(), r.storage, func() time.Time { return r.now() })
 	spend.use(ctx, r.logger)
 	r.held.addSpendStore()
 	r.takeDecodeBudget()

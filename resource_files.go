@@ -15,7 +15,7 @@ import (
 // document or image block with a source of type "file", a
 // container_upload) can only be served by the channel that holds the file:
 // the relay finds every "file_id" in the body, checks that the group made
-// each file (resource_owners.go), sends the request to that channel alone,
+// each file (internal/owners), sends the request to that channel alone,
 // and puts the upstream's ids in place of the client's. Only bodies that
 // hold "file_id" pay for this.
 

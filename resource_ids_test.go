@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/memtest"
+	"github.com/caddy-relay/relay/internal/owners"
 	"github.com/caddy-relay/relay/internal/resourceid"
 	anthropicprovider "github.com/caddy-relay/relay/providers/anthropic"
 )
@@ -186,9 +187,9 @@ func TestABatchOfEmptyRequestsIsReadWithinItsSize(t *testing.T) {
 func TestFileIDsAreResolvedAsTheyAreFound(t *testing.T) {
 	secret := []byte("0123456789abcdef0123456789abcdef")
 	g := &group{name: "g", channels: []*channel{{name: "ch", provider: &anthropicprovider.Provider{}}}}
-	r := &Relay{owners: newOwnerStore(nil, nil, time.Now)}
+	r := &Relay{owners: owners.New(nil, nil, time.Now)}
 	ctx := context.Background()
-	if err := r.owners.record(ctx, resourceid.File, "ch", "file_011CNha8iCJcU1wXNR6q4V8w", "g"); err != nil {
+	if err := r.owners.Record(ctx, resourceid.File, "ch", "file_011CNha8iCJcU1wXNR6q4V8w", "g"); err != nil {
 		t.Fatal(err)
 	}
 	bad := memtest.Repeated(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[`, `{"type":"document","source":{"type":"file","file_id":"file_x"}}`, `]}]}`, 8<<20)

@@ -147,7 +147,7 @@ func (c *resourceCtx) item() *failure {
 // whose client ids are ids: nil when it made them all, else the answer,
 // 404 for the first it did not make, as for an id that does not exist.
 func (r *Relay) checkOwners(ctx context.Context, kind resourceid.Kind, group, channel string, ups, ids []string) *relayError {
-	owners, err := r.owners.lookup(ctx, kind, channel, ups, false)
+	owners, err := r.owners.Lookup(ctx, kind, channel, ups, false)
 	if err != nil {
 		if r.fleet == nil { // a fleet logs its storage's outages itself
 			r.logger.Warn("could not read the owners of batches or files", zap.String("channel", channel), zap.Error(err))
@@ -174,7 +174,7 @@ func (c *resourceCtx) gone(last attemptResult) bool {
 // no longer has. A record left behind names an item no list shows and
 // every call finds gone, so failing to remove it is only logged.
 func (c *resourceCtx) forgetOwner(ch *channel, up string) {
-	if err := c.r.owners.forget(c.req.Context(), c.rq.kind, ch.name, up); err != nil {
+	if err := c.r.owners.Forget(c.req.Context(), c.rq.kind, ch.name, up); err != nil {
 		c.r.logger.Warn("could not remove the owner record of a deleted "+c.rq.kind.Noun(), zap.String("channel", ch.name),
 			zap.String("upstream_id", up), zap.Error(err))
 	}

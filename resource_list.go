@@ -24,7 +24,7 @@ import (
 // Lists page forward only (after_id, page): before_id is refused, since a
 // merged list has no single place to go back from.
 
-// A group sees only its own items (resource_owners.go), so a channel's
+// A group sees only its own items (internal/owners), so a channel's
 // list is scanned: the relay reads the channel's upstream list page after
 // page, keeps the group's items, and stops once it holds a page's worth
 // (limit), the upstream has no more, or it has read listScanPages pages
@@ -273,7 +273,7 @@ func (c *resourceCtx) scanList(ch *channel, p resourceid.Pos, query url.Values, 
 		for i, it := range pg.items {
 			ids[i] = it.Get("id").Str
 		}
-		owners, err := c.r.owners.lookup(c.req.Context(), c.rq.kind, ch.name, ids, true)
+		owners, err := c.r.owners.Lookup(c.req.Context(), c.rq.kind, ch.name, ids, true)
 		if err != nil {
 			if c.r.fleet == nil {
 				c.r.logger.Warn("could not read the owners of batches or files", zap.String("channel", ch.name), zap.Error(err))

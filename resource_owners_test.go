@@ -19,9 +19,9 @@ import (
 
 	"github.com/anthropics/anthropic-sdk-go/v2"
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/certmagic"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/owners"
 	"github.com/caddy-relay/relay/internal/redistest"
 	"github.com/caddy-relay/relay/internal/resourceid"
 )
@@ -171,7 +171,7 @@ func wantNotFound(t *testing.T, r reply, kind resourceid.Kind, id string) {
 // item up at channel.
 func hasOwnerRecord(t *testing.T, kind resourceid.Kind, channel, up string) bool {
 	t.Helper()
-	return caddy.DefaultStorage.Exists(context.Background(), ownerStorageKey(kind, channel, up))
+	return caddy.DefaultStorage.Exists(context.Background(), owners.StorageKey(kind, channel, up))
 }
 
 func TestAGroupSeesAndTouchesOnlyItsOwnFilesAndBatches(t *testing.T) {
@@ -447,117 +447,4 @@ func upstreamGet(t *testing.T, url string) *http.Response {
 
 func upstreamBatchURL(up *fakeupstream.Upstream, id string) string {
 	return up.URL + "/v1/messages/batches/" + id
-}
-
-func TestOwnerCacheNeverHidesARecordedItem(t *testing.T) {
-	clock := &fakeClock{t: testNow}
-	storage := &certmagic.FileStorage{Path: t.TempDir()}
-	o := newOwnerStore(nil, storage, clock.now)
-	ctx := context.Background()
-	lookup := func(inList bool, ups ...string) []string {
-		t.Helper()
-		got, err := o.lookup(ctx, resourceid.File, "c", ups, inList)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return got
-	}
-	// a list finds no record and remembers that for a while...
-	if got := lookup(true, "file_1", "file_2"); !slices.Equal(got, []string{"", ""}) {
-		t.Fatalf("before any record: %q", got)
-	}
-	// ...which a record written here replaces at once
-	if err := o.record(ctx, resourceid.File, "c", "file_1", "g"); err != nil {
-		t.Fatal(err)
-	}
-	if got := lookup(true, "file_1"); !slices.Equal(got, []string{"g"}) {
-		t.Errorf("after the record: %q", got)
-	}
-	// a record written by another relay of the same storage: a get reads
-	// it at once, a list within a minute
-	other := newOwnerStore(nil, storage, clock.now)
-	if err := other.record(ctx, resourceid.File, "c", "file_2", "h"); err != nil {
-		t.Fatal(err)
-	}
-	if got := lookup(false, "file_2"); !slices.Equal(got, []string{"h"}) {
-		t.Errorf("a get of another relay's record: %q", got)
-	}
-	o2 := newOwnerStore(nil, storage, clock.now)
-	lookup2 := func(ups ...string) []string {
-		got, _ := o2.lookup(ctx, resourceid.File, "c", ups, true)
-		return got
-	}
-	_ = lookup2("file_3")
-	if err := other.record(ctx, resourceid.File, "c", "file_3", "h"); err != nil {
-		t.Fatal(err)
-	}
-	clock.advance(ownerMissFor + time.Second)
-	if got := lookup2("file_3"); !slices.Equal(got, []string{"h"}) {
-		t.Errorf("a list, a minute after another relay's record: %q", got)
-	}
-	// forgotten: gone from the storage and the cache
-	if err := o.forget(ctx, resourceid.File, "c", "file_1"); err != nil {
-		t.Fatal(err)
-	}
-	if got := lookup(false, "file_1"); !slices.Equal(got, []string{""}) {
-		t.Errorf("after forget: %q", got)
-	}
-	if storage.Exists(ctx, ownerStorageKey(resourceid.File, "c", "file_1")) {
-		t.Error("the record outlived forget in the storage")
-	}
-	// a record is about its own item
-	b, _ := storage.Load(ctx, ownerStorageKey(resourceid.File, "c", "file_2"))
-	var rec ownerRecord
-	if err := json.Unmarshal(b, &rec); err != nil || rec.Group != "h" || rec.Channel != "c" || rec.ID != "file_2" {
-		t.Errorf("the stored record: %s", b)
-	}
-}
-
-// BenchmarkOwnerLookupPage is what a list pays for the owners of one
-// upstream page of 1,000 items, half of them recorded: in Caddy's file
-// storage read cold (a relay that just started) and warm (from the cache),
-// and in a fleet's Redis (one HMGET).
-func BenchmarkOwnerLookupPage(b *testing.B) {
-	ctx := context.Background()
-	ups := make([]string, 1000)
-	for i := range ups {
-		ups[i] = fmt.Sprintf("file_%04d", i)
-	}
-	seed := func(b *testing.B, o *ownerStore) {
-		for i, up := range ups {
-			if i%2 == 0 {
-				if err := o.record(ctx, resourceid.File, "c", up, "g"); err != nil {
-					b.Fatal(err)
-				}
-			}
-		}
-	}
-	lookup := func(b *testing.B, o *ownerStore) {
-		got, err := o.lookup(ctx, resourceid.File, "c", ups, true)
-		if err != nil || got[0] != "g" || got[1] != "" {
-			b.Fatal(got[:2], err)
-		}
-	}
-	storage := &certmagic.FileStorage{Path: b.TempDir()}
-	seed(b, newOwnerStore(nil, storage, time.Now))
-	b.Run("storage-cold", func(b *testing.B) {
-		for b.Loop() {
-			lookup(b, newOwnerStore(nil, storage, time.Now))
-		}
-	})
-	b.Run("storage-warm", func(b *testing.B) {
-		o := newOwnerStore(nil, storage, time.Now)
-		lookup(b, o)
-		for b.Loop() {
-			lookup(b, o)
-		}
-	})
-	b.Run("redis", func(b *testing.B) {
-		srv := redistest.Start(b)
-		f := testFleet(b, srv.Addr, "bench:", 0)
-		seed(b, newOwnerStore(f, nil, time.Now))
-		for b.Loop() {
-			lookup(b, newOwnerStore(f, nil, time.Now)) // nothing cached: every item asked
-		}
-	})
 }
