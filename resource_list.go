@@ -20,9 +20,9 @@ import (
 // holds, sealed as ids are, where each channel's list stands, in that
 // channel's own terms (after an id, or a page token and how many of that
 // page were passed; internal/resourceid seals it), so the next page asks
-// each channel for what follows.
-// Lists page forward only (after_id, page): before_id is refused, since a
-// merged list has no single place to go back from.
+// each channel for what follows. Lists page forward only (after_id,
+// page): before_id is refused, since a merged list has no single place to
+// go back from.
 
 // A group sees only its own items (internal/owners), so a channel's
 // list is scanned: the relay reads the channel's upstream list page after
