@@ -123,7 +123,7 @@ func (r *Relay) affinitySeed() (uint64, bool) {
 	if r.secret == nil {
 		return 0, false
 	}
-	key, ok := r.secret.get()
+	key, ok := r.secret.Get()
 	if !ok {
 		return 0, false
 	}

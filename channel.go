@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/health"
+	"github.com/caddy-relay/relay/internal/upstreamconn"
 	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
@@ -289,7 +290,7 @@ func (r *Relay) loadTransport(ctx caddy.Context, cfg *Channel, https bool) (http
 			if err := t.Provision(transportContext()); err != nil {
 				return nil, err
 			}
-			pooledCopies(t.Transport)
+			upstreamconn.PooledCopies(t.Transport)
 			return pooledTransport{t}, nil
 		})
 		if err != nil {
@@ -308,7 +309,7 @@ func (r *Relay) loadTransport(ctx caddy.Context, cfg *Channel, https bool) (http
 		return nil, fmt.Errorf("transport: module %T is not an HTTP round tripper", mod)
 	}
 	if ht, ok := mod.(*reverseproxy.HTTPTransport); ok {
-		pooledCopies(ht.Transport)
+		upstreamconn.PooledCopies(ht.Transport)
 	}
 	return rt, nil
 }

@@ -26,6 +26,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/owners"
+	"github.com/caddy-relay/relay/internal/resourceid"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/certmagic"
@@ -199,14 +201,14 @@ type Relay struct {
 	ledger        *ledger         // where each request's row goes; nil: none
 	logger        *zap.Logger
 	prices        pricebook
-	estimates     estimates         // what an unpriced model costs where money is counted
-	classRows     []string          // the price rows that are model classes of their own
-	modelNames    map[string]bool   // every model a channel lists, for metric labels
-	passRatelimit bool              // upstream_ratelimit_headers pass
-	secret        *resourceSecret   // keys the MAC of batch and file ids
-	owners        *ownerStore       // which group made each batch and file
-	storage       certmagic.Storage // Caddy's storage; nil in a unit test's context
-	dedupWindow   time.Duration     // 0: retries are not attached
+	estimates     estimates          // what an unpriced model costs where money is counted
+	classRows     []string           // the price rows that are model classes of their own
+	modelNames    map[string]bool    // every model a channel lists, for metric labels
+	passRatelimit bool               // upstream_ratelimit_headers pass
+	secret        *resourceid.Secret // keys the MAC of batch and file ids
+	owners        *owners.Store      // which group made each batch and file
+	storage       certmagic.Storage  // Caddy's storage; nil in a unit test's context
+	dedupWindow   time.Duration      // 0: retries are not attached
 	dedupGrace    time.Duration
 	settleGrace   time.Duration                           // 0: an attempt whose client left ends at once
 	graceTimer    func(time.Duration, func()) *time.Timer // time.AfterFunc; a test's, to end the grace itself
@@ -285,11 +287,13 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 		return err
 	}
 	r.storage = configStorage(ctx)
-	if err := r.provisionResourceSecret(ctx); err != nil {
+	secret, err := resourceid.NewSecret(r.ResourceSecret, r.fleetClient(), r.storage, r.logger)
+	if err != nil {
 		return fmt.Errorf("resource_secret: %w", err)
 	}
+	r.secret = secret
 	r.affinity = new(affinitySeed)
-	r.owners = newOwnerStore(r.fleet, r.storage, func() time.Time { return r.now() })
+	r.owners = owners.New(r.fleetClient(), r.storage, func() time.Time { return r.now() })
 	spend.use(ctx, r.logger)
 	r.held.addSpendStore()
 	r.takeDecodeBudget()

@@ -1,7 +1,6 @@
 package relay
 
 import (
-	"encoding/binary"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -9,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/resourceid"
 	"github.com/caddy-relay/relay/provider"
 	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
@@ -19,77 +19,12 @@ import (
 // client gets (last_id, and next_page for files) is the relay's own: it
 // holds, sealed as ids are, where each channel's list stands, in that
 // channel's own terms (after an id, or a page token and how many of that
-// page were passed), so the next page asks each channel for what follows.
-// Lists page forward only (after_id, page): before_id is refused, since a
-// merged list has no single place to go back from.
+// page were passed; internal/resourceid seals it), so the next page asks
+// each channel for what follows. Lists page forward only (after_id,
+// page): before_id is refused, since a merged list has no single place to
+// go back from.
 
-// listPos is where one channel's list stands in a merged list.
-type listPos struct {
-	channel string
-	mode    byte   // posStart, posAfter, posPage or posDone
-	value   string // the upstream's id (posAfter) or page token (posPage, "" for its first page)
-	skip    int    // posPage: how many of that page were passed already
-}
-
-const (
-	posStart = 's' // nothing passed yet
-	posAfter = 'a' // passed up to the item value
-	posPage  = 'p' // passed up to skip items into the page value
-	posDone  = 'd' // all passed
-)
-
-// sealCursor encodes the positions as a cursor of kind for group.
-func sealCursor(secret []byte, kind resourceKind, group string, pos []listPos) string {
-	p := []byte{tagCursor}
-	for _, q := range pos {
-		p = binary.AppendUvarint(p, uint64(len(q.channel)))
-		p = append(p, q.channel...)
-		p = append(p, q.mode)
-		p = binary.AppendUvarint(p, uint64(len(q.value)))
-		p = append(p, q.value...)
-		p = binary.AppendUvarint(p, uint64(q.skip))
-	}
-	return sealID(secret, kind, group, p)
-}
-
-// openCursor decodes a cursor of kind for group; false when it is not one.
-func openCursor(secret []byte, kind resourceKind, group, s string) ([]listPos, bool) {
-	p := openID(secret, kind, group, s)
-	if len(p) == 0 || p[0] != tagCursor {
-		return nil, false
-	}
-	p = p[1:]
-	str := func() (string, bool) {
-		n, w := binary.Uvarint(p)
-		if w <= 0 || n > uint64(len(p)-w) {
-			return "", false
-		}
-		v := string(p[w : w+int(n)])
-		p = p[w+int(n):]
-		return v, true
-	}
-	var out []listPos
-	for len(p) > 0 {
-		var q listPos
-		var ok bool
-		if q.channel, ok = str(); !ok || len(p) == 0 {
-			return nil, false
-		}
-		q.mode, p = p[0], p[1:]
-		if q.value, ok = str(); !ok {
-			return nil, false
-		}
-		n, w := binary.Uvarint(p)
-		if w <= 0 || n > 1<<20 {
-			return nil, false
-		}
-		q.skip, p = int(n), p[w:]
-		out = append(out, q)
-	}
-	return out, true
-}
-
-// A group sees only its own items (resource_owners.go), so a channel's
+// A group sees only its own items (internal/owners), so a channel's
 // list is scanned: the relay reads the channel's upstream list page after
 // page, keeps the group's items, and stops once it holds a page's worth
 // (limit), the upstream has no more, or it has read listScanPages pages
@@ -125,10 +60,10 @@ type listed struct {
 	ch    *channel
 	items []gjson.Result // the group's items, newest first
 	times []time.Time
-	at    []listPos // at[i]: the position whose next item is items[i]
-	end   listPos   // the position after all that was scanned; posDone: there is no more
-	floor time.Time // unless end is posDone: the created_at of the oldest item scanned, which no unscanned item is newer than
-	shown int       // how many of items the merged page shows
+	at    []resourceid.Pos // at[i]: the position whose next item is items[i]
+	end   resourceid.Pos   // the position after all that was scanned; resourceid.PosDone: there is no more
+	floor time.Time        // unless end is resourceid.PosDone: the created_at of the oldest item scanned, which no unscanned item is newer than
+	shown int              // how many of items the merged page shows
 }
 
 // listPage is one page of a channel's upstream list, as fetched.
@@ -142,29 +77,29 @@ type listPage struct {
 
 // before is the position whose next item is items[i] of the page fetched
 // at p: past every item before it, whoever's.
-func (pg *listPage) before(p listPos, i int) listPos {
+func (pg *listPage) before(p resourceid.Pos, i int) resourceid.Pos {
 	if pg.pageMode {
-		q := listPos{channel: p.channel, mode: posPage, skip: i}
-		if p.mode == posPage {
-			q.value, q.skip = p.value, p.skip+i
+		q := resourceid.Pos{Channel: p.Channel, Mode: resourceid.PosPage, Skip: i}
+		if p.Mode == resourceid.PosPage {
+			q.Value, q.Skip = p.Value, p.Skip+i
 		}
 		return q
 	}
 	if i == 0 {
 		return p
 	}
-	return listPos{channel: p.channel, mode: posAfter, value: pg.items[i-1].Get("id").Str}
+	return resourceid.Pos{Channel: p.Channel, Mode: resourceid.PosAfter, Value: pg.items[i-1].Get("id").Str}
 }
 
 // after is the position past the whole page fetched at p.
-func (pg *listPage) after(p listPos) listPos {
+func (pg *listPage) after(p resourceid.Pos) resourceid.Pos {
 	switch {
 	case pg.pageMode && pg.next != "":
-		return listPos{channel: p.channel, mode: posPage, value: pg.next}
+		return resourceid.Pos{Channel: p.Channel, Mode: resourceid.PosPage, Value: pg.next}
 	case !pg.pageMode && pg.hasMore && len(pg.items) > 0:
-		return listPos{channel: p.channel, mode: posAfter, value: pg.items[len(pg.items)-1].Get("id").Str}
+		return resourceid.Pos{Channel: p.Channel, Mode: resourceid.PosAfter, Value: pg.items[len(pg.items)-1].Get("id").Str}
 	}
-	return listPos{channel: p.channel, mode: posDone}
+	return resourceid.Pos{Channel: p.Channel, Mode: resourceid.PosDone}
 }
 
 // list serves GET /v1/messages/batches and GET /v1/files for the group.
@@ -188,32 +123,32 @@ func (c *resourceCtx) list() *failure {
 			chans = append(chans, ch)
 		}
 	}
-	pos := make([]listPos, len(chans))
+	pos := make([]resourceid.Pos, len(chans))
 	for i, ch := range chans {
-		pos[i] = listPos{channel: ch.name, mode: posStart}
+		pos[i] = resourceid.Pos{Channel: ch.name, Mode: resourceid.PosStart}
 	}
 	cursor := q.Get("after_id")
 	if cursor == "" {
 		cursor = q.Get("page")
 	}
 	if cursor != "" {
-		got, ok := openCursor(c.secret, kind, c.group.name, cursor)
+		got, ok := resourceid.OpenCursor(c.secret, kind, c.group.name, cursor)
 		if !ok {
 			// a plain item id (of the group's own) pages a single
 			// channel's list
-			name, up, isItem := parseItemID(c.secret, kind, c.group.name, cursor)
+			name, up, isItem := resourceid.ParseItem(c.secret, kind, c.group.name, cursor)
 			if !isItem || len(chans) != 1 || chans[0].name != name {
 				return refused(errResourceNotFound(kind, cursor))
 			}
 			if rerr := c.r.checkOwners(c.req.Context(), kind, c.group.name, name, []string{up}, []string{cursor}); rerr != nil {
 				return refused(rerr)
 			}
-			got = []listPos{{channel: name, mode: posAfter, value: up}}
+			got = []resourceid.Pos{{Channel: name, Mode: resourceid.PosAfter, Value: up}}
 		}
 		for i := range pos {
-			pos[i].mode = posDone // a channel the cursor does not know joined since: not in this listing
+			pos[i].Mode = resourceid.PosDone // a channel the cursor does not know joined since: not in this listing
 			for _, g := range got {
-				if g.channel == pos[i].channel {
+				if g.Channel == pos[i].Channel {
 					pos[i] = g
 				}
 			}
@@ -226,7 +161,7 @@ func (c *resourceCtx) list() *failure {
 
 	pages := make([]*listed, len(chans))
 	for i, ch := range chans {
-		if pos[i].mode == posDone {
+		if pos[i].Mode == resourceid.PosDone {
 			continue
 		}
 		l, f := c.scanList(ch, pos[i], q, limit)
@@ -274,7 +209,7 @@ func (c *resourceCtx) list() *failure {
 		} else {
 			pos[i] = l.end
 		}
-		if pos[i].mode != posDone {
+		if pos[i].Mode != resourceid.PosDone {
 			hasMore = true
 		}
 	}
@@ -286,13 +221,13 @@ func (c *resourceCtx) list() *failure {
 		out["first_id"] = firstID
 		out["last_id"] = gjson.GetBytes(data[len(data)-1], "id").Str
 	}
-	if kind == kindFile {
+	if kind == resourceid.File {
 		out["next_page"] = nil
 	}
 	if hasMore {
-		next := sealCursor(c.secret, kind, c.group.name, pos)
+		next := resourceid.SealCursor(c.secret, kind, c.group.name, pos)
 		out["last_id"] = next
-		if kind == kindFile {
+		if kind == resourceid.File {
 			out["next_page"] = next
 		}
 	}
@@ -311,7 +246,7 @@ func (c *resourceCtx) list() *failure {
 // page: a channel whose scan stopped short may still hold newer items.
 func heldBack(t time.Time, pages []*listed) bool {
 	for _, l := range pages {
-		if l != nil && l.end.mode != posDone && !l.floor.IsZero() && t.Before(l.floor) {
+		if l != nil && l.end.Mode != resourceid.PosDone && !l.floor.IsZero() && t.Before(l.floor) {
 			return true
 		}
 	}
@@ -320,7 +255,7 @@ func heldBack(t time.Time, pages []*listed) bool {
 
 // scanList reads ch's list from p until it holds limit of the group's
 // items, the upstream has no more, or listScanPages pages were read.
-func (c *resourceCtx) scanList(ch *channel, p listPos, query url.Values, limit int) (*listed, *failure) {
+func (c *resourceCtx) scanList(ch *channel, p resourceid.Pos, query url.Values, limit int) (*listed, *failure) {
 	if rerr := c.waitForOwner(ch); rerr != nil {
 		return nil, refused(rerr)
 	}
@@ -338,7 +273,7 @@ func (c *resourceCtx) scanList(ch *channel, p listPos, query url.Values, limit i
 		for i, it := range pg.items {
 			ids[i] = it.Get("id").Str
 		}
-		owners, err := c.r.owners.lookup(c.req.Context(), c.rq.kind, ch.name, ids, true)
+		owners, err := c.r.owners.Lookup(c.req.Context(), c.rq.kind, ch.name, ids, true)
 		if err != nil {
 			if c.r.fleet == nil {
 				c.r.logger.Warn("could not read the owners of batches or files", zap.String("channel", ch.name), zap.Error(err))
@@ -356,7 +291,7 @@ func (c *resourceCtx) scanList(ch *channel, p listPos, query url.Values, limit i
 			l.floor = pg.times[len(pg.times)-1]
 		}
 		p = pg.after(p)
-		if p.mode == posDone || len(l.items) >= limit || n+1 >= listScanPages {
+		if p.Mode == resourceid.PosDone || len(l.items) >= limit || n+1 >= listScanPages {
 			l.end = p
 			return l, nil
 		}
@@ -364,25 +299,25 @@ func (c *resourceCtx) scanList(ch *channel, p listPos, query url.Values, limit i
 }
 
 // fetchList asks one channel for the page of its list at p, of size items.
-func (c *resourceCtx) fetchList(ch *channel, p listPos, query url.Values, size int) (*listPage, *failure) {
+func (c *resourceCtx) fetchList(ch *channel, p resourceid.Pos, query url.Values, size int) (*listPage, *failure) {
 	rp, _ := servesResource(ch, c.rq.kind)
 	q := url.Values{}
 	for k, vs := range query {
 		q[k] = vs
 	}
 	n := size
-	switch p.mode {
-	case posAfter:
-		q.Set("after_id", p.value)
-	case posPage:
-		if p.value != "" {
-			q.Set("page", p.value)
+	switch p.Mode {
+	case resourceid.PosAfter:
+		q.Set("after_id", p.Value)
+	case resourceid.PosPage:
+		if p.Value != "" {
+			q.Set("page", p.Value)
 		}
-		n = min(size+p.skip, 1000)
+		n = min(size+p.Skip, 1000)
 	}
 	q.Set("limit", strconv.Itoa(n))
 	path := pathFiles
-	if c.rq.kind == kindBatch {
+	if c.rq.kind == resourceid.Batch {
 		path = pathBatches
 	}
 	call := &provider.ResourceCall{Channel: ch.name, Method: http.MethodGet, Path: path, RawQuery: q.Encode(), Header: c.req.Header, ContentLength: -1}
@@ -400,8 +335,8 @@ func (c *resourceCtx) fetchList(ch *channel, p listPos, query url.Values, size i
 	}
 	pg := &listPage{}
 	items := gjson.GetBytes(body, "data").Array()
-	if p.mode == posPage {
-		items = items[min(p.skip, len(items)):]
+	if p.Mode == resourceid.PosPage {
+		items = items[min(p.Skip, len(items)):]
 	}
 	pg.items = items
 	for _, it := range items {

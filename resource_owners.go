@@ -1,280 +1,115 @@
 package relay
 
 import (
+	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"net/http"
 	"net/url"
-	"sync"
+	"strconv"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/resourceid"
 	"github.com/caddy-relay/relay/provider"
-	"github.com/caddyserver/certmagic"
-	"github.com/hashicorp/golang-lru/v2/simplelru"
+	"github.com/go-json-experiment/json/jsontext"
 	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 )
 
-// Every batch and file made through the relay has an owner: the group of
-// the key that made it. The relay records it once the upstream has made
-// the item and before the client learns its id, and checks it on every
-// later call and on every list: a group sees and touches only its own
-// items. An id's MAC says which group the id was sealed for; the record
-// says which group made the item. Only both together let a call through,
-// so an id sealed for the wrong group (as merged lists did before the
-// relay kept owners) still names nothing, and an upstream item with no
-// record (made outside the relay, or before it kept owners) is no group's.
-//
-// Records are kept where the relay keeps its other lasting state:
-//
-//   - in a fleet, in Redis: one hash per channel and kind,
-//     <prefix>{c:<channel>}:owners:<files|batches>, whose fields are the
-//     upstream's ids and whose values are the owners' group names, so the
-//     owners of one upstream page of a list are one HMGET;
-//   - otherwise in Caddy's storage: one small JSON record per item, at
-//     relay/owners/<files|batches>/<hex>, where hex is the first 16 bytes
-//     of the sha256 of the channel's name, a zero byte and the upstream's
-//     id.
-//
-// A record is written once and never changed; it is removed when the item
-// is deleted through the relay, or when the upstream answers a get or a
-// delete of it with 404 not_found_error. That lets a bounded in-memory
-// cache (one per relay handler, empty again after a reload) keep what it
-// has read. In Caddy's
-// storage, where each look-up is a read of its own, the cache also
-// remembers for a minute that an item has no record, so that a list that
-// scans many items made outside the relay does not read them all again on
-// every request; a get, content, results, cancel or delete never trusts
-// that memory, and a record this relay writes replaces it at once. A
-// fleet's nodes remember only records (another node may have just written
-// one).
+// The owner of a batch or a file is the channel that holds it, which its
+// id names (internal/resourceid), and the group that made it, which
+// internal/owners records. Here the root resolves a client's ids to their
+// owner: an item's id in a path (owner), the file ids in a message's body
+// (pinFiles); checks the group's records on every call; records a new
+// item's (taking it back at the upstream when that fails) and forgets a
+// deleted one's.
 
-// ownerStore keeps the owners of batches and files.
-type ownerStore struct {
-	fleet   *member           // set in fleet mode
-	storage certmagic.Storage // Caddy's storage; nil in a unit test's context
-	now     func() time.Time
-
-	mu     sync.Mutex
-	cache  *simplelru.LRU[string, ownerEntry]
-	memory map[string]string // the records, with neither fleet nor storage
+// errResourceNotFound answers an id that names nothing the group may see.
+func errResourceNotFound(kind resourceid.Kind, id string) *relayError {
+	if len(id) > 128 {
+		id = id[:128] + "..."
+	}
+	return &relayError{status: http.StatusNotFound, typ: "not_found_error", msg: "no such " + kind.Noun() + ": " + strconv.Quote(id)}
 }
 
-// ownerEntry is what the cache knows of one item.
-type ownerEntry struct {
-	group string    // the owner; "" for an item that had no record
-	until time.Time // for "": until when that is trusted in a list
+// errOwnerGone answers an id whose channel is no longer in the group.
+func errOwnerGone(kind resourceid.Kind, channel, group string) *relayError {
+	return &relayError{status: http.StatusNotFound, typ: "not_found_error",
+		msg: "the channel that holds this " + kind.Noun() + ", " + strconv.Quote(channel) + ", is no longer a channel of group " + strconv.Quote(group) + " that serves " + kind.String()}
 }
 
-// Bounds of the owners' cache.
-const (
-	// ownerCacheSize bounds the items whose owner is kept in memory
-	// (about 150 bytes each).
-	ownerCacheSize = 50_000
-	// ownerMissFor is how long a list trusts that an item has no record,
-	// in Caddy's storage.
-	ownerMissFor = time.Minute
-)
+// owner resolves a client's item id to its channel and the upstream's id:
+// the id must be sealed for the group, and the item recorded as made by
+// it. An item of another group, or of none, is answered as an id that
+// does not exist.
+func (c *resourceCtx) owner(kind resourceid.Kind, id string) (*channel, provider.ResourceProvider, string, *relayError) {
+	name, up, ok := resourceid.ParseItem(c.secret, kind, c.group.name, id)
+	if !ok {
+		return nil, nil, "", errResourceNotFound(kind, id)
+	}
+	if rerr := c.r.checkOwners(c.req.Context(), kind, c.group.name, name, []string{up}, []string{id}); rerr != nil {
+		return nil, nil, "", rerr
+	}
+	for _, ch := range c.group.channels {
+		if ch.name == name {
+			if rp, ok := servesResource(ch, kind); ok {
+				return ch, rp, up, nil
+			}
+		}
+	}
+	return nil, nil, "", errOwnerGone(kind, name, c.group.name)
+}
 
-func newOwnerStore(f *member, storage certmagic.Storage, now func() time.Time) *ownerStore {
-	cache, err := simplelru.NewLRU[string, ownerEntry](ownerCacheSize, nil)
+// waitForOwner waits, as wait_for_recovery allows, for the channel that
+// holds an item to be live: no other channel has it.
+func (c *resourceCtx) waitForOwner(ch *channel) *relayError {
+	var deadline time.Time
+	for {
+		now := c.r.now()
+		ok, until := ch.health.Available(now)
+		if ok {
+			return nil
+		}
+		if c.group.waitMax > 0 && c.r.waitForRecovery(c.req.Context(), untilFrom(until, now), c.group.waitMax, now, &deadline) {
+			continue
+		}
+		e := &relayError{status: http.StatusServiceUnavailable, typ: "relay_error", code: "no_healthy_channel", cause: causeRelay,
+			msg: "the channel that holds this " + c.rq.kind.Noun() + " is cooling down after failures; retry later", retryAfter: untilFrom(until, now)}
+		if until.IsZero() {
+			e.msg, e.noRetry = "the channel that holds this "+c.rq.kind.Noun()+" is disabled", true
+		}
+		return e
+	}
+}
+
+// checkOwners checks that group made the items ups of kind at channel,
+// whose client ids are ids: nil when it made them all, else the answer,
+// 404 for the first it did not make, as for an id that does not exist.
+func (r *Relay) checkOwners(ctx context.Context, kind resourceid.Kind, group, channel string, ups, ids []string) *relayError {
+	owners, err := r.owners.Lookup(ctx, kind, channel, ups, false)
 	if err != nil {
-		panic(err) // the size is a positive constant
-	}
-	o := &ownerStore{fleet: f, storage: storage, now: now, cache: cache}
-	if f == nil && storage == nil {
-		o.memory = map[string]string{}
-	}
-	return o
-}
-
-// ownerCacheKey names an item in the cache.
-func ownerCacheKey(kind resourceKind, channel, up string) string {
-	return string(rune('0'+kind)) + channel + "\x00" + up
-}
-
-// ownerStorageKey is where, in Caddy's storage, the owner of an item is
-// recorded. The channel and the upstream's id are hashed: either may hold
-// characters a path must not.
-func ownerStorageKey(kind resourceKind, channel, up string) string {
-	sum := sha256.Sum256([]byte(channel + "\x00" + up))
-	return "relay/owners/" + kind.String() + "/" + hex.EncodeToString(sum[:16])
-}
-
-// ownerHash is the Redis hash of a channel's owners of one kind.
-func (f *member) ownerHash(kind resourceKind, channel string) string {
-	return f.Key(tag("c:", channel), "owners:"+kind.String())
-}
-
-// ownerRecord is a record in Caddy's storage. The channel and the
-// upstream's id are kept beside the owner so that an operator can read
-// what a record is about.
-type ownerRecord struct {
-	Group   string    `json:"group"`
-	Channel string    `json:"channel"`
-	ID      string    `json:"id"`
-	Created time.Time `json:"created"`
-}
-
-// record notes that group owns the item up of kind at channel.
-func (o *ownerStore) record(ctx context.Context, kind resourceKind, channel, up, group string) error {
-	switch {
-	case o.fleet != nil:
-		f := o.fleet
-		if err := f.Do("owners", func(ctx context.Context) error {
-			return f.Redis.HSet(ctx, f.ownerHash(kind, channel), up, group).Err()
-		}); err != nil {
-			return err
+		if r.fleet == nil { // a fleet logs its storage's outages itself
+			r.logger.Warn("could not read the owners of batches or files", zap.String("channel", channel), zap.Error(err))
 		}
-	case o.storage != nil:
-		b, _ := json.Marshal(ownerRecord{Group: group, Channel: channel, ID: up, Created: o.now().UTC()})
-		if err := o.storage.Store(ctx, ownerStorageKey(kind, channel, up), b); err != nil {
-			return err
-		}
+		return errOwnersUnavailable("the relay could not read who owns this " + kind.Noun() + " from its storage; retry later")
 	}
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.memory != nil {
-		o.memory[ownerCacheKey(kind, channel, up)] = group
-	}
-	o.cache.Add(ownerCacheKey(kind, channel, up), ownerEntry{group: group})
-	return nil
-}
-
-// forget removes the record of the item up of kind at channel, which the
-// upstream no longer has.
-func (o *ownerStore) forget(ctx context.Context, kind resourceKind, channel, up string) error {
-	k := ownerCacheKey(kind, channel, up)
-	o.mu.Lock()
-	o.cache.Remove(k)
-	delete(o.memory, k)
-	o.mu.Unlock()
-	switch {
-	case o.fleet != nil:
-		f := o.fleet
-		return f.Do("owners", func(ctx context.Context) error {
-			return f.Redis.HDel(ctx, f.ownerHash(kind, channel), up).Err()
-		})
-	case o.storage != nil:
-		if err := o.storage.Delete(ctx, ownerStorageKey(kind, channel, up)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return err
+	for i, g := range owners {
+		if g != group {
+			return errResourceNotFound(kind, ids[i])
 		}
 	}
 	return nil
 }
 
-// lookup returns the owners of the items ups of kind at channel, "" for
-// an item with no record. In a fleet the items the cache does not know
-// take one round trip, whatever their number. inList says the look-up is
-// a list's, which may trust that an item had no record a moment ago.
-func (o *ownerStore) lookup(ctx context.Context, kind resourceKind, channel string, ups []string, inList bool) ([]string, error) {
-	out := make([]string, len(ups))
-	var missing []int // indexes of the items to read
-	now := o.now()
-	o.mu.Lock()
-	for i, up := range ups {
-		k := ownerCacheKey(kind, channel, up)
-		if o.memory != nil {
-			out[i] = o.memory[k]
-			continue
-		}
-		e, ok := o.cache.Get(k)
-		switch {
-		case ok && e.group != "":
-			out[i] = e.group
-		case ok && inList && now.Before(e.until):
-		default:
-			missing = append(missing, i)
-		}
+// forgetOwner removes the record of the item up at ch, which the upstream
+// no longer has. A record left behind names an item no list shows and
+// every call finds gone, so failing to remove it is only logged.
+func (c *resourceCtx) forgetOwner(ch *channel, up string) {
+	if err := c.r.owners.Forget(c.req.Context(), c.rq.kind, ch.name, up); err != nil {
+		c.r.logger.Warn("could not remove the owner record of a deleted "+c.rq.kind.Noun(), zap.String("channel", ch.name),
+			zap.String("upstream_id", up), zap.Error(err))
 	}
-	o.mu.Unlock()
-	if len(missing) == 0 {
-		return out, nil
-	}
-	var err error
-	if o.fleet != nil {
-		err = o.readRedis(kind, channel, ups, missing, out)
-	} else {
-		err = o.readStorage(ctx, kind, channel, ups, missing, out)
-	}
-	if err != nil {
-		return nil, err
-	}
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	for _, i := range missing {
-		k := ownerCacheKey(kind, channel, ups[i])
-		if out[i] != "" {
-			o.cache.Add(k, ownerEntry{group: out[i]})
-			continue
-		}
-		if o.fleet != nil {
-			continue
-		}
-		// an item that has no record is remembered so, unless a record
-		// was written meanwhile
-		if e, ok := o.cache.Peek(k); !ok || e.group == "" {
-			o.cache.Add(k, ownerEntry{until: now.Add(ownerMissFor)})
-		}
-	}
-	return out, nil
-}
-
-// readRedis reads the owners of ups[missing] from the channel's hash, in
-// one HMGET.
-func (o *ownerStore) readRedis(kind resourceKind, channel string, ups []string, missing []int, out []string) error {
-	f := o.fleet
-	fields := make([]string, len(missing))
-	for j, i := range missing {
-		fields[j] = ups[i]
-	}
-	var vals []any
-	err := f.Do("owners", func(ctx context.Context) error {
-		v, err := f.Redis.HMGet(ctx, f.ownerHash(kind, channel), fields...).Result()
-		vals = v
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	for j, i := range missing {
-		if j < len(vals) {
-			out[i], _ = vals[j].(string)
-		}
-	}
-	return nil
-}
-
-// readStorage reads the owners of ups[missing] from Caddy's storage.
-func (o *ownerStore) readStorage(ctx context.Context, kind resourceKind, channel string, ups []string, missing []int, out []string) error {
-	if o.storage == nil {
-		return nil
-	}
-	for _, i := range missing {
-		b, err := o.storage.Load(ctx, ownerStorageKey(kind, channel, ups[i]))
-		if errors.Is(err, fs.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		var rec ownerRecord
-		if err := json.Unmarshal(b, &rec); err != nil {
-			return err
-		}
-		// a record is about its own item: the key is a hash, the record
-		// says what it is of
-		if rec.Channel == channel && rec.ID == ups[i] {
-			out[i] = rec.Group
-		}
-	}
-	return nil
 }
 
 // errOwnersUnavailable answers a call on batches or files when the
@@ -301,12 +136,12 @@ func (c *resourceCtx) recordOwner(ch *channel, rp provider.ResourceProvider, obj
 		return nil // nothing a client could call it by: passed on as it is
 	}
 	ctx := context.WithoutCancel(c.req.Context()) // the client may be gone; the record is the relay's
-	err := c.r.owners.record(ctx, c.rq.kind, ch.name, id.Str, c.group.name)
+	err := c.r.owners.Record(ctx, c.rq.kind, ch.name, id.Str, c.group.name)
 	if err == nil {
 		return nil
 	}
-	noun, undone := c.rq.kind.noun(), "deleted"
-	if c.rq.kind == kindBatch {
+	noun, undone := c.rq.kind.Noun(), "deleted"
+	if c.rq.kind == resourceid.Batch {
 		undone = "cancelled"
 	}
 	fields := []zap.Field{zap.String("channel", ch.name), zap.String("group", c.group.name), zap.String("upstream_id", id.Str),
@@ -326,7 +161,7 @@ func (c *resourceCtx) undoCreate(ctx context.Context, ch *channel, rp provider.R
 	h := c.req.Header.Clone()
 	h.Del("Content-Type") // the create's, not this call's
 	call := &provider.ResourceCall{Channel: ch.name, Method: http.MethodDelete, Path: pathFiles + "/" + url.PathEscape(up), Header: h, ContentLength: -1}
-	if c.rq.kind == kindBatch {
+	if c.rq.kind == resourceid.Batch {
 		call.Method, call.Path = http.MethodPost, pathBatches+"/"+url.PathEscape(up)+"/cancel"
 	}
 	ctx, cancel := context.WithTimeout(ctx, ch.response)
@@ -344,5 +179,174 @@ func (c *resourceCtx) undoCreate(ctx context.Context, ch *channel, rp provider.R
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		return fmt.Errorf("the upstream answered %d", resp.StatusCode)
 	}
+	return nil
+}
+
+// A message (or a batch) whose content references an uploaded file (a
+// document or image block with a source of type "file", a
+// container_upload) can only be served by the channel that holds the file:
+// the relay finds every "file_id" in the body, checks that the group made
+// each file (internal/owners), sends the request to that channel alone,
+// and puts the upstream's ids in place of the client's. Only bodies that
+// hold "file_id" pay for this.
+
+// fileIDKey is what a body that references a file holds. Bodies without it
+// (nearly all) are not scanned again.
+var fileIDKey = []byte(`"file_id"`)
+
+// mayReferenceFiles reports whether body holds fileIDKey. It looks for the
+// key's '_', rare in prose, at memchr speed, and leaves it to bytes.Contains
+// (several times slower on JSON, where '"' is everywhere) only once a body
+// shows many underscores, as source code does.
+func mayReferenceFiles(body []byte) bool {
+	const k = len(`"file`)
+	for misses := 0; misses < 16; misses++ {
+		i := bytes.IndexByte(body, '_')
+		if i < 0 {
+			return false
+		}
+		if i >= k && len(body)-i >= 4 && string(body[i-k:i+4]) == `"file_id"` {
+			return true
+		}
+		body = body[i+1:]
+	}
+	return bytes.Contains(body, fileIDKey)
+}
+
+// fileRef is one file id in a body: where its JSON string is, and the
+// upstream's id in its place.
+type fileRef struct {
+	start, end int
+	up         string
+}
+
+// pinFiles resolves the file ids of body (from group) to the one channel
+// that holds them all, and returns the body with the upstream's ids, and
+// how far that moved the byte at offset at (where a message's model is).
+// An id that is not the group's (sealed for another group, or naming a
+// file the group did not make) is a 404 not_found_error, as an id that does
+// not exist; files held by different channels, a 400. Ids are resolved as
+// they are found, each once, and once one is refused the rest of the body
+// is only checked to be JSON: what a body of many ids costs is a small
+// multiple of its size. The owners of its files are then one look-up.
+func (r *Relay) pinFiles(ctx context.Context, secret []byte, g *group, body []byte, at int) (_ []byte, owner *channel, moved int, _ *relayError) {
+	var refs []fileRef
+	var refusal *relayError
+	resolved := map[string]string{} // by the id's JSON: an id is checked once
+	var ups, ids []string           // each file once: the upstream's id, the client's
+	err := eachFileID(body, func(start, end int) {
+		if refusal != nil {
+			return
+		}
+		if up, ok := resolved[string(body[start:end])]; ok {
+			refs = append(refs, fileRef{start: start, end: end, up: up})
+			return
+		}
+		raw, err := jsontext.AppendUnquote(nil, body[start:end])
+		if err != nil {
+			refusal = errInvalid("file_id must be a string")
+			return
+		}
+		id := string(raw)
+		name, up, ok := resourceid.ParseItem(secret, resourceid.File, g.name, id)
+		if !ok {
+			refusal = errResourceNotFound(resourceid.File, id)
+			return
+		}
+		if owner != nil && owner.name != name {
+			refusal = errInvalid("the files this request references are held by different channels (" +
+				strconv.Quote(owner.name) + " and " + strconv.Quote(name) + "); one request can only use files uploaded through one channel")
+			return
+		}
+		if owner == nil {
+			for _, ch := range g.channels {
+				if _, serves := servesResource(ch, resourceid.File); serves && ch.name == name {
+					owner = ch
+				}
+			}
+			if owner == nil {
+				refusal = errOwnerGone(resourceid.File, name, g.name)
+				return
+			}
+		}
+		resolved[string(body[start:end])] = up
+		ups, ids = append(ups, up), append(ids, id)
+		refs = append(refs, fileRef{start: start, end: end, up: up})
+	})
+	switch {
+	case err != nil:
+		return nil, nil, 0, errBodyJSON(err)
+	case refusal != nil:
+		return nil, nil, 0, refusal
+	case len(refs) == 0:
+		return body, nil, 0, nil
+	}
+	if rerr := r.checkOwners(ctx, resourceid.File, g.name, owner.name, ups, ids); rerr != nil {
+		return nil, nil, 0, rerr
+	}
+	out := make([]byte, 0, len(body))
+	prev := 0
+	for _, ref := range refs {
+		out = append(out, body[prev:ref.start]...)
+		out = strconv.AppendQuote(out, ref.up)
+		prev = ref.end
+		if ref.end <= at {
+			moved = len(out) - ref.end
+		}
+	}
+	return append(out, body[prev:]...), owner, moved, nil
+}
+
+// eachFileID calls f with where the string value of every object member
+// named file_id is in body (its quotes included), at any depth, in order.
+// It fails as the strict scan of a body does.
+func eachFileID(body []byte, f func(start, end int)) error {
+	src := bytes.NewBuffer(body) // read in place, never copied
+	dec := jsontext.NewDecoder(src)
+	for {
+		kind, n := dec.StackIndex(dec.StackDepth())
+		tok, err := dec.ReadToken()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if kind != '{' || n%2 != 0 || tok.Kind() != '"' || tok.String() != "file_id" || dec.PeekKind() != '"' {
+			continue
+		}
+		v, err := dec.ReadValue()
+		if err != nil {
+			return err
+		}
+		end := int(dec.InputOffset())
+		f(end-len(v), end)
+	}
+}
+
+// pinToFiles sends a message that references files to the channel that
+// holds them: the request's body gets the upstream's file ids, and its
+// group becomes that channel alone.
+func (r *Relay) pinToFiles(ctx context.Context, in *inbound) *relayError {
+	secret, ok := r.secret.Get()
+	if !ok {
+		return errStorageUnavailable()
+	}
+	g := in.who.key.group
+	body, ch, moved, rerr := r.pinFiles(ctx, secret, g, in.ask.body, in.ask.modelStart)
+	if rerr != nil || ch == nil {
+		return rerr
+	}
+	if !ch.serves(in.ask.model) {
+		return &relayError{status: http.StatusBadRequest, typ: "invalid_request_error",
+			msg: "the files this request references are held by channel " + strconv.Quote(ch.name) + ", which does not serve model " + strconv.Quote(in.ask.model)}
+	}
+	// the model's place moves by what the ids before it changed
+	in.ask.modelStart += moved
+	in.ask.modelEnd += moved
+	in.ask.body = body
+	pinned := *g
+	pinned.channels, pinned.splits = []*channel{ch}, nil
+	in.grant.pinned = &pinned
 	return nil
 }

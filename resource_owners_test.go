@@ -19,10 +19,11 @@ import (
 
 	"github.com/anthropics/anthropic-sdk-go/v2"
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/certmagic"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/owners"
 	"github.com/caddy-relay/relay/internal/redistest"
+	"github.com/caddy-relay/relay/internal/resourceid"
 )
 
 const (
@@ -157,7 +158,7 @@ func newestAt(t *testing.T, up *fakeupstream.Upstream, path string) string {
 
 // wantNotFound checks the answer to an id that names nothing the group
 // may see: exactly the answer to an id that does not exist.
-func wantNotFound(t *testing.T, r reply, kind resourceKind, id string) {
+func wantNotFound(t *testing.T, r reply, kind resourceid.Kind, id string) {
 	t.Helper()
 	var e errorJSON
 	if err := json.Unmarshal(r.body, &e); err != nil || r.status != 404 || e.Type != "error" || e.Error.Type != "not_found_error" ||
@@ -168,9 +169,9 @@ func wantNotFound(t *testing.T, r reply, kind resourceKind, id string) {
 
 // hasOwnerRecord reports whether Caddy's storage holds an owner record of the
 // item up at channel.
-func hasOwnerRecord(t *testing.T, kind resourceKind, channel, up string) bool {
+func hasOwnerRecord(t *testing.T, kind resourceid.Kind, channel, up string) bool {
 	t.Helper()
-	return caddy.DefaultStorage.Exists(context.Background(), ownerStorageKey(kind, channel, up))
+	return caddy.DefaultStorage.Exists(context.Background(), owners.StorageKey(kind, channel, up))
 }
 
 func TestAGroupSeesAndTouchesOnlyItsOwnFilesAndBatches(t *testing.T) {
@@ -216,30 +217,30 @@ func TestAGroupSeesAndTouchesOnlyItsOwnFilesAndBatches(t *testing.T) {
 
 	// ids of B's items sealed for A, as merged lists gave them before the
 	// relay kept owners, and of the upstream's own items sealed for each
-	upstreamID := func(kind resourceKind, id string) string {
-		_, up, ok := parseItemID(secret, kind, "owners-b", id)
+	upstreamID := func(kind resourceid.Kind, id string) string {
+		_, up, ok := resourceid.ParseItem(secret, kind, "owners-b", id)
 		if !ok {
 			t.Fatalf("%s is not B's id", id)
 		}
 		return up
 	}
-	leakedFile := itemID(secret, kindFile, "owners-a", "owners-x", upstreamID(kindFile, bFiles[0]))
-	leakedBatch := itemID(secret, kindBatch, "owners-a", "owners-x", upstreamID(kindBatch, bBatches[0]))
+	leakedFile := resourceid.Item(secret, resourceid.File, "owners-a", "owners-x", upstreamID(resourceid.File, bFiles[0]))
+	leakedBatch := resourceid.Item(secret, resourceid.Batch, "owners-a", "owners-x", upstreamID(resourceid.Batch, bBatches[0]))
 	hits := up.Hits()
 	for _, c := range []struct{ key, id string }{
-		{ownerKeyA, leakedFile}, {ownerKeyA, itemID(secret, kindFile, "owners-a", "owners-x", outsideFile)},
-		{ownerKeyB, itemID(secret, kindFile, "owners-b", "owners-x", outsideFile)},
+		{ownerKeyA, leakedFile}, {ownerKeyA, resourceid.Item(secret, resourceid.File, "owners-a", "owners-x", outsideFile)},
+		{ownerKeyB, resourceid.Item(secret, resourceid.File, "owners-b", "owners-x", outsideFile)},
 	} {
 		for _, call := range []struct{ method, path string }{{"GET", ""}, {"GET", "/content"}, {"DELETE", ""}} {
-			wantNotFound(t, send(t, call.method, "/v1/files/"+c.id+call.path, c.key, ""), kindFile, c.id)
+			wantNotFound(t, send(t, call.method, "/v1/files/"+c.id+call.path, c.key, ""), resourceid.File, c.id)
 		}
 	}
 	for _, c := range []struct{ key, id string }{
-		{ownerKeyA, leakedBatch}, {ownerKeyA, itemID(secret, kindBatch, "owners-a", "owners-x", outsideBatch)},
-		{ownerKeyB, itemID(secret, kindBatch, "owners-b", "owners-x", outsideBatch)},
+		{ownerKeyA, leakedBatch}, {ownerKeyA, resourceid.Item(secret, resourceid.Batch, "owners-a", "owners-x", outsideBatch)},
+		{ownerKeyB, resourceid.Item(secret, resourceid.Batch, "owners-b", "owners-x", outsideBatch)},
 	} {
 		for _, call := range []struct{ method, path string }{{"GET", ""}, {"GET", "/results"}, {"POST", "/cancel"}, {"DELETE", ""}} {
-			wantNotFound(t, send(t, call.method, "/v1/messages/batches/"+c.id+call.path, c.key, ""), kindBatch, c.id)
+			wantNotFound(t, send(t, call.method, "/v1/messages/batches/"+c.id+call.path, c.key, ""), resourceid.Batch, c.id)
 		}
 	}
 	// a message, and a batch, that use B's file
@@ -247,8 +248,8 @@ func TestAGroupSeesAndTouchesOnlyItsOwnFilesAndBatches(t *testing.T) {
 		return `{"model":"claude-sonnet-4-5","max_tokens":16,"messages":[{"role":"user","content":[` +
 			`{"type":"document","source":{"type":"file","file_id":"` + id + `"}},{"type":"text","text":"Summarize"}]}]}`
 	}
-	wantNotFound(t, send(t, http.MethodPost, "/v1/messages", ownerKeyA, withFile(leakedFile)), kindFile, leakedFile)
-	wantNotFound(t, send(t, http.MethodPost, "/v1/messages/batches", ownerKeyA, `{"requests":[{"custom_id":"x","params":`+withFile(leakedFile)+`}]}`), kindFile, leakedFile)
+	wantNotFound(t, send(t, http.MethodPost, "/v1/messages", ownerKeyA, withFile(leakedFile)), resourceid.File, leakedFile)
+	wantNotFound(t, send(t, http.MethodPost, "/v1/messages/batches", ownerKeyA, `{"requests":[{"custom_id":"x","params":`+withFile(leakedFile)+`}]}`), resourceid.File, leakedFile)
 	if up.Hits() != hits {
 		t.Errorf("calls on items the group did not make reached the upstream %d times", up.Hits()-hits)
 	}
@@ -263,16 +264,16 @@ func TestAGroupSeesAndTouchesOnlyItsOwnFilesAndBatches(t *testing.T) {
 	if r := send(t, http.MethodGet, "/v1/messages/batches/"+bBatches[0]+"/results", ownerKeyB, ""); r.status != 200 || !strings.Contains(string(r.body), `"custom_id":"b-24"`) {
 		t.Errorf("B's results: %d %s", r.status, r.body)
 	}
-	if r := send(t, http.MethodPost, "/v1/messages", ownerKeyB, withFile(bFiles[0])); r.status != 200 || !strings.Contains(string(r.body), "own saw files "+upstreamID(kindFile, bFiles[0])) {
+	if r := send(t, http.MethodPost, "/v1/messages", ownerKeyB, withFile(bFiles[0])); r.status != 200 || !strings.Contains(string(r.body), "own saw files "+upstreamID(resourceid.File, bFiles[0])) {
 		t.Errorf("B's message with its file: %d %s", r.status, r.body)
 	}
 
 	// a delete removes the record
 	for _, d := range []struct {
-		kind resourceKind
+		kind resourceid.Kind
 		path string
 		id   string
-	}{{kindFile, "/v1/files/", bFiles[0]}, {kindBatch, "/v1/messages/batches/", bBatches[0]}} {
+	}{{resourceid.File, "/v1/files/", bFiles[0]}, {resourceid.Batch, "/v1/messages/batches/", bBatches[0]}} {
 		upID := upstreamID(d.kind, d.id)
 		if !hasOwnerRecord(t, d.kind, "owners-x", upID) {
 			t.Fatalf("no owner record of %s in Caddy's storage", d.id)
@@ -446,117 +447,4 @@ func upstreamGet(t *testing.T, url string) *http.Response {
 
 func upstreamBatchURL(up *fakeupstream.Upstream, id string) string {
 	return up.URL + "/v1/messages/batches/" + id
-}
-
-func TestOwnerCacheNeverHidesARecordedItem(t *testing.T) {
-	clock := &fakeClock{t: testNow}
-	storage := &certmagic.FileStorage{Path: t.TempDir()}
-	o := newOwnerStore(nil, storage, clock.now)
-	ctx := context.Background()
-	lookup := func(inList bool, ups ...string) []string {
-		t.Helper()
-		got, err := o.lookup(ctx, kindFile, "c", ups, inList)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return got
-	}
-	// a list finds no record and remembers that for a while...
-	if got := lookup(true, "file_1", "file_2"); !slices.Equal(got, []string{"", ""}) {
-		t.Fatalf("before any record: %q", got)
-	}
-	// ...which a record written here replaces at once
-	if err := o.record(ctx, kindFile, "c", "file_1", "g"); err != nil {
-		t.Fatal(err)
-	}
-	if got := lookup(true, "file_1"); !slices.Equal(got, []string{"g"}) {
-		t.Errorf("after the record: %q", got)
-	}
-	// a record written by another relay of the same storage: a get reads
-	// it at once, a list within a minute
-	other := newOwnerStore(nil, storage, clock.now)
-	if err := other.record(ctx, kindFile, "c", "file_2", "h"); err != nil {
-		t.Fatal(err)
-	}
-	if got := lookup(false, "file_2"); !slices.Equal(got, []string{"h"}) {
-		t.Errorf("a get of another relay's record: %q", got)
-	}
-	o2 := newOwnerStore(nil, storage, clock.now)
-	lookup2 := func(ups ...string) []string {
-		got, _ := o2.lookup(ctx, kindFile, "c", ups, true)
-		return got
-	}
-	_ = lookup2("file_3")
-	if err := other.record(ctx, kindFile, "c", "file_3", "h"); err != nil {
-		t.Fatal(err)
-	}
-	clock.advance(ownerMissFor + time.Second)
-	if got := lookup2("file_3"); !slices.Equal(got, []string{"h"}) {
-		t.Errorf("a list, a minute after another relay's record: %q", got)
-	}
-	// forgotten: gone from the storage and the cache
-	if err := o.forget(ctx, kindFile, "c", "file_1"); err != nil {
-		t.Fatal(err)
-	}
-	if got := lookup(false, "file_1"); !slices.Equal(got, []string{""}) {
-		t.Errorf("after forget: %q", got)
-	}
-	if storage.Exists(ctx, ownerStorageKey(kindFile, "c", "file_1")) {
-		t.Error("the record outlived forget in the storage")
-	}
-	// a record is about its own item
-	b, _ := storage.Load(ctx, ownerStorageKey(kindFile, "c", "file_2"))
-	var rec ownerRecord
-	if err := json.Unmarshal(b, &rec); err != nil || rec.Group != "h" || rec.Channel != "c" || rec.ID != "file_2" {
-		t.Errorf("the stored record: %s", b)
-	}
-}
-
-// BenchmarkOwnerLookupPage is what a list pays for the owners of one
-// upstream page of 1,000 items, half of them recorded: in Caddy's file
-// storage read cold (a relay that just started) and warm (from the cache),
-// and in a fleet's Redis (one HMGET).
-func BenchmarkOwnerLookupPage(b *testing.B) {
-	ctx := context.Background()
-	ups := make([]string, 1000)
-	for i := range ups {
-		ups[i] = fmt.Sprintf("file_%04d", i)
-	}
-	seed := func(b *testing.B, o *ownerStore) {
-		for i, up := range ups {
-			if i%2 == 0 {
-				if err := o.record(ctx, kindFile, "c", up, "g"); err != nil {
-					b.Fatal(err)
-				}
-			}
-		}
-	}
-	lookup := func(b *testing.B, o *ownerStore) {
-		got, err := o.lookup(ctx, kindFile, "c", ups, true)
-		if err != nil || got[0] != "g" || got[1] != "" {
-			b.Fatal(got[:2], err)
-		}
-	}
-	storage := &certmagic.FileStorage{Path: b.TempDir()}
-	seed(b, newOwnerStore(nil, storage, time.Now))
-	b.Run("storage-cold", func(b *testing.B) {
-		for b.Loop() {
-			lookup(b, newOwnerStore(nil, storage, time.Now))
-		}
-	})
-	b.Run("storage-warm", func(b *testing.B) {
-		o := newOwnerStore(nil, storage, time.Now)
-		lookup(b, o)
-		for b.Loop() {
-			lookup(b, o)
-		}
-	})
-	b.Run("redis", func(b *testing.B) {
-		srv := redistest.Start(b)
-		f := testFleet(b, srv.Addr, "bench:", 0)
-		seed(b, newOwnerStore(f, nil, time.Now))
-		for b.Loop() {
-			lookup(b, newOwnerStore(f, nil, time.Now)) // nothing cached: every item asked
-		}
-	})
 }

@@ -7,37 +7,38 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/caddy-relay/relay/internal/memtest"
+	"github.com/caddy-relay/relay/internal/owners"
+	"github.com/caddy-relay/relay/internal/resourceid"
 	anthropicprovider "github.com/caddy-relay/relay/providers/anthropic"
 )
 
 func TestResourceRoutesAndMethods(t *testing.T) {
 	for _, tc := range []struct {
 		method, path string
-		kind         resourceKind
+		kind         resourceid.Kind
 		op           resourceOp
 		id           string
 		status       int
 	}{
-		{"POST", "/v1/files", kindFile, opCreate, "", 0},
-		{"GET", "/v1/files", kindFile, opList, "", 0},
-		{"GET", "/v1/files/file_x", kindFile, opGet, "file_x", 0},
-		{"DELETE", "/v1/files/file_x", kindFile, opDelete, "file_x", 0},
-		{"GET", "/v1/files/file_x/content", kindFile, opContent, "file_x", 0},
-		{"POST", "/v1/messages/batches", kindBatch, opCreate, "", 0},
-		{"GET", "/v1/messages/batches/b", kindBatch, opGet, "b", 0},
-		{"POST", "/v1/messages/batches/b/cancel", kindBatch, opCancel, "b", 0},
-		{"GET", "/v1/messages/batches/b/results", kindBatch, opResults, "b", 0},
-		{"DELETE", "/v1/messages/batches", kindBatch, 0, "", 405},
-		{"GET", "/v1/files/file_x/results", kindFile, 0, "", 404},
-		{"GET", "/v1/messages/batches/b/content", kindBatch, 0, "", 404},
-		{"GET", "/v1/files/a/b/c", kindFile, 0, "", 404},
-		{"PUT", "/v1/files/file_x", kindFile, 0, "", 405},
+		{"POST", "/v1/files", resourceid.File, opCreate, "", 0},
+		{"GET", "/v1/files", resourceid.File, opList, "", 0},
+		{"GET", "/v1/files/file_x", resourceid.File, opGet, "file_x", 0},
+		{"DELETE", "/v1/files/file_x", resourceid.File, opDelete, "file_x", 0},
+		{"GET", "/v1/files/file_x/content", resourceid.File, opContent, "file_x", 0},
+		{"POST", "/v1/messages/batches", resourceid.Batch, opCreate, "", 0},
+		{"GET", "/v1/messages/batches/b", resourceid.Batch, opGet, "b", 0},
+		{"POST", "/v1/messages/batches/b/cancel", resourceid.Batch, opCancel, "b", 0},
+		{"GET", "/v1/messages/batches/b/results", resourceid.Batch, opResults, "b", 0},
+		{"DELETE", "/v1/messages/batches", resourceid.Batch, 0, "", 405},
+		{"GET", "/v1/files/file_x/results", resourceid.File, 0, "", 404},
+		{"GET", "/v1/messages/batches/b/content", resourceid.Batch, 0, "", 404},
+		{"GET", "/v1/files/a/b/c", resourceid.File, 0, "", 404},
+		{"PUT", "/v1/files/file_x", resourceid.File, 0, "", 405},
 	} {
 		rq, rerr := parseResource(tc.method, tc.path)
 		switch {
@@ -52,35 +53,6 @@ func TestResourceRoutesAndMethods(t *testing.T) {
 		if isResourcePath(p) != want {
 			t.Errorf("isResourcePath(%q) = %v", p, !want)
 		}
-	}
-}
-
-func TestItemIDsAndCursorsRoundTrip(t *testing.T) {
-	secret := []byte("s3cret")
-	for _, up := range []string{"file_011CNha8iCJcU1wXNR6q4V8w", "weird-id", "file_"} {
-		id := itemID(secret, kindFile, "g", "channel-é", up)
-		if !strings.HasPrefix(id, "file_") {
-			t.Errorf("id %q lost its prefix", id)
-		}
-		ch, got, ok := parseItemID(secret, kindFile, "g", id)
-		if !ok || ch != "channel-é" || got != up && up != "file_" {
-			t.Errorf("%q: %q %q %v", up, ch, got, ok)
-		}
-		if _, _, ok := parseItemID(secret, kindFile, "h", id); ok {
-			t.Errorf("another group's id was accepted")
-		}
-		if _, _, ok := parseItemID([]byte("other"), kindFile, "g", id); ok {
-			t.Errorf("an id of another secret was accepted")
-		}
-	}
-	pos := []listPos{{channel: "a", mode: posAfter, value: "msgbatch_1"}, {channel: "b", mode: posPage, value: "page_x", skip: 3}, {channel: "c", mode: posDone}}
-	c := sealCursor(secret, kindBatch, "g", pos)
-	got, ok := openCursor(secret, kindBatch, "g", c)
-	if !ok || !slices.Equal(got, pos) {
-		t.Errorf("cursor: %+v %v", got, ok)
-	}
-	if _, _, ok := parseItemID(secret, kindBatch, "g", c); ok {
-		t.Errorf("a cursor was taken for an item")
 	}
 }
 
@@ -161,7 +133,7 @@ func TestResourceSecretIsResolvedAndNeverShown(t *testing.T) {
 	if err := json.Unmarshal(r.body, &b); err != nil || r.status != 200 {
 		t.Fatalf("%d %s", r.status, r.body)
 	}
-	if ch, up, ok := parseItemID([]byte("resource-s3cret-value"), kindBatch, "g", b.ID); !ok || ch != "secret-a" || !strings.HasPrefix(up, "msgbatch_a0001_") {
+	if ch, up, ok := resourceid.ParseItem([]byte("resource-s3cret-value"), resourceid.Batch, "g", b.ID); !ok || ch != "secret-a" || !strings.HasPrefix(up, "msgbatch_a0001_") {
 		t.Errorf("the id is not sealed with resource_secret: %q %q %v", ch, up, ok)
 	}
 	resp, err := client.Get(adminURL + "/config/")
@@ -215,9 +187,9 @@ func TestABatchOfEmptyRequestsIsReadWithinItsSize(t *testing.T) {
 func TestFileIDsAreResolvedAsTheyAreFound(t *testing.T) {
 	secret := []byte("0123456789abcdef0123456789abcdef")
 	g := &group{name: "g", channels: []*channel{{name: "ch", provider: &anthropicprovider.Provider{}}}}
-	r := &Relay{owners: newOwnerStore(nil, nil, time.Now)}
+	r := &Relay{owners: owners.New(nil, nil, time.Now)}
 	ctx := context.Background()
-	if err := r.owners.record(ctx, kindFile, "ch", "file_011CNha8iCJcU1wXNR6q4V8w", "g"); err != nil {
+	if err := r.owners.Record(ctx, resourceid.File, "ch", "file_011CNha8iCJcU1wXNR6q4V8w", "g"); err != nil {
 		t.Fatal(err)
 	}
 	bad := memtest.Repeated(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[`, `{"type":"document","source":{"type":"file","file_id":"file_x"}}`, `]}]}`, 8<<20)
@@ -231,7 +203,7 @@ func TestFileIDsAreResolvedAsTheyAreFound(t *testing.T) {
 	}
 
 	size, factor := memtest.BoundedBodies()
-	id := itemID(secret, kindFile, "g", "ch", "file_011CNha8iCJcU1wXNR6q4V8w")
+	id := resourceid.Item(secret, resourceid.File, "g", "ch", "file_011CNha8iCJcU1wXNR6q4V8w")
 	body := memtest.Repeated(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[`, `{"type":"document","source":{"type":"file","file_id":"`+id+`"}}`, `]}]}`, size)
 	var out []byte
 	var ch *channel

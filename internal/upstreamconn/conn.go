@@ -1,4 +1,6 @@
-package relay
+// Package upstreamconn makes the plain TCP connections of an upstream's
+// transport copy request bodies through pooled buffers.
+package upstreamconn
 
 import (
 	"context"
@@ -8,8 +10,8 @@ import (
 	"sync"
 )
 
-// upstreamConn is a plain TCP connection to an upstream whose ReadFrom
-// copies through a pooled buffer.
+// Conn is a plain TCP connection to an upstream whose ReadFrom copies
+// through a pooled buffer.
 //
 // net/http writes a request body that does not fit its connection's write
 // buffer (4 KiB by default) with the connection's ReadFrom, handing it the
@@ -22,10 +24,10 @@ import (
 // in memory (the replay buffer) or a client's body read through a buffer,
 // never a socket or a file, so copying them through a pooled buffer loses
 // nothing.
-type upstreamConn struct{ *net.TCPConn }
+type Conn struct{ *net.TCPConn }
 
 // ReadFrom copies r to the connection through a pooled buffer.
-func (c upstreamConn) ReadFrom(r io.Reader) (int64, error) {
+func (c Conn) ReadFrom(r io.Reader) (int64, error) {
 	bp := copyBuffers.Get().(*[]byte)
 	n, err := io.CopyBuffer(writeOnly{c.TCPConn}, r, *bp)
 	copyBuffers.Put(bp)
@@ -39,18 +41,18 @@ type writeOnly struct{ c *net.TCPConn }
 
 func (w writeOnly) Write(p []byte) (int, error) { return w.c.Write(p) }
 
-// copyBuffers are the buffers of upstreamConn.ReadFrom: the size io.Copy
-// would allocate.
+// copyBuffers are the buffers of Conn.ReadFrom: the size io.Copy would
+// allocate.
 var copyBuffers = sync.Pool{New: func() any {
 	b := make([]byte, 32<<10)
 	return &b
 }}
 
-// pooledCopies makes the TCP connections t dials upstreamConns. (Over
-// TLS, the *tls.Conn on top has no ReadFrom, and HTTP/1.1's copy to it
-// still allocates; HTTP/2, which an https upstream negotiates, writes
-// through buffers of its own.)
-func pooledCopies(t *http.Transport) {
+// PooledCopies makes the TCP connections t dials Conns. (Over TLS, the
+// *tls.Conn on top has no ReadFrom, and HTTP/1.1's copy to it still
+// allocates; HTTP/2, which an https upstream negotiates, writes through
+// buffers of its own.)
+func PooledCopies(t *http.Transport) {
 	dial := t.DialContext
 	if dial == nil {
 		return
@@ -58,7 +60,7 @@ func pooledCopies(t *http.Transport) {
 	t.DialContext = func(ctx context.Context, network, address string) (net.Conn, error) {
 		c, err := dial(ctx, network, address)
 		if tc, ok := c.(*net.TCPConn); ok && err == nil {
-			return upstreamConn{tc}, nil
+			return Conn{tc}, nil
 		}
 		return c, err
 	}
