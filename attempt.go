@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/features"
 	"github.com/caddy-relay/relay/provider"
 	"go.uber.org/zap"
 )
@@ -123,7 +124,7 @@ func (r *Relay) logCooling(in *inbound, ch *channel, v *verdict, cooled time.Dur
 // fails over but nothing is set aside: a client must not be able to take a
 // feature from a shared channel by pairing it with one the channel lacks.
 func (r *Relay) lacking(v *verdict, in *inbound, ch *channel, body []byte) {
-	if lacked, certain := lackedFeatures(ch.features.refusals, body, &in.ask.needs); len(lacked) > 0 {
+	if lacked, certain := features.Lacked(ch.features.Refusals(), body, &in.ask.needs); len(lacked) > 0 {
 		r.setAside(v, in, ch, lacked, certain)
 	}
 }
@@ -136,9 +137,9 @@ func (r *Relay) lacking(v *verdict, in *inbound, ch *channel, body []byte) {
 // account is not busy, it is not entitled. The refusal is the upstream's
 // own sentence, which no client can write.
 func (r *Relay) unentitled(v *verdict, in *inbound, ch *channel) {
-	lacked := featLongContext.names()
-	for _, b := range in.ask.needs.betas {
-		if strings.HasPrefix(b, longContextBetaPrefix) && len(b) <= maxBetaName {
+	lacked := features.LongContext.Names()
+	for _, b := range in.ask.needs.Betas {
+		if strings.HasPrefix(b, features.LongContextBetaPrefix) && len(b) <= features.MaxBetaName {
 			lacked = append(lacked, strings.Clone(b))
 		}
 	}
@@ -166,7 +167,7 @@ func (r *Relay) setAside(v *verdict, in *inbound, ch *channel, lacked []string, 
 	v.features = lacked
 	in.tr.learnedLack(ch, lacked)
 	for _, f := range lacked {
-		metricCapabilityMisses.WithLabelValues(ch.name, featureLabel(f)).Inc()
+		metricCapabilityMisses.WithLabelValues(ch.name, features.Label(f)).Inc()
 	}
 }
 
@@ -287,9 +288,9 @@ func (r *Relay) errorStatus(ctx context.Context, req *http.Request, in *inbound,
 	}
 	switch {
 	case v.outcome == outcomeModelRefused:
-	case longContextRefused(resp.StatusCode, body):
+	case features.LongContextRefused(resp.StatusCode, body):
 		r.unentitled(&v, in, ch)
-	case (resp.StatusCode == http.StatusBadRequest || resp.StatusCode == http.StatusForbidden) && !in.ask.needs.empty():
+	case (resp.StatusCode == http.StatusBadRequest || resp.StatusCode == http.StatusForbidden) && !in.ask.needs.Empty():
 		r.lacking(&v, in, ch, body)
 	}
 	return attemptResult{verdict: v, channel: ch, firstByte: firstByte, status: resp.StatusCode, header: resp.Header, body: body}

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/caddy-relay/relay/internal/features"
 	"github.com/caddyserver/caddy/v2"
 )
 
@@ -487,7 +488,7 @@ func (ch *Channel) checkFeatures() error {
 		names []string
 	}{{"supports", ch.Supports}, {"allow", ch.Allow}, {"lacks", ch.Lacks}, {"strip", ch.Strip}} {
 		for _, name := range l.names {
-			if err := checkFeatureNames(l.opt, []string{name}); err != nil {
+			if err := features.CheckNames(l.opt, []string{name}); err != nil {
 				return &configError{at: []string{l.opt, name}, err: err}
 			}
 			if prev, ok := seen[name]; ok && prev != l.opt && !(prev == "supports" && l.opt == "allow") {

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/features"
 	"github.com/caddy-relay/relay/provider"
 	"github.com/tidwall/gjson"
 )
@@ -160,7 +161,7 @@ type inbound struct {
 	tr    *spans         // its spans, with Caddy's tracing on; nil: none (trace.go)
 
 	call     provider.Call // the current attempt's, for its provider
-	strip    featureSet    // the features the current attempt's channel removes
+	strip    features.Set  // the features the current attempt's channel removes
 	triedBuf [4]*channel
 	chainBuf [4]attemptRecord
 	bodyBuf  *bytes.Buffer // the pooled buffer behind body; nil once released
@@ -208,8 +209,8 @@ type asked struct {
 	// searches is what its web search tools may search, which it holds
 	// (servertools.go)
 	searches int64
-	chat     *chat // a Chat Completions request, translated; nil for Anthropic's routes
-	needs    needs // the features it carries
+	chat     *chat          // a Chat Completions request, translated; nil for Anthropic's routes
+	needs    features.Needs // the features it carries
 	// modelStart and modelEnd delimit the raw model value (quotes included)
 	// in body, so a mapped name is spliced in without re-encoding the JSON.
 	modelStart, modelEnd int
@@ -301,7 +302,7 @@ func (in *inbound) Body(model string) []byte {
 	}
 	if in.strip != 0 {
 		// the body is valid JSON (inspect checked): this cannot fail
-		if stripped, err := stripBody(out, in.strip); err == nil {
+		if stripped, err := features.StripBody(out, in.strip); err == nil {
 			out = stripped
 		}
 	}
@@ -387,11 +388,11 @@ func (in *inbound) callFor(ch *channel) *provider.Call {
 	if in.grant.sel.signer != "" {
 		in.stripThinkingFor(ch)
 	}
-	if !in.ask.needs.empty() {
+	if !in.ask.needs.Empty() {
 		set, betas := ch.stripFor(&in.ask.needs, in.grant.sel.now)
 		in.strip = set
 		if len(betas) > 0 {
-			in.call.Header = stripBetas(in.ask.header, betas)
+			in.call.Header = features.StripBetas(in.ask.header, betas)
 		}
 	}
 	return &in.call
