@@ -113,7 +113,7 @@ func TestLackedFeatures(t *testing.T) {
 			}
 			got, certain := features.Lacked(words, body(tt.msg), &carried)
 			if !slices.Equal(got, tt.want) || certain != (len(got) > 0 && !strings.Contains(tt.name, "every one carried")) {
-				t.Errorf("lackedFeatures = %q (certain %v), want %q", got, certain, tt.want)
+				t.Errorf("Lacked = %q (certain %v), want %q", got, certain, tt.want)
 			}
 		})
 	}

@@ -30,11 +30,11 @@ func TestFeatureTable(t *testing.T) {
 		switch r.kind {
 		case KindField:
 			if OfField(r.name) != 1<<i {
-				t.Errorf("fieldFeature(%q) = %b, want bit %d", r.name, OfField(r.name), i)
+				t.Errorf("OfField(%q) = %b, want bit %d", r.name, OfField(r.name), i)
 			}
 		case KindTool:
 			if OfTool(r.prefix+"20250101") != 1<<i || !strings.HasSuffix(r.prefix, "_") {
-				t.Errorf("toolFeature of %s's prefix %q is not its bit", r.name, r.prefix)
+				t.Errorf("OfTool of %s's prefix %q is not its bit", r.name, r.prefix)
 			}
 		case KindBeta:
 			if !datedBeta(r.name) {
