@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/features"
 	"github.com/caddy-relay/relay/provider"
 	"go.uber.org/zap"
 )
@@ -23,7 +24,7 @@ import (
 // the client's body still under way.
 type attempting struct {
 	call  provider.Call // the current attempt's, for its provider
-	strip featureSet    // the features the current attempt's channel removes
+	strip features.Set  // the features the current attempt's channel removes
 	// thinkingTo, when set, is the signature domain of the current
 	// attempt's channel, which gets the body without the thinking blocks
 	// it did not sign (thinking.go)
@@ -49,11 +50,11 @@ func (in *inbound) callFor(ch *channel) *provider.Call {
 	if in.grant.sel.signer != "" {
 		in.try.thinkingTo = in.thinkingFor(ch)
 	}
-	if !in.ask.needs.empty() {
+	if !in.ask.needs.Empty() {
 		set, betas := ch.stripFor(&in.ask.needs, in.grant.sel.now)
 		in.try.strip = set
 		if len(betas) > 0 {
-			in.try.call.Header = stripBetas(in.ask.header, betas)
+			in.try.call.Header = features.StripBetas(in.ask.header, betas)
 		}
 	}
 	return &in.try.call
@@ -77,7 +78,7 @@ func (in *inbound) Body(model string) []byte {
 	}
 	if in.try.strip != 0 {
 		// the body is valid JSON (inspect checked): this cannot fail
-		if stripped, err := stripBody(out, in.try.strip); err == nil {
+		if stripped, err := features.StripBody(out, in.try.strip); err == nil {
 			out = stripped
 		}
 	}
@@ -229,7 +230,7 @@ func (r *Relay) logCooling(in *inbound, ch *channel, v *verdict, cooled time.Dur
 // fails over but nothing is set aside: a client must not be able to take a
 // feature from a shared channel by pairing it with one the channel lacks.
 func (r *Relay) lacking(v *verdict, in *inbound, ch *channel, body []byte) {
-	if lacked, certain := lackedFeatures(ch.features.refusals, body, &in.ask.needs); len(lacked) > 0 {
+	if lacked, certain := features.Lacked(ch.features.Refusals(), body, &in.ask.needs); len(lacked) > 0 {
 		r.setAside(v, in, ch, lacked, certain)
 	}
 }
@@ -242,9 +243,9 @@ func (r *Relay) lacking(v *verdict, in *inbound, ch *channel, body []byte) {
 // account is not busy, it is not entitled. The refusal is the upstream's
 // own sentence, which no client can write.
 func (r *Relay) unentitled(v *verdict, in *inbound, ch *channel) {
-	lacked := featLongContext.names()
-	for _, b := range in.ask.needs.betas {
-		if strings.HasPrefix(b, longContextBetaPrefix) && len(b) <= maxBetaName {
+	lacked := features.LongContext.Names()
+	for _, b := range in.ask.needs.Betas {
+		if strings.HasPrefix(b, features.LongContextBetaPrefix) && len(b) <= features.MaxBetaName {
 			lacked = append(lacked, strings.Clone(b))
 		}
 	}
@@ -272,7 +273,7 @@ func (r *Relay) setAside(v *verdict, in *inbound, ch *channel, lacked []string, 
 	v.features = lacked
 	in.tr.learnedLack(ch, lacked)
 	for _, f := range lacked {
-		metricCapabilityMisses.WithLabelValues(ch.name, featureLabel(f)).Inc()
+		metricCapabilityMisses.WithLabelValues(ch.name, features.Label(f)).Inc()
 	}
 }
 
@@ -393,9 +394,9 @@ func (r *Relay) errorStatus(ctx context.Context, req *http.Request, in *inbound,
 	}
 	switch {
 	case v.outcome == outcomeModelRefused:
-	case longContextRefused(resp.StatusCode, body):
+	case features.LongContextRefused(resp.StatusCode, body):
 		r.unentitled(&v, in, ch)
-	case (resp.StatusCode == http.StatusBadRequest || resp.StatusCode == http.StatusForbidden) && !in.ask.needs.empty():
+	case (resp.StatusCode == http.StatusBadRequest || resp.StatusCode == http.StatusForbidden) && !in.ask.needs.Empty():
 		r.lacking(&v, in, ch, body)
 	}
 	return attemptResult{verdict: v, channel: ch, firstByte: firstByte, status: resp.StatusCode, header: resp.Header, body: body}

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/dedup"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/maypok86/otter/v2"
 	"go.uber.org/zap"
@@ -49,23 +50,16 @@ const (
 // cached is one answer of the cache.
 type cached struct {
 	status   int
-	header   keptHeader
+	header   dedup.Header
 	body     []byte
 	stored   time.Time
-	saved    usage
-	savedUSD float64
+	tokens   int64   // what the answer cost upstream
+	savedUSD float64 // and in US dollars
 }
 
 // weight is what an entry counts against max_size.
 func (e *cached) weight() uint32 {
-	n := len(e.body) + 64
-	for _, f := range e.header {
-		n += len(f.name)
-		for _, v := range f.values {
-			n += len(v)
-		}
-	}
-	return uint32(n)
+	return uint32(len(e.body) + 64 + e.header.Size())
 }
 
 // responseCache is a provisioned ResponseCache: the answers, and the
@@ -74,13 +68,13 @@ type responseCache struct {
 	cfg     ResponseCache
 	ttl     time.Duration
 	stale   time.Duration
-	entries *otter.Cache[bodyDigest, *cached]
+	entries *otter.Cache[dedup.Digest, *cached]
 	mu      sync.Mutex
-	flights map[bodyDigest]*flight
+	flights map[dedup.Digest]*dedup.Flight
 }
 
 func newResponseCache(cfg ResponseCache) *responseCache {
-	c := &responseCache{cfg: cfg, ttl: time.Duration(cfg.TTL), stale: time.Duration(cfg.Stale), flights: map[bodyDigest]*flight{}}
+	c := &responseCache{cfg: cfg, ttl: time.Duration(cfg.TTL), stale: time.Duration(cfg.Stale), flights: map[dedup.Digest]*dedup.Flight{}}
 	if c.ttl <= 0 {
 		c.ttl = defaultCacheTTL
 	}
@@ -88,16 +82,16 @@ func newResponseCache(cfg ResponseCache) *responseCache {
 	if size <= 0 {
 		size = defaultCacheMaxSize
 	}
-	c.entries = otter.Must(&otter.Options[bodyDigest, *cached]{
+	c.entries = otter.Must(&otter.Options[dedup.Digest, *cached]{
 		MaximumWeight:    uint64(size),
-		Weigher:          func(_ bodyDigest, e *cached) uint32 { return e.weight() },
-		ExpiryCalculator: otter.ExpiryWriting[bodyDigest, *cached](c.ttl + c.stale),
+		Weigher:          func(_ dedup.Digest, e *cached) uint32 { return e.weight() },
+		ExpiryCalculator: otter.ExpiryWriting[dedup.Digest, *cached](c.ttl + c.stale),
 	})
 	return c
 }
 
 // get returns the answer to serve, fresh (hit) or stale, if there is one.
-func (c *responseCache) get(d bodyDigest, now time.Time) (*cached, string) {
+func (c *responseCache) get(d dedup.Digest, now time.Time) (*cached, string) {
 	e, ok := c.entries.GetIfPresent(d)
 	if !ok {
 		return nil, ""
@@ -112,18 +106,18 @@ func (c *responseCache) get(d bodyDigest, now time.Time) (*cached, string) {
 }
 
 // join makes f the flight of d, or returns the one already fetching it.
-func (c *responseCache) join(d bodyDigest, f *flight) *flight {
+func (c *responseCache) join(d dedup.Digest, f *dedup.Flight) *dedup.Flight {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if other := c.flights[d]; other != nil {
-		other.follow()
+		other.Follow()
 		return other
 	}
 	c.flights[d] = f
 	return nil
 }
 
-func (c *responseCache) leave(d bodyDigest, f *flight) {
+func (c *responseCache) leave(d dedup.Digest, f *dedup.Flight) {
 	c.mu.Lock()
 	if c.flights[d] == f {
 		delete(c.flights, d)
@@ -132,12 +126,10 @@ func (c *responseCache) leave(d bodyDigest, f *flight) {
 }
 
 // store keeps f's answer, when it is complete and successful.
-func (c *responseCache) store(d bodyDigest, f *flight, now time.Time) {
-	f.mu.Lock()
-	e := &cached{status: f.status, header: f.header, body: f.buf, stored: now, saved: f.saved, savedUSD: f.savedUSD}
-	ok := f.ok
-	f.mu.Unlock()
-	if !ok || e.status < 200 || e.status > 299 {
+func (c *responseCache) store(d dedup.Digest, f *dedup.Flight, now time.Time) {
+	a := f.Answer()
+	e := &cached{status: a.Status, header: a.Header, body: a.Body, stored: now, tokens: a.Tokens, savedUSD: a.USD}
+	if !a.OK || e.status < 200 || e.status > 299 {
 		return
 	}
 	c.entries.Set(d, e)
@@ -159,19 +151,19 @@ func noCache(h http.Header) bool {
 func (r *Relay) serveStored(w http.ResponseWriter, in *inbound, e *cached, result string) {
 	in.end.sharedBy(sharedCache)
 	h := w.Header()
-	e.header.writeTo(h)
+	e.header.CopyTo(h)
 	h.Set("X-Relay-Cache", result)
 	r.ratelimitHeaders(h, in)
 	w.WriteHeader(e.status)
 	_, _ = w.Write(e.body)
-	r.saved(in, e.saved, e.savedUSD)
+	r.saved(in, e.tokens, e.savedUSD)
 }
 
 // revalidate fetches a stale answer again, in the background, once at a
 // time: the request that found it stale gets it at once, and its key pays
 // for the new one (the log line of the fetch has shared: revalidation).
-func (r *Relay) revalidate(req *http.Request, in *inbound, c *responseCache, d bodyDigest) {
-	f := newFlight()
+func (r *Relay) revalidate(req *http.Request, in *inbound, c *responseCache, d dedup.Digest) {
+	f := dedup.NewFlight()
 	if other := c.join(d, f); other != nil {
 		return // being fetched already
 	}
@@ -186,7 +178,7 @@ func (r *Relay) revalidate(req *http.Request, in *inbound, c *responseCache, d b
 	bgReq := req.WithContext(context.WithoutCancel(req.Context())) // the client's leaving ends nothing
 	go func() {
 		defer c.leave(d, f)
-		defer f.release()
+		defer f.Release()
 		defer r.account(bg)
 		defer func() {
 			if p := recover(); p != nil {
@@ -201,7 +193,7 @@ func (r *Relay) revalidate(req *http.Request, in *inbound, c *responseCache, d b
 		if fail := r.lead(w, bgReq, bg, f, 0); fail != nil {
 			r.answer(w, bg, fail)
 		}
-		if f.ok {
+		if f.OK() {
 			c.store(d, f, r.now())
 		}
 	}()

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/dedup"
 	"github.com/caddy-relay/relay/internal/fakeupstream"
 	"github.com/caddyserver/caddy/v2"
 )
@@ -130,7 +131,7 @@ func TestCacheCoalescesMisses(t *testing.T) {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		for _, f := range c.flights {
-			return f.followed() && followers(f) == clients-1
+			return f.Followed() && f.Followers() == clients-1
 		}
 		return false
 	})
@@ -145,12 +146,6 @@ func TestCacheCoalescesMisses(t *testing.T) {
 	if n := up.Hits(); n != 1 {
 		t.Errorf("upstream calls = %d, want 1", n)
 	}
-}
-
-func followers(f *flight) int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.followers
 }
 
 // A stale answer is served at once while one request in the background
@@ -214,7 +209,7 @@ func TestCacheStaleWhileRevalidate(t *testing.T) {
 
 // requestDigestOf is the digest of a Messages request with body, as the
 // relay computes it.
-func requestDigestOf(t *testing.T, body string) bodyDigest {
+func requestDigestOf(t *testing.T, body string) dedup.Digest {
 	t.Helper()
 	req := newRequest(body, clientKey)
 	return requestDigest(&inbound{route: routeMessages, ask: asked{header: req.Header, body: []byte(body)}}, true)
@@ -227,14 +222,14 @@ func TestCacheBounded(t *testing.T) {
 	c := newResponseCache(ResponseCache{MaxSize: maxSize})
 	body := make([]byte, 1<<10)
 	for i := range 10_000 {
-		f := newFlight()
-		f.begin(200, http.Header{"Content-Type": {"application/json"}})
-		f.add(body)
-		f.finish(true, usage{}, 0, testNow)
-		var d bodyDigest
+		f := dedup.NewFlight()
+		f.Begin(200, http.Header{"Content-Type": {"application/json"}}, false, nil)
+		f.Add(body)
+		f.Finish(true, 0, 0, testNow)
+		var d dedup.Digest
 		d[0], d[1] = byte(i), byte(i>>8)
 		c.store(d, f, testNow)
-		f.release()
+		f.Release()
 	}
 	c.entries.CleanUp()
 	if w := c.entries.WeightedSize(); w > maxSize {
@@ -243,7 +238,7 @@ func TestCacheBounded(t *testing.T) {
 	if n := c.entries.EstimatedSize(); n == 0 || n > maxSize/len(body) {
 		t.Errorf("cache entries = %d, want 1..%d", n, maxSize/len(body))
 	}
-	if b := sharedBytes.used.Load(); b != 0 {
+	if b := dedup.SharedBytes(); b != 0 {
 		t.Errorf("flights keep %d bytes", b)
 	}
 }

@@ -4,11 +4,14 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/suggest"
 	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -21,6 +24,18 @@ func init() {
 	httpcaddyfile.RegisterHandlerDirective("relay", parseCaddyfile)
 	httpcaddyfile.RegisterDirectiveOrder("relay", httpcaddyfile.Before, "reverse_proxy")
 }
+
+// Typos. An unrecognized Caddyfile option close to a known one (a letter
+// missing, added, changed, or two swapped) gets a "did you mean" in its
+// error (internal/suggest). The relay's, a channel's and a group's lists
+// name the options their switches read, besides those of their
+// provider.Options.
+
+// relayOptions are the relay block's own options, besides the tuning ones
+// (tuningOptions) that its channels share.
+var relayOptions = []string{"max_body_size", "max_response_size", "max_upload_size", "decode_memory", "resource_secret",
+	"read_body_timeout", "upstream_ratelimit_headers", "dedup_window", "dedup_grace", "settle_grace", "hold_floor",
+	"key", "keys_file", "identity", "user", "channel", "group", "pricing", "ledger", "ledger_retention", "storage"}
 
 func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 	r := new(Relay)
@@ -323,7 +338,7 @@ func (r *Relay) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			r.Fleet = s
 		default:
-			return d.Errf("unrecognized relay option %q%s", opt, didYouMean(opt, relayOptions, tuningNames()))
+			return d.Errf("unrecognized relay option %q%s", opt, suggest.DidYouMean(opt, relayOptions, tuningNames()))
 		}
 	}
 	if err := r.validateConfig(); err != nil {
@@ -407,6 +422,23 @@ func tuningOptions(t *Tuning) provider.Options {
 	}}
 }
 
+// optionNames lists the options of o.
+func optionNames(o provider.Options) []string {
+	var out []string
+	out = slices.AppendSeq(out, maps.Keys(o.Strings))
+	out = slices.AppendSeq(out, maps.Keys(o.Lists))
+	out = slices.AppendSeq(out, maps.Keys(o.Ints))
+	out = slices.AppendSeq(out, maps.Keys(o.Durations))
+	out = slices.AppendSeq(out, maps.Keys(o.Ratios))
+	slices.Sort(out) // the same suggestion for a tie, every time
+	return out
+}
+
+// tuningNames lists the tuning options of the relay and its channels.
+func tuningNames() []string {
+	return append(optionNames(tuningOptions(new(Tuning))), "breaker")
+}
+
 // parseBreaker parses a `breaker { ... }` block; unset fields keep their
 // defaults.
 func parseBreaker(d *caddyfile.Dispenser) (*Breaker, error) {
@@ -426,7 +458,7 @@ func parseBlock(d *caddyfile.Dispenser, what string, o provider.Options) error {
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		if ok, err := o.Parse(d); err != nil || !ok {
-			return cmp.Or(err, d.Errf("unrecognized %s option %q%s", what, d.Val(), didYouMean(d.Val(), optionNames(o))))
+			return cmp.Or(err, d.Errf("unrecognized %s option %q%s", what, d.Val(), suggest.DidYouMean(d.Val(), optionNames(o))))
 		}
 	}
 	return nil

@@ -13,6 +13,10 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 )
 
+// channelOptions are a channel's options that its switch reads, besides its
+// Options, the tuning ones and its provider's.
+var channelOptions = []string{"provider", "tokens", "price_factor", "model_class", "forward_traceparent", "probe", "transport"}
+
 // parseChannel parses `channel <name> { ... }`: the channel's own lines,
 // and those of its provider (see providerLines).
 func parseChannel(d *caddyfile.Dispenser, pos positions) (*Channel, error) {

@@ -4,10 +4,15 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/caddy-relay/relay/internal/suggest"
 	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 )
+
+// groupOptions are a group's options that its switch reads, besides its
+// Options.
+var groupOptions = []string{"retries", "expose_channel", "retry_budget", "split", "fallback", "cache_affinity", "cache", "budget_degrade", "max_wait"}
 
 // parseGroup parses `group <name> { ... }`.
 func parseGroup(d *caddyfile.Dispenser, pos positions) (*Group, error) {
@@ -120,7 +125,7 @@ func parseGroup(d *caddyfile.Dispenser, pos positions) (*Group, error) {
 			}
 			g.MaxWait[class] = caddy.Duration(v)
 		default:
-			return nil, d.Errf("unrecognized group option %q%s", d.Val(), didYouMean(d.Val(), optionNames(opts), groupOptions))
+			return nil, d.Errf("unrecognized group option %q%s", d.Val(), suggest.DidYouMean(d.Val(), optionNames(opts), groupOptions))
 		}
 	}
 	return g, nil

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/caddy-relay/relay/internal/suggest"
 	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -61,7 +62,7 @@ func parseKeyOptions(d *caddyfile.Dispenser, pos positions, at []string, what st
 			continue
 		}
 		if ok, err := opts.Parse(d); err != nil || !ok {
-			return cmp.Or(err, d.Errf("unrecognized %s option %q%s", what, d.Val(), didYouMean(d.Val(), optionNames(opts), []string{"disabled"})))
+			return cmp.Or(err, d.Errf("unrecognized %s option %q%s", what, d.Val(), suggest.DidYouMean(d.Val(), optionNames(opts), []string{"disabled"})))
 		}
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/caddy-relay/relay/internal/suggest"
 	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -90,4 +91,43 @@ func (u *providerLines) unmarshal(channel caddyfile.Token) (provider.Provider, e
 		return nil, fmt.Errorf("provider %s: module %T does not implement provider.Provider", u.name, mod)
 	}
 	return p, nil
+}
+
+// providerTakes reports whether a provider module that declares its
+// options (provider.OptionsProvider) takes opt.
+func providerTakes(opt string) bool {
+	for _, m := range caddy.GetModules(provider.Namespace) {
+		if p, ok := m.New().(provider.OptionsProvider); ok && p.CaddyfileOptions().Has(opt) {
+			return true
+		}
+	}
+	return false
+}
+
+// typo answers the first of a channel's lines that no provider declares
+// (unknown) with a "did you mean", when the channel's provider declares its
+// options (provider.OptionsProvider) and a known option is close to it. A
+// provider that reads its own lines (its UnmarshalCaddyfile) may take any
+// option, and judges them itself.
+func (u *providerLines) typo(unknown []caddyfile.Token, opts provider.Options) error {
+	if len(unknown) == 0 {
+		return nil
+	}
+	m, err := caddy.GetModule(provider.Namespace + "." + u.name)
+	if err != nil {
+		return nil // unmarshal says the provider is unknown
+	}
+	p, ok := m.New().(provider.OptionsProvider)
+	if !ok {
+		return nil
+	}
+	own := optionNames(p.CaddyfileOptions())
+	for _, t := range unknown {
+		if hint := suggest.DidYouMean(t.Text, optionNames(opts), channelOptions, tuningNames(), own); hint != "" {
+			d := caddyfile.NewDispenser([]caddyfile.Token{t})
+			d.Next()
+			return d.Errf("unrecognized channel option %q%s", t.Text, hint)
+		}
+	}
+	return nil
 }

@@ -3,21 +3,14 @@ package relay
 import (
 	"strings"
 	"testing"
+
+	"github.com/caddy-relay/relay/internal/suggest"
 )
 
-func TestEditDistance(t *testing.T) {
-	for _, tt := range []struct {
-		a, b string
-		want int
-	}{
-		{"priority", "priority", 0}, {"priorty", "priority", 1}, {"prioriyt", "priority", 1},
-		{"retires", "retries", 1}, {"colour", "cooldown", 4}, {"", "abc", 3},
-	} {
-		if got := editDistance(tt.a, tt.b); got != tt.want {
-			t.Errorf("editDistance(%q, %q) = %d, want %d", tt.a, tt.b, got, tt.want)
-		}
-	}
-	if s := didYouMean("colour", relayOptions, tuningNames()); s != "" {
+// TestNoSuggestionFarFromEveryOption: a word close to no option of the
+// relay block gets no "did you mean".
+func TestNoSuggestionFarFromEveryOption(t *testing.T) {
+	if s := suggest.DidYouMean("colour", relayOptions, tuningNames()); s != "" {
 		t.Errorf("a word close to no option got a suggestion: %s", s)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/features"
 	"github.com/caddy-relay/relay/internal/health"
 	"github.com/caddy-relay/relay/internal/upstreamconn"
 	"github.com/caddy-relay/relay/provider"
@@ -30,7 +31,7 @@ type channel struct {
 	modelNames []string          // the client names, in config order
 	priority   int
 	weight     int
-	features   channelFeatures
+	features   features.Channel
 	health     *channelHealth
 
 	firstByte    time.Duration
@@ -122,7 +123,7 @@ func (r *Relay) provisionChannel(ctx caddy.Context, cfg *Channel) (*channel, err
 	if err := r.loadProvider(ctx, cfg, ch); err != nil {
 		return nil, err
 	}
-	ch.features = newChannelFeatures(ch.provider, append(cfg.Allow, cfg.Supports...), cfg.Lacks, cfg.Strip)
+	ch.features = features.NewChannel(ch.provider, append(cfg.Allow, cfg.Supports...), cfg.Lacks, cfg.Strip)
 	ch.domain = signatureDomain(cfg, ch)
 
 	if cfg.Probe != nil {

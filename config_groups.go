@@ -6,6 +6,8 @@ import (
 	"math"
 	"strconv"
 	"strings"
+
+	"github.com/caddy-relay/relay/internal/features"
 )
 
 // validate checks a group against the channels of its config.
@@ -93,7 +95,7 @@ func (ch *Channel) checkFeatures() error {
 		names []string
 	}{{"supports", ch.Supports}, {"allow", ch.Allow}, {"lacks", ch.Lacks}, {"strip", ch.Strip}} {
 		for _, name := range l.names {
-			if err := checkFeatureNames(l.opt, []string{name}); err != nil {
+			if err := features.CheckNames(l.opt, []string{name}); err != nil {
 				return &configError{at: []string{l.opt, name}, err: err}
 			}
 			if prev, ok := seen[name]; ok && prev != l.opt && !(prev == "supports" && l.opt == "allow") {

@@ -7,10 +7,9 @@ import (
 	"encoding/binary"
 	"net/http"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/dedup"
 	"github.com/zeebo/xxh3"
 )
 
@@ -23,34 +22,17 @@ import (
 // but one that may be retried (it carries either header) is recorded so
 // that its retries can attach. The same flight, a broadcast buffer the
 // leading request writes into and followers replay, coalesces identical
-// misses of a group's response cache (cache.go).
+// misses of a group's response cache (cache.go). The flights and their
+// table, with their bounds, are internal/dedup's.
 
 const (
 	defaultDedupWindow = 60 * time.Second
 	defaultDedupGrace  = 5 * time.Second
-
-	// maxSharedAnswer bounds the bytes kept of one answer; a larger answer
-	// is not kept, and its retries (or coalesced misses) go upstream.
-	maxSharedAnswer = 4 << 20
-	// maxSharedBytes bounds the bytes kept by all flights of the process
-	// together (in flight, and answered ones within dedup_window).
-	maxSharedBytes = 64 << 20
-	// maxDedupEntries bounds the requests the dedup table remembers.
-	maxDedupEntries = 10_000
-	// maxDedupPerPrincipal bounds those of one principal (a key, an
-	// identity), so that no tenant's flood of recorded requests fills the
-	// table and leaves the retries of the others to be paid twice.
-	maxDedupPerPrincipal = maxDedupEntries / 10
-	// maxSharedBytesPerPrincipal bounds the bytes kept by the flights of
-	// one principal that the dedup table holds, so that no tenant's large
-	// answers take every byte kept and leave the others' retries to be
-	// paid twice.
-	maxSharedBytesPerPrincipal = maxSharedBytes / 10
 )
 
-// bodyDigest identifies a request for dedup and the cache: its route, its
-// anthropic-version and anthropic-beta headers and its body.
-type bodyDigest [sha256.Size]byte
+// dedups is the process's table of the flights of the requests that may
+// be retried.
+var dedups = dedup.NewTable()
 
 // digestSeed keys the digests of requests no other principal can match
 // (requestDigest); chosen at start, never shown.
@@ -69,7 +51,7 @@ var digestSeed = func() uint64 {
 // requests collide would only be answered one of its own answers, and
 // cannot see a digest to search for one). The body, most of the bytes, is
 // hashed in one call; the other parts then with the body's hash.
-func requestDigest(in *inbound, shared bool) bodyDigest {
+func requestDigest(in *inbound, shared bool) dedup.Digest {
 	if shared {
 		var buf [256 + sha256.Size]byte
 		// the parts, then the body's own SHA-256: on the stack, where a
@@ -79,7 +61,7 @@ func requestDigest(in *inbound, shared bool) bodyDigest {
 		body := sha256.Sum256(in.ask.body)
 		return sha256.Sum256(append(b, body[:]...))
 	}
-	var d bodyDigest
+	var d dedup.Digest
 	var buf [256]byte
 	b := in.appendDigestParts(buf[:0])
 	body := xxh3.Hash128Seed(in.ask.body, digestSeed)
@@ -130,203 +112,6 @@ func retryMarks(h http.Header) (idem string, marked, retry bool) {
 	return idem, true, retry
 }
 
-// sharedBytes counts the bytes all flights keep, against maxSharedBytes.
-var sharedBytes byteBudget
-
-type byteBudget struct{ used atomic.Int64 }
-
-func (b *byteBudget) take(n, limit int64) bool {
-	if b.used.Add(n) > limit {
-		b.used.Add(-n)
-		return false
-	}
-	return true
-}
-
-func (b *byteBudget) give(n int64) { b.used.Add(-n) }
-
-// flight is one upstream answer as the leading request writes it to its
-// client: status, headers and every byte of the body, which followers
-// replay from the first byte and then live.
-type flight struct {
-	mu        sync.Mutex
-	wake      chan struct{} // closed when the flight changes; nil: nobody waits
-	status    int
-	header    keptHeader // as the client got it, less what is its own
-	stream    bool
-	buf       []byte
-	done      bool
-	ok        bool // done, complete and successful: it may be replayed
-	dropped   bool // it outgrew its bounds: nobody may follow it
-	followers int
-	ended     time.Time
-	saved     usage   // what the answer cost upstream
-	savedUSD  float64 // and in US dollars
-	kept      int64   // bytes counted in sharedBytes
-	// share and owner are those of its principal and its key, while the
-	// dedup table holds it: kept counts there too (set by dedupTable.put,
-	// before the first byte; written with dedups.mu held too)
-	share, owner *dedupShare
-	entry        dedupEntry // where the dedup table holds it
-}
-
-func newFlight() *flight { return new(flight) }
-
-// changed wakes those waiting for f to change; f.mu is held. A flight that
-// nobody follows allocates nothing.
-func (f *flight) changed() {
-	if f.wake != nil {
-		close(f.wake)
-		f.wake = nil
-	}
-}
-
-// waiter returns the channel closed at f's next change; f.mu is held.
-func (f *flight) waiter() <-chan struct{} {
-	if f.wake == nil {
-		f.wake = make(chan struct{})
-	}
-	return f.wake
-}
-
-// begin records the status and headers of the answer.
-func (f *flight) begin(status int, h http.Header) {
-	kept := make(keptHeader, 0, len(h))
-	for k, vs := range h {
-		if k == "X-Relay-Request-Id" || k == headerBudgetRemaining || isRatelimitHeader(k) {
-			continue
-		}
-		kept = append(kept, keptField{k, vs})
-	}
-	f.mu.Lock()
-	f.status, f.header, f.stream = status, kept, isEventStream(h)
-	if n, err := strconv.Atoi(h.Get("Content-Length")); err == nil && n > 0 && n <= maxSharedAnswer {
-		f.buf = make([]byte, 0, n)
-	} else if f.stream {
-		f.buf = make([]byte, 0, 8<<10)
-	}
-	f.changed()
-	f.mu.Unlock()
-}
-
-// add appends a piece of the body, or drops the flight when it outgrows
-// its bounds.
-func (f *flight) add(p []byte) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.dropped {
-		return
-	}
-	n := int64(len(p))
-	if int64(len(f.buf))+n > maxSharedAnswer || !f.take(n) {
-		f.drop()
-		return
-	}
-	f.kept += n
-	f.buf = append(f.buf, p...)
-	f.changed()
-}
-
-// take counts n more bytes kept: in its principal's share, within it, in
-// the process's bytes, within maxSharedBytes (once its key made room, when
-// every byte is taken: dedupTable.makeRoom), and in its key's share; f.mu
-// is held, and let go of while room is made.
-func (f *flight) take(n int64) bool {
-	share, owner := f.share, f.owner
-	if share != nil && !share.principal.bytes.take(n, maxSharedBytesPerPrincipal) {
-		return false
-	}
-	if !sharedBytes.take(n, maxSharedBytes) && (owner == nil || !f.makeRoom(owner, n)) {
-		if share != nil {
-			share.principal.bytes.give(n)
-		}
-		return false
-	}
-	if owner != nil {
-		owner.key.bytes.used.Add(n)
-	}
-	return true
-}
-
-// makeRoom takes n bytes once the dedup table made room for them; f.mu is
-// held, and let go of meanwhile: the table locks a flight after itself.
-// Only the leading request adds to f, and f is in flight, so none of it
-// changes meanwhile but for its followers.
-func (f *flight) makeRoom(owner *dedupShare, n int64) bool {
-	f.mu.Unlock()
-	freed := dedups.makeRoom(owner, n)
-	f.mu.Lock()
-	return freed && !f.dropped && sharedBytes.take(n, maxSharedBytes)
-}
-
-// drop lets go of the body; f.mu is held.
-func (f *flight) drop() {
-	f.dropped, f.buf = true, nil
-	f.giveBack()
-	f.changed()
-}
-
-// giveBack gives back the bytes f counts; f.mu is held.
-func (f *flight) giveBack() {
-	sharedBytes.give(f.kept)
-	if f.share != nil {
-		f.share.principal.bytes.give(f.kept)
-		f.owner.key.bytes.give(f.kept)
-	}
-	f.kept = 0
-}
-
-// stopped reports whether the flight ended: done, or dropped.
-func (f *flight) stopped() bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.done || f.dropped
-}
-
-// finish ends the flight; ok says its answer may be replayed.
-func (f *flight) finish(ok bool, u usage, usd float64, now time.Time) {
-	f.mu.Lock()
-	f.done, f.ok, f.saved, f.savedUSD, f.ended = true, ok && !f.dropped && f.status != 0, u, usd, now
-	f.changed()
-	f.mu.Unlock()
-}
-
-// release gives back the bytes f counts.
-func (f *flight) release() {
-	f.mu.Lock()
-	f.giveBack()
-	f.mu.Unlock()
-}
-
-func (f *flight) follow() {
-	f.mu.Lock()
-	f.followers++
-	f.mu.Unlock()
-}
-
-func (f *flight) followed() bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.followers > 0
-}
-
-// keptHeader is the header fields of an answer as a flight keeps them, a
-// copy that every recorded request makes: a slice, filled without hashing
-// a name or growing a map.
-type keptHeader []keptField
-
-type keptField struct {
-	name   string
-	values []string
-}
-
-// writeTo sets the kept fields in h.
-func (k keptHeader) writeTo(h http.Header) {
-	for _, f := range k {
-		h[f.name] = f.values
-	}
-}
-
 // share answers a Messages request from an answer the relay has or is
 // getting for the same request (a retry attached to its first attempt, the
 // group's response cache, an identical miss in flight), or relays it while
@@ -361,9 +146,9 @@ func (r *Relay) share(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 			return nil
 		}
 	}
-	dk := newDedupKey(in.who.stateID, idem, d)
+	dk := dedup.NewKey(in.who.stateID, idem, d)
 	if retry {
-		if f := dedups.find(dk, now, r.dedupWindow); f != nil {
+		if f := dedups.Find(dk, now, r.dedupWindow); f != nil {
 			if rerr := r.admitPending(in); rerr != nil {
 				return refused(rerr)
 			}
@@ -373,7 +158,7 @@ func (r *Relay) share(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 			}
 		}
 	}
-	f := newFlight()
+	f := dedup.NewFlight()
 	if c != nil {
 		if other := c.join(d, f); other != nil {
 			if rerr := r.admitPending(in); rerr != nil {
@@ -388,15 +173,15 @@ func (r *Relay) share(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 		}
 		metricCache.WithLabelValues(g, cacheMiss).Inc()
 	}
-	if !marked || !dedups.put(dk, in.who.key.stateID, f, now, r.dedupWindow) {
-		defer f.release() // nobody finds it once its cache entry is stored
+	if !marked || !dedups.Put(dk, in.who.key.stateID, f, now, r.dedupWindow) {
+		defer f.Release() // nobody finds it once its cache entry is stored
 	}
 	grace := time.Duration(0) // a request no SDK will retry ends with its client, unless followed
 	if marked {
 		grace = r.dedupGrace
 	}
 	fail := r.lead(w, req, in, f, grace)
-	if c != nil && f.ok {
+	if c != nil && f.OK() {
 		c.store(d, f, r.now())
 	}
 	return fail
@@ -415,69 +200,47 @@ const (
 // leading request gets it. It reports false when nothing was written
 // because f failed (or outgrew its bounds) first: the request is then
 // relayed itself, since a failed answer is never replayed.
-func (r *Relay) replay(w http.ResponseWriter, ctx context.Context, in *inbound, f *flight, how string) bool {
-	f.mu.Lock()
-	// a stream is replayed from its headers on; any other answer once whole
-	for !f.dropped && !f.done && (f.status == 0 || !f.stream) {
-		wake := f.waiter()
-		f.mu.Unlock()
-		select {
-		case <-wake:
-		case <-ctx.Done():
-			in.end.sharedBy(how)
-			return true // the client is gone
-		}
-		f.mu.Lock()
+func (r *Relay) replay(w http.ResponseWriter, ctx context.Context, in *inbound, f *dedup.Flight, how string) bool {
+	status, header, ok, err := f.Head(ctx)
+	if err != nil {
+		in.end.sharedBy(how)
+		return true // the client is gone
 	}
-	if f.dropped || f.done && !f.ok {
-		f.mu.Unlock()
+	if !ok {
 		return false
 	}
-	status, header := f.status, f.header
-	f.mu.Unlock()
 
 	in.end.sharedBy(how)
 	h := w.Header()
-	header.writeTo(h)
+	header.CopyTo(h)
 	r.ratelimitHeaders(h, in)
 	w.WriteHeader(status)
 	rc := http.NewResponseController(w)
 	for pos := 0; ; {
-		f.mu.Lock()
-		done, dropped := f.done, f.dropped
-		var chunk []byte
-		var wake <-chan struct{}
-		if !dropped { // a dropped flight has let go of its bytes
-			chunk = f.buf[pos:len(f.buf)]
-			if !done {
-				wake = f.waiter()
-			}
-		}
-		ok, saved, usd := f.ok, f.saved, f.savedUSD
-		f.mu.Unlock()
-		if dropped { // the leader's answer outgrew what is kept
+		p := f.Read(pos)
+		if p.Dropped { // the leader's answer outgrew what is kept
 			_, _ = w.Write(sseError("api_error", "the answer this retry attached to grew too large to replay", in.id))
 			in.end.cut()
 			_ = rc.Flush()
 			return true
 		}
-		if len(chunk) > 0 {
-			if _, err := w.Write(chunk); err != nil {
+		if len(p.Chunk) > 0 {
+			if _, err := w.Write(p.Chunk); err != nil {
 				in.end.cut()
 				return true
 			}
-			pos += len(chunk)
+			pos += len(p.Chunk)
 			_ = rc.Flush()
 		}
-		if done {
-			in.end.whole(ok)
-			if ok {
-				r.saved(in, saved, usd)
+		if p.Done {
+			in.end.whole(p.OK)
+			if p.OK {
+				r.saved(in, p.Tokens, p.USD)
 			}
 			return true
 		}
 		select {
-		case <-wake:
+		case <-p.Wake:
 		case <-ctx.Done():
 			in.end.cut()
 			return true
@@ -486,11 +249,11 @@ func (r *Relay) replay(w http.ResponseWriter, ctx context.Context, in *inbound, 
 }
 
 // saved counts what an answer that reached the client without an
-// upstream would have cost.
-func (r *Relay) saved(in *inbound, u usage, usd float64) {
+// upstream would have cost: its tokens and US dollars.
+func (r *Relay) saved(in *inbound, tokens int64, usd float64) {
 	g := in.group().name
-	if t := u.input + u.output + u.cacheRead + u.cacheWrite; t > 0 {
-		metricSavedTokens.WithLabelValues(g).Add(float64(t))
+	if tokens > 0 {
+		metricSavedTokens.WithLabelValues(g).Add(float64(tokens))
 	}
 	if usd > 0 {
 		metricSavedUSD.WithLabelValues(g).Add(usd)

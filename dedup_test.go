@@ -2,17 +2,16 @@ package relay
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/dedup"
 	"github.com/caddy-relay/relay/internal/fakeupstream"
 )
 
@@ -54,32 +53,15 @@ func readEvents(t *testing.T, br *bufio.Reader, n int) string {
 
 // dedupFollowers counts the requests attached to the flights of the dedup
 // table.
-func dedupFollowers() int {
-	dedups.mu.Lock()
-	defer dedups.mu.Unlock()
-	n := 0
-	for _, f := range dedups.m {
-		f.mu.Lock()
-		n += f.followers
-		f.mu.Unlock()
-	}
-	return n
-}
+func dedupFollowers() int { return dedups.Followers() }
 
 // forgetDedups empties the dedup table, so a test starts from nothing.
 func forgetDedups(t *testing.T) { forgetDedupsB(t) }
 
 func forgetDedupsB(t testing.TB) {
 	t.Helper()
-	clear := func() {
-		dedups.mu.Lock()
-		for k := range dedups.m {
-			dedups.forget(k)
-		}
-		dedups.mu.Unlock()
-	}
-	clear()
-	t.Cleanup(clear)
+	dedups.Clear()
+	t.Cleanup(dedups.Clear)
 }
 
 // A retry sent while its first attempt is still streaming gets the same
@@ -242,77 +224,6 @@ func TestDedupWindowZero(t *testing.T) {
 	}
 }
 
-// The dedup table and the bytes kept stay within their bounds however many
-// distinct requests come.
-func TestDedupBounded(t *testing.T) {
-	forgetDedups(t)
-	now := testNow
-	piece := make([]byte, 8<<10)
-	var flights []*flight
-	for i := range 12_000 {
-		f := newFlight()
-		f.begin(200, http.Header{"Content-Type": {"application/json"}})
-		f.add(piece)
-		var d bodyDigest
-		d[0], d[1] = byte(i), byte(i>>8)
-		k := dedupKey{state: "k" + strconv.Itoa(i%12), digest: d}
-		dedups.put(k, k.state, f, now, time.Minute)
-		flights = append(flights, f)
-	}
-	if n := dedups.len(); n > maxDedupEntries {
-		t.Errorf("dedup entries = %d, want at most %d", n, maxDedupEntries)
-	}
-	if b := sharedBytes.used.Load(); b > maxSharedBytes {
-		t.Errorf("bytes kept = %d, want at most %d", b, maxSharedBytes)
-	}
-	dropped := 0
-	for _, f := range flights {
-		if f.dropped {
-			dropped++
-		}
-		f.finish(!f.dropped, usage{}, 0, now)
-	}
-	if dropped == 0 {
-		t.Error("no flight was dropped past the byte bound")
-	}
-	// once the window has passed, everything is given back
-	dedups.mu.Lock()
-	dedups.sweep(now.Add(2*time.Minute), time.Minute)
-	dedups.mu.Unlock()
-	for _, f := range flights {
-		f.release() // those the table never held
-	}
-	if n, b := dedups.len(), sharedBytes.used.Load(); n != 0 || b != 0 {
-		t.Errorf("after the window: %d entries, %d bytes", n, b)
-	}
-	// an identical request while the first is in flight leaves it in its
-	// place, and every byte is given back in the end
-	k := dedupKey{state: "k"}
-	first, second := newFlight(), newFlight()
-	if !dedups.put(k, k.state, first, now, time.Minute) || dedups.put(k, k.state, second, now, time.Minute) {
-		t.Fatal("the second identical request in flight replaced the first")
-	}
-	first.add(piece)
-	second.add(piece)
-	second.release() // as share does for a flight the table did not take
-	first.add(piece)
-	first.finish(true, usage{}, 0, now)
-	dedups.mu.Lock()
-	dedups.sweep(now.Add(2*time.Minute), time.Minute)
-	dedups.mu.Unlock()
-	if b := sharedBytes.used.Load(); b != 0 {
-		t.Errorf("%d bytes still counted", b)
-	}
-
-	// an answer over the per-answer cap is not kept
-	f := newFlight()
-	f.begin(200, http.Header{})
-	f.add(make([]byte, maxSharedAnswer+1))
-	if !f.dropped || sharedBytes.used.Load() != 0 {
-		t.Errorf("a %d-byte answer was kept", maxSharedAnswer+1)
-	}
-}
-
 // heldStream is an upstream whose stream stops after its first 4 events
 // until free is called (at the latest when the test ends); canceled closes
 // when its attempt is canceled.
@@ -382,20 +293,16 @@ func TestDedupGraceEnds(t *testing.T) {
 func TestDedupFollowerOfADroppedAnswer(t *testing.T) {
 	forgetDedups(t)
 	r := &Relay{}
-	f := newFlight()
-	f.begin(200, http.Header{"Content-Type": {"text/event-stream"}})
-	f.add([]byte("event: ping\ndata: {}\n\n"))
+	f := dedup.NewFlight()
+	f.Begin(200, http.Header{"Content-Type": {"text/event-stream"}}, true, nil)
+	f.Add([]byte("event: ping\ndata: {}\n\n"))
 	w := httptest.NewRecorder()
 	done := make(chan bool)
 	go func() {
 		done <- r.replay(w, context.Background(), &inbound{id: "relay_test"}, f, sharedDedup)
 	}()
-	waitFor(t, "the follower waits", 5*time.Second, func() bool {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		return f.wake != nil
-	})
-	f.add(make([]byte, maxSharedAnswer)) // over the cap
+	waitFor(t, "the follower waits", 5*time.Second, f.Awaited)
+	f.Add(make([]byte, dedup.MaxAnswer)) // over the cap
 	if !<-done {
 		t.Fatal("the follower had begun: it must end its stream itself")
 	}
@@ -403,8 +310,8 @@ func TestDedupFollowerOfADroppedAnswer(t *testing.T) {
 	if !strings.HasPrefix(body, "event: ping\ndata: {}\n\n") || !strings.Contains(body, "event: error") {
 		t.Errorf("follower got %q", body)
 	}
-	if sharedBytes.used.Load() != 0 {
-		t.Errorf("a dropped flight keeps %d bytes", sharedBytes.used.Load())
+	if dedup.SharedBytes() != 0 {
+		t.Errorf("a dropped flight keeps %d bytes", dedup.SharedBytes())
 	}
 	if r.replay(httptest.NewRecorder(), context.Background(), &inbound{}, f, sharedDedup) {
 		t.Error("a follower attached to a dropped flight was answered from it")
@@ -456,112 +363,5 @@ func BenchmarkRequestDigest(b *testing.B) {
 				requestDigest(in, shared)
 			}
 		})
-	}
-}
-
-// TestDedupBoundedPerPrincipal: one principal's flood of recorded requests
-// takes at most its share of the dedup table, so that another's request is
-// still recorded and its retry answered from it; the table's count of a
-// principal's entries goes with them.
-func TestDedupBoundedPerPrincipal(t *testing.T) {
-	forgetDedups(t)
-	now := testNow
-	put := func(state string, i int) (dedupKey, *flight, bool) {
-		f := newFlight()
-		f.begin(200, http.Header{"Content-Type": {"application/json"}})
-		f.add([]byte(`{"ok":true}`))
-		f.finish(true, usage{}, 0, now)
-		var d bodyDigest
-		d[0], d[1] = byte(i), byte(i>>8)
-		k := dedupKey{state: state, digest: d}
-		ok := dedups.put(k, state, f, now, time.Minute)
-		if !ok {
-			f.release()
-		}
-		return k, f, ok
-	}
-	recorded := 0
-	for i := range 3 * maxDedupPerPrincipal {
-		if _, _, ok := put("hostile", i); ok {
-			recorded++
-		}
-	}
-	if recorded != maxDedupPerPrincipal {
-		t.Fatalf("one principal recorded %d requests, want its share, %d", recorded, maxDedupPerPrincipal)
-	}
-	k, f, ok := put("victim", 0)
-	if !ok {
-		t.Fatal("another principal's request was not recorded: the flood took the table")
-	}
-	if got := dedups.find(k, now, time.Minute); got != f {
-		t.Fatal("the other principal's retry does not find its first attempt")
-	}
-	// the same request of the flooding principal again replaces its own
-	// answered entry: it does not count twice
-	if _, _, ok := put("hostile", 0); !ok {
-		t.Fatal("a request that replaces its own answered entry was refused")
-	}
-	dedups.mu.Lock()
-	if n := dedups.shares["hostile"].principal.entries; n != maxDedupPerPrincipal {
-		t.Errorf("the flooding principal counts %d entries, want %d", n, maxDedupPerPrincipal)
-	}
-	dedups.sweep(now.Add(2*time.Minute), time.Minute)
-	n, per := len(dedups.m), len(dedups.shares)
-	dedups.mu.Unlock()
-	if n != 0 || per != 0 {
-		t.Errorf("after the window: %d entries, %d principals counted", n, per)
-	}
-}
-
-// TestDedupBytesBoundedPerPrincipal: the answers one principal's recorded
-// requests keep are bounded by its share of the bytes, so that another's
-// answer is still kept for its retries; the share goes with the entries.
-func TestDedupBytesBoundedPerPrincipal(t *testing.T) {
-	forgetDedups(t)
-	now := testNow
-	before := sharedBytes.used.Load()
-	mib := bytes.Repeat([]byte("x"), 1<<20)
-	answer := func(state string, i int) (dedupKey, *flight) {
-		var d bodyDigest
-		d[0], d[1] = byte(i), byte(i>>8)
-		k := dedupKey{state: state, digest: d}
-		f := newFlight()
-		if !dedups.put(k, state, f, now, time.Minute) {
-			t.Fatalf("%s's request %d was not recorded", state, i)
-		}
-		f.begin(200, http.Header{"Content-Type": {"application/json"}})
-		f.add(mib)
-		f.finish(true, usage{}, 0, now)
-		return k, f
-	}
-	kept := 0
-	for i := range 20 {
-		if _, f := answer("hostile", i); f.ok {
-			kept++
-		}
-	}
-	if want := maxSharedBytesPerPrincipal >> 20; kept != want {
-		t.Fatalf("one principal kept %d answers of 1 MiB, want its share, %d", kept, want)
-	}
-	if used := sharedBytes.used.Load() - before; used != int64(kept)<<20 {
-		t.Errorf("the process counts %d bytes kept, want %d", used, kept<<20)
-	}
-	k, f := answer("victim", 0)
-	if !f.ok {
-		t.Fatal("another principal's answer was not kept: the large answers took every byte")
-	}
-	if got := dedups.find(k, now, time.Minute); got != f {
-		t.Fatal("the other principal's retry does not find its answer")
-	}
-	dedups.mu.Lock()
-	hostile := dedups.shares["hostile"].principal.bytes.used.Load()
-	dedups.sweep(now.Add(2*time.Minute), time.Minute)
-	per := len(dedups.shares)
-	dedups.mu.Unlock()
-	if hostile != int64(kept)<<20 {
-		t.Errorf("the principal's share counts %d bytes, want %d", hostile, kept<<20)
-	}
-	if used := sharedBytes.used.Load(); per != 0 || used != before {
-		t.Errorf("after the window: %d principals counted, %d bytes kept (%d before)", per, used, before)
 	}
 }

@@ -4,12 +4,13 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fleet"
+	"github.com/caddy-relay/relay/internal/idle"
 )
 
 // End user limits: a key's (or a user entry's) user_rate and user_tokens
 // hold each of its end users, told apart by the metadata.user_id of the
 // request body, to a limit of their own. The id is the client's to choose,
-// so the limiters are kept in an idleCache (bounded in number, dropped
+// so the limiters are kept in an idle.Cache (bounded in number, dropped
 // when idle), by the principal's state id and the id bounded in length,
 // and never name a metric.
 
@@ -62,7 +63,7 @@ func (s *keyState) endUser(id string, now time.Time) *limiter {
 	if c == nil {
 		return nil
 	}
-	return c.get(id, now, func() *limiter {
+	return c.Get(id, now, func() *limiter {
 		l := new(limiter)
 		if sp := s.endUserSpec.Load(); sp != nil {
 			l.configure(sp.limits, now)
@@ -85,12 +86,12 @@ func (s *keyState) configureEndUsers(sp stateSpec, now time.Time) {
 	}
 	c := s.endUsers.Load()
 	if c == nil {
-		c = newIdleCache[*limiter](maxEndUsers, idleAfter)
+		c = idle.New[*limiter](maxEndUsers, idleAfter)
 		s.endUsers.Store(c)
 	}
 	s.endUserSpec.Store(&sp)
 	s.mu.Unlock()
-	c.each(func(id string, l *limiter) {
+	c.Each(func(id string, l *limiter) {
 		l.configure(sp.limits, now)
 		l.share(sp.fleet, endUserTag(id))
 	})

@@ -164,7 +164,7 @@ func TestAMillionEndUsersStayBounded(t *testing.T) {
 		if i%1000 == 0 {
 			clock.advance(time.Millisecond)
 		}
-		most = max(most, k.state.endUsers.Load().len())
+		most = max(most, k.state.endUsers.Load().Len())
 	}
 	if most > maxEndUsers {
 		t.Fatalf("%d end user limiters kept at once, the cap is %d", most, maxEndUsers)
@@ -181,7 +181,7 @@ func TestAMillionEndUsersStayBounded(t *testing.T) {
 	if grew > 64<<20 {
 		t.Errorf("the heap grew by %d MiB for %d end users", grew>>20, n)
 	}
-	k.state.endUsers.Load().each(func(id string, _ *limiter) {
+	k.state.endUsers.Load().Each(func(id string, _ *limiter) {
 		if len(id) > len(k.stateID)+1+maxIDLen {
 			t.Fatalf("an end user is kept under %d bytes: ids must be bounded", len(id))
 		}
@@ -253,7 +253,7 @@ func TestALoadWithoutEndUserLimitsForgetsThem(t *testing.T) {
 		t.Fatal(w.Code)
 	}
 	st := r.keys[digestOf("sk-euforget")].state
-	if st.endUsers.Load().len() != 1 {
+	if st.endUsers.Load().Len() != 1 {
 		t.Fatal("u1 is not kept")
 	}
 	st.configureEndUsers(stateSpec{}, time.Now())
@@ -401,5 +401,27 @@ func TestBoundedIDOfIdsAStoreWouldChange(t *testing.T) {
 		if got := boundedID(id); got != id {
 			t.Errorf("the plain id %q is kept as %q", id, got)
 		}
+	}
+}
+
+func TestALimiterIsSettledOnceItWouldBeNew(t *testing.T) {
+	l := new(limiter)
+	l.configure(limits{rate: rateSpec{n: 2, period: time.Minute}, tokens: rateSpec{n: 1000, period: time.Minute}}, testNow)
+	if !l.Settled(testNow) {
+		t.Fatal("a new limiter is settled")
+	}
+	g, scope, _ := l.take(testNow, 100)
+	if scope != scopeNone {
+		t.Fatal(scope)
+	}
+	if l.Settled(testNow) {
+		t.Error("a limiter with a request in flight is not settled")
+	}
+	l.done(testNow, g, 1600) // 600 tokens in debt
+	if l.Settled(testNow.Add(time.Minute)) {
+		t.Error("a limiter whose token bucket is still refilling is not settled")
+	}
+	if !l.Settled(testNow.Add(97 * time.Second)) {
+		t.Error("1600 tokens at 1000/m are back after 96s")
 	}
 }

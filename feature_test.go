@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/features"
 	"github.com/caddy-relay/relay/internal/providertest"
 	"github.com/caddy-relay/relay/provider"
 	"github.com/caddy-relay/relay/providers/anthropic"
@@ -19,74 +20,6 @@ import (
 	"github.com/caddy-relay/relay/providers/vertex"
 	"github.com/tidwall/gjson"
 )
-
-// TestFeatureTable checks the table against the code that reads requests:
-// every field row is found by fieldFeature, every tool row by its prefix,
-// the known rows come first and fit the set, and every beta row has a
-// beta's shape.
-func TestFeatureTable(t *testing.T) {
-	if numKnown > 32 {
-		t.Fatalf("%d known features do not fit a featureSet", numKnown)
-	}
-	seen := map[string]bool{}
-	for i, r := range featureTable {
-		if seen[r.name] {
-			t.Errorf("%s is in the table twice", r.name)
-		}
-		seen[r.name] = true
-		if (i < numKnown) != (r.kind != kindBeta) {
-			t.Errorf("%s: the known features must come before the betas", r.name)
-		}
-		switch r.kind {
-		case kindField:
-			if fieldFeature(r.name) != 1<<i {
-				t.Errorf("fieldFeature(%q) = %b, want bit %d", r.name, fieldFeature(r.name), i)
-			}
-		case kindTool:
-			if toolFeature(r.prefix+"20250101") != 1<<i || !strings.HasSuffix(r.prefix, "_") {
-				t.Errorf("toolFeature of %s's prefix %q is not its bit", r.name, r.prefix)
-			}
-		case kindBeta:
-			if !datedBeta(r.name) {
-				t.Errorf("%s has not the shape of a beta", r.name)
-			}
-		}
-		if r.kind != kindBeta && isBetaName(r.name) {
-			t.Errorf("%s looks like a beta", r.name)
-		}
-	}
-	for _, name := range []string{"model", "stream", "metadata", "tools", "temperature", "messages"} {
-		if fieldFeature(name) != 0 {
-			t.Errorf("%s is no feature", name)
-		}
-	}
-	if toolFeature("custom") != 0 || toolFeature("bash_20250124") != 0 || toolFeature("web_search") != 0 {
-		t.Error("only a server tool's versioned type is a feature")
-	}
-}
-
-func TestDatedBeta(t *testing.T) {
-	for name, want := range map[string]bool{
-		"context-1m-2025-08-07": true, "claude-code-20250219": true, "x-2030-01-01": true,
-		"mcp-servers": false, "context-1m-2025-08": false, "context-1m-2025-08-0x": false, "a-2025021": false,
-		"Context-1m-2025-08-07": false, "-2025-08-07": false, "2025-08-07": false, "web_search": false,
-	} {
-		if got := datedBeta(name); got != want {
-			t.Errorf("datedBeta(%q) = %v, want %v", name, got, want)
-		}
-	}
-}
-
-func TestReadBetas(t *testing.T) {
-	var n needs
-	h := http.Header{"Anthropic-Beta": {" a-1 ,b-2,, a-1", "c-3"}}
-	if !n.readBetas(h) || !slices.Equal(n.betas, []string{"a-1", "b-2", "c-3"}) {
-		t.Errorf("betas = %q, want a-1 b-2 c-3, each once", n.betas)
-	}
-	if !n.hasBeta("b-2") || n.hasBeta("d-4") {
-		t.Error("hasBeta is wrong")
-	}
-}
 
 func TestChannelFeaturesByProvider(t *testing.T) {
 	tests := []struct {
@@ -118,7 +51,7 @@ func TestChannelFeaturesByProvider(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ch := testChannel("c")
-			ch.features = newChannelFeatures(tt.p, tt.supports, tt.lacks, tt.strip)
+			ch.features = features.NewChannel(tt.p, tt.supports, tt.lacks, tt.strip)
 			n := needing(tt.need...)
 			ok, strips := ch.takes(&n, testNow)
 			if ok != tt.wantOK || strips != tt.wantStrips {
@@ -136,8 +69,8 @@ func TestBetaNamedAsAFeature(t *testing.T) {
 		want bool
 	}{{&anthropic.Provider{}, true}, {&bedrock.Provider{}, false}} {
 		ch := testChannel("c")
-		ch.features = newChannelFeatures(tt.p, nil, nil, nil)
-		n := needs{betas: []string{"web_fetch"}}
+		ch.features = features.NewChannel(tt.p, nil, nil, nil)
+		n := features.Needs{Betas: []string{"web_fetch"}}
 		if ok, _ := ch.takes(&n, testNow); ok != tt.want {
 			t.Errorf("%T: takes the beta web_fetch = %v, want %v", tt.p, ok, tt.want)
 		}
@@ -179,9 +112,9 @@ func TestLackedFeatures(t *testing.T) {
 			if tt.bedrock {
 				words = &bedrock.Provider{}
 			}
-			got, certain := lackedFeatures(words, body(tt.msg), &carried)
+			got, certain := features.Lacked(words, body(tt.msg), &carried)
 			if !slices.Equal(got, tt.want) || certain != (len(got) > 0 && !strings.Contains(tt.name, "every one carried")) {
-				t.Errorf("lackedFeatures = %q (certain %v), want %q", got, certain, tt.want)
+				t.Errorf("Lacked = %q (certain %v), want %q", got, certain, tt.want)
 			}
 		})
 	}
@@ -190,7 +123,7 @@ func TestLackedFeatures(t *testing.T) {
 func TestBedrockBetaRefusalIsCertainOnlyForOneFlag(t *testing.T) {
 	one := needing("effort-2025-11-24")
 	msg := []byte(`{"type":"error","error":{"type":"invalid_request_error","message":"bedrock: ValidationException: invalid beta flag"}}`)
-	if got, certain := lackedFeatures(&bedrock.Provider{}, msg, &one); !slices.Equal(got, []string{"effort-2025-11-24"}) || !certain {
+	if got, certain := features.Lacked(&bedrock.Provider{}, msg, &one); !slices.Equal(got, []string{"effort-2025-11-24"}) || !certain {
 		t.Errorf("one flag: %q certain %v", got, certain)
 	}
 }
@@ -229,29 +162,6 @@ func TestFeatureBedrockBetaRefusal(t *testing.T) {
 	}
 	if r := message(t, body, "Anthropic-Beta", "effort-2025-11-24"); r.status != 200 || fb.Hits() != 3 {
 		t.Errorf("the flag set aside reached Bedrock again")
-	}
-}
-
-func TestStripBody(t *testing.T) {
-	body := []byte(`{"model":"m","mcp_servers":[{"url":"u"}],"tools":[{"type":"web_search_20250305","name":"w"},{"name":"f","input_schema":{}},{"type":"web_fetch_20250910"}],"max_tokens":1}`)
-	out, err := stripBody(body, bitOf("mcp_servers")|bitOf("web_search")|bitOf("web_fetch"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := `{"model":"m","tools":[{"name":"f","input_schema":{}}],"max_tokens":1}`; string(out) != want {
-		t.Errorf("stripped:\n%s\nwant\n%s", out, want)
-	}
-	out, _ = stripBody(out, bitOf("web_search")|bitOf("mcp_servers"))
-	if want := `{"model":"m","tools":[{"name":"f","input_schema":{}}],"max_tokens":1}`; string(out) != want {
-		t.Errorf("stripping what is not there changed the body: %s", out)
-	}
-	only := []byte(`{"model":"m","tools":[{"type":"code_execution_20250825","name":"c"}]}`)
-	if out, _ := stripBody(only, bitOf("code_execution")); string(out) != `{"model":"m"}` {
-		t.Errorf("a tools array left empty goes: %s", out)
-	}
-	h := stripBetas(http.Header{"Anthropic-Beta": {"a-1,b-2", "c-3, b-2"}, "X-Api-Key": {"k"}}, []string{"b-2"})
-	if got := h.Values("Anthropic-Beta"); !slices.Equal(got, []string{"a-1,c-3"}) || h.Get("X-Api-Key") != "k" {
-		t.Errorf("stripped header = %v", h)
 	}
 }
 
@@ -415,7 +325,7 @@ func TestFeatureTableMatchesDocs(t *testing.T) {
 		rows = append(rows, cells)
 	}
 	columns := []provider.FeatureSupport{&anthropic.Provider{}, &bedrock.Provider{}, &vertex.Provider{}}
-	want := func(name, label string, kind featureKind) []string {
+	want := func(name, label string, kind features.Kind) []string {
 		row := []string{label, kind.String()}
 		for _, c := range columns {
 			row = append(row, c.Supports(name).String())
@@ -423,10 +333,10 @@ func TestFeatureTableMatchesDocs(t *testing.T) {
 		return row
 	}
 	var code [][]string
-	for _, r := range featureTable {
-		code = append(code, want(r.name, "`"+r.name+"`", r.kind))
+	for _, name := range features.Names() {
+		code = append(code, want(name, "`"+name+"`", features.KindOf(name)))
 	}
-	code = append(code, want("no-such-beta-2099-01-01", "(other betas)", kindBeta))
+	code = append(code, want("no-such-beta-2099-01-01", "(other betas)", features.KindBeta))
 	if len(rows) != len(code) {
 		t.Errorf("the docs list %d features, the code %d", len(rows), len(code))
 	}
@@ -467,7 +377,7 @@ func TestFeatureStripOnAnAnthropicChannel(t *testing.T) {
 // one the table does not list, which its config names.
 func BenchmarkTakesBetas(b *testing.B) {
 	ch := testChannel("bedrock")
-	ch.features = newChannelFeatures(&bedrock.Provider{}, []string{"dev-tools-2026-01-01"}, nil, nil)
+	ch.features = features.NewChannel(&bedrock.Provider{}, []string{"dev-tools-2026-01-01"}, nil, nil)
 	n := needing("context_management", "interleaved-thinking-2025-05-14", "context-1m-2025-08-07", "dev-tools-2026-01-01")
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
@@ -480,10 +390,7 @@ func BenchmarkTakesBetas(b *testing.B) {
 // TestTheMockAnswersFeaturesAsAnthropic: the mock imitates Anthropic's API,
 // and its column of the feature table is Anthropic's.
 func TestTheMockAnswersFeaturesAsAnthropic(t *testing.T) {
-	names := []string{"no-such-beta-2099-01-01"}
-	for _, r := range featureTable {
-		names = append(names, r.name)
-	}
+	names := append([]string{"no-such-beta-2099-01-01"}, features.Names()...)
 	for _, name := range names {
 		if a, m := (&anthropic.Provider{}).Supports(name), (&mock.Provider{}).Supports(name); a != m {
 			t.Errorf("%s: anthropic %v, mock %v", name, a, m)

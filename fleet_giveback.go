@@ -5,6 +5,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/loop"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -249,7 +250,7 @@ func (f *member) flush(batch []release) {
 // renewLeases moves the expiry of every lease this node holds, every third
 // of the lease time, until ctx ends.
 func (f *member) renewLeases(ctx context.Context) {
-	every(ctx, f.Lease/3, nil, f.renew)
+	loop.Every(ctx, f.Lease/3, nil, f.renew)
 }
 
 // renew moves the expiry of every lease this node holds: its concurrency

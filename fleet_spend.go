@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/loop"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -60,7 +61,7 @@ func (f *member) spendSoon() {
 // syncSpend adds this relay's spend to the fleet's and reads the totals,
 // every spendSyncEvery and when asked, until ctx ends.
 func (f *member) syncSpend(ctx context.Context) {
-	every(ctx, spendSyncEvery, f.spendNow, f.flushSpend)
+	loop.Every(ctx, spendSyncEvery, f.spendNow, f.flushSpend)
 }
 
 // spendSync is one account period's part of a sync.

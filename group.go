@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/idle"
 	"github.com/caddyserver/caddy/v2"
 )
 
@@ -267,7 +268,7 @@ type groupState struct {
 	spend atomic.Pointer[spendAccount]
 	// sessions are its keys' agent sessions (sessions.go); nil until the
 	// first one
-	sessions atomic.Pointer[idleCache[*principalSessions]]
+	sessions atomic.Pointer[idle.Cache[*principalSessions]]
 	// sessionsKept counts the sessions in sessions, which it bounds
 	sessionsKept atomic.Int64
 }

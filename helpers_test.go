@@ -435,10 +435,10 @@ func TestMain(m *testing.M) {
 		st := v.(*keyState)
 		least := st.limits.inflight.Load()
 		if c := st.idents.Load(); c != nil { // user *: each identity's own
-			c.each(func(_ string, id *keyState) { least = min(least, id.limits.inflight.Load()) })
+			c.Each(func(_ string, id *keyState) { least = min(least, id.limits.inflight.Load()) })
 		}
 		if c := st.endUsers.Load(); c != nil {
-			c.each(func(_ string, l *limiter) { least = min(least, l.inflight.Load()) })
+			c.Each(func(_ string, l *limiter) { least = min(least, l.inflight.Load()) })
 		}
 		return least
 	})

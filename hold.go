@@ -285,7 +285,7 @@ func (r *Relay) worstOf(in *inbound, model string, floored bool) float64 {
 	maxOut := int64(in.ask.maxOut)
 	worst := rates.worst(in.ask.estimate, maxOut)
 	if floored {
-		window := contextWindow(model, in.ask.needs.hasBeta(context1m))
+		window := contextWindow(model, in.ask.needs.HasBeta(context1m))
 		worst = max(worst, rates.worst(0, maxOut)+r.floorOf(rates, window))
 	}
 	return worst + float64(in.ask.searches)*rates.webSearch

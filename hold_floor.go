@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"strings"
 	"time"
+
+	"github.com/caddy-relay/relay/internal/features"
 )
 
 // Input from outside the body. A request's hold counts its prompt from the
@@ -36,8 +38,8 @@ const (
 const context1m = "context-1m-2025-08-07"
 
 // outsideFeatures are the features that bring input from outside the body.
-var outsideFeatures = bitOf("mcp_servers") | bitOf("container") | bitOf("web_search") | bitOf("web_fetch") |
-	bitOf("code_execution") | bitOf("tool_search")
+var outsideFeatures = features.Bit("mcp_servers") | features.Bit("container") | features.Bit("web_search") | features.Bit("web_fetch") |
+	features.Bit("code_execution") | features.Bit("tool_search")
 
 // Substrings of a body that references input outside it (a container
 // upload names its file by file_id, which mayReferenceFiles finds). Each
@@ -50,7 +52,7 @@ var (
 // readsOutside reports whether the request may pull input from outside its
 // body.
 func (in *inbound) readsOutside() bool {
-	if in.ask.needs.set&outsideFeatures != 0 {
+	if in.ask.needs.Set&outsideFeatures != 0 {
 		return true
 	}
 	body := in.ask.body

@@ -9,6 +9,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/caddy-relay/relay/internal/idle"
 	"github.com/caddyserver/caddy/v2"
 )
 
@@ -179,7 +180,7 @@ func (k *key) principal(identity string, now time.Time) (*keyState, string) {
 // identity is the state of one identity of a user * entry, made with the
 // entry's limits when it has none (or has been dropped, idle).
 func (s *keyState) identity(id string, now time.Time) *keyState {
-	return s.idents.Load().get(id, now, func() *keyState {
+	return s.idents.Load().Get(id, now, func() *keyState {
 		st := newKeyState()
 		st.id = userStatePrefix + id
 		sp := s.identSpec.Load()
@@ -196,12 +197,12 @@ func (s *keyState) configureIdentities(sp stateSpec, now time.Time) {
 	s.mu.Lock()
 	c := s.idents.Load()
 	if c == nil {
-		c = newIdleCacheDropping(maxIdentities, idleAfter, (*keyState).dropIdentity)
+		c = idle.NewDropping(maxIdentities, idleAfter, (*keyState).dropIdentity)
 		s.idents.Store(c)
 	}
 	s.identSpec.Store(&sp)
 	s.mu.Unlock()
-	c.each(func(id string, st *keyState) {
+	c.Each(func(id string, st *keyState) {
 		st.limits.configure(sp.limits, now)
 		st.limits.share(sp.fleet, tag("u:", id))
 		sp.budgets.apply(st.spend, sp.fleet)
@@ -263,3 +264,13 @@ func clientSetsIdentity(placeholder string) bool {
 }
 
 const clientIdentityWarning = "identity reads a value the client sends itself: any client can claim any identity with it, unless a handler before the relay always replaces that value (forward_auth with copy_headers does); prefer {http.auth.user.*}, which only authentication handlers set"
+
+// Bounds of the states made on demand.
+const (
+	// idleAfter is how long a state goes unused before it may be dropped.
+	idleAfter = 10 * time.Minute
+	// maxIdentities bounds the identities of one user * entry kept.
+	maxIdentities = 10_000
+	// maxEndUsers bounds the end users of one key or user entry kept.
+	maxEndUsers = 10_000
+)

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/idle"
 )
 
 // identityRelay is a relay that takes identities from
@@ -172,7 +173,7 @@ func TestEachIdentityOfUserStarHasItsOwnLimits(t *testing.T) {
 	if w, _, _ := serveAs(t, r, "bob-ids", "", simpleBody); w.Code != 200 {
 		t.Errorf("bob after 30s: %d", w.Code)
 	}
-	if n := r.anyUser.state.idents.Load().len(); n != 2 {
+	if n := r.anyUser.state.idents.Load().Len(); n != 2 {
 		t.Errorf("user * keeps %d identities, want 2", n)
 	}
 }
@@ -196,15 +197,15 @@ func TestIdleIdentitiesAreDropped(t *testing.T) {
 		}
 	}
 	idents := r.anyUser.state.idents.Load()
-	if idents.len() != 5 {
-		t.Fatalf("%d identities kept, want 5", idents.len())
+	if idents.Len() != 5 {
+		t.Fatalf("%d identities kept, want 5", idents.Len())
 	}
 	clock.advance(idleAfter + time.Second)
 	if w, _, _ := serveAs(t, r, "active@idl", "", simpleBody); w.Code != 200 {
 		t.Fatal(w.Code)
 	}
 	// the request looked at the idle ones, a few at a time
-	if n := idents.len(); n > 1+5-sweepSteps {
+	if n := idents.Len(); n > 1+5-idle.SweepSteps {
 		t.Errorf("%d identities kept after %v idle, want the idle ones going", n, idleAfter)
 	}
 }

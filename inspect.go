@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/caddy-relay/relay/internal/features"
 	"github.com/caddy-relay/relay/internal/jsonscan"
 	"github.com/go-json-experiment/json/jsontext"
 )
@@ -105,13 +106,13 @@ func (in *inbound) inspect() *relayError {
 	}
 	in.ask.model = strings.Clone(name)
 	in.grant.target = in.ask.model
-	if in.route == routeMessages && estimateTokens(in.ask.body) > longContextTokens {
-		in.ask.needs.set |= featLongContext
+	if in.route == routeMessages && estimateTokens(in.ask.body) > features.LongContextTokens {
+		in.ask.needs.Set |= features.LongContext
 	}
 	if _, ok := in.ask.header["Anthropic-Beta"]; ok {
-		in.ask.needs.betas = make([]string, 0, 4)
-		if !in.ask.needs.readBetas(in.ask.header) {
-			return errInvalid("anthropic-beta: more than " + strconv.Itoa(maxBetas) + " values")
+		in.ask.needs.Betas = make([]string, 0, 4)
+		if !in.ask.needs.ReadBetas(in.ask.header) {
+			return errInvalid("anthropic-beta: more than " + strconv.Itoa(features.MaxBetas) + " values")
 		}
 	}
 	return nil
@@ -142,8 +143,8 @@ func (in *inbound) readField(sc *jsonscan.Scanner, field string, model *[]byte) 
 	case "anthropic_beta":
 		return errInvalid("anthropic_beta: betas go in the anthropic-beta header, which the relay routes on")
 	default:
-		if f := fieldFeature(field); f != 0 && jsonscan.KindOf(v) != 'n' {
-			in.ask.needs.set |= f
+		if f := features.OfField(field); f != 0 && jsonscan.KindOf(v) != 'n' {
+			in.ask.needs.Set |= f
 		}
 		if field == "cache_control" && in.ask.prefix != nil { // automatic caching
 			in.ask.prefix.noteAutomatic(v)
@@ -211,7 +212,7 @@ func (in *inbound) scanTools(sc *jsonscan.Scanner) error {
 			switch kind := jsonscan.KindOf(v); {
 			case kind == '"' && unquoteJSON(name) == "type":
 				typ := unquoteJSON(v)
-				in.ask.needs.set |= toolFeature(typ)
+				in.ask.needs.Set |= features.OfTool(typ)
 				search = strings.HasPrefix(typ, webSearchTool)
 			case kind == '0' && unquoteJSON(name) == "max_uses":
 				maxUses = jsonscan.String(v)

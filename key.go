@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/idle"
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 )
@@ -176,10 +177,10 @@ type keyState struct {
 	spend  *spendAccount // what the principal spent, and its budgets
 	id     string        // an identity of user *: its state id (key.stateID for the others)
 
-	mu          sync.Mutex                           // guards the making of the caches
-	idents      atomic.Pointer[idleCache[*keyState]] // user * only: each identity's state, by identity
-	identSpec   atomic.Pointer[stateSpec]            // what a new identity's limits are
-	endUsers    atomic.Pointer[idleCache[*limiter]]  // by state id and user_id; nil: no end user limits
+	mu          sync.Mutex                            // guards the making of the caches
+	idents      atomic.Pointer[idle.Cache[*keyState]] // user * only: each identity's state, by identity
+	identSpec   atomic.Pointer[stateSpec]             // what a new identity's limits are
+	endUsers    atomic.Pointer[idle.Cache[*limiter]]  // by state id and user_id; nil: no end user limits
 	endUserSpec atomic.Pointer[stateSpec]
 }
 
@@ -193,10 +194,10 @@ type stateSpec struct {
 
 func newKeyState() *keyState { return &keyState{limits: new(limiter)} }
 
-// settled reports whether forgetting the state forgives nothing: a new one
+// Settled reports whether forgetting the state forgives nothing: a new one
 // would be the same. A request still holding against its budgets keeps it.
-func (s *keyState) settled(now time.Time) bool {
-	return s.limits.settled(now) && (s.spend == nil || s.spend.idle())
+func (s *keyState) Settled(now time.Time) bool {
+	return s.limits.Settled(now) && (s.spend == nil || s.spend.idle())
 }
 
 // Destruct implements caddy.Destructor.

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/caddy-relay/relay/internal/dedup"
 )
 
 // The lead: a request that others may follow (a retry attached to its first
@@ -19,7 +21,7 @@ import (
 // lead relays the request, writing its answer into f too. (Once the
 // attempt runs on, settle_grace, from the client's leaving too, may read
 // on a little longer for the usage: settle.go.)
-func (r *Relay) lead(w http.ResponseWriter, req *http.Request, in *inbound, f *flight, grace time.Duration) *failure {
+func (r *Relay) lead(w http.ResponseWriter, req *http.Request, in *inbound, f *dedup.Flight, grace time.Duration) *failure {
 	lc := &leadCtx{client: req.Context(), r: r, in: in, grace: grace}
 	lc.after = lc.afterBuf[:0]
 	lc.tee = teeWriter{ResponseWriter: w, f: f}
@@ -27,14 +29,14 @@ func (r *Relay) lead(w http.ResponseWriter, req *http.Request, in *inbound, f *f
 	stop := context.AfterFunc(req.Context(), lc.clientLeft)
 	defer stop()
 	fail := r.relay(&lc.tee, req.WithContext(lc), in)
-	ok := fail == nil && in.end.answered != nil && !in.end.incomplete && f.status >= 200 && f.status <= 299 // what the upstream answered: a Chat Completions answer reaches its client later
+	ok := fail == nil && in.end.answered != nil && !in.end.incomplete && f.Status() >= 200 && f.Status() <= 299 // what the upstream answered: a Chat Completions answer reaches its client later
 	var usd float64
 	if ok {
 		if rates := r.prices.lookup(in.grant.target); rates != nil {
 			usd = rates.cost(in.end.usage) * in.end.answered.priceFactor
 		}
 	}
-	f.finish(ok, in.end.usage, usd, r.now())
+	f.Finish(ok, in.end.usage.total(), usd, r.now())
 	return fail
 }
 
@@ -159,7 +161,7 @@ func (c *leadCtx) clientLeft() {
 }
 
 func (c *leadCtx) graceOver() {
-	if !c.tee.f.followed() {
+	if !c.tee.f.Followed() {
 		c.end()
 	}
 }
@@ -169,20 +171,21 @@ func (c *leadCtx) graceOver() {
 // flight alone, for as long as the attempt's context lets it run.
 type teeWriter struct {
 	http.ResponseWriter
-	f    *flight
+	f    *dedup.Flight
 	gone bool
 }
 
 func (t *teeWriter) WriteHeader(code int) {
-	t.f.begin(code, t.ResponseWriter.Header())
+	h := t.ResponseWriter.Header()
+	t.f.Begin(code, h, isEventStream(h), clientsOwn)
 	t.ResponseWriter.WriteHeader(code)
 }
 
 func (t *teeWriter) Write(p []byte) (int, error) {
-	if t.f.status == 0 { // read by this goroutine only, which sets it
+	if t.f.Status() == 0 { // read by this goroutine only, which sets it
 		t.WriteHeader(http.StatusOK)
 	}
-	t.f.add(p)
+	t.f.Add(p)
 	if !t.gone {
 		if _, err := t.ResponseWriter.Write(p); err != nil {
 			t.gone = true
@@ -202,3 +205,10 @@ func (t *teeWriter) FlushError() error {
 }
 
 func (t *teeWriter) Unwrap() http.ResponseWriter { return t.ResponseWriter }
+
+// clientsOwn reports whether the header field named k of an answer is its
+// client's own, never replayed to another: its request id, its budget's
+// remainder, its key's rate limits.
+func clientsOwn(k string) bool {
+	return k == "X-Relay-Request-Id" || k == headerBudgetRemaining || isRatelimitHeader(k)
+}

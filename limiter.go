@@ -465,10 +465,10 @@ func (l *limiter) charge(now time.Time, g *grant, n int64) {
 	}
 }
 
-// settled reports whether the limiter is as a new one would be: nothing in
+// Settled reports whether the limiter is as a new one would be: nothing in
 // flight, its buckets full. Forgetting a settled limiter forgives nothing.
 // (In a fleet, the store keeps the rest, and lets it expire.)
-func (l *limiter) settled(now time.Time) bool {
+func (l *limiter) Settled(now time.Time) bool {
 	if l.inflight.Load() != 0 {
 		return false
 	}

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/loop"
 	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
@@ -59,7 +60,7 @@ func defaultProbeBody(rt route, model string) []byte {
 // Probes go through the channel's provider and transport like client
 // requests, but count in none of the channel's counters.
 func (r *Relay) runProbes(ctx caddy.Context, ch *channel) {
-	every(ctx, ch.probe.interval, nil, func() {
+	loop.Every(ctx, ch.probe.interval, nil, func() {
 		switch ch.health.ChannelState(r.now()) {
 		case stateCooldown, stateOpen:
 			if r.probeOnce(ctx, ch) {

@@ -8,9 +8,9 @@ import (
 // The provider seam is the package provider: the Provider interface, the
 // Call a provider sees, and what it uses to speak Anthropic's wire back.
 // The built-in providers are packages of their own under providers/,
-// compiled in by providers.go. What stays here is the relay's side of the
-// seam: the response headers a client may see, and the Call's source
-// (inbound.Body and inbound.NewRequest, in request.go).
+// compiled in by relay.go's imports. What stays here is the relay's side
+// of the seam: the response headers a client may see, and the Call's
+// source (inbound.Body and inbound.NewRequest, in request.go).
 
 // hopHeaders are removed from upstream responses before they reach the
 // client, as reverse_proxy does (RFC 9110, section 7.6.1).

@@ -11,7 +11,8 @@
 // of failover.go for every route, then its account) and leaves through one
 // recorder. What each kind of upstream speaks is a provider, a Caddy module
 // of its own package on the seam the package provider exports; the
-// built-in ones are under providers/ and are compiled in by providers.go.
+// built-in ones are under providers/ and are compiled in by relay.go's
+// imports.
 // Fleet mode (shared state in Redis) is the fleet*.go files; pure wire
 // code is under internal/.
 package relay
@@ -32,6 +33,16 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/certmagic"
 	"go.uber.org/zap"
+
+	// The built-in providers, each a module of its own package that uses
+	// only the provider package, as one from another repository does.
+	// Importing the relay compiles them in: `xcaddy build --with
+	// github.com/caddy-relay/relay` gets them all.
+	_ "github.com/caddy-relay/relay/providers/anthropic"
+	_ "github.com/caddy-relay/relay/providers/bedrock"
+	_ "github.com/caddy-relay/relay/providers/mock"
+	_ "github.com/caddy-relay/relay/providers/openai"
+	_ "github.com/caddy-relay/relay/providers/vertex"
 )
 
 func init() {

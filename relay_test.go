@@ -375,7 +375,7 @@ func BenchmarkInspectFeatures(b *testing.B) {
 	b.SetBytes(int64(len(body)))
 	for i := 0; i < b.N; i++ {
 		in := inbound{ask: asked{body: body, header: h}}
-		if err := in.inspect(); err != nil || in.ask.needs.set == 0 || len(in.ask.needs.betas) != 2 {
+		if err := in.inspect(); err != nil || in.ask.needs.Set == 0 || len(in.ask.needs.Betas) != 2 {
 			b.Fatal(err)
 		}
 	}

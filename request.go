@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/features"
 	"github.com/caddy-relay/relay/provider"
 	"github.com/tidwall/gjson"
 )
@@ -191,8 +192,8 @@ type asked struct {
 	// searches is what its web search tools may search, which it holds
 	// (servertools.go)
 	searches int64
-	chat     *chat // a Chat Completions request, translated; nil for Anthropic's routes
-	needs    needs // the features it carries
+	chat     *chat          // a Chat Completions request, translated; nil for Anthropic's routes
+	needs    features.Needs // the features it carries
 	// modelStart and modelEnd delimit the raw model value (quotes included)
 	// in body, so a mapped name is spliced in without re-encoding the JSON.
 	modelStart, modelEnd int

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/features"
 	"github.com/caddy-relay/relay/internal/providertest"
 	"github.com/tidwall/gjson"
 )
@@ -62,10 +63,10 @@ func FuzzInspect(f *testing.F) {
 		// the features it routes on are the ones a JSON parser reads
 		var top map[string]json.RawMessage
 		_ = json.Unmarshal(body, &top)
-		var want featureSet
+		var want features.Set
 		for name, v := range top {
 			if string(v) != "null" {
-				want |= fieldFeature(name)
+				want |= features.OfField(name)
 			}
 		}
 		var tools []json.RawMessage
@@ -75,7 +76,7 @@ func FuzzInspect(f *testing.F) {
 				var fields map[string]any // keys exactly, as the API reads them
 				if json.Unmarshal(tool, &fields) == nil {
 					if typ, ok := fields["type"].(string); ok {
-						want |= toolFeature(typ)
+						want |= features.OfTool(typ)
 						if strings.HasPrefix(typ, "web_search_") {
 							uses := int64(defaultWebSearches)
 							if n, ok := fields["max_uses"].(float64); ok && n >= 0 {
@@ -87,8 +88,8 @@ func FuzzInspect(f *testing.F) {
 				}
 			}
 		}
-		if in.ask.needs.set != want {
-			t.Fatalf("the relay routes on features %q, a JSON parser reads %q", in.ask.needs.set.names(), want.names())
+		if in.ask.needs.Set != want {
+			t.Fatalf("the relay routes on features %q, a JSON parser reads %q", in.ask.needs.Set.Names(), want.Names())
 		}
 		if in.ask.searches != searches {
 			t.Fatalf("the relay holds %d web searches, a JSON parser reads %d", in.ask.searches, searches)

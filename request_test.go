@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/features"
 	"github.com/caddy-relay/relay/providers/anthropic"
 	"github.com/caddyserver/caddy/v2"
 )
@@ -97,14 +98,14 @@ func TestInboundInspect(t *testing.T) {
 		},
 		{
 			name:      "a prompt estimated above 200k tokens needs a long context",
-			body:      `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 4*longContextTokens+8) + `"}]}`,
+			body:      `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 4*features.LongContextTokens+8) + `"}]}`,
 			route:     routeMessages,
 			wantModel: "m",
 			wantNeeds: []string{"long_context"},
 		},
 		{
 			name:      "counting tokens needs no long context",
-			body:      `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 4*longContextTokens+8) + `"}]}`,
+			body:      `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 4*features.LongContextTokens+8) + `"}]}`,
 			route:     routeCountTokens,
 			wantModel: "m",
 		},
@@ -154,7 +155,7 @@ func TestInboundInspect(t *testing.T) {
 			if in.ask.stream != tt.wantStream {
 				t.Errorf("stream = %v, want %v", in.ask.stream, tt.wantStream)
 			}
-			if got := in.ask.needs.names(); !slices.Equal(got, tt.wantNeeds) {
+			if got := in.ask.needs.Names(); !slices.Equal(got, tt.wantNeeds) {
 				t.Errorf("needs = %q, want %q", got, tt.wantNeeds)
 			}
 		})

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/features"
 	"github.com/caddy-relay/relay/internal/health"
 	"github.com/cespare/xxhash/v2"
 )
@@ -20,8 +21,8 @@ var defaultRand randIntN = rand.IntN
 // what it already tried.
 type selection struct {
 	model   string
-	session string // for sticky picks and canary splits: the session, else the key
-	needs   *needs // the features the request carries; nil: none
+	session string          // for sticky picks and canary splits: the session, else the key
+	needs   *features.Needs // the features the request carries; nil: none
 	tried   []*channel
 	skipped []*channel // picked, but their half-open breaker had no slot left
 	capped  []*channel // picked, but their spend cap could not take the request's hold
@@ -167,7 +168,7 @@ func (g *group) pick(s *selection) pickResult {
 		return pickResult{reason: noModel}
 	}
 
-	needsSome := s.needs != nil && !s.needs.empty()
+	needsSome := s.needs != nil && !s.needs.Empty()
 	if needsSome {
 		model := cands // intact when nothing is kept: filter writes only what it keeps
 		cands = filter(cands, func(ch *channel) bool { ok, _ := ch.takes(s.needs, s.now); return ok })
@@ -331,7 +332,7 @@ func (g *group) anotherTakes(s *selection, ch *channel, lacked []string) bool {
 		if refused, _ := c.health.Refuses(s.model, s.now); refused {
 			continue
 		}
-		if ok, _ := c.takes(s.needs, s.now); ok && c.features.names(lacked) && s.signerAllows(c) {
+		if ok, _ := c.takes(s.needs, s.now); ok && c.features.Named(lacked) && s.signerAllows(c) {
 			return true
 		}
 	}

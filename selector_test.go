@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/features"
 	"github.com/caddy-relay/relay/internal/health"
 	"github.com/caddy-relay/relay/providers/anthropic"
 )
@@ -19,7 +20,7 @@ import (
 // serving every model, healthy, on its own host.
 func testChannel(name string, opts ...func(*channel)) *channel {
 	ch := &channel{name: name, priority: 1, weight: 1, host: name + ".example", health: newChannelHealth(name)}
-	ch.features = newChannelFeatures(&anthropic.Provider{}, nil, nil, nil)
+	ch.features = features.NewChannel(&anthropic.Provider{}, nil, nil, nil)
 	for _, o := range opts {
 		o(ch)
 	}
@@ -39,7 +40,7 @@ func withWeight(w int) func(*channel)   { return func(ch *channel) { ch.weight =
 func withHost(h string) func(*channel)  { return func(ch *channel) { ch.host = h } }
 func withFeatures(supports, lacks, strip []string) func(*channel) {
 	return func(ch *channel) {
-		ch.features = newChannelFeatures(&anthropic.Provider{}, supports, lacks, strip)
+		ch.features = features.NewChannel(&anthropic.Provider{}, supports, lacks, strip)
 	}
 }
 func withSupports(names ...string) func(*channel) { return withFeatures(names, nil, nil) }
@@ -52,13 +53,13 @@ func withLearnedLack(name string, d time.Duration) func(*channel) {
 }
 
 // needing is the needs of a request that carries the named features.
-func needing(names ...string) needs {
-	var n needs
+func needing(names ...string) features.Needs {
+	var n features.Needs
 	for _, name := range names {
-		if b := bitOf(name); b != 0 {
-			n.set |= b
+		if b := features.Bit(name); b != 0 {
+			n.Set |= b
 		} else {
-			n.betas = append(n.betas, name)
+			n.Betas = append(n.Betas, name)
 		}
 	}
 	return n
@@ -97,7 +98,7 @@ func TestGroupPick(t *testing.T) {
 		name      string
 		channels  []*channel
 		model     string
-		needs     needs
+		needs     features.Needs
 		tried     []string
 		avoidHost string
 		rand      randIntN

@@ -274,7 +274,7 @@ func (r *Relay) pageSessions(stateID string, p sessionPage, now time.Time) ([]se
 		if c == nil {
 			continue
 		}
-		if ps, ok := c.peek(stateID); ok {
+		if ps, ok := c.Peek(stateID); ok {
 			eachLive(now, stateID, ps, func(_ string, s *session) { all = append(all, s) })
 		}
 	}

@@ -107,7 +107,7 @@ func TestAGroupsSessionsFitIn100MB(t *testing.T) {
 			}
 			principals := r.groups[name].state.sessions.Load()
 			kept := 0
-			principals.each(func(_ string, ps *principalSessions) { kept += ps.c.len() })
+			principals.Each(func(_ string, ps *principalSessions) { kept += ps.c.Len() })
 			used := liveHeap() - before
 			t.Logf("%d principals of %d sessions: %d kept, %.1f MB, %.0f bytes a session", c.principals, c.each, kept, float64(used)/1e6, float64(used)/float64(kept))
 			if kept > maxGroupSessions {
@@ -116,7 +116,7 @@ func TestAGroupsSessionsFitIn100MB(t *testing.T) {
 			if used > 100e6 {
 				t.Errorf("the group's sessions take %.1f MB, over 100 MB", float64(used)/1e6)
 			}
-			if ps, ok := principals.peek(ins[len(ins)-1].who.stateID); !ok || ps.c.len() != c.each {
+			if ps, ok := principals.Peek(ins[len(ins)-1].who.stateID); !ok || ps.c.Len() != c.each {
 				t.Errorf("the newest principal does not keep its %d sessions", c.each)
 			}
 			runtime.KeepAlive(ins)

@@ -31,8 +31,8 @@ func TestAnotherKeysSessionIDsCannotPushOutASession(t *testing.T) {
 	for i := range maxSessions + 100 {
 		r.session(in, "made-up-"+strconv.Itoa(i), k.sessions, now)
 	}
-	ps, _ := r.groups[name].state.sessions.Load().peek(k.stateID)
-	if n := ps.c.len(); n != maxSessions {
+	ps, _ := r.groups[name].state.sessions.Load().Peek(k.stateID)
+	if n := ps.c.Len(); n != maxSessions {
 		t.Errorf("key B keeps %d sessions, want its bound %d", n, maxSessions)
 	}
 	after := r.sessionsOf(name)

@@ -71,13 +71,13 @@ func eachSession(now time.Time, gs []*groupState, f func(stateID string, s *sess
 		if c == nil {
 			continue
 		}
-		c.each(func(stateID string, ps *principalSessions) { eachLive(now, stateID, ps, f) })
+		c.Each(func(stateID string, ps *principalSessions) { eachLive(now, stateID, ps, f) })
 	}
 }
 
 // eachLive calls f with every live session of one principal's.
 func eachLive(now time.Time, stateID string, ps *principalSessions, f func(stateID string, s *session)) {
-	ps.c.each(func(_ string, s *session) {
+	ps.c.Each(func(_ string, s *session) {
 		s.mu.Lock()
 		live := now.Sub(s.lastSeen) < sessionIdle
 		s.mu.Unlock()
@@ -99,7 +99,7 @@ func (r *Relay) sessionsOf(stateID string) []sessionView {
 		if c == nil {
 			continue
 		}
-		if ps, ok := c.peek(stateID); ok {
+		if ps, ok := c.Peek(stateID); ok {
 			eachLive(now, stateID, ps, func(_ string, s *session) { out = append(out, s.view(now)) })
 		}
 	}

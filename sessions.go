@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fleet"
+	"github.com/caddy-relay/relay/internal/idle"
 	"github.com/caddyserver/caddy/v2"
 )
 
@@ -154,12 +155,12 @@ type session struct {
 	lastSeen  time.Time
 }
 
-// settled reports whether dropping the session forgives nothing: no
+// Settled reports whether dropping the session forgives nothing: no
 // request holds against its budget, and its rate limit is full.
-func (s *session) settled(now time.Time) bool {
+func (s *session) Settled(now time.Time) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return (s.spend == nil || s.spend.idle()) && (s.limits == nil || s.limits.settled(now))
+	return (s.spend == nil || s.spend.idle()) && (s.limits == nil || s.limits.Settled(now))
 }
 
 // drop lets go of the session's spend account when its cache drops it
@@ -175,22 +176,22 @@ func (s *session) drop() {
 
 // principalSessions are the sessions of one principal in a group.
 type principalSessions struct {
-	c    *idleCache[*session]
+	c    *idle.Cache[*session]
 	gone atomic.Bool // its group's cache dropped it
 }
 
-// settled reports whether dropping the principal's sessions forgives
+// Settled reports whether dropping the principal's sessions forgives
 // nothing.
-func (p *principalSessions) settled(now time.Time) bool {
+func (p *principalSessions) Settled(now time.Time) bool {
 	ok := true
-	p.c.each(func(_ string, s *session) { ok = ok && s.settled(now) })
+	p.c.Each(func(_ string, s *session) { ok = ok && s.Settled(now) })
 	return ok
 }
 
 // drop lets go of every session of the principal.
 func (p *principalSessions) drop() {
 	p.gone.Store(true)
-	p.c.purge()
+	p.c.Purge()
 }
 
 // Bounds of the sessions kept.
@@ -238,13 +239,13 @@ func (r *Relay) session(in *inbound, sid string, rules *sessionRules, now time.T
 	if c == nil {
 		gs.mu.Lock()
 		if c = gs.sessions.Load(); c == nil {
-			c = newIdleCacheDropping(maxSessionPrincipals, sessionIdle, (*principalSessions).drop)
+			c = idle.NewDropping(maxSessionPrincipals, sessionIdle, (*principalSessions).drop)
 			gs.sessions.Store(c)
 		}
 		gs.mu.Unlock()
 	}
-	ps := c.get(in.who.stateID, now, func() *principalSessions {
-		return &principalSessions{c: newIdleCacheDropping(maxSessions, sessionIdle, func(s *session) {
+	ps := c.Get(in.who.stateID, now, func() *principalSessions {
+		return &principalSessions{c: idle.NewDropping(maxSessions, sessionIdle, func(s *session) {
 			s.drop()
 			gs.sessionsKept.Add(-1)
 		})}
@@ -254,14 +255,14 @@ func (r *Relay) session(in *inbound, sid string, rules *sessionRules, now time.T
 	// included, is made only when its rules are pushed
 	bsid := boundedID(sid)
 	made := false
-	s := ps.c.get(bsid, now, func() *session {
+	s := ps.c.Get(bsid, now, func() *session {
 		made = true
 		gs.sessionsKept.Add(1)
 		return &session{id: sessionDigest(sid), key: in.who.key.name, group: in.who.key.group.name, started: now}
 	})
 	if made {
 		if ps.gone.Load() { // its principal was dropped meanwhile: nothing keeps it
-			ps.c.purge()
+			ps.c.Purge()
 		}
 		trimSessions(gs, c)
 	}
@@ -281,17 +282,17 @@ func (r *Relay) session(in *inbound, sid string, rules *sessionRules, now time.T
 // lock of a principal's, so that two principals that make room at once
 // never wait for each other; a group may keep more than its bound by the
 // sessions being made at that moment.
-func trimSessions(gs *groupState, c *idleCache[*principalSessions]) {
+func trimSessions(gs *groupState, c *idle.Cache[*principalSessions]) {
 	for range 16 { // a bound on the work of one request
 		if gs.sessionsKept.Load() <= maxGroupSessions {
 			return
 		}
-		id, ps, ok := c.oldest()
+		id, ps, ok := c.Oldest()
 		if !ok {
 			return
 		}
-		if !ps.c.dropOldest() {
-			c.remove(id, ps)
+		if !ps.c.DropOldest() {
+			c.Remove(id, ps)
 		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/loop"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/certmagic"
 	"go.uber.org/zap"
@@ -203,7 +204,7 @@ func (a *spendAccount) record() spendRecord {
 // their time are dropped on the way.
 func (s *spendStore) checkpoints(ctx context.Context, done chan struct{}) {
 	defer close(done)
-	every(ctx, spendCheckpointEvery, s.soon, func() {
+	loop.Every(ctx, spendCheckpointEvery, s.soon, func() {
 		expireBatches(time.Now())
 		if s.dirty.Load() {
 			s.save()

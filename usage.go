@@ -31,6 +31,9 @@ type usage struct {
 // Anthropic's long-prompt price tiers are measured on.
 func (u usage) prompt() int64 { return u.input + u.cacheRead + u.cacheWrite }
 
+// total is every token of the request and its answer.
+func (u usage) total() int64 { return u.prompt() + u.output }
+
 // read takes the counts present in an Anthropic usage object.
 // Fields the object lacks keep their value: a message_delta carries the
 // final, cumulative output count and may or may not repeat the input side.

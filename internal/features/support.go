@@ -1,4 +1,4 @@
-package relay
+package features
 
 import (
 	"fmt"
@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/caddy-relay/relay/provider"
 	"github.com/tidwall/gjson"
@@ -18,7 +17,7 @@ import (
 // the betas a channel lacks.
 const stripOtherBetas = "unsupported_betas"
 
-// channelFeatures is what a channel does with each feature: its provider's
+// Channel is what a channel does with each feature: its provider's
 // wire says (the feature table, or the provider's own answer), then the
 // channel's `supports`, `lacks` and `strip` lines, which win.
 //
@@ -26,9 +25,9 @@ const stripOtherBetas = "unsupported_betas"
 // own index, not from a map of each channel's: a map per channel held the
 // same answers a thousand times over in a config of a thousand channels
 // (1.8 KB a channel, and a quarter of its provisioning time).
-type channelFeatures struct {
-	takes  featureSet // known features it takes as sent
-	strips featureSet // known features it removes
+type Channel struct {
+	takes  Set // known features it takes as sent
+	strips Set // known features it removes
 	// tableBetas is what it does with each beta of the feature table, by
 	// the beta's row (the rows of the known features are unused):
 	// provider.Supported, provider.Unsupported or provider.Strip
@@ -41,14 +40,14 @@ type channelFeatures struct {
 	wire            provider.FeatureSupport
 	stripOtherBetas bool // `strip unsupported_betas`
 	// refusals reads its provider's refusals of a feature; nil: they are
-	// in Anthropic's words (see lackedFeatures)
+	// in Anthropic's words (see Lacked)
 	refusals provider.RefusalReader
 }
 
-// newChannelFeatures resolves a channel's features from its provider and
+// NewChannel resolves a channel's features from its provider and
 // its lines (validated already).
-func newChannelFeatures(p provider.Provider, supports, lacks, strip []string) channelFeatures {
-	f := channelFeatures{tableBetas: make([]provider.Support, len(featureTable))}
+func NewChannel(p provider.Provider, supports, lacks, strip []string) Channel {
+	f := Channel{tableBetas: make([]provider.Support, len(table))}
 	f.refusals, _ = p.(provider.RefusalReader)
 	fs, _ := p.(provider.FeatureSupport)
 	f.wire = fs
@@ -58,12 +57,12 @@ func newChannelFeatures(p provider.Provider, supports, lacks, strip []string) ch
 		}
 		return fs.Supports(name)
 	}
-	for i, r := range featureTable {
+	for i, r := range table {
 		s := wire(r.name)
 		if s == provider.OptIn {
 			s = provider.Unsupported
 		}
-		if r.kind == kindBeta {
+		if r.kind == KindBeta {
 			f.tableBetas[i] = s
 			continue
 		}
@@ -80,7 +79,7 @@ func newChannelFeatures(p provider.Provider, supports, lacks, strip []string) ch
 				f.stripOtherBetas = true
 				continue
 			}
-			if b := bitOf(name); b != 0 {
+			if b := Bit(name); b != 0 {
 				f.takes &^= b
 				f.strips &^= b
 				switch s {
@@ -107,10 +106,24 @@ func newChannelFeatures(p provider.Provider, supports, lacks, strip []string) ch
 	return f
 }
 
-// beta is what the channel's config and wire do with an anthropic-beta
+// Takes is the known features the channel takes as sent.
+func (f *Channel) Takes() Set { return f.takes }
+
+// Strips is the known features the channel removes.
+func (f *Channel) Strips() Set { return f.strips }
+
+// StripsOtherBetas says the channel drops, instead of refusing, the betas
+// it lacks (`strip unsupported_betas`).
+func (f *Channel) StripsOtherBetas() bool { return f.stripOtherBetas }
+
+// Refusals reads the refusals of a feature by the channel's provider; nil:
+// they are in Anthropic's words (see Lacked).
+func (f *Channel) Refusals() provider.RefusalReader { return f.refusals }
+
+// Beta is what the channel's config and wire do with an anthropic-beta
 // value.
-func (f *channelFeatures) beta(flag string) provider.Support {
-	s, ok := f.named(flag)
+func (f *Channel) Beta(flag string) provider.Support {
+	s, ok := f.lookup(flag)
 	if !ok {
 		s = provider.Supported
 		if f.wire != nil {
@@ -125,24 +138,24 @@ func (f *channelFeatures) beta(flag string) provider.Support {
 	return s
 }
 
-// names reports whether the table or the channel's config names each beta
+// Named reports whether the table or the channel's config names each beta
 // among features (the other features are all in the table) as one the
 // channel takes.
-func (f *channelFeatures) names(features []string) bool {
+func (f *Channel) Named(features []string) bool {
 	for _, name := range features {
-		if bitOf(name) != 0 {
+		if Bit(name) != 0 {
 			continue
 		}
-		if s, ok := f.named(name); !ok || s == provider.Unsupported {
+		if s, ok := f.lookup(name); !ok || s == provider.Unsupported {
 			return false
 		}
 	}
 	return true
 }
 
-// named is what the channel does with the beta flag when the table or its
+// lookup is what the channel does with the beta flag when the table or its
 // config names it.
-func (f *channelFeatures) named(flag string) (provider.Support, bool) {
+func (f *Channel) lookup(flag string) (provider.Support, bool) {
 	if i, ok := tableBeta(flag); ok {
 		return f.tableBetas[i], true
 	}
@@ -152,122 +165,45 @@ func (f *channelFeatures) named(flag string) (provider.Support, bool) {
 
 // tableBeta is the row of the feature table that lists the beta flag.
 func tableBeta(flag string) (int, bool) {
-	i, ok := featureByName[flag]
-	return i, ok && featureTable[i].kind == kindBeta
+	i, ok := byName[flag]
+	return i, ok && table[i].kind == KindBeta
 }
 
-// checkFeatureNames validates the names of a `supports`, `lacks` or
+// CheckNames validates the names of a `supports`, `lacks` or
 // `strip` line (the option's name is opt).
-func checkFeatureNames(opt string, names []string) error {
+func CheckNames(opt string, names []string) error {
 	for _, name := range names {
 		switch {
 		case name == stripOtherBetas && opt == "strip":
-		case bitOf(name) == featLongContext && opt == "strip":
+		case Bit(name) == LongContext && opt == "strip":
 			return fmt.Errorf("strip: long_context cannot be stripped: a long prompt stays long")
-		case bitOf(name) != 0, datedBeta(name):
+		case Bit(name) != 0, datedBeta(name):
 		default:
-			return fmt.Errorf("%s: unknown feature %q: a body field, server tool or context of the feature table (%s), or an anthropic-beta value, which ends with its date (context-1m-2025-08-07)", opt, name, strings.Join(knownFeatureNames(), ", "))
+			return fmt.Errorf("%s: unknown feature %q: a body field, server tool or context of the feature table (%s), or an anthropic-beta value, which ends with its date (context-1m-2025-08-07)", opt, name, strings.Join(knownNames(), ", "))
 		}
 	}
 	return nil
 }
 
-// knownFeatureNames lists the bit-numbered features.
-func knownFeatureNames() []string { return (featureSet(1)<<numKnown - 1).names() }
-
-// takes reports whether ch can serve a request with needs n, by its
-// config and what its upstream taught it, and whether it would strip
-// something to do so.
-func (ch *channel) takes(n *needs, now time.Time) (ok, strips bool) {
-	f := &ch.features
-	if n.set&^(f.takes|f.strips) != 0 {
-		return false, false
-	}
-	strips = n.set&f.strips != 0
-	for _, b := range n.betas {
-		switch f.beta(b) {
-		case provider.Unsupported:
-			return false, false
-		case provider.Strip:
-			strips = true
-		}
-	}
-	if m := ch.health.Lacking(); m != nil {
-		at := now.UnixNano()
-		learned := func(name string) bool { until, ok := m[name]; return ok && until > at }
-		for s := n.set &^ f.strips; s != 0; s &= s - 1 {
-			if learned(featureTable[lowBit(s)].name) {
-				return false, false
-			}
-		}
-		for _, b := range n.betas {
-			if f.beta(b) != provider.Strip && learned(b) {
-				if !f.stripOtherBetas {
-					return false, false
-				}
-				strips = true
-			}
-		}
-	}
-	return true, strips
-}
-
-// stripFor is what ch removes from a request with needs n: known
-// features, and betas.
-func (ch *channel) stripFor(n *needs, now time.Time) (featureSet, []string) {
-	f := &ch.features
-	set := n.set & f.strips
-	var betas []string
-	m := ch.health.Lacking()
-	for _, b := range n.betas {
-		s := f.beta(b)
-		if s == provider.Supported && f.stripOtherBetas && m != nil {
-			if until, ok := m[b]; ok && until > now.UnixNano() {
-				s = provider.Strip
-			}
-		}
-		if s == provider.Strip {
-			betas = append(betas, b)
-		}
-	}
-	return set, betas
-}
+// knownNames lists the bit-numbered features.
+func knownNames() []string { return (Set(1)<<numKnown - 1).Names() }
 
 // lowBit is the index of the lowest bit of a non-empty set.
-func lowBit(s featureSet) int { return bits.TrailingZeros32(uint32(s)) }
+func lowBit(s Set) int { return bits.TrailingZeros32(uint32(s)) }
 
-// missingFeatures lists the needed features that no channel of chans
-// takes by itself, or, when each has a taker but none takes them all, all
-// of them (together).
-func missingFeatures(chans []*channel, n *needs, now time.Time) (missing []string, together bool) {
-	for _, name := range n.names() {
-		one := needs{set: bitOf(name)}
-		if one.set == 0 {
-			one.betas = []string{name}
-		}
-		if !slices.ContainsFunc(chans, func(ch *channel) bool { ok, _ := ch.takes(&one, now); return ok }) {
-			missing = append(missing, name)
-		}
-	}
-	if len(missing) == 0 {
-		return n.names(), true
-	}
-	return missing, false
-}
-
-// stripBody removes the known features of set from a Messages body: top-level
+// StripBody removes the known features of set from a Messages body: top-level
 // fields, and server tools from `tools` (which goes when none is left).
-func stripBody(body []byte, set featureSet) ([]byte, error) {
+func StripBody(body []byte, set Set) ([]byte, error) {
 	out := body
 	var err error
 	for s := set; s != 0; s &= s - 1 {
-		r := &featureTable[lowBit(s)]
+		r := &table[lowBit(s)]
 		switch r.kind {
-		case kindField:
+		case KindField:
 			if out, err = sjson.DeleteBytes(out, r.name); err != nil {
 				return nil, err
 			}
-		case kindTool:
+		case KindTool:
 			if out, err = stripTools(out, r.prefix); err != nil {
 				return nil, err
 			}
@@ -301,9 +237,9 @@ func stripTools(body []byte, prefix string) ([]byte, error) {
 	return sjson.SetRawBytes(body, "tools", append(kept, ']'))
 }
 
-// stripBetas returns a copy of h whose anthropic-beta values leave out
+// StripBetas returns a copy of h whose anthropic-beta values leave out
 // drop.
-func stripBetas(h http.Header, drop []string) http.Header {
+func StripBetas(h http.Header, drop []string) http.Header {
 	out := h.Clone()
 	var keep []string
 	for _, v := range h.Values("Anthropic-Beta") {
@@ -343,13 +279,13 @@ var longContextRefusals = [...]string{
 	"The long context beta is not yet available for this subscription",
 }
 
-// longContextBetaPrefix starts the anthropic-beta values that ask for a
+// LongContextBetaPrefix starts the anthropic-beta values that ask for a
 // long context (context-1m-2025-08-07).
-const longContextBetaPrefix = "context-1m-"
+const LongContextBetaPrefix = "context-1m-"
 
-// longContextRefused reports whether an upstream's error answer of status
+// LongContextRefused reports whether an upstream's error answer of status
 // refuses long context to the channel's account.
-func longContextRefused(status int, body []byte) bool {
+func LongContextRefused(status int, body []byte) bool {
 	switch status {
 	case http.StatusBadRequest, http.StatusForbidden, http.StatusTooManyRequests:
 	default:
@@ -391,15 +327,15 @@ func anthropicRefusal(msg string) provider.Refusal {
 	return provider.Refusal{}
 }
 
-// lackedFeatures returns the features that a 400 error body from a
+// Lacked returns the features that a 400 error body from a
 // channel says, in its provider's words (read by reader; nil: Anthropic's),
 // its wire does not support, among the features n carries; none when the
 // message is anything else. The names it returns share no memory with the
 // body or the request (they are kept for capability_ttl), and a beta's is
-// at most maxBetaName bytes. certain says that the message names them;
+// at most MaxBetaName bytes. certain says that the message names them;
 // when it does not (one of the betas, unnamed), they are the candidates
 // among which one is refused.
-func lackedFeatures(reader provider.RefusalReader, body []byte, n *needs) (lacked []string, certain bool) {
+func Lacked(reader provider.RefusalReader, body []byte, n *Needs) (lacked []string, certain bool) {
 	msg := gjson.GetBytes(body, "error.message").String()
 	var r provider.Refusal
 	if reader != nil {
@@ -408,17 +344,17 @@ func lackedFeatures(reader provider.RefusalReader, body []byte, n *needs) (lacke
 		r = anthropicRefusal(msg)
 	}
 	for _, name := range r.Fields {
-		if b := bitOf(name); b != 0 && featureTable[lowBit(b)].kind == kindField && n.set&b != 0 && !slices.Contains(lacked, name) {
-			lacked = append(lacked, featureTable[lowBit(b)].name)
+		if b := Bit(name); b != 0 && table[lowBit(b)].kind == KindField && n.Set&b != 0 && !slices.Contains(lacked, name) {
+			lacked = append(lacked, table[lowBit(b)].name)
 		}
 	}
 	for _, typ := range r.Tools {
-		if b := toolFeature(typ); b != 0 && n.set&b != 0 && !slices.Contains(lacked, featureTable[lowBit(b)].name) {
-			lacked = append(lacked, featureTable[lowBit(b)].name)
+		if b := OfTool(typ); b != 0 && n.Set&b != 0 && !slices.Contains(lacked, table[lowBit(b)].name) {
+			lacked = append(lacked, table[lowBit(b)].name)
 		}
 	}
 	beta := func(flag string) {
-		if len(flag) <= maxBetaName && n.hasBeta(flag) && !slices.Contains(lacked, flag) {
+		if len(flag) <= MaxBetaName && n.HasBeta(flag) && !slices.Contains(lacked, flag) {
 			lacked = append(lacked, strings.Clone(flag))
 		}
 	}
@@ -431,7 +367,7 @@ func lackedFeatures(reader provider.RefusalReader, body []byte, n *needs) (lacke
 	if r.SomeBeta {
 		// the wire does not say which flag: one of those the request
 		// carried, certain only when it carried one
-		for _, b := range n.betas {
+		for _, b := range n.Betas {
 			beta(b)
 		}
 		return lacked, len(lacked) == 1
