@@ -14,20 +14,20 @@ import (
 	"go.uber.org/zap"
 )
 
-// Ledger keeps one row per request in a database that finance can query
+// Config keeps one row per request in a database that finance can query
 // (GET /relay/usage on the admin API, or SQL): who asked, what was served,
 // its tokens and its cost. It is `ledger` in the JSON config and the
 // Caddyfile. Without it, the relay keeps no such record. Rows are written
 // off the request path, in batches; a database that is away never slows or
 // fails a request.
-type Ledger struct {
+type Config struct {
 	// SQLite keeps the ledger in a SQLite file of this machine: right for
 	// a single relay. It is the default when neither is set.
-	SQLite *LedgerSQLite `json:"sqlite,omitempty"`
+	SQLite *SQLite `json:"sqlite,omitempty"`
 
 	// Postgres keeps the ledger in a PostgreSQL database, which the
 	// relays of a fleet share.
-	Postgres *LedgerPostgres `json:"postgres,omitempty"`
+	Postgres *Postgres `json:"postgres,omitempty"`
 
 	// Retention is how long rows are kept: older ones are deleted once an
 	// hour. Default: 400d (a year and a month, for a year-on-year
@@ -35,15 +35,15 @@ type Ledger struct {
 	Retention caddy.Duration `json:"retention,omitempty"`
 }
 
-// LedgerSQLite is a SQLite ledger file, written in WAL mode.
-type LedgerSQLite struct {
+// SQLite is a SQLite ledger file, written in WAL mode.
+type SQLite struct {
 	// Path is the database file. Placeholders such as {env.NAME} are
 	// resolved. Default: relay/ledger.db in Caddy's data directory.
 	Path string `json:"path,omitempty"`
 }
 
-// LedgerPostgres is a PostgreSQL ledger.
-type LedgerPostgres struct {
+// Postgres is a PostgreSQL ledger.
+type Postgres struct {
 	// DSN is the connection string (postgres://user:pass@host/db?... or
 	// key=value pairs). Use a placeholder such as {env.RELAY_PG_DSN}: it is
 	// resolved when the config loads and never shows in GET /config/ or
@@ -73,11 +73,11 @@ const (
 	ledgerMigrateTimeout = 30 * time.Minute // a schema migration, which may rewrite every row
 )
 
-// ledgerQueue is how many rows may wait for the database (about 30 MB):
+// Queue is how many rows may wait for the database (about 30 MB):
 // more are dropped. A variable for the tests that reach it.
-var ledgerQueue = 100_000
+var Queue = 100_000
 
-func (l *Ledger) validate() error {
+func (l *Config) Validate() error {
 	if l.SQLite != nil && l.Postgres != nil {
 		return fmt.Errorf("ledger: sqlite or postgres, not both")
 	}
@@ -96,60 +96,72 @@ func (l *Ledger) validate() error {
 // queue out and closes it.
 var ledgers = caddy.NewUsagePool()
 
-// ledgerRow is one request's record, as account hands it over: the
+// Row is one request's record, as account hands it over: the
 // strings refer to what the request already holds, so handing it over
 // allocates nothing. The session id is digested by the writer, off the
 // request path; the raw id is never stored. A session id longer than
 // maxIDLen (a client's choice, as long as a header) is digested at once,
 // so that a queue of rows waiting for a database that is down holds no
 // more than their bound: sessionDigested says so.
-type ledgerRow struct {
-	at                                   time.Time
-	id, key, user, group, channel        string
-	model, served, cause, session        string
-	status                               int
-	input, output, cacheRead, cacheWrite int64
-	costNano                             int64
-	toolNano                             int64 // of costNano, what server tools cost
-	estimated, incomplete                bool
-	estimatedPrice                       bool // the cost is at an unpriced model's estimate
-	sessionDigested                      bool
-	duration, firstByte                  time.Duration
+type Row struct {
+	At              time.Time
+	ID              string
+	Key             string
+	User            string
+	Group           string
+	Channel         string
+	Model           string
+	Served          string
+	Cause           string
+	Session         string
+	Status          int
+	Input           int64
+	Output          int64
+	CacheRead       int64
+	CacheWrite      int64
+	CostNano        int64
+	ToolNano        int64 // of costNano, what server tools cost
+	Estimated       bool
+	Incomplete      bool
+	EstimatedPrice  bool // the cost is at an unpriced model's estimate
+	SessionDigested bool
+	Duration        time.Duration
+	FirstByte       time.Duration
 }
 
 // record hands the request's row to the ledger's queue, with its cost and
 // the part of it server tools made (tools), in USD; a nil ledger (none
 // configured) does nothing. Only requests of a principal (a key or an
 // identity) are recorded: an unauthenticated one is nobody's usage.
-func (l *ledger) record(in *inbound, at time.Time, duration time.Duration, cost, tools float64) {
+func (l *Writer) record(in *inbound, at time.Time, duration time.Duration, cost, tools float64) {
 	if l == nil || in.who.key == nil {
 		return
 	}
-	row := ledgerRow{
-		at: at, id: in.id, key: in.who.key.name, group: in.who.key.group.name,
-		model: in.ask.model, served: in.grant.target, cause: in.causeLabel(),
-		session: in.agentSession(), status: in.end.status,
-		input: in.end.usage.input, output: in.end.usage.output,
-		cacheRead: in.end.usage.cacheRead, cacheWrite: in.end.usage.cacheWrite,
-		costNano:  int64(toNano(cost)), // as the budgets' spend counts it
-		toolNano:  int64(toNano(tools)),
-		estimated: in.end.estimated, incomplete: in.end.incomplete, estimatedPrice: in.end.estimatedPrice,
-		duration: duration, firstByte: in.end.firstByte,
+	row := Row{
+		At: at, ID: in.id, Key: in.who.key.name, Group: in.who.key.group.name,
+		Model: in.ask.model, Served: in.grant.target, Cause: in.causeLabel(),
+		Session: in.agentSession(), Status: in.end.status,
+		Input: in.end.usage.input, Output: in.end.usage.output,
+		CacheRead: in.end.usage.cacheRead, CacheWrite: in.end.usage.cacheWrite,
+		CostNano:  int64(toNano(cost)), // as the budgets' spend counts it
+		ToolNano:  int64(toNano(tools)),
+		Estimated: in.end.estimated, Incomplete: in.end.incomplete, EstimatedPrice: in.end.estimatedPrice,
+		Duration: duration, FirstByte: in.end.firstByte,
 	}
-	if len(row.session) > maxIDLen {
-		row.session, row.sessionDigested = sessionDigest(row.session), true
+	if len(row.Session) > maxIDLen {
+		row.Session, row.SessionDigested = sessionDigest(row.Session), true
 	}
 	if in.who.key.kind() == kindUser {
-		row.user, _ = strings.CutPrefix(in.who.stateID, userStatePrefix)
+		row.User, _ = strings.CutPrefix(in.who.stateID, userStatePrefix)
 	}
 	if ch := in.end.charged(); ch != nil {
-		row.channel = ch.name
+		row.Channel = ch.name
 	}
 	if in.end.batch != nil {
 		l.addBatch(row, in.end.batch)
 		return
 	}
-	l.add(row)
+	l.Add(row)
 }
 
 // causeBatch is the cause of the rows of a batch's results, charged by the
@@ -162,19 +174,19 @@ const causeBatch = "batch"
 // <request id>/<model>; one row without a model when no result succeeded.
 // They are the principal's that paid (the batch's maker's), cause batch.
 // Their costs add up, to the nano-USD, to the cost the budgets charged.
-func (l *ledger) addBatch(row ledgerRow, b *batchCharge) {
-	row.cause, row.model, row.served = causeBatch, "", ""
+func (l *Writer) addBatch(row Row, b *batchCharge) {
+	row.Cause, row.Model, row.Served = causeBatch, "", ""
 	if b.payer != nil {
-		row.key, row.user = b.payer.principal()
+		row.Key, row.User = b.payer.principal()
 	}
 	if len(b.models) == 0 {
-		l.add(row)
+		l.Add(row)
 		return
 	}
 	// each row's cost is what it adds to the running sum, rounded as the
 	// budgets round the whole: never negative, and the last row ends at
 	// the whole the budgets charged (accountBatch sums in the same order)
-	id, total := row.id, row.costNano
+	id, total := row.ID, row.CostNano
 	var sum float64
 	var prev int64
 	for i, m := range b.models {
@@ -183,28 +195,28 @@ func (l *ledger) addBatch(row ledgerRow, b *batchCharge) {
 		if i == len(b.models)-1 {
 			upTo = total
 		}
-		row.model, row.served = m.model, m.model
-		row.input, row.output, row.cacheRead, row.cacheWrite = m.usage.input, m.usage.output, m.usage.cacheRead, m.usage.cacheWrite
-		row.costNano, prev = upTo-prev, upTo
-		row.toolNano = int64(toNano(m.tools))
-		row.estimatedPrice = m.estimated
+		row.Model, row.Served = m.model, m.model
+		row.Input, row.Output, row.CacheRead, row.CacheWrite = m.usage.input, m.usage.output, m.usage.cacheRead, m.usage.cacheWrite
+		row.CostNano, prev = upTo-prev, upTo
+		row.ToolNano = int64(toNano(m.tools))
+		row.EstimatedPrice = m.estimated
 		if i > 0 {
-			row.id = id + "/" + m.model
+			row.ID = id + "/" + m.model
 		}
-		l.add(row)
+		l.Add(row)
 	}
 }
 
-// ledger is one database's writer: a bounded queue that requests hand
+// Writer is one database's writer: a bounded queue that requests hand
 // rows to, and a goroutine that writes them in batches.
-type ledger struct {
-	store  ledgerStore
+type Writer struct {
+	store  Store
 	name   string // the database, for logs: "sqlite <path>" or "postgres" (never the DSN)
 	logger *zap.Logger
 
 	mu      sync.Mutex
-	pending []ledgerRow // handed over, not taken by the writer yet
-	held    int         // rows pending plus those the writer holds: bounded by limit
+	pending []Row // handed over, not taken by the writer yet
+	held    int   // rows pending plus those the writer holds: bounded by limit
 	limit   int
 	closed  bool          // Destruct ran: rows are not taken any more
 	kick    chan struct{} // a batch is full
@@ -217,20 +229,20 @@ type ledger struct {
 	dropped int64
 }
 
-// ledgerStore is a ledger's database.
-type ledgerStore interface {
-	write(ctx context.Context, rows []ledgerRow) error
-	prune(ctx context.Context, before time.Time) (int64, error)
-	usage(ctx context.Context, q usageQuery, emit func(usageRow) error) error
-	close() error
+// Store is a ledger's database.
+type Store interface {
+	Write(ctx context.Context, rows []Row) error
+	Prune(ctx context.Context, before time.Time) (int64, error)
+	Usage(ctx context.Context, q Query, emit func(UsageRow) error) error
+	Close() error
 }
 
-// loadLedger returns the ledger of config c, from the pool, and the key the
+// Load returns the ledger of config c, from the pool, and the key the
 // caller gives back with ledgers.Delete when its config ends. A reload
 // that keeps the database keeps its writer and its queue, and takes the
 // new retention.
-func loadLedger(ctx caddy.Context, c *Ledger) (*ledger, string, error) {
-	if err := c.validate(); err != nil {
+func Load(ctx caddy.Context, c *Config) (*Writer, string, error) {
+	if err := c.Validate(); err != nil {
 		return nil, "", err
 	}
 	key, open, err := ledgerBackend(ctx, c)
@@ -242,14 +254,14 @@ func loadLedger(ctx caddy.Context, c *Ledger) (*ledger, string, error) {
 		if err != nil {
 			return nil, err
 		}
-		l := newLedger(store, name, ctx.Logger(), ledgerQueue)
+		l := newWriter(store, name, ctx.Logger(), Queue)
 		go l.run()
 		return l, nil
 	})
 	if err != nil {
 		return nil, "", err
 	}
-	l := v.(*ledger)
+	l := v.(*Writer)
 	l.mu.Lock()
 	l.retain = defaultLedgerRetention
 	if c.Retention > 0 {
@@ -263,7 +275,7 @@ func loadLedger(ctx caddy.Context, c *Ledger) (*ledger, string, error) {
 // ledgerBackend says which database c names (the pool's key: a SQLite
 // file's absolute path, or the DSN as configured, a placeholder, never
 // resolved) and how to open it.
-func ledgerBackend(ctx caddy.Context, c *Ledger) (string, func() (ledgerStore, string, error), error) {
+func ledgerBackend(ctx caddy.Context, c *Config) (string, func() (Store, string, error), error) {
 	if c.Postgres != nil {
 		dsn, err := resolveSecret(c.Postgres.DSN)
 		if err != nil {
@@ -273,7 +285,7 @@ func ledgerBackend(ctx caddy.Context, c *Ledger) (string, func() (ledgerStore, s
 			ctx.Logger().Warn("the ledger's postgres dsn is written in the config; use a placeholder such as {env.RELAY_PG_DSN} to keep its password out of GET /config/ and autosave.json")
 		}
 		raw, _ := json.Marshal(c.Postgres)
-		return "postgres:" + string(raw), func() (ledgerStore, string, error) {
+		return "postgres:" + string(raw), func() (Store, string, error) {
 			s, err := openPostgresLedger(dsn)
 			return s, "postgres", err
 		}, nil
@@ -282,16 +294,16 @@ func ledgerBackend(ctx caddy.Context, c *Ledger) (string, func() (ledgerStore, s
 	if err != nil {
 		return "", nil, err
 	}
-	return "sqlite:" + path, func() (ledgerStore, string, error) {
+	return "sqlite:" + path, func() (Store, string, error) {
 		s, err := openSQLiteFile(path)
 		return s, "sqlite " + path, err
 	}, nil
 }
 
-func newLedger(store ledgerStore, name string, logger *zap.Logger, limit int) *ledger {
-	return &ledger{
+func newWriter(store Store, name string, logger *zap.Logger, limit int) *Writer {
+	return &Writer{
 		store: store, name: name, logger: logger, limit: limit,
-		pending: make([]ledgerRow, 0, ledgerRoom),
+		pending: make([]Row, 0, ledgerRoom),
 		kick:    make(chan struct{}, 1),
 		wake:    make(chan struct{}, 1),
 		stop:    make(chan struct{}),
@@ -300,9 +312,9 @@ func newLedger(store ledgerStore, name string, logger *zap.Logger, limit int) *l
 	}
 }
 
-// add queues row; it never waits on the database. Past the queue's bound,
+// Add queues row; it never waits on the database. Past the queue's bound,
 // or after the ledger stopped, the row is dropped and counted.
-func (l *ledger) add(row ledgerRow) {
+func (l *Writer) Add(row Row) {
 	l.mu.Lock()
 	if l.closed || l.held >= l.limit {
 		l.dropped++
@@ -333,7 +345,7 @@ func (l *ledger) add(row ledgerRow) {
 // found nothing to write sleeps until a row comes, and writes it a second
 // later: an idle relay's writer costs nothing. At a stop it writes the
 // queue out.
-func (l *ledger) run() {
+func (l *Writer) run() {
 	defer close(l.done)
 	// the writer has a thread of its own, whose CPU time is the writer's:
 	// what the ledger costs off the request path, measured where it is
@@ -344,7 +356,7 @@ func (l *ledger) run() {
 	defer func() { l.countCPU(&cpu) }()
 	tick := time.NewTicker(ledgerEvery)
 	defer tick.Stop()
-	own := make([]ledgerRow, 0, ledgerRoom) // taken from pending, not written yet; swapped with it
+	own := make([]Row, 0, ledgerRoom) // taken from pending, not written yet; swapped with it
 	var pruned time.Time
 	idle := false
 	for {
@@ -395,7 +407,7 @@ func (l *ledger) run() {
 
 // countCPU adds the CPU time the writer's thread used since *last to
 // relay_ledger_writer_cpu_seconds_total.
-func (l *ledger) countCPU(last *time.Duration) {
+func (l *Writer) countCPU(last *time.Duration) {
 	now := threadCPU()
 	if d := now - *last; d > 0 {
 		metricLedgerWriterCPU.Add(d.Seconds())
@@ -405,7 +417,7 @@ func (l *ledger) countCPU(last *time.Duration) {
 
 // take gives the writer the queued rows when it has written all of its
 // own; a writer with rows left from a failed write retries those first.
-func (l *ledger) take(own []ledgerRow) []ledgerRow {
+func (l *Writer) take(own []Row) []Row {
 	if len(own) > 0 {
 		return own
 	}
@@ -417,7 +429,7 @@ func (l *ledger) take(own []ledgerRow) []ledgerRow {
 
 // flush writes *own in batches; what a failed write leaves stays in *own
 // for the next try. It reports whether all of it was written.
-func (l *ledger) flush(ctx context.Context, own *[]ledgerRow) bool {
+func (l *Writer) flush(ctx context.Context, own *[]Row) bool {
 	rows := *own
 	for len(rows) > 0 {
 		n := min(len(rows), ledgerBatch)
@@ -441,7 +453,7 @@ func (l *ledger) flush(ctx context.Context, own *[]ledgerRow) bool {
 // the file it writes is the one its path names (fileStore): SQLite writes
 // on, without an error, to a file deleted under it, and those rows would
 // be lost with it.
-func (l *ledger) write(ctx context.Context, rows []ledgerRow) error {
+func (l *Writer) write(ctx context.Context, rows []Row) error {
 	if f, ok := l.store.(fileStore); ok {
 		ch, err := f.reopen(ctx)
 		if ch.changed {
@@ -451,12 +463,12 @@ func (l *ledger) write(ctx context.Context, rows []ledgerRow) error {
 			return err
 		}
 	}
-	return l.store.write(ctx, rows)
+	return l.store.Write(ctx, rows)
 }
 
 // fileChanged logs what became of the ledger's file, and counts the rows
 // that went with it in relay_ledger_rows_lost_total.
-func (l *ledger) fileChanged(ch fileChange) {
+func (l *Writer) fileChanged(ch fileChange) {
 	l.mu.Lock()
 	logger := l.logger
 	l.mu.Unlock()
@@ -475,7 +487,7 @@ func (l *ledger) fileChanged(ch fileChange) {
 }
 
 // failed logs the first failed write of an outage, once.
-func (l *ledger) failed(err error, waiting int) {
+func (l *Writer) failed(err error, waiting int) {
 	l.mu.Lock()
 	first := !l.down
 	l.down = true
@@ -490,7 +502,7 @@ func (l *ledger) failed(err error, waiting int) {
 }
 
 // back logs the end of an outage.
-func (l *ledger) back() {
+func (l *Writer) back() {
 	l.mu.Lock()
 	if !l.down {
 		l.mu.Unlock()
@@ -503,13 +515,13 @@ func (l *ledger) back() {
 }
 
 // prune deletes the rows older than the retention.
-func (l *ledger) prune(now time.Time) {
+func (l *Writer) prune(now time.Time) {
 	l.mu.Lock()
 	retain := l.retain
 	l.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	n, err := l.store.prune(ctx, now.Add(-retain))
+	n, err := l.store.Prune(ctx, now.Add(-retain))
 	if err != nil {
 		l.logger.Warn("ledger: pruning old rows failed", zap.String("ledger", l.name), zap.Error(err))
 		return
@@ -522,7 +534,7 @@ func (l *ledger) prune(now time.Time) {
 // Destruct implements caddy.Destructor: the last config that used the
 // ledger is gone. The queue is written out (for at most
 // ledgerStopTimeout), then the database is closed.
-func (l *ledger) Destruct() error {
+func (l *Writer) Destruct() error {
 	close(l.stop)
 	<-l.done
 	l.mu.Lock()
@@ -533,15 +545,15 @@ func (l *ledger) Destruct() error {
 		metricLedgerDropped.Add(float64(lost))
 		l.logger.Error("ledger: rows not written at stop", zap.String("ledger", l.name), zap.Int("rows", lost))
 	}
-	return l.store.close()
+	return l.store.Close()
 }
 
-// theLedger is the ledger GET /relay/usage reads: the only one the
+// Current is the ledger GET /relay/usage reads: the only one the
 // process writes. With none or several, it says why not.
-func theLedger() (*ledger, error) {
-	var found []*ledger
+func Current() (*Writer, error) {
+	var found []*Writer
 	ledgers.Range(func(_, v any) bool {
-		found = append(found, v.(*ledger))
+		found = append(found, v.(*Writer))
 		return true
 	})
 	switch len(found) {
@@ -562,7 +574,7 @@ func (r *Relay) openLedger(ctx caddy.Context) error {
 	if err := register(ctx.GetMetricsRegistry(), ledgerCollectors); err != nil {
 		return err
 	}
-	l, key, err := loadLedger(ctx, r.Ledger)
+	l, key, err := Load(ctx, r.Ledger)
 	if err != nil {
 		return err
 	}

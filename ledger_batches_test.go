@@ -128,7 +128,7 @@ func TestLedgerKeepsBatchesReconciledReadTwiceAndInAFleet(t *testing.T) {
 // per model, add up to the nano-USD the budgets charged for the whole,
 // none negative, even where each model's cost alone rounds otherwise.
 func TestLedgerBatchRowsAddUpToTheCharge(t *testing.T) {
-	l := newLedger(discardStore{new(flakyStore)}, "test", zap.NewNop(), 100)
+	l := newWriter(discardStore{new(flakyStore)}, "test", zap.NewNop(), 100)
 	in := &inbound{id: "req-1", who: requester{key: &key{name: "reader", group: &group{name: "g"}}}}
 	in.end.status = 200
 	b := &batchCharge{}
@@ -144,12 +144,12 @@ func TestLedgerBatchRowsAddUpToTheCharge(t *testing.T) {
 	}
 	var sum int64
 	for i, row := range l.pending {
-		sum += row.costNano
+		sum += row.CostNano
 		wantID := "req-1"
 		if i > 0 {
-			wantID += "/" + row.served
+			wantID += "/" + row.Served
 		}
-		if row.costNano < 0 || row.id != wantID || row.cause != "batch" || row.key != "reader" || row.served != row.model || row.input != int64(i+1) {
+		if row.CostNano < 0 || row.ID != wantID || row.Cause != "batch" || row.Key != "reader" || row.Served != row.Model || row.Input != int64(i+1) {
 			t.Errorf("row %d: %+v", i, row)
 		}
 	}

@@ -22,13 +22,13 @@ import (
 // discardStore takes every row and keeps none.
 type discardStore struct{ *flakyStore }
 
-func (discardStore) write(context.Context, []ledgerRow) error { return nil }
+func (discardStore) Write(context.Context, []Row) error { return nil }
 
 // BenchmarkLedgerEnqueue is what account pays for the ledger: the row
 // built from the request and handed to the queue, with the writer
 // draining it. It allocates nothing.
 func BenchmarkLedgerEnqueue(b *testing.B) {
-	l := newLedger(discardStore{new(flakyStore)}, "bench", zap.NewNop(), ledgerQueue)
+	l := newWriter(discardStore{new(flakyStore)}, "bench", zap.NewNop(), Queue)
 	go l.run()
 	defer l.Destruct()
 	in := &inbound{id: newRequestID(), who: requester{key: &key{name: "bench-key", group: &group{name: "bench-g"}}}}
@@ -58,7 +58,7 @@ func benchSQLiteWrite(b *testing.B, oneKey bool) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer s.close()
+	defer s.Close()
 	start := time.Now()
 	rows := benchRows(ledgerBatch, start, 0)
 	ctx := context.Background()
@@ -68,16 +68,16 @@ func benchSQLiteWrite(b *testing.B, oneKey bool) {
 		b.StopTimer()
 		for i := range rows {
 			r := &rows[i]
-			r.id = newRequestID()
-			r.at = start.Add(time.Duration(n) * 100 * time.Microsecond) // 10,000 rows/s
+			r.ID = newRequestID()
+			r.At = start.Add(time.Duration(n) * 100 * time.Microsecond) // 10,000 rows/s
 			if oneKey {
-				r.key, r.group, r.channel, r.model, r.served = "key-00", "group-0", "channel-0", "claude-sonnet-4-5", "claude-sonnet-4-5"
+				r.Key, r.Group, r.Channel, r.Model, r.Served = "key-00", "group-0", "channel-0", "claude-sonnet-4-5", "claude-sonnet-4-5"
 			}
 			n++
 		}
 		before := cpuTime()
 		b.StartTimer()
-		if err := s.write(ctx, rows); err != nil {
+		if err := s.Write(ctx, rows); err != nil {
 			b.Fatal(err)
 		}
 		cpu += cpuTime() - before
@@ -95,18 +95,18 @@ func cpuTime() time.Duration {
 
 // benchRows are n rows of 50 keys, from 8 groups, 6 channels and 3
 // models, spread over a month from start.
-func benchRows(n int, start time.Time, from int) []ledgerRow {
+func benchRows(n int, start time.Time, from int) []Row {
 	models := []string{"claude-sonnet-4-5", "claude-opus-4-1", "claude-haiku-4-5"}
 	session := []string{"s", "", "", ""} // a quarter of the requests in a session
-	rows := make([]ledgerRow, n)
+	rows := make([]Row, n)
 	for i := range rows {
 		k := from + i
-		rows[i] = ledgerRow{
-			id: fmt.Sprintf("relay_%024d", k), at: start.Add(time.Duration(k%(30*24*3600)) * time.Second),
-			key: fmt.Sprintf("key-%02d", k%50), group: fmt.Sprintf("group-%d", k%8), channel: fmt.Sprintf("channel-%d", k%6),
-			model: models[k%3], served: models[k%3], status: 200, cause: causeOK,
-			input: 1200, output: 300, cacheRead: 8000, cacheWrite: 400, costNano: 12_345_678,
-			session: session[k%4], duration: 2 * time.Second, firstByte: 400 * time.Millisecond,
+		rows[i] = Row{
+			ID: fmt.Sprintf("relay_%024d", k), At: start.Add(time.Duration(k%(30*24*3600)) * time.Second),
+			Key: fmt.Sprintf("key-%02d", k%50), Group: fmt.Sprintf("group-%d", k%8), Channel: fmt.Sprintf("channel-%d", k%6),
+			Model: models[k%3], Served: models[k%3], Status: 200, Cause: causeOK,
+			Input: 1200, Output: 300, CacheRead: 8000, CacheWrite: 400, CostNano: 12_345_678,
+			Session: session[k%4], Duration: 2 * time.Second, FirstByte: 400 * time.Millisecond,
 		}
 	}
 	return rows
@@ -126,7 +126,7 @@ func TestLedgerMillionRowMonth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.close()
+	defer s.Close()
 	millionRowMonth(t, s, func(stmt string, args []any) string { return explainSQLite(t, s, stmt, args) })
 }
 
@@ -141,7 +141,7 @@ func TestLedgerPostgresMillionRowMonth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.close()
+	defer s.Close()
 	millionRowMonth(t, s, func(stmt string, args []any) string {
 		rows, err := s.db.Query("EXPLAIN "+stmt, args...)
 		if err != nil {
@@ -167,17 +167,17 @@ func millionRowMonth(t *testing.T, s *sqlLedger, explain func(stmt string, args 
 	ctx := context.Background()
 	began := time.Now()
 	for from := 0; from < 1_000_000; from += ledgerBatch {
-		if err := s.write(ctx, benchRows(ledgerBatch, start, from)); err != nil {
+		if err := s.Write(ctx, benchRows(ledgerBatch, start, from)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	fill := time.Since(began)
 	t.Logf("1M rows written in %v (%.0f rows/s)", fill, 1e6/fill.Seconds())
-	month := usageQuery{from: start, to: start.AddDate(0, 1, 0)}
+	month := Query{From: start, To: start.AddDate(0, 1, 0)}
 	// noon to noon: 29 whole days and two halves
-	noon := usageQuery{from: start.Add(12 * time.Hour), to: start.AddDate(0, 1, 0).Add(-12 * time.Hour)}
+	noon := Query{From: start.Add(12 * time.Hour), To: start.AddDate(0, 1, 0).Add(-12 * time.Hour)}
 	for _, c := range []struct {
-		q       usageQuery
+		q       Query
 		groupBy []string
 		want    int64
 	}{
@@ -189,33 +189,33 @@ func millionRowMonth(t *testing.T, s *sqlLedger, explain func(stmt string, args 
 		{noon, nil, 0},
 	} {
 		q := c.q
-		q.groupBy = c.groupBy
+		q.GroupBy = c.groupBy
 		began = time.Now()
 		rows, requests := 0, int64(0)
-		if err := s.usage(ctx, q, func(u usageRow) error { rows++; requests += u.requests; return nil }); err != nil {
+		if err := s.Usage(ctx, q, func(u UsageRow) error { rows++; requests += u.Requests; return nil }); err != nil {
 			t.Fatal(err)
 		}
 		took := time.Since(began)
-		t.Logf("usage %s..%s by %v: %d rows, %d requests, in %v", q.from.Format(time.RFC3339), q.to.Format(time.RFC3339), q.groupBy, rows, requests, took)
+		t.Logf("usage %s..%s by %v: %d rows, %d requests, in %v", q.From.Format(time.RFC3339), q.To.Format(time.RFC3339), q.GroupBy, rows, requests, took)
 		if (c.want != 0 && requests != c.want) || requests == 0 || took > time.Second {
-			t.Errorf("usage by %v: %d requests in %v, want %d in under 1s", q.groupBy, requests, took, c.want)
+			t.Errorf("usage by %v: %d requests in %v, want %d in under 1s", q.GroupBy, requests, took, c.want)
 		}
-		if q.from != noon.from {
+		if q.From != noon.From {
 			continue
 		}
 		// the same from the rows alone: what the answer took before the
 		// rollup answered the whole days of such a range
 		began = time.Now()
 		rowsOnly := int64(0)
-		if err := s.usageOf(ctx, q.groupBy, []usageSpan{{from: q.from, to: q.to}}, func(u usageRow) error { rowsOnly += u.requests; return nil }); err != nil {
+		if err := s.usageOf(ctx, q.GroupBy, []usageSpan{{from: q.From, to: q.To}}, func(u UsageRow) error { rowsOnly += u.Requests; return nil }); err != nil {
 			t.Fatal(err)
 		}
 		t.Logf("  the same from the rows alone: %v", time.Since(began))
 		if rowsOnly != requests {
-			t.Errorf("usage by %v: %d requests, but the rows hold %d", q.groupBy, requests, rowsOnly)
+			t.Errorf("usage by %v: %d requests, but the rows hold %d", q.GroupBy, requests, rowsOnly)
 		}
 	}
-	edge, args := s.spanSQL([]string{"key", "day"}, usageSpans(noon.from, noon.to)[0], nil)
+	edge, args := s.spanSQL([]string{"key", "day"}, usageSpans(noon.From, noon.To)[0], nil)
 	plan := explain(edge, args)
 	t.Logf("the plan of an edge's rows:\n%s", plan)
 	if !strings.Contains(plan, "USING PRIMARY KEY (time>? AND time<?)") && !strings.Contains(plan, "relay_usage_pkey") {
@@ -232,7 +232,7 @@ func BenchmarkServeHTTPLedger(b *testing.B) {
 	up := fakeupstream.Start(fakeupstream.Fast(), false)
 	defer up.Close()
 	r := benchServeRelay("bench-serve-ledger", up.URL, nil)
-	r.Ledger = &Ledger{SQLite: &LedgerSQLite{Path: filepath.Join(b.TempDir(), "ledger.db")}}
+	r.Ledger = &Config{SQLite: &SQLite{Path: filepath.Join(b.TempDir(), "ledger.db")}}
 	benchLoop(b, r, len(benchBody), func(int) *http.Request { return benchServeRequest("bench-serve-ledger", benchBody) })
 }
 
@@ -242,7 +242,7 @@ type countingStore struct {
 	rows *atomic.Int64
 }
 
-func (s countingStore) write(_ context.Context, rows []ledgerRow) error {
+func (s countingStore) Write(_ context.Context, rows []Row) error {
 	s.rows.Add(int64(len(rows)))
 	return nil
 }
@@ -258,7 +258,7 @@ func benchServeLedgerQueue(rows *atomic.Int64) func(*testing.B) {
 		r := benchServeRelay("bench-serve", up.URL, nil)
 		// what Provision sets from a ledger in the config (its writer
 		// from the pool); the request path reads nothing else of it
-		l := newLedger(countingStore{new(flakyStore), rows}, "counting", zap.NewNop(), ledgerQueue)
+		l := newWriter(countingStore{new(flakyStore), rows}, "counting", zap.NewNop(), Queue)
 		go l.run()
 		b.Cleanup(func() { _ = l.Destruct() }) // writes the queue out
 		r.ledger = l
@@ -346,9 +346,9 @@ func millionRowMigration(t *testing.T, d dialect, db *sql.DB, open func() (*sqlL
 	for from := 0; from < 1_000_000; from += chunk {
 		args = args[:0]
 		for _, r := range benchRows(chunk, start, from) {
-			args = append(args, r.id, d.timeArg(r.at), r.key, r.user, r.group, r.channel, r.model, r.served, int64(r.status), r.cause,
-				r.input, r.output, r.cacheRead, r.cacheWrite, r.costNano, r.estimated, r.incomplete, sessionDigest(r.session),
-				r.duration.Milliseconds(), r.firstByte.Milliseconds())
+			args = append(args, r.ID, d.timeArg(r.At), r.Key, r.User, r.Group, r.Channel, r.Model, r.Served, int64(r.Status), r.Cause,
+				r.Input, r.Output, r.CacheRead, r.CacheWrite, r.CostNano, r.Estimated, r.Incomplete, sessionDigest(r.Session),
+				r.Duration.Milliseconds(), r.FirstByte.Milliseconds())
 		}
 		if _, err := st.Exec(args...); err != nil {
 			t.Fatal(err)
@@ -363,7 +363,7 @@ func millionRowMigration(t *testing.T, d dialect, db *sql.DB, open func() (*sqlL
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.close()
+	defer s.Close()
 	t.Logf("1M rows migrated to the names table in %v", time.Since(began))
 	if n := countOf(t, s.db, "relay_usage"); n != 1_000_000 {
 		t.Errorf("%d rows through the view, want 1M", n)

@@ -17,10 +17,10 @@ type spinStore struct {
 	spin time.Duration
 }
 
-func (s spinStore) write(ctx context.Context, rows []ledgerRow) error {
+func (s spinStore) Write(ctx context.Context, rows []Row) error {
 	for start := threadCPU(); threadCPU()-start < s.spin; {
 	}
-	return s.flakyStore.write(ctx, rows)
+	return s.flakyStore.Write(ctx, rows)
 }
 
 // relay_ledger_writer_cpu_seconds_total counts the CPU of the writer's
@@ -31,7 +31,7 @@ func TestLedgerWriterCPUIsItsThreads(t *testing.T) {
 		t.Skip("the writer's CPU is read on Linux only")
 	}
 	const spin = 60 * time.Millisecond
-	l := newLedger(spinStore{new(flakyStore), spin}, "test", zap.NewNop(), 100)
+	l := newWriter(spinStore{new(flakyStore), spin}, "test", zap.NewNop(), 100)
 	before := testutil.ToFloat64(metricLedgerWriterCPU)
 	go l.run()
 	var stop atomic.Bool
@@ -44,7 +44,7 @@ func TestLedgerWriterCPUIsItsThreads(t *testing.T) {
 		busy <- threadCPU() - start
 	}()
 	for range 10 {
-		l.add(ledgerRow{id: newRequestID()})
+		l.Add(Row{ID: newRequestID()})
 	}
 	if err := l.Destruct(); err != nil { // writes the rows out
 		t.Fatal(err)

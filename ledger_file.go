@@ -74,7 +74,7 @@ func (f *sqliteFile) open() error {
 	}
 	file, err := os.Open(f.path)
 	if err != nil {
-		_ = s.close()
+		_ = s.Close()
 		return fmt.Errorf("ledger sqlite %s: %w", f.path, err)
 	}
 	f.file = file
@@ -111,7 +111,7 @@ func (f *sqliteFile) reopen(ctx context.Context) (fileChange, error) {
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ledgerWriteTimeout)
 		_ = s.raw.checkpoint(wctx)
 		cancel()
-		_ = s.close()
+		_ = s.Close()
 		_ = f.file.Close()
 		f.file = nil
 	}
@@ -126,34 +126,34 @@ func (f *sqliteFile) now() (*sqlLedger, error) {
 	return nil, fmt.Errorf("ledger sqlite %s: no file is open: it went, and could not be made again", f.path)
 }
 
-func (f *sqliteFile) write(ctx context.Context, rows []ledgerRow) error {
+func (f *sqliteFile) Write(ctx context.Context, rows []Row) error {
 	s, err := f.now()
 	if err != nil {
 		return err
 	}
-	return s.write(ctx, rows)
+	return s.Write(ctx, rows)
 }
 
-func (f *sqliteFile) prune(ctx context.Context, before time.Time) (int64, error) {
+func (f *sqliteFile) Prune(ctx context.Context, before time.Time) (int64, error) {
 	s, err := f.now()
 	if err != nil {
 		return 0, err
 	}
-	return s.prune(ctx, before)
+	return s.Prune(ctx, before)
 }
 
-func (f *sqliteFile) usage(ctx context.Context, q usageQuery, emit func(usageRow) error) error {
+func (f *sqliteFile) Usage(ctx context.Context, q Query, emit func(UsageRow) error) error {
 	s, err := f.now()
 	if err != nil {
 		return err
 	}
-	return s.usage(ctx, q, emit)
+	return s.Usage(ctx, q, emit)
 }
 
-func (f *sqliteFile) close() error {
+func (f *sqliteFile) Close() error {
 	var err error
 	if s := f.cur.Swap(nil); s != nil {
-		err = s.close()
+		err = s.Close()
 	}
 	if f.file != nil {
 		_ = f.file.Close()
@@ -164,6 +164,6 @@ func (f *sqliteFile) close() error {
 
 // Interface guards
 var (
-	_ ledgerStore = (*sqliteFile)(nil)
-	_ fileStore   = (*sqliteFile)(nil)
+	_ Store     = (*sqliteFile)(nil)
+	_ fileStore = (*sqliteFile)(nil)
 )

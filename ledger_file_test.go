@@ -36,25 +36,25 @@ func fileRows(t *testing.T, path string) int {
 }
 
 // rowsNamed are n rows of a minute ago, their ids prefix-0, prefix-1, ...
-func rowsNamed(prefix string, n int) []ledgerRow {
-	rows := make([]ledgerRow, n)
+func rowsNamed(prefix string, n int) []Row {
+	rows := make([]Row, n)
 	for i := range rows {
-		rows[i] = ledgerRow{at: time.Now().Add(-time.Minute), id: fmt.Sprintf("%s-%d", prefix, i), key: "k", group: "g",
-			channel: "c", model: "claude-sonnet-4-5", served: "claude-sonnet-4-5", cause: causeOK, status: 200, costNano: 1000}
+		rows[i] = Row{At: time.Now().Add(-time.Minute), ID: fmt.Sprintf("%s-%d", prefix, i), Key: "k", Group: "g",
+			Channel: "c", Model: "claude-sonnet-4-5", Served: "claude-sonnet-4-5", Cause: causeOK, Status: 200, CostNano: 1000}
 	}
 	return rows
 }
 
 // runningFileLedger starts a ledger's writer on a SQLite file at path, as
 // the relay does; the logs it writes are returned.
-func runningFileLedger(t *testing.T, path string) (*ledger, *observer.ObservedLogs) {
+func runningFileLedger(t *testing.T, path string) (*Writer, *observer.ObservedLogs) {
 	t.Helper()
 	store, err := openSQLiteFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	core, logs := observer.New(zap.InfoLevel)
-	l := newLedger(store, "sqlite "+path, zap.New(core), ledgerQueue)
+	l := newWriter(store, "sqlite "+path, zap.New(core), Queue)
 	go l.run()
 	t.Cleanup(func() { _ = l.Destruct() })
 	return l, logs
@@ -71,7 +71,7 @@ func TestLedgerNoticesItsFileDeleted(t *testing.T) {
 	l, logs := runningFileLedger(t, path)
 	lost := testutil.ToFloat64(metricLedgerLost)
 	for _, r := range rowsNamed("before", 3) {
-		l.add(r)
+		l.Add(r)
 	}
 	waitFor(t, "the first rows in the file", 10*time.Second, func() bool { return fileRows(t, path) == 3 })
 	for _, suffix := range []string{"", "-wal", "-shm"} {
@@ -80,7 +80,7 @@ func TestLedgerNoticesItsFileDeleted(t *testing.T) {
 		}
 	}
 	for _, r := range rowsNamed("after", 2) {
-		l.add(r)
+		l.Add(r)
 	}
 	waitFor(t, "the later rows in a new file", 10*time.Second, func() bool { return fileRows(t, path) == 2 })
 	if got := testutil.ToFloat64(metricLedgerLost) - lost; got != 3 {
@@ -91,14 +91,14 @@ func TestLedgerNoticesItsFileDeleted(t *testing.T) {
 		t.Errorf("the log of the deleted file: %+v", gone)
 	}
 	var got []string
-	err := l.store.usage(context.Background(), usageQuery{from: time.Now().Add(-time.Hour), to: time.Now().Add(time.Hour), groupBy: []string{"key"}},
-		func(u usageRow) error { got = append(got, usageLine(u.values, u)); return nil })
+	err := l.store.Usage(context.Background(), Query{From: time.Now().Add(-time.Hour), To: time.Now().Add(time.Hour), GroupBy: []string{"key"}},
+		func(u UsageRow) error { got = append(got, usageLine(u.Values, u)); return nil })
 	if err != nil || strings.Join(got, ",") != "k 2 0 0 0 0 0.000002" {
 		t.Errorf("usage after the file was made again: %v %v, want the 2 later rows", got, err)
 	}
 	// and it goes on writing to the new file, which nothing more is lost with
 	for _, r := range rowsNamed("later", 4) {
-		l.add(r)
+		l.Add(r)
 	}
 	waitFor(t, "more rows in the new file", 10*time.Second, func() bool { return fileRows(t, path) == 6 })
 	if got := testutil.ToFloat64(metricLedgerLost) - lost; got != 3 {
@@ -119,8 +119,8 @@ func TestLedgerRowsWrittenToADeletedFileAreCountedLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	core, logs := observer.New(zap.InfoLevel)
-	l := newLedger(store, "sqlite "+path, zap.New(core), ledgerQueue)
-	defer l.store.close()
+	l := newWriter(store, "sqlite "+path, zap.New(core), Queue)
+	defer l.store.Close()
 	ctx := context.Background()
 	lost := testutil.ToFloat64(metricLedgerLost)
 	own := rowsNamed("kept-then-deleted", 5)
@@ -130,7 +130,7 @@ func TestLedgerRowsWrittenToADeletedFileAreCountedLost(t *testing.T) {
 	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
 	}
-	if err := store.write(ctx, rowsNamed("into-the-void", 7)); err != nil {
+	if err := store.Write(ctx, rowsNamed("into-the-void", 7)); err != nil {
 		t.Fatalf("SQLite refused a write to a deleted file (%v): then no row went to it, and none is lost", err)
 	}
 	own = rowsNamed("next", 2)
@@ -159,14 +159,14 @@ func TestLedgerFileMovedAwayKeepsItsRows(t *testing.T) {
 	l, logs := runningFileLedger(t, path)
 	lost := testutil.ToFloat64(metricLedgerLost)
 	for _, r := range rowsNamed("archived", 3) {
-		l.add(r)
+		l.Add(r)
 	}
 	waitFor(t, "the first rows in the file", 10*time.Second, func() bool { return fileRows(t, path) == 3 })
 	if err := os.Rename(path, archive); err != nil {
 		t.Fatal(err)
 	}
 	for _, r := range rowsNamed("new", 2) {
-		l.add(r)
+		l.Add(r)
 	}
 	waitFor(t, "the later rows in a new file", 10*time.Second, func() bool { return fileRows(t, path) == 2 })
 	if n := fileRows(t, archive); n != 3 {
@@ -194,23 +194,23 @@ func TestLedgerFileReplacedByACopyIsWrittenOnWhole(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.write(context.Background(), rowsNamed("backup", 4)); err != nil {
+	if err := b.Write(context.Background(), rowsNamed("backup", 4)); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.close(); err != nil {
+	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}
 	l, logs := runningFileLedger(t, path)
 	lost := testutil.ToFloat64(metricLedgerLost)
 	for _, r := range rowsNamed("replaced", 3) {
-		l.add(r)
+		l.Add(r)
 	}
 	waitFor(t, "the first rows in the file", 10*time.Second, func() bool { return fileRows(t, path) == 3 })
 	if err := os.Rename(backup, path); err != nil {
 		t.Fatal(err)
 	}
 	for _, r := range rowsNamed("restored", 2) {
-		l.add(r)
+		l.Add(r)
 	}
 	waitFor(t, "the later rows in the copy", 10*time.Second, func() bool { return fileRows(t, path) == 6 })
 	if got := testutil.ToFloat64(metricLedgerLost) - lost; got != 3 {

@@ -43,14 +43,14 @@ var ledgerRowColumns = append(slices.Clip(namesRowColumns), "server_tool_nano_us
 // ever new names (users, say) cannot grow the writer's memory.
 const ledgerNamesKept = 100_000
 
-func namesOf(r *ledgerRow) ledgerNames {
-	return ledgerNames{r.key, r.user, r.group, r.channel, r.model, r.served, r.cause}
+func namesOf(r *Row) ledgerNames {
+	return ledgerNames{r.Key, r.User, r.Group, r.Channel, r.Model, r.Served, r.Cause}
 }
 
 // sameNames reports whether a and b have the same names.
-func sameNames(a, b *ledgerRow) bool {
-	return a.key == b.key && a.user == b.user && a.group == b.group && a.channel == b.channel &&
-		a.model == b.model && a.served == b.served && a.cause == b.cause
+func sameNames(a, b *Row) bool {
+	return a.Key == b.Key && a.User == b.User && a.Group == b.Group && a.Channel == b.Channel &&
+		a.Model == b.Model && a.Served == b.Served && a.Cause == b.Cause
 }
 
 func compareNames(a, b ledgerNames) int {
@@ -65,7 +65,7 @@ func compareNames(a, b ledgerNames) int {
 // where the names that are not there yet are added. What tx learns is
 // kept in s.learned until it commits (writeTx adds it to s.names then):
 // ids a transaction that failed added do not exist.
-func (s *sqlLedger) resolveNames(ctx context.Context, tx batchTx, rows []ledgerRow) error {
+func (s *sqlLedger) resolveNames(ctx context.Context, tx batchTx, rows []Row) error {
 	if len(s.names) > ledgerNamesKept {
 		s.names = map[ledgerNames]int64{} // a new map: clear keeps the old one's memory
 	}
@@ -103,7 +103,7 @@ func (s *sqlLedger) resolveNames(ctx context.Context, tx batchTx, rows []ledgerR
 			continue
 		}
 		if s.ids[i] = s.learned[namesOf(&rows[i])]; s.ids[i] == 0 {
-			return fmt.Errorf("ledger: the names of request %s were neither found nor added", rows[i].id)
+			return fmt.Errorf("ledger: the names of request %s were neither found nor added", rows[i].ID)
 		}
 	}
 	return nil

@@ -24,7 +24,7 @@ func TestLedgerPostgresStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.close()
+	defer s.Close()
 	checkStore(t, s)
 	// a second relay of the fleet starting on the same database migrates
 	// nothing
@@ -32,7 +32,7 @@ func TestLedgerPostgresStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s2.close()
+	defer s2.Close()
 	var v int
 	if err := s2.db.QueryRow(`SELECT MAX(version) FROM schema_version`).Scan(&v); err != nil || v != len(postgresDialect.migrations) {
 		t.Errorf("schema_version %d %v", v, err)
@@ -45,13 +45,13 @@ func TestLedgerPostgresRowsWaitThenDropOnlyPastTheQueueBound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.close()
-	l := newLedger(s, "postgres", zap.NewNop(), 20)
+	defer s.Close()
+	l := newWriter(s, "postgres", zap.NewNop(), 20)
 	dropped := testutil.ToFloat64(metricLedgerDropped)
 	pg.Kill()
-	var own []ledgerRow
+	var own []Row
 	for i := range 50 {
-		l.add(ledgerRow{id: fmt.Sprintf("bound-%02d", i), at: time.Now(), key: "k"})
+		l.Add(Row{ID: fmt.Sprintf("bound-%02d", i), At: time.Now(), Key: "k"})
 		if i%10 == 9 {
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 			own = l.take(own)

@@ -16,32 +16,32 @@ import (
 	"github.com/caddyserver/caddy/v2"
 )
 
-// usageQuery is what GET /relay/usage asks of the ledger: the rows of
+// Query is what GET /relay/usage asks of the ledger: the rows of
 // [from, to), summed by the groupBy columns.
-type usageQuery struct {
-	from, to time.Time
-	groupBy  []string // of usageColumns, each once
-	csv      bool
+type Query struct {
+	From, To time.Time
+	GroupBy  []string // of usageColumns, each once
+	CSV      bool
 }
 
 // usageColumns are the columns a usage answer may be grouped by; model is
 // the model that served the request.
 var usageColumns = []string{"key", "user", "group", "channel", "model", "day"}
 
-// usageRow is one row of a usage answer: the groupBy columns' values, then
+// UsageRow is one row of a usage answer: the groupBy columns' values, then
 // the sums.
-type usageRow struct {
-	values                               []string
-	requests                             int64
-	input, output, cacheRead, cacheWrite int64
-	costNano                             int64
+type UsageRow struct {
+	Values                               []string
+	Requests                             int64
+	Input, Output, CacheRead, CacheWrite int64
+	CostNano                             int64
 }
 
-// parseUsageQuery reads a usage query's parameters; without from and to
+// ParseQuery reads a usage query's parameters; without from and to
 // it covers the current UTC month. from and to are RFC 3339 times or UTC
 // dates (YYYY-MM-DD); to is exclusive, but a date covers its whole day.
-func parseUsageQuery(v url.Values, now time.Time) (usageQuery, error) {
-	var q usageQuery
+func ParseQuery(v url.Values, now time.Time) (Query, error) {
+	var q Query
 	for name := range v {
 		switch name {
 		case "from", "to", "group_by", "format":
@@ -50,21 +50,21 @@ func parseUsageQuery(v url.Values, now time.Time) (usageQuery, error) {
 		}
 	}
 	now = now.UTC()
-	q.from = time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
-	q.to = q.from.AddDate(0, 1, 0)
+	q.From = time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
+	q.To = q.From.AddDate(0, 1, 0)
 	var err error
 	if s := v.Get("from"); s != "" {
-		if q.from, err = usageTime(s, false); err != nil {
+		if q.From, err = usageTime(s, false); err != nil {
 			return q, fmt.Errorf("from: %w", err)
 		}
 	}
 	if s := v.Get("to"); s != "" {
-		if q.to, err = usageTime(s, true); err != nil {
+		if q.To, err = usageTime(s, true); err != nil {
 			return q, fmt.Errorf("to: %w", err)
 		}
 	}
-	if !q.to.After(q.from) {
-		return q, fmt.Errorf("to (%s) must be after from (%s)", q.to.Format(time.RFC3339), q.from.Format(time.RFC3339))
+	if !q.To.After(q.From) {
+		return q, fmt.Errorf("to (%s) must be after from (%s)", q.To.Format(time.RFC3339), q.From.Format(time.RFC3339))
 	}
 	if s := v.Get("group_by"); s != "" {
 		for c := range strings.SplitSeq(s, ",") {
@@ -72,16 +72,16 @@ func parseUsageQuery(v url.Values, now time.Time) (usageQuery, error) {
 			if !slices.Contains(usageColumns, c) {
 				return q, fmt.Errorf("group_by: unknown column %q (key, user, group, channel, model, day)", c)
 			}
-			if slices.Contains(q.groupBy, c) {
+			if slices.Contains(q.GroupBy, c) {
 				return q, fmt.Errorf("group_by: column %q is given twice", c)
 			}
-			q.groupBy = append(q.groupBy, c)
+			q.GroupBy = append(q.GroupBy, c)
 		}
 	}
 	switch v.Get("format") {
 	case "", "json":
 	case "csv":
-		q.csv = true
+		q.CSV = true
 	default:
 		return q, fmt.Errorf("format must be json or csv, not %q", v.Get("format"))
 	}
@@ -108,24 +108,24 @@ func usageTime(s string, end bool) (time.Time, error) {
 // with one header row, written as the database gives the rows (a name
 // that a spreadsheet would take for a formula behind a ': csvCell).
 func (adminAPI) usage(w http.ResponseWriter, r *http.Request) error {
-	q, err := parseUsageQuery(r.URL.Query(), time.Now())
+	q, err := ParseQuery(r.URL.Query(), time.Now())
 	if err != nil {
 		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
 	}
-	l, err := theLedger()
+	l, err := Current()
 	if err != nil {
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: err}
 	}
-	return writeUsage(w, r, l, q)
+	return WriteUsage(w, r, l, q)
 }
 
-// writeUsage streams q's answer from l to w.
-func writeUsage(w http.ResponseWriter, r *http.Request, l *ledger, q usageQuery) error {
-	header := append(append([]string(nil), q.groupBy...),
+// WriteUsage streams q's answer from l to w.
+func WriteUsage(w http.ResponseWriter, r *http.Request, l *Writer, q Query) error {
+	header := append(append([]string(nil), q.GroupBy...),
 		"requests", "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "cost_usd")
-	if q.csv {
+	if q.CSV {
 		w.Header().Set("Content-Type", "text/csv; charset=utf-8")
-		w.Header().Set("Content-Disposition", `attachment; filename="usage-`+q.from.Format(time.DateOnly)+`.csv"`)
+		w.Header().Set("Content-Disposition", `attachment; filename="usage-`+q.From.Format(time.DateOnly)+`.csv"`)
 	} else {
 		w.Header().Set("Content-Type", "application/json")
 	}
@@ -134,7 +134,7 @@ func writeUsage(w http.ResponseWriter, r *http.Request, l *ledger, q usageQuery)
 	started := false
 	start := func() {
 		started = true
-		if q.csv {
+		if q.CSV {
 			_ = cw.Write(header)
 		} else {
 			_, _ = bw.WriteString(`{"rows":[`)
@@ -142,19 +142,19 @@ func writeUsage(w http.ResponseWriter, r *http.Request, l *ledger, q usageQuery)
 	}
 	n := 0
 	rec := make([]string, len(header))
-	err := l.store.usage(r.Context(), q, func(u usageRow) error {
+	err := l.store.Usage(r.Context(), q, func(u UsageRow) error {
 		if !started {
 			start()
 		}
-		copy(rec, u.values)
-		k := len(u.values)
-		rec[k] = strconv.FormatInt(u.requests, 10)
-		rec[k+1] = strconv.FormatInt(u.input, 10)
-		rec[k+2] = strconv.FormatInt(u.output, 10)
-		rec[k+3] = strconv.FormatInt(u.cacheRead, 10)
-		rec[k+4] = strconv.FormatInt(u.cacheWrite, 10)
-		rec[k+5] = usdDecimal(u.costNano)
-		if q.csv {
+		copy(rec, u.Values)
+		k := len(u.Values)
+		rec[k] = strconv.FormatInt(u.Requests, 10)
+		rec[k+1] = strconv.FormatInt(u.Input, 10)
+		rec[k+2] = strconv.FormatInt(u.Output, 10)
+		rec[k+3] = strconv.FormatInt(u.CacheRead, 10)
+		rec[k+4] = strconv.FormatInt(u.CacheWrite, 10)
+		rec[k+5] = usdDecimal(u.CostNano)
+		if q.CSV {
 			for i := range k { // the names; the sums after them are numbers
 				rec[i] = csvCell(rec[i])
 			}
@@ -187,7 +187,7 @@ func writeUsage(w http.ResponseWriter, r *http.Request, l *ledger, q usageQuery)
 	if !started {
 		start()
 	}
-	if q.csv {
+	if q.CSV {
 		cw.Flush()
 	} else if err == nil {
 		_, _ = bw.WriteString("]}\n")
@@ -259,18 +259,18 @@ func usageSpans(from, to time.Time) []usageSpan {
 	return spans
 }
 
-// usage runs q, giving emit each row as it is read, so a large answer is
+// Usage runs q, giving emit each row as it is read, so a large answer is
 // streamed rather than held: the whole days of its range summed from the
 // daily rollup, the partial days at its edges from the rows.
-func (s *sqlLedger) usage(ctx context.Context, q usageQuery, emit func(usageRow) error) error {
-	return s.usageOf(ctx, q.groupBy, usageSpans(q.from, q.to), emit)
+func (s *sqlLedger) Usage(ctx context.Context, q Query, emit func(UsageRow) error) error {
+	return s.usageOf(ctx, q.GroupBy, usageSpans(q.From, q.To), emit)
 }
 
 // usageOf sums spans, grouped by groupBy, in one statement: a span's own
 // SELECT when there is one, else their sums added up (UNION ALL, then
 // summed again by the same columns). Every sum is of integers, so the
 // answer is exact whichever way it was summed.
-func (s *sqlLedger) usageOf(ctx context.Context, groupBy []string, spans []usageSpan, emit func(usageRow) error) error {
+func (s *sqlLedger) usageOf(ctx context.Context, groupBy []string, spans []usageSpan, emit func(UsageRow) error) error {
 	var args []any
 	branches := make([]string, len(spans))
 	for i, sp := range spans {
@@ -298,13 +298,13 @@ func (s *sqlLedger) usageOf(ctx context.Context, groupBy []string, spans []usage
 		return err
 	}
 	defer rows.Close()
-	var r usageRow
-	r.values = make([]string, len(groupBy))
+	var r UsageRow
+	r.Values = make([]string, len(groupBy))
 	dest := make([]any, 0, len(groupBy)+6)
-	for i := range r.values {
-		dest = append(dest, &r.values[i])
+	for i := range r.Values {
+		dest = append(dest, &r.Values[i])
 	}
-	dest = append(dest, &r.requests, &r.input, &r.output, &r.cacheRead, &r.cacheWrite, &r.costNano)
+	dest = append(dest, &r.Requests, &r.Input, &r.Output, &r.CacheRead, &r.CacheWrite, &r.CostNano)
 	for rows.Next() {
 		if err := rows.Scan(dest...); err != nil {
 			return err

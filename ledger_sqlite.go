@@ -18,7 +18,7 @@ import (
 // sqliteLedgerPath is the file of a SQLite ledger: the configured one
 // (placeholders resolved), else relay/ledger.db in Caddy's data directory;
 // absolute, so that two configs naming one file share its writer.
-func sqliteLedgerPath(c *LedgerSQLite) (string, error) {
+func sqliteLedgerPath(c *SQLite) (string, error) {
 	path := filepath.Join(caddy.AppDataDir(), "relay", "ledger.db")
 	if c != nil && c.Path != "" {
 		p, err := caddy.NewReplacer().ReplaceOrErr(c.Path, true, true)
@@ -153,7 +153,7 @@ func openSQLiteLedger(path string) (*sqlLedger, error) {
 	ctx, cancel = context.WithTimeout(context.Background(), ledgerWriteTimeout)
 	defer cancel()
 	if s.raw, err = newRawWriter(ctx, s); err != nil {
-		_ = s.close()
+		_ = s.Close()
 		return nil, fmt.Errorf("ledger sqlite %s: %w", path, err)
 	}
 	return s, nil

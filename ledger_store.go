@@ -208,14 +208,14 @@ func (s *sqlLedger) insertSQL(n int) string {
 		})
 }
 
-// write adds rows to the table and their sums to the daily rollup, in one
+// Write adds rows to the table and their sums to the daily rollup, in one
 // transaction, counting each request once in both. A first try cannot
 // meet rows already written (request ids are unique), so it inserts
-// without RETURNING and checks that every row was written; a write after
+// without RETURNING and checks that every row was written; a Write after
 // a failed one (whose commit may have been lost), or a first try that
 // found rows written already, reads which rows the insert wrote
 // (RETURNING) and adds only those to the rollup.
-func (s *sqlLedger) write(ctx context.Context, rows []ledgerRow) error {
+func (s *sqlLedger) Write(ctx context.Context, rows []Row) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.retrying {
@@ -243,7 +243,7 @@ var errRowsWritten = errors.New("ledger: rows of the batch were written already"
 // only the rows the insert wrote, else it fails with errRowsWritten when
 // the insert did not write every row. A SQLite ledger's first try goes
 // through the driver's own connection (rawWriter).
-func (s *sqlLedger) writeTx(ctx context.Context, rows []ledgerRow, returning bool) (err error) {
+func (s *sqlLedger) writeTx(ctx context.Context, rows []Row, returning bool) (err error) {
 	defer func() {
 		// the rows' strings are not kept until the next batch
 		clear(s.args)
@@ -349,7 +349,7 @@ func nextChunk[T any](rest []T, sizes []int) (i int, chunk, after []T) {
 }
 
 // writeIn writes rows and their sums in tx.
-func (s *sqlLedger) writeIn(ctx context.Context, tx batchTx, rows []ledgerRow, returning bool) error {
+func (s *sqlLedger) writeIn(ctx context.Context, tx batchTx, rows []Row, returning bool) error {
 	if err := s.resolveNames(ctx, tx, rows); err != nil {
 		return err
 	}
@@ -359,12 +359,12 @@ func (s *sqlLedger) writeIn(ctx context.Context, tx batchTx, rows []ledgerRow, r
 	}
 	for rest := rows; len(rest) > 0; {
 		var i int
-		var chunk []ledgerRow
+		var chunk []Row
 		at := len(rows) - len(rest) // chunk's first row's index in rows
 		i, chunk, rest = nextChunk(rest, insertSizes[:])
 		s.args = s.args[:0]
 		s.boxes.reset()
-		var prev *ledgerRow
+		var prev *Row
 		for j := range chunk {
 			s.args = s.rowArgs(s.args, &chunk[j], prev, s.ids[at:at+j+1])
 			prev = &chunk[j]
@@ -381,38 +381,38 @@ func (s *sqlLedger) writeIn(ctx context.Context, tx batchTx, rows []ledgerRow, r
 			return errRowsWritten
 		}
 	}
-	sums := map[dailyKey]*usageRow{}
+	sums := map[dailyKey]*UsageRow{}
 	var order []dailyKey
 	var day string           // the UTC day of [dayFrom, dayTo), as YYYY-MM-DD
 	var dayFrom, dayTo int64 // Unix seconds
 	var k dailyKey
-	var u *usageRow
+	var u *UsageRow
 	for i := range rows {
 		r := &rows[i]
-		if returning && !written[r.id] {
+		if returning && !written[r.ID] {
 			continue
 		}
-		if sec := r.at.Unix(); sec < dayFrom || sec >= dayTo {
-			t := r.at.UTC()
+		if sec := r.At.Unix(); sec < dayFrom || sec >= dayTo {
+			t := r.At.UTC()
 			day = t.Format(time.DateOnly)
 			dayFrom = time.Date(t.Year(), t.Month(), t.Day(), 0, 0, 0, 0, time.UTC).Unix()
 			dayTo = dayFrom + 24*3600
 		}
 		// most rows add to the sum the row before them added to
-		if u == nil || k.day != day || k.key != r.key || k.user != r.user || k.group != r.group || k.channel != r.channel || k.model != r.served {
-			k = dailyKey{day, r.key, r.user, r.group, r.channel, r.served}
+		if u == nil || k.day != day || k.key != r.Key || k.user != r.User || k.group != r.Group || k.channel != r.Channel || k.model != r.Served {
+			k = dailyKey{day, r.Key, r.User, r.Group, r.Channel, r.Served}
 			if u = sums[k]; u == nil {
-				u = new(usageRow)
+				u = new(UsageRow)
 				sums[k] = u
 				order = append(order, k)
 			}
 		}
-		u.requests++
-		u.input += r.input
-		u.output += r.output
-		u.cacheRead += r.cacheRead
-		u.cacheWrite += r.cacheWrite
-		u.costNano += r.costNano
+		u.Requests++
+		u.Input += r.Input
+		u.Output += r.Output
+		u.CacheRead += r.CacheRead
+		u.CacheWrite += r.CacheWrite
+		u.CostNano += r.CostNano
 	}
 	if s.d.shared {
 		// relays that write at once lock the rows they add to in one
@@ -431,7 +431,7 @@ func (s *sqlLedger) writeIn(ctx context.Context, tx batchTx, rows []ledgerRow, r
 		for _, k := range chunk {
 			u := sums[k]
 			s.args = append(s.args, k.day, k.key, k.user, k.group, k.channel, k.model,
-				u.requests, u.input, u.output, u.cacheRead, u.cacheWrite, u.costNano)
+				u.Requests, u.Input, u.Output, u.CacheRead, u.CacheWrite, u.CostNano)
 		}
 		if err := tx.upsert(ctx, i, s.args); err != nil {
 			return err
@@ -446,7 +446,7 @@ func (s *sqlLedger) writeIn(ctx context.Context, tx batchTx, rows []ledgerRow, r
 // the time) r shares with prev, as most rows do (a key, a channel and a
 // model serve many requests in a row), reuse prev's boxes, and a session's
 // digest is made once a batch.
-func (s *sqlLedger) rowArgs(args []any, r, prev *ledgerRow, ids []int64) []any {
+func (s *sqlLedger) rowArgs(args []any, r, prev *Row, ids []int64) []any {
 	var was []any
 	if prev != nil {
 		was = args[len(args)-len(ledgerRowColumns):]
@@ -457,28 +457,28 @@ func (s *sqlLedger) rowArgs(args []any, r, prev *ledgerRow, ids []int64) []any {
 	} else {
 		names = s.boxes.box(id)
 	}
-	if was != nil && r.at.Equal(prev.at) {
+	if was != nil && r.At.Equal(prev.At) {
 		at = was[1]
 	} else if s.d.timeMilli {
-		at = s.boxes.box(r.at.UnixMilli())
+		at = s.boxes.box(r.At.UnixMilli())
 	} else {
-		at = s.d.timeArg(r.at)
+		at = s.d.timeArg(r.At)
 	}
-	if was != nil && r.session == prev.session && r.sessionDigested == prev.sessionDigested {
+	if was != nil && r.Session == prev.Session && r.SessionDigested == prev.SessionDigested {
 		session = was[11]
-	} else if r.session == "" {
+	} else if r.Session == "" {
 		session = nil // see insertSQL
-	} else if r.sessionDigested {
-		session = r.session
-	} else if session = s.digests[r.session]; session == nil {
-		session = sessionDigest(r.session)
-		s.digests[r.session] = session
+	} else if r.SessionDigested {
+		session = r.Session
+	} else if session = s.digests[r.Session]; session == nil {
+		session = sessionDigest(r.Session)
+		s.digests[r.Session] = session
 	}
 	b := &s.boxes
-	return append(args, r.id, at, names, b.box(int64(r.status)),
-		b.box(r.input), b.box(r.output), b.box(r.cacheRead), b.box(r.cacheWrite),
-		b.box(r.costNano), r.estimated, r.incomplete, session,
-		b.box(r.duration.Milliseconds()), b.box(r.firstByte.Milliseconds()), b.box(r.toolNano), r.estimatedPrice)
+	return append(args, r.ID, at, names, b.box(int64(r.Status)),
+		b.box(r.Input), b.box(r.Output), b.box(r.CacheRead), b.box(r.CacheWrite),
+		b.box(r.CostNano), r.Estimated, r.Incomplete, session,
+		b.box(r.Duration.Milliseconds()), b.box(r.FirstByte.Milliseconds()), b.box(r.ToolNano), r.EstimatedPrice)
 }
 
 // readWritten adds the request ids of an insert's RETURNING to written:
@@ -559,9 +559,9 @@ func dailyMigration(day string) string {
 			FROM relay_usage GROUP BY 1, 2, 3, 4, 5, 6;`
 }
 
-// prune deletes the rows before before, and the days of the rollup that
+// Prune deletes the rows before before, and the days of the rollup that
 // end before it.
-func (s *sqlLedger) prune(ctx context.Context, before time.Time) (int64, error) {
+func (s *sqlLedger) Prune(ctx context.Context, before time.Time) (int64, error) {
 	res, err := s.db.ExecContext(ctx, `DELETE FROM relay_usage_rows WHERE time < `+s.d.param(1), s.d.timeArg(before))
 	if err != nil {
 		return 0, err
@@ -572,7 +572,7 @@ func (s *sqlLedger) prune(ctx context.Context, before time.Time) (int64, error) 
 	return res.RowsAffected()
 }
 
-func (s *sqlLedger) close() error {
+func (s *sqlLedger) Close() error {
 	if s.raw != nil {
 		s.raw.close()
 	}

@@ -22,11 +22,11 @@ import (
 type flakyStore struct {
 	mu    sync.Mutex
 	down  bool
-	rows  []ledgerRow
+	rows  []Row
 	calls int
 }
 
-func (s *flakyStore) write(_ context.Context, rows []ledgerRow) error {
+func (s *flakyStore) Write(_ context.Context, rows []Row) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.calls++
@@ -36,20 +36,20 @@ func (s *flakyStore) write(_ context.Context, rows []ledgerRow) error {
 	s.rows = append(s.rows, rows...)
 	return nil
 }
-func (s *flakyStore) prune(context.Context, time.Time) (int64, error) { return 0, nil }
-func (s *flakyStore) usage(context.Context, usageQuery, func(usageRow) error) error {
+func (s *flakyStore) Prune(context.Context, time.Time) (int64, error) { return 0, nil }
+func (s *flakyStore) Usage(context.Context, Query, func(UsageRow) error) error {
 	return nil
 }
-func (s *flakyStore) close() error { return nil }
+func (s *flakyStore) Close() error { return nil }
 
 func TestLedgerRowsWaitThenDropPastTheQueueBoundOneLogLinePerOutage(t *testing.T) {
 	store := &flakyStore{down: true}
 	core, logs := observer.New(zap.InfoLevel)
-	l := newLedger(store, "test", zap.New(core), 10)
+	l := newWriter(store, "test", zap.New(core), 10)
 	dropped := testutil.ToFloat64(metricLedgerDropped)
-	var own []ledgerRow
+	var own []Row
 	for i := range 25 {
-		l.add(ledgerRow{id: "r" + string(rune('a'+i))})
+		l.Add(Row{ID: "r" + string(rune('a'+i))})
 		if i%5 == 4 { // the writer tries while the database is away
 			own = l.take(own)
 			if l.flush(context.Background(), &own) {
@@ -72,14 +72,14 @@ func TestLedgerRowsWaitThenDropPastTheQueueBoundOneLogLinePerOutage(t *testing.T
 	}
 	own = l.take(own)
 	l.flush(context.Background(), &own)
-	if len(store.rows) != 10 || store.rows[0].id != "ra" || store.rows[9].id != "rj" {
+	if len(store.rows) != 10 || store.rows[0].ID != "ra" || store.rows[9].ID != "rj" {
 		t.Fatalf("written %d rows (%v...), want the first 10 in order", len(store.rows), store.rows)
 	}
 	if logs.FilterMessageSnippet("ledger is back").Len() != 1 {
 		t.Error("no log line when the ledger came back")
 	}
 	// the queue is empty again: rows are taken
-	l.add(ledgerRow{id: "later"})
+	l.Add(Row{ID: "later"})
 	if got := testutil.ToFloat64(metricLedgerDropped) - dropped; got != 15 {
 		t.Errorf("a row was dropped with room in the queue (%v dropped)", got)
 	}
@@ -87,10 +87,10 @@ func TestLedgerRowsWaitThenDropPastTheQueueBoundOneLogLinePerOutage(t *testing.T
 
 func TestLedgerStopWritesTheQueueOut(t *testing.T) {
 	store := &flakyStore{}
-	l := newLedger(store, "test", zap.NewNop(), 100)
+	l := newWriter(store, "test", zap.NewNop(), 100)
 	go l.run()
 	for range 42 {
-		l.add(ledgerRow{id: newRequestID()})
+		l.Add(Row{ID: newRequestID()})
 	}
 	if err := l.Destruct(); err != nil {
 		t.Fatal(err)
@@ -106,7 +106,7 @@ func TestLedgerStopWritesTheQueueOut(t *testing.T) {
 func TestAnIdleLedgerWriterSleeps(t *testing.T) {
 	t.Parallel()
 	store := &flakyStore{}
-	l := newLedger(store, "test", zap.NewNop(), 100)
+	l := newWriter(store, "test", zap.NewNop(), 100)
 	go l.run()
 	t.Cleanup(func() { _ = l.Destruct() })
 	written := func() int {
@@ -126,7 +126,7 @@ func TestAnIdleLedgerWriterSleeps(t *testing.T) {
 			t.Fatalf("round %d: the idle writer woke %d times in 2.5s, want none", round, got-slept)
 		}
 		added := time.Now()
-		l.add(ledgerRow{id: newRequestID()})
+		l.Add(Row{ID: newRequestID()})
 		waitFor(t, "the row written", 3*time.Second, func() bool { return written() == round+1 })
 		if took := time.Since(added); took < ledgerEvery/2 {
 			t.Errorf("round %d: the row was written after %v: a partial batch waits for its second", round, took)
@@ -140,7 +140,7 @@ func TestAnIdleLedgerWriterSleeps(t *testing.T) {
 func TestAFullLedgerBatchIsWrittenAtOnce(t *testing.T) {
 	t.Parallel()
 	store := &flakyStore{}
-	l := newLedger(store, "test", zap.NewNop(), 3*ledgerBatch)
+	l := newWriter(store, "test", zap.NewNop(), 3*ledgerBatch)
 	go l.run()
 	t.Cleanup(func() { _ = l.Destruct() })
 	// asleep, the writer is woken by the first row and then waits a
@@ -148,7 +148,7 @@ func TestAFullLedgerBatchIsWrittenAtOnce(t *testing.T) {
 	waitFor(t, "the writer finds the queue empty", 3*time.Second, func() bool { return l.sleeps.Load() > 0 })
 	added := time.Now()
 	for range ledgerBatch + 1 {
-		l.add(ledgerRow{id: newRequestID()})
+		l.Add(Row{ID: newRequestID()})
 	}
 	waitFor(t, "a full batch written", 3*time.Second, func() bool {
 		store.mu.Lock()
@@ -175,10 +175,10 @@ func TestAFullLedgerBatchIsWrittenAtOnce(t *testing.T) {
 // rather than growing (copying) a slice of a batch under the queue's lock
 // on a request's path.
 func TestTheLedgerQueueHasRoomPastAFullBatch(t *testing.T) {
-	l := newLedger(&flakyStore{}, "test", zap.NewNop(), 3*ledgerBatch) // no writer: nothing takes the rows
+	l := newWriter(&flakyStore{}, "test", zap.NewNop(), 3*ledgerBatch) // no writer: nothing takes the rows
 	room := cap(l.pending)
 	for range ledgerBatch + ledgerBatch/10 {
-		l.add(ledgerRow{id: "r"})
+		l.Add(Row{ID: "r"})
 	}
 	if got := cap(l.pending); got != room {
 		t.Errorf("the queue grew from %d to %d rows on a request's path, %d rows past a full batch", room, got, ledgerBatch/10)
@@ -204,12 +204,12 @@ func TestSessionIDIsNeverStoredRaw(t *testing.T) {
 
 func TestUsageQueryParameters(t *testing.T) {
 	now := time.Date(2026, 3, 17, 12, 0, 0, 0, time.UTC)
-	q, err := parseUsageQuery(url.Values{}, now)
-	if err != nil || !q.from.Equal(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)) || !q.to.Equal(time.Date(2026, 4, 1, 0, 0, 0, 0, time.UTC)) || q.csv || len(q.groupBy) != 0 {
+	q, err := ParseQuery(url.Values{}, now)
+	if err != nil || !q.From.Equal(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)) || !q.To.Equal(time.Date(2026, 4, 1, 0, 0, 0, 0, time.UTC)) || q.CSV || len(q.GroupBy) != 0 {
 		t.Errorf("default query %+v %v, want the current UTC month", q, err)
 	}
-	q, err = parseUsageQuery(url.Values{"from": {"2026-01-01"}, "to": {"2026-01-31"}, "group_by": {"key,day"}, "format": {"csv"}}, now)
-	if err != nil || !q.to.Equal(time.Date(2026, 2, 1, 0, 0, 0, 0, time.UTC)) || strings.Join(q.groupBy, ",") != "key,day" || !q.csv {
+	q, err = ParseQuery(url.Values{"from": {"2026-01-01"}, "to": {"2026-01-31"}, "group_by": {"key,day"}, "format": {"csv"}}, now)
+	if err != nil || !q.To.Equal(time.Date(2026, 2, 1, 0, 0, 0, 0, time.UTC)) || strings.Join(q.GroupBy, ",") != "key,day" || !q.CSV {
 		t.Errorf("query %+v %v: a date as to covers its day", q, err)
 	}
 	for _, c := range []struct {
@@ -223,7 +223,7 @@ func TestUsageQueryParameters(t *testing.T) {
 		{url.Values{"from": {"2026-02-01"}, "to": {"2026-01-01"}}, `must be after from`},
 		{url.Values{"group": {"key"}}, `unknown parameter "group"`},
 	} {
-		if _, err := parseUsageQuery(c.v, now); err == nil || !strings.Contains(err.Error(), c.want) {
+		if _, err := ParseQuery(c.v, now); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: error %v, want %q", c.v, err, c.want)
 		}
 	}
@@ -238,12 +238,12 @@ func TestUSDDecimalIsExact(t *testing.T) {
 }
 
 // testRows are rows of two keys over two days.
-func testRows(day1, day2 time.Time) []ledgerRow {
-	return []ledgerRow{
-		{id: "a", at: day1, key: "k1", group: "g", channel: "c1", served: "claude-sonnet-4-5", status: 200, input: 10, output: 5, costNano: 1_000_000_000, session: "s1"},
-		{id: "b", at: day1.Add(time.Hour), key: "k1", group: "g", channel: "c2", served: "claude-sonnet-4-5", status: 200, input: 20, output: 5, cacheRead: 3, costNano: 500_000_000},
-		{id: "c", at: day2, key: "k2", user: "alice", group: "g", channel: "c1", served: "claude-opus-4-1", status: 200, input: 1, output: 1, cacheWrite: 7, costNano: 3},
-		{id: "d", at: day2, key: "k2", group: "g", status: 429, cause: "client"},
+func testRows(day1, day2 time.Time) []Row {
+	return []Row{
+		{ID: "a", At: day1, Key: "k1", Group: "g", Channel: "c1", Served: "claude-sonnet-4-5", Status: 200, Input: 10, Output: 5, CostNano: 1_000_000_000, Session: "s1"},
+		{ID: "b", At: day1.Add(time.Hour), Key: "k1", Group: "g", Channel: "c2", Served: "claude-sonnet-4-5", Status: 200, Input: 20, Output: 5, CacheRead: 3, CostNano: 500_000_000},
+		{ID: "c", At: day2, Key: "k2", User: "alice", Group: "g", Channel: "c1", Served: "claude-opus-4-1", Status: 200, Input: 1, Output: 1, CacheWrite: 7, CostNano: 3},
+		{ID: "d", At: day2, Key: "k2", Group: "g", Status: 429, Cause: "client"},
 	}
 }
 
@@ -255,15 +255,15 @@ func checkStore(t *testing.T, s *sqlLedger) {
 	day1 := time.Date(2026, 3, 2, 10, 0, 0, 0, time.UTC)
 	day2 := time.Date(2026, 3, 3, 23, 59, 0, 0, time.UTC)
 	for range 2 {
-		if err := s.write(ctx, testRows(day1, day2)); err != nil {
+		if err := s.Write(ctx, testRows(day1, day2)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	q := usageQuery{from: day1.AddDate(0, 0, -1), to: day2.AddDate(0, 0, 1), groupBy: []string{"key", "day"}}
+	q := Query{From: day1.AddDate(0, 0, -1), To: day2.AddDate(0, 0, 1), GroupBy: []string{"key", "day"}}
 	var got []string
-	err := s.usage(ctx, q, func(u usageRow) error {
-		got = append(got, strings.Join(u.values, "|")+" "+strings.Join([]string{
-			i64(u.requests), i64(u.input), i64(u.output), i64(u.cacheRead), i64(u.cacheWrite), usdDecimal(u.costNano)}, " "))
+	err := s.Usage(ctx, q, func(u UsageRow) error {
+		got = append(got, strings.Join(u.Values, "|")+" "+strings.Join([]string{
+			i64(u.Requests), i64(u.Input), i64(u.Output), i64(u.CacheRead), i64(u.CacheWrite), usdDecimal(u.CostNano)}, " "))
 		return nil
 	})
 	want := []string{"k1|2026-03-02 2 30 10 3 0 1.5", "k2|2026-03-03 2 1 1 0 7 0.000000003"}
@@ -273,23 +273,23 @@ func checkStore(t *testing.T, s *sqlLedger) {
 	// over whole days, the daily rollup answers the same (the batch
 	// written twice counted once there too)
 	got = nil
-	q.from, q.to = time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC), time.Date(2026, 3, 4, 0, 0, 0, 0, time.UTC)
-	err = s.usage(ctx, q, func(u usageRow) error {
-		got = append(got, strings.Join(u.values, "|")+" "+strings.Join([]string{
-			i64(u.requests), i64(u.input), i64(u.output), i64(u.cacheRead), i64(u.cacheWrite), usdDecimal(u.costNano)}, " "))
+	q.From, q.To = time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC), time.Date(2026, 3, 4, 0, 0, 0, 0, time.UTC)
+	err = s.Usage(ctx, q, func(u UsageRow) error {
+		got = append(got, strings.Join(u.Values, "|")+" "+strings.Join([]string{
+			i64(u.Requests), i64(u.Input), i64(u.Output), i64(u.CacheRead), i64(u.CacheWrite), usdDecimal(u.CostNano)}, " "))
 		return nil
 	})
 	if err != nil || strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("usage by key and day from the rollup: %v\n%s\nwant\n%s", err, strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 	got = nil
-	q.groupBy = nil
-	q.to = day1.AddDate(0, 0, 1)
-	_ = s.usage(ctx, q, func(u usageRow) error { got = append(got, i64(u.requests)+" "+usdDecimal(u.costNano)); return nil })
+	q.GroupBy = nil
+	q.To = day1.AddDate(0, 0, 1)
+	_ = s.Usage(ctx, q, func(u UsageRow) error { got = append(got, i64(u.Requests)+" "+usdDecimal(u.CostNano)); return nil })
 	if strings.Join(got, ",") != "2 1.5" {
 		t.Errorf("total of day 1: %v", got)
 	}
-	n, err := s.prune(ctx, day2)
+	n, err := s.Prune(ctx, day2)
 	if err != nil || n != 2 {
 		t.Errorf("pruned %d rows (%v), want day 1's 2", n, err)
 	}
@@ -312,13 +312,13 @@ func TestLedgerSQLiteOnDisk(t *testing.T) {
 	if err := s.db.QueryRow(`PRAGMA journal_mode`).Scan(&mode); err != nil || mode != "wal" {
 		t.Errorf("journal_mode %q %v, want wal", mode, err)
 	}
-	_ = s.close()
+	_ = s.Close()
 	// opened again, the schema is not migrated twice
 	s, err = openSQLiteLedger(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.close()
+	defer s.Close()
 	var v, n int
 	if err := s.db.QueryRow(`SELECT MAX(version), COUNT(*) FROM schema_version`).Scan(&v, &n); err != nil || v != len(sqliteDialect.migrations) || n != 1 {
 		t.Errorf("schema_version %d (%d rows) %v", v, n, err)
@@ -327,7 +327,7 @@ func TestLedgerSQLiteOnDisk(t *testing.T) {
 	if _, err := s.db.Exec(`UPDATE schema_version SET version = 99`); err != nil {
 		t.Fatal(err)
 	}
-	_ = s.close()
+	_ = s.Close()
 	if _, err := openSQLiteLedger(path); err == nil || !strings.Contains(err.Error(), "newer than this relay's") {
 		t.Errorf("opening a newer schema: %v", err)
 	}
@@ -366,7 +366,7 @@ tests:
 // it likes) is digested when its row is queued, to the digest the writer
 // stores for it, so a queue waiting for a database holds no long ids.
 func TestALongSessionIDIsDigestedWhenQueued(t *testing.T) {
-	l := newLedger(new(flakyStore), "test", zap.NewNop(), ledgerQueue)
+	l := newWriter(new(flakyStore), "test", zap.NewNop(), Queue)
 	long := strings.Repeat("s", 4096)
 	for _, sid := range []string{"cc-session-1", long} {
 		in := &inbound{id: newRequestID(), who: requester{key: &key{name: "k", group: &group{name: "g"}}}, ask: asked{header: http.Header{}}}
@@ -374,16 +374,16 @@ func TestALongSessionIDIsDigestedWhenQueued(t *testing.T) {
 		l.record(in, time.Now(), time.Millisecond, 0, 0)
 	}
 	short, queued := l.pending[0], l.pending[1]
-	if short.session != "cc-session-1" || short.sessionDigested {
-		t.Errorf("a short id is queued as %q (digested %v), want it as it is, for the writer", short.session, short.sessionDigested)
+	if short.Session != "cc-session-1" || short.SessionDigested {
+		t.Errorf("a short id is queued as %q (digested %v), want it as it is, for the writer", short.Session, short.SessionDigested)
 	}
-	if queued.session != sessionDigest(long) || !queued.sessionDigested {
-		t.Fatalf("a %d-byte id is queued as %d bytes (digested %v), want its digest", len(long), len(queued.session), queued.sessionDigested)
+	if queued.Session != sessionDigest(long) || !queued.SessionDigested {
+		t.Fatalf("a %d-byte id is queued as %d bytes (digested %v), want its digest", len(long), len(queued.Session), queued.SessionDigested)
 	}
 	s := &sqlLedger{d: sqliteDialect, digests: map[string]any{}}
-	for _, r := range []ledgerRow{short, queued} {
+	for _, r := range []Row{short, queued} {
 		args := s.rowArgs(nil, &r, nil, []int64{1})
-		want := sessionDigest(map[bool]string{false: "cc-session-1", true: long}[r.sessionDigested])
+		want := sessionDigest(map[bool]string{false: "cc-session-1", true: long}[r.SessionDigested])
 		if args[11] != want {
 			t.Errorf("stored session %v, want %s", args[11], want)
 		}

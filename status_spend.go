@@ -76,7 +76,7 @@ func spendRange(now time.Time) (from, to time.Time) {
 }
 
 // buildSpend reads the view at now from l.
-func buildSpend(ctx context.Context, l *ledger, now time.Time) spendView {
+func buildSpend(ctx context.Context, l *Writer, now time.Time) spendView {
 	from, to := spendRange(now)
 	v := spendView{Ledger: true, Days: make([]string, 0, spendDays), Groups: []spendGroup{}, TopKeys: []spendTotal{}, TopModels: []spendTotal{}}
 	day := map[string]int{}
@@ -85,18 +85,18 @@ func buildSpend(ctx context.Context, l *ledger, now time.Time) spendView {
 		v.Days = append(v.Days, d.Format(time.DateOnly))
 	}
 	group := map[string]int{}
-	err := l.store.usage(ctx, usageQuery{from: from, to: to, groupBy: []string{"day", "group"}}, func(u usageRow) error {
-		i, ok := day[u.values[0]]
+	err := l.store.Usage(ctx, Query{From: from, To: to, GroupBy: []string{"day", "group"}}, func(u UsageRow) error {
+		i, ok := day[u.Values[0]]
 		if !ok {
 			return nil
 		}
-		g, ok := group[u.values[1]]
+		g, ok := group[u.Values[1]]
 		if !ok {
 			g = len(v.Groups)
-			group[u.values[1]] = g
-			v.Groups = append(v.Groups, spendGroup{Name: u.values[1], CostUSD: make([]float64, spendDays)})
+			group[u.Values[1]] = g
+			v.Groups = append(v.Groups, spendGroup{Name: u.Values[1], CostUSD: make([]float64, spendDays)})
 		}
-		usd := float64(u.costNano) / 1e9
+		usd := float64(u.CostNano) / 1e9
 		v.Groups[g].CostUSD[i] += usd
 		v.TotalUSD += usd
 		return nil
@@ -115,10 +115,10 @@ func buildSpend(ctx context.Context, l *ledger, now time.Time) spendView {
 }
 
 // spendTops is the spendTop costliest values of column in [from, to).
-func spendTops(ctx context.Context, l *ledger, from, to time.Time, column string) ([]spendTotal, error) {
+func spendTops(ctx context.Context, l *Writer, from, to time.Time, column string) ([]spendTotal, error) {
 	var all []spendTotal
-	err := l.store.usage(ctx, usageQuery{from: from, to: to, groupBy: []string{column}}, func(u usageRow) error {
-		all = append(all, spendTotal{Name: u.values[0], Requests: u.requests, CostUSD: float64(u.costNano) / 1e9})
+	err := l.store.Usage(ctx, Query{From: from, To: to, GroupBy: []string{column}}, func(u UsageRow) error {
+		all = append(all, spendTotal{Name: u.Values[0], Requests: u.Requests, CostUSD: float64(u.CostNano) / 1e9})
 		return nil
 	})
 	slices.SortStableFunc(all, func(a, b spendTotal) int {
@@ -139,7 +139,7 @@ func (s *StatusPage) spend(w http.ResponseWriter, r *http.Request) error {
 
 // spendView is the view at now, built at most every spendTTL.
 func (s *StatusPage) spendView(ctx context.Context, now time.Time) spendView {
-	l, err := theLedger()
+	l, err := Current()
 	if err != nil {
 		return spendView{Notice: err.Error()}
 	}
@@ -159,7 +159,7 @@ func (s *StatusPage) spendView(ctx context.Context, now time.Time) spendView {
 // spendCSV serves the view's rows, by day, group, key and model, as the
 // admin API's GET /relay/usage does in CSV.
 func (s *StatusPage) spendCSV(w http.ResponseWriter, r *http.Request) error {
-	l, err := theLedger()
+	l, err := Current()
 	if err != nil {
 		return statusError(w, http.StatusNotFound, err.Error())
 	}
@@ -168,7 +168,7 @@ func (s *StatusPage) spendCSV(w http.ResponseWriter, r *http.Request) error {
 		w.Header().Set("Content-Type", "text/csv; charset=utf-8")
 		return nil
 	}
-	err = writeUsage(w, r, l, usageQuery{from: from, to: to, groupBy: []string{"day", "group", "key", "model"}, csv: true})
+	err = WriteUsage(w, r, l, Query{From: from, To: to, GroupBy: []string{"day", "group", "key", "model"}, CSV: true})
 	var api caddy.APIError
 	if errors.As(err, &api) { // the ledger did not answer: nothing is written yet
 		w.Header().Del("Content-Disposition")

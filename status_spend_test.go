@@ -67,14 +67,14 @@ func spendRelay(t *testing.T) {
 			t.Fatalf("%d %s", r.status, r.body)
 		}
 	}
-	l, err := theLedger()
+	l, err := Current()
 	if err != nil {
 		t.Fatal(err)
 	}
-	l.add(ledgerRow{
-		at: time.Now().UTC().AddDate(0, 0, -2), id: "req_spend_past", key: "spend-ka", group: "spend-a",
-		channel: "spend-up", model: "claude-opus-4-5", served: "claude-opus-4-5", cause: "ok", status: 200,
-		costNano: int64(toNano(pastCost)),
+	l.Add(Row{
+		At: time.Now().UTC().AddDate(0, 0, -2), ID: "req_spend_past", Key: "spend-ka", Group: "spend-a",
+		Channel: "spend-up", Model: "claude-opus-4-5", Served: "claude-opus-4-5", Cause: "ok", Status: 200,
+		CostNano: int64(toNano(pastCost)),
 	})
 	waitFor(t, "every row in the ledger", 10*time.Second, func() bool { return ledgerRows(t, db) == 6 })
 }
@@ -167,7 +167,7 @@ func BenchmarkStatusSpend(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer s.close()
+	defer s.Close()
 	now := time.Now().UTC()
 	from, _ := spendRange(now)
 	ctx := context.Background()
@@ -175,13 +175,13 @@ func BenchmarkStatusSpend(b *testing.B) {
 	for k := 0; k < 60*batch; k += batch {
 		rows := benchRows(batch, from, k)
 		for i := range rows { // each run of 600 rows (every combination) on one day
-			rows[i].at = from.AddDate(0, 0, (k+i)/600%spendDays).Add(time.Hour)
+			rows[i].At = from.AddDate(0, 0, (k+i)/600%spendDays).Add(time.Hour)
 		}
-		if err := s.write(ctx, rows); err != nil {
+		if err := s.Write(ctx, rows); err != nil {
 			b.Fatal(err)
 		}
 	}
-	l := &ledger{store: s}
+	l := &Writer{store: s}
 	b.ResetTimer()
 	for b.Loop() {
 		if v := buildSpend(ctx, l, now); v.Notice != "" || len(v.Groups) != 8 || len(v.TopKeys) != spendTop {
