@@ -26,6 +26,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/ledger"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/certmagic"
@@ -167,7 +168,7 @@ type Relay struct {
 	// tokens, cost, status, ...) in a database, for GET /relay/usage and
 	// for finance's own SQL: SQLite on this machine, or PostgreSQL for a
 	// fleet. Without it, no such record is kept.
-	Ledger *Config `json:"ledger,omitempty"`
+	Ledger *ledger.Config `json:"ledger,omitempty"`
 
 	// UpstreamRatelimitHeaders says what clients learn of rate limits.
 	// `replace` (the default): no upstream's anthropic-ratelimit-* header
@@ -196,7 +197,7 @@ type Relay struct {
 	users         map[string]*key // user entries by id, but user *
 	anyUser       *key            // user *; nil: none
 	fleet         *fleet          // the fleet this relay shares state with; nil: none
-	ledger        *Writer         // where each request's row goes; nil: none
+	ledger        *ledger.Writer  // where each request's row goes; nil: none
 	logger        *zap.Logger
 	prices        pricebook
 	estimates     estimates         // what an unpriced model costs where money is counted

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/ledger"
 	"github.com/caddyserver/caddy/v2"
 )
 
@@ -76,7 +77,7 @@ func spendRange(now time.Time) (from, to time.Time) {
 }
 
 // buildSpend reads the view at now from l.
-func buildSpend(ctx context.Context, l *Writer, now time.Time) spendView {
+func buildSpend(ctx context.Context, l *ledger.Writer, now time.Time) spendView {
 	from, to := spendRange(now)
 	v := spendView{Ledger: true, Days: make([]string, 0, spendDays), Groups: []spendGroup{}, TopKeys: []spendTotal{}, TopModels: []spendTotal{}}
 	day := map[string]int{}
@@ -85,7 +86,7 @@ func buildSpend(ctx context.Context, l *Writer, now time.Time) spendView {
 		v.Days = append(v.Days, d.Format(time.DateOnly))
 	}
 	group := map[string]int{}
-	err := l.store.Usage(ctx, Query{From: from, To: to, GroupBy: []string{"day", "group"}}, func(u UsageRow) error {
+	err := l.Usage(ctx, ledger.Query{From: from, To: to, GroupBy: []string{"day", "group"}}, func(u ledger.UsageRow) error {
 		i, ok := day[u.Values[0]]
 		if !ok {
 			return nil
@@ -115,9 +116,9 @@ func buildSpend(ctx context.Context, l *Writer, now time.Time) spendView {
 }
 
 // spendTops is the spendTop costliest values of column in [from, to).
-func spendTops(ctx context.Context, l *Writer, from, to time.Time, column string) ([]spendTotal, error) {
+func spendTops(ctx context.Context, l *ledger.Writer, from, to time.Time, column string) ([]spendTotal, error) {
 	var all []spendTotal
-	err := l.store.Usage(ctx, Query{From: from, To: to, GroupBy: []string{column}}, func(u UsageRow) error {
+	err := l.Usage(ctx, ledger.Query{From: from, To: to, GroupBy: []string{column}}, func(u ledger.UsageRow) error {
 		all = append(all, spendTotal{Name: u.Values[0], Requests: u.Requests, CostUSD: float64(u.CostNano) / 1e9})
 		return nil
 	})
@@ -139,7 +140,7 @@ func (s *StatusPage) spend(w http.ResponseWriter, r *http.Request) error {
 
 // spendView is the view at now, built at most every spendTTL.
 func (s *StatusPage) spendView(ctx context.Context, now time.Time) spendView {
-	l, err := Current()
+	l, err := ledger.Current()
 	if err != nil {
 		return spendView{Notice: err.Error()}
 	}
@@ -159,7 +160,7 @@ func (s *StatusPage) spendView(ctx context.Context, now time.Time) spendView {
 // spendCSV serves the view's rows, by day, group, key and model, as the
 // admin API's GET /relay/usage does in CSV.
 func (s *StatusPage) spendCSV(w http.ResponseWriter, r *http.Request) error {
-	l, err := Current()
+	l, err := ledger.Current()
 	if err != nil {
 		return statusError(w, http.StatusNotFound, err.Error())
 	}
@@ -168,7 +169,7 @@ func (s *StatusPage) spendCSV(w http.ResponseWriter, r *http.Request) error {
 		w.Header().Set("Content-Type", "text/csv; charset=utf-8")
 		return nil
 	}
-	err = WriteUsage(w, r, l, Query{From: from, To: to, GroupBy: []string{"day", "group", "key", "model"}, CSV: true})
+	err = ledger.WriteUsage(w, r, l, ledger.Query{From: from, To: to, GroupBy: []string{"day", "group", "key", "model"}, CSV: true})
 	var api caddy.APIError
 	if errors.As(err, &api) { // the ledger did not answer: nothing is written yet
 		w.Header().Del("Content-Disposition")

@@ -1,4 +1,4 @@
-package relay
+package ledger
 
 import (
 	"bufio"
@@ -102,21 +102,6 @@ func usageTime(s string, end bool) (time.Time, error) {
 		return t, fmt.Errorf("%q is neither a date (2026-01-31) nor an RFC 3339 time (2026-01-31T00:00:00Z)", s)
 	}
 	return t, nil
-}
-
-// usage answers GET /relay/usage from the ledger: {"rows": [...]}, or CSV
-// with one header row, written as the database gives the rows (a name
-// that a spreadsheet would take for a formula behind a ': csvCell).
-func (adminAPI) usage(w http.ResponseWriter, r *http.Request) error {
-	q, err := ParseQuery(r.URL.Query(), time.Now())
-	if err != nil {
-		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
-	}
-	l, err := Current()
-	if err != nil {
-		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: err}
-	}
-	return WriteUsage(w, r, l, q)
 }
 
 // WriteUsage streams q's answer from l to w.

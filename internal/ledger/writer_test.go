@@ -1,9 +1,8 @@
-package relay
+package ledger
 
 import (
 	"context"
 	"errors"
-	"net/http"
 	"net/url"
 	"path/filepath"
 	"strconv"
@@ -185,23 +184,6 @@ func TestTheLedgerQueueHasRoomPastAFullBatch(t *testing.T) {
 	}
 }
 
-func TestSessionIDIsNeverStoredRaw(t *testing.T) {
-	in := &inbound{ask: asked{header: http.Header{}, userID: "user_abc_account__session_5f1c"}}
-	if s := in.agentSession(); s != "5f1c" {
-		t.Errorf("session of metadata.user_id = %q", s)
-	}
-	in.ask.header.Set("X-Claude-Code-Session-Id", "cc-session-1")
-	if s := in.agentSession(); s != "cc-session-1" {
-		t.Errorf("the header comes first, got %q", s)
-	}
-	if d := sessionDigest("cc-session-1"); len(d) != 16 || strings.Contains(d, "session") {
-		t.Errorf("digest %q", d)
-	}
-	if sessionDigest("") != "" {
-		t.Error("no session, no digest")
-	}
-}
-
 func TestUsageQueryParameters(t *testing.T) {
 	now := time.Date(2026, 3, 17, 12, 0, 0, 0, time.UTC)
 	q, err := ParseQuery(url.Values{}, now)
@@ -303,7 +285,7 @@ func i64(n int64) string { return strconv.FormatInt(n, 10) }
 
 func TestLedgerSQLiteOnDisk(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "sub", "ledger.db")
-	s, err := openSQLiteLedger(path)
+	s, err := openSQLiteLedger(path, testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -314,7 +296,7 @@ func TestLedgerSQLiteOnDisk(t *testing.T) {
 	}
 	_ = s.Close()
 	// opened again, the schema is not migrated twice
-	s, err = openSQLiteLedger(path)
+	s, err = openSQLiteLedger(path, testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,62 +310,20 @@ func TestLedgerSQLiteOnDisk(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = s.Close()
-	if _, err := openSQLiteLedger(path); err == nil || !strings.Contains(err.Error(), "newer than this relay's") {
+	if _, err := openSQLiteLedger(path, testDigest); err == nil || !strings.Contains(err.Error(), "newer than this relay's") {
 		t.Errorf("opening a newer schema: %v", err)
 	}
 }
 
-// TestLedgerDroppingAlertOnSeries runs the ledger's alert in promtool: rows
-// dropped page while they drop, and stop paging once the drops stop.
-func TestLedgerDroppingAlertOnSeries(t *testing.T) {
-	promtoolRulesTest(t, `rule_files: [%q]
-evaluation_interval: 1m
-tests:
-  - interval: 1m
-    input_series:
-      - series: 'relay_ledger_dropped_total{instance="relay-1"}'
-        values: '0x10 0 50 100 150 150x20'
-    alert_rule_test:
-      - eval_time: 10m
-        alertname: RelayLedgerDropping
-        exp_alerts: []
-      - eval_time: 14m
-        alertname: RelayLedgerDropping
-        exp_alerts:
-          - exp_labels:
-              severity: warning
-              instance: relay-1
-            exp_annotations:
-              summary: "Relay relay-1 dropped 150 usage ledger rows in 5 minutes"
-              description: "The ledger's database did not take its rows for longer than the queue holds (100,000 rows). Requests are served and budgets still count their spend, but GET /relay/usage and invoices miss these requests. The relay's log says when the outage began (ledger unavailable) and ended (ledger is back)."
-      - eval_time: 25m
-        alertname: RelayLedgerDropping
-        exp_alerts: []
-`)
-}
-
-// A session id longer than maxIDLen (a header a client makes as long as
-// it likes) is digested when its row is queued, to the digest the writer
-// stores for it, so a queue waiting for a database holds no long ids.
-func TestALongSessionIDIsDigestedWhenQueued(t *testing.T) {
-	l := newWriter(new(flakyStore), "test", zap.NewNop(), Queue)
+// A row's session is stored as its digest: a short id as the writer
+// digests it, a long one (digested when its row was queued,
+// SessionDigested) as it came.
+func TestASessionIsStoredAsItsDigest(t *testing.T) {
 	long := strings.Repeat("s", 4096)
-	for _, sid := range []string{"cc-session-1", long} {
-		in := &inbound{id: newRequestID(), who: requester{key: &key{name: "k", group: &group{name: "g"}}}, ask: asked{header: http.Header{}}}
-		in.ask.header.Set("X-Claude-Code-Session-Id", sid)
-		l.record(in, time.Now(), time.Millisecond, 0, 0)
-	}
-	short, queued := l.pending[0], l.pending[1]
-	if short.Session != "cc-session-1" || short.SessionDigested {
-		t.Errorf("a short id is queued as %q (digested %v), want it as it is, for the writer", short.Session, short.SessionDigested)
-	}
-	if queued.Session != sessionDigest(long) || !queued.SessionDigested {
-		t.Fatalf("a %d-byte id is queued as %d bytes (digested %v), want its digest", len(long), len(queued.Session), queued.SessionDigested)
-	}
-	s := &sqlLedger{d: sqliteDialect, digests: map[string]any{}}
-	for _, r := range []Row{short, queued} {
+	s := &sqlLedger{d: sqliteDialect, digest: testDigest, digests: map[string]any{}}
+	for _, r := range []Row{{Session: "cc-session-1"}, {Session: testDigest(long), SessionDigested: true}} {
 		args := s.rowArgs(nil, &r, nil, []int64{1})
-		want := sessionDigest(map[bool]string{false: "cc-session-1", true: long}[r.SessionDigested])
+		want := testDigest(map[bool]string{false: "cc-session-1", true: long}[r.SessionDigested])
 		if args[11] != want {
 			t.Errorf("stored session %v, want %s", args[11], want)
 		}

@@ -1,4 +1,4 @@
-package relay
+package ledger
 
 import (
 	"context"
@@ -47,8 +47,9 @@ type fileChange struct {
 // sqliteFile is a SQLite ledger that notices its file deleted, moved or
 // replaced under it (reopen, before each batch).
 type sqliteFile struct {
-	path string
-	cur  atomic.Pointer[sqlLedger] // nil while no file is open: making it again failed
+	path   string
+	digest func(string) string       // a session id as its rows keep it
+	cur    atomic.Pointer[sqlLedger] // nil while no file is open: making it again failed
 	// file is the file cur has open, held by a descriptor of its own:
 	// stat on it says whether the path still names it, and, once it does
 	// not, whether another path does. Only the writer uses it. (SQLite's
@@ -58,8 +59,8 @@ type sqliteFile struct {
 }
 
 // openSQLiteFile opens (and makes) the SQLite ledger at path.
-func openSQLiteFile(path string) (*sqliteFile, error) {
-	f := &sqliteFile{path: path}
+func openSQLiteFile(path string, digest func(string) string) (*sqliteFile, error) {
+	f := &sqliteFile{path: path, digest: digest}
 	if err := f.open(); err != nil {
 		return nil, err
 	}
@@ -68,7 +69,7 @@ func openSQLiteFile(path string) (*sqliteFile, error) {
 
 // open opens the ledger at f's path, and holds its file.
 func (f *sqliteFile) open() error {
-	s, err := openSQLiteLedger(f.path)
+	s, err := openSQLiteLedger(f.path, f.digest)
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package relay
+package ledger
 
 import (
 	"context"
@@ -60,7 +60,7 @@ func TestUsageSpans(t *testing.T) {
 }
 
 func TestLedgerSQLiteUsageFromRollupAndRowsIsTheRowsSum(t *testing.T) {
-	s, err := openSQLiteLedger(filepath.Join(t.TempDir(), "ledger.db"))
+	s, err := openSQLiteLedger(filepath.Join(t.TempDir(), "ledger.db"), testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +77,7 @@ func TestLedgerSQLiteUsageFromRollupAndRowsIsTheRowsSum(t *testing.T) {
 
 func TestLedgerPostgresUsageFromRollupAndRowsIsTheRowsSum(t *testing.T) {
 	pg := pgtest.Start(t)
-	s, err := openPostgresLedger(pg.DSN())
+	s, err := openPostgresLedger(pg.DSN(), testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -389,7 +389,7 @@ func checkOpenEndedRanges(t *testing.T, s *sqlLedger) {
 }
 
 func TestLedgerSQLiteOpenEndedRanges(t *testing.T) {
-	s, err := openSQLiteLedger(filepath.Join(t.TempDir(), "ledger.db"))
+	s, err := openSQLiteLedger(filepath.Join(t.TempDir(), "ledger.db"), testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -398,7 +398,7 @@ func TestLedgerSQLiteOpenEndedRanges(t *testing.T) {
 }
 
 func TestLedgerPostgresOpenEndedRanges(t *testing.T) {
-	s, err := openPostgresLedger(pgtest.Start(t).DSN())
+	s, err := openPostgresLedger(pgtest.Start(t).DSN(), testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}

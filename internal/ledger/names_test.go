@@ -1,4 +1,4 @@
-package relay
+package ledger
 
 import (
 	"context"
@@ -21,7 +21,7 @@ func TestLedgerSQLiteMigratesToTheNamesTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkMigrationToTheNamesTable(t, sqliteDialect, db, func() *sqlLedger {
-		s, err := openSQLiteLedger(path)
+		s, err := openSQLiteLedger(path, testDigest)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -36,7 +36,7 @@ func TestLedgerPostgresMigratesToTheNamesTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkMigrationToTheNamesTable(t, postgresDialect, db, func() *sqlLedger {
-		s, err := openPostgresLedger(pg.DSN())
+		s, err := openPostgresLedger(pg.DSN(), testDigest)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -191,7 +191,7 @@ func TestLedgerPostgresWritersAddTheSameNamesAtOnce(t *testing.T) {
 	pg := pgtest.Start(t)
 	var writers [2]*sqlLedger
 	for i := range writers {
-		s, err := openPostgresLedger(pg.DSN())
+		s, err := openPostgresLedger(pg.DSN(), testDigest)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -269,7 +269,7 @@ var failingInsert = map[string][]string{
 }
 
 func TestLedgerSQLiteNamesOfAFailedWriteAreForgotten(t *testing.T) {
-	s, err := openSQLiteLedger(filepath.Join(t.TempDir(), "ledger.db"))
+	s, err := openSQLiteLedger(filepath.Join(t.TempDir(), "ledger.db"), testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,7 +279,7 @@ func TestLedgerSQLiteNamesOfAFailedWriteAreForgotten(t *testing.T) {
 
 func TestLedgerPostgresNamesOfAFailedWriteAreForgotten(t *testing.T) {
 	pg := pgtest.Start(t)
-	s, err := openPostgresLedger(pg.DSN())
+	s, err := openPostgresLedger(pg.DSN(), testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -354,7 +354,7 @@ func checkNamesOfAFailedWrite(t *testing.T, s *sqlLedger, fail []string) {
 // TestLedgerNamesMapIsBounded: past ledgerNamesKept names, the writer's
 // map is dropped and its ids read again from the database.
 func TestLedgerNamesMapIsBounded(t *testing.T) {
-	s, err := openSQLiteLedger(filepath.Join(t.TempDir(), "ledger.db"))
+	s, err := openSQLiteLedger(filepath.Join(t.TempDir(), "ledger.db"), testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -383,7 +383,7 @@ func TestLedgerNamesMapIsBounded(t *testing.T) {
 // so the ids the writer knows stay good: rows of the same names written
 // after a prune read back with their names.
 func TestLedgerSQLitePruneKeepsTheNames(t *testing.T) {
-	s, err := openSQLiteLedger(filepath.Join(t.TempDir(), "ledger.db"))
+	s, err := openSQLiteLedger(filepath.Join(t.TempDir(), "ledger.db"), testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}

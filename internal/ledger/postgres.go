@@ -1,4 +1,4 @@
-package relay
+package ledger
 
 import (
 	"context"
@@ -85,7 +85,7 @@ var postgresDialect = dialect{
 // schema up to date. The database must be up when the config loads (a
 // config whose ledger cannot be reached fails to load, so the running one
 // stays); once running, an outage only delays the rows.
-func openPostgresLedger(dsn string) (*sqlLedger, error) {
+func openPostgresLedger(dsn string, digest func(string) string) (*sqlLedger, error) {
 	db, err := sql.Open("pgx", dsn)
 	if err != nil {
 		return nil, fmt.Errorf("ledger postgres: the dsn does not parse") // the error may quote the dsn
@@ -94,7 +94,7 @@ func openPostgresLedger(dsn string) (*sqlLedger, error) {
 	db.SetConnMaxIdleTime(time.Minute)
 	ctx, cancel := context.WithTimeout(context.Background(), ledgerWriteTimeout)
 	defer cancel()
-	s, err := newSQLLedger(ctx, db, postgresDialect)
+	s, err := newSQLLedger(ctx, db, postgresDialect, digest)
 	if err != nil {
 		return nil, fmt.Errorf("ledger postgres: %w", err)
 	}

@@ -1,4 +1,4 @@
-package relay
+package ledger
 
 import (
 	"context"
@@ -20,7 +20,7 @@ func TestLedgerSQLiteMigratesToTheTimeKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkMigrationToTheTimeKey(t, sqliteDialect, db, func() *sqlLedger {
-		s, err := openSQLiteLedger(path)
+		s, err := openSQLiteLedger(path, testDigest)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -35,7 +35,7 @@ func TestLedgerPostgresMigratesToTheTimeKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkMigrationToTheTimeKey(t, postgresDialect, db, func() *sqlLedger {
-		s, err := openPostgresLedger(pg.DSN())
+		s, err := openPostgresLedger(pg.DSN(), testDigest)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -136,7 +136,7 @@ func insertOldRows(t *testing.T, old *sqlLedger, rows []Row) {
 		for _, r := range chunk {
 			session := r.Session
 			if !r.SessionDigested {
-				session = sessionDigest(session)
+				session = testDigest(session)
 			}
 			args = append(args, r.ID, old.d.timeArg(r.At), r.Key, r.User, r.Group, r.Channel,
 				r.Model, r.Served, int64(r.Status), r.Cause,
@@ -183,7 +183,7 @@ func dumpRows(t *testing.T, db *sql.DB, query string) []string {
 // lost, written again with new rows), and one whose connection is gone,
 // keep each request once in the rows and in the rollup, which agree.
 func TestLedgerSQLiteRowsWrittenAgainCountOnce(t *testing.T) {
-	s, err := openSQLiteLedger(filepath.Join(t.TempDir(), "ledger.db"))
+	s, err := openSQLiteLedger(filepath.Join(t.TempDir(), "ledger.db"), testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +234,7 @@ func TestLedgerSQLiteMigratesToServerToolCost(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkMigrationToServerToolCost(t, sqliteDialect, db, func() *sqlLedger {
-		s, err := openSQLiteLedger(path)
+		s, err := openSQLiteLedger(path, testDigest)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -249,7 +249,7 @@ func TestLedgerPostgresMigratesToServerToolCost(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkMigrationToServerToolCost(t, postgresDialect, db, func() *sqlLedger {
-		s, err := openPostgresLedger(pg.DSN())
+		s, err := openPostgresLedger(pg.DSN(), testDigest)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,4 +1,4 @@
-package relay
+package ledger
 
 import (
 	"context"
@@ -49,7 +49,7 @@ func rowsNamed(prefix string, n int) []Row {
 // the relay does; the logs it writes are returned.
 func runningFileLedger(t *testing.T, path string) (*Writer, *observer.ObservedLogs) {
 	t.Helper()
-	store, err := openSQLiteFile(path)
+	store, err := openSQLiteFile(path, testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +114,7 @@ func TestLedgerNoticesItsFileDeleted(t *testing.T) {
 // the next batch is kept in a new file.
 func TestLedgerRowsWrittenToADeletedFileAreCountedLost(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ledger.db")
-	store, err := openSQLiteFile(path)
+	store, err := openSQLiteFile(path, testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +190,7 @@ func TestLedgerFileMovedAwayKeepsItsRows(t *testing.T) {
 func TestLedgerFileReplacedByACopyIsWrittenOnWhole(t *testing.T) {
 	dir := t.TempDir()
 	path, backup := filepath.Join(dir, "ledger.db"), filepath.Join(dir, "backup.db")
-	b, err := openSQLiteLedger(backup)
+	b, err := openSQLiteLedger(backup, testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,34 +232,4 @@ func TestLedgerFileReplacedByACopyIsWrittenOnWhole(t *testing.T) {
 	if err := db.QueryRow(`SELECT COUNT(*) FROM relay_usage WHERE request_id LIKE 'replaced-%'`).Scan(&replaced); err != nil || replaced != 0 {
 		t.Errorf("the copy holds %d rows of the file it replaced (%v)", replaced, err)
 	}
-}
-
-// TestLedgerRowsLostAlertOnSeries runs the alert of a ledger file lost in
-// promtool: it pages when rows are lost, and stops once the loss is ten
-// minutes old.
-func TestLedgerRowsLostAlertOnSeries(t *testing.T) {
-	promtoolRulesTest(t, `rule_files: [%q]
-evaluation_interval: 1m
-tests:
-  - interval: 1m
-    input_series:
-      - series: 'relay_ledger_rows_lost_total{instance="relay-1"}'
-        values: '0x10 1200 1200x30'
-    alert_rule_test:
-      - eval_time: 10m
-        alertname: RelayLedgerRowsLost
-        exp_alerts: []
-      - eval_time: 12m
-        alertname: RelayLedgerRowsLost
-        exp_alerts:
-          - exp_labels:
-              severity: critical
-              instance: relay-1
-            exp_annotations:
-              summary: "Relay relay-1 lost 1200 usage ledger rows with its SQLite file"
-              description: "The ledger's file was deleted or replaced while the relay ran: the rows it held are no longer in the ledger (restore them from a backup). The relay made a new file at the path and writes its rows there. The relay's log says when (ledger: its file was deleted or replaced)."
-      - eval_time: 25m
-        alertname: RelayLedgerRowsLost
-        exp_alerts: []
-`)
 }

@@ -1,4 +1,4 @@
-package relay
+package ledger
 
 import (
 	"context"
@@ -130,7 +130,7 @@ var sqliteDialect = dialect{
 // mode: a write is durable once its transaction commits, so a relay killed
 // at any moment loses at most the rows it had not written yet (at most a
 // second's), and readers (GET /relay/usage) never wait on the writer.
-func openSQLiteLedger(path string) (*sqlLedger, error) {
+func openSQLiteLedger(path string, digest func(string) string) (*sqlLedger, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("ledger sqlite: %w", err)
 	}
@@ -145,7 +145,7 @@ func openSQLiteLedger(path string) (*sqlLedger, error) {
 	db.SetMaxOpenConns(4) // one writer (the ledger's), readers beside it
 	ctx, cancel := context.WithTimeout(context.Background(), ledgerWriteTimeout)
 	defer cancel()
-	s, err := newSQLLedger(ctx, db, sqliteDialect)
+	s, err := newSQLLedger(ctx, db, sqliteDialect, digest)
 	if err != nil {
 		return nil, fmt.Errorf("ledger sqlite %s: %w", path, err)
 	}

@@ -1,4 +1,4 @@
-package relay
+package ledger
 
 import (
 	"cmp"
@@ -16,8 +16,9 @@ import (
 // sqlLedger is a ledger in a SQL database through database/sql: SQLite
 // and PostgreSQL differ only in their dialect.
 type sqlLedger struct {
-	db *sql.DB
-	d  dialect
+	db     *sql.DB
+	d      dialect
+	digest func(string) string // a session id as the rows keep it
 	// insert holds the statements that write insertSizes[i] rows, and
 	// upsert those that add upsertSizes[i] sums to the daily rollup,
 	// prepared once: a statement of a thousand rows took longer to parse
@@ -106,8 +107,8 @@ var ledgerColumns = []string{
 	"cost_nano_usd", "estimated", "incomplete", "session_digest", "duration_ms", "first_byte_ms",
 }
 
-func newSQLLedger(ctx context.Context, db *sql.DB, d dialect) (*sqlLedger, error) {
-	s := &sqlLedger{db: db, d: d, digests: map[string]any{},
+func newSQLLedger(ctx context.Context, db *sql.DB, d dialect, digest func(string) string) (*sqlLedger, error) {
+	s := &sqlLedger{db: db, d: d, digest: digest, digests: map[string]any{},
 		names: map[ledgerNames]int64{}, learned: map[ledgerNames]int64{}}
 	if err := s.migrate(ctx); err != nil {
 		_ = db.Close()
@@ -471,7 +472,7 @@ func (s *sqlLedger) rowArgs(args []any, r, prev *Row, ids []int64) []any {
 	} else if r.SessionDigested {
 		session = r.Session
 	} else if session = s.digests[r.Session]; session == nil {
-		session = sessionDigest(r.Session)
+		session = s.digest(r.Session)
 		s.digests[r.Session] = session
 	}
 	b := &s.boxes

@@ -1,4 +1,4 @@
-package relay
+package ledger
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 )
@@ -73,9 +74,9 @@ const (
 	ledgerMigrateTimeout = 30 * time.Minute // a schema migration, which may rewrite every row
 )
 
-// Queue is how many rows may wait for the database (about 30 MB):
-// more are dropped. A variable for the tests that reach it.
-var Queue = 100_000
+// Queue is how many rows may wait for the database of a writer Load
+// starts (about 30 MB): more are dropped.
+const Queue = 100_000
 
 func (l *Config) Validate() error {
 	if l.SQLite != nil && l.Postgres != nil {
@@ -129,84 +130,6 @@ type Row struct {
 	FirstByte       time.Duration
 }
 
-// record hands the request's row to the ledger's queue, with its cost and
-// the part of it server tools made (tools), in USD; a nil ledger (none
-// configured) does nothing. Only requests of a principal (a key or an
-// identity) are recorded: an unauthenticated one is nobody's usage.
-func (l *Writer) record(in *inbound, at time.Time, duration time.Duration, cost, tools float64) {
-	if l == nil || in.who.key == nil {
-		return
-	}
-	row := Row{
-		At: at, ID: in.id, Key: in.who.key.name, Group: in.who.key.group.name,
-		Model: in.ask.model, Served: in.grant.target, Cause: in.causeLabel(),
-		Session: in.agentSession(), Status: in.end.status,
-		Input: in.end.usage.input, Output: in.end.usage.output,
-		CacheRead: in.end.usage.cacheRead, CacheWrite: in.end.usage.cacheWrite,
-		CostNano:  int64(toNano(cost)), // as the budgets' spend counts it
-		ToolNano:  int64(toNano(tools)),
-		Estimated: in.end.estimated, Incomplete: in.end.incomplete, EstimatedPrice: in.end.estimatedPrice,
-		Duration: duration, FirstByte: in.end.firstByte,
-	}
-	if len(row.Session) > maxIDLen {
-		row.Session, row.SessionDigested = sessionDigest(row.Session), true
-	}
-	if in.who.key.kind() == kindUser {
-		row.User, _ = strings.CutPrefix(in.who.stateID, userStatePrefix)
-	}
-	if ch := in.end.charged(); ch != nil {
-		row.Channel = ch.name
-	}
-	if in.end.batch != nil {
-		l.addBatch(row, in.end.batch)
-		return
-	}
-	l.Add(row)
-}
-
-// causeBatch is the cause of the rows of a batch's results, charged by the
-// request that read them first.
-const causeBatch = "batch"
-
-// addBatch queues the rows of the request (row) that accounted a batch's
-// results: one per model the results used, each with that model's tokens
-// and cost, the first under the request's id and each further one under
-// <request id>/<model>; one row without a model when no result succeeded.
-// They are the principal's that paid (the batch's maker's), cause batch.
-// Their costs add up, to the nano-USD, to the cost the budgets charged.
-func (l *Writer) addBatch(row Row, b *batchCharge) {
-	row.Cause, row.Model, row.Served = causeBatch, "", ""
-	if b.payer != nil {
-		row.Key, row.User = b.payer.principal()
-	}
-	if len(b.models) == 0 {
-		l.Add(row)
-		return
-	}
-	// each row's cost is what it adds to the running sum, rounded as the
-	// budgets round the whole: never negative, and the last row ends at
-	// the whole the budgets charged (accountBatch sums in the same order)
-	id, total := row.ID, row.CostNano
-	var sum float64
-	var prev int64
-	for i, m := range b.models {
-		sum += m.cost
-		upTo := int64(toNano(sum))
-		if i == len(b.models)-1 {
-			upTo = total
-		}
-		row.Model, row.Served = m.model, m.model
-		row.Input, row.Output, row.CacheRead, row.CacheWrite = m.usage.input, m.usage.output, m.usage.cacheRead, m.usage.cacheWrite
-		row.CostNano, prev = upTo-prev, upTo
-		row.ToolNano = int64(toNano(m.tools))
-		row.EstimatedPrice = m.estimated
-		if i > 0 {
-			row.ID = id + "/" + m.model
-		}
-		l.Add(row)
-	}
-}
-
 // Writer is one database's writer: a bounded queue that requests hand
 // rows to, and a goroutine that writes them in batches.
 type Writer struct {
@@ -241,11 +164,11 @@ type Store interface {
 // caller gives back with ledgers.Delete when its config ends. A reload
 // that keeps the database keeps its writer and its queue, and takes the
 // new retention.
-func Load(ctx caddy.Context, c *Config) (*Writer, string, error) {
+func Load(ctx caddy.Context, c *Config, digest func(string) string) (*Writer, string, error) {
 	if err := c.Validate(); err != nil {
 		return nil, "", err
 	}
-	key, open, err := ledgerBackend(ctx, c)
+	key, open, err := ledgerBackend(ctx, c, digest)
 	if err != nil {
 		return nil, "", err
 	}
@@ -254,9 +177,7 @@ func Load(ctx caddy.Context, c *Config) (*Writer, string, error) {
 		if err != nil {
 			return nil, err
 		}
-		l := newWriter(store, name, ctx.Logger(), Queue)
-		go l.run()
-		return l, nil
+		return Start(store, name, ctx.Logger(), Queue), nil
 	})
 	if err != nil {
 		return nil, "", err
@@ -275,9 +196,9 @@ func Load(ctx caddy.Context, c *Config) (*Writer, string, error) {
 // ledgerBackend says which database c names (the pool's key: a SQLite
 // file's absolute path, or the DSN as configured, a placeholder, never
 // resolved) and how to open it.
-func ledgerBackend(ctx caddy.Context, c *Config) (string, func() (Store, string, error), error) {
+func ledgerBackend(ctx caddy.Context, c *Config, digest func(string) string) (string, func() (Store, string, error), error) {
 	if c.Postgres != nil {
-		dsn, err := resolveSecret(c.Postgres.DSN)
+		dsn, err := provider.ResolvePlaceholders(c.Postgres.DSN)
 		if err != nil {
 			return "", nil, fmt.Errorf("ledger postgres: dsn: %w", err)
 		}
@@ -286,7 +207,7 @@ func ledgerBackend(ctx caddy.Context, c *Config) (string, func() (Store, string,
 		}
 		raw, _ := json.Marshal(c.Postgres)
 		return "postgres:" + string(raw), func() (Store, string, error) {
-			s, err := openPostgresLedger(dsn)
+			s, err := openPostgresLedger(dsn, digest)
 			return s, "postgres", err
 		}, nil
 	}
@@ -295,9 +216,43 @@ func ledgerBackend(ctx caddy.Context, c *Config) (string, func() (Store, string,
 		return "", nil, err
 	}
 	return "sqlite:" + path, func() (Store, string, error) {
-		s, err := openSQLiteFile(path)
+		s, err := openSQLiteFile(path, digest)
 		return s, "sqlite " + path, err
 	}, nil
+}
+
+// Start starts a writer of store's rows, outside the pool, whose queue
+// holds up to queue rows; name is the database as its logs name it. Its
+// Destruct writes the queue out and closes store.
+func Start(store Store, name string, logger *zap.Logger, queue int) *Writer {
+	l := newWriter(store, name, logger, queue)
+	go l.run()
+	return l
+}
+
+// Release gives back the writer of key, which Load returned: once no
+// config holds it, it writes its queue out and closes its database.
+func Release(key string) error {
+	_, err := ledgers.Delete(key)
+	return err
+}
+
+// Usage answers q from the writer's database, giving emit each row as it
+// is read.
+func (l *Writer) Usage(ctx context.Context, q Query, emit func(UsageRow) error) error {
+	return l.store.Usage(ctx, q, emit)
+}
+
+// OpenSQLite opens (and makes) the SQLite ledger at path outside the
+// pool, its schema brought up to date, for a writer of its own (Start) or
+// a caller that reads and writes it itself, and closes it; digest is a
+// session id as the rows keep it.
+func OpenSQLite(path string, digest func(string) string) (Store, error) {
+	s, err := openSQLiteLedger(path, digest)
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
 func newWriter(store Store, name string, logger *zap.Logger, limit int) *Writer {
@@ -563,22 +518,4 @@ func Current() (*Writer, error) {
 		return found[0], nil
 	}
 	return nil, fmt.Errorf("%d ledgers are configured in this process; GET /relay/usage reads one", len(found))
-}
-
-// openLedger takes the config's ledger from the pool (opening its
-// database when no config holds it yet).
-func (r *Relay) openLedger(ctx caddy.Context) error {
-	if r.Ledger == nil {
-		return nil
-	}
-	if err := register(ctx.GetMetricsRegistry(), ledgerCollectors); err != nil {
-		return err
-	}
-	l, key, err := Load(ctx, r.Ledger)
-	if err != nil {
-		return err
-	}
-	r.ledger = l
-	r.held.addLedger(key)
-	return nil
 }
