@@ -27,7 +27,7 @@ func BenchmarkLedgerSQLiteWrite(b *testing.B) {
 }
 
 func benchSQLiteWrite(b *testing.B, oneKey bool) {
-	s, err := openSQLiteLedger(filepath.Join(b.TempDir(), "ledger.db"), testDigest)
+	s, err := openSQLiteStore(filepath.Join(b.TempDir(), "ledger.db"), testDigest)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -95,7 +95,7 @@ func TestLedgerMillionRowMonth(t *testing.T) {
 	if os.Getenv("RELAY_LEDGER_1M") != "1" {
 		t.Skip("set RELAY_LEDGER_1M=1 to fill a ledger with 1M rows and time the usage query")
 	}
-	s, err := openSQLiteLedger(filepath.Join(t.TempDir(), "ledger.db"), testDigest)
+	s, err := openSQLiteStore(filepath.Join(t.TempDir(), "ledger.db"), testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +110,7 @@ func TestLedgerPostgresMillionRowMonth(t *testing.T) {
 		t.Skip("set RELAY_LEDGER_1M=1 to fill a ledger with 1M rows and time the usage query")
 	}
 	pg := pgtest.Start(t)
-	s, err := openPostgresLedger(pg.DSN(), testDigest)
+	s, err := openPostgresStore(pg.DSN(), testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +135,7 @@ func TestLedgerPostgresMillionRowMonth(t *testing.T) {
 
 // millionRowMonth fills s with 1M rows over March 2026 and times the usage
 // queries; explain returns the plan of a statement.
-func millionRowMonth(t *testing.T, s *sqlLedger, explain func(stmt string, args []any) string) {
+func millionRowMonth(t *testing.T, s *sqlStore, explain func(stmt string, args []any) string) {
 	start := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
 	ctx := context.Background()
 	began := time.Now()
@@ -210,7 +210,7 @@ func TestLedgerMillionRowMigration(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		millionRowMigration(t, sqliteDialect, db, func() (*sqlLedger, error) { return openSQLiteLedger(path, testDigest) })
+		millionRowMigration(t, sqliteDialect, db, func() (*sqlStore, error) { return openSQLiteStore(path, testDigest) })
 	})
 	t.Run("postgres", func(t *testing.T) {
 		pg := pgtest.Start(t)
@@ -218,13 +218,13 @@ func TestLedgerMillionRowMigration(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		millionRowMigration(t, postgresDialect, db, func() (*sqlLedger, error) { return openPostgresLedger(pg.DSN(), testDigest) })
+		millionRowMigration(t, postgresDialect, db, func() (*sqlStore, error) { return openPostgresStore(pg.DSN(), testDigest) })
 	})
 }
 
-func millionRowMigration(t *testing.T, d dialect, db *sql.DB, open func() (*sqlLedger, error)) {
+func millionRowMigration(t *testing.T, d dialect, db *sql.DB, open func() (*sqlStore, error)) {
 	ctx := context.Background()
-	old := &sqlLedger{db: db, d: d, digests: map[string]any{}}
+	old := &sqlStore{db: db, d: d, digests: map[string]any{}}
 	old.d.migrations = d.migrations[:3]
 	if err := old.migrate(ctx); err != nil {
 		t.Fatal(err)

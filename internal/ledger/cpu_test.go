@@ -32,7 +32,7 @@ func TestLedgerWriterCPUIsItsThreads(t *testing.T) {
 	}
 	const spin = 60 * time.Millisecond
 	l := newWriter(spinStore{new(flakyStore), spin}, "test", zap.NewNop(), 100)
-	before := testutil.ToFloat64(metricLedgerWriterCPU)
+	before := testutil.ToFloat64(metricWriterCPU)
 	go l.run()
 	var stop atomic.Bool
 	busy := make(chan time.Duration)
@@ -51,7 +51,7 @@ func TestLedgerWriterCPUIsItsThreads(t *testing.T) {
 	}
 	stop.Store(true)
 	other := <-busy
-	got := time.Duration((testutil.ToFloat64(metricLedgerWriterCPU) - before) * float64(time.Second))
+	got := time.Duration((testutil.ToFloat64(metricWriterCPU) - before) * float64(time.Second))
 	if got < spin {
 		t.Fatalf("the writer's CPU counted %s for a write of %s", got, spin)
 	}

@@ -48,8 +48,8 @@ type fileChange struct {
 // replaced under it (reopen, before each batch).
 type sqliteFile struct {
 	path   string
-	digest func(string) string       // a session id as its rows keep it
-	cur    atomic.Pointer[sqlLedger] // nil while no file is open: making it again failed
+	digest func(string) string      // a session id as its rows keep it
+	cur    atomic.Pointer[sqlStore] // nil while no file is open: making it again failed
 	// file is the file cur has open, held by a descriptor of its own:
 	// stat on it says whether the path still names it, and, once it does
 	// not, whether another path does. Only the writer uses it. (SQLite's
@@ -69,7 +69,7 @@ func openSQLiteFile(path string, digest func(string) string) (*sqliteFile, error
 
 // open opens the ledger at f's path, and holds its file.
 func (f *sqliteFile) open() error {
-	s, err := openSQLiteLedger(f.path, f.digest)
+	s, err := openSQLiteStore(f.path, f.digest)
 	if err != nil {
 		return err
 	}
@@ -120,7 +120,7 @@ func (f *sqliteFile) reopen(ctx context.Context) (fileChange, error) {
 }
 
 // now is the ledger f has open, or why there is none.
-func (f *sqliteFile) now() (*sqlLedger, error) {
+func (f *sqliteFile) now() (*sqlStore, error) {
 	if s := f.cur.Load(); s != nil {
 		return s, nil
 	}

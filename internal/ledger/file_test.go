@@ -69,7 +69,7 @@ func runningFileLedger(t *testing.T, path string) (*Writer, *observer.ObservedLo
 func TestLedgerNoticesItsFileDeleted(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ledger.db")
 	l, logs := runningFileLedger(t, path)
-	lost := testutil.ToFloat64(metricLedgerLost)
+	lost := testutil.ToFloat64(metricLost)
 	for _, r := range rowsNamed("before", 3) {
 		l.Add(r)
 	}
@@ -83,7 +83,7 @@ func TestLedgerNoticesItsFileDeleted(t *testing.T) {
 		l.Add(r)
 	}
 	waitFor(t, "the later rows in a new file", 10*time.Second, func() bool { return fileRows(t, path) == 2 })
-	if got := testutil.ToFloat64(metricLedgerLost) - lost; got != 3 {
+	if got := testutil.ToFloat64(metricLost) - lost; got != 3 {
 		t.Errorf("relay_ledger_rows_lost_total grew by %v, want the deleted file's 3 rows", got)
 	}
 	gone := logs.FilterMessageSnippet("deleted or replaced").All()
@@ -101,7 +101,7 @@ func TestLedgerNoticesItsFileDeleted(t *testing.T) {
 		l.Add(r)
 	}
 	waitFor(t, "more rows in the new file", 10*time.Second, func() bool { return fileRows(t, path) == 6 })
-	if got := testutil.ToFloat64(metricLedgerLost) - lost; got != 3 {
+	if got := testutil.ToFloat64(metricLost) - lost; got != 3 {
 		t.Errorf("relay_ledger_rows_lost_total grew by %v after more rows, want still 3", got)
 	}
 }
@@ -122,7 +122,7 @@ func TestLedgerRowsWrittenToADeletedFileAreCountedLost(t *testing.T) {
 	l := newWriter(store, "sqlite "+path, zap.New(core), Queue)
 	defer l.store.Close()
 	ctx := context.Background()
-	lost := testutil.ToFloat64(metricLedgerLost)
+	lost := testutil.ToFloat64(metricLost)
 	own := rowsNamed("kept-then-deleted", 5)
 	if !l.flush(ctx, &own) || fileRows(t, path) != 5 {
 		t.Fatalf("the first batch: %d rows in the file", fileRows(t, path))
@@ -140,7 +140,7 @@ func TestLedgerRowsWrittenToADeletedFileAreCountedLost(t *testing.T) {
 	if n := fileRows(t, path); n != 2 {
 		t.Errorf("the new file holds %d rows, want the next batch's 2", n)
 	}
-	if got := testutil.ToFloat64(metricLedgerLost) - lost; got != 12 {
+	if got := testutil.ToFloat64(metricLost) - lost; got != 12 {
 		t.Errorf("relay_ledger_rows_lost_total grew by %v, want 12: the 5 the file held, and the 7 written to it once deleted", got)
 	}
 	if n := logs.FilterMessageSnippet("deleted or replaced").Len(); n != 1 {
@@ -157,7 +157,7 @@ func TestLedgerFileMovedAwayKeepsItsRows(t *testing.T) {
 	dir := t.TempDir()
 	path, archive := filepath.Join(dir, "ledger.db"), filepath.Join(dir, "ledger-2026.db")
 	l, logs := runningFileLedger(t, path)
-	lost := testutil.ToFloat64(metricLedgerLost)
+	lost := testutil.ToFloat64(metricLost)
 	for _, r := range rowsNamed("archived", 3) {
 		l.Add(r)
 	}
@@ -172,7 +172,7 @@ func TestLedgerFileMovedAwayKeepsItsRows(t *testing.T) {
 	if n := fileRows(t, archive); n != 3 {
 		t.Errorf("the moved file holds %d rows, want its 3", n)
 	}
-	if got := testutil.ToFloat64(metricLedgerLost) - lost; got != 0 {
+	if got := testutil.ToFloat64(metricLost) - lost; got != 0 {
 		t.Errorf("relay_ledger_rows_lost_total grew by %v for a file moved, not lost", got)
 	}
 	moved := logs.FilterMessageSnippet("moved").All()
@@ -190,7 +190,7 @@ func TestLedgerFileMovedAwayKeepsItsRows(t *testing.T) {
 func TestLedgerFileReplacedByACopyIsWrittenOnWhole(t *testing.T) {
 	dir := t.TempDir()
 	path, backup := filepath.Join(dir, "ledger.db"), filepath.Join(dir, "backup.db")
-	b, err := openSQLiteLedger(backup, testDigest)
+	b, err := openSQLiteStore(backup, testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,7 +201,7 @@ func TestLedgerFileReplacedByACopyIsWrittenOnWhole(t *testing.T) {
 		t.Fatal(err)
 	}
 	l, logs := runningFileLedger(t, path)
-	lost := testutil.ToFloat64(metricLedgerLost)
+	lost := testutil.ToFloat64(metricLost)
 	for _, r := range rowsNamed("replaced", 3) {
 		l.Add(r)
 	}
@@ -213,7 +213,7 @@ func TestLedgerFileReplacedByACopyIsWrittenOnWhole(t *testing.T) {
 		l.Add(r)
 	}
 	waitFor(t, "the later rows in the copy", 10*time.Second, func() bool { return fileRows(t, path) == 6 })
-	if got := testutil.ToFloat64(metricLedgerLost) - lost; got != 3 {
+	if got := testutil.ToFloat64(metricLost) - lost; got != 3 {
 		t.Errorf("relay_ledger_rows_lost_total grew by %v, want the replaced file's 3", got)
 	}
 	if n := logs.FilterMessageSnippet("deleted or replaced").Len(); n != 1 {

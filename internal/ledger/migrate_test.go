@@ -19,8 +19,8 @@ func TestLedgerSQLiteMigratesToTheTimeKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkMigrationToTheTimeKey(t, sqliteDialect, db, func() *sqlLedger {
-		s, err := openSQLiteLedger(path, testDigest)
+	checkMigrationToTheTimeKey(t, sqliteDialect, db, func() *sqlStore {
+		s, err := openSQLiteStore(path, testDigest)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -34,8 +34,8 @@ func TestLedgerPostgresMigratesToTheTimeKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkMigrationToTheTimeKey(t, postgresDialect, db, func() *sqlLedger {
-		s, err := openPostgresLedger(pg.DSN(), testDigest)
+	checkMigrationToTheTimeKey(t, postgresDialect, db, func() *sqlStore {
+		s, err := openPostgresStore(pg.DSN(), testDigest)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -49,10 +49,10 @@ func TestLedgerPostgresMigratesToTheTimeKey(t *testing.T) {
 // request_id): its rows and its rollup must be what they were, the usage
 // queries must answer what they did, the index on time must be gone, and
 // a batch of rows written before, written again, must be kept once.
-func checkMigrationToTheTimeKey(t *testing.T, d dialect, db *sql.DB, open func() *sqlLedger, timeIndexCount string) {
+func checkMigrationToTheTimeKey(t *testing.T, d dialect, db *sql.DB, open func() *sqlStore, timeIndexCount string) {
 	t.Helper()
 	ctx := context.Background()
-	old := &sqlLedger{db: db, d: d, digests: map[string]any{}}
+	old := &sqlStore{db: db, d: d, digests: map[string]any{}}
 	old.d.migrations = d.migrations[:1]
 	if err := old.migrate(ctx); err != nil {
 		t.Fatal(err)
@@ -74,7 +74,7 @@ func checkMigrationToTheTimeKey(t *testing.T, d dialect, db *sql.DB, open func()
 		{From: usageEpoch.Add(5 * time.Hour), To: usageEpoch.Add(50 * time.Hour), GroupBy: []string{"group", "model", "user"}},
 		{From: usageEpoch.Add(90 * time.Minute), To: usageEpoch.Add(3 * time.Hour)},
 	}
-	answers := func(s *sqlLedger) []string {
+	answers := func(s *sqlStore) []string {
 		var all []string
 		for _, q := range queries {
 			all = append(all, strings.Join(collectUsage(t, func(emit func(UsageRow) error) error { return s.Usage(ctx, q, emit) }), "\n"))
@@ -128,7 +128,7 @@ func checkMigrationToTheTimeKey(t *testing.T, d dialect, db *sql.DB, open func()
 
 // insertOldRows writes rows to the table relay_usage of a schema before
 // the names table (versions 1 to 3), whose columns were ledgerColumns.
-func insertOldRows(t *testing.T, old *sqlLedger, rows []Row) {
+func insertOldRows(t *testing.T, old *sqlStore, rows []Row) {
 	t.Helper()
 	for i := 0; i < len(rows); i += 100 {
 		chunk := rows[i:min(i+100, len(rows))]
@@ -183,7 +183,7 @@ func dumpRows(t *testing.T, db *sql.DB, query string) []string {
 // lost, written again with new rows), and one whose connection is gone,
 // keep each request once in the rows and in the rollup, which agree.
 func TestLedgerSQLiteRowsWrittenAgainCountOnce(t *testing.T) {
-	s, err := openSQLiteLedger(filepath.Join(t.TempDir(), "ledger.db"), testDigest)
+	s, err := openSQLiteStore(filepath.Join(t.TempDir(), "ledger.db"), testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,8 +233,8 @@ func TestLedgerSQLiteMigratesToServerToolCost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkMigrationToServerToolCost(t, sqliteDialect, db, func() *sqlLedger {
-		s, err := openSQLiteLedger(path, testDigest)
+	checkMigrationToServerToolCost(t, sqliteDialect, db, func() *sqlStore {
+		s, err := openSQLiteStore(path, testDigest)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -248,8 +248,8 @@ func TestLedgerPostgresMigratesToServerToolCost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkMigrationToServerToolCost(t, postgresDialect, db, func() *sqlLedger {
-		s, err := openPostgresLedger(pg.DSN(), testDigest)
+	checkMigrationToServerToolCost(t, postgresDialect, db, func() *sqlStore {
+		s, err := openPostgresStore(pg.DSN(), testDigest)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -265,10 +265,10 @@ func TestLedgerPostgresMigratesToServerToolCost(t *testing.T) {
 // they did, server_tool_usd follow them, 0 on every row written before,
 // the usage queries answer what they did, the reader may still read the
 // view, and a new row keep its server tools' cost.
-func checkMigrationToServerToolCost(t *testing.T, d dialect, db *sql.DB, open func() *sqlLedger, reader string) {
+func checkMigrationToServerToolCost(t *testing.T, d dialect, db *sql.DB, open func() *sqlStore, reader string) {
 	t.Helper()
 	ctx := context.Background()
-	old := &sqlLedger{db: db, d: d, digests: map[string]any{}}
+	old := &sqlStore{db: db, d: d, digests: map[string]any{}}
 	old.d.migrations = d.migrations[:3]
 	if err := old.migrate(ctx); err != nil {
 		t.Fatal(err)
@@ -299,7 +299,7 @@ func checkMigrationToServerToolCost(t *testing.T, d dialect, db *sql.DB, open fu
 		{From: usageEpoch, To: usageEpoch.AddDate(0, 0, 3), GroupBy: []string{"key", "day"}},
 		{From: usageEpoch.Add(90 * time.Minute), To: usageEpoch.Add(50 * time.Hour), GroupBy: []string{"group", "model"}},
 	}
-	answers := func(s *sqlLedger) []string {
+	answers := func(s *sqlStore) []string {
 		var all []string
 		for _, q := range queries {
 			all = append(all, strings.Join(collectUsage(t, func(emit func(UsageRow) error) error { return s.Usage(ctx, q, emit) }), "\n"))

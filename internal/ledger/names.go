@@ -24,20 +24,6 @@ type ledgerNames struct{ key, user, group, channel, model, served, cause string 
 // the order of its fields.
 var ledgerNameColumns = []string{"key_name", "user_name", "group_name", "channel_name", "model", "served_model", "cause"}
 
-// namesRowColumns are relay_usage_rows' columns as the names table's step
-// made them (schema version 4), which it fills from the table before.
-var namesRowColumns = []string{
-	"request_id", "time", "names_id", "status",
-	"input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens",
-	"cost_nano_usd", "estimated", "incomplete", "session_digest", "duration_ms", "first_byte_ms",
-}
-
-// ledgerRowColumns are relay_usage_rows' columns, in the order of a row's
-// values (rowArgs): those of version 4, then the server tools' part of
-// the cost (version 5), then whether the cost is at an unpriced model's
-// estimate (version 6).
-var ledgerRowColumns = append(slices.Clip(namesRowColumns), "server_tool_nano_usd", "estimated_price")
-
 // ledgerNamesKept bounds the writer's map of names to ids: past it, the
 // map is dropped and learned again from the database, so that requests of
 // ever new names (users, say) cannot grow the writer's memory.
@@ -65,7 +51,7 @@ func compareNames(a, b ledgerNames) int {
 // where the names that are not there yet are added. What tx learns is
 // kept in s.learned until it commits (writeTx adds it to s.names then):
 // ids a transaction that failed added do not exist.
-func (s *sqlLedger) resolveNames(ctx context.Context, tx batchTx, rows []Row) error {
+func (s *sqlStore) resolveNames(ctx context.Context, tx batchTx, rows []Row) error {
 	if len(s.names) > ledgerNamesKept {
 		s.names = map[ledgerNames]int64{} // a new map: clear keeps the old one's memory
 	}
@@ -115,7 +101,7 @@ func (s *sqlLedger) resolveNames(ctx context.Context, tx batchTx, rows []Row) er
 // names are added in one order, so that relays adding the same ones at
 // once wait for each other rather than deadlock. Rare: a writer reads a
 // set of names once (until its map is dropped).
-func (s *sqlLedger) addNames(ctx context.Context, tx batchTx, missing []ledgerNames) error {
+func (s *sqlStore) addNames(ctx context.Context, tx batchTx, missing []ledgerNames) error {
 	slices.SortFunc(missing, compareNames)
 	for rest := missing; len(rest) > 0; {
 		chunk := rest[:min(len(rest), ledgerStatement)] // 7,000 parameters at most
@@ -150,121 +136,10 @@ func (s *sqlLedger) addNames(ctx context.Context, tx batchTx, missing []ledgerNa
 // keepLearned adds the names a committed transaction learned to s.names,
 // their strings copied: a row's strings may be part of a larger one
 // (a request's), which the map would keep.
-func (s *sqlLedger) keepLearned() {
+func (s *sqlStore) keepLearned() {
 	for n, id := range s.learned {
 		s.names[ledgerNames{strings.Clone(n.key), strings.Clone(n.user), strings.Clone(n.group),
 			strings.Clone(n.channel), strings.Clone(n.model), strings.Clone(n.served), strings.Clone(n.cause)}] = id
 	}
 	clear(s.learned)
-}
-
-// valuesSQL is the VALUES list of n rows of cols placeholders each.
-func (s *sqlLedger) valuesSQL(n, cols int) string {
-	return s.valuesOf(n, cols, nil)
-}
-
-// valuesOf is valuesSQL with column j's parameter p written as
-// around(j, p), when around is not nil.
-func (s *sqlLedger) valuesOf(n, cols int, around func(j int, p string) string) string {
-	var b strings.Builder
-	p := 1
-	for i := range n {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteByte('(')
-		for j := range cols {
-			if j > 0 {
-				b.WriteByte(',')
-			}
-			if around != nil {
-				b.WriteString(around(j, s.d.param(p)))
-			} else {
-				b.WriteString(s.d.param(p))
-			}
-			p++
-		}
-		b.WriteByte(')')
-	}
-	return b.String()
-}
-
-// namesMigration is the schema's step to the names table: relay_usage
-// becomes relay_usage_rows (created by rowsTable, keyed by (time,
-// request_id): Postgres adds its key in keyAfter, once the rows are in)
-// and relay_usage_names (whose id is namesID), and the view relay_usage,
-// which joins them into the row it was.
-func namesMigration(namesID, rowsTable, keyAfter string) string {
-	names := strings.Join(ledgerNameColumns, ", ")
-	var create, on []string
-	for _, c := range ledgerNameColumns {
-		create = append(create, c+" TEXT NOT NULL")
-		on = append(on, "n."+c+" = u."+c)
-	}
-	var fill []string
-	for _, c := range namesRowColumns {
-		if c == "names_id" {
-			fill = append(fill, "n.id")
-		} else {
-			fill = append(fill, "u."+c)
-		}
-	}
-	return `CREATE TABLE relay_usage_names (
-			id ` + namesID + `,
-			` + strings.Join(create, ",\n\t\t\t") + `,
-			UNIQUE (` + names + `)
-		);
-		INSERT INTO relay_usage_names (` + names + `) SELECT DISTINCT ` + names + ` FROM relay_usage ORDER BY ` + names + `;
-		` + rowsTable + `;
-		INSERT INTO relay_usage_rows (` + strings.Join(namesRowColumns, ", ") + `)
-			SELECT ` + strings.Join(fill, ", ") + `
-			FROM relay_usage AS u JOIN relay_usage_names AS n ON ` + strings.Join(on, " AND ") + `
-			ORDER BY u.time, u.request_id;
-		DROP TABLE relay_usage;
-		` + keyAfter + `
-		` + ledgerViewSQL("CREATE VIEW") + `;`
-}
-
-// ledgerViewSQL makes the view relay_usage (create is CREATE VIEW or
-// CREATE OR REPLACE VIEW): every row with its names, the columns of
-// ledgerColumns, then the columns of more (each "<expression> AS <name>",
-// of the rows, named relay_usage). The rows are named relay_usage in it,
-// so that a query plan names the table it reads as the query does.
-func ledgerViewSQL(create string, more ...string) string {
-	sel := make([]string, len(ledgerColumns), len(ledgerColumns)+len(more))
-	for i, c := range ledgerColumns {
-		if slices.Contains(ledgerNameColumns, c) {
-			sel[i] = "n." + c
-		} else {
-			sel[i] = "relay_usage." + c
-		}
-	}
-	return create + ` relay_usage AS SELECT ` + strings.Join(append(sel, more...), ", ") + `
-			FROM relay_usage_rows AS relay_usage JOIN relay_usage_names AS n ON n.id = relay_usage.names_id`
-}
-
-// ledgerViewColumns are the view's columns now: ledgerColumns, then what
-// later steps added.
-var ledgerViewColumns = append(slices.Clip(ledgerColumns), "server_tool_usd", "estimated_price")
-
-// serverToolMigration is the schema's step to version 5: the rows keep
-// the part of their cost that server tools made, in nano-USD (0 for the
-// rows before it), which the view shows in US dollars as server_tool_usd
-// (usd, the dialect's expression of it from server_tool_nano_usd).
-// column is the rows' new column, as the dialect declares it; view makes
-// the view again with it (a Postgres view is replaced, so that what was
-// granted on it stays).
-func serverToolMigration(column, view, usd string) string {
-	return `ALTER TABLE relay_usage_rows ADD COLUMN server_tool_nano_usd ` + column + `;
-		` + ledgerViewSQL(view, usd+" AS server_tool_usd") + `;`
-}
-
-// estimatedPriceMigration is the schema's step to version 6: a row says
-// whether its cost is at the estimate of a model the price table did not
-// know (false for the rows before it), which the view shows as
-// estimated_price. column is the rows' new column, as the dialect declares
-// it; view and usd make the view again as serverToolMigration does.
-func estimatedPriceMigration(column, view, usd string) string {
-	return `ALTER TABLE relay_usage_rows ADD COLUMN estimated_price ` + column + `;
-		` + ledgerViewSQL(view, usd+" AS server_tool_usd", "relay_usage.estimated_price") + `;`
 }

@@ -20,8 +20,8 @@ func TestLedgerSQLiteMigratesToTheNamesTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkMigrationToTheNamesTable(t, sqliteDialect, db, func() *sqlLedger {
-		s, err := openSQLiteLedger(path, testDigest)
+	checkMigrationToTheNamesTable(t, sqliteDialect, db, func() *sqlStore {
+		s, err := openSQLiteStore(path, testDigest)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -35,8 +35,8 @@ func TestLedgerPostgresMigratesToTheNamesTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkMigrationToTheNamesTable(t, postgresDialect, db, func() *sqlLedger {
-		s, err := openPostgresLedger(pg.DSN(), testDigest)
+	checkMigrationToTheNamesTable(t, postgresDialect, db, func() *sqlStore {
+		s, err := openPostgresStore(pg.DSN(), testDigest)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -52,10 +52,10 @@ func TestLedgerPostgresMigratesToTheNamesTable(t *testing.T) {
 // the usage queries must answer what they did. New rows of names known
 // and unknown are then written once each, with one names row a set of
 // names.
-func checkMigrationToTheNamesTable(t *testing.T, d dialect, db *sql.DB, open func() *sqlLedger, kind string) {
+func checkMigrationToTheNamesTable(t *testing.T, d dialect, db *sql.DB, open func() *sqlStore, kind string) {
 	t.Helper()
 	ctx := context.Background()
-	old := &sqlLedger{db: db, d: d, digests: map[string]any{}}
+	old := &sqlStore{db: db, d: d, digests: map[string]any{}}
 	old.d.migrations = d.migrations[:3]
 	if err := old.migrate(ctx); err != nil {
 		t.Fatal(err)
@@ -83,7 +83,7 @@ func checkMigrationToTheNamesTable(t *testing.T, d dialect, db *sql.DB, open fun
 		{From: usageEpoch.Add(5 * time.Hour), To: usageEpoch.Add(50 * time.Hour), GroupBy: []string{"group", "model", "channel"}},
 		{From: usageEpoch.Add(90 * time.Minute), To: usageEpoch.Add(3 * time.Hour)},
 	}
-	answers := func(s *sqlLedger) []string {
+	answers := func(s *sqlStore) []string {
 		var all []string
 		for _, q := range queries {
 			all = append(all, strings.Join(collectUsage(t, func(emit func(UsageRow) error) error { return s.Usage(ctx, q, emit) }), "\n"))
@@ -189,9 +189,9 @@ func countOf(t *testing.T, db *sql.DB, table string) int {
 // rollup counts every row once.
 func TestLedgerPostgresWritersAddTheSameNamesAtOnce(t *testing.T) {
 	pg := pgtest.Start(t)
-	var writers [2]*sqlLedger
+	var writers [2]*sqlStore
 	for i := range writers {
-		s, err := openPostgresLedger(pg.DSN(), testDigest)
+		s, err := openPostgresStore(pg.DSN(), testDigest)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -269,7 +269,7 @@ var failingInsert = map[string][]string{
 }
 
 func TestLedgerSQLiteNamesOfAFailedWriteAreForgotten(t *testing.T) {
-	s, err := openSQLiteLedger(filepath.Join(t.TempDir(), "ledger.db"), testDigest)
+	s, err := openSQLiteStore(filepath.Join(t.TempDir(), "ledger.db"), testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,7 +279,7 @@ func TestLedgerSQLiteNamesOfAFailedWriteAreForgotten(t *testing.T) {
 
 func TestLedgerPostgresNamesOfAFailedWriteAreForgotten(t *testing.T) {
 	pg := pgtest.Start(t)
-	s, err := openPostgresLedger(pg.DSN(), testDigest)
+	s, err := openPostgresStore(pg.DSN(), testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -291,7 +291,7 @@ func TestLedgerPostgresNamesOfAFailedWriteAreForgotten(t *testing.T) {
 // failed (fail makes the insert of row 'boom' fail), added none: the
 // writer forgets their ids, and the next writes, the failed batch's again
 // and another after it, write every row once with its names.
-func checkNamesOfAFailedWrite(t *testing.T, s *sqlLedger, fail []string) {
+func checkNamesOfAFailedWrite(t *testing.T, s *sqlStore, fail []string) {
 	t.Helper()
 	ctx := context.Background()
 	if err := s.Write(ctx, benchRows(10, usageEpoch, 0)); err != nil {
@@ -354,7 +354,7 @@ func checkNamesOfAFailedWrite(t *testing.T, s *sqlLedger, fail []string) {
 // TestLedgerNamesMapIsBounded: past ledgerNamesKept names, the writer's
 // map is dropped and its ids read again from the database.
 func TestLedgerNamesMapIsBounded(t *testing.T) {
-	s, err := openSQLiteLedger(filepath.Join(t.TempDir(), "ledger.db"), testDigest)
+	s, err := openSQLiteStore(filepath.Join(t.TempDir(), "ledger.db"), testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -383,7 +383,7 @@ func TestLedgerNamesMapIsBounded(t *testing.T) {
 // so the ids the writer knows stay good: rows of the same names written
 // after a prune read back with their names.
 func TestLedgerSQLitePruneKeepsTheNames(t *testing.T) {
-	s, err := openSQLiteLedger(filepath.Join(t.TempDir(), "ledger.db"), testDigest)
+	s, err := openSQLiteStore(filepath.Join(t.TempDir(), "ledger.db"), testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,7 @@ import (
 
 func TestLedgerPostgresStore(t *testing.T) {
 	pg := pgtest.Start(t)
-	s, err := openPostgresLedger(pg.DSN(), testDigest)
+	s, err := openPostgresStore(pg.DSN(), testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -21,7 +21,7 @@ func TestLedgerPostgresStore(t *testing.T) {
 	checkStore(t, s)
 	// a second relay of the fleet starting on the same database migrates
 	// nothing
-	s2, err := openPostgresLedger(pg.DSN(), testDigest)
+	s2, err := openPostgresStore(pg.DSN(), testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,13 +34,13 @@ func TestLedgerPostgresStore(t *testing.T) {
 
 func TestLedgerPostgresRowsWaitThenDropOnlyPastTheQueueBound(t *testing.T) {
 	pg := pgtest.Start(t)
-	s, err := openPostgresLedger(pg.DSN(), testDigest)
+	s, err := openPostgresStore(pg.DSN(), testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
 	l := newWriter(s, "postgres", zap.NewNop(), 20)
-	dropped := testutil.ToFloat64(metricLedgerDropped)
+	dropped := testutil.ToFloat64(metricDropped)
 	pg.Kill()
 	var own []Row
 	for i := range 50 {
@@ -54,7 +54,7 @@ func TestLedgerPostgresRowsWaitThenDropOnlyPastTheQueueBound(t *testing.T) {
 			cancel()
 		}
 	}
-	if got := testutil.ToFloat64(metricLedgerDropped) - dropped; got != 30 {
+	if got := testutil.ToFloat64(metricDropped) - dropped; got != 30 {
 		t.Errorf("%v rows dropped, want the 30 past the queue's 20", got)
 	}
 	pg.Restart()

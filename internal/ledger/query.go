@@ -1,40 +1,45 @@
 package ledger
 
 import (
-	"bufio"
 	"context"
-	"encoding/csv"
-	"encoding/json"
 	"fmt"
-	"net/http"
 	"net/url"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/caddyserver/caddy/v2"
 )
 
-// Query is what GET /relay/usage asks of the ledger: the rows of
-// [from, to), summed by the groupBy columns.
+// Query is what a usage answer asks of the ledger (GET /relay/usage, the
+// status page's Spend view): the rows of [From, To), summed by the GroupBy
+// columns.
 type Query struct {
+	// From and To bound the rows' times: From included, To not.
 	From, To time.Time
-	GroupBy  []string // of usageColumns, each once
-	CSV      bool
+	// GroupBy are the columns the sums are by, of key, user, group,
+	// channel, model (the model that served) and day (UTC), each once, in
+	// the answer's order; none: one total.
+	GroupBy []string
+	// CSV asks WriteUsage for CSV rather than JSON.
+	CSV bool
 }
 
 // usageColumns are the columns a usage answer may be grouped by; model is
 // the model that served the request.
 var usageColumns = []string{"key", "user", "group", "channel", "model", "day"}
 
-// UsageRow is one row of a usage answer: the groupBy columns' values, then
+// UsageRow is one row of a usage answer: the GroupBy columns' values, then
 // the sums.
 type UsageRow struct {
-	Values                               []string
-	Requests                             int64
+	// Values are the row's values of the query's GroupBy columns, in
+	// their order.
+	Values []string
+	// Requests is how many requests the row sums.
+	Requests int64
+	// Input, Output, CacheRead and CacheWrite are their tokens.
 	Input, Output, CacheRead, CacheWrite int64
-	CostNano                             int64
+	// CostNano is their cost in nano-USD.
+	CostNano int64
 }
 
 // ParseQuery reads a usage query's parameters; without from and to
@@ -104,105 +109,6 @@ func usageTime(s string, end bool) (time.Time, error) {
 	return t, nil
 }
 
-// WriteUsage streams q's answer from l to w.
-func WriteUsage(w http.ResponseWriter, r *http.Request, l *Writer, q Query) error {
-	header := append(append([]string(nil), q.GroupBy...),
-		"requests", "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "cost_usd")
-	if q.CSV {
-		w.Header().Set("Content-Type", "text/csv; charset=utf-8")
-		w.Header().Set("Content-Disposition", `attachment; filename="usage-`+q.From.Format(time.DateOnly)+`.csv"`)
-	} else {
-		w.Header().Set("Content-Type", "application/json")
-	}
-	bw := bufio.NewWriterSize(w, 32<<10)
-	cw := csv.NewWriter(bw)
-	started := false
-	start := func() {
-		started = true
-		if q.CSV {
-			_ = cw.Write(header)
-		} else {
-			_, _ = bw.WriteString(`{"rows":[`)
-		}
-	}
-	n := 0
-	rec := make([]string, len(header))
-	err := l.store.Usage(r.Context(), q, func(u UsageRow) error {
-		if !started {
-			start()
-		}
-		copy(rec, u.Values)
-		k := len(u.Values)
-		rec[k] = strconv.FormatInt(u.Requests, 10)
-		rec[k+1] = strconv.FormatInt(u.Input, 10)
-		rec[k+2] = strconv.FormatInt(u.Output, 10)
-		rec[k+3] = strconv.FormatInt(u.CacheRead, 10)
-		rec[k+4] = strconv.FormatInt(u.CacheWrite, 10)
-		rec[k+5] = usdDecimal(u.CostNano)
-		if q.CSV {
-			for i := range k { // the names; the sums after them are numbers
-				rec[i] = csvCell(rec[i])
-			}
-			cw.Write(rec) //nolint:errcheck // its error is cw.Error's, checked at the end
-		} else {
-			if n > 0 {
-				_ = bw.WriteByte(',')
-			}
-			_ = bw.WriteByte('{')
-			for i, name := range header {
-				if i > 0 {
-					_ = bw.WriteByte(',')
-				}
-				_, _ = bw.WriteString(`"` + name + `":`)
-				if i < k {
-					s, _ := json.Marshal(rec[i])
-					_, _ = bw.Write(s)
-				} else {
-					_, _ = bw.WriteString(rec[i])
-				}
-			}
-			_ = bw.WriteByte('}')
-		}
-		n++
-		return nil
-	})
-	if err != nil && !started {
-		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("the ledger did not answer: %v", err)}
-	}
-	if !started {
-		start()
-	}
-	if q.CSV {
-		cw.Flush()
-	} else if err == nil {
-		_, _ = bw.WriteString("]}\n")
-	}
-	ferr := bw.Flush()
-	if err != nil {
-		// the answer began and cannot say it failed: the connection is
-		// cut, so that no client takes a CSV without its last rows, which
-		// would look whole, for a finished answer
-		_ = http.NewResponseController(w).Flush()
-		panic(http.ErrAbortHandler)
-	}
-	return ferr
-}
-
-// usdDecimal formats an amount in nano-USD as a decimal number of
-// dollars, exactly.
-func usdDecimal(n int64) string {
-	sign := ""
-	if n < 0 {
-		sign, n = "-", -n
-	}
-	whole, frac := n/1e9, n%1e9
-	if frac == 0 {
-		return sign + strconv.FormatInt(whole, 10)
-	}
-	f := strings.TrimRight(fmt.Sprintf("%09d", frac), "0")
-	return sign + strconv.FormatInt(whole, 10) + "." + f
-}
-
 // usageSpan is a part of a usage query's range, [from, to), and where its
 // sums come from: the daily rollup for whole UTC days, else the rows.
 type usageSpan struct {
@@ -247,7 +153,7 @@ func usageSpans(from, to time.Time) []usageSpan {
 // Usage runs q, giving emit each row as it is read, so a large answer is
 // streamed rather than held: the whole days of its range summed from the
 // daily rollup, the partial days at its edges from the rows.
-func (s *sqlLedger) Usage(ctx context.Context, q Query, emit func(UsageRow) error) error {
+func (s *sqlStore) Usage(ctx context.Context, q Query, emit func(UsageRow) error) error {
 	return s.usageOf(ctx, q.GroupBy, usageSpans(q.From, q.To), emit)
 }
 
@@ -255,7 +161,7 @@ func (s *sqlLedger) Usage(ctx context.Context, q Query, emit func(UsageRow) erro
 // SELECT when there is one, else their sums added up (UNION ALL, then
 // summed again by the same columns). Every sum is of integers, so the
 // answer is exact whichever way it was summed.
-func (s *sqlLedger) usageOf(ctx context.Context, groupBy []string, spans []usageSpan, emit func(UsageRow) error) error {
+func (s *sqlStore) usageOf(ctx context.Context, groupBy []string, spans []usageSpan, emit func(UsageRow) error) error {
 	var args []any
 	branches := make([]string, len(spans))
 	for i, sp := range spans {
@@ -304,7 +210,7 @@ func (s *sqlLedger) usageOf(ctx context.Context, groupBy []string, spans []usage
 // spanSQL is the SELECT of one span's sums grouped by groupBy (columns
 // named g0, g1, ...; sums named as the rollup's columns), with its
 // arguments appended to args.
-func (s *sqlLedger) spanSQL(groupBy []string, sp usageSpan, args []any) (string, []any) {
+func (s *sqlStore) spanSQL(groupBy []string, sp usageSpan, args []any) (string, []any) {
 	cols := make([]string, len(groupBy))
 	sel := make([]string, 0, len(groupBy)+6)
 	for i, c := range groupBy {
@@ -332,7 +238,7 @@ func (s *sqlLedger) spanSQL(groupBy []string, sp usageSpan, args []any) (string,
 
 // column is the expression of a group_by column, in the rows or in the
 // daily rollup.
-func (s *sqlLedger) column(c string, daily bool) string {
+func (s *sqlStore) column(c string, daily bool) string {
 	switch c {
 	case "key":
 		return "key_name"
@@ -349,17 +255,4 @@ func (s *sqlLedger) column(c string, daily bool) string {
 		return "day"
 	}
 	return s.d.day
-}
-
-// csvCell is a name as a CSV cell: one that begins with =, +, -, @, a tab
-// or a carriage return is read by a spreadsheet as a formula (which may
-// fetch a URL or run a command on the reader's machine), so it is written
-// behind a ', which the spreadsheet shows as text. Names are the clients'
-// to choose (an identity, a model asked for) or an operator's; numbers are
-// the relay's, and are written as they are, a negative one too.
-func csvCell(s string) string {
-	if s != "" && strings.IndexByte("=+-@\t\r", s[0]) >= 0 {
-		return "'" + s
-	}
-	return s
 }

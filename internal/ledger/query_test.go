@@ -2,12 +2,8 @@ package ledger
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
-	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"path/filepath"
 	"slices"
@@ -16,8 +12,34 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/pgtest"
-	"go.uber.org/zap"
 )
+
+func TestUsageQueryParameters(t *testing.T) {
+	now := time.Date(2026, 3, 17, 12, 0, 0, 0, time.UTC)
+	q, err := ParseQuery(url.Values{}, now)
+	if err != nil || !q.From.Equal(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)) || !q.To.Equal(time.Date(2026, 4, 1, 0, 0, 0, 0, time.UTC)) || q.CSV || len(q.GroupBy) != 0 {
+		t.Errorf("default query %+v %v, want the current UTC month", q, err)
+	}
+	q, err = ParseQuery(url.Values{"from": {"2026-01-01"}, "to": {"2026-01-31"}, "group_by": {"key,day"}, "format": {"csv"}}, now)
+	if err != nil || !q.To.Equal(time.Date(2026, 2, 1, 0, 0, 0, 0, time.UTC)) || strings.Join(q.GroupBy, ",") != "key,day" || !q.CSV {
+		t.Errorf("query %+v %v: a date as to covers its day", q, err)
+	}
+	for _, c := range []struct {
+		v    url.Values
+		want string
+	}{
+		{url.Values{"group_by": {"key,tenant"}}, `group_by: unknown column "tenant" (key, user, group, channel, model, day)`},
+		{url.Values{"group_by": {"key,key"}}, `column "key" is given twice`},
+		{url.Values{"format": {"xml"}}, `format must be json or csv, not "xml"`},
+		{url.Values{"from": {"yesterday"}}, `from: "yesterday" is neither a date`},
+		{url.Values{"from": {"2026-02-01"}, "to": {"2026-01-01"}}, `must be after from`},
+		{url.Values{"group": {"key"}}, `unknown parameter "group"`},
+	} {
+		if _, err := ParseQuery(c.v, now); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: error %v, want %q", c.v, err, c.want)
+		}
+	}
+}
 
 func TestUsageSpans(t *testing.T) {
 	at := func(s string) time.Time {
@@ -60,7 +82,7 @@ func TestUsageSpans(t *testing.T) {
 }
 
 func TestLedgerSQLiteUsageFromRollupAndRowsIsTheRowsSum(t *testing.T) {
-	s, err := openSQLiteLedger(filepath.Join(t.TempDir(), "ledger.db"), testDigest)
+	s, err := openSQLiteStore(filepath.Join(t.TempDir(), "ledger.db"), testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +99,7 @@ func TestLedgerSQLiteUsageFromRollupAndRowsIsTheRowsSum(t *testing.T) {
 
 func TestLedgerPostgresUsageFromRollupAndRowsIsTheRowsSum(t *testing.T) {
 	pg := pgtest.Start(t)
-	s, err := openPostgresLedger(pg.DSN(), testDigest)
+	s, err := openPostgresStore(pg.DSN(), testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +137,7 @@ func TestLedgerPostgresUsageFromRollupAndRowsIsTheRowsSum(t *testing.T) {
 }
 
 // explainSQLite returns SQLite's query plan of stmt.
-func explainSQLite(t *testing.T, s *sqlLedger, stmt string, args []any) string {
+func explainSQLite(t *testing.T, s *sqlStore, stmt string, args []any) string {
 	t.Helper()
 	rows, err := s.db.Query("EXPLAIN QUERY PLAN "+stmt, args...)
 	if err != nil {
@@ -143,7 +165,7 @@ var usageEpoch = time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
 // columns: every answer must be, row for row, what the rows alone sum to
 // (the same query over the rows only), and that must be the sums of the
 // rows written.
-func checkUsagePathsAgree(t *testing.T, s *sqlLedger) {
+func checkUsagePathsAgree(t *testing.T, s *sqlStore) {
 	t.Helper()
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
@@ -296,69 +318,10 @@ func sameSet(a, b []string) bool {
 	return slices.Equal(a, b)
 }
 
-// brokenUsageStore answers a usage query with one row, then fails.
-type brokenUsageStore struct{ *flakyStore }
-
-func (brokenUsageStore) Usage(_ context.Context, _ Query, emit func(UsageRow) error) error {
-	if err := emit(UsageRow{Values: []string{"k"}, Requests: 1}); err != nil {
-		return err
-	}
-	return errors.New("the database went away")
-}
-
-// A usage answer that fails after it began is cut, not ended as if whole:
-// a CSV without its last rows would look like a complete invoice.
-func TestAUsageAnswerThatFailsMidwayIsCut(t *testing.T) {
-	l := newWriter(brokenUsageStore{new(flakyStore)}, "test", zap.NewNop(), Queue)
-	for _, csv := range []bool{true, false} {
-		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			_ = WriteUsage(w, r, l, Query{GroupBy: []string{"key"}, CSV: csv})
-		}))
-		resp, err := http.Get(srv.URL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		srv.Close()
-		if resp.StatusCode != http.StatusOK || err == nil {
-			t.Errorf("csv %v: status %d, body %q read with error %v: want the answer cut before its end", csv, resp.StatusCode, body, err)
-		}
-		if !strings.Contains(string(body), "k") {
-			t.Errorf("csv %v: the rows before the failure did not arrive: %q", csv, body)
-		}
-	}
-}
-
-// A spreadsheet reads a cell that begins with =, +, -, @, a tab or a
-// carriage return as a formula: a CSV cell of a name begins with a ' then,
-// and reads as the text it is.
-func TestCSVCellsOfNamesNeverReadAsFormulas(t *testing.T) {
-	for in, want := range map[string]string{
-		`=HYPERLINK("http://evil.example/","x")`: `'=HYPERLINK("http://evil.example/","x")`,
-		"+1+1":                                   "'+1+1",
-		"-2+3":                                   "'-2+3",
-		"@SUM(A1:A9)":                            "'@SUM(A1:A9)",
-		"\t=1":                                   "'\t=1",
-		"\r=1":                                   "'\r=1",
-		"":                                       "",
-		"alice":                                  "alice",
-		"a=b":                                    "a=b",
-		"'=already":                              "'=already",
-		" =spaced":                               " =spaced",
-		"2026-03-01":                             "2026-03-01",
-		"claude-opus-4":                          "claude-opus-4",
-	} {
-		if got := csvCell(in); got != want {
-			t.Errorf("csvCell(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
 // checkOpenEndedRanges writes rows of March 2026 to s and asks usage over
 // ranges open at an end, as a client writes them (to=9999-12-31, a year-1
 // from, a far-future time in another zone): each answers every row in it.
-func checkOpenEndedRanges(t *testing.T, s *sqlLedger) {
+func checkOpenEndedRanges(t *testing.T, s *sqlStore) {
 	t.Helper()
 	ctx := context.Background()
 	rows := testRows(time.Date(2026, 3, 2, 10, 0, 0, 0, time.UTC), time.Date(2026, 3, 3, 23, 59, 0, 0, time.UTC))
@@ -389,7 +352,7 @@ func checkOpenEndedRanges(t *testing.T, s *sqlLedger) {
 }
 
 func TestLedgerSQLiteOpenEndedRanges(t *testing.T) {
-	s, err := openSQLiteLedger(filepath.Join(t.TempDir(), "ledger.db"), testDigest)
+	s, err := openSQLiteStore(filepath.Join(t.TempDir(), "ledger.db"), testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -398,7 +361,7 @@ func TestLedgerSQLiteOpenEndedRanges(t *testing.T) {
 }
 
 func TestLedgerPostgresOpenEndedRanges(t *testing.T) {
-	s, err := openPostgresLedger(pgtest.Start(t).DSN(), testDigest)
+	s, err := openPostgresStore(pgtest.Start(t).DSN(), testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}

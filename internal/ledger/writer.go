@@ -2,55 +2,13 @@ package ledger
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"runtime"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/caddy-relay/relay/provider"
-	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 )
-
-// Config keeps one row per request in a database that finance can query
-// (GET /relay/usage on the admin API, or SQL): who asked, what was served,
-// its tokens and its cost. It is `ledger` in the JSON config and the
-// Caddyfile. Without it, the relay keeps no such record. Rows are written
-// off the request path, in batches; a database that is away never slows or
-// fails a request.
-type Config struct {
-	// SQLite keeps the ledger in a SQLite file of this machine: right for
-	// a single relay. It is the default when neither is set.
-	SQLite *SQLite `json:"sqlite,omitempty"`
-
-	// Postgres keeps the ledger in a PostgreSQL database, which the
-	// relays of a fleet share.
-	Postgres *Postgres `json:"postgres,omitempty"`
-
-	// Retention is how long rows are kept: older ones are deleted once an
-	// hour. Default: 400d (a year and a month, for a year-on-year
-	// comparison).
-	Retention caddy.Duration `json:"retention,omitempty"`
-}
-
-// SQLite is a SQLite ledger file, written in WAL mode.
-type SQLite struct {
-	// Path is the database file. Placeholders such as {env.NAME} are
-	// resolved. Default: relay/ledger.db in Caddy's data directory.
-	Path string `json:"path,omitempty"`
-}
-
-// Postgres is a PostgreSQL ledger.
-type Postgres struct {
-	// DSN is the connection string (postgres://user:pass@host/db?... or
-	// key=value pairs). Use a placeholder such as {env.RELAY_PG_DSN}: it is
-	// resolved when the config loads and never shows in GET /config/ or
-	// the logs.
-	DSN string `json:"dsn,omitempty"`
-}
 
 // Ledger defaults and bounds.
 const (
@@ -78,58 +36,6 @@ const (
 // starts (about 30 MB): more are dropped.
 const Queue = 100_000
 
-func (l *Config) Validate() error {
-	if l.SQLite != nil && l.Postgres != nil {
-		return fmt.Errorf("ledger: sqlite or postgres, not both")
-	}
-	if l.Postgres != nil && l.Postgres.DSN == "" {
-		return fmt.Errorf("ledger postgres: dsn is required")
-	}
-	if l.Retention < 0 {
-		return fmt.Errorf("ledger_retention must not be negative")
-	}
-	return nil
-}
-
-// ledgers keeps each ledger's writer across config reloads, by its
-// database: one writer per database in a process, whatever the number of
-// relay handlers and configs that use it. The last config to go writes its
-// queue out and closes it.
-var ledgers = caddy.NewUsagePool()
-
-// Row is one request's record, as account hands it over: the
-// strings refer to what the request already holds, so handing it over
-// allocates nothing. The session id is digested by the writer, off the
-// request path; the raw id is never stored. A session id longer than
-// maxIDLen (a client's choice, as long as a header) is digested at once,
-// so that a queue of rows waiting for a database that is down holds no
-// more than their bound: sessionDigested says so.
-type Row struct {
-	At              time.Time
-	ID              string
-	Key             string
-	User            string
-	Group           string
-	Channel         string
-	Model           string
-	Served          string
-	Cause           string
-	Session         string
-	Status          int
-	Input           int64
-	Output          int64
-	CacheRead       int64
-	CacheWrite      int64
-	CostNano        int64
-	ToolNano        int64 // of costNano, what server tools cost
-	Estimated       bool
-	Incomplete      bool
-	EstimatedPrice  bool // the cost is at an unpriced model's estimate
-	SessionDigested bool
-	Duration        time.Duration
-	FirstByte       time.Duration
-}
-
 // Writer is one database's writer: a bounded queue that requests hand
 // rows to, and a goroutine that writes them in batches.
 type Writer struct {
@@ -152,75 +58,6 @@ type Writer struct {
 	dropped int64
 }
 
-// Store is a ledger's database.
-type Store interface {
-	Write(ctx context.Context, rows []Row) error
-	Prune(ctx context.Context, before time.Time) (int64, error)
-	Usage(ctx context.Context, q Query, emit func(UsageRow) error) error
-	Close() error
-}
-
-// Load returns the ledger of config c, from the pool, and the key the
-// caller gives back with ledgers.Delete when its config ends. A reload
-// that keeps the database keeps its writer and its queue, and takes the
-// new retention.
-func Load(ctx caddy.Context, c *Config, digest func(string) string) (*Writer, string, error) {
-	if err := c.Validate(); err != nil {
-		return nil, "", err
-	}
-	key, open, err := ledgerBackend(ctx, c, digest)
-	if err != nil {
-		return nil, "", err
-	}
-	v, _, err := ledgers.LoadOrNew(key, func() (caddy.Destructor, error) {
-		store, name, err := open()
-		if err != nil {
-			return nil, err
-		}
-		return Start(store, name, ctx.Logger(), Queue), nil
-	})
-	if err != nil {
-		return nil, "", err
-	}
-	l := v.(*Writer)
-	l.mu.Lock()
-	l.retain = defaultLedgerRetention
-	if c.Retention > 0 {
-		l.retain = time.Duration(c.Retention)
-	}
-	l.logger = ctx.Logger()
-	l.mu.Unlock()
-	return l, key, nil
-}
-
-// ledgerBackend says which database c names (the pool's key: a SQLite
-// file's absolute path, or the DSN as configured, a placeholder, never
-// resolved) and how to open it.
-func ledgerBackend(ctx caddy.Context, c *Config, digest func(string) string) (string, func() (Store, string, error), error) {
-	if c.Postgres != nil {
-		dsn, err := provider.ResolvePlaceholders(c.Postgres.DSN)
-		if err != nil {
-			return "", nil, fmt.Errorf("ledger postgres: dsn: %w", err)
-		}
-		if !strings.HasPrefix(c.Postgres.DSN, "{") {
-			ctx.Logger().Warn("the ledger's postgres dsn is written in the config; use a placeholder such as {env.RELAY_PG_DSN} to keep its password out of GET /config/ and autosave.json")
-		}
-		raw, _ := json.Marshal(c.Postgres)
-		return "postgres:" + string(raw), func() (Store, string, error) {
-			s, err := openPostgresLedger(dsn, digest)
-			return s, "postgres", err
-		}, nil
-	}
-	path, err := sqliteLedgerPath(c.SQLite)
-	if err != nil {
-		return "", nil, err
-	}
-	return "sqlite:" + path, func() (Store, string, error) {
-		s, err := openSQLiteFile(path, digest)
-		return s, "sqlite " + path, err
-	}, nil
-}
-
 // Start starts a writer of store's rows, outside the pool, whose queue
 // holds up to queue rows; name is the database as its logs name it. Its
 // Destruct writes the queue out and closes store.
@@ -230,29 +67,10 @@ func Start(store Store, name string, logger *zap.Logger, queue int) *Writer {
 	return l
 }
 
-// Release gives back the writer of key, which Load returned: once no
-// config holds it, it writes its queue out and closes its database.
-func Release(key string) error {
-	_, err := ledgers.Delete(key)
-	return err
-}
-
 // Usage answers q from the writer's database, giving emit each row as it
 // is read.
 func (l *Writer) Usage(ctx context.Context, q Query, emit func(UsageRow) error) error {
 	return l.store.Usage(ctx, q, emit)
-}
-
-// OpenSQLite opens (and makes) the SQLite ledger at path outside the
-// pool, its schema brought up to date, for a writer of its own (Start) or
-// a caller that reads and writes it itself, and closes it; digest is a
-// session id as the rows keep it.
-func OpenSQLite(path string, digest func(string) string) (Store, error) {
-	s, err := openSQLiteLedger(path, digest)
-	if err != nil {
-		return nil, err
-	}
-	return s, nil
 }
 
 func newWriter(store Store, name string, logger *zap.Logger, limit int) *Writer {
@@ -274,7 +92,7 @@ func (l *Writer) Add(row Row) {
 	if l.closed || l.held >= l.limit {
 		l.dropped++
 		l.mu.Unlock()
-		metricLedgerDropped.Inc()
+		metricDropped.Inc()
 		return
 	}
 	l.pending = append(l.pending, row)
@@ -365,7 +183,7 @@ func (l *Writer) run() {
 func (l *Writer) countCPU(last *time.Duration) {
 	now := threadCPU()
 	if d := now - *last; d > 0 {
-		metricLedgerWriterCPU.Add(d.Seconds())
+		metricWriterCPU.Add(d.Seconds())
 	}
 	*last = now
 }
@@ -397,7 +215,7 @@ func (l *Writer) flush(ctx context.Context, own *[]Row) bool {
 		l.mu.Lock()
 		l.held -= n
 		l.mu.Unlock()
-		metricLedgerWritten.Add(float64(n))
+		metricWritten.Add(float64(n))
 	}
 	l.back()
 	*own = (*own)[:0]
@@ -435,7 +253,7 @@ func (l *Writer) fileChanged(ch fileChange) {
 		logger.Error("ledger: its file was deleted or replaced under the running relay: the rows it held are lost, and could not be counted; later rows go to a new file at its path",
 			zap.String("ledger", l.name))
 	default:
-		metricLedgerLost.Add(float64(ch.lost))
+		metricLost.Add(float64(ch.lost))
 		logger.Error("ledger: its file was deleted or replaced under the running relay: the rows it held are lost (relay_ledger_rows_lost_total); later rows go to a new file at its path",
 			zap.String("ledger", l.name), zap.Int64("rows_lost", ch.lost))
 	}
@@ -497,25 +315,8 @@ func (l *Writer) Destruct() error {
 	lost := l.held
 	l.mu.Unlock()
 	if lost > 0 {
-		metricLedgerDropped.Add(float64(lost))
+		metricDropped.Add(float64(lost))
 		l.logger.Error("ledger: rows not written at stop", zap.String("ledger", l.name), zap.Int("rows", lost))
 	}
 	return l.store.Close()
-}
-
-// Current is the ledger GET /relay/usage reads: the only one the
-// process writes. With none or several, it says why not.
-func Current() (*Writer, error) {
-	var found []*Writer
-	ledgers.Range(func(_, v any) bool {
-		found = append(found, v.(*Writer))
-		return true
-	})
-	switch len(found) {
-	case 0:
-		return nil, fmt.Errorf("no ledger is configured (the relay's ledger option)")
-	case 1:
-		return found[0], nil
-	}
-	return nil, fmt.Errorf("%d ledgers are configured in this process; GET /relay/usage reads one", len(found))
 }
