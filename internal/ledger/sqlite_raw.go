@@ -156,6 +156,8 @@ func bindArgs(st *sqlite3.Stmt, args []any) error {
 		switch v := v.(type) {
 		case int64:
 			err = st.BindInt64(i+1, v)
+		case *int64Box: // a value of the writer's boxes
+			err = st.BindInt64(i+1, v.v)
 		case string:
 			err = st.BindText(i+1, v)
 		case bool:
