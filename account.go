@@ -77,7 +77,7 @@ func (r *Relay) account(in *inbound) {
 	r.settleAffinity(in)
 	in.tr.end(in, priced)
 	recordStatus(in, duration, cost)
-	r.ledger.record(in, r.now(), duration, cost, tools)
+	recordUsage(r.ledger, in, r.now(), duration, cost, tools)
 
 	c := r.logger.Check(zap.InfoLevel, "relayed request")
 	if c == nil {

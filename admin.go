@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/ledger"
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 )
@@ -451,6 +452,21 @@ func (k *key) dormant(now time.Time) (*limiter, *spendAccount) {
 	l := new(limiter)
 	l.configure(lim, now)
 	return l, spend.stored(k.stateID)
+}
+
+// usage answers GET /relay/usage from the ledger: {"rows": [...]}, or CSV
+// with one header row, written as the database gives the rows (a name
+// that a spreadsheet would take for a formula behind a ').
+func (adminAPI) usage(w http.ResponseWriter, r *http.Request) error {
+	q, err := ledger.ParseQuery(r.URL.Query(), time.Now())
+	if err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
+	}
+	l, err := ledger.Current()
+	if err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: err}
+	}
+	return ledger.WriteUsage(w, r, l, q)
 }
 
 // Interface guards

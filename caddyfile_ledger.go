@@ -3,6 +3,7 @@ package relay
 import (
 	"cmp"
 
+	"github.com/caddy-relay/relay/internal/ledger"
 	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 )
@@ -14,14 +15,14 @@ func parseLedger(d *caddyfile.Dispenser, r *Relay) error {
 	if r.Ledger != nil && (r.Ledger.SQLite != nil || r.Ledger.Postgres != nil) {
 		return d.Err("ledger is given twice")
 	}
-	l := cmp.Or(r.Ledger, new(Ledger))
+	l := cmp.Or(r.Ledger, new(ledger.Config))
 	kind := "sqlite"
 	if d.NextArg() {
 		kind = d.Val()
 	}
 	switch kind {
 	case "sqlite":
-		l.SQLite = new(LedgerSQLite)
+		l.SQLite = new(ledger.SQLite)
 		d.AllArgs(&l.SQLite.Path)
 		if d.NextArg() {
 			return d.ArgErr()
@@ -30,7 +31,7 @@ func parseLedger(d *caddyfile.Dispenser, r *Relay) error {
 			return d.Err("ledger sqlite takes a path, not a block")
 		}
 	case "postgres":
-		l.Postgres = new(LedgerPostgres)
+		l.Postgres = new(ledger.Postgres)
 		if d.NextArg() {
 			return d.ArgErr()
 		}
@@ -53,7 +54,7 @@ func parseLedger(d *caddyfile.Dispenser, r *Relay) error {
 // parseLedgerRetention parses `ledger_retention <duration>` (days
 // allowed: 400d).
 func parseLedgerRetention(d *caddyfile.Dispenser, r *Relay) error {
-	l := cmp.Or(r.Ledger, new(Ledger))
+	l := cmp.Or(r.Ledger, new(ledger.Config))
 	if l.Retention != 0 {
 		return d.Err("ledger_retention is given twice")
 	}

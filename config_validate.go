@@ -17,7 +17,7 @@ func (r *Relay) validateConfig() error {
 		return err
 	}
 	if r.Ledger != nil {
-		if err := r.Ledger.validate(); err != nil {
+		if err := r.Ledger.Validate(); err != nil {
 			return errAt([]string{"ledger"}, "%v", err)
 		}
 	}

@@ -1,5 +1,7 @@
 package relay
 
+import "github.com/caddy-relay/relay/internal/ledger"
+
 // held is what one config took from the process-wide pools: the entries of
 // each caddy.UsagePool it holds a reference to, and the spend store. A
 // config's Provision records each thing as it takes it; its Cleanup gives
@@ -15,7 +17,7 @@ type held struct {
 	keys       []string   // keyStates entries
 	transports []string   // transports entries
 	fleet      string     // the fleets entry; "": none
-	ledger     string     // the ledgers entry; "": none
+	ledger     string     // the ledger's entry in its pool; "": none
 	spend      []string   // spendAccounts entries
 	spendStore bool       // it uses the spend store (spend.use)
 	decode     string     // the decodeBudgets entry; "": none
@@ -37,7 +39,7 @@ func (h *held) addTransport(key string) { h.transports = append(h.transports, ke
 // addFleet records that the config holds the entry key in fleets.
 func (h *held) addFleet(key string) { h.fleet = key }
 
-// addLedger records that the config holds the entry key in ledgers.
+// addLedger records that the config holds the entry key in the ledger's pool.
 func (h *held) addLedger(key string) { h.ledger = key }
 
 // addSpend records that the config holds the account id in spendAccounts.
@@ -73,7 +75,7 @@ func (h *held) release(r *Relay) {
 		_, _ = fleets.Delete(h.fleet)
 	}
 	if h.ledger != "" { // its last config writes its queue out
-		_, _ = ledgers.Delete(h.ledger)
+		_ = ledger.Release(h.ledger)
 	}
 	for _, id := range h.spend {
 		_, _ = spendAccounts.Delete(id)

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/ledger"
 	"github.com/caddy-relay/relay/internal/redistest"
-	"go.uber.org/zap"
 )
 
 // ledgerCostByKey sums the ledger's cost of today by key, in nano-USD.
@@ -128,7 +128,6 @@ func TestLedgerKeepsBatchesReconciledReadTwiceAndInAFleet(t *testing.T) {
 // per model, add up to the nano-USD the budgets charged for the whole,
 // none negative, even where each model's cost alone rounds otherwise.
 func TestLedgerBatchRowsAddUpToTheCharge(t *testing.T) {
-	l := newLedger(discardStore{new(flakyStore)}, "test", zap.NewNop(), 100)
 	in := &inbound{id: "req-1", who: requester{key: &key{name: "reader", group: &group{name: "g"}}}}
 	in.end.status = 200
 	b := &batchCharge{}
@@ -138,18 +137,18 @@ func TestLedgerBatchRowsAddUpToTheCharge(t *testing.T) {
 		in.end.cost += c
 	}
 	in.end.batch = b
-	l.record(in, time.Now(), time.Millisecond, in.end.cost, 0)
-	if len(l.pending) != 5 {
-		t.Fatalf("%d rows, want one per model", len(l.pending))
+	rows := recordedRows(t, func(w *ledger.Writer) { recordUsage(w, in, time.Now(), time.Millisecond, in.end.cost, 0) })
+	if len(rows) != 5 {
+		t.Fatalf("%d rows, want one per model", len(rows))
 	}
 	var sum int64
-	for i, row := range l.pending {
-		sum += row.costNano
+	for i, row := range rows {
+		sum += row.CostNano
 		wantID := "req-1"
 		if i > 0 {
-			wantID += "/" + row.served
+			wantID += "/" + row.Served
 		}
-		if row.costNano < 0 || row.id != wantID || row.cause != "batch" || row.key != "reader" || row.served != row.model || row.input != int64(i+1) {
+		if row.CostNano < 0 || row.ID != wantID || row.Cause != "batch" || row.Key != "reader" || row.Served != row.Model || row.Input != int64(i+1) {
 			t.Errorf("row %d: %+v", i, row)
 		}
 	}

@@ -1,7 +1,6 @@
 package relay
 
 import (
-	"context"
 	"database/sql"
 	"fmt"
 	"io"
@@ -14,69 +13,7 @@ import (
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
 	"github.com/caddy-relay/relay/internal/pgtest"
-	"github.com/prometheus/client_golang/prometheus/testutil"
-	"go.uber.org/zap"
 )
-
-func TestLedgerPostgresStore(t *testing.T) {
-	pg := pgtest.Start(t)
-	s, err := openPostgresLedger(pg.DSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.close()
-	checkStore(t, s)
-	// a second relay of the fleet starting on the same database migrates
-	// nothing
-	s2, err := openPostgresLedger(pg.DSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s2.close()
-	var v int
-	if err := s2.db.QueryRow(`SELECT MAX(version) FROM schema_version`).Scan(&v); err != nil || v != len(postgresDialect.migrations) {
-		t.Errorf("schema_version %d %v", v, err)
-	}
-}
-
-func TestLedgerPostgresRowsWaitThenDropOnlyPastTheQueueBound(t *testing.T) {
-	pg := pgtest.Start(t)
-	s, err := openPostgresLedger(pg.DSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.close()
-	l := newLedger(s, "postgres", zap.NewNop(), 20)
-	dropped := testutil.ToFloat64(metricLedgerDropped)
-	pg.Kill()
-	var own []ledgerRow
-	for i := range 50 {
-		l.add(ledgerRow{id: fmt.Sprintf("bound-%02d", i), at: time.Now(), key: "k"})
-		if i%10 == 9 {
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-			own = l.take(own)
-			if l.flush(ctx, &own) {
-				t.Fatal("a write to a killed postgres succeeded")
-			}
-			cancel()
-		}
-	}
-	if got := testutil.ToFloat64(metricLedgerDropped) - dropped; got != 30 {
-		t.Errorf("%v rows dropped, want the 30 past the queue's 20", got)
-	}
-	pg.Restart()
-	for range 2 {
-		own = l.take(own)
-		if !l.flush(context.Background(), &own) {
-			t.Fatal("the write failed after postgres came back")
-		}
-	}
-	var n int
-	var first, last string
-	if err := s.db.QueryRow(`SELECT COUNT(*), MIN(request_id), MAX(request_id) FROM relay_usage`).Scan(&n, &first, &last); err != nil || n != 20 || first != "bound-00" || last != "bound-19" {
-		t.Errorf("%d rows %s..%s (%v), want the 20 that waited", n, first, last, err)
-	}
-}
 
 func TestLedgerPostgresKilledAndRestartedMidLoad(t *testing.T) {
 	pg := pgtest.Start(t)
@@ -104,7 +41,7 @@ func TestLedgerPostgresKilledAndRestartedMidLoad(t *testing.T) {
 		}
 		return n
 	}
-	dropped := testutil.ToFloat64(metricLedgerDropped)
+	dropped := ledgerMetric(t, "relay_ledger_dropped_total")
 
 	// the load: clients that send messages until told to stop
 	var sent, failed atomic.Int64
@@ -147,7 +84,7 @@ func TestLedgerPostgresKilledAndRestartedMidLoad(t *testing.T) {
 	if d := time.Duration(slowest.Load()); d > 2*time.Second {
 		t.Errorf("the slowest request took %v: the ledger's outage slowed requests", d)
 	}
-	if got := testutil.ToFloat64(metricLedgerDropped) - dropped; got != 0 {
+	if got := ledgerMetric(t, "relay_ledger_dropped_total") - dropped; got != 0 {
 		t.Errorf("%v rows dropped within the queue's bound", got)
 	}
 	// the DSN is resolved, never shown

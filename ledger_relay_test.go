@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/ledger"
 )
 
 // ledgerUpstream answers a message as the request asks: streamed or not,
@@ -341,12 +342,12 @@ func TestUsageCSVNamesAreNotFormulas(t *testing.T) {
 	if r := send(t, "POST", "/v1/messages", "", simpleBody, "X-Csv-User", formula); r.status != 200 {
 		t.Fatalf("%d %s", r.status, r.body)
 	}
-	l, err := theLedger()
+	l, err := ledger.Current()
 	if err != nil {
 		t.Fatal(err)
 	}
-	l.add(ledgerRow{at: time.Now(), id: "req_csv_hostile", key: "+cmd", user: "@me", group: "-g", channel: "csv-up",
-		model: "@SUM(A1:A9)", served: "@SUM(A1:A9)", cause: causeOK, status: 200, costNano: -500_000_000})
+	l.Add(ledger.Row{At: time.Now(), ID: "req_csv_hostile", Key: "+cmd", User: "@me", Group: "-g", Channel: "csv-up",
+		Model: "@SUM(A1:A9)", Served: "@SUM(A1:A9)", Cause: causeOK, Status: 200, CostNano: -500_000_000})
 	waitFor(t, "both rows in the ledger", 10*time.Second, func() bool { return ledgerRows(t, db) == 2 })
 
 	readCSV := func(what, body string) [][]string {

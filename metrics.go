@@ -4,6 +4,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/ledger"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -149,26 +150,6 @@ var (
 		Help: "Batches whose results were accounted (tokens, cost at the batch price, the key's spend and token limit), by group and channel: once per batch, at its first read.",
 	}, []string{"group", "channel"})
 
-	metricLedgerDropped = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "relay_ledger_dropped_total",
-		Help: "Rows of the usage ledger dropped: the database was away (or slower than the traffic) for longer than the queue holds, or the relay stopped before it could write them. Their requests were served; their cost is in the budgets' spend and relay_cost_usd_total, not in the ledger.",
-	})
-
-	metricLedgerLost = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "relay_ledger_rows_lost_total",
-		Help: "Rows of a SQLite usage ledger lost with its file: the rows the file held when the writer found it deleted or replaced under the running relay (it then made a new file at the path). A file moved to another path keeps its rows, and counts none.",
-	})
-
-	metricLedgerWritten = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "relay_ledger_rows_total",
-		Help: "Rows written to the usage ledger.",
-	})
-
-	metricLedgerWriterCPU = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "relay_ledger_writer_cpu_seconds_total",
-		Help: "CPU time (user and system) the usage ledger's writer used, on a thread of its own, off the request path: over relay_ledger_rows_total, the CPU a row costs to write. Linux only; 0 elsewhere.",
-	})
-
 	metricStates = stateCollector{
 		state: prometheus.NewDesc("relay_channel_state",
 			"1 for the state each channel is in (healthy, cooldown, open, half_open, disabled), 0 for the others.", []string{"channel", "state"}, nil),
@@ -192,7 +173,7 @@ var collectors = []prometheus.Collector{
 }
 
 // ledgerCollectors are registered only by a config with a ledger.
-var ledgerCollectors = []prometheus.Collector{metricLedgerDropped, metricLedgerLost, metricLedgerWritten, metricLedgerWriterCPU}
+var ledgerCollectors = ledger.Collectors()
 
 // registerMetrics registers the relay's collectors in a config's registry.
 func registerMetrics(reg prometheus.Registerer) error { return register(reg, collectors) }

@@ -27,6 +27,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/ledger"
 	"github.com/caddy-relay/relay/internal/owners"
 	"github.com/caddy-relay/relay/internal/resourceid"
 	"github.com/caddyserver/caddy/v2"
@@ -180,7 +181,7 @@ type Relay struct {
 	// tokens, cost, status, ...) in a database, for GET /relay/usage and
 	// for finance's own SQL: SQLite on this machine, or PostgreSQL for a
 	// fleet. Without it, no such record is kept.
-	Ledger *Ledger `json:"ledger,omitempty"`
+	Ledger *ledger.Config `json:"ledger,omitempty"`
 
 	// UpstreamRatelimitHeaders says what clients learn of rate limits.
 	// `replace` (the default): no upstream's anthropic-ratelimit-* header
@@ -209,7 +210,7 @@ type Relay struct {
 	users         map[string]*key // user entries by id, but user *
 	anyUser       *key            // user *; nil: none
 	fleet         *member         // the fleet this relay shares state with; nil: none
-	ledger        *ledger         // where each request's row goes; nil: none
+	ledger        *ledger.Writer  // where each request's row goes; nil: none
 	logger        *zap.Logger
 	prices        pricebook
 	estimates     estimates          // what an unpriced model costs where money is counted

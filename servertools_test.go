@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/ledger"
 	"github.com/caddy-relay/relay/internal/pgtest"
 	"github.com/caddy-relay/relay/internal/providertest"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -243,7 +244,7 @@ func TestBatchResultsPayWebSearchesInFull(t *testing.T) {
 	up := fakeupstream.New(t, store)
 	path := filepath.Join(t.TempDir(), "ledger.db")
 	r := searchRelay(t, "search-batch", "claude-sonnet-4-5", up, nil)
-	r.Ledger = &Ledger{SQLite: &LedgerSQLite{Path: path}}
+	r.Ledger = &ledger.Config{SQLite: &ledger.SQLite{Path: path}}
 	provisionHandler(t, r)
 	key := "sk-search-batch-0123456789"
 	post := httptest.NewRequest(http.MethodPost, "/v1/messages/batches", strings.NewReader(`{"requests":[`+
@@ -298,11 +299,11 @@ func TestTheLedgerRowHoldsTheServerToolCost(t *testing.T) {
 			var db *sql.DB
 			if backend == "sqlite" {
 				path := filepath.Join(t.TempDir(), "ledger.db")
-				r.Ledger = &Ledger{SQLite: &LedgerSQLite{Path: path}}
+				r.Ledger = &ledger.Config{SQLite: &ledger.SQLite{Path: path}}
 				db = openLedgerDB(t, "sqlite3", "file:"+path+"?mode=ro")
 			} else {
 				pg := pgtest.Start(t)
-				r.Ledger = &Ledger{Postgres: &LedgerPostgres{DSN: pg.DSN()}}
+				r.Ledger = &ledger.Config{Postgres: &ledger.Postgres{DSN: pg.DSN()}}
 				db = openLedgerDB(t, "pgx", pg.DSN())
 			}
 			provisionHandler(t, r)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fleet"
+	"github.com/caddy-relay/relay/internal/ledger"
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/caddy-relay/relay/statuspage"
@@ -52,7 +53,7 @@ func statusRow(in *inbound, duration time.Duration, cost float64) statuspage.Req
 // statusSource is the status page's view of the relay. Its ledger is the
 // one it reads; nil: the process's (theLedger).
 type statusSource struct {
-	ledger *ledger
+	ledger *ledger.Writer
 }
 
 // Snapshot lists every channel, group, key in use and the costliest
@@ -137,11 +138,11 @@ func (statusSource) Act(channel, action string) (statuspage.Channel, error) {
 }
 
 // theLedger is the ledger the page reads.
-func (s statusSource) theLedger() (*ledger, error) {
+func (s statusSource) theLedger() (*ledger.Writer, error) {
 	if s.ledger != nil {
 		return s.ledger, nil
 	}
-	return theLedger()
+	return ledger.Current()
 }
 
 // Ledger says why there is no ledger to read.
@@ -156,8 +157,8 @@ func (s statusSource) Spend(ctx context.Context, from, to time.Time, by []string
 	if err != nil {
 		return err
 	}
-	return l.store.usage(ctx, usageQuery{from: from, to: to, groupBy: by}, func(u usageRow) error {
-		return emit(statuspage.SpendRow{Values: u.values, Requests: u.requests, CostNano: u.costNano})
+	return l.Usage(ctx, ledger.Query{From: from, To: to, GroupBy: by}, func(u ledger.UsageRow) error {
+		return emit(statuspage.SpendRow{Values: u.Values, Requests: u.Requests, CostNano: u.CostNano})
 	})
 }
 
@@ -168,7 +169,7 @@ func (s statusSource) SpendCSV(w http.ResponseWriter, r *http.Request, from, to 
 	if err != nil {
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: err}
 	}
-	return writeUsage(w, r, l, usageQuery{from: from, to: to, groupBy: []string{"day", "group", "key", "model"}, csv: true})
+	return ledger.WriteUsage(w, r, l, ledger.Query{From: from, To: to, GroupBy: []string{"day", "group", "key", "model"}, CSV: true})
 }
 
 // pageChannel is a channel's admin row as the page shows it.

@@ -14,7 +14,9 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/ledger"
 	"github.com/caddy-relay/relay/statuspage"
+	"go.uber.org/zap"
 )
 
 // The keys of the Spend view's tests: spend-kb's three requests cost more
@@ -68,14 +70,14 @@ func spendRelay(t *testing.T) {
 			t.Fatalf("%d %s", r.status, r.body)
 		}
 	}
-	l, err := theLedger()
+	l, err := ledger.Current()
 	if err != nil {
 		t.Fatal(err)
 	}
-	l.add(ledgerRow{
-		at: time.Now().UTC().AddDate(0, 0, -2), id: "req_spend_past", key: "spend-ka", group: "spend-a",
-		channel: "spend-up", model: "claude-opus-4-5", served: "claude-opus-4-5", cause: "ok", status: 200,
-		costNano: int64(toNano(pastCost)),
+	l.Add(ledger.Row{
+		At: time.Now().UTC().AddDate(0, 0, -2), ID: "req_spend_past", Key: "spend-ka", Group: "spend-a",
+		Channel: "spend-up", Model: "claude-opus-4-5", Served: "claude-opus-4-5", Cause: "ok", Status: 200,
+		CostNano: int64(toNano(pastCost)),
 	})
 	waitFor(t, "every row in the ledger", 10*time.Second, func() bool { return ledgerRows(t, db) == 6 })
 }
@@ -160,15 +162,33 @@ func TestStatusSpendViewWithoutALedger(t *testing.T) {
 	}
 }
 
+// benchRows are n rows of 50 keys, from 8 groups, 6 channels and 3
+// models, spread over a month from start.
+func benchRows(n int, start time.Time, from int) []ledger.Row {
+	models := []string{"claude-sonnet-4-5", "claude-opus-4-1", "claude-haiku-4-5"}
+	session := []string{"s", "", "", ""} // a quarter of the requests in a session
+	rows := make([]ledger.Row, n)
+	for i := range rows {
+		k := from + i
+		rows[i] = ledger.Row{
+			ID: fmt.Sprintf("relay_%024d", k), At: start.Add(time.Duration(k%(30*24*3600)) * time.Second),
+			Key: fmt.Sprintf("key-%02d", k%50), Group: fmt.Sprintf("group-%d", k%8), Channel: fmt.Sprintf("channel-%d", k%6),
+			Model: models[k%3], Served: models[k%3], Status: 200, Cause: causeOK,
+			Input: 1200, Output: 300, CacheRead: 8000, CacheWrite: 400, CostNano: 12_345_678,
+			Session: session[k%4], Duration: 2 * time.Second, FirstByte: 400 * time.Millisecond,
+		}
+	}
+	return rows
+}
+
 // BenchmarkStatusSpend builds the Spend view from a SQLite ledger whose
 // daily rollup is as large as a month of 1M rows of benchRows' spread (600
 // key, group, channel and model combinations a day, for 30 days).
 func BenchmarkStatusSpend(b *testing.B) {
-	s, err := openSQLiteLedger(filepath.Join(b.TempDir(), "ledger.db"))
+	s, err := ledger.OpenSQLite(filepath.Join(b.TempDir(), "ledger.db"), sessionDigest)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer s.close()
 	now := time.Now().UTC()
 	// the view's first day: today is the last of statuspage.SpendDays
 	from := time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, time.UTC).AddDate(0, 0, 1-statuspage.SpendDays)
@@ -177,13 +197,15 @@ func BenchmarkStatusSpend(b *testing.B) {
 	for k := 0; k < 60*batch; k += batch {
 		rows := benchRows(batch, from, k)
 		for i := range rows { // each run of 600 rows (every combination) on one day
-			rows[i].at = from.AddDate(0, 0, (k+i)/600%statuspage.SpendDays).Add(time.Hour)
+			rows[i].At = from.AddDate(0, 0, (k+i)/600%statuspage.SpendDays).Add(time.Hour)
 		}
-		if err := s.write(ctx, rows); err != nil {
+		if err := s.Write(ctx, rows); err != nil {
 			b.Fatal(err)
 		}
 	}
-	src := statusSource{ledger: &ledger{store: s}}
+	l := ledger.Start(s, "bench", zap.NewNop(), ledger.Queue)
+	defer l.Destruct() // closes s
+	src := statusSource{ledger: l}
 	b.ResetTimer()
 	for b.Loop() {
 		if v := statuspage.BuildSpend(ctx, src, now); v.Notice != "" || len(v.Groups) != 8 || len(v.TopKeys) != statuspage.SpendTop {

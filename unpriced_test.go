@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/ledger"
 )
 
 // unpricedRelay is a relay whose one channel lists no models (it serves
@@ -35,7 +36,7 @@ func unpricedRelay(t *testing.T, name string, budgets []string) (*Relay, *fakeup
 	free := Key{Secret: "sk-" + name + "-free", Group: name, KeyOptions: KeyOptions{Name: name + "-free"}}
 	ch := &Channel{Name: name + "-ch", UpstreamRaw: upstream("anthropic", "url", up.URL, "api_key", channelKey)}
 	r := &Relay{Keys: []*Key{&budgeted, &free}, Channels: []*Channel{ch}, Groups: []*Group{{Name: name, Channels: []string{ch.Name}}},
-		Ledger: &Ledger{SQLite: &LedgerSQLite{Path: filepath.Join(t.TempDir(), "ledger.db")}}}
+		Ledger: &ledger.Config{SQLite: &ledger.SQLite{Path: filepath.Join(t.TempDir(), "ledger.db")}}}
 	logs := provisionHandler(t, r)
 	clock := &fakeClock{t: time.Date(2030, time.March, 15, 12, 0, 0, 0, time.UTC)}
 	r.now = clock.now

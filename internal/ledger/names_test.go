@@ -1,4 +1,4 @@
-package relay
+package ledger
 
 import (
 	"context"
@@ -20,8 +20,8 @@ func TestLedgerSQLiteMigratesToTheNamesTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkMigrationToTheNamesTable(t, sqliteDialect, db, func() *sqlLedger {
-		s, err := openSQLiteLedger(path)
+	checkMigrationToTheNamesTable(t, sqliteDialect, db, func() *sqlStore {
+		s, err := openSQLiteStore(path, testDigest)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -35,8 +35,8 @@ func TestLedgerPostgresMigratesToTheNamesTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkMigrationToTheNamesTable(t, postgresDialect, db, func() *sqlLedger {
-		s, err := openPostgresLedger(pg.DSN())
+	checkMigrationToTheNamesTable(t, postgresDialect, db, func() *sqlStore {
+		s, err := openPostgresStore(pg.DSN(), testDigest)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -52,21 +52,21 @@ func TestLedgerPostgresMigratesToTheNamesTable(t *testing.T) {
 // the usage queries must answer what they did. New rows of names known
 // and unknown are then written once each, with one names row a set of
 // names.
-func checkMigrationToTheNamesTable(t *testing.T, d dialect, db *sql.DB, open func() *sqlLedger, kind string) {
+func checkMigrationToTheNamesTable(t *testing.T, d dialect, db *sql.DB, open func() *sqlStore, kind string) {
 	t.Helper()
 	ctx := context.Background()
-	old := &sqlLedger{db: db, d: d, digests: map[string]any{}}
+	old := &sqlStore{db: db, d: d, digests: map[string]any{}}
 	old.d.migrations = d.migrations[:3]
 	if err := old.migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
 	rows := append(benchRows(600, usageEpoch, 0), testRows(usageEpoch.Add(time.Hour), usageEpoch.Add(30*time.Hour))...)
 	for i := range 600 {
-		rows[i].at = usageEpoch.Add(time.Duration(i) * 7 * time.Minute) // three days
-		rows[i].id = newRequestID()
-		rows[i].user = fmt.Sprintf("user-%d", i%7)
-		rows[i].estimated, rows[i].incomplete = i%5 == 0, i%11 == 0
-		rows[i].session = fmt.Sprintf("session-%d", i%13)
+		rows[i].At = usageEpoch.Add(time.Duration(i) * 7 * time.Minute) // three days
+		rows[i].ID = newRequestID()
+		rows[i].User = fmt.Sprintf("user-%d", i%7)
+		rows[i].Estimated, rows[i].Incomplete = i%5 == 0, i%11 == 0
+		rows[i].Session = fmt.Sprintf("session-%d", i%13)
 	}
 	insertOldRows(t, old, rows)
 	// the rollup as version 3's writer kept it: from the rows
@@ -78,15 +78,15 @@ func checkMigrationToTheNamesTable(t *testing.T, d dialect, db *sql.DB, open fun
 		FROM relay_usage GROUP BY 1, 2, 3, 4, 5, 6`); err != nil {
 		t.Fatal(err)
 	}
-	queries := []usageQuery{
-		{from: usageEpoch, to: usageEpoch.AddDate(0, 0, 3), groupBy: []string{"key", "user", "day"}},
-		{from: usageEpoch.Add(5 * time.Hour), to: usageEpoch.Add(50 * time.Hour), groupBy: []string{"group", "model", "channel"}},
-		{from: usageEpoch.Add(90 * time.Minute), to: usageEpoch.Add(3 * time.Hour)},
+	queries := []Query{
+		{From: usageEpoch, To: usageEpoch.AddDate(0, 0, 3), GroupBy: []string{"key", "user", "day"}},
+		{From: usageEpoch.Add(5 * time.Hour), To: usageEpoch.Add(50 * time.Hour), GroupBy: []string{"group", "model", "channel"}},
+		{From: usageEpoch.Add(90 * time.Minute), To: usageEpoch.Add(3 * time.Hour)},
 	}
-	answers := func(s *sqlLedger) []string {
+	answers := func(s *sqlStore) []string {
 		var all []string
 		for _, q := range queries {
-			all = append(all, strings.Join(collectUsage(t, func(emit func(usageRow) error) error { return s.usage(ctx, q, emit) }), "\n"))
+			all = append(all, strings.Join(collectUsage(t, func(emit func(UsageRow) error) error { return s.Usage(ctx, q, emit) }), "\n"))
 		}
 		return all
 	}
@@ -104,7 +104,7 @@ func checkMigrationToTheNamesTable(t *testing.T, d dialect, db *sql.DB, open fun
 	_ = db.Close()
 
 	s := open()
-	defer s.close()
+	defer s.Close()
 	var v int
 	if err := s.db.QueryRow(`SELECT MAX(version) FROM schema_version`).Scan(&v); err != nil || v != len(d.migrations) {
 		t.Fatalf("schema_version %d (%v), want %d", v, err, len(d.migrations))
@@ -138,11 +138,11 @@ func checkMigrationToTheNamesTable(t *testing.T, d dialect, db *sql.DB, open fun
 	// once, each set of names once
 	again := slices.Clone(rows[100:110])
 	for i := range again {
-		again[i].id += "-again"
+		again[i].ID += "-again"
 	}
-	again = append(again, ledgerRow{id: "new", at: usageEpoch.Add(time.Hour), key: "k9", group: "g", status: 200, costNano: 5},
-		ledgerRow{id: "new-2", at: usageEpoch.Add(time.Hour), key: "k9", group: "g", status: 200, costNano: 5})
-	if err := s.write(ctx, again); err != nil {
+	again = append(again, Row{ID: "new", At: usageEpoch.Add(time.Hour), Key: "k9", Group: "g", Status: 200, CostNano: 5},
+		Row{ID: "new-2", At: usageEpoch.Add(time.Hour), Key: "k9", Group: "g", Status: 200, CostNano: 5})
+	if err := s.Write(ctx, again); err != nil {
 		t.Fatal(err)
 	}
 	if n := countOf(t, s.db, `relay_usage_names`); n != tuples+1 {
@@ -189,28 +189,28 @@ func countOf(t *testing.T, db *sql.DB, table string) int {
 // rollup counts every row once.
 func TestLedgerPostgresWritersAddTheSameNamesAtOnce(t *testing.T) {
 	pg := pgtest.Start(t)
-	var writers [2]*sqlLedger
+	var writers [2]*sqlStore
 	for i := range writers {
-		s, err := openPostgresLedger(pg.DSN())
+		s, err := openPostgresStore(pg.DSN(), testDigest)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer s.close()
+		defer s.Close()
 		writers[i] = s
 	}
 	ctx := context.Background()
 	// ten rounds of names new to both writers, then ten of names both
 	// know, where each writer goes straight to the rows and the rollup
 	const rounds, newRounds, perBatch = 20, 10, 300
-	var all []ledgerRow
+	var all []Row
 	for round := range rounds {
-		var batches [2][]ledgerRow
+		var batches [2][]Row
 		for w := range batches {
 			batches[w] = benchRows(perBatch, usageEpoch, round*perBatch)
 			for i := range batches[w] {
 				r := &batches[w][i]
-				r.id = fmt.Sprintf("w%d-%s", w, r.id)
-				r.user = fmt.Sprintf("user-%d-%d", min(round, newRounds-1), i%40) // the same for both
+				r.ID = fmt.Sprintf("w%d-%s", w, r.ID)
+				r.User = fmt.Sprintf("user-%d-%d", min(round, newRounds-1), i%40) // the same for both
 			}
 			if w == 1 {
 				slices.Reverse(batches[w]) // in another order
@@ -223,7 +223,7 @@ func TestLedgerPostgresWritersAddTheSameNamesAtOnce(t *testing.T) {
 		for w := range writers {
 			wg.Go(func() {
 				<-start
-				errs[w] = writers[w].write(ctx, batches[w])
+				errs[w] = writers[w].Write(ctx, batches[w])
 			})
 		}
 		close(start)
@@ -251,9 +251,9 @@ func TestLedgerPostgresWritersAddTheSameNamesAtOnce(t *testing.T) {
 	}
 	// each row with its own names
 	checkRowNames(t, db, all)
-	day := usageQuery{from: usageEpoch, to: usageEpoch.AddDate(0, 1, 0), groupBy: []string{"key", "user", "group", "channel", "model"}}
-	fromRollup := collectUsage(t, func(emit func(usageRow) error) error { return writers[1].usage(ctx, day, emit) })
-	if want := sumRows(all, day.from, day.to, day.groupBy); !sameSet(fromRollup, want) {
+	day := Query{From: usageEpoch, To: usageEpoch.AddDate(0, 1, 0), GroupBy: []string{"key", "user", "group", "channel", "model"}}
+	fromRollup := collectUsage(t, func(emit func(UsageRow) error) error { return writers[1].Usage(ctx, day, emit) })
+	if want := sumRows(all, day.From, day.To, day.GroupBy); !sameSet(fromRollup, want) {
 		t.Errorf("the rollup does not count each row once")
 	}
 }
@@ -269,21 +269,21 @@ var failingInsert = map[string][]string{
 }
 
 func TestLedgerSQLiteNamesOfAFailedWriteAreForgotten(t *testing.T) {
-	s, err := openSQLiteLedger(filepath.Join(t.TempDir(), "ledger.db"))
+	s, err := openSQLiteStore(filepath.Join(t.TempDir(), "ledger.db"), testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.close()
+	defer s.Close()
 	checkNamesOfAFailedWrite(t, s, failingInsert["sqlite"])
 }
 
 func TestLedgerPostgresNamesOfAFailedWriteAreForgotten(t *testing.T) {
 	pg := pgtest.Start(t)
-	s, err := openPostgresLedger(pg.DSN())
+	s, err := openPostgresStore(pg.DSN(), testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.close()
+	defer s.Close()
 	checkNamesOfAFailedWrite(t, s, failingInsert["postgres"])
 }
 
@@ -291,10 +291,10 @@ func TestLedgerPostgresNamesOfAFailedWriteAreForgotten(t *testing.T) {
 // failed (fail makes the insert of row 'boom' fail), added none: the
 // writer forgets their ids, and the next writes, the failed batch's again
 // and another after it, write every row once with its names.
-func checkNamesOfAFailedWrite(t *testing.T, s *sqlLedger, fail []string) {
+func checkNamesOfAFailedWrite(t *testing.T, s *sqlStore, fail []string) {
 	t.Helper()
 	ctx := context.Background()
-	if err := s.write(ctx, benchRows(10, usageEpoch, 0)); err != nil {
+	if err := s.Write(ctx, benchRows(10, usageEpoch, 0)); err != nil {
 		t.Fatal(err)
 	}
 	known := len(s.names)
@@ -305,10 +305,10 @@ func checkNamesOfAFailedWrite(t *testing.T, s *sqlLedger, fail []string) {
 	}
 	rows := benchRows(200, usageEpoch, 1000)
 	for i := range rows {
-		rows[i].user = fmt.Sprintf("new-user-%d", i%20)
+		rows[i].User = fmt.Sprintf("new-user-%d", i%20)
 	}
-	rows[150].id = "boom"
-	if err := s.write(ctx, rows); err == nil || !strings.Contains(err.Error(), "boom") {
+	rows[150].ID = "boom"
+	if err := s.Write(ctx, rows); err == nil || !strings.Contains(err.Error(), "boom") {
 		t.Fatalf("the write with a failing row: %v", err)
 	}
 	if len(s.names) != known || len(s.learned) != 0 {
@@ -322,14 +322,14 @@ func checkNamesOfAFailedWrite(t *testing.T, s *sqlLedger, fail []string) {
 	}
 	// the batch again (the retry, through RETURNING), then a new one of
 	// the same names (a first try)
-	if err := s.write(ctx, rows); err != nil {
+	if err := s.Write(ctx, rows); err != nil {
 		t.Fatal(err)
 	}
 	more := benchRows(200, usageEpoch, 2000)
 	for i := range more {
-		more[i].user = fmt.Sprintf("new-user-%d", i%20)
+		more[i].User = fmt.Sprintf("new-user-%d", i%20)
 	}
-	if err := s.write(ctx, more); err != nil || s.retrying {
+	if err := s.Write(ctx, more); err != nil || s.retrying {
 		t.Fatalf("the write after: %v, retrying %v", err, s.retrying)
 	}
 	all := append(append(benchRows(10, usageEpoch, 0), rows...), more...)
@@ -344,9 +344,9 @@ func checkNamesOfAFailedWrite(t *testing.T, s *sqlLedger, fail []string) {
 	if n := countOf(t, s.db, `relay_usage_names`); n != tuples || len(s.names) != tuples {
 		t.Errorf("%d names rows, the writer knows %d, want one a set of names: %d", n, len(s.names), tuples)
 	}
-	day := usageQuery{from: usageEpoch, to: usageEpoch.AddDate(0, 1, 0), groupBy: []string{"key", "user", "group", "channel", "model"}}
-	fromRollup := collectUsage(t, func(emit func(usageRow) error) error { return s.usage(ctx, day, emit) })
-	if want := sumRows(all, day.from, day.to, day.groupBy); !sameSet(fromRollup, want) {
+	day := Query{From: usageEpoch, To: usageEpoch.AddDate(0, 1, 0), GroupBy: []string{"key", "user", "group", "channel", "model"}}
+	fromRollup := collectUsage(t, func(emit func(UsageRow) error) error { return s.Usage(ctx, day, emit) })
+	if want := sumRows(all, day.From, day.To, day.GroupBy); !sameSet(fromRollup, want) {
 		t.Errorf("the rollup does not count each row once")
 	}
 }
@@ -354,21 +354,21 @@ func checkNamesOfAFailedWrite(t *testing.T, s *sqlLedger, fail []string) {
 // TestLedgerNamesMapIsBounded: past ledgerNamesKept names, the writer's
 // map is dropped and its ids read again from the database.
 func TestLedgerNamesMapIsBounded(t *testing.T) {
-	s, err := openSQLiteLedger(filepath.Join(t.TempDir(), "ledger.db"))
+	s, err := openSQLiteStore(filepath.Join(t.TempDir(), "ledger.db"), testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.close()
+	defer s.Close()
 	ctx := context.Background()
 	rows := benchRows(100, usageEpoch, 0)
-	if err := s.write(ctx, rows); err != nil {
+	if err := s.Write(ctx, rows); err != nil {
 		t.Fatal(err)
 	}
 	for i := range ledgerNamesKept + 1 {
 		s.names[ledgerNames{key: fmt.Sprint("filler-", i)}] = int64(-i)
 	}
 	more := benchRows(100, usageEpoch, 100)
-	if err := s.write(ctx, more); err != nil {
+	if err := s.Write(ctx, more); err != nil {
 		t.Fatal(err)
 	}
 	if len(s.names) > 100 {
@@ -383,17 +383,17 @@ func TestLedgerNamesMapIsBounded(t *testing.T) {
 // so the ids the writer knows stay good: rows of the same names written
 // after a prune read back with their names.
 func TestLedgerSQLitePruneKeepsTheNames(t *testing.T) {
-	s, err := openSQLiteLedger(filepath.Join(t.TempDir(), "ledger.db"))
+	s, err := openSQLiteStore(filepath.Join(t.TempDir(), "ledger.db"), testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.close()
+	defer s.Close()
 	ctx := context.Background()
-	if err := s.write(ctx, benchRows(100, usageEpoch, 0)); err != nil {
+	if err := s.Write(ctx, benchRows(100, usageEpoch, 0)); err != nil {
 		t.Fatal(err)
 	}
 	names := countOf(t, s.db, "relay_usage_names")
-	if n, err := s.prune(ctx, usageEpoch.AddDate(1, 0, 0)); err != nil || n != 100 {
+	if n, err := s.Prune(ctx, usageEpoch.AddDate(1, 0, 0)); err != nil || n != 100 {
 		t.Fatalf("pruned %d rows (%v), want 100", n, err)
 	}
 	if n := countOf(t, s.db, "relay_usage_names"); n != names || countOf(t, s.db, "relay_usage") != 0 {
@@ -401,15 +401,15 @@ func TestLedgerSQLitePruneKeepsTheNames(t *testing.T) {
 	}
 	later := benchRows(100, usageEpoch.AddDate(1, 0, 0), 0)
 	for i := range later {
-		later[i].id += "-later"
+		later[i].ID += "-later"
 	}
-	if err := s.write(ctx, later); err != nil {
+	if err := s.Write(ctx, later); err != nil {
 		t.Fatal(err)
 	}
 	got := dumpRows(t, s.db, `SELECT request_id, key_name, user_name, group_name, channel_name, model, served_model, cause FROM relay_usage ORDER BY request_id`)
 	var want []string
 	for _, r := range later {
-		want = append(want, fmt.Sprint(r.id, r.key, r.user, r.group, r.channel, r.model, r.served, r.cause))
+		want = append(want, fmt.Sprint(r.ID, r.Key, r.User, r.Group, r.Channel, r.Model, r.Served, r.Cause))
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("the rows written after the prune: %d with their names, want %d", len(got), len(want))
@@ -418,12 +418,12 @@ func TestLedgerSQLitePruneKeepsTheNames(t *testing.T) {
 
 // checkRowNames fails unless the rows of db are those of all, each with its
 // own names.
-func checkRowNames(t *testing.T, db *sql.DB, all []ledgerRow) {
+func checkRowNames(t *testing.T, db *sql.DB, all []Row) {
 	t.Helper()
 	got := dumpRows(t, db, `SELECT request_id, key_name, user_name, group_name, channel_name, model, served_model, cause FROM relay_usage ORDER BY request_id`)
 	var want []string
 	for _, r := range all {
-		want = append(want, fmt.Sprint(r.id, r.key, r.user, r.group, r.channel, r.model, r.served, r.cause))
+		want = append(want, fmt.Sprint(r.ID, r.Key, r.User, r.Group, r.Channel, r.Model, r.Served, r.Cause))
 	}
 	slices.Sort(want)
 	if !slices.Equal(got, want) {

@@ -1,4 +1,4 @@
-package relay
+package ledger
 
 import (
 	"context"
@@ -36,25 +36,25 @@ func fileRows(t *testing.T, path string) int {
 }
 
 // rowsNamed are n rows of a minute ago, their ids prefix-0, prefix-1, ...
-func rowsNamed(prefix string, n int) []ledgerRow {
-	rows := make([]ledgerRow, n)
+func rowsNamed(prefix string, n int) []Row {
+	rows := make([]Row, n)
 	for i := range rows {
-		rows[i] = ledgerRow{at: time.Now().Add(-time.Minute), id: fmt.Sprintf("%s-%d", prefix, i), key: "k", group: "g",
-			channel: "c", model: "claude-sonnet-4-5", served: "claude-sonnet-4-5", cause: causeOK, status: 200, costNano: 1000}
+		rows[i] = Row{At: time.Now().Add(-time.Minute), ID: fmt.Sprintf("%s-%d", prefix, i), Key: "k", Group: "g",
+			Channel: "c", Model: "claude-sonnet-4-5", Served: "claude-sonnet-4-5", Cause: causeOK, Status: 200, CostNano: 1000}
 	}
 	return rows
 }
 
 // runningFileLedger starts a ledger's writer on a SQLite file at path, as
 // the relay does; the logs it writes are returned.
-func runningFileLedger(t *testing.T, path string) (*ledger, *observer.ObservedLogs) {
+func runningFileLedger(t *testing.T, path string) (*Writer, *observer.ObservedLogs) {
 	t.Helper()
-	store, err := openSQLiteFile(path)
+	store, err := openSQLiteFile(path, testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
 	core, logs := observer.New(zap.InfoLevel)
-	l := newLedger(store, "sqlite "+path, zap.New(core), ledgerQueue)
+	l := newWriter(store, "sqlite "+path, zap.New(core), Queue)
 	go l.run()
 	t.Cleanup(func() { _ = l.Destruct() })
 	return l, logs
@@ -69,9 +69,9 @@ func runningFileLedger(t *testing.T, path string) (*ledger, *observer.ObservedLo
 func TestLedgerNoticesItsFileDeleted(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ledger.db")
 	l, logs := runningFileLedger(t, path)
-	lost := testutil.ToFloat64(metricLedgerLost)
+	lost := testutil.ToFloat64(metricLost)
 	for _, r := range rowsNamed("before", 3) {
-		l.add(r)
+		l.Add(r)
 	}
 	waitFor(t, "the first rows in the file", 10*time.Second, func() bool { return fileRows(t, path) == 3 })
 	for _, suffix := range []string{"", "-wal", "-shm"} {
@@ -80,10 +80,10 @@ func TestLedgerNoticesItsFileDeleted(t *testing.T) {
 		}
 	}
 	for _, r := range rowsNamed("after", 2) {
-		l.add(r)
+		l.Add(r)
 	}
 	waitFor(t, "the later rows in a new file", 10*time.Second, func() bool { return fileRows(t, path) == 2 })
-	if got := testutil.ToFloat64(metricLedgerLost) - lost; got != 3 {
+	if got := testutil.ToFloat64(metricLost) - lost; got != 3 {
 		t.Errorf("relay_ledger_rows_lost_total grew by %v, want the deleted file's 3 rows", got)
 	}
 	gone := logs.FilterMessageSnippet("deleted or replaced").All()
@@ -91,17 +91,17 @@ func TestLedgerNoticesItsFileDeleted(t *testing.T) {
 		t.Errorf("the log of the deleted file: %+v", gone)
 	}
 	var got []string
-	err := l.store.usage(context.Background(), usageQuery{from: time.Now().Add(-time.Hour), to: time.Now().Add(time.Hour), groupBy: []string{"key"}},
-		func(u usageRow) error { got = append(got, usageLine(u.values, u)); return nil })
+	err := l.store.Usage(context.Background(), Query{From: time.Now().Add(-time.Hour), To: time.Now().Add(time.Hour), GroupBy: []string{"key"}},
+		func(u UsageRow) error { got = append(got, usageLine(u.Values, u)); return nil })
 	if err != nil || strings.Join(got, ",") != "k 2 0 0 0 0 0.000002" {
 		t.Errorf("usage after the file was made again: %v %v, want the 2 later rows", got, err)
 	}
 	// and it goes on writing to the new file, which nothing more is lost with
 	for _, r := range rowsNamed("later", 4) {
-		l.add(r)
+		l.Add(r)
 	}
 	waitFor(t, "more rows in the new file", 10*time.Second, func() bool { return fileRows(t, path) == 6 })
-	if got := testutil.ToFloat64(metricLedgerLost) - lost; got != 3 {
+	if got := testutil.ToFloat64(metricLost) - lost; got != 3 {
 		t.Errorf("relay_ledger_rows_lost_total grew by %v after more rows, want still 3", got)
 	}
 }
@@ -114,15 +114,15 @@ func TestLedgerNoticesItsFileDeleted(t *testing.T) {
 // the next batch is kept in a new file.
 func TestLedgerRowsWrittenToADeletedFileAreCountedLost(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ledger.db")
-	store, err := openSQLiteFile(path)
+	store, err := openSQLiteFile(path, testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
 	core, logs := observer.New(zap.InfoLevel)
-	l := newLedger(store, "sqlite "+path, zap.New(core), ledgerQueue)
-	defer l.store.close()
+	l := newWriter(store, "sqlite "+path, zap.New(core), Queue)
+	defer l.store.Close()
 	ctx := context.Background()
-	lost := testutil.ToFloat64(metricLedgerLost)
+	lost := testutil.ToFloat64(metricLost)
 	own := rowsNamed("kept-then-deleted", 5)
 	if !l.flush(ctx, &own) || fileRows(t, path) != 5 {
 		t.Fatalf("the first batch: %d rows in the file", fileRows(t, path))
@@ -130,7 +130,7 @@ func TestLedgerRowsWrittenToADeletedFileAreCountedLost(t *testing.T) {
 	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
 	}
-	if err := store.write(ctx, rowsNamed("into-the-void", 7)); err != nil {
+	if err := store.Write(ctx, rowsNamed("into-the-void", 7)); err != nil {
 		t.Fatalf("SQLite refused a write to a deleted file (%v): then no row went to it, and none is lost", err)
 	}
 	own = rowsNamed("next", 2)
@@ -140,7 +140,7 @@ func TestLedgerRowsWrittenToADeletedFileAreCountedLost(t *testing.T) {
 	if n := fileRows(t, path); n != 2 {
 		t.Errorf("the new file holds %d rows, want the next batch's 2", n)
 	}
-	if got := testutil.ToFloat64(metricLedgerLost) - lost; got != 12 {
+	if got := testutil.ToFloat64(metricLost) - lost; got != 12 {
 		t.Errorf("relay_ledger_rows_lost_total grew by %v, want 12: the 5 the file held, and the 7 written to it once deleted", got)
 	}
 	if n := logs.FilterMessageSnippet("deleted or replaced").Len(); n != 1 {
@@ -157,22 +157,22 @@ func TestLedgerFileMovedAwayKeepsItsRows(t *testing.T) {
 	dir := t.TempDir()
 	path, archive := filepath.Join(dir, "ledger.db"), filepath.Join(dir, "ledger-2026.db")
 	l, logs := runningFileLedger(t, path)
-	lost := testutil.ToFloat64(metricLedgerLost)
+	lost := testutil.ToFloat64(metricLost)
 	for _, r := range rowsNamed("archived", 3) {
-		l.add(r)
+		l.Add(r)
 	}
 	waitFor(t, "the first rows in the file", 10*time.Second, func() bool { return fileRows(t, path) == 3 })
 	if err := os.Rename(path, archive); err != nil {
 		t.Fatal(err)
 	}
 	for _, r := range rowsNamed("new", 2) {
-		l.add(r)
+		l.Add(r)
 	}
 	waitFor(t, "the later rows in a new file", 10*time.Second, func() bool { return fileRows(t, path) == 2 })
 	if n := fileRows(t, archive); n != 3 {
 		t.Errorf("the moved file holds %d rows, want its 3", n)
 	}
-	if got := testutil.ToFloat64(metricLedgerLost) - lost; got != 0 {
+	if got := testutil.ToFloat64(metricLost) - lost; got != 0 {
 		t.Errorf("relay_ledger_rows_lost_total grew by %v for a file moved, not lost", got)
 	}
 	moved := logs.FilterMessageSnippet("moved").All()
@@ -190,30 +190,30 @@ func TestLedgerFileMovedAwayKeepsItsRows(t *testing.T) {
 func TestLedgerFileReplacedByACopyIsWrittenOnWhole(t *testing.T) {
 	dir := t.TempDir()
 	path, backup := filepath.Join(dir, "ledger.db"), filepath.Join(dir, "backup.db")
-	b, err := openSQLiteLedger(backup)
+	b, err := openSQLiteStore(backup, testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.write(context.Background(), rowsNamed("backup", 4)); err != nil {
+	if err := b.Write(context.Background(), rowsNamed("backup", 4)); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.close(); err != nil {
+	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}
 	l, logs := runningFileLedger(t, path)
-	lost := testutil.ToFloat64(metricLedgerLost)
+	lost := testutil.ToFloat64(metricLost)
 	for _, r := range rowsNamed("replaced", 3) {
-		l.add(r)
+		l.Add(r)
 	}
 	waitFor(t, "the first rows in the file", 10*time.Second, func() bool { return fileRows(t, path) == 3 })
 	if err := os.Rename(backup, path); err != nil {
 		t.Fatal(err)
 	}
 	for _, r := range rowsNamed("restored", 2) {
-		l.add(r)
+		l.Add(r)
 	}
 	waitFor(t, "the later rows in the copy", 10*time.Second, func() bool { return fileRows(t, path) == 6 })
-	if got := testutil.ToFloat64(metricLedgerLost) - lost; got != 3 {
+	if got := testutil.ToFloat64(metricLost) - lost; got != 3 {
 		t.Errorf("relay_ledger_rows_lost_total grew by %v, want the replaced file's 3", got)
 	}
 	if n := logs.FilterMessageSnippet("deleted or replaced").Len(); n != 1 {
@@ -232,34 +232,4 @@ func TestLedgerFileReplacedByACopyIsWrittenOnWhole(t *testing.T) {
 	if err := db.QueryRow(`SELECT COUNT(*) FROM relay_usage WHERE request_id LIKE 'replaced-%'`).Scan(&replaced); err != nil || replaced != 0 {
 		t.Errorf("the copy holds %d rows of the file it replaced (%v)", replaced, err)
 	}
-}
-
-// TestLedgerRowsLostAlertOnSeries runs the alert of a ledger file lost in
-// promtool: it pages when rows are lost, and stops once the loss is ten
-// minutes old.
-func TestLedgerRowsLostAlertOnSeries(t *testing.T) {
-	promtoolRulesTest(t, `rule_files: [%q]
-evaluation_interval: 1m
-tests:
-  - interval: 1m
-    input_series:
-      - series: 'relay_ledger_rows_lost_total{instance="relay-1"}'
-        values: '0x10 1200 1200x30'
-    alert_rule_test:
-      - eval_time: 10m
-        alertname: RelayLedgerRowsLost
-        exp_alerts: []
-      - eval_time: 12m
-        alertname: RelayLedgerRowsLost
-        exp_alerts:
-          - exp_labels:
-              severity: critical
-              instance: relay-1
-            exp_annotations:
-              summary: "Relay relay-1 lost 1200 usage ledger rows with its SQLite file"
-              description: "The ledger's file was deleted or replaced while the relay ran: the rows it held are no longer in the ledger (restore them from a backup). The relay made a new file at the path and writes its rows there. The relay's log says when (ledger: its file was deleted or replaced)."
-      - eval_time: 25m
-        alertname: RelayLedgerRowsLost
-        exp_alerts: []
-`)
 }

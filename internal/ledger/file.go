@@ -1,4 +1,4 @@
-package relay
+package ledger
 
 import (
 	"context"
@@ -47,8 +47,9 @@ type fileChange struct {
 // sqliteFile is a SQLite ledger that notices its file deleted, moved or
 // replaced under it (reopen, before each batch).
 type sqliteFile struct {
-	path string
-	cur  atomic.Pointer[sqlLedger] // nil while no file is open: making it again failed
+	path   string
+	digest func(string) string      // a session id as its rows keep it
+	cur    atomic.Pointer[sqlStore] // nil while no file is open: making it again failed
 	// file is the file cur has open, held by a descriptor of its own:
 	// stat on it says whether the path still names it, and, once it does
 	// not, whether another path does. Only the writer uses it. (SQLite's
@@ -58,8 +59,8 @@ type sqliteFile struct {
 }
 
 // openSQLiteFile opens (and makes) the SQLite ledger at path.
-func openSQLiteFile(path string) (*sqliteFile, error) {
-	f := &sqliteFile{path: path}
+func openSQLiteFile(path string, digest func(string) string) (*sqliteFile, error) {
+	f := &sqliteFile{path: path, digest: digest}
 	if err := f.open(); err != nil {
 		return nil, err
 	}
@@ -68,13 +69,13 @@ func openSQLiteFile(path string) (*sqliteFile, error) {
 
 // open opens the ledger at f's path, and holds its file.
 func (f *sqliteFile) open() error {
-	s, err := openSQLiteLedger(f.path)
+	s, err := openSQLiteStore(f.path, f.digest)
 	if err != nil {
 		return err
 	}
 	file, err := os.Open(f.path)
 	if err != nil {
-		_ = s.close()
+		_ = s.Close()
 		return fmt.Errorf("ledger sqlite %s: %w", f.path, err)
 	}
 	f.file = file
@@ -111,7 +112,7 @@ func (f *sqliteFile) reopen(ctx context.Context) (fileChange, error) {
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ledgerWriteTimeout)
 		_ = s.raw.checkpoint(wctx)
 		cancel()
-		_ = s.close()
+		_ = s.Close()
 		_ = f.file.Close()
 		f.file = nil
 	}
@@ -119,41 +120,41 @@ func (f *sqliteFile) reopen(ctx context.Context) (fileChange, error) {
 }
 
 // now is the ledger f has open, or why there is none.
-func (f *sqliteFile) now() (*sqlLedger, error) {
+func (f *sqliteFile) now() (*sqlStore, error) {
 	if s := f.cur.Load(); s != nil {
 		return s, nil
 	}
 	return nil, fmt.Errorf("ledger sqlite %s: no file is open: it went, and could not be made again", f.path)
 }
 
-func (f *sqliteFile) write(ctx context.Context, rows []ledgerRow) error {
+func (f *sqliteFile) Write(ctx context.Context, rows []Row) error {
 	s, err := f.now()
 	if err != nil {
 		return err
 	}
-	return s.write(ctx, rows)
+	return s.Write(ctx, rows)
 }
 
-func (f *sqliteFile) prune(ctx context.Context, before time.Time) (int64, error) {
+func (f *sqliteFile) Prune(ctx context.Context, before time.Time) (int64, error) {
 	s, err := f.now()
 	if err != nil {
 		return 0, err
 	}
-	return s.prune(ctx, before)
+	return s.Prune(ctx, before)
 }
 
-func (f *sqliteFile) usage(ctx context.Context, q usageQuery, emit func(usageRow) error) error {
+func (f *sqliteFile) Usage(ctx context.Context, q Query, emit func(UsageRow) error) error {
 	s, err := f.now()
 	if err != nil {
 		return err
 	}
-	return s.usage(ctx, q, emit)
+	return s.Usage(ctx, q, emit)
 }
 
-func (f *sqliteFile) close() error {
+func (f *sqliteFile) Close() error {
 	var err error
 	if s := f.cur.Swap(nil); s != nil {
-		err = s.close()
+		err = s.Close()
 	}
 	if f.file != nil {
 		_ = f.file.Close()
@@ -164,6 +165,6 @@ func (f *sqliteFile) close() error {
 
 // Interface guards
 var (
-	_ ledgerStore = (*sqliteFile)(nil)
-	_ fileStore   = (*sqliteFile)(nil)
+	_ Store     = (*sqliteFile)(nil)
+	_ fileStore = (*sqliteFile)(nil)
 )

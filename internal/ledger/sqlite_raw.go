@@ -1,4 +1,4 @@
-package relay
+package ledger
 
 import (
 	"context"
@@ -21,7 +21,7 @@ import (
 // through database/sql's pool.
 //
 // The connection is taken from database/sql's pool for good (conn) and
-// used by the ledger's writer alone, one write at a time (sqlLedger.mu).
+// used by the ledger's writer alone, one write at a time (sqlStore.mu).
 type rawWriter struct {
 	conn   *sql.Conn
 	c      *sqlite3.Conn // conn's, as the driver gives it
@@ -29,7 +29,7 @@ type rawWriter struct {
 	upsert [len(upsertSizes)]*sqlite3.Stmt
 }
 
-func newRawWriter(ctx context.Context, s *sqlLedger) (*rawWriter, error) {
+func newRawWriter(ctx context.Context, s *sqlStore) (*rawWriter, error) {
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
 		return nil, err
@@ -156,6 +156,8 @@ func bindArgs(st *sqlite3.Stmt, args []any) error {
 		switch v := v.(type) {
 		case int64:
 			err = st.BindInt64(i+1, v)
+		case *int64Box: // a value of the writer's boxes
+			err = st.BindInt64(i+1, v.v)
 		case string:
 			err = st.BindText(i+1, v)
 		case bool:

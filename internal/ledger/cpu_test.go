@@ -1,4 +1,4 @@
-package relay
+package ledger
 
 import (
 	"context"
@@ -17,10 +17,10 @@ type spinStore struct {
 	spin time.Duration
 }
 
-func (s spinStore) write(ctx context.Context, rows []ledgerRow) error {
+func (s spinStore) Write(ctx context.Context, rows []Row) error {
 	for start := threadCPU(); threadCPU()-start < s.spin; {
 	}
-	return s.flakyStore.write(ctx, rows)
+	return s.flakyStore.Write(ctx, rows)
 }
 
 // relay_ledger_writer_cpu_seconds_total counts the CPU of the writer's
@@ -31,8 +31,8 @@ func TestLedgerWriterCPUIsItsThreads(t *testing.T) {
 		t.Skip("the writer's CPU is read on Linux only")
 	}
 	const spin = 60 * time.Millisecond
-	l := newLedger(spinStore{new(flakyStore), spin}, "test", zap.NewNop(), 100)
-	before := testutil.ToFloat64(metricLedgerWriterCPU)
+	l := newWriter(spinStore{new(flakyStore), spin}, "test", zap.NewNop(), 100)
+	before := testutil.ToFloat64(metricWriterCPU)
 	go l.run()
 	var stop atomic.Bool
 	busy := make(chan time.Duration)
@@ -44,14 +44,14 @@ func TestLedgerWriterCPUIsItsThreads(t *testing.T) {
 		busy <- threadCPU() - start
 	}()
 	for range 10 {
-		l.add(ledgerRow{id: newRequestID()})
+		l.Add(Row{ID: newRequestID()})
 	}
 	if err := l.Destruct(); err != nil { // writes the rows out
 		t.Fatal(err)
 	}
 	stop.Store(true)
 	other := <-busy
-	got := time.Duration((testutil.ToFloat64(metricLedgerWriterCPU) - before) * float64(time.Second))
+	got := time.Duration((testutil.ToFloat64(metricWriterCPU) - before) * float64(time.Second))
 	if got < spin {
 		t.Fatalf("the writer's CPU counted %s for a write of %s", got, spin)
 	}

@@ -1,4 +1,4 @@
-package relay
+package ledger
 
 import (
 	"context"
@@ -19,8 +19,8 @@ func TestLedgerSQLiteMigratesToTheTimeKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkMigrationToTheTimeKey(t, sqliteDialect, db, func() *sqlLedger {
-		s, err := openSQLiteLedger(path)
+	checkMigrationToTheTimeKey(t, sqliteDialect, db, func() *sqlStore {
+		s, err := openSQLiteStore(path, testDigest)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -34,8 +34,8 @@ func TestLedgerPostgresMigratesToTheTimeKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkMigrationToTheTimeKey(t, postgresDialect, db, func() *sqlLedger {
-		s, err := openPostgresLedger(pg.DSN())
+	checkMigrationToTheTimeKey(t, postgresDialect, db, func() *sqlStore {
+		s, err := openPostgresStore(pg.DSN(), testDigest)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -49,10 +49,10 @@ func TestLedgerPostgresMigratesToTheTimeKey(t *testing.T) {
 // request_id): its rows and its rollup must be what they were, the usage
 // queries must answer what they did, the index on time must be gone, and
 // a batch of rows written before, written again, must be kept once.
-func checkMigrationToTheTimeKey(t *testing.T, d dialect, db *sql.DB, open func() *sqlLedger, timeIndexCount string) {
+func checkMigrationToTheTimeKey(t *testing.T, d dialect, db *sql.DB, open func() *sqlStore, timeIndexCount string) {
 	t.Helper()
 	ctx := context.Background()
-	old := &sqlLedger{db: db, d: d, digests: map[string]any{}}
+	old := &sqlStore{db: db, d: d, digests: map[string]any{}}
 	old.d.migrations = d.migrations[:1]
 	if err := old.migrate(ctx); err != nil {
 		t.Fatal(err)
@@ -60,8 +60,8 @@ func checkMigrationToTheTimeKey(t *testing.T, d dialect, db *sql.DB, open func()
 	// version 1's rows, written with its insert (keyed by request id)
 	rows := append(benchRows(600, usageEpoch, 0), testRows(usageEpoch.Add(time.Hour), usageEpoch.Add(30*time.Hour))...)
 	for i := range 600 {
-		rows[i].at = usageEpoch.Add(time.Duration(i) * 7 * time.Minute) // three days
-		rows[i].id = newRequestID()
+		rows[i].At = usageEpoch.Add(time.Duration(i) * 7 * time.Minute) // three days
+		rows[i].ID = newRequestID()
 	}
 	insertOldRows(t, old, rows)
 	// version 2 adds the rollup, filled from those rows
@@ -69,15 +69,15 @@ func checkMigrationToTheTimeKey(t *testing.T, d dialect, db *sql.DB, open func()
 	if err := old.migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	queries := []usageQuery{
-		{from: usageEpoch, to: usageEpoch.AddDate(0, 0, 3), groupBy: []string{"key", "day"}},
-		{from: usageEpoch.Add(5 * time.Hour), to: usageEpoch.Add(50 * time.Hour), groupBy: []string{"group", "model", "user"}},
-		{from: usageEpoch.Add(90 * time.Minute), to: usageEpoch.Add(3 * time.Hour)},
+	queries := []Query{
+		{From: usageEpoch, To: usageEpoch.AddDate(0, 0, 3), GroupBy: []string{"key", "day"}},
+		{From: usageEpoch.Add(5 * time.Hour), To: usageEpoch.Add(50 * time.Hour), GroupBy: []string{"group", "model", "user"}},
+		{From: usageEpoch.Add(90 * time.Minute), To: usageEpoch.Add(3 * time.Hour)},
 	}
-	answers := func(s *sqlLedger) []string {
+	answers := func(s *sqlStore) []string {
 		var all []string
 		for _, q := range queries {
-			all = append(all, strings.Join(collectUsage(t, func(emit func(usageRow) error) error { return s.usage(ctx, q, emit) }), "\n"))
+			all = append(all, strings.Join(collectUsage(t, func(emit func(UsageRow) error) error { return s.Usage(ctx, q, emit) }), "\n"))
 		}
 		return all
 	}
@@ -91,7 +91,7 @@ func checkMigrationToTheTimeKey(t *testing.T, d dialect, db *sql.DB, open func()
 	_ = db.Close()
 
 	s := open()
-	defer s.close()
+	defer s.Close()
 	var v int
 	if err := s.db.QueryRow(`SELECT MAX(version) FROM schema_version`).Scan(&v); err != nil || v != len(d.migrations) {
 		t.Fatalf("schema_version %d (%v), want %d", v, err, len(d.migrations))
@@ -111,8 +111,8 @@ func checkMigrationToTheTimeKey(t *testing.T, d dialect, db *sql.DB, open func()
 	}
 	// rows written before, written again (a lost commit retried), are
 	// kept once, in the rows and in the rollup; new rows are added
-	again := append(slices.Clone(rows[100:110]), ledgerRow{id: "new", at: usageEpoch.Add(time.Hour), key: "k9", group: "g", status: 200, costNano: 5})
-	if err := s.write(ctx, again); err != nil {
+	again := append(slices.Clone(rows[100:110]), Row{ID: "new", At: usageEpoch.Add(time.Hour), Key: "k9", Group: "g", Status: 200, CostNano: 5})
+	if err := s.Write(ctx, again); err != nil {
 		t.Fatal(err)
 	}
 	if got := dumpRows(t, s.db, `SELECT `+cols+` FROM relay_usage WHERE request_id <> 'new' ORDER BY request_id`); !slices.Equal(got, tableBefore) {
@@ -128,21 +128,21 @@ func checkMigrationToTheTimeKey(t *testing.T, d dialect, db *sql.DB, open func()
 
 // insertOldRows writes rows to the table relay_usage of a schema before
 // the names table (versions 1 to 3), whose columns were ledgerColumns.
-func insertOldRows(t *testing.T, old *sqlLedger, rows []ledgerRow) {
+func insertOldRows(t *testing.T, old *sqlStore, rows []Row) {
 	t.Helper()
 	for i := 0; i < len(rows); i += 100 {
 		chunk := rows[i:min(i+100, len(rows))]
 		var args []any
 		for _, r := range chunk {
-			session := r.session
-			if !r.sessionDigested {
-				session = sessionDigest(session)
+			session := r.Session
+			if !r.SessionDigested {
+				session = testDigest(session)
 			}
-			args = append(args, r.id, old.d.timeArg(r.at), r.key, r.user, r.group, r.channel,
-				r.model, r.served, int64(r.status), r.cause,
-				r.input, r.output, r.cacheRead, r.cacheWrite,
-				r.costNano, r.estimated, r.incomplete, session,
-				r.duration.Milliseconds(), r.firstByte.Milliseconds())
+			args = append(args, r.ID, old.d.timeArg(r.At), r.Key, r.User, r.Group, r.Channel,
+				r.Model, r.Served, int64(r.Status), r.Cause,
+				r.Input, r.Output, r.CacheRead, r.CacheWrite,
+				r.CostNano, r.Estimated, r.Incomplete, session,
+				r.Duration.Milliseconds(), r.FirstByte.Milliseconds())
 		}
 		q := "INSERT INTO relay_usage (" + strings.Join(ledgerColumns, ", ") + ") VALUES " + old.valuesSQL(len(chunk), len(ledgerColumns))
 		if _, err := old.db.Exec(q, args...); err != nil {
@@ -183,25 +183,25 @@ func dumpRows(t *testing.T, db *sql.DB, query string) []string {
 // lost, written again with new rows), and one whose connection is gone,
 // keep each request once in the rows and in the rollup, which agree.
 func TestLedgerSQLiteRowsWrittenAgainCountOnce(t *testing.T) {
-	s, err := openSQLiteLedger(filepath.Join(t.TempDir(), "ledger.db"))
+	s, err := openSQLiteStore(filepath.Join(t.TempDir(), "ledger.db"), testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.close()
+	defer s.Close()
 	rows := benchRows(400, usageEpoch, 0)
 	canceled, cancel := context.WithCancel(context.Background())
 	cancel()
-	if err := s.write(canceled, rows[:100]); err == nil || !s.retrying {
+	if err := s.Write(canceled, rows[:100]); err == nil || !s.retrying {
 		t.Fatalf("a write with a canceled context: %v, retrying %v", err, s.retrying)
 	}
 	ctx := context.Background()
-	for _, w := range [][]ledgerRow{
+	for _, w := range [][]Row{
 		rows[:100],   // after a failed write: RETURNING
 		rows[50:150], // a first try, half of it written already
 		rows[:300],   // the same, a third of it new
 		rows[:300],   // all of it written already
 	} {
-		if err := s.write(ctx, w); err != nil {
+		if err := s.Write(ctx, w); err != nil {
 			t.Fatal(err)
 		}
 		if s.retrying {
@@ -214,15 +214,15 @@ func TestLedgerSQLiteRowsWrittenAgainCountOnce(t *testing.T) {
 		t.Fatal("a SQLite ledger without its own connection")
 	}
 	_ = s.raw.conn.Close()
-	if err := s.write(ctx, rows[250:400]); err != nil || s.retrying {
+	if err := s.Write(ctx, rows[250:400]); err != nil || s.retrying {
 		t.Fatalf("a write after the writer's connection closed: %v, retrying %v", err, s.retrying)
 	}
-	day := usageQuery{from: usageEpoch, to: usageEpoch.AddDate(0, 0, 1), groupBy: []string{"key", "group", "channel", "model"}}
-	fromRollup := collectUsage(t, func(emit func(usageRow) error) error { return s.usage(ctx, day, emit) })
-	fromRows := collectUsage(t, func(emit func(usageRow) error) error {
-		return s.usageOf(ctx, day.groupBy, []usageSpan{{from: day.from, to: day.to}}, emit)
+	day := Query{From: usageEpoch, To: usageEpoch.AddDate(0, 0, 1), GroupBy: []string{"key", "group", "channel", "model"}}
+	fromRollup := collectUsage(t, func(emit func(UsageRow) error) error { return s.Usage(ctx, day, emit) })
+	fromRows := collectUsage(t, func(emit func(UsageRow) error) error {
+		return s.usageOf(ctx, day.GroupBy, []usageSpan{{from: day.From, to: day.To}}, emit)
 	})
-	if want := sumRows(rows, day.from, day.to, day.groupBy); !sameSet(fromRows, want) || !slices.Equal(fromRollup, fromRows) {
+	if want := sumRows(rows, day.From, day.To, day.GroupBy); !sameSet(fromRows, want) || !slices.Equal(fromRollup, fromRows) {
 		t.Errorf("the rollup sums\n%s\nthe rows\n%s\nwant each row once\n%s", strings.Join(fromRollup, "\n"), strings.Join(fromRows, "\n"), strings.Join(want, "\n"))
 	}
 }
@@ -233,8 +233,8 @@ func TestLedgerSQLiteMigratesToServerToolCost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkMigrationToServerToolCost(t, sqliteDialect, db, func() *sqlLedger {
-		s, err := openSQLiteLedger(path)
+	checkMigrationToServerToolCost(t, sqliteDialect, db, func() *sqlStore {
+		s, err := openSQLiteStore(path, testDigest)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -248,8 +248,8 @@ func TestLedgerPostgresMigratesToServerToolCost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkMigrationToServerToolCost(t, postgresDialect, db, func() *sqlLedger {
-		s, err := openPostgresLedger(pg.DSN())
+	checkMigrationToServerToolCost(t, postgresDialect, db, func() *sqlStore {
+		s, err := openPostgresStore(pg.DSN(), testDigest)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -265,18 +265,18 @@ func TestLedgerPostgresMigratesToServerToolCost(t *testing.T) {
 // they did, server_tool_usd follow them, 0 on every row written before,
 // the usage queries answer what they did, the reader may still read the
 // view, and a new row keep its server tools' cost.
-func checkMigrationToServerToolCost(t *testing.T, d dialect, db *sql.DB, open func() *sqlLedger, reader string) {
+func checkMigrationToServerToolCost(t *testing.T, d dialect, db *sql.DB, open func() *sqlStore, reader string) {
 	t.Helper()
 	ctx := context.Background()
-	old := &sqlLedger{db: db, d: d, digests: map[string]any{}}
+	old := &sqlStore{db: db, d: d, digests: map[string]any{}}
 	old.d.migrations = d.migrations[:3]
 	if err := old.migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
 	rows := append(benchRows(300, usageEpoch, 0), testRows(usageEpoch.Add(time.Hour), usageEpoch.Add(30*time.Hour))...)
 	for i := range 300 {
-		rows[i].at = usageEpoch.Add(time.Duration(i) * 13 * time.Minute) // three days
-		rows[i].id = newRequestID()
+		rows[i].At = usageEpoch.Add(time.Duration(i) * 13 * time.Minute) // three days
+		rows[i].ID = newRequestID()
 	}
 	insertOldRows(t, old, rows)
 	if _, err := db.Exec(`INSERT INTO relay_usage_daily SELECT ` + d.day + `, key_name, user_name, group_name, channel_name, served_model, COUNT(*),
@@ -295,14 +295,14 @@ func checkMigrationToServerToolCost(t *testing.T, d dialect, db *sql.DB, open fu
 			}
 		}
 	}
-	queries := []usageQuery{
-		{from: usageEpoch, to: usageEpoch.AddDate(0, 0, 3), groupBy: []string{"key", "day"}},
-		{from: usageEpoch.Add(90 * time.Minute), to: usageEpoch.Add(50 * time.Hour), groupBy: []string{"group", "model"}},
+	queries := []Query{
+		{From: usageEpoch, To: usageEpoch.AddDate(0, 0, 3), GroupBy: []string{"key", "day"}},
+		{From: usageEpoch.Add(90 * time.Minute), To: usageEpoch.Add(50 * time.Hour), GroupBy: []string{"group", "model"}},
 	}
-	answers := func(s *sqlLedger) []string {
+	answers := func(s *sqlStore) []string {
 		var all []string
 		for _, q := range queries {
-			all = append(all, strings.Join(collectUsage(t, func(emit func(usageRow) error) error { return s.usage(ctx, q, emit) }), "\n"))
+			all = append(all, strings.Join(collectUsage(t, func(emit func(UsageRow) error) error { return s.Usage(ctx, q, emit) }), "\n"))
 		}
 		return all
 	}
@@ -314,7 +314,7 @@ func checkMigrationToServerToolCost(t *testing.T, d dialect, db *sql.DB, open fu
 	_ = db.Close()
 
 	s := open()
-	defer s.close()
+	defer s.Close()
 	var v int
 	if err := s.db.QueryRow(`SELECT MAX(version) FROM schema_version`).Scan(&v); err != nil || v != 6 || v != len(d.migrations) {
 		t.Fatalf("schema_version %d (%v), want 6 (the server tools' cost, then the estimated price)", v, err)
@@ -338,8 +338,8 @@ func checkMigrationToServerToolCost(t *testing.T, d dialect, db *sql.DB, open fu
 			t.Errorf("%s may no longer read relay_usage (%v): the migration dropped its grant", reader, err)
 		}
 	}
-	row := ledgerRow{id: "searched", at: usageEpoch.Add(time.Hour), key: "k9", group: "g", status: 200, costNano: 502_000_000, toolNano: 500_000_000, estimatedPrice: true}
-	if err := s.write(ctx, []ledgerRow{row}); err != nil {
+	row := Row{ID: "searched", At: usageEpoch.Add(time.Hour), Key: "k9", Group: "g", Status: 200, CostNano: 502_000_000, ToolNano: 500_000_000, EstimatedPrice: true}
+	if err := s.Write(ctx, []Row{row}); err != nil {
 		t.Fatal(err)
 	}
 	var nano int64

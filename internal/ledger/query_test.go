@@ -1,13 +1,9 @@
-package relay
+package ledger
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
-	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"path/filepath"
 	"slices"
@@ -16,8 +12,34 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/pgtest"
-	"go.uber.org/zap"
 )
+
+func TestUsageQueryParameters(t *testing.T) {
+	now := time.Date(2026, 3, 17, 12, 0, 0, 0, time.UTC)
+	q, err := ParseQuery(url.Values{}, now)
+	if err != nil || !q.From.Equal(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)) || !q.To.Equal(time.Date(2026, 4, 1, 0, 0, 0, 0, time.UTC)) || q.CSV || len(q.GroupBy) != 0 {
+		t.Errorf("default query %+v %v, want the current UTC month", q, err)
+	}
+	q, err = ParseQuery(url.Values{"from": {"2026-01-01"}, "to": {"2026-01-31"}, "group_by": {"key,day"}, "format": {"csv"}}, now)
+	if err != nil || !q.To.Equal(time.Date(2026, 2, 1, 0, 0, 0, 0, time.UTC)) || strings.Join(q.GroupBy, ",") != "key,day" || !q.CSV {
+		t.Errorf("query %+v %v: a date as to covers its day", q, err)
+	}
+	for _, c := range []struct {
+		v    url.Values
+		want string
+	}{
+		{url.Values{"group_by": {"key,tenant"}}, `group_by: unknown column "tenant" (key, user, group, channel, model, day)`},
+		{url.Values{"group_by": {"key,key"}}, `column "key" is given twice`},
+		{url.Values{"format": {"xml"}}, `format must be json or csv, not "xml"`},
+		{url.Values{"from": {"yesterday"}}, `from: "yesterday" is neither a date`},
+		{url.Values{"from": {"2026-02-01"}, "to": {"2026-01-01"}}, `must be after from`},
+		{url.Values{"group": {"key"}}, `unknown parameter "group"`},
+	} {
+		if _, err := ParseQuery(c.v, now); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: error %v, want %q", c.v, err, c.want)
+		}
+	}
+}
 
 func TestUsageSpans(t *testing.T) {
 	at := func(s string) time.Time {
@@ -60,11 +82,11 @@ func TestUsageSpans(t *testing.T) {
 }
 
 func TestLedgerSQLiteUsageFromRollupAndRowsIsTheRowsSum(t *testing.T) {
-	s, err := openSQLiteLedger(filepath.Join(t.TempDir(), "ledger.db"))
+	s, err := openSQLiteStore(filepath.Join(t.TempDir(), "ledger.db"), testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.close()
+	defer s.Close()
 	checkUsagePathsAgree(t, s)
 	// the rows of an edge are found through the table's key, (time,
 	// request_id), not by reading the table
@@ -77,11 +99,11 @@ func TestLedgerSQLiteUsageFromRollupAndRowsIsTheRowsSum(t *testing.T) {
 
 func TestLedgerPostgresUsageFromRollupAndRowsIsTheRowsSum(t *testing.T) {
 	pg := pgtest.Start(t)
-	s, err := openPostgresLedger(pg.DSN())
+	s, err := openPostgresStore(pg.DSN(), testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.close()
+	defer s.Close()
 	checkUsagePathsAgree(t, s)
 	// the edge's condition can use the key, (time, request_id): with sequential
 	// scans priced out, the planner reads the rows through it (on a table
@@ -115,7 +137,7 @@ func TestLedgerPostgresUsageFromRollupAndRowsIsTheRowsSum(t *testing.T) {
 }
 
 // explainSQLite returns SQLite's query plan of stmt.
-func explainSQLite(t *testing.T, s *sqlLedger, stmt string, args []any) string {
+func explainSQLite(t *testing.T, s *sqlStore, stmt string, args []any) string {
 	t.Helper()
 	rows, err := s.db.Query("EXPLAIN QUERY PLAN "+stmt, args...)
 	if err != nil {
@@ -143,7 +165,7 @@ var usageEpoch = time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
 // columns: every answer must be, row for row, what the rows alone sum to
 // (the same query over the rows only), and that must be the sums of the
 // rows written.
-func checkUsagePathsAgree(t *testing.T, s *sqlLedger) {
+func checkUsagePathsAgree(t *testing.T, s *sqlStore) {
 	t.Helper()
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
@@ -151,7 +173,7 @@ func checkUsagePathsAgree(t *testing.T, s *sqlLedger) {
 	ctx := context.Background()
 	const days = 5
 	pick := func(vs ...string) string { return vs[rnd.IntN(len(vs))] }
-	rows := make([]ledgerRow, 3000)
+	rows := make([]Row, 3000)
 	for i := range rows {
 		at := usageEpoch.Add(time.Duration(rnd.Int64N(days*24*3600*1000)) * time.Millisecond)
 		switch i % 10 {
@@ -162,18 +184,18 @@ func checkUsagePathsAgree(t *testing.T, s *sqlLedger) {
 		case 2: // a millisecond before midnight
 			at = usageEpoch.AddDate(0, 0, 1+rnd.IntN(days-1)).Add(-time.Millisecond)
 		}
-		rows[i] = ledgerRow{
-			id: fmt.Sprintf("paths-%05d", i), at: at,
-			key: pick("k1", "k2", "k3", "k4"), user: pick("", "alice", "bob"),
-			group: pick("g1", "g2", "g3"), channel: pick("", "c1", "c2", "c3"),
-			model: "claude-sonnet-4-5", served: pick("claude-sonnet-4-5", "claude-opus-4-1", "claude-haiku-4-5"),
-			status: 200, cause: causeOK,
-			input: rnd.Int64N(1e6), output: rnd.Int64N(1e5), cacheRead: rnd.Int64N(1e7), cacheWrite: rnd.Int64N(1e5),
-			costNano: rnd.Int64N(1e12), // up to 1,000 USD, to the nano-USD
+		rows[i] = Row{
+			ID: fmt.Sprintf("paths-%05d", i), At: at,
+			Key: pick("k1", "k2", "k3", "k4"), User: pick("", "alice", "bob"),
+			Group: pick("g1", "g2", "g3"), Channel: pick("", "c1", "c2", "c3"),
+			Model: "claude-sonnet-4-5", Served: pick("claude-sonnet-4-5", "claude-opus-4-1", "claude-haiku-4-5"),
+			Status: 200, Cause: causeOK,
+			Input: rnd.Int64N(1e6), Output: rnd.Int64N(1e5), CacheRead: rnd.Int64N(1e7), CacheWrite: rnd.Int64N(1e5),
+			CostNano: rnd.Int64N(1e12), // up to 1,000 USD, to the nano-USD
 		}
 	}
 	for i := 0; i < len(rows); i += ledgerBatch {
-		if err := s.write(ctx, rows[i:min(i+ledgerBatch, len(rows))]); err != nil {
+		if err := s.Write(ctx, rows[i:min(i+ledgerBatch, len(rows))]); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -212,9 +234,9 @@ func checkUsagePathsAgree(t *testing.T, s *sqlLedger) {
 		}
 		kinds[kind]++
 
-		q := usageQuery{from: from, to: to, groupBy: groupBy}
-		got := collectUsage(t, func(emit func(usageRow) error) error { return s.usage(ctx, q, emit) })
-		fromRows := collectUsage(t, func(emit func(usageRow) error) error {
+		q := Query{From: from, To: to, GroupBy: groupBy}
+		got := collectUsage(t, func(emit func(UsageRow) error) error { return s.Usage(ctx, q, emit) })
+		fromRows := collectUsage(t, func(emit func(UsageRow) error) error {
 			return s.usageOf(ctx, groupBy, []usageSpan{{from: from, to: to}}, emit)
 		})
 		what := fmt.Sprintf("%s..%s by %v (%s)", from.Format(time.RFC3339Nano), to.Format(time.RFC3339Nano), groupBy, kind)
@@ -234,11 +256,11 @@ func checkUsagePathsAgree(t *testing.T, s *sqlLedger) {
 }
 
 // collectUsage renders the rows a usage query emits, in order.
-func collectUsage(t *testing.T, query func(emit func(usageRow) error) error) []string {
+func collectUsage(t *testing.T, query func(emit func(UsageRow) error) error) []string {
 	t.Helper()
 	var got []string
-	if err := query(func(u usageRow) error {
-		got = append(got, usageLine(u.values, u))
+	if err := query(func(u UsageRow) error {
+		got = append(got, usageLine(u.Values, u))
 		return nil
 	}); err != nil {
 		t.Fatal(err)
@@ -246,40 +268,40 @@ func collectUsage(t *testing.T, query func(emit func(usageRow) error) error) []s
 	return got
 }
 
-func usageLine(values []string, u usageRow) string {
+func usageLine(values []string, u UsageRow) string {
 	return strings.Join(values, "|") + " " + strings.Join([]string{
-		i64(u.requests), i64(u.input), i64(u.output), i64(u.cacheRead), i64(u.cacheWrite), usdDecimal(u.costNano)}, " ")
+		i64(u.Requests), i64(u.Input), i64(u.Output), i64(u.CacheRead), i64(u.CacheWrite), usdDecimal(u.CostNano)}, " ")
 }
 
 // sumRows is what a usage query over [from, to) by groupBy answers for
 // rows, in no order: without groupBy, one total row, zeros included.
-func sumRows(rows []ledgerRow, from, to time.Time, groupBy []string) []string {
-	sums := map[string]*usageRow{}
+func sumRows(rows []Row, from, to time.Time, groupBy []string) []string {
+	sums := map[string]*UsageRow{}
 	values := map[string][]string{}
 	if len(groupBy) == 0 {
-		sums[""], values[""] = new(usageRow), nil
+		sums[""], values[""] = new(UsageRow), nil
 	}
 	for _, r := range rows {
-		if r.at.Before(from) || !r.at.Before(to) {
+		if r.At.Before(from) || !r.At.Before(to) {
 			continue
 		}
 		var v []string
 		for _, c := range groupBy {
-			v = append(v, map[string]string{"key": r.key, "user": r.user, "group": r.group, "channel": r.channel,
-				"model": r.served, "day": r.at.UTC().Format(time.DateOnly)}[c])
+			v = append(v, map[string]string{"key": r.Key, "user": r.User, "group": r.Group, "channel": r.Channel,
+				"model": r.Served, "day": r.At.UTC().Format(time.DateOnly)}[c])
 		}
 		k := strings.Join(v, "|")
 		u := sums[k]
 		if u == nil {
-			u = new(usageRow)
+			u = new(UsageRow)
 			sums[k], values[k] = u, v
 		}
-		u.requests++
-		u.input += r.input
-		u.output += r.output
-		u.cacheRead += r.cacheRead
-		u.cacheWrite += r.cacheWrite
-		u.costNano += r.costNano
+		u.Requests++
+		u.Input += r.Input
+		u.Output += r.Output
+		u.CacheRead += r.CacheRead
+		u.CacheWrite += r.CacheWrite
+		u.CostNano += r.CostNano
 	}
 	var out []string
 	for k, u := range sums {
@@ -296,73 +318,14 @@ func sameSet(a, b []string) bool {
 	return slices.Equal(a, b)
 }
 
-// brokenUsageStore answers a usage query with one row, then fails.
-type brokenUsageStore struct{ *flakyStore }
-
-func (brokenUsageStore) usage(_ context.Context, _ usageQuery, emit func(usageRow) error) error {
-	if err := emit(usageRow{values: []string{"k"}, requests: 1}); err != nil {
-		return err
-	}
-	return errors.New("the database went away")
-}
-
-// A usage answer that fails after it began is cut, not ended as if whole:
-// a CSV without its last rows would look like a complete invoice.
-func TestAUsageAnswerThatFailsMidwayIsCut(t *testing.T) {
-	l := newLedger(brokenUsageStore{new(flakyStore)}, "test", zap.NewNop(), ledgerQueue)
-	for _, csv := range []bool{true, false} {
-		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			_ = writeUsage(w, r, l, usageQuery{groupBy: []string{"key"}, csv: csv})
-		}))
-		resp, err := http.Get(srv.URL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		srv.Close()
-		if resp.StatusCode != http.StatusOK || err == nil {
-			t.Errorf("csv %v: status %d, body %q read with error %v: want the answer cut before its end", csv, resp.StatusCode, body, err)
-		}
-		if !strings.Contains(string(body), "k") {
-			t.Errorf("csv %v: the rows before the failure did not arrive: %q", csv, body)
-		}
-	}
-}
-
-// A spreadsheet reads a cell that begins with =, +, -, @, a tab or a
-// carriage return as a formula: a CSV cell of a name begins with a ' then,
-// and reads as the text it is.
-func TestCSVCellsOfNamesNeverReadAsFormulas(t *testing.T) {
-	for in, want := range map[string]string{
-		`=HYPERLINK("http://evil.example/","x")`: `'=HYPERLINK("http://evil.example/","x")`,
-		"+1+1":                                   "'+1+1",
-		"-2+3":                                   "'-2+3",
-		"@SUM(A1:A9)":                            "'@SUM(A1:A9)",
-		"\t=1":                                   "'\t=1",
-		"\r=1":                                   "'\r=1",
-		"":                                       "",
-		"alice":                                  "alice",
-		"a=b":                                    "a=b",
-		"'=already":                              "'=already",
-		" =spaced":                               " =spaced",
-		"2026-03-01":                             "2026-03-01",
-		"claude-opus-4":                          "claude-opus-4",
-	} {
-		if got := csvCell(in); got != want {
-			t.Errorf("csvCell(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
 // checkOpenEndedRanges writes rows of March 2026 to s and asks usage over
 // ranges open at an end, as a client writes them (to=9999-12-31, a year-1
 // from, a far-future time in another zone): each answers every row in it.
-func checkOpenEndedRanges(t *testing.T, s *sqlLedger) {
+func checkOpenEndedRanges(t *testing.T, s *sqlStore) {
 	t.Helper()
 	ctx := context.Background()
 	rows := testRows(time.Date(2026, 3, 2, 10, 0, 0, 0, time.UTC), time.Date(2026, 3, 3, 23, 59, 0, 0, time.UTC))
-	if err := s.write(ctx, rows); err != nil {
+	if err := s.Write(ctx, rows); err != nil {
 		t.Fatal(err)
 	}
 	now := time.Date(2026, 3, 17, 12, 0, 0, 0, time.UTC)
@@ -375,33 +338,33 @@ func checkOpenEndedRanges(t *testing.T, s *sqlLedger) {
 		{"from": {"2026-03-02T11:00:00+01:00"}, "to": {"9999-12-31T23:00:00-05:00"}, "group_by": {"key"}},
 		{"from": {"0000-01-01T00:30:00+01:00"}, "to": {"2026-03-03"}, "group_by": {"user"}},
 	} {
-		q, err := parseUsageQuery(v, now)
+		q, err := ParseQuery(v, now)
 		if err != nil {
 			t.Errorf("%v: %v", v, err)
 			continue
 		}
-		got := collectUsage(t, func(emit func(usageRow) error) error { return s.usage(ctx, q, emit) })
-		want := sumRows(rows, q.from, q.to, q.groupBy)
+		got := collectUsage(t, func(emit func(UsageRow) error) error { return s.Usage(ctx, q, emit) })
+		want := sumRows(rows, q.From, q.To, q.GroupBy)
 		if !sameSet(got, want) || len(got) == 0 || strings.HasPrefix(got[0], " 0 ") {
-			t.Errorf("%v (%s..%s):\n%s\nwant\n%s", v, q.from.Format(time.RFC3339), q.to.Format(time.RFC3339), strings.Join(got, "\n"), strings.Join(want, "\n"))
+			t.Errorf("%v (%s..%s):\n%s\nwant\n%s", v, q.From.Format(time.RFC3339), q.To.Format(time.RFC3339), strings.Join(got, "\n"), strings.Join(want, "\n"))
 		}
 	}
 }
 
 func TestLedgerSQLiteOpenEndedRanges(t *testing.T) {
-	s, err := openSQLiteLedger(filepath.Join(t.TempDir(), "ledger.db"))
+	s, err := openSQLiteStore(filepath.Join(t.TempDir(), "ledger.db"), testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.close()
+	defer s.Close()
 	checkOpenEndedRanges(t, s)
 }
 
 func TestLedgerPostgresOpenEndedRanges(t *testing.T) {
-	s, err := openPostgresLedger(pgtest.Start(t).DSN())
+	s, err := openPostgresStore(pgtest.Start(t).DSN(), testDigest)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.close()
+	defer s.Close()
 	checkOpenEndedRanges(t, s)
 }

@@ -1,47 +1,52 @@
-package relay
+package ledger
 
 import (
-	"bufio"
 	"context"
-	"encoding/csv"
-	"encoding/json"
 	"fmt"
-	"net/http"
 	"net/url"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/caddyserver/caddy/v2"
 )
 
-// usageQuery is what GET /relay/usage asks of the ledger: the rows of
-// [from, to), summed by the groupBy columns.
-type usageQuery struct {
-	from, to time.Time
-	groupBy  []string // of usageColumns, each once
-	csv      bool
+// Query is what a usage answer asks of the ledger (GET /relay/usage, the
+// status page's Spend view): the rows of [From, To), summed by the GroupBy
+// columns.
+type Query struct {
+	// From and To bound the rows' times: From included, To not.
+	From, To time.Time
+	// GroupBy are the columns the sums are by, of key, user, group,
+	// channel, model (the model that served) and day (UTC), each once, in
+	// the answer's order; none: one total.
+	GroupBy []string
+	// CSV asks WriteUsage for CSV rather than JSON.
+	CSV bool
 }
 
 // usageColumns are the columns a usage answer may be grouped by; model is
 // the model that served the request.
 var usageColumns = []string{"key", "user", "group", "channel", "model", "day"}
 
-// usageRow is one row of a usage answer: the groupBy columns' values, then
+// UsageRow is one row of a usage answer: the GroupBy columns' values, then
 // the sums.
-type usageRow struct {
-	values                               []string
-	requests                             int64
-	input, output, cacheRead, cacheWrite int64
-	costNano                             int64
+type UsageRow struct {
+	// Values are the row's values of the query's GroupBy columns, in
+	// their order.
+	Values []string
+	// Requests is how many requests the row sums.
+	Requests int64
+	// Input, Output, CacheRead and CacheWrite are their tokens.
+	Input, Output, CacheRead, CacheWrite int64
+	// CostNano is their cost in nano-USD.
+	CostNano int64
 }
 
-// parseUsageQuery reads a usage query's parameters; without from and to
+// ParseQuery reads a usage query's parameters; without from and to
 // it covers the current UTC month. from and to are RFC 3339 times or UTC
 // dates (YYYY-MM-DD); to is exclusive, but a date covers its whole day.
-func parseUsageQuery(v url.Values, now time.Time) (usageQuery, error) {
-	var q usageQuery
+func ParseQuery(v url.Values, now time.Time) (Query, error) {
+	var q Query
 	for name := range v {
 		switch name {
 		case "from", "to", "group_by", "format":
@@ -50,21 +55,21 @@ func parseUsageQuery(v url.Values, now time.Time) (usageQuery, error) {
 		}
 	}
 	now = now.UTC()
-	q.from = time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
-	q.to = q.from.AddDate(0, 1, 0)
+	q.From = time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
+	q.To = q.From.AddDate(0, 1, 0)
 	var err error
 	if s := v.Get("from"); s != "" {
-		if q.from, err = usageTime(s, false); err != nil {
+		if q.From, err = usageTime(s, false); err != nil {
 			return q, fmt.Errorf("from: %w", err)
 		}
 	}
 	if s := v.Get("to"); s != "" {
-		if q.to, err = usageTime(s, true); err != nil {
+		if q.To, err = usageTime(s, true); err != nil {
 			return q, fmt.Errorf("to: %w", err)
 		}
 	}
-	if !q.to.After(q.from) {
-		return q, fmt.Errorf("to (%s) must be after from (%s)", q.to.Format(time.RFC3339), q.from.Format(time.RFC3339))
+	if !q.To.After(q.From) {
+		return q, fmt.Errorf("to (%s) must be after from (%s)", q.To.Format(time.RFC3339), q.From.Format(time.RFC3339))
 	}
 	if s := v.Get("group_by"); s != "" {
 		for c := range strings.SplitSeq(s, ",") {
@@ -72,16 +77,16 @@ func parseUsageQuery(v url.Values, now time.Time) (usageQuery, error) {
 			if !slices.Contains(usageColumns, c) {
 				return q, fmt.Errorf("group_by: unknown column %q (key, user, group, channel, model, day)", c)
 			}
-			if slices.Contains(q.groupBy, c) {
+			if slices.Contains(q.GroupBy, c) {
 				return q, fmt.Errorf("group_by: column %q is given twice", c)
 			}
-			q.groupBy = append(q.groupBy, c)
+			q.GroupBy = append(q.GroupBy, c)
 		}
 	}
 	switch v.Get("format") {
 	case "", "json":
 	case "csv":
-		q.csv = true
+		q.CSV = true
 	default:
 		return q, fmt.Errorf("format must be json or csv, not %q", v.Get("format"))
 	}
@@ -102,120 +107,6 @@ func usageTime(s string, end bool) (time.Time, error) {
 		return t, fmt.Errorf("%q is neither a date (2026-01-31) nor an RFC 3339 time (2026-01-31T00:00:00Z)", s)
 	}
 	return t, nil
-}
-
-// usage answers GET /relay/usage from the ledger: {"rows": [...]}, or CSV
-// with one header row, written as the database gives the rows (a name
-// that a spreadsheet would take for a formula behind a ': csvCell).
-func (adminAPI) usage(w http.ResponseWriter, r *http.Request) error {
-	q, err := parseUsageQuery(r.URL.Query(), time.Now())
-	if err != nil {
-		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
-	}
-	l, err := theLedger()
-	if err != nil {
-		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: err}
-	}
-	return writeUsage(w, r, l, q)
-}
-
-// writeUsage streams q's answer from l to w.
-func writeUsage(w http.ResponseWriter, r *http.Request, l *ledger, q usageQuery) error {
-	header := append(append([]string(nil), q.groupBy...),
-		"requests", "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "cost_usd")
-	if q.csv {
-		w.Header().Set("Content-Type", "text/csv; charset=utf-8")
-		w.Header().Set("Content-Disposition", `attachment; filename="usage-`+q.from.Format(time.DateOnly)+`.csv"`)
-	} else {
-		w.Header().Set("Content-Type", "application/json")
-	}
-	bw := bufio.NewWriterSize(w, 32<<10)
-	cw := csv.NewWriter(bw)
-	started := false
-	start := func() {
-		started = true
-		if q.csv {
-			_ = cw.Write(header)
-		} else {
-			_, _ = bw.WriteString(`{"rows":[`)
-		}
-	}
-	n := 0
-	rec := make([]string, len(header))
-	err := l.store.usage(r.Context(), q, func(u usageRow) error {
-		if !started {
-			start()
-		}
-		copy(rec, u.values)
-		k := len(u.values)
-		rec[k] = strconv.FormatInt(u.requests, 10)
-		rec[k+1] = strconv.FormatInt(u.input, 10)
-		rec[k+2] = strconv.FormatInt(u.output, 10)
-		rec[k+3] = strconv.FormatInt(u.cacheRead, 10)
-		rec[k+4] = strconv.FormatInt(u.cacheWrite, 10)
-		rec[k+5] = usdDecimal(u.costNano)
-		if q.csv {
-			for i := range k { // the names; the sums after them are numbers
-				rec[i] = csvCell(rec[i])
-			}
-			cw.Write(rec) //nolint:errcheck // its error is cw.Error's, checked at the end
-		} else {
-			if n > 0 {
-				_ = bw.WriteByte(',')
-			}
-			_ = bw.WriteByte('{')
-			for i, name := range header {
-				if i > 0 {
-					_ = bw.WriteByte(',')
-				}
-				_, _ = bw.WriteString(`"` + name + `":`)
-				if i < k {
-					s, _ := json.Marshal(rec[i])
-					_, _ = bw.Write(s)
-				} else {
-					_, _ = bw.WriteString(rec[i])
-				}
-			}
-			_ = bw.WriteByte('}')
-		}
-		n++
-		return nil
-	})
-	if err != nil && !started {
-		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("the ledger did not answer: %v", err)}
-	}
-	if !started {
-		start()
-	}
-	if q.csv {
-		cw.Flush()
-	} else if err == nil {
-		_, _ = bw.WriteString("]}\n")
-	}
-	ferr := bw.Flush()
-	if err != nil {
-		// the answer began and cannot say it failed: the connection is
-		// cut, so that no client takes a CSV without its last rows, which
-		// would look whole, for a finished answer
-		_ = http.NewResponseController(w).Flush()
-		panic(http.ErrAbortHandler)
-	}
-	return ferr
-}
-
-// usdDecimal formats an amount in nano-USD as a decimal number of
-// dollars, exactly.
-func usdDecimal(n int64) string {
-	sign := ""
-	if n < 0 {
-		sign, n = "-", -n
-	}
-	whole, frac := n/1e9, n%1e9
-	if frac == 0 {
-		return sign + strconv.FormatInt(whole, 10)
-	}
-	f := strings.TrimRight(fmt.Sprintf("%09d", frac), "0")
-	return sign + strconv.FormatInt(whole, 10) + "." + f
 }
 
 // usageSpan is a part of a usage query's range, [from, to), and where its
@@ -259,18 +150,18 @@ func usageSpans(from, to time.Time) []usageSpan {
 	return spans
 }
 
-// usage runs q, giving emit each row as it is read, so a large answer is
+// Usage runs q, giving emit each row as it is read, so a large answer is
 // streamed rather than held: the whole days of its range summed from the
 // daily rollup, the partial days at its edges from the rows.
-func (s *sqlLedger) usage(ctx context.Context, q usageQuery, emit func(usageRow) error) error {
-	return s.usageOf(ctx, q.groupBy, usageSpans(q.from, q.to), emit)
+func (s *sqlStore) Usage(ctx context.Context, q Query, emit func(UsageRow) error) error {
+	return s.usageOf(ctx, q.GroupBy, usageSpans(q.From, q.To), emit)
 }
 
 // usageOf sums spans, grouped by groupBy, in one statement: a span's own
 // SELECT when there is one, else their sums added up (UNION ALL, then
 // summed again by the same columns). Every sum is of integers, so the
 // answer is exact whichever way it was summed.
-func (s *sqlLedger) usageOf(ctx context.Context, groupBy []string, spans []usageSpan, emit func(usageRow) error) error {
+func (s *sqlStore) usageOf(ctx context.Context, groupBy []string, spans []usageSpan, emit func(UsageRow) error) error {
 	var args []any
 	branches := make([]string, len(spans))
 	for i, sp := range spans {
@@ -298,13 +189,13 @@ func (s *sqlLedger) usageOf(ctx context.Context, groupBy []string, spans []usage
 		return err
 	}
 	defer rows.Close()
-	var r usageRow
-	r.values = make([]string, len(groupBy))
+	var r UsageRow
+	r.Values = make([]string, len(groupBy))
 	dest := make([]any, 0, len(groupBy)+6)
-	for i := range r.values {
-		dest = append(dest, &r.values[i])
+	for i := range r.Values {
+		dest = append(dest, &r.Values[i])
 	}
-	dest = append(dest, &r.requests, &r.input, &r.output, &r.cacheRead, &r.cacheWrite, &r.costNano)
+	dest = append(dest, &r.Requests, &r.Input, &r.Output, &r.CacheRead, &r.CacheWrite, &r.CostNano)
 	for rows.Next() {
 		if err := rows.Scan(dest...); err != nil {
 			return err
@@ -319,7 +210,7 @@ func (s *sqlLedger) usageOf(ctx context.Context, groupBy []string, spans []usage
 // spanSQL is the SELECT of one span's sums grouped by groupBy (columns
 // named g0, g1, ...; sums named as the rollup's columns), with its
 // arguments appended to args.
-func (s *sqlLedger) spanSQL(groupBy []string, sp usageSpan, args []any) (string, []any) {
+func (s *sqlStore) spanSQL(groupBy []string, sp usageSpan, args []any) (string, []any) {
 	cols := make([]string, len(groupBy))
 	sel := make([]string, 0, len(groupBy)+6)
 	for i, c := range groupBy {
@@ -347,7 +238,7 @@ func (s *sqlLedger) spanSQL(groupBy []string, sp usageSpan, args []any) (string,
 
 // column is the expression of a group_by column, in the rows or in the
 // daily rollup.
-func (s *sqlLedger) column(c string, daily bool) string {
+func (s *sqlStore) column(c string, daily bool) string {
 	switch c {
 	case "key":
 		return "key_name"
@@ -364,17 +255,4 @@ func (s *sqlLedger) column(c string, daily bool) string {
 		return "day"
 	}
 	return s.d.day
-}
-
-// csvCell is a name as a CSV cell: one that begins with =, +, -, @, a tab
-// or a carriage return is read by a spreadsheet as a formula (which may
-// fetch a URL or run a command on the reader's machine), so it is written
-// behind a ', which the spreadsheet shows as text. Names are the clients'
-// to choose (an identity, a model asked for) or an operator's; numbers are
-// the relay's, and are written as they are, a negative one too.
-func csvCell(s string) string {
-	if s != "" && strings.IndexByte("=+-@\t\r", s[0]) >= 0 {
-		return "'" + s
-	}
-	return s
 }

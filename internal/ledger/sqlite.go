@@ -1,4 +1,4 @@
-package relay
+package ledger
 
 import (
 	"context"
@@ -11,28 +11,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	_ "github.com/ncruces/go-sqlite3/driver" // SQLite in pure Go: the xcaddy build needs no C toolchain
 )
-
-// sqliteLedgerPath is the file of a SQLite ledger: the configured one
-// (placeholders resolved), else relay/ledger.db in Caddy's data directory;
-// absolute, so that two configs naming one file share its writer.
-func sqliteLedgerPath(c *LedgerSQLite) (string, error) {
-	path := filepath.Join(caddy.AppDataDir(), "relay", "ledger.db")
-	if c != nil && c.Path != "" {
-		p, err := caddy.NewReplacer().ReplaceOrErr(c.Path, true, true)
-		if err != nil {
-			return "", fmt.Errorf("ledger sqlite: path: %w", err)
-		}
-		path = p
-	}
-	abs, err := filepath.Abs(path)
-	if err != nil {
-		return "", fmt.Errorf("ledger sqlite: path: %w", err)
-	}
-	return abs, nil
-}
 
 // sqliteDialect keeps time as Unix milliseconds (UTC).
 var sqliteDialect = dialect{
@@ -92,7 +72,7 @@ var sqliteDialect = dialect{
 		INSERT INTO relay_usage_by_time SELECT ` + strings.Join(ledgerColumns, ", ") + ` FROM relay_usage ORDER BY time, request_id;
 		DROP TABLE relay_usage;
 		ALTER TABLE relay_usage_by_time RENAME TO relay_usage;`,
-		// each set of names once (see ledger_names.go), the rows keyed as
+		// each set of names once (see names.go), the rows keyed as
 		// before, and the view of both
 		namesMigration(`INTEGER PRIMARY KEY`, `CREATE TABLE relay_usage_rows (
 			request_id TEXT NOT NULL,
@@ -126,11 +106,23 @@ var sqliteDialect = dialect{
 	rawFirstTries: true,
 }
 
-// openSQLiteLedger opens (and makes) the SQLite ledger at path, in WAL
+// OpenSQLite opens (and makes) the SQLite ledger at path outside the
+// pool, its schema brought up to date, for a writer of its own (Start) or
+// a caller that reads and writes it itself, and closes it; digest is a
+// session id as the rows keep it.
+func OpenSQLite(path string, digest func(string) string) (Store, error) {
+	s, err := openSQLiteStore(path, digest)
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// openSQLiteStore opens (and makes) the SQLite ledger at path, in WAL
 // mode: a write is durable once its transaction commits, so a relay killed
 // at any moment loses at most the rows it had not written yet (at most a
 // second's), and readers (GET /relay/usage) never wait on the writer.
-func openSQLiteLedger(path string) (*sqlLedger, error) {
+func openSQLiteStore(path string, digest func(string) string) (*sqlStore, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("ledger sqlite: %w", err)
 	}
@@ -145,7 +137,7 @@ func openSQLiteLedger(path string) (*sqlLedger, error) {
 	db.SetMaxOpenConns(4) // one writer (the ledger's), readers beside it
 	ctx, cancel := context.WithTimeout(context.Background(), ledgerWriteTimeout)
 	defer cancel()
-	s, err := newSQLLedger(ctx, db, sqliteDialect)
+	s, err := newSQLStore(ctx, db, sqliteDialect, digest)
 	if err != nil {
 		return nil, fmt.Errorf("ledger sqlite %s: %w", path, err)
 	}
@@ -153,7 +145,7 @@ func openSQLiteLedger(path string) (*sqlLedger, error) {
 	ctx, cancel = context.WithTimeout(context.Background(), ledgerWriteTimeout)
 	defer cancel()
 	if s.raw, err = newRawWriter(ctx, s); err != nil {
-		_ = s.close()
+		_ = s.Close()
 		return nil, fmt.Errorf("ledger sqlite %s: %w", path, err)
 	}
 	return s, nil
