@@ -51,7 +51,7 @@ func (in *inbound) callFor(ch *channel) *provider.Call {
 		in.try.thinkingTo = in.thinkingFor(ch)
 	}
 	if !in.ask.needs.Empty() {
-		set, betas := ch.stripFor(&in.ask.needs, in.grant.sel.now)
+		set, betas := ch.stripFor(in.ask.needs, in.grant.sel.now)
 		in.try.strip = set
 		if len(betas) > 0 {
 			in.try.call.Header = features.StripBetas(in.ask.header, betas)
@@ -64,17 +64,18 @@ func (in *inbound) callFor(ch *channel) *provider.Call {
 // of its own, without the features the current attempt's channel strips.
 // When nothing changes it is the pooled buffer itself, not a copy.
 func (in *inbound) Body(model string) []byte {
+	body, start, end := in.outBody()
 	if model == in.ask.model && in.try.strip == 0 && in.try.thinkingTo == "" {
-		return in.ask.body
+		return body
 	}
-	out := in.ask.body
+	out := body
 	if model != in.ask.model {
-		out = make([]byte, 0, len(in.ask.body)+len(model)-len(in.ask.model))
-		out = append(out, in.ask.body[:in.ask.modelStart]...)
+		out = make([]byte, 0, len(body)+len(model)-len(in.ask.model))
+		out = append(out, body[:start]...)
 		out = append(out, '"')
 		out = append(out, model...)
 		out = append(out, '"')
-		out = append(out, in.ask.body[in.ask.modelEnd:]...)
+		out = append(out, body[end:]...)
 	}
 	if in.try.strip != 0 {
 		// the body is valid JSON (inspect checked): this cannot fail
@@ -230,7 +231,7 @@ func (r *Relay) logCooling(in *inbound, ch *channel, v *verdict, cooled time.Dur
 // fails over but nothing is set aside: a client must not be able to take a
 // feature from a shared channel by pairing it with one the channel lacks.
 func (r *Relay) lacking(v *verdict, in *inbound, ch *channel, body []byte) {
-	if lacked, certain := features.Lacked(ch.features.Refusals(), body, &in.ask.needs); len(lacked) > 0 {
+	if lacked, certain := features.Lacked(ch.features.Refusals(), body, in.ask.needs); len(lacked) > 0 {
 		r.setAside(v, in, ch, lacked, certain)
 	}
 }

@@ -55,9 +55,7 @@ func (r *Relay) failover(w http.ResponseWriter, req *http.Request, in *inbound, 
 	g.state.budget.request(r.now())
 	in.grant.sel = selection{model: in.grant.target, tried: in.triedBuf[:0], rand: r.rand, accept: route.accept(), cheaper: in.grant.degrade.cheaper}
 	sel := &in.grant.sel
-	if !in.ask.needs.Empty() {
-		sel.needs = &in.ask.needs
-	}
+	sel.needs = in.ask.needs
 	if g.policy == policySticky || len(g.splits) > 0 {
 		sel.session = in.sessionID()
 	}

@@ -16,7 +16,7 @@ import (
 // takes reports whether ch can serve a request with needs n, by its
 // config and what its upstream taught it, and whether it would strip
 // something to do so.
-func (ch *channel) takes(n *features.Needs, now time.Time) (ok, strips bool) {
+func (ch *channel) takes(n features.Needs, now time.Time) (ok, strips bool) {
 	f := &ch.features
 	if n.Set&^(f.Takes()|f.Strips()) != 0 {
 		return false, false
@@ -52,7 +52,7 @@ func (ch *channel) takes(n *features.Needs, now time.Time) (ok, strips bool) {
 
 // stripFor is what ch removes from a request with needs n: known
 // features, and betas.
-func (ch *channel) stripFor(n *features.Needs, now time.Time) (features.Set, []string) {
+func (ch *channel) stripFor(n features.Needs, now time.Time) (features.Set, []string) {
 	f := &ch.features
 	set := n.Set & f.Strips()
 	var betas []string
@@ -74,13 +74,13 @@ func (ch *channel) stripFor(n *features.Needs, now time.Time) (features.Set, []s
 // missingFeatures lists the needed features that no channel of chans
 // takes by itself, or, when each has a taker but none takes them all, all
 // of them (together).
-func missingFeatures(chans []*channel, n *features.Needs, now time.Time) (missing []string, together bool) {
+func missingFeatures(chans []*channel, n features.Needs, now time.Time) (missing []string, together bool) {
 	for _, name := range n.Names() {
 		one := features.Needs{Set: features.Bit(name)}
 		if one.Set == 0 {
 			one.Betas = []string{name}
 		}
-		if !slices.ContainsFunc(chans, func(ch *channel) bool { ok, _ := ch.takes(&one, now); return ok }) {
+		if !slices.ContainsFunc(chans, func(ch *channel) bool { ok, _ := ch.takes(one, now); return ok }) {
 			missing = append(missing, name)
 		}
 	}

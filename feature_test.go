@@ -53,7 +53,7 @@ func TestChannelFeaturesByProvider(t *testing.T) {
 			ch := testChannel("c")
 			ch.features = features.NewChannel(tt.p, tt.supports, tt.lacks, tt.strip)
 			n := needing(tt.need...)
-			ok, strips := ch.takes(&n, testNow)
+			ok, strips := ch.takes(n, testNow)
 			if ok != tt.wantOK || strips != tt.wantStrips {
 				t.Errorf("takes = %v (strips %v), want %v (strips %v)", ok, strips, tt.wantOK, tt.wantStrips)
 			}
@@ -71,7 +71,7 @@ func TestBetaNamedAsAFeature(t *testing.T) {
 		ch := testChannel("c")
 		ch.features = features.NewChannel(tt.p, nil, nil, nil)
 		n := features.Needs{Betas: []string{"web_fetch"}}
-		if ok, _ := ch.takes(&n, testNow); ok != tt.want {
+		if ok, _ := ch.takes(n, testNow); ok != tt.want {
 			t.Errorf("%T: takes the beta web_fetch = %v, want %v", tt.p, ok, tt.want)
 		}
 	}
@@ -112,7 +112,7 @@ func TestLackedFeatures(t *testing.T) {
 			if tt.bedrock {
 				words = &bedrock.Provider{}
 			}
-			got, certain := features.Lacked(words, body(tt.msg), &carried)
+			got, certain := features.Lacked(words, body(tt.msg), carried)
 			if !slices.Equal(got, tt.want) || certain != (len(got) > 0 && !strings.Contains(tt.name, "every one carried")) {
 				t.Errorf("Lacked = %q (certain %v), want %q", got, certain, tt.want)
 			}
@@ -123,7 +123,7 @@ func TestLackedFeatures(t *testing.T) {
 func TestBedrockBetaRefusalIsCertainOnlyForOneFlag(t *testing.T) {
 	one := needing("effort-2025-11-24")
 	msg := []byte(`{"type":"error","error":{"type":"invalid_request_error","message":"bedrock: ValidationException: invalid beta flag"}}`)
-	if got, certain := features.Lacked(&bedrock.Provider{}, msg, &one); !slices.Equal(got, []string{"effort-2025-11-24"}) || !certain {
+	if got, certain := features.Lacked(&bedrock.Provider{}, msg, one); !slices.Equal(got, []string{"effort-2025-11-24"}) || !certain {
 		t.Errorf("one flag: %q certain %v", got, certain)
 	}
 }
@@ -381,7 +381,7 @@ func BenchmarkTakesBetas(b *testing.B) {
 	n := needing("context_management", "interleaved-thinking-2025-05-14", "context-1m-2025-08-07", "dev-tools-2026-01-01")
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
-		if ok, _ := ch.takes(&n, testNow); !ok {
+		if ok, _ := ch.takes(n, testNow); !ok {
 			b.Fatal("refused")
 		}
 	}

@@ -233,6 +233,9 @@ type granted struct {
 	// pinned, for a message that references files, is its group with only
 	// the channel that holds them
 	pinned *group
+	// pinnedBody is the body the pinned channel gets: the asked body with
+	// its upstream's file ids; nil body: the asked body goes as it is
+	pinnedBody pinnedBody
 	// session is its agent session, when its key has session limits
 	// (sessions.go); nil: none. sessionLimits admitted it to session_rate
 	// with sessionGrant.
@@ -241,6 +244,23 @@ type granted struct {
 	sessionGrant  grant
 	// degrade is what budget_degrade did to it (degrade.go)
 	degrade degraded
+}
+
+// pinnedBody is a body rewritten for the channel it is pinned to, and where
+// its model is.
+type pinnedBody struct {
+	body                 []byte
+	modelStart, modelEnd int
+}
+
+// outBody is the body the request's channels get and where its model is:
+// the asked body, or, pinned to the channel that holds its files, the body
+// with that channel's file ids.
+func (in *inbound) outBody() (body []byte, modelStart, modelEnd int) {
+	if p := &in.grant.pinnedBody; p.body != nil {
+		return p.body, p.modelStart, p.modelEnd
+	}
+	return in.ask.body, in.ask.modelStart, in.ask.modelEnd
 }
 
 // group is the group whose channels serve the request: its key's, or only

@@ -325,8 +325,8 @@ func eachFileID(body []byte, f func(start, end int)) error {
 }
 
 // pinToFiles sends a message that references files to the channel that
-// holds them: the request's body gets the upstream's file ids, and its
-// group becomes that channel alone.
+// holds them: its group becomes that channel alone, which gets the body
+// with the upstream's file ids (the body as asked stays as it came).
 func (r *Relay) pinToFiles(ctx context.Context, in *inbound) *relayError {
 	secret, ok := r.secret.Get()
 	if !ok {
@@ -342,9 +342,7 @@ func (r *Relay) pinToFiles(ctx context.Context, in *inbound) *relayError {
 			msg: "the files this request references are held by channel " + strconv.Quote(ch.name) + ", which does not serve model " + strconv.Quote(in.ask.model)}
 	}
 	// the model's place moves by what the ids before it changed
-	in.ask.modelStart += moved
-	in.ask.modelEnd += moved
-	in.ask.body = body
+	in.grant.pinnedBody = pinnedBody{body: body, modelStart: in.ask.modelStart + moved, modelEnd: in.ask.modelEnd + moved}
 	pinned := *g
 	pinned.channels, pinned.splits = []*channel{ch}, nil
 	in.grant.pinned = &pinned

@@ -21,8 +21,8 @@ var defaultRand randIntN = rand.IntN
 // what it already tried.
 type selection struct {
 	model   string
-	session string          // for sticky picks and canary splits: the session, else the key
-	needs   *features.Needs // the features the request carries; nil: none
+	session string         // for sticky picks and canary splits: the session, else the key
+	needs   features.Needs // the features the request carries
 	tried   []*channel
 	skipped []*channel // picked, but their half-open breaker had no slot left
 	capped  []*channel // picked, but their spend cap could not take the request's hold
@@ -168,7 +168,7 @@ func (g *group) pick(s *selection) pickResult {
 		return pickResult{reason: noModel}
 	}
 
-	needsSome := s.needs != nil && !s.needs.Empty()
+	needsSome := !s.needs.Empty()
 	if needsSome {
 		model := cands // intact when nothing is kept: filter writes only what it keeps
 		cands = filter(cands, func(ch *channel) bool { ok, _ := ch.takes(s.needs, s.now); return ok })
@@ -322,7 +322,7 @@ func (g *group) pick(s *selection) pickResult {
 // beta nobody names is most likely a client's typo, which every channel
 // refuses alike: its 400 goes to the client at once.)
 func (g *group) anotherTakes(s *selection, ch *channel, lacked []string) bool {
-	if s.needs == nil {
+	if s.needs.Empty() {
 		return false
 	}
 	for _, c := range g.channels {

@@ -298,7 +298,7 @@ func TestGroupPick(t *testing.T) {
 			for _, ch := range tt.channels {
 				byName[ch.name] = ch
 			}
-			s := &selection{model: tt.model, needs: &tt.needs, avoidHost: tt.avoidHost, now: testNow, rand: tt.rand}
+			s := &selection{model: tt.model, needs: tt.needs, avoidHost: tt.avoidHost, now: testNow, rand: tt.rand}
 			if s.model == "" {
 				s.model = "claude-sonnet-4-5"
 			}

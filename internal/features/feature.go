@@ -205,11 +205,11 @@ type Needs struct {
 }
 
 // Empty reports whether the request needs no feature.
-func (n *Needs) Empty() bool { return n.Set == 0 && len(n.Betas) == 0 }
+func (n Needs) Empty() bool { return n.Set == 0 && len(n.Betas) == 0 }
 
 // Names lists every needed feature: the known ones in table order, then
 // the betas.
-func (n *Needs) Names() []string { return append(n.Set.Names(), n.Betas...) }
+func (n Needs) Names() []string { return append(n.Set.Names(), n.Betas...) }
 
 // ReadBetas adds the request's anthropic-beta values (comma-separated,
 // possibly repeated headers) to n, each once. The strings share the
@@ -232,7 +232,7 @@ func (n *Needs) ReadBetas(h http.Header) bool {
 }
 
 // HasBeta reports whether the request carries the beta flag.
-func (n *Needs) HasBeta(flag string) bool {
+func (n Needs) HasBeta(flag string) bool {
 	for _, b := range n.Betas {
 		if b == flag {
 			return true

@@ -335,7 +335,7 @@ func anthropicRefusal(msg string) provider.Refusal {
 // at most MaxBetaName bytes. certain says that the message names them;
 // when it does not (one of the betas, unnamed), they are the candidates
 // among which one is refused.
-func Lacked(reader provider.RefusalReader, body []byte, n *Needs) (lacked []string, certain bool) {
+func Lacked(reader provider.RefusalReader, body []byte, n Needs) (lacked []string, certain bool) {
 	msg := gjson.GetBytes(body, "error.message").String()
 	var r provider.Refusal
 	if reader != nil {

@@ -27,6 +27,21 @@ func (h *House) Writes(typeName string) []Write {
 	}
 	named, _ := obj.Type().(*types.Named)
 	var out []Write
+	// local reports whether e names a variable of the function it is in
+	// that holds a value of its own (not a pointer): writing its fields
+	// makes a new value, and writes no one else's
+	local := func(e ast.Expr) bool {
+		id, ok := e.(*ast.Ident)
+		if !ok {
+			return false
+		}
+		v, ok := h.Info.Uses[id].(*types.Var)
+		if !ok || v.IsField() || v.Parent() == nil || v.Parent() == h.Types.Scope() {
+			return false
+		}
+		_, ptr := v.Type().(*types.Pointer)
+		return !ptr
+	}
 	// written reports the first selector in e's chain that selects a field
 	// of the type, or whose value is of the type
 	var written func(e ast.Expr) (string, bool)
@@ -41,6 +56,9 @@ func (h *House) Writes(typeName string) []Write {
 		case *ast.SelectorExpr:
 			if sel := h.Info.Selections[x]; sel != nil && sel.Kind() == types.FieldVal {
 				if recv := deref(sel.Recv()); types.Identical(recv, named) {
+					if local(x.X) {
+						return "", false // a value of its own being made
+					}
 					return typeName + "." + x.Sel.Name, true
 				}
 				if types.Identical(deref(sel.Obj().Type()), named) {
@@ -54,6 +72,8 @@ func (h *House) Writes(typeName string) []Write {
 		}
 		return "", false
 	}
+	// compared are the &x of a comparison of addresses, which read
+	compared := map[ast.Expr]bool{}
 	note := func(e ast.Expr, at token.Pos) {
 		if f, ok := written(e); ok {
 			p := h.Fset.Position(at)
@@ -69,8 +89,12 @@ func (h *House) Writes(typeName string) []Write {
 				}
 			case *ast.IncDecStmt:
 				note(n.X, n.Pos())
+			case *ast.BinaryExpr:
+				if n.Op == token.EQL || n.Op == token.NEQ {
+					compared[n.X], compared[n.Y] = true, true
+				}
 			case *ast.UnaryExpr:
-				if n.Op == token.AND {
+				if n.Op == token.AND && !compared[n] {
 					note(n.X, n.Pos())
 				}
 			case *ast.CallExpr:
@@ -92,7 +116,7 @@ func (h *House) Writes(typeName string) []Write {
 				// a value made whole: T{...} or &T{...}
 				if tv, ok := h.Info.Types[n]; ok && types.Identical(deref(tv.Type), named) {
 					p := h.Fset.Position(n.Pos())
-					out = append(out, Write{File: base(h.Fset, n.Pos()), Line: p.Line, Field: typeName})
+					out = append(out, Write{File: base(h.Fset, n.Pos()), Line: p.Line, Field: typeName + "{}"})
 				}
 			}
 			return true
