@@ -11,6 +11,7 @@ import (
 	"github.com/caddy-relay/relay/internal/affinity"
 	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/caddy-relay/relay/internal/health"
+	"github.com/caddy-relay/relay/internal/signatures"
 	"github.com/caddyserver/caddy/v2"
 )
 
@@ -74,10 +75,10 @@ type member struct {
 	// their changes published and stored, the others' applied
 	health *health.Shared
 
-	releases chan release     // given back off the request path
-	signed   chan signedEntry // signatures this node learned, to publish (fleet_signatures.go)
-	spendNow chan struct{}    // asks for a sync of the spend
-	affinity *affinity.Shared // prompt-cache affinity records (internal/affinity)
+	releases chan release       // given back off the request path
+	signed   *signatures.Shared // the signatures this node learns, shared (internal/signatures)
+	spendNow chan struct{}      // asks for a sync of the spend
+	affinity *affinity.Shared   // prompt-cache affinity records (internal/affinity)
 }
 
 // loadFleet returns the fleet of Redis config s, from the pool; the caller gives
@@ -111,7 +112,7 @@ func newFleet(ctx caddy.Context, s *FleetRedis) (*member, error) {
 		now:       time.Now,
 		health:    health.NewShared(c),
 		releases:  make(chan release, 4096),
-		signed:    make(chan signedEntry, 1024),
+		signed:    signatures.NewShared(c, signatures.Learned),
 		spendNow:  make(chan struct{}, 1),
 		affinity:  affinity.NewShared(c),
 	}
@@ -119,7 +120,7 @@ func newFleet(ctx caddy.Context, s *FleetRedis) (*member, error) {
 	f.slotDelay.Store(int64(defaultSlotDelay))
 	f.slotEvery.Store(int64(min(defaultSlotEvery, f.Lease)))
 	c.ReportBlocks(func() []fleet.Block { return f.blockInfos(f.now()) })
-	for _, run := range []func(context.Context){f.renewLeases, f.giveBack, c.Heartbeat, f.publishSignatures, f.subscribeSignatures, f.syncSpend, f.expireBlocks, f.giveBackSlots} {
+	for _, run := range []func(context.Context){f.renewLeases, f.giveBack, c.Heartbeat, f.syncSpend, f.expireBlocks, f.giveBackSlots} {
 		c.Go(run)
 	}
 	return f, nil

@@ -3,6 +3,7 @@ package relay
 import (
 	"github.com/caddy-relay/relay/internal/affinity"
 	"github.com/caddy-relay/relay/internal/jsonscan"
+	"github.com/caddy-relay/relay/internal/signatures"
 )
 
 // The one walk of a Messages request's `messages`, in inspect's strict
@@ -26,7 +27,7 @@ import (
 // walksMessages reports whether a feature reads the request's
 // conversation.
 func (in *inbound) walksMessages() bool {
-	return in.route == routeMessages && (in.ask.prefix != nil || in.wantsLoop() || signatures.some.Load())
+	return in.route == routeMessages && (in.ask.prefix != nil || in.wantsLoop() || signatures.Learned.Some())
 }
 
 // messageWalk is what the walk notes, for the features that asked.
