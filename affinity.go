@@ -2,12 +2,9 @@ package relay
 
 import (
 	"bytes"
-	"encoding/binary"
-	"slices"
-	"strings"
 
+	"github.com/caddy-relay/relay/internal/affinity"
 	"github.com/caddy-relay/relay/internal/jsonscan"
-	"github.com/cespare/xxhash/v2"
 )
 
 // Prompt-cache affinity, the request's side: which prefixes of its prompt
@@ -18,21 +15,8 @@ import (
 // writing it again at 1.25 times (twice for the 1-hour TTL). The relay
 // notes the breakpoints in inspect's one strict pass, digests each prefix
 // before the first pick, and remembers which channel served each
-// (affinity_table.go), so that another session or key of the group with
+// (internal/affinity), so that another session or key of the group with
 // the same prefix is sent where it is warm.
-
-// maxBreakpoints is how many cache_control blocks the API takes in one
-// request; a request with more is refused upstream, and the relay notes
-// none of its breakpoints.
-const maxBreakpoints = 4
-
-// A prompt's sections, in the API's cache order.
-const (
-	sectTools = iota
-	sectSystem
-	sectMessages
-	numSections
-)
 
 // breakpointMark is how a body that may have a breakpoint shows it: a
 // body without these bytes has none (a name written with escapes is not
@@ -60,42 +44,19 @@ func hasBreakpointMark(body []byte) bool {
 	}
 }
 
-// cachePrefix is what inspect noted of a request's breakpoints, and the
-// digests of its prefixes made from them. A request without breakpoints
-// has none (nil), and pays nothing for it.
+// cachePrefix is what inspect noted of a request's breakpoints, the
+// digests of its prefixes made from them (internal/affinity), and what
+// the lookup and the picks found. A request without breakpoints has none
+// (nil), and pays nothing for it.
 type cachePrefix struct {
-	n    uint8                           // breakpoints noted
-	over bool                            // more than maxBreakpoints: none count
-	auto bool                            // a top-level cache_control: a breakpoint at the end of the messages
-	long bool                            // the top-level one's TTL is 1h
-	bps  [maxBreakpoints]breakpoint      // in the order the body has them
-	span [numSections]struct{ a, b int } // each section's raw value in the body
-
-	// set before the first pick (digest)
-	keys  [maxBreakpoints]prefixKey // the prefixes long enough to cache, shortest first
-	ttl1h [maxBreakpoints]bool      // each one's TTL is 1h (else 5m)
-	nkeys uint8
-	model string // the model the digests are of
+	affinity.Prompt
 
 	// set by the lookup and the picks
 	warm   string // the channel with a live record of its longest warm prefix; "": none
 	result string // affinityWarm, affinityCold or affinityMoved; "": not picked yet
 	warmOn string // the channel the first pick chose for being warm
-	table  *affinityTable
-	group  string
+	table  *affinity.Table
 }
-
-// breakpoint is one block with cache_control: its section, where the
-// block ends in the body, and whether its TTL is 1h.
-type breakpoint struct {
-	sect uint8
-	long bool
-	end  int
-}
-
-// prefixKey identifies a prefix: a keyed 64-bit digest of the group, the
-// model and the prefix's bytes, and the number of those bytes.
-type prefixKey [16]byte
 
 // newCachePrefix is the prefix notes of a Messages request of a group with
 // affinity whose body may have a breakpoint; nil otherwise, at the cost
@@ -106,21 +67,6 @@ func newCachePrefix(in *inbound) *cachePrefix {
 		return nil
 	}
 	return new(cachePrefix)
-}
-
-// mark notes a breakpoint whose block ends at end.
-func (p *cachePrefix) mark(sect uint8, end int, long bool) {
-	if int(p.n) == maxBreakpoints {
-		p.over = true
-		return
-	}
-	p.bps[p.n] = breakpoint{sect: sect, long: long, end: end}
-	p.n++
-}
-
-// noteSpan notes where a section's raw value lies in the body.
-func (p *cachePrefix) noteSpan(sect int, start, end int) {
-	p.span[sect].a, p.span[sect].b = start, end
 }
 
 // isBreakpoint reports whether v, a cache_control value, marks a
@@ -140,11 +86,11 @@ func (p *cachePrefix) scanSection(sc *jsonscan.Scanner, sect int) error {
 	start := sc.ValueOffset()
 	if sc.PeekKind() != '[' {
 		_, err := sc.ReadValue()
-		p.noteSpan(sect, start, sc.InputOffset())
+		p.NoteSpan(sect, start, sc.InputOffset())
 		return err
 	}
 	err := p.scanBlocks(sc, uint8(sect))
-	p.noteSpan(sect, start, sc.InputOffset())
+	p.NoteSpan(sect, start, sc.InputOffset())
 	return err
 }
 
@@ -186,7 +132,7 @@ func (p *cachePrefix) scanBlocks(sc *jsonscan.Scanner, sect uint8) error {
 			}
 		}
 		if marked {
-			p.mark(sect, sc.InputOffset(), long)
+			p.Mark(sect, sc.InputOffset(), long)
 		}
 	}
 }
@@ -195,91 +141,151 @@ func (p *cachePrefix) scanBlocks(sc *jsonscan.Scanner, sect uint8) error {
 // API puts the breakpoint on the last block, so the prefix is the whole
 // prompt.
 func (p *cachePrefix) noteAutomatic(v []byte) {
-	p.auto, p.long = isBreakpoint(v)
-}
-
-// Minimum cacheable prompt lengths, in tokens: a shorter prefix is not
-// cached by the API, and the relay neither counts nor records it.
-const (
-	minCacheTokens      = 1024
-	minCacheTokensHaiku = 2048
-)
-
-// minCacheable is the shortest prefix the API caches for model, in
-// tokens.
-func minCacheable(model string) int64 {
-	if strings.Contains(model, "haiku") {
-		return minCacheTokensHaiku
-	}
-	return minCacheTokens
-}
-
-// digest makes the keys of the prefixes up to each breakpoint, in cache
-// order, keyed by seed and naming the group and the model: one pass over
-// the prompt's bytes, the digest read at each breakpoint. Prefixes shorter
-// than the model's minimum cacheable length (by estimateTokens' measure)
-// get no key. It reports whether any prefix has one.
-func (p *cachePrefix) digest(seed uint64, group, model string, body []byte) bool {
-	if p.over || (p.n == 0 && !p.auto) {
-		return false
-	}
-	bps := p.bps[:p.n]
-	if p.auto && int(p.n) < maxBreakpoints {
-		bps = append(bps, breakpoint{sect: sectMessages, long: p.long, end: p.span[sectMessages].b})
-	}
-	slices.SortFunc(bps, func(a, b breakpoint) int {
-		if a.sect != b.sect {
-			return int(a.sect) - int(b.sect)
-		}
-		return a.end - b.end
-	})
-	minBytes := int((minCacheable(model) - 1) * 4)
-	var d xxhash.Digest
-	d.ResetWithSeed(seed)
-	_, _ = d.WriteString(group)
-	_, _ = d.Write(nul)
-	_, _ = d.WriteString(model)
-	_, _ = d.Write(nul)
-	written, i := 0, 0
-	p.nkeys = 0
-	for sect := range numSections {
-		sp := p.span[sect]
-		at := sp.a
-		for ; i < len(bps) && int(bps[i].sect) == sect; i++ {
-			end := bps[i].end
-			if end < at || end > sp.b { // not within its section: cannot be
-				return false
-			}
-			_, _ = d.Write(body[at:end])
-			written += end - at
-			at = end
-			if written < minBytes {
-				continue
-			}
-			p.keys[p.nkeys] = keyOf(d.Sum64(), written)
-			p.ttl1h[p.nkeys] = bps[i].long
-			p.nkeys++
-		}
-		_, _ = d.Write(body[at:sp.b])
-		written += sp.b - at
-		_, _ = d.Write(nul)
-	}
-	p.model = model
-	return p.nkeys > 0
-}
-
-// keyOf is the key of a prefix of n bytes whose digest is sum.
-func keyOf(sum uint64, n int) prefixKey {
-	var k prefixKey
-	binary.LittleEndian.PutUint64(k[:8], sum)
-	binary.LittleEndian.PutUint64(k[8:], uint64(n))
-	return k
+	p.SetAutomatic(isBreakpoint(v))
 }
 
 // sectionOf is the section of a top-level field, system or messages.
 func sectionOf(field string) int {
 	if field == "system" {
-		return sectSystem
+		return affinity.SectSystem
 	}
-	return sectMessages
+	return affinity.SectMessages
+}
+
+// Prompt-cache affinity, the relay's side: each group remembers which
+// channel last served each prefix (internal/affinity). A request whose
+// prefix is warm on a live channel of the best tier goes there, whatever
+// the group's policy would have picked in that tier.
+
+// Results of relay_cache_affinity_total.
+const (
+	affinityWarm  = "warm"  // sent to the channel where its prefix is warm
+	affinityCold  = "cold"  // no live record of its prefixes
+	affinityMoved = "moved" // a record, but its channel was not a live candidate of the best tier
+)
+
+// Reasons of relay_cache_miss_usd_total (affinityCold and affinityMoved,
+// and this one).
+const missFailover = "failover" // warm, but the warm channel failed and another answered
+
+// affinityTable returns the group's table, made at its first use.
+func (s *groupState) affinityTable() *affinity.Table {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.affinity == nil {
+		s.affinity = affinity.NewTable(affinity.MaxEntries)
+	}
+	return s.affinity
+}
+
+// affinitySeed returns the seed that keys the prefixes' digests, derived
+// from the resource secret, which every relay of a fleet shares; false
+// while a fleet's secret is not known yet.
+func (r *Relay) affinitySeed() (uint64, bool) {
+	if r.affinity == nil {
+		return 0, false
+	}
+	if seed, ok := r.affinity.Get(); ok {
+		return seed, true
+	}
+	if r.secret == nil {
+		return 0, false
+	}
+	key, ok := r.secret.Get()
+	if !ok {
+		return 0, false
+	}
+	return r.affinity.Derive(key), true
+}
+
+// sharedAffinity is the fleet's affinity records, nil without a fleet.
+func (r *Relay) sharedAffinity() *affinity.Shared {
+	if r.fleet == nil {
+		return nil
+	}
+	return r.fleet.affinity
+}
+
+// lookupAffinity digests the prefixes of a request of group g that has
+// breakpoints, and finds where the longest warm one is: in the node's
+// table, else (in a fleet) in Redis, in one round trip. It returns the
+// prefix for the picks, nil when the request has none worth it.
+func (r *Relay) lookupAffinity(in *inbound, g *group) *cachePrefix {
+	p := in.ask.prefix
+	if p == nil || g.table == nil {
+		return nil
+	}
+	seed, ok := r.affinitySeed()
+	if !ok || !p.Digest(seed, g.name, in.ask.model, in.ask.body) {
+		return nil
+	}
+	p.table = g.table
+	p.warm = g.table.Warm(&p.Prompt, r.now(), r.sharedAffinity())
+	return p
+}
+
+// route is the first pick's channel for p among the best tier: the one
+// where its prefix is warm, noting the result; nil when none is, or when
+// affinity does not apply (a failover, a fallback model).
+func (p *cachePrefix) route(tier []*channel, s *selection) *channel {
+	if p == nil || len(s.tried) > 0 || s.model != p.Model {
+		return nil
+	}
+	if p.warm == "" {
+		p.result = affinityCold
+		return nil
+	}
+	for _, ch := range tier {
+		if ch.name == p.warm {
+			p.result, p.warmOn = affinityWarm, ch.name
+			return ch
+		}
+	}
+	p.result = affinityMoved
+	return nil
+}
+
+// settleAffinity counts a request's affinity result and, after an answer,
+// what its cache writes cost beyond the reads a warm channel would have
+// billed, and records that the answering channel holds its prefixes.
+func (r *Relay) settleAffinity(in *inbound) {
+	p := in.grant.sel.prefix
+	if p == nil || p.result == "" {
+		return
+	}
+	metricCacheAffinity.WithLabelValues(p.Group, p.result).Inc()
+	ch := in.end.answered
+	if ch == nil || in.end.status != 200 || in.end.shared != "" {
+		return
+	}
+	reason := p.result
+	switch {
+	case p.result == affinityWarm && ch.name != p.warmOn:
+		reason = missFailover
+	case p.result == affinityWarm:
+		reason = "" // what a warm channel writes extends its cache
+	}
+	if reason != "" && in.end.usage.cacheWrite > 0 {
+		if usd := r.missUSD(in, ch); usd > 0 {
+			metricCacheMissUSD.WithLabelValues(p.Group, reason).Add(usd)
+		}
+	}
+	p.table.Record(&p.Prompt, ch.name, r.now(), r.sharedAffinity())
+}
+
+// missUSD is what in's cache writes cost beyond reading the same tokens
+// from the cache, at the price of the model served and the channel's
+// price factor.
+func (r *Relay) missUSD(in *inbound, ch *channel) float64 {
+	rates := r.prices.lookup(in.grant.target)
+	if rates == nil {
+		return 0
+	}
+	u := in.end.usage
+	if rates.long != nil && u.prompt() > rates.above {
+		rates = rates.long
+	}
+	write5m := max(u.cacheWrite-u.cacheWrite1h, 0)
+	usd := float64(write5m)*(rates.cacheWrite-rates.cacheRead) + float64(u.cacheWrite1h)*(rates.cacheWrite1h-rates.cacheRead)
+	return max(usd, 0) * ch.priceFactor
 }

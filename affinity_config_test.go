@@ -71,7 +71,7 @@ func inspectVerdict(body []byte, on bool) string {
 		return rerr.msg
 	}
 	if p := in.ask.prefix; p != nil {
-		p.digest(1, "g", in.ask.model, in.ask.body) // must not panic, whatever the body
+		p.Digest(1, "g", in.ask.model, in.ask.body) // must not panic, whatever the body
 	}
 	return ""
 }

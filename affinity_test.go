@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/affinity"
 	"github.com/caddy-relay/relay/internal/memtest"
 )
 
@@ -47,7 +48,7 @@ func inspected(t *testing.T, body string) *cachePrefix {
 		t.Fatalf("inspect: %+v", rerr)
 	}
 	p := in.ask.prefix
-	if p == nil || !p.digest(42, "g", in.ask.model, in.ask.body) {
+	if p == nil || !p.Digest(42, "g", in.ask.model, in.ask.body) {
 		return nil
 	}
 	return p
@@ -55,7 +56,7 @@ func inspected(t *testing.T, body string) *cachePrefix {
 
 func TestPrefixDigestsFollowTheBreakpoints(t *testing.T) {
 	base := inspected(t, cachedBody(sharedSystem, userTurn("first question")))
-	if base == nil || base.nkeys != 1 || base.ttl1h[0] {
+	if base == nil || base.N != 1 || base.TTL1h[0] {
 		t.Fatalf("a system breakpoint: %+v", base)
 	}
 	longMessage := strings.Repeat("the file says this and that. ", 300)
@@ -75,29 +76,29 @@ func TestPrefixDigestsFollowTheBreakpoints(t *testing.T) {
 			t.Errorf("%s: no key", c.name)
 			continue
 		}
-		if got := p.keys[0] == base.keys[0]; got != c.same {
+		if got := p.Keys[0] == base.Keys[0]; got != c.same {
 			t.Errorf("%s: same key %v, want %v", c.name, got, c.same)
 		}
 	}
 
 	// a breakpoint on a message: two keys, the system's first
 	two := inspected(t, cachedBody(sharedSystem, `[{"role":"user","content":[{"type":"text","text":"`+longMessage+`","cache_control":{"type":"ephemeral","ttl":"1h"}}]}]`))
-	if two == nil || two.nkeys != 2 || two.keys[0] != base.keys[0] || two.ttl1h[0] || !two.ttl1h[1] {
+	if two == nil || two.N != 2 || two.Keys[0] != base.Keys[0] || two.TTL1h[0] || !two.TTL1h[1] {
 		t.Fatalf("system and message breakpoints: %+v", two)
 	}
 	// a tool result's content block may be marked too
 	nested := inspected(t, cachedBody(sharedSystem, `[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"`+longMessage+`","cache_control":{"type":"ephemeral"}}]}]}]`))
-	if nested == nil || nested.nkeys != 2 {
+	if nested == nil || nested.N != 2 {
 		t.Fatalf("a tool result's block: %+v", nested)
 	}
 	// automatic caching: the whole prompt
 	auto := inspected(t, cachedBody(sharedSystem, userTurn("q"), `"cache_control":{"type":"ephemeral"},`))
-	if auto == nil || auto.nkeys != 2 || auto.keys[0] != base.keys[0] {
+	if auto == nil || auto.N != 2 || auto.Keys[0] != base.Keys[0] {
 		t.Fatalf("a top-level cache_control: %+v", auto)
 	}
 	// a tool marked: the tools alone are too short to cache
 	tool := inspected(t, strings.Replace(cachedBody(sharedSystem, userTurn("q")), `"input_schema":{"type":"object"}`, `"input_schema":{"type":"object"},"cache_control":{"type":"ephemeral"}`, 1))
-	if tool == nil || tool.nkeys != 1 || tool.keys[0] == base.keys[0] {
+	if tool == nil || tool.N != 1 || tool.Keys[0] == base.Keys[0] {
 		t.Fatalf("a short tool breakpoint and the system's: %+v", tool)
 	}
 
@@ -134,27 +135,27 @@ func TestARequestWithoutBreakpointsHasNoPrefix(t *testing.T) {
 
 func TestAffinityTableExpiresAndRoutes(t *testing.T) {
 	p := inspected(t, cachedBody(sharedSystem, userTurn("q")))
-	tbl := newAffinityTable(1024)
+	tbl := affinity.NewTable(1024)
 	a, b := &channel{name: "a", priority: 1, weight: 1}, &channel{name: "b", priority: 1, weight: 1}
 	now := testNow
-	if ch, _ := tbl.warm(p, now); ch != "" {
+	if ch := tbl.Warm(&p.Prompt, now, nil); ch != "" {
 		t.Fatalf("an empty table has %q", ch)
 	}
-	tbl.record(p, "b", now)
-	if ch, _ := tbl.warm(p, now.Add(cacheTTL-time.Second)); ch != "b" {
+	tbl.Record(&p.Prompt, "b", now, nil)
+	if ch := tbl.Warm(&p.Prompt, now.Add(affinity.CacheTTL-time.Second), nil); ch != "b" {
 		t.Fatalf("warm on %q before its TTL, want b", ch)
 	}
-	if ch, _ := tbl.warm(p, now.Add(cacheTTL)); ch != "" {
+	if ch := tbl.Warm(&p.Prompt, now.Add(affinity.CacheTTL), nil); ch != "" {
 		t.Fatalf("warm on %q after its TTL", ch)
 	}
 	// a hit refreshes it, as the API refreshes its cache
-	tbl.record(p, "b", now.Add(4*time.Minute))
-	if ch, _ := tbl.warm(p, now.Add(8*time.Minute)); ch != "b" {
+	tbl.Record(&p.Prompt, "b", now.Add(4*time.Minute), nil)
+	if ch := tbl.Warm(&p.Prompt, now.Add(8*time.Minute), nil); ch != "b" {
 		t.Fatal("a refreshed record expired")
 	}
 
 	p.warm = "b"
-	sel := &selection{model: p.model}
+	sel := &selection{model: p.Model}
 	if ch := p.route([]*channel{a, b}, sel); ch != b || p.result != affinityWarm {
 		t.Fatalf("routed to %v (%s), want b warm", ch, p.result)
 	}
@@ -170,7 +171,7 @@ func TestAffinityTableExpiresAndRoutes(t *testing.T) {
 		t.Fatal("a fallback model went by the requested model's records")
 	}
 	p.warm = ""
-	sel.model = p.model
+	sel.model = p.Model
 	if ch := p.route([]*channel{a, b}, sel); ch != nil || p.result != affinityCold {
 		t.Fatalf("routed to %v (%s) without a record, want cold", ch, p.result)
 	}
@@ -181,20 +182,21 @@ func TestAffinityTableExpiresAndRoutes(t *testing.T) {
 // full table (the longest misses, the next hits) and the first pick's
 // routing among a tier of four channels. At most 2 µs.
 func BenchmarkAffinityLookup(b *testing.B) {
-	tbl := newAffinityTable(maxAffinityEntries)
+	tbl := affinity.NewTable(affinity.MaxEntries)
 	now := testNow
 	var mix uint64 = 0x9e3779b97f4a7c15
-	for i := range maxAffinityEntries {
-		tbl.set(keyOf(uint64(i)*mix, 5000+i), fmt.Sprintf("ch-%d", i%4), now.Add(time.Hour).UnixNano())
+	for i := range affinity.MaxEntries {
+		tbl.Set(affinity.KeyOf(uint64(i)*mix, 5000+i), fmt.Sprintf("ch-%d", i%4), now.Add(time.Hour).UnixNano())
 	}
-	p := &cachePrefix{nkeys: 3, model: "claude-sonnet-4-5"}
-	p.keys[0], p.keys[1], p.keys[2] = keyOf(1, 4100), keyOf(7*mix, 5007), keyOf(2, 90000)
+	p := &cachePrefix{}
+	p.N, p.Model = 3, "claude-sonnet-4-5"
+	p.Keys[0], p.Keys[1], p.Keys[2] = affinity.KeyOf(1, 4100), affinity.KeyOf(7*mix, 5007), affinity.KeyOf(2, 90000)
 	tier := []*channel{{name: "ch-0"}, {name: "ch-1"}, {name: "ch-2"}, {name: "ch-3"}}
-	sel := &selection{model: p.model}
+	sel := &selection{model: p.Model}
 	b.ReportAllocs()
 	b.ResetTimer()
 	for range b.N {
-		p.warm, _ = tbl.warm(p, now)
+		p.warm = tbl.Warm(&p.Prompt, now, nil)
 		if p.route(tier, sel) == nil {
 			b.Fatal("not warm")
 		}
@@ -247,7 +249,7 @@ func BenchmarkPrefixDigest(b *testing.B) {
 	b.SetBytes(int64(len(in.ask.body)))
 	b.ReportAllocs()
 	for range b.N {
-		if !p.digest(42, "g", in.ask.model, in.ask.body) {
+		if !p.Digest(42, "g", in.ask.model, in.ask.body) {
 			b.Fatal("no key")
 		}
 	}

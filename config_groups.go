@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/caddy-relay/relay/internal/features"
+	"github.com/caddy-relay/relay/internal/signatures"
 )
 
 // validate checks a group against the channels of its config.
@@ -126,8 +127,8 @@ func (ch *Channel) validate() error {
 	if err := ch.checkFeatures(); err != nil {
 		return err
 	}
-	if d := ch.SignatureDomain; d != "" && !validDomainName(d) {
-		return errAt([]string{"signature_domain"}, "signature_domain %q: letters, digits and - _ . : / @ only, at most %d characters", d, maxDomainLen)
+	if d := ch.SignatureDomain; d != "" && !signatures.ValidDomain(d) {
+		return errAt([]string{"signature_domain"}, "signature_domain %q: letters, digits and - _ . : / @ only, at most %d characters", d, signatures.MaxDomainLen)
 	}
 	if err := checkLimits(ch.Rate, ch.Tokens, ch.Concurrency); err != nil {
 		return err

@@ -8,8 +8,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/affinity"
 	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/caddy-relay/relay/internal/health"
+	"github.com/caddy-relay/relay/internal/signatures"
 	"github.com/caddyserver/caddy/v2"
 )
 
@@ -74,9 +76,9 @@ type member struct {
 	health *health.Shared
 
 	releases chan release       // given back off the request path
-	signed   chan signedEntry   // signatures this node learned, to publish (fleet_signatures.go)
+	signed   *signatures.Shared // the signatures this node learns, shared (internal/signatures)
 	spendNow chan struct{}      // asks for a sync of the spend
-	affinity chan affinityWrite // prompt-cache affinity records, to write (affinity_fleet.go)
+	affinity *affinity.Shared   // prompt-cache affinity records (internal/affinity)
 }
 
 // loadFleet returns the fleet of Redis config s, from the pool; the caller gives
@@ -110,15 +112,15 @@ func newFleet(ctx caddy.Context, s *FleetRedis) (*member, error) {
 		now:       time.Now,
 		health:    health.NewShared(c),
 		releases:  make(chan release, 4096),
-		signed:    make(chan signedEntry, 1024),
+		signed:    signatures.NewShared(c, signatures.Learned),
 		spendNow:  make(chan struct{}, 1),
-		affinity:  make(chan affinityWrite, 4096),
+		affinity:  affinity.NewShared(c),
 	}
 	f.holdLeases = map[leaseRef]struct{}{}
 	f.slotDelay.Store(int64(defaultSlotDelay))
 	f.slotEvery.Store(int64(min(defaultSlotEvery, f.Lease)))
 	c.ReportBlocks(func() []fleet.Block { return f.blockInfos(f.now()) })
-	for _, run := range []func(context.Context){f.renewLeases, f.giveBack, c.Heartbeat, f.publishSignatures, f.subscribeSignatures, f.syncSpend, f.expireBlocks, f.giveBackSlots, f.writeAffinity} {
+	for _, run := range []func(context.Context){f.renewLeases, f.giveBack, c.Heartbeat, f.syncSpend, f.expireBlocks, f.giveBackSlots} {
 		c.Go(run)
 	}
 	return f, nil

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/affinity"
 	"github.com/caddy-relay/relay/internal/idle"
 	"github.com/caddyserver/caddy/v2"
 )
@@ -150,7 +151,7 @@ type group struct {
 	spend          *spendAccount // what the group spent, and its budgets
 	capped         bool          // a channel of it has a spend cap
 	affinity       bool          // prompt-cache affinity is on (affinity.go)
-	table          *affinityTable
+	table          *affinity.Table
 	stripThinking  bool // thinking_failover strip
 	// signers: who signed a request's thinking blocks can change where it
 	// goes (its channels span several signature domains, or it strips),
@@ -262,7 +263,7 @@ type groupState struct {
 	cache  *responseCache // the last config's, kept while its settings stay
 	// affinity is its prompt-cache affinity records, made at the first
 	// config that turns it on
-	affinity *affinityTable
+	affinity *affinity.Table
 	// spend is the group's spend account (spend_scopes.go), for the status
 	// page
 	spend atomic.Pointer[spendAccount]

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/caddy-relay/relay/internal/affinity"
 	"github.com/caddy-relay/relay/internal/features"
 	"github.com/caddy-relay/relay/internal/jsonscan"
 	"github.com/go-json-experiment/json/jsontext"
@@ -66,7 +67,7 @@ func (in *inbound) inspect() *relayError {
 				return errBodyJSON(err)
 			}
 			if in.ask.prefix != nil {
-				in.ask.prefix.noteSpan(sectTools, start, sc.InputOffset())
+				in.ask.prefix.NoteSpan(affinity.SectTools, start, sc.InputOffset())
 			}
 		case field == "messages" && k == '[' && in.walksMessages():
 			// one walk for every feature that reads the conversation
@@ -225,7 +226,7 @@ func (in *inbound) scanTools(sc *jsonscan.Scanner) error {
 			in.ask.searches += webSearchUses(maxUses)
 		}
 		if marked {
-			in.ask.prefix.mark(sectTools, sc.InputOffset(), long)
+			in.ask.prefix.Mark(affinity.SectTools, sc.InputOffset(), long)
 		}
 	}
 }

@@ -1,6 +1,10 @@
 package relay
 
-import "github.com/caddy-relay/relay/internal/jsonscan"
+import (
+	"github.com/caddy-relay/relay/internal/affinity"
+	"github.com/caddy-relay/relay/internal/jsonscan"
+	"github.com/caddy-relay/relay/internal/signatures"
+)
 
 // The one walk of a Messages request's `messages`, in inspect's strict
 // pass. Three features read the conversation, and each reads it here, in
@@ -23,7 +27,7 @@ import "github.com/caddy-relay/relay/internal/jsonscan"
 // walksMessages reports whether a feature reads the request's
 // conversation.
 func (in *inbound) walksMessages() bool {
-	return in.route == routeMessages && (in.ask.prefix != nil || in.wantsLoop() || signatures.some.Load())
+	return in.route == routeMessages && (in.ask.prefix != nil || in.wantsLoop() || signatures.Learned.Some())
 }
 
 // messageWalk is what the walk notes, for the features that asked.
@@ -56,7 +60,7 @@ func (in *inbound) scanMessages(sc *jsonscan.Scanner) error {
 		}
 	}
 	if w.prefix != nil {
-		w.prefix.noteSpan(sectMessages, start, sc.InputOffset())
+		w.prefix.NoteSpan(affinity.SectMessages, start, sc.InputOffset())
 	}
 	if w.loop {
 		in.ask.loop = loopDigest(&w.turns[w.turn^1], &w.turns[w.turn])
@@ -106,7 +110,7 @@ func (w *messageWalk) message(sc *jsonscan.Scanner, in *inbound) error {
 		}
 	}
 	if marked && w.prefix != nil {
-		w.prefix.mark(sectMessages, sc.InputOffset(), long)
+		w.prefix.Mark(affinity.SectMessages, sc.InputOffset(), long)
 	}
 	return nil
 }
@@ -175,7 +179,7 @@ func (w *messageWalk) blocks(sc *jsonscan.Scanner, in *inbound, depth int) error
 			}
 		}
 		if marked && w.prefix != nil {
-			w.prefix.mark(sectMessages, sc.InputOffset(), long)
+			w.prefix.Mark(affinity.SectMessages, sc.InputOffset(), long)
 		}
 		if depth != 1 {
 			continue

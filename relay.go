@@ -27,6 +27,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/affinity"
 	"github.com/caddy-relay/relay/internal/ledger"
 	"github.com/caddy-relay/relay/internal/owners"
 	"github.com/caddy-relay/relay/internal/resourceid"
@@ -226,7 +227,7 @@ type Relay struct {
 	graceTimer    func(time.Duration, func()) *time.Timer // time.AfterFunc; a test's, to end the grace itself
 	rand          randIntN
 	now           func() time.Time
-	affinity      *affinitySeed // keys the digests of prompt prefixes (affinity_table.go)
+	affinity      *affinity.Seed // keys the digests of prompt prefixes (affinity.go)
 }
 
 const (
@@ -304,7 +305,7 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("resource_secret: %w", err)
 	}
 	r.secret = secret
-	r.affinity = new(affinitySeed)
+	r.affinity = new(affinity.Seed)
 	r.owners = owners.New(r.fleetClient(), r.storage, func() time.Time { return r.now() })
 	spend.use(ctx, r.logger)
 	r.held.addSpendStore()

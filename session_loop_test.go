@@ -163,7 +163,7 @@ func TestOneWalkServesEveryReader(t *testing.T) {
 	if rerr := in.inspect(); rerr != nil {
 		t.Fatal(rerr.msg)
 	}
-	if in.ask.prefix == nil || in.ask.prefix.n != 1 {
+	if in.ask.prefix == nil || in.ask.prefix.Breakpoints() != 1 {
 		t.Fatalf("prefix = %+v, want one breakpoint (in a tool result's content)", in.ask.prefix)
 	}
 	if in.ask.thinking.signed != 1 || in.ask.thinking.signer != "one-walk-domain" {

@@ -5,13 +5,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 
 	"github.com/caddy-relay/relay/internal/jsonscan"
+	"github.com/caddy-relay/relay/internal/signatures"
 	"github.com/caddy-relay/relay/provider"
-	"github.com/cespare/xxhash/v2"
-	"github.com/hashicorp/golang-lru/v2/simplelru"
 	"github.com/tidwall/gjson"
 )
 
@@ -24,14 +21,15 @@ import (
 //
 // A signature does not say who made it, so the relay learns it: each
 // signature of an answer it passes to a client is remembered with the
-// domain of the channel that answered, in a bounded table. A request whose
-// thinking blocks the table knows goes to channels of their domain; a
-// channel of another domain is a candidate only in a group with
-// `thinking_failover strip`, which sends it the body without the thinking
-// blocks it did not sign. A signer the table does not know (a garbage
-// signature, or one from before a restart) routes as any request: the
-// relay prefers nothing, removes nothing, and an upstream that refuses it
-// answers the client with its own 400, which cools nothing.
+// domain of the channel that answered, in a bounded table
+// (internal/signatures). A request whose thinking blocks the table knows
+// goes to channels of their domain; a channel of another domain is a
+// candidate only in a group with `thinking_failover strip`, which sends it
+// the body without the thinking blocks it did not sign. A signer the table
+// does not know (a garbage signature, or one from before a restart) routes
+// as any request: the relay prefers nothing, removes nothing, and an
+// upstream that refuses it answers the client with its own 400, which cools
+// nothing.
 
 // thinkingFailoverStrip is the group's `thinking_failover` that lets a
 // signed conversation cross domains, its foreign thinking removed.
@@ -46,24 +44,6 @@ const featThinkingSignature = "thinking_signature"
 // signer's domain is left (shared: nothing writes it).
 var missingSignature = []string{featThinkingSignature}
 
-// maxDomainLen bounds a configured signature domain's name.
-const maxDomainLen = 128
-
-// validDomainName reports whether s may name a signature domain.
-func validDomainName(s string) bool {
-	if s == "" || len(s) > maxDomainLen {
-		return false
-	}
-	for _, c := range []byte(s) {
-		switch {
-		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', strings.IndexByte("-_.:/@", c) >= 0:
-		default:
-			return false
-		}
-	}
-	return true
-}
-
 // signatureDomain is a channel's signature domain: its config's, else its
 // provider's name with its credential's account (provider.AccountNamer),
 // else a domain of its own.
@@ -77,65 +57,6 @@ func signatureDomain(cfg *Channel, ch *channel) string {
 		}
 	}
 	return ch.providerName() + ":channel:" + cfg.Name
-}
-
-// maxSignatures bounds the signatures remembered, process-wide; the
-// oldest learned go first. A long Claude Code session carries one per
-// turn, and each turn's answer brings new ones to learn.
-const maxSignatures = 100_000
-
-// signatureTable maps the digest of a signature to the domain of the
-// channel whose answer carried it. It is process-wide, as the sessions it
-// serves outlive a config reload, and holds no secret: a digest and a
-// domain's name.
-//
-// Every block of every request that carries signed thinking is looked up,
-// and a request may carry tens of thousands: a lookup only reads (Peek,
-// under the read lock), so one tenant's blocks never queue another's; the
-// oldest learned signature is the first forgotten.
-type signatureTable struct {
-	mu  sync.RWMutex
-	lru *simplelru.LRU[uint64, string]
-	// some: it has learned a signature; until then no request's signer
-	// can be known, and inspect does not read them
-	some atomic.Bool
-}
-
-var signatures = newSignatureTable(maxSignatures)
-
-func newSignatureTable(size int) *signatureTable {
-	lru, _ := simplelru.NewLRU[uint64, string](size, nil)
-	return &signatureTable{lru: lru}
-}
-
-// learn remembers that domain signed the signature whose digest is d.
-func (t *signatureTable) learn(d uint64, domain string) {
-	t.mu.Lock()
-	t.lru.Add(d, domain)
-	t.mu.Unlock()
-	if !t.some.Load() {
-		t.some.Store(true)
-	}
-}
-
-// domainOf is the domain that signed the signature whose digest is d; ""
-// when the table does not know it.
-func (t *signatureTable) domainOf(d uint64) string {
-	t.mu.RLock()
-	domain, _ := t.lru.Peek(d)
-	t.mu.RUnlock()
-	return domain
-}
-
-// signatureDigest is the digest of a raw JSON string holding a signature:
-// of its content, unescaped, so the signature an answer carried and the one
-// a client sends back digest alike whichever way a JSON encoder wrote it.
-func signatureDigest(raw []byte) uint64 {
-	inner := raw[1 : len(raw)-1]
-	if bytes.IndexByte(inner, '\\') >= 0 {
-		return xxhash.Sum64(jsonscan.AppendUnquote(nil, raw))
-	}
-	return xxhash.Sum64(inner)
 }
 
 // thinkingAsk is what a request's body says of thinking: whether it asks
@@ -156,7 +77,7 @@ func (t *thinkingAsk) block(typ, sig, data []byte) {
 		return
 	}
 	t.signed++
-	if d := signatures.domainOf(signatureDigest(raw)); d != "" {
+	if d := signatures.Learned.DomainOf(signatures.Digest(raw)); d != "" {
 		if t.signer != "" && t.signer != d {
 			t.mixed = true
 		}
@@ -268,11 +189,11 @@ func learnRaw(raw string, ch *channel) {
 	if len(raw) <= 2 || raw[0] != '"' {
 		return
 	}
-	d := signatureDigest([]byte(raw))
-	signatures.learn(d, ch.domain)
+	var shared *signatures.Shared
 	if f := ch.health.fleet.Load(); f != nil {
-		f.share(signedEntry{d, ch.domain})
+		shared = f.signed
 	}
+	signatures.Learned.Learn(signatures.Digest([]byte(raw)), ch.domain, shared)
 }
 
 // errThinkingSignature answers a request whose thinking blocks were signed
@@ -536,7 +457,7 @@ func (st *stripper) content() (blocks []element, tool bool, err error) {
 		}
 		b := element{span: span{start, sc.InputOffset()}}
 		if raw := signedPart(typ, sig, data); raw != nil {
-			b.drop = signatures.domainOf(signatureDigest(raw)) != st.domain
+			b.drop = signatures.Learned.DomainOf(signatures.Digest(raw)) != st.domain
 		} else if jsonscan.KindOf(typ) == '"' && unquoteJSON(typ) == "thinking" {
 			b.drop = true // an unsigned thinking block: no upstream verifies it
 		}

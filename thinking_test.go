@@ -7,11 +7,13 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/caddy-relay/relay/internal/signatures"
 )
 
 // learnSig makes the signature table know that domain signed sig.
 func learnSig(sig, domain string) {
-	signatures.learn(signatureDigest([]byte(`"`+sig+`"`)), domain)
+	signatures.Learned.Learn(signatures.Digest([]byte(`"`+sig+`"`)), domain, nil)
 }
 
 func TestStripThinkingRemovesWhatTheTargetDidNotSign(t *testing.T) {
