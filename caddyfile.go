@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/caddy-relay/relay/internal/suggest"
 	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/caddy/v2"
@@ -332,11 +333,11 @@ func (r *Relay) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if r.Fleet != nil {
 				return d.Err("storage is given twice")
 			}
-			s, err := parseFleet(d)
+			rs, err := fleet.ParseCaddyfile(d)
 			if err != nil {
 				return err
 			}
-			r.Fleet = s
+			r.Fleet = &Fleet{Redis: rs}
 		default:
 			return d.Errf("unrecognized relay option %q%s", opt, suggest.DidYouMean(opt, relayOptions, tuningNames()))
 		}
