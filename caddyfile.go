@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fleet"
+	"github.com/caddy-relay/relay/internal/ledger"
 	"github.com/caddy-relay/relay/internal/suggest"
 	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/caddy/v2"
@@ -322,13 +323,17 @@ func (r *Relay) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 		case "ledger":
-			if err := parseLedger(d, r); err != nil {
+			l, err := ledger.ParseCaddyfile(d, r.Ledger)
+			if err != nil {
 				return err
 			}
+			r.Ledger = l
 		case "ledger_retention":
-			if err := parseLedgerRetention(d, r); err != nil {
+			l, err := ledger.ParseRetentionCaddyfile(d, r.Ledger)
+			if err != nil {
 				return err
 			}
+			r.Ledger = l
 		case "storage":
 			if r.Fleet != nil {
 				return d.Err("storage is given twice")
