@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/fleet"
+	"github.com/caddy-relay/relay/internal/ledger"
 	"github.com/caddy-relay/relay/internal/suggest"
 	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/caddy/v2"
@@ -321,22 +323,26 @@ func (r *Relay) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 		case "ledger":
-			if err := parseLedger(d, r); err != nil {
+			l, err := ledger.ParseCaddyfile(d, r.Ledger)
+			if err != nil {
 				return err
 			}
+			r.Ledger = l
 		case "ledger_retention":
-			if err := parseLedgerRetention(d, r); err != nil {
+			l, err := ledger.ParseRetentionCaddyfile(d, r.Ledger)
+			if err != nil {
 				return err
 			}
+			r.Ledger = l
 		case "storage":
 			if r.Fleet != nil {
 				return d.Err("storage is given twice")
 			}
-			s, err := parseFleet(d)
+			rs, err := fleet.ParseCaddyfile(d)
 			if err != nil {
 				return err
 			}
-			r.Fleet = s
+			r.Fleet = &Fleet{Redis: rs}
 		default:
 			return d.Errf("unrecognized relay option %q%s", opt, suggest.DidYouMean(opt, relayOptions, tuningNames()))
 		}

@@ -1,6 +1,11 @@
 package relay
 
-import "github.com/caddy-relay/relay/internal/ledger"
+import (
+	"strconv"
+
+	"github.com/caddy-relay/relay/internal/ledger"
+	"go.uber.org/zap"
+)
 
 // held is what one config took from the process-wide pools: the entries of
 // each caddy.UsagePool it holds a reference to, and the spend store. A
@@ -87,4 +92,22 @@ func (h *held) release(r *Relay) {
 		_, _ = decodeBudgets.Delete(h.decode)
 	}
 	*h = held{released: true}
+}
+
+// What the relay says when a config loads: one line per relay handler with
+// what it loaded, so that a first start is not silent (a status page says
+// where it listens).
+
+// logReady logs what r loaded.
+func (r *Relay) logReady() {
+	r.logger.Info("relay ready: "+count(len(r.Channels), "channel")+", "+count(len(r.groups), "group")+", "+count(len(r.keys), "key"),
+		zap.Int("channels", len(r.Channels)), zap.Int("groups", len(r.groups)), zap.Int("keys", len(r.keys)))
+}
+
+// count is "1 key", "3 keys".
+func count(n int, noun string) string {
+	if n != 1 {
+		noun += "s"
+	}
+	return strconv.Itoa(n) + " " + noun
 }

@@ -1,4 +1,4 @@
-package relay
+package fleet
 
 import (
 	"cmp"
@@ -10,15 +10,16 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 )
 
-// parseFleet parses `storage redis { ... }`.
-func parseFleet(d *caddyfile.Dispenser) (*Fleet, error) {
+// ParseCaddyfile parses `storage redis { ... }`, the Dispenser on
+// `storage`, into the Redis config it names.
+func ParseCaddyfile(d *caddyfile.Dispenser) (*Config, error) {
 	if !d.NextArg() {
 		return nil, d.ArgErr()
 	}
 	if d.Val() != "redis" {
 		return nil, d.Errf("storage %q is not known: the relay keeps shared state in redis", d.Val())
 	}
-	rs := new(FleetRedis)
+	rs := new(Config)
 	var lease, timeout caddy.Duration
 	o := provider.Options{
 		Strings:   map[string]*string{"master_name": &rs.MasterName, "username": &rs.Username, "password": &rs.Password, "prefix": &rs.Prefix, "on_error": &rs.OnError},
@@ -31,7 +32,7 @@ func parseFleet(d *caddyfile.Dispenser) (*Fleet, error) {
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		if d.Val() == "tls" {
-			t, err := parseFleetTLS(d)
+			t, err := parseTLS(d)
 			if err != nil {
 				return nil, err
 			}
@@ -46,13 +47,13 @@ func parseFleet(d *caddyfile.Dispenser) (*Fleet, error) {
 	if err := rs.Validate(); err != nil {
 		return nil, d.Err(err.Error())
 	}
-	return &Fleet{Redis: rs}, nil
+	return rs, nil
 }
 
-// parseFleetTLS parses `tls`, alone or with a block of Caddy's TLS
+// parseTLS parses `tls`, alone or with a block of Caddy's TLS
 // client options as reverse_proxy names them without their tls_ prefix:
 // server_name, trust_pool, client_auth, insecure_skip_verify.
-func parseFleetTLS(d *caddyfile.Dispenser) (*reverseproxy.TLSConfig, error) {
+func parseTLS(d *caddyfile.Dispenser) (*reverseproxy.TLSConfig, error) {
 	t := new(reverseproxy.TLSConfig)
 	if d.NextArg() {
 		return nil, d.ArgErr()
