@@ -99,8 +99,10 @@ func TestAllocationOfTheLedger(t *testing.T) {
 	// benchmark (see allocTolerance); a row kept on the heap would be ~300.
 	// Allocations are compared before truncation (a row on the heap is one
 	// more a request): 163.97 and 164.02 are the same count, which the
-	// whole numbers said was 163 against 164 once on a loaded machine.
-	if on.perOp > off.perOp+0.5 || float64(on.bytes) > float64(off.bytes)*1.005 {
+	// whole numbers said was 163 against 164 once on a loaded machine; and
+	// on a loaded machine the two runs drift apart by up to 0.6 (163.40
+	// against 163.98, the pools' misses), so the bound is under one whole.
+	if on.perOp > off.perOp+0.9 || float64(on.bytes) > float64(off.bytes)*1.005 {
 		t.Errorf("a request allocates %.2f times, %d B, with the ledger; %.2f times, %d B, without", on.perOp, on.bytes, off.perOp, off.bytes)
 	}
 }
