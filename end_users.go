@@ -66,7 +66,7 @@ func (s *keyState) endUser(id string, now time.Time) *limiter {
 		l := new(limiter)
 		if sp := s.endUserSpec.Load(); sp != nil {
 			l.configure(sp.limits, now)
-			l.share(sp.fleet, endUserTag(id))
+			l.share(sp.fleet.limitsOf(), endUserTag(id))
 		}
 		return l
 	})
@@ -92,7 +92,7 @@ func (s *keyState) configureEndUsers(sp stateSpec, now time.Time) {
 	s.mu.Unlock()
 	c.each(func(id string, l *limiter) {
 		l.configure(sp.limits, now)
-		l.share(sp.fleet, endUserTag(id))
+		l.share(sp.fleet.limitsOf(), endUserTag(id))
 	})
 }
 

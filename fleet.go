@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"strings"
 	"sync"
-	"sync/atomic"
-	"time"
 
 	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/caddyserver/caddy/v2"
@@ -38,37 +36,12 @@ type member struct {
 	// background work (internal/fleet)
 	*fleet.Client
 
-	leaseMu sync.Mutex
-	leases  map[leaseRef]struct{} // slots this node holds, renewed until given back
+	// limits is the limits this relay shares with the fleet: leases,
+	// blocks of large limits, slots, and what is given back
+	limits *limitsShared
 
-	// holdLeases are its requests' holds of budgets, renewed until their
-	// cost is added to the fleet's spend (guarded by leaseMu)
-	holdLeases map[leaseRef]struct{}
-	spendMu    sync.Mutex // one spend sync at a time
+	spendMu sync.Mutex // one spend sync at a time
 
-	// blocks are the sharedLimits of which this node holds a block of a
-	// large limit (fleet_leases.go); blocksNew wakes the worker that ends
-	// them when their lease runs out
-	blocksMu  sync.Mutex
-	blocks    map[*sharedLimit]struct{}
-	blocksNew chan struct{}
-	// noLeases takes no blocks: every limit is asked of Redis at every
-	// request (for tests and benchmarks that compare)
-	noLeases atomic.Bool
-	now      func() time.Time // the clock blocks' leases end by
-
-	// slots are concurrency slots freed on this relay and not given back
-	// yet: the next admission carries them, or giveBackSlots after
-	// slotDelay; slotsNew wakes it
-	slotsMu   sync.Mutex
-	slots     []leaseRef
-	slotsNew  chan struct{}
-	slotDelay atomic.Int64 // ns
-	// slotEvery is how long a node keeps the slots its requests' peak
-	// needed before it gives back the rest (fleet_slots.go), in ns
-	slotEvery atomic.Int64
-
-	releases chan release       // given back off the request path
 	publish  chan healthChange  // health changes of this node, to publish
 	signed   chan signedEntry   // signatures this node learned, to publish (fleet_signatures.go)
 	resync   chan struct{}      // asks for a sync of every shared channel's health
@@ -99,25 +72,16 @@ func newFleet(ctx caddy.Context, s *FleetRedis) (*member, error) {
 		return nil, err
 	}
 	f := &member{
-		Client:    c,
-		leases:    map[leaseRef]struct{}{},
-		blocks:    map[*sharedLimit]struct{}{},
-		blocksNew: make(chan struct{}, 1),
-		slotsNew:  make(chan struct{}, 1),
-		now:       time.Now,
-		releases:  make(chan release, 4096),
-		publish:   make(chan healthChange, 1024),
-		signed:    make(chan signedEntry, 1024),
-		resync:    make(chan struct{}, 1),
-		spendNow:  make(chan struct{}, 1),
-		affinity:  make(chan affinityWrite, 4096),
+		Client:   c,
+		limits:   newLimitsShared(c),
+		publish:  make(chan healthChange, 1024),
+		signed:   make(chan signedEntry, 1024),
+		resync:   make(chan struct{}, 1),
+		spendNow: make(chan struct{}, 1),
+		affinity: make(chan affinityWrite, 4096),
 	}
-	f.holdLeases = map[leaseRef]struct{}{}
-	f.slotDelay.Store(int64(defaultSlotDelay))
-	f.slotEvery.Store(int64(min(defaultSlotEvery, f.Lease)))
 	c.OnUp(f.resyncSoon)
-	c.ReportBlocks(func() []fleet.Block { return f.blockInfos(f.now()) })
-	for _, run := range []func(context.Context){f.renewLeases, f.giveBack, c.Heartbeat, f.publishHealth, f.subscribeHealth, f.publishSignatures, f.subscribeSignatures, f.syncSpend, f.expireBlocks, f.giveBackSlots, f.writeAffinity} {
+	for _, run := range []func(context.Context){c.Heartbeat, f.publishHealth, f.subscribeHealth, f.publishSignatures, f.subscribeSignatures, f.syncSpend, f.writeAffinity} {
 		c.Go(run)
 	}
 	return f, nil
@@ -133,25 +97,16 @@ func newFleet(ctx caddy.Context, s *FleetRedis) (*member, error) {
 func (f *member) Destruct() error {
 	f.Stop()
 	f.flushSpend()
-	f.endBlocks(f.now(), true)
-	var rest []release
-	for len(f.releases) > 0 {
-		rest = append(rest, <-f.releases)
-	}
-	if len(rest) > 0 {
-		f.flush(rest)
-	}
-	f.flushSlots()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	f.leaseMu.Lock()
-	pipe := f.Redis.Pipeline()
-	for l := range f.leases {
-		pipe.ZRem(ctx, l.set, l.id)
-	}
-	f.leaseMu.Unlock()
-	_, _ = pipe.Exec(ctx)
+	f.limits.flushAll()
 	return f.Close()
+}
+
+// limitsOf is the limits the fleet f keeps (nil f: none).
+func (f *member) limitsOf() *limitsShared {
+	if f == nil {
+		return nil
+	}
+	return f.limits
 }
 
 // Interface guards

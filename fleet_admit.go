@@ -11,6 +11,16 @@ import "time"
 // all, fleet_leases.go). A request answered without an attempt (a cached
 // answer, another request's) is admitted against them on its own first.
 
+// takeAll admits one request against the limiters of asks and its holds
+// (hs; nil: none), all or nothing (takeAllLimits); ans says why the holds
+// were not taken.
+func takeAll(now time.Time, asks []ask, hs *holds) (refused int, scope limitScope, wait time.Duration, ans holdAnswer) {
+	if hs == nil {
+		return takeAllLimits[holdAnswer](now, asks, nil)
+	}
+	return takeAllLimits[holdAnswer](now, asks, hs)
+}
+
 // admitFirst admits the request's attempt on ch, and with it its key's
 // and end user's limits when they are pending and its holds (hs; nil:
 // none), all or nothing. rerr answers a request its key's or its end

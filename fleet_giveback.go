@@ -70,7 +70,7 @@ const (
 
 // pendSlots queues slots freed on this relay, to be given back with the
 // next admission or by the worker.
-func (f *member) pendSlots(ls ...leaseRef) {
+func (f *limitsShared) pendSlots(ls ...leaseRef) {
 	if len(ls) == 0 {
 		return
 	}
@@ -84,7 +84,7 @@ func (f *member) pendSlots(ls ...leaseRef) {
 }
 
 // takeSlots takes at most n of the slots freed and not yet given back.
-func (f *member) takeSlots(n int) []leaseRef {
+func (f *limitsShared) takeSlots(n int) []leaseRef {
 	f.slotsMu.Lock()
 	defer f.slotsMu.Unlock()
 	if len(f.slots) == 0 {
@@ -98,7 +98,7 @@ func (f *member) takeSlots(n int) []leaseRef {
 
 // giveBackSlots gives back, slotDelay after they were freed, the slots no
 // admission carried, until ctx ends.
-func (f *member) giveBackSlots(ctx context.Context) {
+func (f *limitsShared) giveBackSlots(ctx context.Context) {
 	t := time.NewTimer(time.Duration(f.slotDelay.Load()))
 	defer t.Stop()
 	for {
@@ -119,7 +119,7 @@ func (f *member) giveBackSlots(ctx context.Context) {
 
 // flushSlots gives back every slot freed and not given back yet, in one
 // round trip.
-func (f *member) flushSlots() {
+func (f *limitsShared) flushSlots() {
 	slots := f.takeSlots(math.MaxInt)
 	if len(slots) == 0 {
 		return
@@ -142,7 +142,7 @@ func (s *sharedLimit) queue(r release) { s.f.queueRelease(r) }
 
 // queueRelease hands r to the worker that gives back to Redis, or sends
 // it on the caller's time when the worker is behind by a full queue.
-func (f *member) queueRelease(r release) {
+func (f *limitsShared) queueRelease(r release) {
 	select {
 	case f.releases <- r:
 	default:
@@ -175,7 +175,7 @@ func blockRelease(s *sharedLimit, requests, emission, tokens, perMs, burst float
 
 // hold records a lease this node renews until it is given back: a
 // concurrency slot, or a request's hold of a budget (held).
-func (f *member) hold(l leaseRef, held bool) {
+func (f *limitsShared) hold(l leaseRef, held bool) {
 	f.leaseMu.Lock()
 	if held {
 		f.holdLeases[l] = struct{}{}
@@ -186,7 +186,7 @@ func (f *member) hold(l leaseRef, held bool) {
 }
 
 // drop stops renewing a lease.
-func (f *member) drop(l leaseRef, held bool) {
+func (f *limitsShared) drop(l leaseRef, held bool) {
 	f.leaseMu.Lock()
 	if held {
 		delete(f.holdLeases, l)
@@ -198,7 +198,7 @@ func (f *member) drop(l leaseRef, held bool) {
 
 // giveBack pipelines the queued releases to Redis, as many at once as have
 // queued, until ctx ends.
-func (f *member) giveBack(ctx context.Context) {
+func (f *limitsShared) giveBack(ctx context.Context) {
 	batch := make([]release, 0, 256)
 	for {
 		select {
@@ -223,7 +223,7 @@ func (f *member) giveBack(ctx context.Context) {
 // flush gives back a batch in one round trip. What Redis does not take
 // expires: a lease within its lease time, a token correction never (the
 // bucket is as if the estimate had been right).
-func (f *member) flush(batch []release) {
+func (f *limitsShared) flush(batch []release) {
 	_ = f.Background("release", func(ctx context.Context) error {
 		_, err := f.Redis.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 			for _, r := range batch {
@@ -248,14 +248,14 @@ func (f *member) flush(batch []release) {
 
 // renewLeases moves the expiry of every lease this node holds, every third
 // of the lease time, until ctx ends.
-func (f *member) renewLeases(ctx context.Context) {
+func (f *limitsShared) renewLeases(ctx context.Context) {
 	every(ctx, f.Lease/3, nil, f.renew)
 }
 
 // renew moves the expiry of every lease this node holds: its concurrency
 // slots (its blocks' too) and its requests' holds; and confirms that
 // Redis still holds its blocks of slots.
-func (f *member) renew() {
+func (f *limitsShared) renew() {
 	bySet := map[string][]any{}
 	f.leaseMu.Lock()
 	for l := range f.leases {

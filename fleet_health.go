@@ -129,7 +129,7 @@ return out
 // relay's own). Limits are kept in Redis only when the channel has some.
 func (h *channelHealth) share(f *member) {
 	h.fleet.Store(f)
-	h.limits.share(f, tag("c:", h.name))
+	h.limits.share(f.limitsOf(), tag("c:", h.name))
 	if f != nil {
 		f.resyncSoon()
 	}

@@ -95,7 +95,7 @@ func (b *block) end(next *uint64) float64 {
 // blockSize is the block of a limit of n a period this node takes, or 0
 // when the limit is not leased: too small a share, or the number of
 // relays up not known yet.
-func (f *member) blockSize(n float64, least int64) int64 {
+func (f *limitsShared) blockSize(n float64, least int64) int64 {
 	if f.noLeases.Load() {
 		return 0
 	}
@@ -111,13 +111,13 @@ func (f *member) blockSize(n float64, least int64) int64 {
 }
 
 // blockLease is how long a block of a limit of period lasts.
-func (f *member) blockLease(period time.Duration) time.Duration {
+func (f *limitsShared) blockLease(period time.Duration) time.Duration {
 	return min(max(period/leaseShare, minBlockLease), f.Lease)
 }
 
 // leaseBlocks records that s holds a block, for the worker that ends
 // blocks whose lease ran out.
-func (f *member) leaseBlocks(s *sharedLimit) {
+func (f *limitsShared) leaseBlocks(s *sharedLimit) {
 	f.blocksMu.Lock()
 	f.blocks[s] = struct{}{}
 	f.blocksMu.Unlock()
@@ -129,7 +129,7 @@ func (f *member) leaseBlocks(s *sharedLimit) {
 
 // expireBlocks ends the blocks whose lease ran out and gives back what is
 // left of them, off the request's path, until ctx ends.
-func (f *member) expireBlocks(ctx context.Context) {
+func (f *limitsShared) expireBlocks(ctx context.Context) {
 	t := time.NewTimer(time.Hour)
 	defer t.Stop()
 	for {
@@ -151,7 +151,7 @@ func (f *member) expireBlocks(ctx context.Context) {
 // endBlocks ends the blocks whose lease ended at now (every block, with
 // all set) and queues what is left of them to be given back; it returns
 // the earliest end of the blocks still held (zero: none).
-func (f *member) endBlocks(now time.Time, all bool) time.Time {
+func (f *limitsShared) endBlocks(now time.Time, all bool) time.Time {
 	f.blocksMu.Lock()
 	list := make([]*sharedLimit, 0, len(f.blocks))
 	for s := range f.blocks {
@@ -250,7 +250,7 @@ const maxBlockInfos = 100
 
 // blockInfos lists the blocks this node holds, the largest errors first,
 // at most maxBlockInfos.
-func (f *member) blockInfos(now time.Time) []fleet.Block {
+func (f *limitsShared) blockInfos(now time.Time) []fleet.Block {
 	f.blocksMu.Lock()
 	list := make([]*sharedLimit, 0, len(f.blocks))
 	for s := range f.blocks {
@@ -286,7 +286,7 @@ func (f *member) blockInfos(now time.Time) []fleet.Block {
 }
 
 // wallTime is the wall-clock time of t, a time on the clock of now, in UTC.
-func (f *member) wallTime(now, t time.Time) time.Time {
+func (f *limitsShared) wallTime(now, t time.Time) time.Time {
 	return time.Now().Add(t.Sub(now)).UTC().Truncate(time.Millisecond)
 }
 

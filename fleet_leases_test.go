@@ -39,7 +39,7 @@ func TestHeartbeatsCountTheRelaysUp(t *testing.T) {
 	defer rdb.Close()
 	ctx := context.Background()
 	f := &member{Client: &fleet.Client{Prefix: "beat:", Lease: fleet.DefaultLease}}
-	if f.blockSize(6000, minRateBlock) != 0 {
+	if f.limits.blockSize(6000, minRateBlock) != 0 {
 		t.Fatal("a block was sized before the relays up were known")
 	}
 	f = testFleet(t, srv.Addr, "beat:", 0)
@@ -51,13 +51,13 @@ func TestHeartbeatsCountTheRelaysUp(t *testing.T) {
 	if up := f.NodesUp.Load(); up != 3 {
 		t.Fatalf("%d relays up, want 3: this one and the two seen in the last %v", up, fleet.NodeGoneAfter)
 	}
-	if b := f.blockSize(6000, minRateBlock); b != 200 {
+	if b := f.limits.blockSize(6000, minRateBlock); b != 200 {
 		t.Fatalf("a block of 6000/m for 3 relays: %d, want 200", b)
 	}
-	if b := f.blockSize(299, minRateBlock); b != 0 {
+	if b := f.limits.blockSize(299, minRateBlock); b != 0 {
 		t.Fatalf("a limit of 299 for 3 relays (blocks of 9) is leased in blocks of %d, want none", b)
 	}
-	if b := f.blockSize(299_999, minTokenBlock); b != 0 {
+	if b := f.limits.blockSize(299_999, minTokenBlock); b != 0 {
 		t.Fatalf("tokens of 299,999 for 3 relays are leased in blocks of %d, want none", b)
 	}
 }
@@ -158,7 +158,7 @@ func TestALargeLimitStaysWithinOneBlockPerNode(t *testing.T) {
 		admitted++
 		l.done(time.Now(), g, 0)
 		// GET /relay/fleet states the bound with each node's blocks
-		infos := fleets[i].blockInfos(time.Now())
+		infos := fleets[i].limits.blockInfos(time.Now())
 		if len(infos) != 1 {
 			t.Fatalf("a node lists %d blocks, want 1", len(infos))
 		}
@@ -243,7 +243,7 @@ func TestABlockIsNotUsedPastItsLease(t *testing.T) {
 	f := testNodes(t, srv.Addr, "expiry:", 1)[0]
 	l := sharedLimiter(t, f, "k:exp", spec)
 	s := l.shared.Load()
-	lease := f.blockLease(spec.rate.period)
+	lease := f.limits.blockLease(spec.rate.period)
 	if lease != fleet.DefaultLease {
 		t.Fatalf("a block of a limit per hour is leased for %v, want the storage lease %v", lease, fleet.DefaultLease)
 	}
@@ -278,7 +278,7 @@ func TestABlockIsNotUsedPastItsLease(t *testing.T) {
 		t.Fatalf("Redis has %.1f left, want 5390: 590 given back, 600 taken", got)
 	}
 	// the worker ends a block whose lease ran out with nobody asking
-	f.endBlocks(t0.Add(2*lease), false)
+	f.limits.endBlocks(t0.Add(2*lease), false)
 	waitFor(t, "the block's rest reaches Redis", 2*time.Second, func() bool { return left() >= 5390+599 })
 	if s.rb.held() {
 		t.Fatal("the block is held after its lease")
@@ -523,10 +523,10 @@ func BenchmarkFleetAdmit(b *testing.B) {
 		b.Run(c.name, func(b *testing.B) {
 			f := testFleet(b, srv.Addr, "bench-"+c.name+":", 0)
 			f.NodesPinned.Store(1)
-			f.noLeases.Store(!c.leases)
+			f.limits.noLeases.Store(!c.leases)
 			l := new(limiter)
 			l.configure(c.spec, time.Now())
-			l.share(f, "k:bench")
+			l.share(f.limits, "k:bench")
 			before := admitOps(b)
 			b.ReportAllocs()
 			b.ResetTimer()

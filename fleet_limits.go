@@ -14,7 +14,7 @@ import (
 // sharedLimit is a key's or a channel's limits as the fleet keeps them,
 // and the blocks of them this node holds (fleet_leases.go).
 type sharedLimit struct {
-	f     *member
+	f     *limitsShared
 	thing string // its hash tag's content: k:<key>, c:<channel>, ...
 	lease string // the keys of its limits
 	rate  string
@@ -33,7 +33,7 @@ type sharedLimit struct {
 	last headroom
 }
 
-func newSharedLimit(f *member, thing string) *sharedLimit {
+func newSharedLimit(f *limitsShared, thing string) *sharedLimit {
 	return &sharedLimit{f: f, thing: thing, lease: f.Key(thing, "leases"), rate: f.Key(thing, "rate"), bkt: f.Key(thing, "tokens")}
 }
 
@@ -319,11 +319,11 @@ func (c *admitCall) granted(now time.Time, ans headroom, got taken) grant {
 // worst case against its accounts' budgets (holds), all or none: in one
 // round trip when any of them must ask Redis, in none when this node's
 // blocks serve them all. It returns the call that refused (-1: none) with
-// its scope and wait, and the verdict on the holds. Each call's g is then
-// what it grants (what is left, when refused); a request not admitted
-// took nothing.
-func (f *member) admitAll(now time.Time, calls []*admitCall, holds []*holdCall) (refused int, scope limitScope, wait time.Duration, ans holdAnswer, err error) {
-	refused = -1
+// its scope and wait, and the hold not taken (-1: none; its answer says
+// why). Each call's g is then what it grants (what is left, when
+// refused); a request not admitted took nothing.
+func (f *limitsShared) admitAll(now time.Time, calls []*admitCall, holds []*holdPart) (refused int, scope limitScope, wait time.Duration, notHeld int, err error) {
+	refused, notHeld = -1, -1
 	var keys []string
 	var args []any
 	asked := 0
@@ -364,7 +364,7 @@ func (f *member) admitAll(now time.Time, calls []*admitCall, holds []*holdCall) 
 			err = fleet.ErrDown
 		}
 		if err == nil {
-			ans, err = readHolds(res[admitAnswer*asked:], holds)
+			notHeld, err = readHolds(res[admitAnswer*asked:], holds)
 		}
 		if err != nil {
 			for _, c := range calls {
@@ -377,7 +377,7 @@ func (f *member) admitAll(now time.Time, calls []*admitCall, holds []*holdCall) 
 				f.releaseSlots(c.s, lost)
 			}
 			f.pendSlots(carried...) // removing one twice is harmless
-			return -1, scopeNone, 0, holdAnswer{}, err
+			return -1, scopeNone, 0, -1, err
 		}
 		lefts := make([]headroom, len(calls))
 		gots := make([]taken, len(calls))
@@ -393,20 +393,20 @@ func (f *member) admitAll(now time.Time, calls []*admitCall, holds []*holdCall) 
 				refused, scope, wait = j, s, w
 			}
 		}
-		if refused >= 0 || ans.verdict != holdTaken {
+		if refused >= 0 || notHeld >= 0 {
 			for j, c := range calls {
 				c.undo()
 				c.g = grant{left: c.refusedLeft(lefts[j])}
 			}
-			return refused, scope, wait, ans, nil
+			return refused, scope, wait, notHeld, nil
 		}
 		for j, c := range calls {
 			c.g = c.granted(now, lefts[j], gots[j])
 		}
-		return -1, scopeNone, 0, ans, nil
+		return -1, scopeNone, 0, -1, nil
 	}
 	for _, c := range calls { // this node's blocks served them all
 		c.g = c.granted(now, headroom{}, taken{})
 	}
-	return -1, scopeNone, 0, holdAnswer{}, nil
+	return -1, scopeNone, 0, -1, nil
 }

@@ -34,7 +34,7 @@ func sharedLimiter(t *testing.T, f *member, thing string, spec limits) *limiter 
 	t.Helper()
 	l := new(limiter)
 	l.configure(spec, time.Now())
-	l.share(f, thing)
+	l.share(f.limits, thing)
 	if l.shared.Load() == nil {
 		t.Fatal("the limiter is not shared")
 	}
@@ -241,7 +241,7 @@ func slotsFreedByDeath(t *testing.T, dying *member, b *limiter, lease, wait time
 }
 
 func TestSharedLimitKeysAreTagged(t *testing.T) {
-	f := &member{Client: &fleet.Client{Prefix: "p:"}}
+	f := &limitsShared{Client: &fleet.Client{Prefix: "p:"}}
 	s := newSharedLimit(f, tag("k:", "support"))
 	if s.lease != "p:{k:support}:leases" || s.rate != "p:{k:support}:rate" || s.bkt != "p:{k:support}:tokens" {
 		t.Fatalf("keys %q %q %q", s.lease, s.rate, s.bkt)
@@ -250,7 +250,7 @@ func TestSharedLimitKeysAreTagged(t *testing.T) {
 	if got := tag("c:", "a}b"); got == "c:a}b" || len(got) != len("c:")+16 {
 		t.Fatalf("tag of a name with a brace: %q", got)
 	}
-	if got := f.healthKey("x"); got != "p:{c:x}:health" {
+	if got := (&member{Client: f.Client}).healthKey("x"); got != "p:{c:x}:health" {
 		t.Fatal(got)
 	}
 }
@@ -269,7 +269,7 @@ func TestAFreedSlotGoesWithTheNextAdmission(t *testing.T) {
 	// slot held in Redis at each request. (The metric of releases is the
 	// process's, which other tests' relays stopping late may add to, so
 	// it is not what is counted here.)
-	f.slotDelay.Store(int64(time.Hour))
+	f.limits.slotDelay.Store(int64(time.Hour))
 	l := sharedLimiter(t, f, "k:carry", limits{concurrency: 1})
 	slots := func() int64 {
 		n, err := rdb.ZCard(context.Background(), "carry:{k:carry}:leases").Result()
@@ -287,9 +287,9 @@ func TestAFreedSlotGoesWithTheNextAdmission(t *testing.T) {
 			t.Fatalf("request %d: %d slots held in Redis, want 1", i+1, n)
 		}
 		l.done(time.Now(), g, 0)
-		f.slotsMu.Lock()
-		pending := len(f.slots)
-		f.slotsMu.Unlock()
+		f.limits.slotsMu.Lock()
+		pending := len(f.limits.slots)
+		f.limits.slotsMu.Unlock()
 		if pending != 1 {
 			t.Fatalf("request %d: %d freed slots wait for the next admission, want 1: its own", i+1, pending)
 		}

@@ -83,7 +83,7 @@ func (s *sharedLimit) refillLocked(now time.Time, spec limits, estimate int64) *
 // awaitRefill waits for the refill r to end, at most the storage's
 // timeout, and reports whether Redis failed it, or the time ran out: then
 // Redis counts as down for the request.
-func (f *member) awaitRefill(r *refill) (down bool) {
+func (f *limitsShared) awaitRefill(r *refill) (down bool) {
 	t := time.NewTimer(f.Timeout)
 	defer t.Stop()
 	select {
@@ -101,7 +101,7 @@ func (f *member) awaitRefill(r *refill) (down bool) {
 // all, the request waits for that refill, and prepares them again, without
 // waiting again (now moves on by the wait): fleet.ErrDown when
 // Redis failed the refill.
-func (f *member) prepareAll(now *time.Time, asks []ask, in func(int) bool, calls *[4]*admitCall, which *[4]int) (int, error) {
+func (f *limitsShared) prepareAll(now *time.Time, asks []ask, in func(int) bool, calls *[4]*admitCall, which *[4]int) (int, error) {
 	wait := true
 	for {
 		n := 0

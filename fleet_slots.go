@@ -52,7 +52,7 @@ const defaultSlotEvery = time.Second
 
 // slotLease is how long a node keeps the slots its peak needed before it
 // shrinks what it holds to what the next peak needs.
-func (f *member) slotLease() time.Duration { return time.Duration(f.slotEvery.Load()) }
+func (f *limitsShared) slotLease() time.Duration { return time.Duration(f.slotEvery.Load()) }
 
 // slotBlock is what this node holds of a concurrency limit: members of the
 // limit's lease set. Guarded by its sharedLimit's mu.
@@ -248,7 +248,7 @@ func (s *sharedLimit) freeSlot(gen uint64) {
 
 // releaseSlots stops renewing slots of s and gives them back, off the
 // request's path: with the next admission, or the worker.
-func (f *member) releaseSlots(s *sharedLimit, ids []string) {
+func (f *limitsShared) releaseSlots(s *sharedLimit, ids []string) {
 	if len(ids) == 0 {
 		return
 	}
@@ -269,7 +269,7 @@ func (f *member) releaseSlots(s *sharedLimit, ids []string) {
 }
 
 // holdSlots records slots this node renews until it gives them back.
-func (f *member) holdSlots(s *sharedLimit, ids []string) {
+func (f *limitsShared) holdSlots(s *sharedLimit, ids []string) {
 	f.leaseMu.Lock()
 	for _, id := range ids {
 		f.leases[leaseRef{s.lease, id}] = struct{}{}
@@ -306,7 +306,7 @@ type slotCheck struct {
 }
 
 // slotChecks lists the slots of blocks held, one per sharedLimit.
-func (f *member) slotChecks() []slotCheck {
+func (f *limitsShared) slotChecks() []slotCheck {
 	f.blocksMu.Lock()
 	defer f.blocksMu.Unlock()
 	var out []slotCheck

@@ -56,7 +56,7 @@ func TestSlotsAreLeasedInBlocks(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	defer rdb.Close()
 	f := testNodes(t, srv.Addr, "slotblk:", 1)[0]
-	f.slotEvery.Store(int64(time.Hour)) // the worker shrinks nothing: the test does
+	f.limits.slotEvery.Store(int64(time.Hour)) // the worker shrinks nothing: the test does
 	l := sharedLimiter(t, f, "k:blk", limits{concurrency: 1000})
 	s := l.shared.Load()
 	const set = "slotblk:{k:blk}:leases"
@@ -75,7 +75,7 @@ func TestSlotsAreLeasedInBlocks(t *testing.T) {
 	if n := slotsHeld(t, rdb, set); n != 200 {
 		t.Fatalf("Redis holds %d slots, want two blocks' 200", n)
 	}
-	infos := f.blockInfos(time.Now())
+	infos := f.limits.blockInfos(time.Now())
 	if len(infos) != 1 {
 		t.Fatalf("blocks listed: %+v", infos)
 	}
@@ -94,7 +94,7 @@ func TestSlotsAreLeasedInBlocks(t *testing.T) {
 		s.mu.Lock()
 		s.cb.until = time.Now()
 		s.mu.Unlock()
-		f.endBlocks(time.Now(), false)
+		f.limits.endBlocks(time.Now(), false)
 	}
 	leaseEnds()
 	if held, _ := slotState(s); held != 200 {
@@ -116,7 +116,7 @@ func TestSlotsAreLeasedInBlocks(t *testing.T) {
 		t.Fatalf("idle: %d held, %d used, want none", held, used)
 	}
 	waitFor(t, "every slot given back", 2*time.Second, func() bool { return slotsHeld(t, rdb, set) == 0 })
-	if infos := f.blockInfos(time.Now()); len(infos) != 0 {
+	if infos := f.limits.blockInfos(time.Now()); len(infos) != 0 {
 		t.Fatalf("blocks listed with none held: %+v", infos)
 	}
 }
@@ -214,7 +214,7 @@ func TestLeasedSlotsHoldTheLimitAcrossNodes(t *testing.T) {
 		}
 	}
 	for _, f := range fleets { // the slots taken alone go back now, not 2ms later
-		f.flushSlots()
+		f.limits.flushSlots()
 	}
 	// a node's worker may be giving slots back as flushSlots finds none
 	// left: Redis then holds, for a moment, more than the nodes do
@@ -246,7 +246,7 @@ func TestSlotsGoBackOnAChangeAndAtStop(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	defer rdb.Close()
 	f := testNodes(t, srv.Addr, "slotchg:", 1)[0]
-	f.slotDelay.Store(int64(time.Millisecond))
+	f.limits.slotDelay.Store(int64(time.Millisecond))
 	l := sharedLimiter(t, f, "k:chg", limits{concurrency: 1000})
 	const set = "slotchg:{k:chg}:leases"
 	gs := takeN(t, l, 5)
@@ -306,7 +306,7 @@ func TestSlotsRedisLostAreNotUsed(t *testing.T) {
 	f := testNodes(t, srv.Addr, "slotlost:", 1)[0]
 	l := sharedLimiter(t, f, "k:lost", limits{concurrency: 1000})
 	takeN(t, l, 1)
-	f.renew()
+	f.limits.renew()
 	before := admitOps(t)
 	takeN(t, l, 1)
 	if ops := admitOps(t) - before; ops != 0 {
@@ -315,7 +315,7 @@ func TestSlotsRedisLostAreNotUsed(t *testing.T) {
 	if err := rdb.FlushAll(context.Background()).Err(); err != nil {
 		t.Fatal(err)
 	}
-	f.renew()
+	f.limits.renew()
 	takeN(t, l, 1)
 	if ops := admitOps(t) - before; ops != 1 {
 		t.Fatalf("after Redis lost the slots, a request asked Redis %v times, want 1: a new block", ops)

@@ -167,7 +167,7 @@ func (f *member) flushSpend() {
 		}
 		set, _ := f.holdKeys(h.a.id)
 		for _, r := range h.releases {
-			f.drop(leaseRef{set, r.lease}, true)
+			f.limits.drop(leaseRef{set, r.lease}, true)
 		}
 		h.a.mu.Lock()
 		h.a.releases = h.a.releases[len(h.releases):]

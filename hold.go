@@ -548,6 +548,48 @@ func (hs *holds) fleet() *member {
 	return f
 }
 
+// A request's holds are taken with its limits (limitHolds).
+var _ limitHolds[holdAnswer] = (*holds)(nil)
+
+// Pending reports whether the request has holds to take.
+func (hs *holds) Pending() bool { return hs.pending() }
+
+// Fleet is the limits of the fleet that keeps every hold; nil when a hold
+// is kept on this relay.
+func (hs *holds) Fleet() *limitsShared { return hs.fleet().limitsOf() }
+
+// Reserve takes every hold on this relay, or none.
+func (hs *holds) Reserve(now time.Time) (holdAnswer, bool) {
+	ans := hs.reserve(now)
+	return ans, ans.verdict == holdTaken
+}
+
+// Unreserve gives back every hold, unused.
+func (hs *holds) Unreserve() { hs.unreserve() }
+
+// Shares judges the request's group's shares of the caps it holds
+// against, as this relay sees them.
+func (hs *holds) Shares(now time.Time) (holdAnswer, bool) {
+	ans := hs.shares(now)
+	return ans, ans.verdict == holdTaken
+}
+
+// Parts prepares the holds' parts of the fleet's admission.
+func (hs *holds) Parts(now time.Time) []*holdPart { return hs.fleet().prepareHolds(now, hs) }
+
+// Refused is the answer on a hold the fleet did not take.
+func (hs *holds) Refused(i int, part *holdPart) holdAnswer { return heldAnswer(i, part) }
+
+// Taken records the holds the fleet took: each is its lease (renewed by
+// the fleet until its cost is added), and this relay counts it in flight.
+func (hs *holds) Taken(parts []*holdPart) {
+	for i := range hs.n {
+		h := &hs.list[i]
+		h.lease = parts[i].member
+		h.a.holdsHere(h.usd, h.group)
+	}
+}
+
 // reserve takes every hold on this relay, or none.
 func (hs *holds) reserve(now time.Time) holdAnswer {
 	for i := range hs.n {

@@ -163,24 +163,25 @@ func (b *batchHoldTaken) take(accts []*spendAccount, now time.Time, channel stri
 	if f == nil {
 		return b.reserve(accts, now, channel), nil
 	}
-	calls := make([]*holdCall, len(accts))
+	calls := make([]*holdPart, len(accts))
 	for i, a := range accts {
 		calls[i] = f.prepareHold(a, now, b.usd, holdMember(f.LeaseID(), b.usd), f.Lease)
 	}
-	_, _, _, _, ans, err := f.admitHolds(now, nil, calls)
+	notHeld, err := f.limits.admitHolds(now, calls)
 	switch {
 	case err != nil && f.Deny:
-		return ans, err
+		return holdAnswer{}, err
 	case err != nil: // Redis is down: held on this relay alone meanwhile
 		return b.reserve(accts, now, channel), nil
-	case ans.verdict == holdTaken:
-		for i, a := range accts {
-			a.holdsHere(b.usd, "")
-			f.hold(leaseRef{calls[i].keys[0], calls[i].member}, true)
-			b.parts = append(b.parts, batchHoldPart{a: a, lease: calls[i].member, channel: channel})
-		}
+	case notHeld >= 0:
+		return heldAnswer(notHeld, calls[notHeld]), nil
 	}
-	return ans, nil
+	for i, a := range accts {
+		a.holdsHere(b.usd, "")
+		f.limits.hold(leaseRef{calls[i].keys[0], calls[i].member}, true)
+		b.parts = append(b.parts, batchHoldPart{a: a, lease: calls[i].member, channel: channel})
+	}
+	return holdAnswer{}, nil
 }
 
 // reserve takes the batch's holds of accts on this relay, all or none.
@@ -311,7 +312,7 @@ func (b *batchHoldTaken) keep(channel, up string) {
 	})
 	for _, p := range b.parts {
 		set, _ := f.holdKeys(p.a.id)
-		f.drop(leaseRef{set, p.lease}, true) // given back with the batch's hold, or left to expire
+		f.limits.drop(leaseRef{set, p.lease}, true) // given back with the batch's hold, or left to expire
 	}
 	if err != nil {
 		b.r.logger.Warn("could not record a batch's hold in the fleet's storage: it holds nothing against its budgets",
@@ -414,7 +415,7 @@ func (r *Relay) settleFleetBatch(in *inbound, id string) {
 		})
 		if found == nil {
 			set, total := f.holdKeys(accountID)
-			f.queueRelease(release{holdSet: set, holdTotal: total, member: member})
+			f.limits.queueRelease(release{holdSet: set, holdTotal: total, member: member})
 			continue
 		}
 		hs.add(found, nanoUSD(n))

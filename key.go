@@ -234,7 +234,7 @@ func (r *Relay) takeState(k *key, opts *KeyOptions) error {
 	} else {
 		k.limits = k.state.limits
 		k.limits.configure(lim, now)
-		k.limits.share(r.fleet, k.fleetTag())
+		k.limits.share(r.fleet.limitsOf(), k.fleetTag())
 		if k.state.spend, err = spend.account(k.stateID); err != nil {
 			return err
 		}

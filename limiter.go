@@ -93,7 +93,7 @@ type limiter struct {
 // share keeps the limits in the fleet f, as thing ("k:" and a key's name,
 // "c:" and a channel's), when there are limits to keep (nil f: in this
 // relay alone).
-func (l *limiter) share(f *member, thing string) {
+func (l *limiter) share(f *limitsShared, thing string) {
 	spec := l.limits()
 	if f == nil || spec == (limits{}) {
 		if old := l.shared.Swap(nil); old != nil {
@@ -298,89 +298,6 @@ func (l *limiter) settle(now time.Time, s *sharedLimit, g grant, scope limitScop
 		return grant{}, scopeFleetDown, 0, true
 	}
 	return grant{}, scopeNone, 0, false
-}
-
-// ask is one limiter's part of a request's admission: the tokens it
-// charges (-1: not held to tokens), and what it admitted (or, refused,
-// what it has left).
-type ask struct {
-	l   *limiter // nil: none
-	est int64
-	g   grant
-}
-
-// takeAll admits one request against the limiters of asks (a request's
-// key's and end user's limits, when they go with its first channel, and
-// that channel's) and its holds (hs; nil or taken: none), all or nothing:
-// in one round trip when one fleet keeps them, and in none when this
-// node's blocks of them serve it (fleet_leases.go). refused is the ask
-// whose limiter refused (-1: none; with scopeFleetDown, the fleet's store
-// did not answer and on_error says deny); ans says why the holds were not
-// taken. Each admitted ask's g is to give back with done.
-func takeAll(now time.Time, asks []ask, hs *holds) (refused int, scope limitScope, wait time.Duration, ans holdAnswer) {
-	var f *member
-	local := false // the holds are this relay's
-	if hs.pending() {
-		if f = hs.fleet(); f == nil {
-			if ans = hs.reserve(now); ans.verdict != holdTaken {
-				return -1, scopeNone, 0, ans
-			}
-			local = true
-		}
-	}
-	if f == nil {
-		for i := range asks {
-			if asks[i].l != nil {
-				if s := asks[i].l.shared.Load(); s != nil {
-					f = s.f
-					break
-				}
-			}
-		}
-	}
-	switch {
-	case f == nil:
-		refused, scope, wait = inTurn(now, asks, nil, (*limiter).take)
-	case local || !hs.pending():
-		refused, scope, wait, ans = f.takeAll(now, asks, nil)
-	default:
-		refused, scope, wait, ans = f.takeAll(now, asks, hs)
-	}
-	if local && (refused >= 0 || ans.verdict != holdTaken) {
-		hs.unreserve()
-	}
-	return refused, scope, wait, ans
-}
-
-// inTurn admits one request against the limiters of asks that skip does
-// not name (nil: all), one after the other with take; when one refuses,
-// what the others admitted is given back. It returns the ask that
-// refused (-1: none).
-func inTurn(now time.Time, asks []ask, skip func(int) bool, take func(*limiter, time.Time, int64) (grant, limitScope, time.Duration)) (int, limitScope, time.Duration) {
-	for i := range asks {
-		a := &asks[i]
-		if a.l == nil || skip != nil && skip(i) {
-			continue
-		}
-		g, scope, wait := take(a.l, now, a.est)
-		if scope != scopeNone {
-			giveBackAsks(now, asks[:i], skip)
-			a.g = g
-			return i, scope, wait
-		}
-		a.g = g
-	}
-	return -1, scopeNone, 0
-}
-
-// giveBackAsks gives back what the asks that skip does not name admitted.
-func giveBackAsks(now time.Time, asks []ask, skip func(int) bool) {
-	for i := range asks {
-		if a := &asks[i]; a.l != nil && (skip == nil || !skip(i)) {
-			a.l.done(now, a.g, 0)
-			a.g = grant{}
-		}
-	}
 }
 
 // takeLocal admits one request against this relay's own limits.

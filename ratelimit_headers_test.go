@@ -249,8 +249,8 @@ func TestSharedLimitsSayWhatIsLeft(t *testing.T) {
 	// exact: a bucket this large would be leased in blocks, whose headers
 	// count what the blocks of the other nodes hold as spent
 	fa, fb := testFleet(t, srv.Addr, "left:", 0), testFleet(t, srv.Addr, "left:", 0)
-	fa.noLeases.Store(true)
-	fb.noLeases.Store(true)
+	fa.limits.noLeases.Store(true)
+	fb.limits.noLeases.Store(true)
 	a := sharedLimiter(t, fa, "k:left", spec)
 	b := sharedLimiter(t, fb, "k:left", spec) // another node
 

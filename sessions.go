@@ -323,7 +323,7 @@ func (r *Relay) configureSession(s *session, id string, rules *sessionRules, now
 			s.limits = new(limiter)
 		}
 		s.limits.configure(rules.rate, now)
-		s.limits.share(r.fleet, s.tag)
+		s.limits.share(r.fleet.limitsOf(), s.tag)
 	} else {
 		s.limits = nil
 	}
