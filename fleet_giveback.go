@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"github.com/caddy-relay/relay/internal/fleet"
 	"math"
 	"time"
 
@@ -237,7 +238,7 @@ func (f *limitsShared) flush(batch []release) {
 					giveBackRateScript.Eval(ctx, pipe, []string{r.limit.rate}, r.emission, r.requests)
 				}
 				if r.member != "" {
-					releaseHoldScript.Eval(ctx, pipe, []string{r.holdSet, r.holdTotal}, r.member)
+					fleet.ReleaseHoldScript.Eval(ctx, pipe, []string{r.holdSet, r.holdTotal}, r.member)
 				}
 			}
 			return nil
@@ -249,7 +250,7 @@ func (f *limitsShared) flush(batch []release) {
 // renewLeases moves the expiry of every lease this node holds, every third
 // of the lease time, until ctx ends.
 func (f *limitsShared) renewLeases(ctx context.Context) {
-	every(ctx, f.Lease/3, nil, f.renew)
+	fleet.Every(ctx, f.Lease/3, nil, f.renew)
 }
 
 // renew moves the expiry of every lease this node holds: its concurrency

@@ -129,7 +129,7 @@ return out
 // relay's own). Limits are kept in Redis only when the channel has some.
 func (h *channelHealth) share(f *member) {
 	h.fleet.Store(f)
-	h.limits.share(f.limitsOf(), tag("c:", h.name))
+	h.limits.share(f.limitsOf(), fleet.Tag("c:", h.name))
 	if f != nil {
 		f.resyncSoon()
 	}
@@ -289,7 +289,7 @@ func outcomeNamed(name string) outcome {
 }
 
 // healthKey is the hash that keeps a channel's health.
-func (f *member) healthKey(channel string) string { return f.Key(tag("c:", channel), "health") }
+func (f *member) healthKey(channel string) string { return f.Key(fleet.Tag("c:", channel), "health") }
 
 // healthTopic is the pub/sub channel of health changes.
 func (f *member) healthTopic() string { return f.Prefix + "health" }

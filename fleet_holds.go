@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"github.com/caddy-relay/relay/internal/fleet"
 	"strconv"
 	"time"
 
@@ -34,39 +35,13 @@ import (
 // change: longer than a batch's hold.
 const holdKeysTTL = batchHoldFor + 24*time.Hour
 
-// holdsLua is the Lua the hold scripts share: keep extends a key's expiry
-// to at least ttl ms; amountOf is a member's amount; held drops the
-// expired members of an account's holds and returns what the others hold
-// (counted again from the members should the total have been lost).
-const holdsLua = `
-local function keep(k, ttl)
-  if redis.call('PTTL', k) < ttl then redis.call('PEXPIRE', k, ttl) end
-end
-local function amountOf(m) return string.match(m, '=(%d+)$') or '0' end
-local function held(kz, kh, now)
-  for _, m in ipairs(redis.call('ZRANGEBYSCORE', kz, '-inf', now)) do
-    if redis.call('ZREM', kz, m) == 1 then redis.call('DECRBY', kh, amountOf(m)) end
-  end
-  local v = tonumber(redis.call('GET', kh) or '0')
-  local members = redis.call('ZCARD', kz)
-  if v < 0 or (v > 0 and members == 0) or (v == 0 and members > 0) then
-    v = 0
-    for _, m in ipairs(redis.call('ZRANGE', kz, 0, -1)) do v = v + tonumber(amountOf(m)) end
-    local ttl = redis.call('PTTL', kh)
-    redis.call('SET', kh, v)
-    if ttl > 0 then redis.call('PEXPIRE', kh, ttl) else keep(kh, redis.call('PTTL', kz)) end
-  end
-  return v
-end
-`
-
 // settleScript adds what a relay spent to an account's totals and gives
 // back the holds of the requests that spent it, at once. KEYS: the
 // account's holds, its held total, then one spend total per period. ARGV:
 // the number of periods, then per period the billionths to add (0: only
 // read) and the total's expiry (Unix ms); then the members to give back.
 // It returns each period's total, then what the account holds.
-var settleScript = redis.NewScript(holdsLua + `
+var settleScript = redis.NewScript(fleet.HoldsLua + `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local np = tonumber(ARGV[1])
@@ -87,19 +62,9 @@ out[np + 1] = held(KEYS[1], KEYS[2], now)
 return out
 `)
 
-// releaseHoldScript gives back holds that cost nothing (a request that
-// was not sent after all). KEYS: the account's holds, its held total.
-// ARGV: the members.
-var releaseHoldScript = redis.NewScript(holdsLua + `
-for i = 1, #ARGV do
-  if redis.call('ZREM', KEYS[1], ARGV[i]) == 1 then redis.call('DECRBY', KEYS[2], amountOf(ARGV[i])) end
-end
-return 0
-`)
-
 // holdKeys are the Redis keys of an account's holds and of their total.
 func (f *member) holdKeys(id string) (set, total string) {
-	t := tag("s:", id)
+	t := fleet.Tag("s:", id)
 	return f.Key(t, "holds"), f.Key(t, "held")
 }
 

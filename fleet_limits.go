@@ -3,7 +3,6 @@ package relay
 import (
 	"context"
 	"math"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,15 +34,6 @@ type sharedLimit struct {
 
 func newSharedLimit(f *limitsShared, thing string) *sharedLimit {
 	return &sharedLimit{f: f, thing: thing, lease: f.Key(thing, "leases"), rate: f.Key(thing, "rate"), bkt: f.Key(thing, "tokens")}
-}
-
-// tag is the hash tag of a thing: its kind and name, or a digest of the
-// name when the name holds a brace, which would end the tag early.
-func tag(kind, name string) string {
-	if strings.ContainsAny(name, "{}") {
-		return kind + fleet.Digest(name)
-	}
-	return kind + name
 }
 
 // leaseRef is one slot this node holds.
@@ -357,14 +347,14 @@ func (f *limitsShared) admitAll(now time.Time, calls []*admitCall, holds []*hold
 		var res []int64
 		err = f.Do("admit", func(ctx context.Context) error {
 			var e error
-			res, e = admitScript.Run(ctx, f.Redis, keys, args...).Int64Slice()
+			res, e = fleet.AdmitScript.Run(ctx, f.Redis, keys, args...).Int64Slice()
 			return e
 		})
-		if err == nil && len(res) != admitAnswer*asked+4*len(holds) {
+		if err == nil && len(res) != fleet.AdmitAnswer*asked+4*len(holds) {
 			err = fleet.ErrDown
 		}
 		if err == nil {
-			notHeld, err = readHolds(res[admitAnswer*asked:], holds)
+			notHeld, err = readHolds(res[fleet.AdmitAnswer*asked:], holds)
 		}
 		if err != nil {
 			for _, c := range calls {
@@ -386,7 +376,7 @@ func (f *limitsShared) admitAll(now time.Time, calls []*admitCall, holds []*hold
 			if !c.redis {
 				continue
 			}
-			left, s, w, got := c.read(now, res[admitAnswer*i:admitAnswer*(i+1)])
+			left, s, w, got := c.read(now, res[fleet.AdmitAnswer*i:fleet.AdmitAnswer*(i+1)])
 			i++
 			lefts[j], gots[j] = left, got
 			if s != scopeNone && refused < 0 {

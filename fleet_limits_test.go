@@ -137,7 +137,7 @@ func TestSharedRateKeepsSubMillisecondIntervals(t *testing.T) {
 		for range 50 {
 			// one thing, no holds, no slots carried; lease, concurrency, lease ms, emission ms, burst,
 			// requests to take, requests given back, tokens/ms, token burst, charge, tokens to take and given back
-			cmds = append(cmds, admitScript.Eval(ctx, pipe, []string{"fine:l", "fine:r", "fine:t"}, 1, 0, "x", 0, 1000, 0.02, 1, 1, 0, 0, 0, -1, 0, 0))
+			cmds = append(cmds, fleet.AdmitScript.Eval(ctx, pipe, []string{"fine:l", "fine:r", "fine:t"}, 1, 0, "x", 0, 1000, 0.02, 1, 1, 0, 0, 0, -1, 0, 0))
 		}
 		return nil
 	})
@@ -147,7 +147,7 @@ func TestSharedRateKeepsSubMillisecondIntervals(t *testing.T) {
 	}
 	admitted := 0
 	for _, c := range cmds {
-		if v, _ := c.Int64Slice(); len(v) == admitAnswer && v[0] == 0 {
+		if v, _ := c.Int64Slice(); len(v) == fleet.AdmitAnswer && v[0] == 0 {
 			admitted++
 		}
 	}
@@ -242,12 +242,12 @@ func slotsFreedByDeath(t *testing.T, dying *member, b *limiter, lease, wait time
 
 func TestSharedLimitKeysAreTagged(t *testing.T) {
 	f := &limitsShared{Client: &fleet.Client{Prefix: "p:"}}
-	s := newSharedLimit(f, tag("k:", "support"))
+	s := newSharedLimit(f, fleet.Tag("k:", "support"))
 	if s.lease != "p:{k:support}:leases" || s.rate != "p:{k:support}:rate" || s.bkt != "p:{k:support}:tokens" {
 		t.Fatalf("keys %q %q %q", s.lease, s.rate, s.bkt)
 	}
 	// a brace in a name would end the cluster hash tag early
-	if got := tag("c:", "a}b"); got == "c:a}b" || len(got) != len("c:")+16 {
+	if got := fleet.Tag("c:", "a}b"); got == "c:a}b" || len(got) != len("c:")+16 {
 		t.Fatalf("tag of a name with a brace: %q", got)
 	}
 	if got := (&member{Client: f.Client}).healthKey("x"); got != "p:{c:x}:health" {

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"github.com/caddy-relay/relay/internal/fleet"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -44,9 +45,9 @@ func (a *spendAccount) share(f *member) {
 // began at start.
 func (f *member) spendKey(id string, p budgetPeriod, start time.Time) string {
 	if start.Hour() != 0 || start.Minute() != 0 || start.Second() != 0 { // a session's window
-		return f.Key(tag("s:", id), p.String()+":"+start.UTC().Format("20060102T150405"))
+		return f.Key(fleet.Tag("s:", id), p.String()+":"+start.UTC().Format("20060102T150405"))
 	}
-	return f.Key(tag("s:", id), p.String()+":"+start.Format("20060102"))
+	return f.Key(fleet.Tag("s:", id), p.String()+":"+start.Format("20060102"))
 }
 
 // spendSoon asks for a sync of the spend now rather than at the next tick.
@@ -60,7 +61,7 @@ func (f *member) spendSoon() {
 // syncSpend adds this relay's spend to the fleet's and reads the totals,
 // every spendSyncEvery and when asked, until ctx ends.
 func (f *member) syncSpend(ctx context.Context) {
-	every(ctx, spendSyncEvery, f.spendNow, f.flushSpend)
+	fleet.Every(ctx, spendSyncEvery, f.spendNow, f.flushSpend)
 }
 
 // spendSync is one account period's part of a sync.

@@ -97,7 +97,7 @@ func TestTheFleetSharesAKeysRate(t *testing.T) {
 	srv := redistest.Start(t)
 	startRelay(t, fleetBlock(srv.Addr, "local", "fleet-rate"))
 	// another node of the fleet spent two of the key's three requests
-	other := sharedLimiter(t, testFleet(t, srv.Addr, "fleet-rate:", 0), tag("k:", "fleet-rate-key"), limits{rate: rateSpec{n: 3, period: time.Minute}})
+	other := sharedLimiter(t, testFleet(t, srv.Addr, "fleet-rate:", 0), fleet.Tag("k:", "fleet-rate-key"), limits{rate: rateSpec{n: 3, period: time.Minute}})
 	for range 2 {
 		if _, scope, _ := other.take(time.Now(), -1); scope != scopeNone {
 			t.Fatal(scope)

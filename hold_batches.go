@@ -323,7 +323,7 @@ func (b *batchHoldTaken) keep(channel, up string) {
 // keepBatchScript turns a create's hold into its batch's. KEYS: the
 // account's holds, its held total. ARGV: the create's member, the batch's
 // member (the same amount), the batch's hold in ms, the keys' ttl in ms.
-var keepBatchScript = redis.NewScript(holdsLua + `
+var keepBatchScript = redis.NewScript(fleet.HoldsLua + `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
+	"github.com/caddy-relay/relay/internal/fleet"
 	"net/http"
 	"strings"
 	"time"
@@ -184,7 +185,7 @@ func (s *keyState) identity(id string, now time.Time) *keyState {
 		st.id = userStatePrefix + id
 		sp := s.identSpec.Load()
 		st.limits.configure(sp.limits, now)
-		st.limits.share(sp.fleet.limitsOf(), tag("u:", id))
+		st.limits.share(sp.fleet.limitsOf(), fleet.Tag("u:", id))
 		st.spend = identitySpend(st.id, sp)
 		return st
 	})
@@ -203,7 +204,7 @@ func (s *keyState) configureIdentities(sp stateSpec, now time.Time) {
 	s.mu.Unlock()
 	c.each(func(id string, st *keyState) {
 		st.limits.configure(sp.limits, now)
-		st.limits.share(sp.fleet.limitsOf(), tag("u:", id))
+		st.limits.share(sp.fleet.limitsOf(), fleet.Tag("u:", id))
 		sp.budgets.apply(st.spend, sp.fleet)
 	})
 }

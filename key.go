@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"github.com/caddy-relay/relay/internal/fleet"
 	"net/http"
 	"slices"
 	"strconv"
@@ -270,9 +271,9 @@ func (r *Relay) activate(k *key) {
 // fleetTag is where a fleet keeps k's limits.
 func (k *key) fleetTag() string {
 	if k.kind() == kindUser {
-		return tag("u:", boundedID(k.id))
+		return fleet.Tag("u:", boundedID(k.id))
 	}
-	return tag("k:", k.name)
+	return fleet.Tag("k:", k.name)
 }
 
 // describe names k in error messages: never a secret.

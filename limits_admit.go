@@ -11,7 +11,7 @@ import (
 // Admission. A request's limits (its key's, its end user's, its
 // channel's) are admitted together, and with them its holds of its
 // budgets, all or none: in one script call when one fleet keeps them
-// (admitScript), with no round trip when this node's blocks serve them
+// (fleet.AdmitScript), with no round trip when this node's blocks serve them
 // all. The holds are the budgets' (hold.go): the limits take them as
 // parts of the admission they do not read (holdPart), and leave their
 // verdict to them (limitHolds).
@@ -26,7 +26,7 @@ type ask struct {
 }
 
 // holdPart is one hold's part of an admission, prepared by the holds'
-// owner: its keys and arguments of admitScript (an account's holds, its
+// owner: its keys and arguments of fleet.AdmitScript (an account's holds, its
 // held total and a spend total per budget), its member in the account's
 // holds, and, once Redis answered, what the script said of it.
 type holdPart struct {
@@ -282,11 +282,11 @@ func (f *limitsShared) admitAny(now time.Time, calls []*admitCall, hcs []*holdPa
 				for i, c := range calls {
 					if c.redis {
 						c.sent = true
-						cmds[i] = admitScript.Eval(ctx, pipe, c.keys, append([]any{1, 0}, c.args...)...)
+						cmds[i] = fleet.AdmitScript.Eval(ctx, pipe, c.keys, append([]any{1, 0}, c.args...)...)
 					}
 				}
 				for i, h := range hcs {
-					cmds[len(calls)+i] = admitScript.Eval(ctx, pipe, h.keys, append([]any{0, 0}, h.args...)...)
+					cmds[len(calls)+i] = fleet.AdmitScript.Eval(ctx, pipe, h.keys, append([]any{0, 0}, h.args...)...)
 				}
 				return nil
 			})
@@ -307,7 +307,7 @@ func (f *limitsShared) admitAny(now time.Time, calls []*admitCall, hcs []*holdPa
 			continue
 		}
 		res, e := cmds[i].Int64Slice()
-		if e != nil || len(res) != admitAnswer {
+		if e != nil || len(res) != fleet.AdmitAnswer {
 			failed, got[i].lost = true, true
 			continue
 		}

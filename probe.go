@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"github.com/caddy-relay/relay/internal/fleet"
 	"io"
 	"net/http"
 	"time"
@@ -59,7 +60,7 @@ func defaultProbeBody(rt route, model string) []byte {
 // Probes go through the channel's provider and transport like client
 // requests, but count in none of the channel's counters.
 func (r *Relay) runProbes(ctx caddy.Context, ch *channel) {
-	every(ctx, ch.probe.interval, nil, func() {
+	fleet.Every(ctx, ch.probe.interval, nil, func() {
 		switch ch.health.channelState(r.now()) {
 		case stateCooldown, stateOpen:
 			if r.probeOnce(ctx, ch) {

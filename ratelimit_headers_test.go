@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"github.com/caddy-relay/relay/internal/fleet"
 	"net/http"
 	"strconv"
 	"strings"
@@ -323,7 +324,7 @@ func TestSharedLimitsSayWhatIsLeft(t *testing.T) {
 func TestTheFleetsHeadersCountEveryNode(t *testing.T) {
 	srv := redistest.Start(t)
 	startRelay(t, fleetBlock(srv.Addr, "local", "fleet-left"))
-	other := sharedLimiter(t, testFleet(t, srv.Addr, "fleet-left:", 0), tag("k:", "fleet-left-key"), limits{rate: rateSpec{n: 3, period: time.Minute}})
+	other := sharedLimiter(t, testFleet(t, srv.Addr, "fleet-left:", 0), fleet.Tag("k:", "fleet-left-key"), limits{rate: rateSpec{n: 3, period: time.Minute}})
 	if _, scope, _ := other.take(time.Now(), -1); scope != scopeNone {
 		t.Fatal(scope)
 	}

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/caddy-relay/relay/internal/fleet"
 	"io"
 	"io/fs"
 	"net/http"
@@ -109,7 +110,7 @@ func ownerStorageKey(kind resourceKind, channel, up string) string {
 
 // ownerHash is the Redis hash of a channel's owners of one kind.
 func (f *member) ownerHash(kind resourceKind, channel string) string {
-	return f.Key(tag("c:", channel), "owners:"+kind.String())
+	return f.Key(fleet.Tag("c:", channel), "owners:"+kind.String())
 }
 
 // ownerRecord is a record in Caddy's storage. The channel and the

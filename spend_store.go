@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/caddy-relay/relay/internal/fleet"
 	"io/fs"
 	"strings"
 	"sync"
@@ -203,7 +204,7 @@ func (a *spendAccount) record() spendRecord {
 // their time are dropped on the way.
 func (s *spendStore) checkpoints(ctx context.Context, done chan struct{}) {
 	defer close(done)
-	every(ctx, spendCheckpointEvery, s.soon, func() {
+	fleet.Every(ctx, spendCheckpointEvery, s.soon, func() {
 		expireBatches(time.Now())
 		if s.dirty.Load() {
 			s.save()
