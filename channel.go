@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/limits"
 	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
@@ -36,7 +37,7 @@ type channel struct {
 	streamIdle   time.Duration
 	cooldown     cooldownPolicy
 	breaker      breakerSettings
-	limits       limits
+	limits       limits.Spec
 	probe        *probe        // nil: no active probes
 	priceFactor  float64       // its price over the list price
 	spend        *spendAccount // what was spent on it, and its spend caps; nil: no cap
@@ -137,7 +138,7 @@ func (r *Relay) provisionChannel(ctx caddy.Context, cfg *Channel) (*channel, err
 	if ch.spend, err = r.channelSpend(cfg); err != nil {
 		return nil, err
 	}
-	lim, _ := parseLimits(cfg.Rate, cfg.Tokens, cfg.Concurrency) // validated already
+	lim, _ := limits.Parse(cfg.Rate, cfg.Tokens, cfg.Concurrency) // validated already
 	ch.limits = lim
 	return ch, nil
 }

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/caddy-relay/relay/internal/limits"
 	"github.com/caddyserver/caddy/v2"
 )
 
@@ -277,10 +278,10 @@ func (o *KeyOptions) validate() error {
 	if err := checkLimits(o.Rate, o.Tokens, o.Concurrency); err != nil {
 		return err
 	}
-	if _, err := parseRateSpec(o.UserRate); err != nil {
+	if _, err := limits.ParseRate(o.UserRate); err != nil {
 		return errAt([]string{"user_rate"}, "user_rate: %v", err)
 	}
-	if _, err := parseRateSpec(o.UserTokens); err != nil {
+	if _, err := limits.ParseRate(o.UserTokens); err != nil {
 		return errAt([]string{"user_tokens"}, "user_tokens: %v", err)
 	}
 	if _, err := parseBudgets(o.Budgets); err != nil {
@@ -409,10 +410,10 @@ func within(err error, what string, where ...string) error {
 
 // checkLimits checks a key's or a channel's limits, saying which is wrong.
 func checkLimits(rate, tokens string, concurrency int) error {
-	if _, err := parseRateSpec(rate); err != nil {
+	if _, err := limits.ParseRate(rate); err != nil {
 		return errAt([]string{"rate"}, "rate: %v", err)
 	}
-	if _, err := parseRateSpec(tokens); err != nil {
+	if _, err := limits.ParseRate(tokens); err != nil {
 		return errAt([]string{"tokens"}, "tokens: %v", err)
 	}
 	if concurrency < 0 {

@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/caddy-relay/relay/internal/fleet"
+	"github.com/caddy-relay/relay/internal/limits"
 	"github.com/caddyserver/caddy/v2"
 )
 
@@ -38,7 +39,7 @@ type member struct {
 
 	// limits is the limits this relay shares with the fleet: leases,
 	// blocks of large limits, slots, and what is given back
-	limits *limitsShared
+	limits *limits.Shared
 
 	spendMu sync.Mutex // one spend sync at a time
 
@@ -73,7 +74,7 @@ func newFleet(ctx caddy.Context, s *FleetRedis) (*member, error) {
 	}
 	f := &member{
 		Client:   c,
-		limits:   newLimitsShared(c),
+		limits:   limits.New(c),
 		publish:  make(chan healthChange, 1024),
 		signed:   make(chan signedEntry, 1024),
 		resync:   make(chan struct{}, 1),
@@ -97,12 +98,12 @@ func newFleet(ctx caddy.Context, s *FleetRedis) (*member, error) {
 func (f *member) Destruct() error {
 	f.Stop()
 	f.flushSpend()
-	f.limits.flushAll()
+	f.limits.Flush()
 	return f.Close()
 }
 
 // limitsOf is the limits the fleet f keeps (nil f: none).
-func (f *member) limitsOf() *limitsShared {
+func (f *member) limitsOf() *limits.Shared {
 	if f == nil {
 		return nil
 	}

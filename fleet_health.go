@@ -129,7 +129,7 @@ return out
 // relay's own). Limits are kept in Redis only when the channel has some.
 func (h *channelHealth) share(f *member) {
 	h.fleet.Store(f)
-	h.limits.share(f.limitsOf(), fleet.Tag("c:", h.name))
+	h.limits.Share(f.limitsOf(), fleet.Tag("c:", h.name))
 	if f != nil {
 		f.resyncSoon()
 	}

@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/caddy-relay/relay/internal/redistest"
 )
 

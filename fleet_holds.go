@@ -2,6 +2,7 @@ package relay
 
 import (
 	"github.com/caddy-relay/relay/internal/fleet"
+	"github.com/caddy-relay/relay/internal/limits"
 	"strconv"
 	"time"
 
@@ -76,16 +77,16 @@ func holdMember(id string, n nanoUSD) string {
 // holdCall is one hold's part of an admission, prepared, and the budgets
 // the script judges it against, in order: what its answer names.
 type holdCall struct {
-	part    holdPart
+	part    limits.Hold
 	periods []budgetPeriod
 }
 
 // prepareHold makes the script's keys and arguments that hold n against
 // every budget of a, as member, for ttl.
-func (f *member) prepareHold(a *spendAccount, now time.Time, n nanoUSD, member string, ttl time.Duration) *holdPart {
+func (f *member) prepareHold(a *spendAccount, now time.Time, n nanoUSD, member string, ttl time.Duration) *limits.Hold {
 	set, total := f.holdKeys(a.id)
-	c := &holdCall{part: holdPart{member: member, keys: []string{set, total}}}
-	c.part.of = c
+	c := &holdCall{part: limits.Hold{Member: member, Keys: []string{set, total}}}
+	c.part.Of = c
 	var budgets []any
 	a.mu.Lock()
 	a.roll(now)
@@ -94,22 +95,22 @@ func (f *member) prepareHold(a *spendAccount, now time.Time, n nanoUSD, member s
 		if a.caps[p] > 0 {
 			ps := a.periods[p]
 			c.periods = append(c.periods, p)
-			c.part.keys = append(c.part.keys, f.spendKey(a.id, p, ps.start))
+			c.part.Keys = append(c.part.Keys, f.spendKey(a.id, p, ps.start))
 			budgets = append(budgets, int64(a.caps[p]), int64(ps.pending))
 		}
 	}
 	a.mu.Unlock()
-	c.part.args = append([]any{member, ttl.Milliseconds(), keep.Milliseconds(), int64(n), len(c.periods)}, budgets...)
+	c.part.Args = append([]any{member, ttl.Milliseconds(), keep.Milliseconds(), int64(n), len(c.periods)}, budgets...)
 	return &c.part
 }
 
 // prepareHolds prepares the holds of hs (nil: none), each as a lease of
 // this relay's.
-func (f *member) prepareHolds(now time.Time, hs *holds) []*holdPart {
+func (f *member) prepareHolds(now time.Time, hs *holds) []*limits.Hold {
 	if hs == nil {
 		return nil
 	}
-	hcs := make([]*holdPart, hs.n)
+	hcs := make([]*limits.Hold, hs.n)
 	for i := range hs.n {
 		h := &hs.list[i]
 		hcs[i] = f.prepareHold(h.a, now, h.usd, holdMember(f.LeaseID(), h.usd), f.Lease)
@@ -119,9 +120,9 @@ func (f *member) prepareHolds(now time.Time, hs *holds) []*holdPart {
 
 // heldAnswer is what the admission script's answer on the hold part i,
 // which it did not take, says: the budget that did not have room for it.
-func heldAnswer(i int, part *holdPart) holdAnswer {
-	c := part.of.(*holdCall)
-	v := part.answer
+func heldAnswer(i int, part *limits.Hold) holdAnswer {
+	c := part.Of.(*holdCall)
+	v := part.Answer
 	ans := holdAnswer{verdict: holdWait, i: i, period: c.periods[v[1]-1], spent: nanoUSD(v[2]), held: nanoUSD(v[3])}
 	if v[0] == 2 {
 		ans.verdict = holdRefused
@@ -133,6 +134,6 @@ func heldAnswer(i int, part *holdPart) holdAnswer {
 // that cost nothing.
 func (f *member) releaseHold(a *spendAccount, member string) {
 	set, total := f.holdKeys(a.id)
-	f.limits.drop(leaseRef{set, member}, true)
-	f.limits.queueRelease(release{holdSet: set, holdTotal: total, member: member})
+	f.limits.DropHoldLease(set, member)
+	f.limits.ReleaseHold(set, total, member)
 }

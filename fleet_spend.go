@@ -2,9 +2,9 @@ package relay
 
 import (
 	"context"
-	"github.com/caddy-relay/relay/internal/fleet"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -168,7 +168,7 @@ func (f *member) flushSpend() {
 		}
 		set, _ := f.holdKeys(h.a.id)
 		for _, r := range h.releases {
-			f.limits.drop(leaseRef{set, r.lease}, true)
+			f.limits.DropHoldLease(set, r.lease)
 		}
 		h.a.mu.Lock()
 		h.a.releases = h.a.releases[len(h.releases):]

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/limits"
 	"github.com/caddyserver/caddy/v2"
 )
 
@@ -166,7 +167,7 @@ func (r *Relay) provisionGroups(channels map[string]*channel) error {
 	r.groups = make(map[string]*group, len(r.Groups))
 	for _, cfg := range r.Groups {
 		g := &group{name: cfg.Name, retries: defaultRetries, expose: cfg.ExposeChannel,
-			budgetRatio: defaultRetryBudget, budgetFloor: defaultRetryBudgetFloor, waitMax: time.Duration(cfg.WaitForRecovery),
+			budgetRatio: limits.DefaultRetryBudget, budgetFloor: limits.DefaultRetryBudgetFloor, waitMax: time.Duration(cfg.WaitForRecovery),
 			maxQueue: defaultMaxQueue, maxWait: defaultMaxWait, policy: cmp.Or(cfg.Policy, policyWeighted), fallbacks: cfg.Fallbacks,
 			stripThinking: cfg.ThinkingFailover == thinkingFailoverStrip}
 		for name, share := range cfg.Splits {
@@ -255,7 +256,7 @@ var groupStates = caddy.NewUsagePool()
 
 // groupState is what a group keeps across reloads.
 type groupState struct {
-	budget retryBudget
+	budget limits.RetryBudget
 	queue  waitQueue
 	mu     sync.Mutex
 	cache  *responseCache // the last config's, kept while its settings stay

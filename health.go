@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/limits"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/sony/gobreaker/v2"
 )
@@ -67,9 +68,9 @@ type channelHealth struct {
 	// channel. Copied on write, read without the lock on every selection.
 	classes atomic.Pointer[classCooldowns]
 
-	limits   limiter       // the channel's rate, tokens and concurrency; counts in-flight attempts
-	requests atomic.Uint64 // finished attempts, client traffic only
-	failures atomic.Uint64 // of which ended in a retryable outcome
+	limits   limits.Limiter // the channel's rate, tokens and concurrency; counts in-flight attempts
+	requests atomic.Uint64  // finished attempts, client traffic only
+	failures atomic.Uint64  // of which ended in a retryable outcome
 
 	breaker atomic.Pointer[gobreaker.TwoStepCircuitBreaker[struct{}]]
 
@@ -113,8 +114,8 @@ func (*channelHealth) Destruct() error { return nil }
 // surviving) state and records what the config says about the channel.
 // gobreaker cannot change its settings, so new settings start a new breaker;
 // unchanged settings keep the breaker and its counts.
-func (h *channelHealth) configure(s breakerSettings, l limits, owner channelOwner, now time.Time) {
-	h.limits.configure(l, now)
+func (h *channelHealth) configure(s breakerSettings, l limits.Spec, owner channelOwner, now time.Time) {
+	h.limits.Configure(l, now)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.breaker.Load() == nil || s != h.settings {

@@ -2,6 +2,8 @@ package relay
 
 import (
 	"time"
+
+	"github.com/caddy-relay/relay/internal/limits"
 )
 
 // ticket is one admitted attempt on a channel. It must be finished, or
@@ -9,7 +11,7 @@ import (
 type ticket struct {
 	h        *channelHealth
 	done     func(error)
-	grant    grant // what the channel's limits admitted
+	grant    limits.Grant // what the channel's limits admitted
 	finished bool
 }
 
@@ -18,17 +20,17 @@ type ticket struct {
 // probes; the others skip the channel. A nil ticket comes with the limit
 // that refused it (another request took the last slot first), or none when
 // the breaker did.
-func (h *channelHealth) admit(now time.Time, estimate int64) (*ticket, limitScope) {
-	g, scope, _ := h.limits.take(now, estimate)
-	if scope != scopeNone {
+func (h *channelHealth) admit(now time.Time, estimate int64) (*ticket, limits.Scope) {
+	g, scope, _ := h.limits.Take(now, estimate)
+	if scope != limits.ScopeNone {
 		return nil, scope
 	}
 	done, err := h.breaker.Load().Allow()
 	if err != nil {
-		h.limits.done(now, g, 0)
-		return nil, scopeNone
+		h.limits.Done(now, g, 0)
+		return nil, limits.ScopeNone
 	}
-	return &ticket{h: h, done: done, grant: g}, scopeNone
+	return &ticket{h: h, done: done, grant: g}, limits.ScopeNone
 }
 
 // admitWith admits an attempt as admit does, and with it what goes along
@@ -38,13 +40,13 @@ func (h *channelHealth) admit(now time.Time, estimate int64) (*ticket, limitScop
 // refused is the rider whose limits refused (-1: none; else a refusal is
 // the channel's, as admit's); ans says why the holds were not taken. An
 // admitted rider's g is what its limits admitted.
-func (h *channelHealth) admitWith(now time.Time, estimate int64, riders []ask, hs *holds) (t *ticket, refused int, scope limitScope, wait time.Duration, ans holdAnswer) {
-	var buf [4]ask
+func (h *channelHealth) admitWith(now time.Time, estimate int64, riders []limits.Ask, hs *holds) (t *ticket, refused int, scope limits.Scope, wait time.Duration, ans holdAnswer) {
+	var buf [4]limits.Ask
 	asks := append(buf[:0], riders...)
-	asks = append(asks, ask{l: &h.limits, est: estimate})
+	asks = append(asks, limits.Ask{Limiter: &h.limits, Estimate: estimate})
 	refused, scope, wait, ans = takeAll(now, asks, hs)
 	copy(riders, asks)
-	if scope == scopeFleetDown {
+	if scope == limits.ScopeFleetDown {
 		return nil, -1, scope, 0, ans
 	}
 	if refused >= 0 || ans.verdict != holdTaken {
@@ -55,14 +57,14 @@ func (h *channelHealth) admitWith(now time.Time, estimate int64, riders []ask, h
 	}
 	done, err := h.breaker.Load().Allow()
 	if err != nil { // its half-open breaker is busy with other probes
-		giveBackAsks(now, asks, nil)
+		limits.GiveBack(now, asks)
 		copy(riders, asks)
 		if hs != nil {
 			hs.unreserve()
 		}
-		return nil, -1, scopeNone, 0, holdAnswer{}
+		return nil, -1, limits.ScopeNone, 0, holdAnswer{}
 	}
-	return &ticket{h: h, done: done, grant: asks[len(riders)].g}, -1, scopeNone, 0, holdAnswer{}
+	return &ticket{h: h, done: done, grant: asks[len(riders)].Grant}, -1, limits.ScopeNone, 0, holdAnswer{}
 }
 
 // finish records the verdict of the attempt: limits, counters, breaker,
@@ -75,7 +77,7 @@ func (t *ticket) finish(v verdict, p cooldownPolicy, now time.Time, firstByte ti
 	}
 	t.finished = true
 	h := t.h
-	h.limits.done(now, t.grant, tokens)
+	h.limits.Done(now, t.grant, tokens)
 	h.wakeQueues()
 	switch {
 	case v.outcome == outcomeCanceled:
@@ -101,7 +103,7 @@ func (t *ticket) finish(v verdict, p cooldownPolicy, now time.Time, firstByte ti
 func (t *ticket) release(now func() time.Time) {
 	if !t.finished {
 		t.finished = true
-		t.h.limits.done(now(), t.grant, 0)
+		t.h.limits.Done(now(), t.grant, 0)
 		t.done(errBreakerExcluded)
 		t.h.wakeQueues()
 	}

@@ -28,7 +28,7 @@ func (h *channelHealth) busy(now time.Time) (busy bool, until time.Time, upstrea
 	if q := h.quotaUntil.Load(); q > now.UnixNano() {
 		return true, time.Unix(0, q), true
 	}
-	busy, until = h.limits.busy(now)
+	busy, until = h.limits.Busy(now)
 	return busy, until, false
 }
 

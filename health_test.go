@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/limits"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/sony/gobreaker/v2"
 )
@@ -243,7 +244,7 @@ func TestUpstreamQuotaIsCappedAndReset(t *testing.T) {
 // newTestHealth returns a channel state with a breaker configured by s.
 func newTestHealth(s breakerSettings) *channelHealth {
 	h := new(channelHealth)
-	h.configure(s, limits{}, channelOwner{provider: "anthropic"}, time.Now())
+	h.configure(s, limits.Spec{}, channelOwner{provider: "anthropic"}, time.Now())
 	return h
 }
 
@@ -343,7 +344,7 @@ func halfOpenAdmitsTheProbes(t *testing.T, probes uint32) {
 	if uint32(len(admitted)) != probes {
 		t.Fatalf("half-open admitted %d attempts, want exactly %d", len(admitted), probes)
 	}
-	if got := h.limits.inflight.Load(); got != int64(probes) {
+	if got := h.limits.Inflight(); got != int64(probes) {
 		t.Errorf("inflight = %d, want %d", got, probes)
 	}
 	for _, tk := range admitted {
@@ -352,7 +353,7 @@ func halfOpenAdmitsTheProbes(t *testing.T, probes uint32) {
 	if got := h.breaker.Load().State(); got != gobreaker.StateClosed {
 		t.Errorf("after %d successful probes the breaker is %v, want closed", probes, got)
 	}
-	if got := h.limits.inflight.Load(); got != 0 {
+	if got := h.limits.Inflight(); got != 0 {
 		t.Errorf("inflight = %d after the probes finished", got)
 	}
 }
@@ -389,8 +390,8 @@ func ticketReleasedWithoutVerdict(t *testing.T) {
 		defer tk.release(time.Now)
 		panic("attempt panicked")
 	}()
-	if h.limits.inflight.Load() != 0 {
-		t.Errorf("inflight = %d after a panic", h.limits.inflight.Load())
+	if h.limits.Inflight() != 0 {
+		t.Errorf("inflight = %d after a panic", h.limits.Inflight())
 	}
 	if tk, _ := h.admit(time.Now(), 0); tk == nil {
 		t.Errorf("the half-open slot was lost with the panicking attempt")
@@ -420,12 +421,12 @@ func TestConfigureKeepsOrReplacesTheBreaker(t *testing.T) {
 	s := breakerSettings{window: 10 * time.Second, ratio: 0.5, minRequests: 2, openFor: time.Hour, probes: 1}
 	h := newTestHealth(s)
 	run(t, h, outcomeTransient, outcomeTransient)
-	h.configure(s, limits{}, channelOwner{provider: "anthropic"}, time.Now()) // a reload with the same settings
+	h.configure(s, limits.Spec{}, channelOwner{provider: "anthropic"}, time.Now()) // a reload with the same settings
 	if h.breaker.Load().State() != gobreaker.StateOpen {
 		t.Errorf("a reload with unchanged settings must keep the open breaker")
 	}
 	s.openFor = 2 * time.Hour
-	h.configure(s, limits{}, channelOwner{provider: "anthropic"}, time.Now())
+	h.configure(s, limits.Spec{}, channelOwner{provider: "anthropic"}, time.Now())
 	if h.breaker.Load().State() != gobreaker.StateClosed {
 		t.Errorf("new settings start a new breaker")
 	}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/limits"
 	"go.uber.org/zap"
 )
 
@@ -362,7 +363,7 @@ func (r *Relay) planHolds(in *inbound) *relayError {
 // cannot fit answers the request (rerr); a hold that must wait for holds in
 // flight waits in the queue, and then the loop picks again (nil ticket,
 // scopeBudget).
-func (r *Relay) admitHeld(ctx context.Context, in *inbound, ch *channel, now time.Time, q *queued) (*ticket, limitScope, *relayError) {
+func (r *Relay) admitHeld(ctx context.Context, in *inbound, ch *channel, now time.Time, q *queued) (*ticket, limits.Scope, *relayError) {
 	hs := in.grant.holds
 	first := hs.list[0].a
 	// a newcomer does not overtake the requests of its class or better
@@ -386,7 +387,7 @@ func (r *Relay) admitHeld(ctx context.Context, in *inbound, ch *channel, now tim
 		return nil, scopeCapped, nil // the channel's cap cannot take it: the next channel may
 	case ans.verdict == holdRefused:
 		h := hs.list[ans.i]
-		return nil, scopeNone, r.budgetRefusal(in, h.a, h.usd, ans)
+		return nil, limits.ScopeNone, r.budgetRefusal(in, h.a, h.usd, ans)
 	case ans.verdict == holdWait:
 		settled := func() bool { return hs.list[ans.i].a.freed.Load() != freed[ans.i] }
 		return nil, scopeBudget, r.waitForHolds(ctx, in, q, ans, settled)
@@ -399,7 +400,7 @@ func (r *Relay) admitHeld(ctx context.Context, in *inbound, ch *channel, now tim
 }
 
 // scopeBudget is a request that waited for holds in flight to settle.
-const scopeBudget limitScope = "budget"
+const scopeBudget limits.Scope = "budget"
 
 // fleetHoldPoll is how often a request that waits for holds in flight asks
 // the fleet again: holds another relay settles wake nobody here.
@@ -548,15 +549,15 @@ func (hs *holds) fleet() *member {
 	return f
 }
 
-// A request's holds are taken with its limits (limitHolds).
-var _ limitHolds[holdAnswer] = (*holds)(nil)
+// A request's holds are taken with its limits (limits.Holds).
+var _ limits.Holds[holdAnswer] = (*holds)(nil)
 
 // Pending reports whether the request has holds to take.
 func (hs *holds) Pending() bool { return hs.pending() }
 
 // Fleet is the limits of the fleet that keeps every hold; nil when a hold
 // is kept on this relay.
-func (hs *holds) Fleet() *limitsShared { return hs.fleet().limitsOf() }
+func (hs *holds) Fleet() *limits.Shared { return hs.fleet().limitsOf() }
 
 // Reserve takes every hold on this relay, or none.
 func (hs *holds) Reserve(now time.Time) (holdAnswer, bool) {
@@ -575,17 +576,17 @@ func (hs *holds) Shares(now time.Time) (holdAnswer, bool) {
 }
 
 // Parts prepares the holds' parts of the fleet's admission.
-func (hs *holds) Parts(now time.Time) []*holdPart { return hs.fleet().prepareHolds(now, hs) }
+func (hs *holds) Parts(now time.Time) []*limits.Hold { return hs.fleet().prepareHolds(now, hs) }
 
 // Refused is the answer on a hold the fleet did not take.
-func (hs *holds) Refused(i int, part *holdPart) holdAnswer { return heldAnswer(i, part) }
+func (hs *holds) Refused(i int, part *limits.Hold) holdAnswer { return heldAnswer(i, part) }
 
 // Taken records the holds the fleet took: each is its lease (renewed by
 // the fleet until its cost is added), and this relay counts it in flight.
-func (hs *holds) Taken(parts []*holdPart) {
+func (hs *holds) Taken(parts []*limits.Hold) {
 	for i := range hs.n {
 		h := &hs.list[i]
-		h.lease = parts[i].member
+		h.lease = parts[i].Member
 		h.a.holdsHere(h.usd, h.group)
 	}
 }

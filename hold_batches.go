@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fleet"
+	"github.com/caddy-relay/relay/internal/limits"
 	"github.com/redis/go-redis/v9"
 	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
@@ -163,11 +164,11 @@ func (b *batchHoldTaken) take(accts []*spendAccount, now time.Time, channel stri
 	if f == nil {
 		return b.reserve(accts, now, channel), nil
 	}
-	calls := make([]*holdPart, len(accts))
+	calls := make([]*limits.Hold, len(accts))
 	for i, a := range accts {
 		calls[i] = f.prepareHold(a, now, b.usd, holdMember(f.LeaseID(), b.usd), f.Lease)
 	}
-	notHeld, err := f.limits.admitHolds(now, calls)
+	notHeld, err := f.limits.AdmitHolds(now, calls)
 	switch {
 	case err != nil && f.Deny:
 		return holdAnswer{}, err
@@ -178,8 +179,8 @@ func (b *batchHoldTaken) take(accts []*spendAccount, now time.Time, channel stri
 	}
 	for i, a := range accts {
 		a.holdsHere(b.usd, "")
-		f.limits.hold(leaseRef{calls[i].keys[0], calls[i].member}, true)
-		b.parts = append(b.parts, batchHoldPart{a: a, lease: calls[i].member, channel: channel})
+		f.limits.HoldLease(calls[i].Keys[0], calls[i].Member)
+		b.parts = append(b.parts, batchHoldPart{a: a, lease: calls[i].Member, channel: channel})
 	}
 	return holdAnswer{}, nil
 }
@@ -312,7 +313,7 @@ func (b *batchHoldTaken) keep(channel, up string) {
 	})
 	for _, p := range b.parts {
 		set, _ := f.holdKeys(p.a.id)
-		f.limits.drop(leaseRef{set, p.lease}, true) // given back with the batch's hold, or left to expire
+		f.limits.DropHoldLease(set, p.lease) // given back with the batch's hold, or left to expire
 	}
 	if err != nil {
 		b.r.logger.Warn("could not record a batch's hold in the fleet's storage: it holds nothing against its budgets",
@@ -415,7 +416,7 @@ func (r *Relay) settleFleetBatch(in *inbound, id string) {
 		})
 		if found == nil {
 			set, total := f.holdKeys(accountID)
-			f.limits.queueRelease(release{holdSet: set, holdTotal: total, member: member})
+			f.limits.ReleaseHold(set, total, member)
 			continue
 		}
 		hs.add(found, nanoUSD(n))

@@ -4,12 +4,12 @@ import (
 	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
-	"github.com/caddy-relay/relay/internal/fleet"
 	"net/http"
 	"strings"
 	"time"
 	"unicode/utf8"
 
+	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/caddyserver/caddy/v2"
 )
 
@@ -184,8 +184,8 @@ func (s *keyState) identity(id string, now time.Time) *keyState {
 		st := newKeyState()
 		st.id = userStatePrefix + id
 		sp := s.identSpec.Load()
-		st.limits.configure(sp.limits, now)
-		st.limits.share(sp.fleet.limitsOf(), fleet.Tag("u:", id))
+		st.limits.Configure(sp.limits, now)
+		st.limits.Share(sp.fleet.limitsOf(), fleet.Tag("u:", id))
 		st.spend = identitySpend(st.id, sp)
 		return st
 	})
@@ -203,8 +203,8 @@ func (s *keyState) configureIdentities(sp stateSpec, now time.Time) {
 	s.identSpec.Store(&sp)
 	s.mu.Unlock()
 	c.each(func(id string, st *keyState) {
-		st.limits.configure(sp.limits, now)
-		st.limits.share(sp.fleet.limitsOf(), fleet.Tag("u:", id))
+		st.limits.Configure(sp.limits, now)
+		st.limits.Share(sp.fleet.limitsOf(), fleet.Tag("u:", id))
 		sp.budgets.apply(st.spend, sp.fleet)
 	})
 }

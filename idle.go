@@ -20,11 +20,11 @@ import (
 // and expires an entry a fixed time after it was added, not after it was
 // last used.
 
-// settler is a state an idleCache can drop: settled reports whether a new
+// settler is a state an idleCache can drop: Settled reports whether a new
 // state would be the same (nothing in flight, buckets full), so that
 // dropping it forgives nothing.
 type settler interface {
-	settled(now time.Time) bool
+	Settled(now time.Time) bool
 }
 
 // idleCache keeps states by id.
@@ -144,7 +144,7 @@ func (c *idleCache[V]) sweep(now time.Time) {
 		if !ok || now.Sub(e.used) < c.idle {
 			return
 		}
-		if e.v.settled(now) {
+		if e.v.Settled(now) {
 			c.lru.RemoveOldest()
 			continue
 		}

@@ -4,12 +4,14 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/caddy-relay/relay/internal/limits"
 )
 
 // fakeState is a state whose settledness a test sets.
 type fakeState struct{ busy bool }
 
-func (s *fakeState) settled(time.Time) bool { return !s.busy }
+func (s *fakeState) Settled(time.Time) bool { return !s.busy }
 
 func TestIdleCacheNeverHoldsMoreThanItsCap(t *testing.T) {
 	c := newIdleCache[*fakeState](100, time.Hour)
@@ -62,23 +64,23 @@ func TestIdleCacheDropsOnlySettledStates(t *testing.T) {
 }
 
 func TestALimiterIsSettledOnceItWouldBeNew(t *testing.T) {
-	l := new(limiter)
-	l.configure(limits{rate: rateSpec{n: 2, period: time.Minute}, tokens: rateSpec{n: 1000, period: time.Minute}}, testNow)
-	if !l.settled(testNow) {
+	l := new(limits.Limiter)
+	l.Configure(limits.Spec{Rate: limits.Rate{N: 2, Period: time.Minute}, Tokens: limits.Rate{N: 1000, Period: time.Minute}}, testNow)
+	if !l.Settled(testNow) {
 		t.Fatal("a new limiter is settled")
 	}
-	g, scope, _ := l.take(testNow, 100)
-	if scope != scopeNone {
+	g, scope, _ := l.Take(testNow, 100)
+	if scope != limits.ScopeNone {
 		t.Fatal(scope)
 	}
-	if l.settled(testNow) {
+	if l.Settled(testNow) {
 		t.Error("a limiter with a request in flight is not settled")
 	}
-	l.done(testNow, g, 1600) // 600 tokens in debt
-	if l.settled(testNow.Add(time.Minute)) {
+	l.Done(testNow, g, 1600) // 600 tokens in debt
+	if l.Settled(testNow.Add(time.Minute)) {
 		t.Error("a limiter whose token bucket is still refilling is not settled")
 	}
-	if !l.settled(testNow.Add(97 * time.Second)) {
+	if !l.Settled(testNow.Add(97 * time.Second)) {
 		t.Error("1600 tokens at 1000/m are back after 96s")
 	}
 }

@@ -2,11 +2,11 @@ package relay
 
 import (
 	"context"
-	"github.com/caddy-relay/relay/internal/fleet"
 	"io"
 	"net/http"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"

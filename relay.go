@@ -26,6 +26,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/limits"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/certmagic"
@@ -422,7 +423,7 @@ func (r *Relay) serve(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 	if rerr = r.admitKey(in, req.ContentLength); rerr != nil {
 		return refused(rerr)
 	}
-	defer func() { in.who.state.limits.done(r.now(), in.grant.keyGrant, in.billed()) }()
+	defer func() { in.who.state.limits.Done(r.now(), in.grant.keyGrant, in.billed()) }()
 	buf, rerr := r.readBody(w, req)
 	if rerr != nil {
 		return refused(rerr)
@@ -443,7 +444,7 @@ func (r *Relay) serve(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 	}
 	defer func() { // admitted here, or along with its first channel
 		if in.grant.endUser != nil {
-			in.grant.endUser.done(r.now(), in.grant.endUserGrant, in.billed())
+			in.grant.endUser.Done(r.now(), in.grant.endUserGrant, in.billed())
 		}
 	}()
 	if rerr = r.admitSession(in); rerr != nil {
@@ -527,12 +528,12 @@ func (r *Relay) admitKey(in *inbound, contentLength int64) *relayError {
 			estimate = contentLength/4 + 1
 		}
 	}
-	g, scope, wait := in.who.state.limits.enter(r.now(), estimate) // in a fleet, admitted with its first channel (fleet_admit.go)
+	g, scope, wait := in.who.state.limits.Enter(r.now(), estimate) // in a fleet, admitted with its first channel (fleet_admit.go)
 	switch scope {
-	case scopeNone:
-		in.grant.keyGrant, in.grant.keyAsked = g, !g.pending
+	case limits.ScopeNone:
+		in.grant.keyGrant, in.grant.keyAsked = g, !g.Pending
 		return nil
-	case scopeFleetDown:
+	case limits.ScopeFleetDown:
 		return errStorageUnavailable()
 	}
 	in.grant.keyGrant, in.grant.keyAsked = g, true // what it has left, for the 429's headers
@@ -557,7 +558,7 @@ func (r *Relay) chargeKeyTokens(in *inbound) {
 		return
 	}
 	in.ask.estimate = estimateTokens(in.ask.body)
-	in.who.state.limits.charge(r.now(), &in.grant.keyGrant, in.ask.estimate-in.grant.keyGrant.charged)
+	in.who.state.limits.Charge(r.now(), &in.grant.keyGrant, in.ask.estimate-in.grant.keyGrant.Charged)
 }
 
 // Interface guards

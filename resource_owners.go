@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/caddy-relay/relay/internal/fleet"
 	"io"
 	"io/fs"
 	"net/http"
@@ -15,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/certmagic"
 	"github.com/hashicorp/golang-lru/v2/simplelru"

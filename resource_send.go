@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/limits"
 	"github.com/caddy-relay/relay/provider"
 	"go.uber.org/zap"
 )
@@ -32,7 +33,7 @@ type resourceAttempt struct {
 func (c *resourceCtx) send(ch *channel, rp provider.ResourceProvider, call *provider.ResourceCall, headerTimeout time.Duration) *resourceAttempt {
 	t, scope := ch.health.admit(c.r.now(), -1)
 	switch {
-	case scope == scopeFleetDown:
+	case scope == limits.ScopeFleetDown:
 		return &resourceAttempt{c: c, ch: ch, failure: refused(errStorageUnavailable())}
 	case t == nil:
 		return &resourceAttempt{c: c, ch: ch, failure: refused(errQueue("the channel that holds this "+c.rq.kind.noun()+" is at its limit", time.Second))}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/limits"
 	"github.com/caddy-relay/relay/providers/anthropic"
 )
 
@@ -545,7 +546,7 @@ func benchPick(b *testing.B, policy string, split bool) {
 	g := &group{name: "bench-pick", policy: policy}
 	for i := 0; i < 4; i++ {
 		ch := testChannel(fmt.Sprintf("bench-pick-%d", i), withWeight(1+i))
-		ch.health.configure(defaultBreaker, limits{}, channelOwner{}, time.Now())
+		ch.health.configure(defaultBreaker, limits.Spec{}, channelOwner{}, time.Now())
 		ch.health.ewmaMs.Store(math.Float64bits(float64(100 + 50*i)))
 		g.channels = append(g.channels, ch)
 	}

@@ -12,11 +12,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddytest"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/caddy-relay/relay/internal/redistest"
 )
 

@@ -1,4 +1,4 @@
-package relay
+package limits
 
 import (
 	"github.com/redis/go-redis/v9"

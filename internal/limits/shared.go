@@ -1,4 +1,4 @@
-package relay
+package limits
 
 import (
 	"context"
@@ -9,10 +9,10 @@ import (
 	"github.com/caddy-relay/relay/internal/fleet"
 )
 
-// limitsShared is the limits' part of a relay's membership of a fleet: the
+// Shared is the limits' part of a relay's membership of a fleet: the
 // leases it renews, the blocks of large limits it holds, the slots it
 // gives back, and the workers that keep them, on the fleet's client.
-type limitsShared struct {
+type Shared struct {
 	// Client is the fleet's Redis client, shared with the other concerns
 	*fleet.Client
 
@@ -47,10 +47,11 @@ type limitsShared struct {
 	releases chan release // given back off the request path
 }
 
-// newLimitsShared keeps limits in the fleet of c: it reports its blocks
-// in c's heartbeats and runs its workers with c's background work.
-func newLimitsShared(c *fleet.Client) *limitsShared {
-	f := &limitsShared{
+// New keeps limits in the fleet of c: it reports its blocks in c's
+// heartbeats and runs its workers with c's background work (c.Go); when
+// that stops (c.Stop), Flush gives back what the node still holds.
+func New(c *fleet.Client) *Shared {
+	f := &Shared{
 		Client:     c,
 		leases:     map[leaseRef]struct{}{},
 		holdLeases: map[leaseRef]struct{}{},
@@ -69,12 +70,16 @@ func newLimitsShared(c *fleet.Client) *limitsShared {
 	return f
 }
 
-// flushAll gives back, once the workers have stopped, what this node
+// NoLeases, on, takes no blocks: every limit is asked of Redis at every
+// request (for tests and benchmarks that compare).
+func (f *Shared) NoLeases(on bool) { f.noLeases.Store(on) }
+
+// Flush gives back, once the workers have stopped, what this node
 // still holds: the unused part of its blocks of large limits, what the
 // worker had not given back yet, the slots freed and not given back, and
 // the slots still held. The holds of requests still in flight expire with
 // their lease: their cost is not known yet.
-func (f *limitsShared) flushAll() {
+func (f *Shared) Flush() {
 	f.endBlocks(f.now(), true)
 	var rest []release
 	for len(f.releases) > 0 {
