@@ -166,8 +166,8 @@ func (r *Relay) price(in *inbound) (priced bool, tools float64) {
 	}
 	in.end.cost = 0
 	if ch := in.end.charged(); ch != nil {
-		in.end.cost = rates.cost(in.end.usage) * ch.priceFactor
-		tools = rates.serverTools(in.end.usage) * ch.priceFactor
+		in.end.cost = rates.Cost(in.end.usage.priced()) * ch.priceFactor
+		tools = rates.ServerTools(in.end.usage.priced()) * ch.priceFactor
 		if estimated && in.end.cost > 0 {
 			in.end.estimatedPrice = true
 			r.unpriced(in, in.grant.target, in.end.cost)

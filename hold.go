@@ -259,10 +259,10 @@ func (a *spendAccount) heldLocked() nanoUSD {
 // write prices, at the long-prompt tier when the estimate may reach it)
 // plus max_tokens at the output price (the model's maximum output when the
 // body gives none) plus the web searches its tools may make
-// (servertools.go), of the dearest model it may be served as (itself and
+// (internal/money), of the dearest model it may be served as (itself and
 // its group's fallbacks for it), times the highest price_factor among its
 // group's channels. A model without a price costs its estimate
-// (pricing.go). floored: its input is at least its hold floor
+// (internal/money). floored: its input is at least its hold floor
 // (hold_floor.go).
 func (r *Relay) worstCase(in *inbound, floored bool) float64 {
 	g := in.group()
@@ -284,26 +284,12 @@ func (r *Relay) worstOf(in *inbound, model string, floored bool) float64 {
 		return 0
 	}
 	maxOut := int64(in.ask.maxOut)
-	worst := rates.worst(in.ask.estimate, maxOut)
+	worst := rates.Worst(in.ask.estimate, maxOut)
 	if floored {
 		window := contextWindow(model, in.ask.needs.hasBeta(context1m))
-		worst = max(worst, rates.worst(0, maxOut)+r.floorOf(rates, window))
+		worst = max(worst, rates.Worst(0, maxOut)+r.floorOf(rates, window))
 	}
-	return worst + float64(in.ask.searches)*rates.webSearch
-}
-
-// worst is the most a request with a prompt of about prompt tokens and
-// maxTokens of output (0 or less: the model's maximum, or the largest the
-// list knows) may cost at these rates.
-func (r *rates) worst(prompt, maxTokens int64) float64 {
-	if maxTokens <= 0 {
-		maxTokens = r.maxOutput
-		if maxTokens <= 0 {
-			maxTokens = largestMaxOutput
-		}
-	}
-	in, out := r.ceiling(prompt)
-	return float64(prompt)*in + float64(maxTokens)*out
+	return worst + float64(in.ask.searches)*rates.WebSearch()
 }
 
 // ceilNano rounds an amount up to billionths of a dollar: a hold never

@@ -8,6 +8,7 @@ import (
 
 	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/caddy-relay/relay/internal/limits"
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/redis/go-redis/v9"
 	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
@@ -52,7 +53,7 @@ func batchHoldID(channel, up string) string { return fleet.Digest(channel + "\x0
 // request's worst case as a message's (of its own params, its input at
 // least its hold floor when it reads from outside them, a floor that no
 // budget caps: a batch's requests are many), its tokens at its model's
-// batch price (an unpriced model's estimate: pricing.go) and its web
+// batch price (an unpriced model's estimate: internal/money) and its web
 // searches at their full price, times factor, the highest price_factor
 // among the channels that may take the batch; long: the create asks for
 // the 1M context.
@@ -63,11 +64,11 @@ func (r *Relay) batchWorstCase(body []byte, factor float64, long bool) float64 {
 		model := params.Get("model").Str
 		if rates, _ := r.ratesFor(model, true); rates != nil {
 			prompt, maxOut := int64(len(params.Raw)/4)+1, params.Get("max_tokens").Int()
-			worst := rates.worst(prompt, maxOut)
+			worst := rates.Worst(prompt, maxOut)
 			if rawReadsOutside([]byte(params.Raw)) {
-				worst = max(worst, rates.worst(0, maxOut)+r.floorOf(rates, contextWindow(model, long)))
+				worst = max(worst, rates.Worst(0, maxOut)+r.floorOf(rates, contextWindow(model, long)))
 			}
-			total += worst*rates.batch + float64(webSearchesOf(params.Get("tools")))*rates.webSearch
+			total += worst*rates.Batch() + float64(money.WebSearchesOf(params.Get("tools")))*rates.WebSearch()
 		}
 		return true
 	})

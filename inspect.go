@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/caddy-relay/relay/internal/jsonscan"
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/go-json-experiment/json/jsontext"
 )
 
@@ -213,7 +214,7 @@ func (in *inbound) scanTools(sc *jsonscan.Scanner) error {
 			case kind == '"' && unquoteJSON(name) == "type":
 				typ := unquoteJSON(v)
 				in.ask.needs.set |= toolFeature(typ)
-				search = strings.HasPrefix(typ, webSearchTool)
+				search = strings.HasPrefix(typ, money.WebSearchTool)
 			case kind == '0' && unquoteJSON(name) == "max_uses":
 				maxUses = unsafe.String(unsafe.SliceData(v), len(v))
 			}
@@ -222,7 +223,7 @@ func (in *inbound) scanTools(sc *jsonscan.Scanner) error {
 			}
 		}
 		if search {
-			in.ask.searches += webSearchUses(maxUses)
+			in.ask.searches += money.WebSearchUses(maxUses)
 		}
 		if marked {
 			in.ask.prefix.mark(sectTools, sc.InputOffset(), long)

@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/limits"
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/certmagic"
@@ -199,8 +200,8 @@ type Relay struct {
 	fleet         *member         // the fleet this relay shares state with; nil: none
 	ledger        *ledger         // where each request's row goes; nil: none
 	logger        *zap.Logger
-	prices        pricebook
-	estimates     estimates         // what an unpriced model costs where money is counted
+	prices        money.Pricebook
+	estimates     money.Estimates   // what an unpriced model costs where money is counted
 	classRows     []string          // the price rows that are model classes of their own
 	modelNames    map[string]bool   // every model a channel lists, for metric labels
 	passRatelimit bool              // upstream_ratelimit_headers pass
@@ -294,9 +295,9 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 	spend.use(ctx, r.logger)
 	r.held.addSpendStore()
 	r.takeDecodeBudget()
-	r.prices = newPricebook(r.Pricing)
-	r.estimates = r.prices.estimates()
-	r.classRows = r.prices.classRows()
+	r.prices = money.NewPricebook(r.Pricing, anthropicName)
+	r.estimates = r.prices.Estimates(familyOf)
+	r.classRows = classRows(r.prices)
 	r.modelNames = map[string]bool{}
 	for _, cfg := range r.Channels {
 		for _, m := range channelModels(cfg) {

@@ -207,7 +207,7 @@ type asked struct {
 	stream   bool
 	maxOut   int32 // the body's max_tokens; 0: none, or not a whole number that fits
 	// searches is what its web search tools may search, which it holds
-	// (servertools.go)
+	// (internal/money's servertools.go)
 	searches int64
 	chat     *chat // a Chat Completions request, translated; nil for Anthropic's routes
 	needs    needs // the features it carries

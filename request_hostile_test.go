@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/tidwall/gjson"
 )
 
@@ -76,9 +77,9 @@ func FuzzInspect(f *testing.F) {
 					if typ, ok := fields["type"].(string); ok {
 						want |= toolFeature(typ)
 						if strings.HasPrefix(typ, "web_search_") {
-							uses := int64(defaultWebSearches)
+							uses := int64(money.DefaultWebSearches)
 							if n, ok := fields["max_uses"].(float64); ok && n >= 0 {
-								uses = int64(math.Ceil(min(n, maxWebSearches)))
+								uses = int64(math.Ceil(min(n, money.MaxWebSearches)))
 							}
 							searches += uses
 						}
