@@ -166,8 +166,8 @@ func (r *Relay) price(in *inbound) (priced bool, tools float64) {
 	}
 	in.end.priced(0, false)
 	if ch := in.end.charged(); ch != nil {
-		cost := rates.cost(in.end.usage) * ch.priceFactor
-		tools = rates.serverTools(in.end.usage) * ch.priceFactor
+		cost := rates.Cost(in.end.usage.priced()) * ch.priceFactor
+		tools = rates.ServerTools(in.end.usage.priced()) * ch.priceFactor
 		in.end.priced(cost, estimated && cost > 0)
 		if estimated && cost > 0 {
 			r.unpriced(in, in.grant.target, cost)

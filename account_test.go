@@ -374,11 +374,8 @@ func TestWastedTokensOfAttemptsFailedOver(t *testing.T) {
 				t.Errorf("log wasted_tokens = %v, want %d", f["wasted_tokens"], c.want)
 			}
 			// the channel's own quota spent them
-			bucket := r.groups[c.channel].channels[0].health.limits.tokens
-			bucket.mu.Lock()
-			level := bucket.level
-			bucket.mu.Unlock()
-			if spent := 1e6 - level; spent < float64(c.spent)-1 || spent > float64(c.spent) {
+			_, left := r.groups[c.channel].channels[0].health.limits.Remaining(time.Now())
+			if spent := 1e6 - float64(*left); spent < float64(c.spent)-1 || spent > float64(c.spent) {
 				t.Errorf("the channel's token limit was charged %v, want %d", spent, c.spent)
 			}
 		})

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/ledger"
+	"github.com/caddy-relay/relay/internal/limits"
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 )
@@ -256,7 +257,7 @@ func (h *channelHealth) status(name string, now time.Time) channelStatus {
 	st := channelStatus{
 		Name:     name,
 		State:    h.State(now),
-		Inflight: h.limits.inflight.Load(),
+		Inflight: h.limits.Inflight(),
 		Requests: h.Requests(),
 		Failures: h.Failures(),
 		Groups:   []string{},
@@ -399,7 +400,7 @@ func (k *key) status(now time.Time) keyStatus {
 		at := k.expires.UTC()
 		st.Expires = &at
 	}
-	var limits *limiter
+	var limits *limits.Limiter
 	var account *spendAccount
 	if k.active.Load() {
 		if k.limits == nil || k.state.spend == nil {
@@ -409,9 +410,9 @@ func (k *key) status(now time.Time) keyStatus {
 	} else {
 		limits, account = k.dormant(now)
 	}
-	st.Limits.Concurrency, st.Limits.Inflight = limits.maxConc.Load(), limits.inflight.Load()
+	st.Limits.Concurrency, st.Limits.Inflight = limits.MaxConcurrency(), limits.Inflight()
 	if k.active.Load() || k.relay.fleet == nil {
-		st.Limits.RateRemaining, st.Limits.TokensRemaining = limits.remaining(now)
+		st.Limits.RateRemaining, st.Limits.TokensRemaining = limits.Remaining(now)
 	} // else what is left is the fleet's, not shown, as for a key in use
 	spent, caps := account.spent(now)
 	st.HeldUSD = account.heldUSD()
@@ -447,10 +448,10 @@ func (k *key) status(now time.Time) keyStatus {
 // dormant is the state a key that has served no request yet would take:
 // its limits untouched, and what it spent before, as stored. (A key with
 // budgets takes its state when its config loads.)
-func (k *key) dormant(now time.Time) (*limiter, *spendAccount) {
-	lim, _ := parseLimits(k.opts.Rate, k.opts.Tokens, k.opts.Concurrency) // validated already
-	l := new(limiter)
-	l.configure(lim, now)
+func (k *key) dormant(now time.Time) (*limits.Limiter, *spendAccount) {
+	lim, _ := limits.Parse(k.opts.Rate, k.opts.Tokens, k.opts.Concurrency) // validated already
+	l := new(limits.Limiter)
+	l.Configure(lim, now)
 	return l, spend.stored(k.stateID)
 }
 

@@ -277,15 +277,9 @@ func (r *Relay) settleAffinity(in *inbound) {
 // from the cache, at the price of the model served and the channel's
 // price factor.
 func (r *Relay) missUSD(in *inbound, ch *channel) float64 {
-	rates := r.prices.lookup(in.grant.target)
+	rates := r.prices.Lookup(in.grant.target)
 	if rates == nil {
 		return 0
 	}
-	u := in.end.usage
-	if rates.long != nil && u.prompt() > rates.above {
-		rates = rates.long
-	}
-	write5m := max(u.cacheWrite-u.cacheWrite1h, 0)
-	usd := float64(write5m)*(rates.cacheWrite-rates.cacheRead) + float64(u.cacheWrite1h)*(rates.cacheWrite1h-rates.cacheRead)
-	return max(usd, 0) * ch.priceFactor
+	return rates.CacheMiss(in.end.usage.priced()) * ch.priceFactor
 }

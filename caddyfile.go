@@ -13,6 +13,7 @@ import (
 
 	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/caddy-relay/relay/internal/ledger"
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/caddy-relay/relay/internal/suggest"
 	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/caddy/v2"
@@ -542,7 +543,7 @@ func parsePricing(d *caddyfile.Dispenser, r *Relay) error {
 				return d.Errf("pricing %s: unknown price %q (input, output, cache_read, cache_write, cache_write_1h, batch, web_search, display_name, above)", model, name)
 			}
 		}
-		if p.DisplayName != "" && !priced && builtinPrices.lookup(model) != nil {
+		if p.DisplayName != "" && !priced && money.Builtin(model) != nil {
 			// the entry replaces the built-in row: renaming alone would
 			// make the model free
 			return d.Errf("pricing %s: an entry replaces the model's built-in prices: give its input and output with display_name", model)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/caddy-relay/relay/internal/features"
 	"github.com/caddy-relay/relay/internal/health"
+	"github.com/caddy-relay/relay/internal/limits"
 	"github.com/caddy-relay/relay/internal/upstreamconn"
 	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/caddy/v2"
@@ -40,7 +41,7 @@ type channel struct {
 	streamIdle   time.Duration
 	cooldown     health.CooldownPolicy
 	breaker      health.BreakerSettings
-	limits       limits
+	limits       limits.Spec
 	probe        *probe        // nil: no active probes
 	priceFactor  float64       // its price over the list price
 	spend        *spendAccount // what was spent on it, and its spend caps; nil: no cap
@@ -141,7 +142,7 @@ func (r *Relay) provisionChannel(ctx caddy.Context, cfg *Channel) (*channel, err
 	if ch.spend, err = r.channelSpend(cfg); err != nil {
 		return nil, err
 	}
-	lim, _ := parseLimits(cfg.Rate, cfg.Tokens, cfg.Concurrency) // validated already
+	lim, _ := limits.Parse(cfg.Rate, cfg.Tokens, cfg.Concurrency) // validated already
 	ch.limits = lim
 	return ch, nil
 }

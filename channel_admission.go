@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/health"
+	"github.com/caddy-relay/relay/internal/limits"
 )
 
 // ticket is one admitted attempt on a channel: what its limits granted and
@@ -12,7 +13,7 @@ import (
 type ticket struct {
 	h        *channelHealth
 	attempt  health.Attempt
-	grant    grant // what the channel's limits admitted
+	grant    limits.Grant // what the channel's limits admitted
 	finished bool
 }
 
@@ -21,17 +22,17 @@ type ticket struct {
 // probes; the others skip the channel. A nil ticket comes with the limit
 // that refused it (another request took the last slot first), or none when
 // the breaker did.
-func (h *channelHealth) admit(now time.Time, estimate int64) (*ticket, limitScope) {
-	g, scope, _ := h.limits.take(now, estimate)
-	if scope != scopeNone {
+func (h *channelHealth) admit(now time.Time, estimate int64) (*ticket, limits.Scope) {
+	g, scope, _ := h.limits.Take(now, estimate)
+	if scope != limits.ScopeNone {
 		return nil, scope
 	}
 	a, ok := h.Allow()
 	if !ok {
-		h.limits.done(now, g, 0)
-		return nil, scopeNone
+		h.limits.Done(now, g, 0)
+		return nil, limits.ScopeNone
 	}
-	return &ticket{h: h, attempt: a, grant: g}, scopeNone
+	return &ticket{h: h, attempt: a, grant: g}, limits.ScopeNone
 }
 
 // admitWith admits an attempt as admit does, and with it what goes along
@@ -41,13 +42,13 @@ func (h *channelHealth) admit(now time.Time, estimate int64) (*ticket, limitScop
 // refused is the rider whose limits refused (-1: none; else a refusal is
 // the channel's, as admit's); ans says why the holds were not taken. An
 // admitted rider's g is what its limits admitted.
-func (h *channelHealth) admitWith(now time.Time, estimate int64, riders []ask, hs *holds) (t *ticket, refused int, scope limitScope, wait time.Duration, ans holdAnswer) {
-	var buf [4]ask
+func (h *channelHealth) admitWith(now time.Time, estimate int64, riders []limits.Ask, hs *holds) (t *ticket, refused int, scope limits.Scope, wait time.Duration, ans holdAnswer) {
+	var buf [4]limits.Ask
 	asks := append(buf[:0], riders...)
-	asks = append(asks, ask{l: &h.limits, est: estimate})
+	asks = append(asks, limits.Ask{Limiter: &h.limits, Estimate: estimate})
 	refused, scope, wait, ans = takeAll(now, asks, hs)
 	copy(riders, asks)
-	if scope == scopeFleetDown {
+	if scope == limits.ScopeFleetDown {
 		return nil, -1, scope, 0, ans
 	}
 	if refused >= 0 || ans.verdict != holdTaken {
@@ -58,14 +59,14 @@ func (h *channelHealth) admitWith(now time.Time, estimate int64, riders []ask, h
 	}
 	a, ok := h.Allow()
 	if !ok { // its half-open breaker is busy with other probes
-		giveBackAsks(now, asks, nil)
+		limits.GiveBack(now, asks)
 		copy(riders, asks)
 		if hs != nil {
 			hs.unreserve()
 		}
-		return nil, -1, scopeNone, 0, holdAnswer{}
+		return nil, -1, limits.ScopeNone, 0, holdAnswer{}
 	}
-	return &ticket{h: h, attempt: a, grant: asks[len(riders)].g}, -1, scopeNone, 0, holdAnswer{}
+	return &ticket{h: h, attempt: a, grant: asks[len(riders)].Grant}, -1, limits.ScopeNone, 0, holdAnswer{}
 }
 
 // finish records the verdict of the attempt: limits, then the channel's
@@ -78,7 +79,7 @@ func (t *ticket) finish(v verdict, p health.CooldownPolicy, now time.Time, first
 	}
 	t.finished = true
 	h := t.h
-	h.limits.done(now, t.grant, tokens)
+	h.limits.Done(now, t.grant, tokens)
 	h.wakeQueues()
 	return h.Finish(t.attempt, v.forHealth(), p, now, firstByte)
 }
@@ -88,7 +89,7 @@ func (t *ticket) finish(v verdict, p health.CooldownPolicy, now time.Time, first
 func (t *ticket) release(now func() time.Time) {
 	if !t.finished {
 		t.finished = true
-		t.h.limits.done(now(), t.grant, 0)
+		t.h.limits.Done(now(), t.grant, 0)
 		t.h.Abort(t.attempt)
 		t.h.wakeQueues()
 	}

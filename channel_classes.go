@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/health"
+	"github.com/caddy-relay/relay/internal/money"
 )
 
 // Cooldowns per model class. Anthropic, Bedrock and Vertex limit each model
@@ -146,7 +147,7 @@ func isLetter(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
 // classRows are the names of the price rows (built in, and the config's
 // `pricing`) that name no family, the longest first: each is a class of
 // its own, for the model and its dated snapshots and variants.
-func (pb pricebook) classRows() []string {
+func classRows(pb money.Pricebook) []string {
 	var rows []string
 	for name := range pb {
 		if familyOf(name) == "" {
@@ -174,7 +175,7 @@ func (ch *channel) classify(id string, listed bool) string {
 		return f
 	}
 	for _, row := range ch.classRows {
-		if id == row || strings.HasPrefix(id, row) && variantSuffix(id[len(row):]) {
+		if id == row || strings.HasPrefix(id, row) && money.VariantSuffix(id[len(row):]) {
 			return row
 		}
 	}

@@ -81,7 +81,7 @@ func sendModel(t *testing.T, r *Relay, name, model string) *httptest.ResponseRec
 }
 
 func TestModelClasses(t *testing.T) {
-	ch := &channel{classRows: newPricebook(map[string]Price{"my-finetune": {Input: 1, Output: 2}}).classRows()}
+	ch := &channel{classRows: classRows(newPricebook(map[string]Price{"my-finetune": {Input: 1, Output: 2}}))}
 	for id, want := range map[string]string{
 		"claude-opus-4-1":                                 "opus",
 		"claude-opus-4-1-20250805":                        "opus",
@@ -117,7 +117,7 @@ func TestModelClasses(t *testing.T) {
 	// the class of a request is the class of the upstream id it is mapped to
 	ch = &channel{}
 	ch.models, _ = parseModels([]string{"big=us.anthropic.claude-opus-4-1-v1:0", "small=claude-haiku-4-5", "mine=vendor-model-7"})
-	ch.provisionClasses(nil, newPricebook(nil).classRows())
+	ch.provisionClasses(nil, classRows(newPricebook(nil)))
 	for model, want := range map[string]string{"big": "opus", "small": "haiku", "mine": "vendor-model-7"} {
 		if got := ch.classOf(model); got != want {
 			t.Errorf("class of %q on a mapping channel = %q, want %q", model, got, want)
@@ -495,7 +495,7 @@ func TestAHostileClientCannotGrowClassState(t *testing.T) {
 			}
 		}
 	}
-	if !slices.Contains(want, classOther) || len(want) > 3+len(newPricebook(nil).classRows())+1 {
+	if !slices.Contains(want, classOther) || len(want) > 3+len(classRows(newPricebook(nil)))+1 {
 		t.Errorf("the class labels of a channel that serves every model: %v", want)
 	}
 }
@@ -506,7 +506,7 @@ func TestAHostileClientCannotGrowClassState(t *testing.T) {
 // looked up).
 func BenchmarkClassCooldownCheck(b *testing.B) {
 	ch := testChannel("bench-class", withModels("claude-opus-4-1", "claude-sonnet-4-5", "claude-haiku-4-5"))
-	ch.provisionClasses(nil, newPricebook(nil).classRows())
+	ch.provisionClasses(nil, classRows(newPricebook(nil)))
 	now := testNow
 	b.Run("none cooling", func(b *testing.B) {
 		b.ReportAllocs()
@@ -534,7 +534,7 @@ func BenchmarkClassCooldownCheck(b *testing.B) {
 		}
 	})
 	open := testChannel("bench-class-open")
-	open.provisionClasses(nil, newPricebook(nil).classRows())
+	open.provisionClasses(nil, classRows(newPricebook(nil)))
 	coolClass(open.health, "opus", now)
 	b.Run("another cooling, every model served", func(b *testing.B) {
 		b.ReportAllocs()

@@ -1,6 +1,8 @@
 package relay
 
 import (
+	"github.com/caddy-relay/relay/internal/fleet"
+	"github.com/caddy-relay/relay/internal/limits"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -40,7 +42,7 @@ type channelHealth struct {
 	// nil: none
 	fleet atomic.Pointer[member]
 
-	limits limiter // the channel's rate, tokens and concurrency; counts in-flight attempts
+	limits limits.Limiter // the channel's rate, tokens and concurrency; counts in-flight attempts
 
 	// the queues of the groups that hold the channel, woken when an
 	// attempt frees a slot; derived from owners
@@ -77,8 +79,8 @@ func (h *channelHealth) Destruct() error {
 // configure pushes a config's breaker settings and limits into the
 // (possibly surviving) state and records what the config says about the
 // channel.
-func (h *channelHealth) configure(s health.BreakerSettings, l limits, owner channelOwner, now time.Time) {
-	h.limits.configure(l, now)
+func (h *channelHealth) configure(s health.BreakerSettings, l limits.Spec, owner channelOwner, now time.Time) {
+	h.limits.Configure(l, now)
 	h.Configure(s)
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -95,7 +97,7 @@ func (h *channelHealth) share(f *member) {
 		s = f.health
 	}
 	h.Share(s)
-	h.limits.share(f, tag("c:", h.Name()))
+	h.limits.Share(f.limitsOf(), fleet.Tag("c:", h.Name()))
 }
 
 // release forgets what the config r said about the channel.
@@ -166,6 +168,6 @@ func (h *channelHealth) busy(now time.Time) (busy bool, until time.Time, upstrea
 	if spent, until := h.Quota(now); spent {
 		return true, until, true
 	}
-	busy, until = h.limits.busy(now)
+	busy, until = h.limits.Busy(now)
 	return busy, until, false
 }

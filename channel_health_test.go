@@ -7,6 +7,7 @@ import (
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
 	"github.com/caddy-relay/relay/internal/health"
+	"github.com/caddy-relay/relay/internal/limits"
 	"github.com/caddyserver/caddy/v2"
 )
 
@@ -19,7 +20,7 @@ var testPolicy = health.CooldownPolicy{Base: time.Millisecond, Max: time.Millise
 // newTestHealth returns a channel state with a breaker configured by s.
 func newTestHealth(s health.BreakerSettings) *channelHealth {
 	h := newChannelHealth("c")
-	h.configure(s, limits{}, channelOwner{provider: "anthropic"}, time.Now())
+	h.configure(s, limits.Spec{}, channelOwner{provider: "anthropic"}, time.Now())
 	return h
 }
 
@@ -71,13 +72,13 @@ func TestHalfOpenTicketsHoldTheirSlots(t *testing.T) {
 		if len(admitted) != 2 {
 			t.Fatalf("half-open admitted %d attempts, want its 2 probes", len(admitted))
 		}
-		if got := h.limits.inflight.Load(); got != 2 {
+		if got := h.limits.Inflight(); got != 2 {
 			t.Errorf("inflight = %d, want 2", got)
 		}
 		for _, tk := range admitted {
 			tk.finish(verdict{outcome: outcomeSuccess}, testPolicy, time.Now(), time.Millisecond, 0)
 		}
-		if got := h.limits.inflight.Load(); got != 0 || h.State(time.Now()) != stateHealthy {
+		if got := h.limits.Inflight(); got != 0 || h.State(time.Now()) != stateHealthy {
 			t.Errorf("inflight = %d, channel %s after the probes succeeded", got, h.State(time.Now()))
 		}
 	})
@@ -97,8 +98,8 @@ func TestTicketReleasedWithoutVerdict(t *testing.T) {
 			defer tk.release(time.Now)
 			panic("attempt panicked")
 		}()
-		if h.limits.inflight.Load() != 0 {
-			t.Errorf("inflight = %d after a panic", h.limits.inflight.Load())
+		if h.limits.Inflight() != 0 {
+			t.Errorf("inflight = %d after a panic", h.limits.Inflight())
 		}
 		if tk, _ := h.admit(time.Now(), 0); tk == nil {
 			t.Errorf("the half-open slot was lost with the panicking attempt")

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/caddy-relay/relay/internal/limits"
 	"github.com/caddyserver/caddy/v2"
 )
 
@@ -142,10 +143,10 @@ func within(err error, what string, where ...string) error {
 
 // checkLimits checks a key's or a channel's limits, saying which is wrong.
 func checkLimits(rate, tokens string, concurrency int) error {
-	if _, err := parseRateSpec(rate); err != nil {
+	if _, err := limits.ParseRate(rate); err != nil {
 		return errAt([]string{"rate"}, "rate: %v", err)
 	}
-	if _, err := parseRateSpec(tokens); err != nil {
+	if _, err := limits.ParseRate(tokens); err != nil {
 		return errAt([]string{"tokens"}, "tokens: %v", err)
 	}
 	if concurrency < 0 {

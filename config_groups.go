@@ -198,27 +198,3 @@ func validModelName(s string) bool {
 	}
 	return true
 }
-
-func (p Price) validate() error {
-	for _, v := range []*float64{&p.Input, &p.Output, p.CacheRead, p.CacheWrite, p.CacheWrite1h, p.WebSearch} {
-		if v != nil && *v < 0 {
-			return fmt.Errorf("prices must not be negative")
-		}
-	}
-	if l := p.LongPrompt; l != nil {
-		if l.Above <= 0 {
-			return fmt.Errorf("long_prompt: above must be a positive number of tokens")
-		}
-		if l.LongPrompt != nil {
-			return fmt.Errorf("long_prompt: takes no long_prompt of its own")
-		}
-		if l.DisplayName != "" {
-			return fmt.Errorf("long_prompt: display_name is the model's, outside long_prompt")
-		}
-		if l.WebSearch != nil {
-			return fmt.Errorf("long_prompt: web_search is the model's, outside long_prompt")
-		}
-		return l.Price.validate()
-	}
-	return nil
-}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/caddy-relay/relay/internal/limits"
 )
 
 // validateConfig checks what can be checked without resolving secrets. The
@@ -56,7 +58,7 @@ func (r *Relay) validateConfig() error {
 		if !validModelName(model) {
 			return errAt([]string{"pricing", model}, "pricing: %q is not a model name", model)
 		}
-		if err := p.validate(); err != nil {
+		if err := p.Validate(); err != nil {
 			return errAt([]string{"pricing", model}, "pricing %q: %v", model, err)
 		}
 	}
@@ -170,10 +172,10 @@ func (o *KeyOptions) validate() error {
 	if err := checkLimits(o.Rate, o.Tokens, o.Concurrency); err != nil {
 		return err
 	}
-	if _, err := parseRateSpec(o.UserRate); err != nil {
+	if _, err := limits.ParseRate(o.UserRate); err != nil {
 		return errAt([]string{"user_rate"}, "user_rate: %v", err)
 	}
-	if _, err := parseRateSpec(o.UserTokens); err != nil {
+	if _, err := limits.ParseRate(o.UserTokens); err != nil {
 		return errAt([]string{"user_tokens"}, "user_tokens: %v", err)
 	}
 	if _, err := parseBudgets(o.Budgets); err != nil {

@@ -5,6 +5,7 @@ import (
 
 	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/caddy-relay/relay/internal/idle"
+	"github.com/caddy-relay/relay/internal/limits"
 )
 
 // End user limits: a key's (or a user entry's) user_rate and user_tokens
@@ -34,12 +35,12 @@ func (r *Relay) admitEndUser(in *inbound) *relayError {
 	if in.route == routeMessages {
 		estimate = in.ask.estimate
 	}
-	if l.shared.Load() != nil {
+	if l.InFleet() {
 		in.grant.endUserPending, in.grant.endUserEstimate = l, estimate
 		return nil
 	}
-	g, scope, wait := l.take(now, estimate)
-	if scope == scopeNone {
+	g, scope, wait := l.Take(now, estimate)
+	if scope == limits.ScopeNone {
 		in.grant.endUser, in.grant.endUserGrant = l, g
 		return nil
 	}
@@ -47,8 +48,8 @@ func (r *Relay) admitEndUser(in *inbound) *relayError {
 }
 
 // endUserRefused answers a request its end user's limits refused.
-func endUserRefused(in *inbound, scope limitScope, wait time.Duration) *relayError {
-	if scope == scopeFleetDown {
+func endUserRefused(in *inbound, scope limits.Scope, wait time.Duration) *relayError {
+	if scope == limits.ScopeFleetDown {
 		return errStorageUnavailable()
 	}
 	metricRateLimited.WithLabelValues(in.who.key.name, "user_"+string(scope)).Inc()
@@ -58,16 +59,16 @@ func endUserRefused(in *inbound, scope limitScope, wait time.Duration) *relayErr
 // endUser is the limiter of one end user (by the principal's state id and
 // its bounded user_id), made with the entry's end user limits when it has
 // none; nil when the entry has no such limits.
-func (s *keyState) endUser(id string, now time.Time) *limiter {
+func (s *keyState) endUser(id string, now time.Time) *limits.Limiter {
 	c := s.endUsers.Load()
 	if c == nil {
 		return nil
 	}
-	return c.Get(id, now, func() *limiter {
-		l := new(limiter)
+	return c.Get(id, now, func() *limits.Limiter {
+		l := new(limits.Limiter)
 		if sp := s.endUserSpec.Load(); sp != nil {
-			l.configure(sp.limits, now)
-			l.share(sp.fleet, endUserTag(id))
+			l.Configure(sp.limits, now)
+			l.Share(sp.fleet.limitsOf(), endUserTag(id))
 		}
 		return l
 	})
@@ -78,7 +79,7 @@ func (s *keyState) endUser(id string, now time.Time) *limiter {
 // them all.
 func (s *keyState) configureEndUsers(sp stateSpec, now time.Time) {
 	s.mu.Lock()
-	if sp.limits == (limits{}) {
+	if sp.limits == (limits.Spec{}) {
 		s.endUsers.Store(nil)
 		s.endUserSpec.Store(nil)
 		s.mu.Unlock()
@@ -86,14 +87,14 @@ func (s *keyState) configureEndUsers(sp stateSpec, now time.Time) {
 	}
 	c := s.endUsers.Load()
 	if c == nil {
-		c = idle.New[*limiter](maxEndUsers, idleAfter)
+		c = idle.New[*limits.Limiter](maxEndUsers, idleAfter)
 		s.endUsers.Store(c)
 	}
 	s.endUserSpec.Store(&sp)
 	s.mu.Unlock()
-	c.Each(func(id string, l *limiter) {
-		l.configure(sp.limits, now)
-		l.share(sp.fleet, endUserTag(id))
+	c.Each(func(id string, l *limits.Limiter) {
+		l.Configure(sp.limits, now)
+		l.Share(sp.fleet.limitsOf(), endUserTag(id))
 	})
 }
 

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fleet"
+	"github.com/caddy-relay/relay/internal/limits"
 	"github.com/caddy-relay/relay/internal/memtest"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -160,7 +161,7 @@ func TestAMillionEndUsersStayBounded(t *testing.T) {
 		if rerr := r.admitEndUser(in); rerr != nil {
 			t.Fatalf("end user %d refused: %s", i, rerr.msg)
 		}
-		in.grant.endUser.done(clock.now(), in.grant.endUserGrant, 10)
+		in.grant.endUser.Done(clock.now(), in.grant.endUserGrant, 10)
 		if i%1000 == 0 {
 			clock.advance(time.Millisecond)
 		}
@@ -181,7 +182,7 @@ func TestAMillionEndUsersStayBounded(t *testing.T) {
 	if grew > 64<<20 {
 		t.Errorf("the heap grew by %d MiB for %d end users", grew>>20, n)
 	}
-	k.state.endUsers.Load().Each(func(id string, _ *limiter) {
+	k.state.endUsers.Load().Each(func(id string, _ *limits.Limiter) {
 		if len(id) > len(k.stateID)+1+maxIDLen {
 			t.Fatalf("an end user is kept under %d bytes: ids must be bounded", len(id))
 		}
@@ -272,16 +273,16 @@ func TestEndUsersAndIdentitiesShareLimitsInAFleet(t *testing.T) {
 	for range 2 {
 		f := testFleet(t, srv.Addr, "eu:", 0)
 		st := newKeyState()
-		st.configureEndUsers(stateSpec{limits: limits{rate: rateSpec{n: 3, period: time.Minute}}, fleet: f}, now)
-		st.configureIdentities(stateSpec{limits: limits{rate: rateSpec{n: 2, period: time.Minute}}, fleet: f}, now)
+		st.configureEndUsers(stateSpec{limits: limits.Spec{Rate: limits.Rate{N: 3, Period: time.Minute}}, fleet: f}, now)
+		st.configureIdentities(stateSpec{limits: limits.Spec{Rate: limits.Rate{N: 2, Period: time.Minute}}, fleet: f}, now)
 		nodes = append(nodes, st)
 	}
 	admitted := 0
 	for i := range 8 {
 		l := nodes[i%2].endUser("user:bob\x00end-user-secret-id", now)
-		if g, scope, _ := l.take(now, -1); scope == scopeNone {
+		if g, scope, _ := l.Take(now, -1); scope == limits.ScopeNone {
 			admitted++
-			l.done(now, g, 0)
+			l.Done(now, g, 0)
 		}
 	}
 	if admitted != 3 {
@@ -290,9 +291,9 @@ func TestEndUsersAndIdentitiesShareLimitsInAFleet(t *testing.T) {
 	admitted = 0
 	for i := range 6 {
 		l := nodes[i%2].identity("bob-fleet", now).limits
-		if g, scope, _ := l.take(now, -1); scope == scopeNone {
+		if g, scope, _ := l.Take(now, -1); scope == limits.ScopeNone {
 			admitted++
-			l.done(now, g, 0)
+			l.Done(now, g, 0)
 		}
 	}
 	if admitted != 2 {
@@ -405,19 +406,19 @@ func TestBoundedIDOfIdsAStoreWouldChange(t *testing.T) {
 }
 
 func TestALimiterIsSettledOnceItWouldBeNew(t *testing.T) {
-	l := new(limiter)
-	l.configure(limits{rate: rateSpec{n: 2, period: time.Minute}, tokens: rateSpec{n: 1000, period: time.Minute}}, testNow)
+	l := new(limits.Limiter)
+	l.Configure(limits.Spec{Rate: limits.Rate{N: 2, Period: time.Minute}, Tokens: limits.Rate{N: 1000, Period: time.Minute}}, testNow)
 	if !l.Settled(testNow) {
 		t.Fatal("a new limiter is settled")
 	}
-	g, scope, _ := l.take(testNow, 100)
-	if scope != scopeNone {
+	g, scope, _ := l.Take(testNow, 100)
+	if scope != limits.ScopeNone {
 		t.Fatal(scope)
 	}
 	if l.Settled(testNow) {
 		t.Error("a limiter with a request in flight is not settled")
 	}
-	l.done(testNow, g, 1600) // 600 tokens in debt
+	l.Done(testNow, g, 1600) // 600 tokens in debt
 	if l.Settled(testNow.Add(time.Minute)) {
 		t.Error("a limiter whose token bucket is still refilling is not settled")
 	}

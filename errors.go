@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/caddy-relay/relay/internal/limits"
 )
 
 // relayError is an error the relay answers itself, in the Anthropic shape:
@@ -175,7 +177,7 @@ func errStorageUnavailable() *relayError {
 
 // errKeyLimited answers a request its key's (or user entry's) limit
 // refused; who describes the key.
-func errKeyLimited(who string, scope limitScope, wait time.Duration) *relayError {
+func errKeyLimited(who string, scope limits.Scope, wait time.Duration) *relayError {
 	return &relayError{status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "key_rate_limited",
 		msg: who + " is over its " + string(scope) + " limit", retryAfter: max(wait, time.Second)}
 }
@@ -183,7 +185,7 @@ func errKeyLimited(who string, scope limitScope, wait time.Duration) *relayError
 // errUserLimited answers a request whose end user (metadata.user_id) is
 // over its key's user_rate or user_tokens; who describes the key. The
 // message does not repeat the client's id.
-func errUserLimited(who string, scope limitScope, wait time.Duration) *relayError {
+func errUserLimited(who string, scope limits.Scope, wait time.Duration) *relayError {
 	return &relayError{status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "user_rate_limited",
 		msg: "this end user (metadata.user_id) is over the user_" + string(scope) + " limit of " + who, retryAfter: max(wait, time.Second)}
 }

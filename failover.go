@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/limits"
 	"go.uber.org/zap"
 )
 
@@ -52,7 +53,7 @@ func (r *Relay) relay(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 // committed, nil when the client has its answer or is gone.
 func (r *Relay) failover(w http.ResponseWriter, req *http.Request, in *inbound, route attempter) *failure {
 	g := in.group()
-	g.state.budget.request(r.now())
+	g.state.budget.Request(r.now())
 	in.grant.sel = selection{model: in.grant.target, tried: in.triedBuf[:0], rand: r.rand, accept: route.accept(), cheaper: in.grant.degrade.cheaper}
 	sel := &in.grant.sel
 	sel.needs = in.ask.needs
@@ -118,12 +119,12 @@ func (r *Relay) failover(w http.ResponseWriter, req *http.Request, in *inbound, 
 			return refused(route.noChannel(p, sel, g))
 		}
 		ch := p.ch
-		if n > 1 && !g.state.budget.allowRetry(sel.now, g.budgetRatio, g.budgetFloor) {
+		if n > 1 && !g.state.budget.AllowRetry(sel.now, g.budgetRatio, g.budgetFloor) {
 			r.logBudgetExhausted(g, in)
 			return &failure{last: last, attempts: n - 1}
 		}
 		var t *ticket
-		var scope limitScope
+		var scope limits.Scope
 		if ch.spend != nil || in.grant.holds != nil && in.grant.holds.channel != nil {
 			r.holdChannel(in, ch) // its hold of a channel's spend cap goes with the attempt
 		}
@@ -132,7 +133,7 @@ func (r *Relay) failover(w http.ResponseWriter, req *http.Request, in *inbound, 
 			if t, scope, rerr = r.admitHeld(req.Context(), in, ch, sel.now, q); rerr != nil {
 				return refused(rerr)
 			}
-		} else if in.grant.keyGrant.pending || in.grant.endUserPending != nil { // one round trip for the key, the end user and the channel
+		} else if in.grant.keyGrant.Pending || in.grant.endUserPending != nil { // one round trip for the key, the end user and the channel
 			var rerr *relayError
 			if t, scope, _, rerr = r.admitFirst(in, ch, sel.now, nil); rerr != nil {
 				return refused(rerr)
@@ -141,7 +142,7 @@ func (r *Relay) failover(w http.ResponseWriter, req *http.Request, in *inbound, 
 			t, scope = ch.health.admit(sel.now, in.ask.estimate)
 		}
 		switch {
-		case scope == scopeFleetDown: // the fleet's store is down, and on_error says deny
+		case scope == limits.ScopeFleetDown: // the fleet's store is down, and on_error says deny
 			if n > 1 {
 				return &failure{last: last, attempts: n - 1}
 			}
@@ -153,7 +154,7 @@ func (r *Relay) failover(w http.ResponseWriter, req *http.Request, in *inbound, 
 			sel.capped, sel.capBusy = append(sel.capped, ch), true
 			sel.want(ch.spend, g.name)
 			continue
-		case t == nil && scope == scopeNone: // its half-open breaker is busy with other probes
+		case t == nil && scope == limits.ScopeNone: // its half-open breaker is busy with other probes
 			sel.skipped = append(sel.skipped, ch)
 			continue
 		case t == nil:

@@ -7,12 +7,11 @@ import (
 	"net/http"
 	"strings"
 	"sync"
-	"sync/atomic"
-	"time"
 
 	"github.com/caddy-relay/relay/internal/affinity"
 	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/caddy-relay/relay/internal/health"
+	"github.com/caddy-relay/relay/internal/limits"
 	"github.com/caddy-relay/relay/internal/signatures"
 	"github.com/caddyserver/caddy/v2"
 )
@@ -43,41 +42,16 @@ type member struct {
 	// background work (internal/fleet)
 	*fleet.Client
 
-	leaseMu sync.Mutex
-	leases  map[leaseRef]struct{} // slots this node holds, renewed until given back
+	// limits is the limits this relay shares with the fleet: leases,
+	// blocks of large limits, slots, and what is given back
+	limits *limits.Shared
 
-	// holdLeases are its requests' holds of budgets, renewed until their
-	// cost is added to the fleet's spend (guarded by leaseMu)
-	holdLeases map[leaseRef]struct{}
-	spendMu    sync.Mutex // one spend sync at a time
-
-	// blocks are the sharedLimits of which this node holds a block of a
-	// large limit (fleet_leases.go); blocksNew wakes the worker that ends
-	// them when their lease runs out
-	blocksMu  sync.Mutex
-	blocks    map[*sharedLimit]struct{}
-	blocksNew chan struct{}
-	// noLeases takes no blocks: every limit is asked of Redis at every
-	// request (for tests and benchmarks that compare)
-	noLeases atomic.Bool
-	now      func() time.Time // the clock blocks' leases end by
-
-	// slots are concurrency slots freed on this relay and not given back
-	// yet: the next admission carries them, or giveBackSlots after
-	// slotDelay; slotsNew wakes it
-	slotsMu   sync.Mutex
-	slots     []leaseRef
-	slotsNew  chan struct{}
-	slotDelay atomic.Int64 // ns
-	// slotEvery is how long a node keeps the slots its requests' peak
-	// needed before it gives back the rest (fleet_slots.go), in ns
-	slotEvery atomic.Int64
+	spendMu sync.Mutex // one spend sync at a time
 
 	// health is the channels' health this relay shares with the fleet:
 	// their changes published and stored, the others' applied
 	health *health.Shared
 
-	releases chan release       // given back off the request path
 	signed   *signatures.Shared // the signatures this node learns, shared (internal/signatures)
 	spendNow chan struct{}      // asks for a sync of the spend
 	affinity *affinity.Shared   // prompt-cache affinity records (internal/affinity)
@@ -106,23 +80,14 @@ func newFleet(ctx caddy.Context, s *FleetRedis) (*member, error) {
 		return nil, err
 	}
 	f := &member{
-		Client:    c,
-		leases:    map[leaseRef]struct{}{},
-		blocks:    map[*sharedLimit]struct{}{},
-		blocksNew: make(chan struct{}, 1),
-		slotsNew:  make(chan struct{}, 1),
-		now:       time.Now,
-		health:    health.NewShared(c),
-		releases:  make(chan release, 4096),
-		signed:    signatures.NewShared(c, signatures.Learned),
-		spendNow:  make(chan struct{}, 1),
-		affinity:  affinity.NewShared(c),
+		Client:   c,
+		limits:   limits.New(c),
+		health:   health.NewShared(c),
+		signed:   signatures.NewShared(c, signatures.Learned),
+		spendNow: make(chan struct{}, 1),
+		affinity: affinity.NewShared(c),
 	}
-	f.holdLeases = map[leaseRef]struct{}{}
-	f.slotDelay.Store(int64(defaultSlotDelay))
-	f.slotEvery.Store(int64(min(defaultSlotEvery, f.Lease)))
-	c.ReportBlocks(func() []fleet.Block { return f.blockInfos(f.now()) })
-	for _, run := range []func(context.Context){f.renewLeases, f.giveBack, c.Heartbeat, f.syncSpend, f.expireBlocks, f.giveBackSlots} {
+	for _, run := range []func(context.Context){c.Heartbeat, f.syncSpend} {
 		c.Go(run)
 	}
 	return f, nil
@@ -138,25 +103,16 @@ func newFleet(ctx caddy.Context, s *FleetRedis) (*member, error) {
 func (f *member) Destruct() error {
 	f.Stop()
 	f.flushSpend()
-	f.endBlocks(f.now(), true)
-	var rest []release
-	for len(f.releases) > 0 {
-		rest = append(rest, <-f.releases)
-	}
-	if len(rest) > 0 {
-		f.flush(rest)
-	}
-	f.flushSlots()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	f.leaseMu.Lock()
-	pipe := f.Redis.Pipeline()
-	for l := range f.leases {
-		pipe.ZRem(ctx, l.set, l.id)
-	}
-	f.leaseMu.Unlock()
-	_, _ = pipe.Exec(ctx)
+	f.limits.Flush()
 	return f.Close()
+}
+
+// limitsOf is the limits the fleet f keeps (nil f: none).
+func (f *member) limitsOf() *limits.Shared {
+	if f == nil {
+		return nil
+	}
+	return f.limits
 }
 
 // Interface guards

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"encoding/json"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -94,4 +95,93 @@ func TestAClusterPipelinesItsAdmissions(t *testing.T) {
 		n, err := rdb.ZCard(context.Background(), "cl:{k:cl-key}:leases").Result()
 		return err == nil && n == 0
 	})
+}
+
+// TestALeasedKeyAsksRedisNothing: a request whose key's limits are all
+// leased, and whose channel has none, asks Redis nothing once the key's
+// blocks are taken, a large concurrency limit's block of slots among them;
+// a key with a concurrency limit too small to lease asks once per request,
+// with its channel's limits and its end user's in the same script.
+func TestALeasedKeyAsksRedisNothing(t *testing.T) {
+	srv := redistest.Start(t)
+	r := &Relay{
+		Fleet: &Fleet{Redis: &FleetRedis{Address: []string{srv.Addr}, Prefix: "leasedkey:"}},
+		Keys: []*Key{
+			{Secret: "sk-leased-0123456789abcdef", Group: "leased-g", KeyOptions: KeyOptions{Name: "leased", Rate: "100000/m", Tokens: "100000000/m"}},
+			{Secret: "sk-slots-0123456789abcdefgh", Group: "leased-g", KeyOptions: KeyOptions{Name: "slots", Rate: "100000/m", Concurrency: 100}},
+			// alone in its fleet, a block of 99 slots would be 9: not leased
+			{Secret: "sk-counted-0123456789abcdef", Group: "leased-g", KeyOptions: KeyOptions{Name: "counted", Rate: "100000/m", Concurrency: 99}},
+		},
+		Channels: []*Channel{{Name: "leased-ch", UpstreamRaw: upstream("mock"), Rate: "100000/m"}},
+		Groups:   []*Group{{Name: "leased-g", Channels: []string{"leased-ch"}}},
+	}
+	provisionHandler(t, r)
+	r.fleet.Beat()
+	send := func(key string) {
+		t.Helper()
+		w, _ := serveHandler(t, r, newRequest(simpleBody, key))
+		if w.Code != http.StatusOK {
+			t.Fatalf("%d %s", w.Code, w.Body)
+		}
+		if w.Header().Get("Anthropic-Ratelimit-Requests-Remaining") == "" {
+			t.Fatal("no rate limit headers")
+		}
+	}
+	send("sk-leased-0123456789abcdef") // takes the blocks
+	before := admitOps(t)
+	for range 20 {
+		send("sk-leased-0123456789abcdef")
+	}
+	if ops := admitOps(t) - before; ops != 0 {
+		t.Errorf("20 requests of a key and a channel with leased limits asked Redis %v times, want none", ops)
+	}
+	before = admitOps(t)
+	for range 20 {
+		send("sk-slots-0123456789abcdefgh")
+	}
+	if ops := admitOps(t) - before; ops != 1 {
+		t.Errorf("20 requests of a key with a leased concurrency limit asked Redis %v times, want 1: its block of 10 slots", ops)
+	}
+	before = admitOps(t)
+	for range 20 {
+		send("sk-counted-0123456789abcdef")
+	}
+	if ops := admitOps(t) - before; ops != 20 {
+		t.Errorf("20 requests of a key with a concurrency limit of 99 asked Redis %v times, want 20", ops)
+	}
+}
+
+// TestTheGateRefusesWhatRedisRefused: once Redis refused a key's rate,
+// its next requests are refused before their bodies, without asking
+// Redis, until the rate lifts.
+func TestTheGateRefusesWhatRedisRefused(t *testing.T) {
+	srv := redistest.Start(t)
+	r := &Relay{
+		Fleet:    &Fleet{Redis: &FleetRedis{Address: []string{srv.Addr}, Prefix: "gate:"}},
+		Keys:     []*Key{{Secret: "sk-gate-0123456789abcdefgh", Group: "gate-g", KeyOptions: KeyOptions{Name: "gate", Rate: "2/h"}}},
+		Channels: []*Channel{{Name: "gate-ch", UpstreamRaw: upstream("mock")}},
+		Groups:   []*Group{{Name: "gate-g", Channels: []string{"gate-ch"}}},
+	}
+	provisionHandler(t, r)
+	send := func() int {
+		w, _ := serveHandler(t, r, newRequest(simpleBody, "sk-gate-0123456789abcdefgh"))
+		return w.Code
+	}
+	before := admitOps(t)
+	for i, want := range []int{200, 200, 429} {
+		if got := send(); got != want {
+			t.Fatalf("request %d: %d, want %d", i+1, got, want)
+		}
+	}
+	if ops := admitOps(t) - before; ops != 3 {
+		t.Fatalf("3 requests asked Redis %v times, want 3", ops)
+	}
+	for range 5 {
+		if got := send(); got != 429 {
+			t.Fatalf("after a refusal: %d, want 429", got)
+		}
+	}
+	if ops := admitOps(t) - before; ops != 3 {
+		t.Fatalf("refused again, the requests asked Redis %v more times, want none", ops-3)
+	}
 }

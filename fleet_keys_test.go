@@ -17,9 +17,9 @@ import (
 // has its row in docs/fleet.md's table of Redis keys, and every kind of
 // hash tag the table names is one the code uses, so that neither drifts
 // from the other. The code is read, not run: each call of the fleet's key
-// (thing tag, what), each tag("<kind>:", ...) and "<kind>:"+... that makes
-// a thing, and each f.Prefix + "<name>" (the keys and pub/sub channels
-// outside a hash tag).
+// (thing tag, what), each fleet.Tag("<kind>:", ...) and "<kind>:"+... that
+// makes a thing, and each f.Prefix + "<name>" (the keys and pub/sub
+// channels outside a hash tag).
 func TestFleetRedisKeysDocumented(t *testing.T) {
 	doc, err := os.ReadFile("docs/fleet.md")
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/caddy-relay/relay/internal/loop"
 	"github.com/redis/go-redis/v9"
 )
@@ -45,9 +46,9 @@ func (a *spendAccount) share(f *member) {
 // began at start.
 func (f *member) spendKey(id string, p budgetPeriod, start time.Time) string {
 	if start.Hour() != 0 || start.Minute() != 0 || start.Second() != 0 { // a session's window
-		return f.Key(tag("s:", id), p.String()+":"+start.UTC().Format("20060102T150405"))
+		return f.Key(fleet.Tag("s:", id), p.String()+":"+start.UTC().Format("20060102T150405"))
 	}
-	return f.Key(tag("s:", id), p.String()+":"+start.Format("20060102"))
+	return f.Key(fleet.Tag("s:", id), p.String()+":"+start.Format("20060102"))
 }
 
 // spendSoon asks for a sync of the spend now rather than at the next tick.
@@ -168,7 +169,7 @@ func (f *member) flushSpend() {
 		}
 		set, _ := f.holdKeys(h.a.id)
 		for _, r := range h.releases {
-			f.drop(leaseRef{set, r.lease}, true)
+			f.limits.DropHoldLease(set, r.lease)
 		}
 		h.a.mu.Lock()
 		h.a.releases = h.a.releases[len(h.releases):]

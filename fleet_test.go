@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fleet"
+	"github.com/caddy-relay/relay/internal/limits"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddytest"
 	"github.com/redis/go-redis/v9"
@@ -82,9 +83,9 @@ func TestTheFleetSharesAKeysRate(t *testing.T) {
 	srv := redistest.Start(t)
 	startRelay(t, fleetBlock(srv.Addr, "local", "fleet-rate"))
 	// another node of the fleet spent two of the key's three requests
-	other := sharedLimiter(t, testFleet(t, srv.Addr, "fleet-rate:", 0), tag("k:", "fleet-rate-key"), limits{rate: rateSpec{n: 3, period: time.Minute}})
+	other := sharedLimiter(t, testFleet(t, srv.Addr, "fleet-rate:", 0), fleet.Tag("k:", "fleet-rate-key"), limits.Spec{Rate: limits.Rate{N: 3, Period: time.Minute}})
 	for range 2 {
-		if _, scope, _ := other.take(time.Now(), -1); scope != scopeNone {
+		if _, scope, _ := other.Take(time.Now(), -1); scope != limits.ScopeNone {
 			t.Fatal(scope)
 		}
 	}
@@ -351,4 +352,31 @@ func TestReloadsWithAFleetLeakNothing(t *testing.T) {
 		c, sub = clients()
 		return g <= baseGoroutines+5 && sub <= baseSubscribed && c <= baseClients+4
 	})
+}
+
+// testFleet connects to the Redis at addr as one node of a fleet whose
+// keys start with prefix; each call is another node (its own client,
+// leases and background work).
+func testFleet(t testing.TB, addr, prefix string, lease time.Duration) *member {
+	t.Helper()
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	f, err := newFleet(ctx, &FleetRedis{Address: []string{addr}, Prefix: prefix, Lease: caddy.Duration(lease), Timeout: caddy.Duration(time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = f.Destruct() })
+	return f
+}
+
+// sharedLimiter is a limiter kept in fleet f under thing.
+func sharedLimiter(t *testing.T, f *member, thing string, spec limits.Spec) *limits.Limiter {
+	t.Helper()
+	l := new(limits.Limiter)
+	l.Configure(spec, time.Now())
+	l.Share(f.limits, thing)
+	if !l.InFleet() {
+		t.Fatal("the limiter is not shared")
+	}
+	return l
 }

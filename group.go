@@ -11,6 +11,7 @@ import (
 
 	"github.com/caddy-relay/relay/internal/affinity"
 	"github.com/caddy-relay/relay/internal/idle"
+	"github.com/caddy-relay/relay/internal/limits"
 	"github.com/caddyserver/caddy/v2"
 )
 
@@ -168,7 +169,7 @@ func (r *Relay) provisionGroups(channels map[string]*channel) error {
 	r.groups = make(map[string]*group, len(r.Groups))
 	for _, cfg := range r.Groups {
 		g := &group{name: cfg.Name, retries: defaultRetries, expose: cfg.ExposeChannel,
-			budgetRatio: defaultRetryBudget, budgetFloor: defaultRetryBudgetFloor, waitMax: time.Duration(cfg.WaitForRecovery),
+			budgetRatio: limits.DefaultRetryBudget, budgetFloor: limits.DefaultRetryBudgetFloor, waitMax: time.Duration(cfg.WaitForRecovery),
 			maxQueue: defaultMaxQueue, maxWait: defaultMaxWait, policy: cmp.Or(cfg.Policy, policyWeighted), fallbacks: cfg.Fallbacks,
 			stripThinking: cfg.ThinkingFailover == thinkingFailoverStrip}
 		for name, share := range cfg.Splits {
@@ -257,7 +258,7 @@ var groupStates = caddy.NewUsagePool()
 
 // groupState is what a group keeps across reloads.
 type groupState struct {
-	budget retryBudget
+	budget limits.RetryBudget
 	queue  waitQueue
 	mu     sync.Mutex
 	cache  *responseCache // the last config's, kept while its settings stay

@@ -24,6 +24,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/limits"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddytest"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -433,15 +434,15 @@ func TestMain(m *testing.M) {
 	}
 	negative(keyStates, func(v any) int64 {
 		st := v.(*keyState)
-		least := st.limits.inflight.Load()
+		least := st.limits.Inflight()
 		if c := st.idents.Load(); c != nil { // user *: each identity's own
-			c.Each(func(_ string, id *keyState) { least = min(least, id.limits.inflight.Load()) })
+			c.Each(func(_ string, id *keyState) { least = min(least, id.limits.Inflight()) })
 		}
 		if c := st.endUsers.Load(); c != nil {
-			c.Each(func(_ string, l *limiter) { least = min(least, l.inflight.Load()) })
+			c.Each(func(_ string, l *limits.Limiter) { least = min(least, l.Inflight()) })
 		}
 		return least
 	})
-	negative(channelStates, func(v any) int64 { return v.(*channelHealth).limits.inflight.Load() })
+	negative(channelStates, func(v any) int64 { return v.(*channelHealth).limits.Inflight() })
 	os.Exit(code)
 }

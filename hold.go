@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/limits"
 	"go.uber.org/zap"
 )
 
@@ -258,10 +259,10 @@ func (a *spendAccount) heldLocked() nanoUSD {
 // write prices, at the long-prompt tier when the estimate may reach it)
 // plus max_tokens at the output price (the model's maximum output when the
 // body gives none) plus the web searches its tools may make
-// (servertools.go), of the dearest model it may be served as (itself and
+// (internal/money), of the dearest model it may be served as (itself and
 // its group's fallbacks for it), times the highest price_factor among its
 // group's channels. A model without a price costs its estimate
-// (pricing.go). floored: its input is at least its hold floor
+// (internal/money). floored: its input is at least its hold floor
 // (hold_floor.go).
 func (r *Relay) worstCase(in *inbound, floored bool) float64 {
 	g := in.group()
@@ -283,26 +284,12 @@ func (r *Relay) worstOf(in *inbound, model string, floored bool) float64 {
 		return 0
 	}
 	maxOut := int64(in.ask.maxOut)
-	worst := rates.worst(in.ask.estimate, maxOut)
+	worst := rates.Worst(in.ask.estimate, maxOut)
 	if floored {
 		window := contextWindow(model, in.ask.needs.HasBeta(context1m))
-		worst = max(worst, rates.worst(0, maxOut)+r.floorOf(rates, window))
+		worst = max(worst, rates.Worst(0, maxOut)+r.floorOf(rates, window))
 	}
-	return worst + float64(in.ask.searches)*rates.webSearch
-}
-
-// worst is the most a request with a prompt of about prompt tokens and
-// maxTokens of output (0 or less: the model's maximum, or the largest the
-// list knows) may cost at these rates.
-func (r *rates) worst(prompt, maxTokens int64) float64 {
-	if maxTokens <= 0 {
-		maxTokens = r.maxOutput
-		if maxTokens <= 0 {
-			maxTokens = largestMaxOutput
-		}
-	}
-	in, out := r.ceiling(prompt)
-	return float64(prompt)*in + float64(maxTokens)*out
+	return worst + float64(in.ask.searches)*rates.WebSearch()
 }
 
 // ceilNano rounds an amount up to billionths of a dollar: a hold never
@@ -362,7 +349,7 @@ func (r *Relay) planHolds(in *inbound) *relayError {
 // cannot fit answers the request (rerr); a hold that must wait for holds in
 // flight waits in the queue, and then the loop picks again (nil ticket,
 // scopeBudget).
-func (r *Relay) admitHeld(ctx context.Context, in *inbound, ch *channel, now time.Time, q *queued) (*ticket, limitScope, *relayError) {
+func (r *Relay) admitHeld(ctx context.Context, in *inbound, ch *channel, now time.Time, q *queued) (*ticket, limits.Scope, *relayError) {
 	hs := in.grant.holds
 	first := hs.list[0].a
 	// a newcomer does not overtake the requests of its class or better
@@ -386,7 +373,7 @@ func (r *Relay) admitHeld(ctx context.Context, in *inbound, ch *channel, now tim
 		return nil, scopeCapped, nil // the channel's cap cannot take it: the next channel may
 	case ans.verdict == holdRefused:
 		h := hs.list[ans.i]
-		return nil, scopeNone, r.budgetRefusal(in, h.a, h.usd, ans)
+		return nil, limits.ScopeNone, r.budgetRefusal(in, h.a, h.usd, ans)
 	case ans.verdict == holdWait:
 		settled := func() bool { return hs.list[ans.i].a.freed.Load() != freed[ans.i] }
 		return nil, scopeBudget, r.waitForHolds(ctx, in, q, ans, settled)
@@ -399,7 +386,7 @@ func (r *Relay) admitHeld(ctx context.Context, in *inbound, ch *channel, now tim
 }
 
 // scopeBudget is a request that waited for holds in flight to settle.
-const scopeBudget limitScope = "budget"
+const scopeBudget limits.Scope = "budget"
 
 // fleetHoldPoll is how often a request that waits for holds in flight asks
 // the fleet again: holds another relay settles wake nobody here.
@@ -546,6 +533,48 @@ func (hs *holds) fleet() *member {
 		f = af
 	}
 	return f
+}
+
+// A request's holds are taken with its limits (limits.Holds).
+var _ limits.Holds[holdAnswer] = (*holds)(nil)
+
+// Pending reports whether the request has holds to take.
+func (hs *holds) Pending() bool { return hs.pending() }
+
+// Fleet is the limits of the fleet that keeps every hold; nil when a hold
+// is kept on this relay.
+func (hs *holds) Fleet() *limits.Shared { return hs.fleet().limitsOf() }
+
+// Reserve takes every hold on this relay, or none.
+func (hs *holds) Reserve(now time.Time) (holdAnswer, bool) {
+	ans := hs.reserve(now)
+	return ans, ans.verdict == holdTaken
+}
+
+// Unreserve gives back every hold, unused.
+func (hs *holds) Unreserve() { hs.unreserve() }
+
+// Shares judges the request's group's shares of the caps it holds
+// against, as this relay sees them.
+func (hs *holds) Shares(now time.Time) (holdAnswer, bool) {
+	ans := hs.shares(now)
+	return ans, ans.verdict == holdTaken
+}
+
+// Parts prepares the holds' parts of the fleet's admission.
+func (hs *holds) Parts(now time.Time) []*limits.Hold { return hs.fleet().prepareHolds(now, hs) }
+
+// Refused is the answer on a hold the fleet did not take.
+func (hs *holds) Refused(i int, part *limits.Hold) holdAnswer { return heldAnswer(i, part) }
+
+// Taken records the holds the fleet took: each is its lease (renewed by
+// the fleet until its cost is added), and this relay counts it in flight.
+func (hs *holds) Taken(parts []*limits.Hold) {
+	for i := range hs.n {
+		h := &hs.list[i]
+		h.lease = parts[i].Member
+		h.a.holdsHere(h.usd, h.group)
+	}
 }
 
 // reserve takes every hold on this relay, or none.

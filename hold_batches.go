@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fleet"
+	"github.com/caddy-relay/relay/internal/limits"
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/redis/go-redis/v9"
 	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
@@ -51,7 +53,7 @@ func batchHoldID(channel, up string) string { return fleet.Digest(channel + "\x0
 // request's worst case as a message's (of its own params, its input at
 // least its hold floor when it reads from outside them, a floor that no
 // budget caps: a batch's requests are many), its tokens at its model's
-// batch price (an unpriced model's estimate: pricing.go) and its web
+// batch price (an unpriced model's estimate: internal/money) and its web
 // searches at their full price, times factor, the highest price_factor
 // among the channels that may take the batch; long: the create asks for
 // the 1M context.
@@ -62,11 +64,11 @@ func (r *Relay) batchWorstCase(body []byte, factor float64, long bool) float64 {
 		model := params.Get("model").Str
 		if rates, _ := r.ratesFor(model, true); rates != nil {
 			prompt, maxOut := int64(len(params.Raw)/4)+1, params.Get("max_tokens").Int()
-			worst := rates.worst(prompt, maxOut)
+			worst := rates.Worst(prompt, maxOut)
 			if rawReadsOutside([]byte(params.Raw)) {
-				worst = max(worst, rates.worst(0, maxOut)+r.floorOf(rates, contextWindow(model, long)))
+				worst = max(worst, rates.Worst(0, maxOut)+r.floorOf(rates, contextWindow(model, long)))
 			}
-			total += worst*rates.batch + float64(webSearchesOf(params.Get("tools")))*rates.webSearch
+			total += worst*rates.Batch() + float64(money.WebSearchesOf(params.Get("tools")))*rates.WebSearch()
 		}
 		return true
 	})
@@ -163,24 +165,25 @@ func (b *batchHoldTaken) take(accts []*spendAccount, now time.Time, channel stri
 	if f == nil {
 		return b.reserve(accts, now, channel), nil
 	}
-	calls := make([]*holdCall, len(accts))
+	calls := make([]*limits.Hold, len(accts))
 	for i, a := range accts {
 		calls[i] = f.prepareHold(a, now, b.usd, holdMember(f.LeaseID(), b.usd), f.Lease)
 	}
-	_, _, _, _, ans, err := f.admitHolds(now, nil, calls)
+	notHeld, err := f.limits.AdmitHolds(now, calls)
 	switch {
 	case err != nil && f.Deny:
-		return ans, err
+		return holdAnswer{}, err
 	case err != nil: // Redis is down: held on this relay alone meanwhile
 		return b.reserve(accts, now, channel), nil
-	case ans.verdict == holdTaken:
-		for i, a := range accts {
-			a.holdsHere(b.usd, "")
-			f.hold(leaseRef{calls[i].keys[0], calls[i].member}, true)
-			b.parts = append(b.parts, batchHoldPart{a: a, lease: calls[i].member, channel: channel})
-		}
+	case notHeld >= 0:
+		return heldAnswer(notHeld, calls[notHeld]), nil
 	}
-	return ans, nil
+	for i, a := range accts {
+		a.holdsHere(b.usd, "")
+		f.limits.HoldLease(calls[i].Keys[0], calls[i].Member)
+		b.parts = append(b.parts, batchHoldPart{a: a, lease: calls[i].Member, channel: channel})
+	}
+	return holdAnswer{}, nil
 }
 
 // reserve takes the batch's holds of accts on this relay, all or none.
@@ -311,7 +314,7 @@ func (b *batchHoldTaken) keep(channel, up string) {
 	})
 	for _, p := range b.parts {
 		set, _ := f.holdKeys(p.a.id)
-		f.drop(leaseRef{set, p.lease}, true) // given back with the batch's hold, or left to expire
+		f.limits.DropHoldLease(set, p.lease) // given back with the batch's hold, or left to expire
 	}
 	if err != nil {
 		b.r.logger.Warn("could not record a batch's hold in the fleet's storage: it holds nothing against its budgets",
@@ -322,7 +325,7 @@ func (b *batchHoldTaken) keep(channel, up string) {
 // keepBatchScript turns a create's hold into its batch's. KEYS: the
 // account's holds, its held total. ARGV: the create's member, the batch's
 // member (the same amount), the batch's hold in ms, the keys' ttl in ms.
-var keepBatchScript = redis.NewScript(holdsLua + `
+var keepBatchScript = redis.NewScript(fleet.HoldsLua + `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then
@@ -414,7 +417,7 @@ func (r *Relay) settleFleetBatch(in *inbound, id string) {
 		})
 		if found == nil {
 			set, total := f.holdKeys(accountID)
-			f.queueRelease(release{holdSet: set, holdTotal: total, member: member})
+			f.limits.ReleaseHold(set, total, member)
 			continue
 		}
 		hs.add(found, nanoUSD(n))

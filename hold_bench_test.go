@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/health"
+	"github.com/caddy-relay/relay/internal/limits"
 )
 
 // BenchmarkAdmitAndSelectWithBudget is BenchmarkAdmitAndSelect for keys
@@ -26,8 +27,8 @@ func BenchmarkAdmitAndSelectWithBudget(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		k := keys[i%len(keys)]
 		now := time.Now()
-		g, scope, _ := k.limits.take(now, 100)
-		if scope != scopeNone {
+		g, scope, _ := k.limits.Take(now, 100)
+		if scope != limits.ScopeNone {
 			b.Fatal("key refused")
 		}
 		in.who.key, in.who.state, in.grant.holds = k, k.state, nil
@@ -46,7 +47,7 @@ func BenchmarkAdmitAndSelectWithBudget(b *testing.B) {
 		in.grant.holds.taken = true
 		t.finish(verdict{outcome: outcomeSuccess}, policy, now, 0, 150)
 		r.settleHolds(in, 0.001)
-		k.limits.done(now, g, 150)
+		k.limits.Done(now, g, 150)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/features"
+	"github.com/caddy-relay/relay/internal/money"
 )
 
 // Input from outside the body. A request's hold counts its prompt from the
@@ -104,15 +105,11 @@ func contextWindow(model string, long bool) int64 {
 // at least, in USD at list price: hold_floor, or a context window of
 // window tokens at the input price of rates (its long-prompt tier's, when
 // the window reaches it).
-func (r *Relay) floorOf(rates *rates, window int64) float64 {
+func (r *Relay) floorOf(rates *money.Rates, window int64) float64 {
 	if r.HoldFloor != nil {
 		return *r.HoldFloor
 	}
-	price := rates.input
-	if rates.long != nil && window > rates.above {
-		price = max(price, rates.long.input)
-	}
-	return float64(window) * price
+	return float64(window) * rates.InputAt(window)
 }
 
 // floorRoom is the most a floor may raise a request's hold to: what is left

@@ -18,6 +18,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/limits"
 	"github.com/caddy-relay/relay/internal/redistest"
 )
 
@@ -463,9 +464,9 @@ func TestFleetHoldsLeaseAndSettleWithTheirCost(t *testing.T) {
 	take := func(acct *spendAccount, usd float64) (*holds, holdAnswer) {
 		hs := &holds{}
 		hs.add(acct, toNano(usd))
-		asks := []ask{{l: new(limiter), est: 0}}
+		asks := []limits.Ask{{Limiter: new(limits.Limiter), Estimate: 0}}
 		_, scope, _, ans := takeAll(now, asks, hs)
-		if scope != scopeNone {
+		if scope != limits.ScopeNone {
 			t.Fatalf("refused by %s", scope)
 		}
 		return hs, ans

@@ -9,6 +9,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/caddy-relay/relay/internal/idle"
 	"github.com/caddyserver/caddy/v2"
 )
@@ -184,8 +185,8 @@ func (s *keyState) identity(id string, now time.Time) *keyState {
 		st := newKeyState()
 		st.id = userStatePrefix + id
 		sp := s.identSpec.Load()
-		st.limits.configure(sp.limits, now)
-		st.limits.share(sp.fleet, tag("u:", id))
+		st.limits.Configure(sp.limits, now)
+		st.limits.Share(sp.fleet.limitsOf(), fleet.Tag("u:", id))
 		st.spend = identitySpend(st.id, sp)
 		return st
 	})
@@ -203,8 +204,8 @@ func (s *keyState) configureIdentities(sp stateSpec, now time.Time) {
 	s.identSpec.Store(&sp)
 	s.mu.Unlock()
 	c.Each(func(id string, st *keyState) {
-		st.limits.configure(sp.limits, now)
-		st.limits.share(sp.fleet, tag("u:", id))
+		st.limits.Configure(sp.limits, now)
+		st.limits.Share(sp.fleet.limitsOf(), fleet.Tag("u:", id))
 		sp.budgets.apply(st.spend, sp.fleet)
 	})
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/caddy-relay/relay/internal/affinity"
 	"github.com/caddy-relay/relay/internal/features"
 	"github.com/caddy-relay/relay/internal/jsonscan"
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/go-json-experiment/json/jsontext"
 )
 
@@ -214,7 +215,7 @@ func (in *inbound) scanTools(sc *jsonscan.Scanner) error {
 			case kind == '"' && unquoteJSON(name) == "type":
 				typ := unquoteJSON(v)
 				in.ask.needs.Set |= features.OfTool(typ)
-				search = strings.HasPrefix(typ, webSearchTool)
+				search = strings.HasPrefix(typ, money.WebSearchTool)
 			case kind == '0' && unquoteJSON(name) == "max_uses":
 				maxUses = jsonscan.String(v)
 			}
@@ -223,7 +224,7 @@ func (in *inbound) scanTools(sc *jsonscan.Scanner) error {
 			}
 		}
 		if search {
-			in.ask.searches += webSearchUses(maxUses)
+			in.ask.searches += money.WebSearchUses(maxUses)
 		}
 		if marked {
 			in.ask.prefix.Mark(affinity.SectTools, sc.InputOffset(), long)

@@ -4,6 +4,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"github.com/caddy-relay/relay/internal/fleet"
+	"github.com/caddy-relay/relay/internal/limits"
 	"net/http"
 	"slices"
 	"strconv"
@@ -144,13 +146,13 @@ type key struct {
 	opts     *KeyOptions // as configured: its limits are pushed into its state when it is taken
 	active   atomic.Bool // its state is taken (state and limits are set): at its first request, or at provisioning
 	disabled bool
-	endUsers bool          // it has user_rate or user_tokens
-	sessions *sessionRules // its session limits and its group's; nil: none
-	degrade  []degradeRule // its budget_degrade steps, by share; nil: its group's
-	state    *keyState     // kept across reloads by stateID
-	limits   *limiter      // state.limits; nil for user *, whose identities each have their own
-	expires  time.Time     // zero: never
-	relay    *Relay        // the handler that provisioned it: its clock, and whose Cleanup removes it from provisionedKeys
+	endUsers bool            // it has user_rate or user_tokens
+	sessions *sessionRules   // its session limits and its group's; nil: none
+	degrade  []degradeRule   // its budget_degrade steps, by share; nil: its group's
+	state    *keyState       // kept across reloads by stateID
+	limits   *limits.Limiter // state.limits; nil for user *, whose identities each have their own
+	expires  time.Time       // zero: never
+	relay    *Relay          // the handler that provisioned it: its clock, and whose Cleanup removes it from provisionedKeys
 }
 
 // kind is kindKey or kindUser.
@@ -173,26 +175,26 @@ const (
 // user *, each identity's own state (of the same type). It is where state
 // per principal belongs.
 type keyState struct {
-	limits *limiter
+	limits *limits.Limiter
 	spend  *spendAccount // what the principal spent, and its budgets
 	id     string        // an identity of user *: its state id (key.stateID for the others)
 
-	mu          sync.Mutex                            // guards the making of the caches
-	idents      atomic.Pointer[idle.Cache[*keyState]] // user * only: each identity's state, by identity
-	identSpec   atomic.Pointer[stateSpec]             // what a new identity's limits are
-	endUsers    atomic.Pointer[idle.Cache[*limiter]]  // by state id and user_id; nil: no end user limits
+	mu          sync.Mutex                                  // guards the making of the caches
+	idents      atomic.Pointer[idle.Cache[*keyState]]       // user * only: each identity's state, by identity
+	identSpec   atomic.Pointer[stateSpec]                   // what a new identity's limits are
+	endUsers    atomic.Pointer[idle.Cache[*limits.Limiter]] // by state id and user_id; nil: no end user limits
 	endUserSpec atomic.Pointer[stateSpec]
 }
 
 // stateSpec is the limits a kept state is pushed, and the fleet that
 // shares them.
 type stateSpec struct {
-	limits  limits
+	limits  limits.Spec
 	fleet   *member
 	budgets budgetSpec // user * only: each identity's budgets
 }
 
-func newKeyState() *keyState { return &keyState{limits: new(limiter)} }
+func newKeyState() *keyState { return &keyState{limits: new(limits.Limiter)} }
 
 // Settled reports whether forgetting the state forgives nothing: a new one
 // would be the same. A request still holding against its budgets keeps it.
@@ -219,8 +221,8 @@ func (k *key) setOptions(opts *KeyOptions, r *Relay) {
 // and pushes the options' limits into it (for user *, into every
 // identity's). It runs under r.keysMu.
 func (r *Relay) takeState(k *key, opts *KeyOptions) error {
-	lim, _ := parseLimits(opts.Rate, opts.Tokens, opts.Concurrency) // validated already
-	endUserLimits, _ := parseLimits(opts.UserRate, opts.UserTokens, 0)
+	lim, _ := limits.Parse(opts.Rate, opts.Tokens, opts.Concurrency) // validated already
+	endUserLimits, _ := limits.Parse(opts.UserRate, opts.UserTokens, 0)
 	st, _, err := keyStates.LoadOrNew(k.stateID, func() (caddy.Destructor, error) { return newKeyState(), nil })
 	if err != nil {
 		return err
@@ -234,8 +236,8 @@ func (r *Relay) takeState(k *key, opts *KeyOptions) error {
 		k.state.configureIdentities(stateSpec{limits: lim, fleet: r.fleet, budgets: budgets}, now)
 	} else {
 		k.limits = k.state.limits
-		k.limits.configure(lim, now)
-		k.limits.share(r.fleet, k.fleetTag())
+		k.limits.Configure(lim, now)
+		k.limits.Share(r.fleet.limitsOf(), k.fleetTag())
 		if k.state.spend, err = spend.account(k.stateID); err != nil {
 			return err
 		}
@@ -271,9 +273,9 @@ func (r *Relay) activate(k *key) {
 // fleetTag is where a fleet keeps k's limits.
 func (k *key) fleetTag() string {
 	if k.kind() == kindUser {
-		return tag("u:", boundedID(k.id))
+		return fleet.Tag("u:", boundedID(k.id))
 	}
-	return tag("k:", k.name)
+	return fleet.Tag("k:", k.name)
 }
 
 // describe names k in error messages: never a secret.

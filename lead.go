@@ -32,8 +32,8 @@ func (r *Relay) lead(w http.ResponseWriter, req *http.Request, in *inbound, f *d
 	ok := fail == nil && in.end.answered != nil && !in.end.incomplete && f.Status() >= 200 && f.Status() <= 299 // what the upstream answered: a Chat Completions answer reaches its client later
 	var usd float64
 	if ok {
-		if rates := r.prices.lookup(in.grant.target); rates != nil {
-			usd = rates.cost(in.end.usage) * in.end.answered.priceFactor
+		if rates := r.prices.Lookup(in.grant.target); rates != nil {
+			usd = rates.Cost(in.end.usage.priced()) * in.end.answered.priceFactor
 		}
 	}
 	f.Finish(ok, in.end.usage.total(), usd, r.now())

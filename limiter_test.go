@@ -12,26 +12,10 @@ import (
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
 	"github.com/caddy-relay/relay/internal/health"
+	"github.com/caddy-relay/relay/internal/limits"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
 )
-
-func TestParseRateSpec(t *testing.T) {
-	for in, want := range map[string]rateSpec{
-		"600/m": {600, time.Minute}, "10/s": {10, time.Second}, "2000000/h": {2000000, time.Hour},
-		"5/d": {5, 24 * time.Hour}, "3/10s": {3, 10 * time.Second}, "": {},
-	} {
-		got, err := parseRateSpec(in)
-		if err != nil || got != want {
-			t.Errorf("%q = %+v, %v; want %+v", in, got, err, want)
-		}
-	}
-	for _, bad := range []string{"600", "x/m", "0/m", "-1/m", "10/fortnight", "10/-5s"} {
-		if _, err := parseRateSpec(bad); err == nil {
-			t.Errorf("%q should not parse", bad)
-		}
-	}
-}
 
 // limitRelay is a relay with one key (limited as given) on a mock channel,
 // driven by a fake clock.
@@ -183,10 +167,10 @@ func TestConcurrencySlotsReturnOnEveryPath(t *testing.T) {
 	ch := r.groups[name].channels[0]
 	check := func(path string) {
 		t.Helper()
-		if n := k.limits.inflight.Load(); n != 0 {
+		if n := k.limits.Inflight(); n != 0 {
 			t.Errorf("%s: key slots in use = %d, want 0", path, n)
 		}
-		if n := ch.health.limits.inflight.Load(); n != 0 {
+		if n := ch.health.limits.Inflight(); n != 0 {
 			t.Errorf("%s: channel slots in use = %d, want 0", path, n)
 		}
 		if g := inflightGauge(t, "slots-ch"); g != 0 {
@@ -212,7 +196,7 @@ func TestConcurrencySlotsReturnOnEveryPath(t *testing.T) {
 		serveHandler(t, r, newRequest(`{"model":"m","max_tokens":1,"stream":true,"messages":[{"role":"user","content":"Hi"}]}`, "sk-slots").WithContext(ctx))
 	}()
 	<-started
-	if n := ch.health.limits.inflight.Load(); n != 1 {
+	if n := ch.health.limits.Inflight(); n != 1 {
 		t.Errorf("while streaming: channel slots = %d, want 1", n)
 	}
 	cancel()
@@ -237,23 +221,6 @@ func keyDigestMust(t *testing.T, secret string) [32]byte {
 		t.Fatal(err)
 	}
 	return d
-}
-
-func TestTokenBucketDebt(t *testing.T) {
-	now := time.Unix(1_900_000_000, 0)
-	b := newTokenBucket(rateSpec{n: 100, period: 10 * time.Second}, now)
-	b.charge(now, 150)
-	if w := b.wait(now); w != 5100*time.Millisecond {
-		t.Errorf("wait with 50 in debt at 10/s = %v, want 5.1s (until one token is back)", w)
-	}
-	b.charge(now, -100) // the estimate was too high
-	if w := b.wait(now); w != 0 {
-		t.Errorf("after the refund: wait %v", w)
-	}
-	b.configure(rateSpec{n: 20, period: 10 * time.Second}, now)
-	if b.level != 20 {
-		t.Errorf("a smaller burst caps the level: %v", b.level)
-	}
 }
 
 // benchRelay has 3 groups over 10 channels (some shared), limits on every
@@ -295,8 +262,8 @@ func BenchmarkAdmitAndSelect(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		k := keys[i%len(keys)]
 		now := time.Now()
-		g, scope, _ := k.limits.take(now, 100)
-		if scope != scopeNone {
+		g, scope, _ := k.limits.Take(now, 100)
+		if scope != limits.ScopeNone {
 			b.Fatal("key refused")
 		}
 		sel := selection{model: "claude-sonnet-4-5", tried: triedBuf[:0], rand: defaultRand, now: now}
@@ -309,47 +276,6 @@ func BenchmarkAdmitAndSelect(b *testing.B) {
 			b.Fatal("channel refused")
 		}
 		t.finish(verdict{outcome: outcomeSuccess}, policy, now, 0, 150)
-		k.limits.done(now, g, 150)
-	}
-}
-
-// takeRate counts a request against the request rate alone: a key whose
-// concurrency is all in flight, or whose token limit is in debt, still
-// gets it, and it holds nothing to give back; past the rate it refuses
-// with the time the rate takes to allow one more.
-func TestTakeRateCountsTheRateAlone(t *testing.T) {
-	now := time.Unix(1_900_000_000, 0)
-	var l limiter
-	l.configure(limits{rate: rateSpec{n: 3, period: time.Minute}, tokens: rateSpec{n: 10, period: time.Minute}, concurrency: 1}, now)
-	g, scope, _ := l.take(now, 100) // the one slot in flight, 90 tokens in debt
-	if scope != scopeNone {
-		t.Fatalf("the first request: %s", scope)
-	}
-	if busy, _ := l.busy(now); !busy {
-		t.Fatal("a key with its one slot in flight and its tokens in debt is not busy")
-	}
-	for i := range 2 {
-		if _, scope, _ := l.takeRate(now); scope != scopeNone {
-			t.Errorf("takeRate %d beside a full concurrency and a token debt: %s", i+1, scope)
-		}
-	}
-	if n := l.inflight.Load(); n != 1 {
-		t.Errorf("in flight after takeRate: %d, want the first request's 1", n)
-	}
-	if left, _ := l.remaining(now); left == nil || *left != 0 {
-		t.Errorf("the rate left: %v, want none (one request, two takeRate)", left)
-	}
-	_, scope, wait := l.takeRate(now)
-	if scope != scopeRate || wait < 19*time.Second || wait > 20*time.Second {
-		t.Errorf("takeRate past the rate: %s, wait %v; want rate, 20s", scope, wait)
-	}
-	if _, scope, _ := l.takeRate(now.Add(20 * time.Second)); scope != scopeNone {
-		t.Errorf("takeRate once the rate allows one more: %s", scope)
-	}
-	l.done(now, g, 100)
-	var free limiter
-	free.configure(limits{concurrency: 1}, now)
-	if _, scope, _ := free.takeRate(now); scope != scopeNone || free.inflight.Load() != 0 {
-		t.Errorf("takeRate without a rate: %s, %d in flight", scope, free.inflight.Load())
+		k.limits.Done(now, g, 150)
 	}
 }

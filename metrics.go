@@ -223,7 +223,7 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			ch <- prometheus.MustNewConstMetric(c.state, prometheus.GaugeValue, val, name, s)
 		}
-		ch <- prometheus.MustNewConstMetric(c.inflight, prometheus.GaugeValue, float64(h.limits.inflight.Load()), name)
+		ch <- prometheus.MustNewConstMetric(c.inflight, prometheus.GaugeValue, float64(h.limits.Inflight()), name)
 		for class, left := range classCooling(h, now) {
 			ch <- prometheus.MustNewConstMetric(c.classCooling, prometheus.GaugeValue, left, name, class)
 		}

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/caddy-relay/relay/internal/money"
 )
 
 // modelInfo is one entry of GET /v1/models, in Anthropic's shape and
@@ -47,15 +49,15 @@ type modelCatalog struct {
 	// also finds a dated snapshot or variant of a model the price table
 	// knows
 	every  bool
-	prices pricebook
+	prices money.Pricebook
 }
 
 // newModelCatalog builds the catalog of a group whose channels list listed
 // (every: a channel serves every model).
-func newModelCatalog(listed []string, every bool, prices pricebook) *modelCatalog {
+func newModelCatalog(listed []string, every bool, prices money.Pricebook) *modelCatalog {
 	ids := slices.Clone(listed)
 	if every {
-		for _, m := range prices.claudeModels() {
+		for _, m := range claudeModels(prices) {
 			if !slices.Contains(listed, m) {
 				ids = append(ids, m)
 			}
@@ -63,7 +65,7 @@ func newModelCatalog(listed []string, every bool, prices pricebook) *modelCatalo
 	}
 	c := &modelCatalog{index: make(map[string]int, len(ids)), every: every, prices: prices}
 	for i, id := range ids {
-		c.list = append(c.list, prices.info(id))
+		c.list = append(c.list, modelInfoOf(prices, id))
 		c.index[id] = i
 	}
 	return c
@@ -74,8 +76,8 @@ func (c *modelCatalog) find(id string) (modelInfo, bool) {
 	if i, ok := c.index[id]; ok {
 		return c.list[i], true
 	}
-	if c.every && c.prices.lookup(id) != nil {
-		return c.prices.info(id), true
+	if c.every && c.prices.Lookup(id) != nil {
+		return modelInfoOf(c.prices, id), true
 	}
 	return modelInfo{}, false
 }
@@ -135,12 +137,12 @@ func serveModels(w http.ResponseWriter, req *http.Request, in *inbound) *relayEr
 	return nil
 }
 
-// info is the entry of model id: its display name is the one of its price
+// modelInfoOf is the entry of model id: its display name is the one of its price
 // row, or the id when the price table does not know it.
-func (pb pricebook) info(id string) modelInfo {
+func modelInfoOf(pb money.Pricebook, id string) modelInfo {
 	name := id
-	if r := pb.lookup(id); r != nil && r.name != "" {
-		name = r.name
+	if r := pb.Lookup(id); r != nil && r.Name() != "" {
+		name = r.Name()
 	}
 	return modelInfo{Type: "model", ID: id, DisplayName: name, CreatedAt: "1970-01-01T00:00:00Z", Object: "model", OwnedBy: "anthropic"}
 }
@@ -149,7 +151,7 @@ func (pb pricebook) info(id string) modelInfo {
 // "claude", newest first as Anthropic lists its models: by version, highest
 // first (claude-opus-4-1 before claude-opus-4, claude-3-7-sonnet before
 // claude-3-5-haiku), then by name; a row without a version comes last.
-func (pb pricebook) claudeModels() []string {
+func claudeModels(pb money.Pricebook) []string {
 	var ids []string
 	for m := range pb {
 		if strings.HasPrefix(m, "claude") {

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"encoding/json"
+	"github.com/caddy-relay/relay/internal/money"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -45,6 +46,12 @@ func TestAnthropicNameOfAModelID(t *testing.T) {
 	}
 }
 
+// newPricebook is the relay's price table of configured prices: the
+// configured rows over the built-in ones, named as Anthropic names them.
+func newPricebook(configured map[string]Price) money.Pricebook {
+	return money.NewPricebook(configured, anthropicName)
+}
+
 func TestDisplayNameComesFromThePriceTable(t *testing.T) {
 	pb := newPricebook(map[string]Price{
 		"claude-sonnet-4-5": {Input: 3, Output: 15, DisplayName: "Sonnet (EU region)"},
@@ -66,7 +73,7 @@ func TestDisplayNameComesFromThePriceTable(t *testing.T) {
 		{"claude-opus-4-9", "claude-opus-4-9"}, // a newer version the table does not know
 		{"gpt-4o", "gpt-4o"},
 	} {
-		m := pb.info(tt.id)
+		m := modelInfoOf(pb, tt.id)
 		if m.DisplayName != tt.want || m.ID != tt.id {
 			t.Errorf("%s: id %q display_name %q, want %q", tt.id, m.ID, m.DisplayName, tt.want)
 		}
@@ -74,20 +81,21 @@ func TestDisplayNameComesFromThePriceTable(t *testing.T) {
 }
 
 func TestThePriceTablesClaudeModelsNewestFirst(t *testing.T) {
-	pb := pricebook{}
+	pb := money.Pricebook{}
 	for _, m := range []string{"claude-3-haiku", "claude-opus-4", "claude-sonnet-4-5-20250929", "my-model", "claude-opus-4-1",
 		"claude-3-7-sonnet", "claude-sonnet-4-5", "claude-haiku-4-5", "claude-custom", "claude-3-5-haiku", "claude-fable-5"} {
-		pb[m] = &rates{}
+		pb[m] = &money.Rates{}
 	}
 	want := []string{"claude-fable-5", "claude-haiku-4-5", "claude-sonnet-4-5", "claude-sonnet-4-5-20250929", "claude-opus-4-1",
 		"claude-opus-4", "claude-3-7-sonnet", "claude-3-5-haiku", "claude-3-haiku", "claude-custom"}
 	for range 5 { // the map's order differs each time; the list's must not
-		if got := pb.claudeModels(); !slices.Equal(got, want) {
+		if got := claudeModels(pb); !slices.Equal(got, want) {
 			t.Fatalf("got  %v\nwant %v", got, want)
 		}
 	}
-	all := newPricebook(nil).claudeModels()
-	if len(all) != len(defaultPricing) || all[0] == "claude-3-haiku" || all[len(all)-1] != "claude-3-haiku" {
+	builtin := newPricebook(nil)
+	all := claudeModels(builtin)
+	if len(all) != len(builtin) || all[0] == "claude-3-haiku" || all[len(all)-1] != "claude-3-haiku" {
 		t.Errorf("the built-in list, newest first: %v", all)
 	}
 }
@@ -189,7 +197,7 @@ func TestAChannelOfEveryModelListsThePriceTablesClaudeModels(t *testing.T) {
 		ids = append(ids, m.ID)
 		names[m.ID] = m.DisplayName
 	}
-	want := append([]string{"my-alias", "claude-sonnet-4-5"}, slices.DeleteFunc(newPricebook(map[string]Price{"claude-lyric-7": {}}).claudeModels(),
+	want := append([]string{"my-alias", "claude-sonnet-4-5"}, slices.DeleteFunc(claudeModels(newPricebook(map[string]Price{"claude-lyric-7": {}})),
 		func(m string) bool { return m == "claude-sonnet-4-5" })...)
 	if !slices.Equal(ids, want) || list.HasMore {
 		t.Fatalf("GET /v1/models: the listed models, then the price table's Claude models newest first:\n got  %v\nwant %v (has_more %v)", ids, want, list.HasMore)
@@ -289,7 +297,7 @@ func TestPricingDisplayNameInTheCaddyfile(t *testing.T) {
 		}
 	}
 	long := Price{Input: 1, Output: 1, LongPrompt: &LongPromptPrice{Above: 10, Price: Price{Input: 2, Output: 2, DisplayName: "x"}}}
-	if err := long.validate(); err == nil || !strings.Contains(err.Error(), "display_name") {
+	if err := long.Validate(); err == nil || !strings.Contains(err.Error(), "display_name") {
 		t.Errorf("display_name inside long_prompt: %v", err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/caddy-relay/relay/internal/openai"
 )
 
@@ -29,7 +30,7 @@ type chat struct {
 // output, which is also what the request holds against its budgets.
 func (in *inbound) translateChat() *relayError {
 	buf := bodyPool.Get().(*bytes.Buffer)
-	c, perr := openai.TranslateChat(buf, in.ask.body, maxOutputTokens)
+	c, perr := openai.TranslateChat(buf, in.ask.body, money.MaxOutputTokens)
 	if perr != nil {
 		releaseBody(buf)
 		in.ask.chat.param = perr.Param

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/caddy-relay/relay/internal/limits"
 )
 
 // priority is a key's class in the admission queue; a lower value is served
@@ -232,7 +234,7 @@ func (q *queued) wait(ctx context.Context, freeAt time.Time) *relayError {
 		retryIn = freeAt.Sub(now)
 	}
 	refuse := func(msg string) *relayError {
-		metricRateLimited.WithLabelValues(in.who.key.name, string(scopeQueue)).Inc()
+		metricRateLimited.WithLabelValues(in.who.key.name, string(limits.ScopeQueue)).Inc()
 		return errQueue(msg, retryIn)
 	}
 	return q.waitOn(ctx, nil, freeAt, nil, func(why queueRefusal) *relayError {

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/caddy-relay/relay/internal/limits"
 )
 
 // The anthropic-ratelimit-* headers. An upstream's tell a client what the
@@ -35,68 +37,15 @@ func isRatelimitHeader(k string) bool {
 	return len(k) >= len(ratelimitPrefix) && strings.EqualFold(k[:len(ratelimitPrefix)], ratelimitPrefix)
 }
 
-// headroom is what a limiter's request rate and token limit have left, and
-// when each is full again.
-type headroom struct {
-	known        bool // from the fleet's store; else unknown, read the limiter
-	requests     int64
-	requestsFull time.Time
-	tokens       int64
-	tokensFull   time.Time
-}
-
-// charge takes n more tokens off what a token limit of spec has left.
-func (h *headroom) charge(spec rateSpec, n int64) {
-	if !h.known || spec.n == 0 {
-		return
-	}
-	h.tokens = max(0, h.tokens-n)
-	h.tokensFull = h.tokensFull.Add(seconds(float64(n) / spec.perSecond()))
-}
-
-// seconds is a duration of s seconds, at most maxRetryHint (a limit of
-// one token a year in debt would overflow a Duration).
-func seconds(s float64) time.Duration {
-	return time.Duration(min(s, maxRetryHint.Seconds()) * float64(time.Second))
-}
-
-// left is what the limiter has left at now, as far as a request that holds
-// g knows (the fleet store's answer to it, or this relay's own limits),
-// and the limits it has.
-func (l *limiter) left(now time.Time, g grant) (limits, headroom) {
-	l.mu.Lock()
-	spec, requests, tokens := l.spec, l.requests, l.tokens
-	l.mu.Unlock()
-	if g.left.known {
-		return spec, g.left
-	}
-	h := headroom{requestsFull: now, tokensFull: now}
-	if requests != nil {
-		left, burst := requests.TokensAt(now), float64(requests.Burst())
-		h.requests = int64(max(0, math.Floor(left)))
-		if left < burst {
-			h.requestsFull = now.Add(seconds((burst - left) / float64(requests.Limit())))
-		}
-	}
-	if tokens != nil {
-		level, perSec, burst := tokens.state(now)
-		h.tokens = int64(max(0, math.Floor(level)))
-		if level < burst {
-			h.tokensFull = now.Add(seconds((burst - level) / perSec))
-		}
-	}
-	return spec, h
-}
-
 // setRatelimitHeaders sets, for a client of the key, the headers of each of
 // its limits: requests for `rate`, tokens for `tokens`, none for a limit
 // the key does not have.
-func setRatelimitHeaders(h http.Header, spec limits, left headroom) {
-	if spec.rate.n > 0 {
-		setRatelimit(h, "Requests", int64(math.Ceil(spec.rate.n)), left.requests, left.requestsFull)
+func setRatelimitHeaders(h http.Header, spec limits.Spec, left limits.Headroom) {
+	if spec.Rate.N > 0 {
+		setRatelimit(h, "Requests", int64(math.Ceil(spec.Rate.N)), left.Requests, left.RequestsFull)
 	}
-	if spec.tokens.n > 0 {
-		setRatelimit(h, "Tokens", int64(spec.tokens.n), left.tokens, left.tokensFull)
+	if spec.Tokens.N > 0 {
+		setRatelimit(h, "Tokens", int64(spec.Tokens.N), left.Tokens, left.TokensFull)
 	}
 }
 
@@ -116,6 +65,6 @@ func (r *Relay) ratelimitHeaders(h http.Header, in *inbound) {
 	if r.passRatelimit || !in.grant.keyAsked {
 		return
 	}
-	spec, left := in.who.state.limits.left(r.now(), in.grant.keyGrant) // the principal's: under user *, the identity's own
+	spec, left := in.who.state.limits.Left(r.now(), in.grant.keyGrant) // the principal's: under user *, the identity's own
 	setRatelimitHeaders(h, spec, left)
 }

@@ -1,6 +1,8 @@
 package relay
 
 import (
+	"github.com/caddy-relay/relay/internal/fleet"
+	"github.com/caddy-relay/relay/internal/limits"
 	"net/http"
 	"strconv"
 	"strings"
@@ -209,14 +211,14 @@ func TestRatelimitHeadersOption(t *testing.T) {
 }
 
 func TestHeadroomOfLocalLimits(t *testing.T) {
-	l := new(limiter)
-	l.configure(limits{rate: rateSpec{n: 3, period: time.Minute}, tokens: rateSpec{n: 1200, period: time.Minute}}, testNow)
-	g, scope, _ := l.take(testNow, 300)
-	if scope != scopeNone {
+	l := new(limits.Limiter)
+	l.Configure(limits.Spec{Rate: limits.Rate{N: 3, Period: time.Minute}, Tokens: limits.Rate{N: 1200, Period: time.Minute}}, testNow)
+	g, scope, _ := l.Take(testNow, 300)
+	if scope != limits.ScopeNone {
 		t.Fatal(scope)
 	}
-	spec, left := l.left(testNow, g)
-	if left.requests != 2 || !left.requestsFull.Equal(testNow.Add(20*time.Second)) || left.tokens != 900 || !left.tokensFull.Equal(testNow.Add(15*time.Second)) {
+	spec, left := l.Left(testNow, g)
+	if left.Requests != 2 || !left.RequestsFull.Equal(testNow.Add(20*time.Second)) || left.Tokens != 900 || !left.TokensFull.Equal(testNow.Add(15*time.Second)) {
 		t.Errorf("after one request of 300 tokens: %+v", left)
 	}
 	h := http.Header{}
@@ -230,8 +232,8 @@ func TestHeadroomOfLocalLimits(t *testing.T) {
 		}
 	}
 	// the bucket in debt: nothing remains, full again once the debt is paid
-	l.charge(testNow, &g, 1000)
-	if _, left := l.left(testNow, g); left.tokens != 0 || !left.tokensFull.Equal(testNow.Add(65*time.Second)) {
+	l.Charge(testNow, &g, 1000)
+	if _, left := l.Left(testNow, g); left.Tokens != 0 || !left.TokensFull.Equal(testNow.Add(65*time.Second)) {
 		t.Errorf("in debt: %+v", left)
 	}
 	// a reset that falls inside a second is rounded up to the next
@@ -245,12 +247,12 @@ func TestHeadroomOfLocalLimits(t *testing.T) {
 func TestSharedLimitsSayWhatIsLeft(t *testing.T) {
 	srv := redistest.Start(t)
 	// a large bucket: its numbers need all their digits in Redis
-	spec := limits{rate: rateSpec{n: 10, period: time.Minute}, tokens: rateSpec{n: 3_000_000_000, period: 1000 * 24 * time.Hour}}
+	spec := limits.Spec{Rate: limits.Rate{N: 10, Period: time.Minute}, Tokens: limits.Rate{N: 3_000_000_000, Period: 1000 * 24 * time.Hour}}
 	// exact: a bucket this large would be leased in blocks, whose headers
 	// count what the blocks of the other nodes hold as spent
 	fa, fb := testFleet(t, srv.Addr, "left:", 0), testFleet(t, srv.Addr, "left:", 0)
-	fa.noLeases.Store(true)
-	fb.noLeases.Store(true)
+	fa.limits.NoLeases(true)
+	fb.limits.NoLeases(true)
 	a := sharedLimiter(t, fa, "k:left", spec)
 	b := sharedLimiter(t, fb, "k:left", spec) // another node
 
@@ -262,69 +264,69 @@ func TestSharedLimitsSayWhatIsLeft(t *testing.T) {
 	}
 	perToken := time.Duration(float64(1000*24*time.Hour) / 3e9) // 28.8ms: 35 tokens a second
 	t0 := time.Now()
-	g, scope, _ := a.take(t0, 1_000_000)
-	if scope != scopeNone || !g.left.known {
-		t.Fatalf("refused by %q, or nothing said of what is left: %+v", scope, g.left)
+	g, scope, _ := a.Take(t0, 1_000_000)
+	if scope != limits.ScopeNone || !g.Left.Known {
+		t.Fatalf("refused by %q, or nothing said of what is left: %+v", scope, g.Left)
 	}
-	if g.left.requests != 9 || g.left.tokens != 2_999_000_000 {
-		t.Errorf("after the first request: %d requests, %d tokens left; want 9 and 2999000000", g.left.requests, g.left.tokens)
+	if g.Left.Requests != 9 || g.Left.Tokens != 2_999_000_000 {
+		t.Errorf("after the first request: %d requests, %d tokens left; want 9 and 2999000000", g.Left.Requests, g.Left.Tokens)
 	}
-	near(g.left.requestsFull, t0.Add(6*time.Second), "the rate full again")
-	near(g.left.tokensFull, t0.Add(1_000_000*perToken), "the bucket full again")
+	near(g.Left.RequestsFull, t0.Add(6*time.Second), "the rate full again")
+	near(g.Left.TokensFull, t0.Add(1_000_000*perToken), "the bucket full again")
 
 	// the other node's answer counts what this one took, and its own
-	g2, scope, _ := b.take(time.Now(), 2_000_000)
-	if scope != scopeNone || g2.left.requests != 8 {
-		t.Fatalf("the other node: %q, %d requests left, want 8", scope, g2.left.requests)
+	g2, scope, _ := b.Take(time.Now(), 2_000_000)
+	if scope != limits.ScopeNone || g2.Left.Requests != 8 {
+		t.Fatalf("the other node: %q, %d requests left, want 8", scope, g2.Left.Requests)
 	}
-	if g2.left.tokens < 2_997_000_000 || g2.left.tokens > 2_997_000_100 {
-		t.Errorf("tokens left %d, want 2997000000 and the few refilled since", g2.left.tokens)
+	if g2.Left.Tokens < 2_997_000_000 || g2.Left.Tokens > 2_997_000_100 {
+		t.Errorf("tokens left %d, want 2997000000 and the few refilled since", g2.Left.Tokens)
 	}
-	near(g2.left.requestsFull, t0.Add(12*time.Second), "the rate full again after two")
+	near(g2.Left.RequestsFull, t0.Add(12*time.Second), "the rate full again after two")
 	// an estimate charged once the body is read counts at once
-	b.charge(time.Now(), &g2, 500_000)
-	if g2.left.tokens < 2_996_500_000 || g2.left.tokens > 2_996_500_100 {
-		t.Errorf("after a charge of 500000: %d tokens left", g2.left.tokens)
+	b.Charge(time.Now(), &g2, 500_000)
+	if g2.Left.Tokens < 2_996_500_000 || g2.Left.Tokens > 2_996_500_100 {
+		t.Errorf("after a charge of 500000: %d tokens left", g2.Left.Tokens)
 	}
-	near(g2.left.tokensFull, t0.Add(3_500_000*perToken), "the bucket full again after the charge")
-	a.done(time.Now(), g, 0)
-	b.done(time.Now(), g2, 0)
+	near(g2.Left.TokensFull, t0.Add(3_500_000*perToken), "the bucket full again after the charge")
+	a.Done(time.Now(), g, 0)
+	b.Done(time.Now(), g2, 0)
 
 	// a refusal says what is left too: the rate spent, full a minute after
 	// the first
 	for range 8 {
-		g, scope, _ := a.take(time.Now(), -1)
-		if scope != scopeNone {
+		g, scope, _ := a.Take(time.Now(), -1)
+		if scope != limits.ScopeNone {
 			t.Fatal(scope)
 		}
-		a.done(time.Now(), g, 0)
+		a.Done(time.Now(), g, 0)
 	}
-	g, scope, wait := a.take(time.Now(), 10)
-	if scope != scopeRate || wait <= 0 {
+	g, scope, wait := a.Take(time.Now(), 10)
+	if scope != limits.ScopeRate || wait <= 0 {
 		t.Fatalf("the eleventh request: %q, wait %v; want a rate refusal", scope, wait)
 	}
-	if !g.left.known || g.left.requests != 0 || g.left.tokens < 2_996_000_000 {
-		t.Errorf("refused: %+v, want no request and the tokens left", g.left)
+	if !g.Left.Known || g.Left.Requests != 0 || g.Left.Tokens < 2_996_000_000 {
+		t.Errorf("refused: %+v, want no request and the tokens left", g.Left)
 	}
-	near(g.left.requestsFull, t0.Add(time.Minute), "the rate full again after ten")
+	near(g.Left.RequestsFull, t0.Add(time.Minute), "the rate full again after ten")
 
 	// refused for concurrency, the rate and tokens are told as they are
-	one := sharedLimiter(t, testFleet(t, srv.Addr, "left:", 0), "k:one", limits{rate: rateSpec{n: 5, period: time.Hour}, concurrency: 1})
-	held, scope, _ := one.take(time.Now(), -1)
-	if scope != scopeNone {
+	one := sharedLimiter(t, testFleet(t, srv.Addr, "left:", 0), "k:one", limits.Spec{Rate: limits.Rate{N: 5, Period: time.Hour}, Concurrency: 1})
+	held, scope, _ := one.Take(time.Now(), -1)
+	if scope != limits.ScopeNone {
 		t.Fatal(scope)
 	}
-	defer one.done(time.Now(), held, 0)
-	if g, scope, _ := one.take(time.Now(), -1); scope != scopeConcurrency || !g.left.known || g.left.requests != 4 {
-		t.Errorf("refused by %q with %+v, want concurrency and 4 requests left", scope, g.left)
+	defer one.Done(time.Now(), held, 0)
+	if g, scope, _ := one.Take(time.Now(), -1); scope != limits.ScopeConcurrency || !g.Left.Known || g.Left.Requests != 4 {
+		t.Errorf("refused by %q with %+v, want concurrency and 4 requests left", scope, g.Left)
 	}
 }
 
 func TestTheFleetsHeadersCountEveryNode(t *testing.T) {
 	srv := redistest.Start(t)
 	startRelay(t, fleetBlock(srv.Addr, "local", "fleet-left"))
-	other := sharedLimiter(t, testFleet(t, srv.Addr, "fleet-left:", 0), tag("k:", "fleet-left-key"), limits{rate: rateSpec{n: 3, period: time.Minute}})
-	if _, scope, _ := other.take(time.Now(), -1); scope != scopeNone {
+	other := sharedLimiter(t, testFleet(t, srv.Addr, "fleet-left:", 0), fleet.Tag("k:", "fleet-left-key"), limits.Spec{Rate: limits.Rate{N: 3, Period: time.Minute}})
+	if _, scope, _ := other.Take(time.Now(), -1); scope != limits.ScopeNone {
 		t.Fatal(scope)
 	}
 	start := time.Now()

@@ -29,6 +29,8 @@ import (
 
 	"github.com/caddy-relay/relay/internal/affinity"
 	"github.com/caddy-relay/relay/internal/ledger"
+	"github.com/caddy-relay/relay/internal/limits"
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/caddy-relay/relay/internal/owners"
 	"github.com/caddy-relay/relay/internal/resourceid"
 	"github.com/caddyserver/caddy/v2"
@@ -213,8 +215,8 @@ type Relay struct {
 	fleet         *member         // the fleet this relay shares state with; nil: none
 	ledger        *ledger.Writer  // where each request's row goes; nil: none
 	logger        *zap.Logger
-	prices        pricebook
-	estimates     estimates          // what an unpriced model costs where money is counted
+	prices        money.Pricebook
+	estimates     money.Estimates    // what an unpriced model costs where money is counted
 	classRows     []string           // the price rows that are model classes of their own
 	modelNames    map[string]bool    // every model a channel lists, for metric labels
 	passRatelimit bool               // upstream_ratelimit_headers pass
@@ -310,9 +312,9 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 	spend.use(ctx, r.logger)
 	r.held.addSpendStore()
 	r.takeDecodeBudget()
-	r.prices = newPricebook(r.Pricing)
-	r.estimates = r.prices.estimates()
-	r.classRows = r.prices.classRows()
+	r.prices = money.NewPricebook(r.Pricing, anthropicName)
+	r.estimates = r.prices.Estimates(familyOf)
+	r.classRows = classRows(r.prices)
 	r.modelNames = map[string]bool{}
 	for _, cfg := range r.Channels {
 		for _, m := range channelModels(cfg) {
@@ -439,7 +441,7 @@ func (r *Relay) serve(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 	if rerr = r.admitKey(in, req.ContentLength); rerr != nil {
 		return refused(rerr)
 	}
-	defer func() { in.who.state.limits.done(r.now(), in.grant.keyGrant, in.billed()) }()
+	defer func() { in.who.state.limits.Done(r.now(), in.grant.keyGrant, in.billed()) }()
 	buf, rerr := r.readBody(w, req)
 	if rerr != nil {
 		return refused(rerr)
@@ -460,7 +462,7 @@ func (r *Relay) serve(w http.ResponseWriter, req *http.Request, in *inbound) *fa
 	}
 	defer func() { // admitted here, or along with its first channel
 		if in.grant.endUser != nil {
-			in.grant.endUser.done(r.now(), in.grant.endUserGrant, in.billed())
+			in.grant.endUser.Done(r.now(), in.grant.endUserGrant, in.billed())
 		}
 	}()
 	if rerr = r.admitSession(in); rerr != nil {
@@ -544,12 +546,12 @@ func (r *Relay) admitKey(in *inbound, contentLength int64) *relayError {
 			estimate = contentLength/4 + 1
 		}
 	}
-	g, scope, wait := in.who.state.limits.enter(r.now(), estimate) // in a fleet, admitted with its first channel (fleet_admit.go)
+	g, scope, wait := in.who.state.limits.Enter(r.now(), estimate) // in a fleet, admitted with its first channel (fleet_admit.go)
 	switch scope {
-	case scopeNone:
-		in.grant.keyGrant, in.grant.keyAsked = g, !g.pending
+	case limits.ScopeNone:
+		in.grant.keyGrant, in.grant.keyAsked = g, !g.Pending
 		return nil
-	case scopeFleetDown:
+	case limits.ScopeFleetDown:
 		return errStorageUnavailable()
 	}
 	in.grant.keyGrant, in.grant.keyAsked = g, true // what it has left, for the 429's headers
@@ -574,7 +576,7 @@ func (r *Relay) chargeKeyTokens(in *inbound) {
 		return
 	}
 	in.ask.estimate = estimateTokens(in.ask.body)
-	in.who.state.limits.charge(r.now(), &in.grant.keyGrant, in.ask.estimate-in.grant.keyGrant.charged)
+	in.who.state.limits.Charge(r.now(), &in.grant.keyGrant, in.ask.estimate-in.grant.keyGrant.Charged)
 }
 
 // Interface guards

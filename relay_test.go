@@ -195,13 +195,7 @@ func TestClientLeavingBeforeTheFirstByteEndsTheRequest(t *testing.T) {
 
 // retries counts the retries a group's budget holds over its window.
 func retries(g *groupState) int {
-	g.budget.mu.Lock()
-	defer g.budget.mu.Unlock()
-	n := 0
-	for _, b := range g.budget.buckets {
-		n += b.retries
-	}
-	return n
+	return g.budget.Retries()
 }
 
 func TestUpstreamAccountHeadersStayUpstream(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/features"
+	"github.com/caddy-relay/relay/internal/limits"
 	"github.com/caddy-relay/relay/provider"
 	"github.com/tidwall/gjson"
 )
@@ -190,7 +191,7 @@ type asked struct {
 	stream   bool
 	maxOut   int32 // the body's max_tokens; 0: none, or not a whole number that fits
 	// searches is what its web search tools may search, which it holds
-	// (servertools.go)
+	// (internal/money's servertools.go)
 	searches int64
 	chat     *chat          // a Chat Completions request, translated; nil for Anthropic's routes
 	needs    features.Needs // the features it carries
@@ -214,16 +215,16 @@ type asked struct {
 // grants and budget holds, the model it is served and the channels that may
 // serve it.
 type granted struct {
-	target       string    // the model being served: model, or a fallback of it
-	fallbacks    int       // fallback models tried so far
-	sel          selection // its channels, as the relay picks them
-	keyGrant     grant     // what the key's limits admitted
-	keyAsked     bool      // the key's limits were asked (admitted or refused): its rate limit headers are known
-	endUser      *limiter  // its end user's limits (user_rate, user_tokens) that admitted it; nil: none
-	endUserGrant grant     // what they admitted
+	target       string          // the model being served: model, or a fallback of it
+	fallbacks    int             // fallback models tried so far
+	sel          selection       // its channels, as the relay picks them
+	keyGrant     limits.Grant    // what the key's limits admitted
+	keyAsked     bool            // the key's limits were asked (admitted or refused): its rate limit headers are known
+	endUser      *limits.Limiter // its end user's limits (user_rate, user_tokens) that admitted it; nil: none
+	endUserGrant limits.Grant    // what they admitted
 	// endUserPending, in a fleet, is the end user's limiter to admit along
 	// with the first channel, charged endUserEstimate tokens
-	endUserPending  *limiter
+	endUserPending  *limits.Limiter
 	endUserEstimate int64
 	holds           *holds  // its worst case held against its budgets (hold.go); nil: none
 	worst           nanoUSD // its worst case, when a budget or a channel's spend cap may apply
@@ -240,8 +241,8 @@ type granted struct {
 	// (sessions.go); nil: none. sessionLimits admitted it to session_rate
 	// with sessionGrant.
 	session       *session
-	sessionLimits *limiter
-	sessionGrant  grant
+	sessionLimits *limits.Limiter
+	sessionGrant  limits.Grant
 	// degrade is what budget_degrade did to it (degrade.go)
 	degrade degraded
 }
@@ -327,3 +328,13 @@ func newRequestID() string {
 	hex.Encode(out[6:], b[:])
 	return string(out[:])
 }
+
+// estimateTokens guesses the input tokens of a request from its body
+// before the upstream says: about 4 bytes a token. The guess is corrected
+// with the real usage when the answer ends.
+func estimateTokens(body []byte) int64 { return int64(len(body)/4) + 1 }
+
+// billedTokens is what a request costs against a token limit: input, cache
+// writes and output, as Anthropic counts its own rate limits (cache reads do
+// not count).
+func billedTokens(u usage) int64 { return u.input + u.cacheWrite + u.output }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
 	"github.com/caddy-relay/relay/internal/features"
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/caddy-relay/relay/internal/providertest"
 	"github.com/tidwall/gjson"
 )
@@ -78,9 +79,9 @@ func FuzzInspect(f *testing.F) {
 					if typ, ok := fields["type"].(string); ok {
 						want |= features.OfTool(typ)
 						if strings.HasPrefix(typ, "web_search_") {
-							uses := int64(defaultWebSearches)
+							uses := int64(money.DefaultWebSearches)
 							if n, ok := fields["max_uses"].(float64); ok && n >= 0 {
-								uses = int64(math.Ceil(min(n, maxWebSearches)))
+								uses = int64(math.Ceil(min(n, money.MaxWebSearches)))
 							}
 							searches += uses
 						}

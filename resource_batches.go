@@ -192,8 +192,8 @@ func (c *resourceCtx) accountBatch(ch *channel, b *batchUsage, complete bool) {
 		}
 		cost, tools, estimated := 0.0, 0.0, false
 		if rates, est := r.ratesFor(model, counted); rates != nil {
-			cost = rates.batchCost(u) * ch.priceFactor
-			tools = rates.serverTools(u) * ch.priceFactor
+			cost = rates.BatchCost(u.priced()) * ch.priceFactor
+			tools = rates.ServerTools(u.priced()) * ch.priceFactor
 			if estimated = est && cost > 0; estimated {
 				r.unpriced(in, model, cost)
 			}

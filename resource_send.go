@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/jsonscan"
+	"github.com/caddy-relay/relay/internal/limits"
 	"github.com/caddy-relay/relay/internal/resourceid"
 	"github.com/caddy-relay/relay/provider"
 	"github.com/tidwall/gjson"
@@ -44,7 +45,7 @@ type resourceAttempt struct {
 func (c *resourceCtx) send(ch *channel, rp provider.ResourceProvider, call *provider.ResourceCall, headerTimeout time.Duration) *resourceAttempt {
 	t, scope := ch.health.admit(c.r.now(), -1)
 	switch {
-	case scope == scopeFleetDown:
+	case scope == limits.ScopeFleetDown:
 		return &resourceAttempt{c: c, ch: ch, failure: refused(errStorageUnavailable())}
 	case t == nil:
 		return &resourceAttempt{c: c, ch: ch, failure: refused(errQueue("the channel that holds this "+c.rq.kind.Noun()+" is at its limit", time.Second))}

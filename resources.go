@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fleet"
+	"github.com/caddy-relay/relay/internal/limits"
 	"github.com/caddy-relay/relay/internal/resourceid"
 	"github.com/caddy-relay/relay/provider"
 	"github.com/tidwall/gjson"
@@ -120,7 +121,7 @@ func (r *Relay) serveResource(w http.ResponseWriter, req *http.Request, in *inbo
 	if rerr := r.admitKeyAs(in, estimate); rerr != nil {
 		return refused(rerr)
 	}
-	defer func() { in.who.state.limits.done(r.now(), in.grant.keyGrant, in.billed()) }()
+	defer func() { in.who.state.limits.Done(r.now(), in.grant.keyGrant, in.billed()) }()
 	secret, ok := r.secret.Get()
 	if !ok {
 		return refused(errStorageUnavailable())
@@ -138,18 +139,18 @@ func (r *Relay) serveResource(w http.ResponseWriter, req *http.Request, in *inbo
 // admitKeyAs holds a request to its key's limits as admitKey does a
 // message's; estimate -1 leaves it out of the token limit.
 func (r *Relay) admitKeyAs(in *inbound, estimate int64) *relayError {
-	g, scope, wait := in.who.state.limits.take(r.now(), estimate)
+	g, scope, wait := in.who.state.limits.Take(r.now(), estimate)
 	return r.keyAdmitted(in, g, scope, wait)
 }
 
 // keyAdmitted notes what the key's limits granted the request (for its
 // rate limit headers), and answers a refusal.
-func (r *Relay) keyAdmitted(in *inbound, g grant, scope limitScope, wait time.Duration) *relayError {
+func (r *Relay) keyAdmitted(in *inbound, g limits.Grant, scope limits.Scope, wait time.Duration) *relayError {
 	in.grant.keyGrant, in.grant.keyAsked = g, true
 	switch scope {
-	case scopeNone:
+	case limits.ScopeNone:
 		return nil
-	case scopeFleetDown:
+	case limits.ScopeFleetDown:
 		return errStorageUnavailable()
 	}
 	metricRateLimited.WithLabelValues(in.who.key.name, string(scope)).Inc()

@@ -114,7 +114,7 @@ func TestResourceOptionsInTheCaddyfile(t *testing.T) {
 	if r.ResourceSecret != "{env.RELAY_RESOURCE_SECRET}" || r.MaxUploadSize != 1_000_000_000 || r.Pricing["m"].Batch == nil || *r.Pricing["m"].Batch != 0.4 {
 		t.Errorf("parsed %q %d %+v", r.ResourceSecret, r.MaxUploadSize, r.Pricing["m"])
 	}
-	if newPricebook(r.Pricing).lookup("m").batch != 0.4 || newPricebook(nil).lookup("claude-sonnet-4-5").batch != 0.5 {
+	if newPricebook(r.Pricing).Lookup("m").Batch() != 0.4 || newPricebook(nil).Lookup("claude-sonnet-4-5").Batch() != 0.5 {
 		t.Error("the batch factor is not in the rates")
 	}
 	for _, bad := range []string{"relay {\n\tresource_secret\n", "relay {\n\tmax_upload_size lots\n", "relay {\n\tpricing {\n\t\tm input 1 batch -1\n\t}\n"} {

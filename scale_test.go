@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/health"
+	"github.com/caddy-relay/relay/internal/limits"
 	"github.com/caddyserver/caddy/v2"
 )
 
@@ -103,8 +104,8 @@ func BenchmarkAuthAndSelect(b *testing.B) {
 						b.Fatal(rerr)
 					}
 					now := time.Now()
-					g, scope, _ := key.limits.take(now, 100)
-					if scope != scopeNone {
+					g, scope, _ := key.limits.Take(now, 100)
+					if scope != limits.ScopeNone {
 						b.Fatal("key refused")
 					}
 					sel := selection{model: "claude-sonnet-4-5", tried: triedBuf[:0], rand: defaultRand, now: now}
@@ -117,7 +118,7 @@ func BenchmarkAuthAndSelect(b *testing.B) {
 						b.Fatal("channel refused")
 					}
 					t.finish(verdict{outcome: outcomeSuccess}, policy, now, 0, 150)
-					key.limits.done(now, g, 150)
+					key.limits.Done(now, g, 150)
 				}
 			})
 		}

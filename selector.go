@@ -468,9 +468,9 @@ func effectiveWeights(chs []*channel, now time.Time, out []float64) []float64 {
 	band := max(latencyBand, latencyBandRatio*best)
 	for _, ch := range chs {
 		h := ch.health
-		inflight := float64(h.limits.inflight.Load())
+		inflight := float64(h.limits.Inflight())
 		load := 1 / (1 + inflight)
-		if c := h.limits.maxConc.Load(); c > 0 {
+		if c := h.limits.MaxConcurrency(); c > 0 {
 			load = 1 - inflight/float64(c)
 		}
 		health := 1 - h.FailureRatio()

@@ -11,6 +11,7 @@ import (
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
 	"github.com/caddy-relay/relay/internal/health"
+	"github.com/caddy-relay/relay/internal/limits"
 )
 
 func sessions(n int) []string {
@@ -148,11 +149,15 @@ func TestCanarySplit(t *testing.T) {
 func TestEffectiveWeights(t *testing.T) {
 	mk := func(name string, latencyMs float64, age time.Duration, inflight, conc int64) *channel {
 		ch := testChannel(name, withWeight(10))
-		ch.health.configure(health.DefaultBreaker, limits{concurrency: conc}, channelOwner{}, testNow)
+		ch.health.configure(health.DefaultBreaker, limits.Spec{Concurrency: conc}, channelOwner{}, testNow)
 		if latencyMs > 0 {
 			setLatency(ch.health, latencyMs, testNow.Add(-age))
 		}
-		ch.health.limits.inflight.Store(inflight)
+		for range inflight { // in flight: taken and not given back
+			if _, scope, _ := ch.health.limits.Take(testNow, -1); scope != limits.ScopeNone {
+				panic(scope)
+			}
+		}
 		return ch
 	}
 	w := effectiveWeights([]*channel{
@@ -185,7 +190,7 @@ func TestEffectiveWeights(t *testing.T) {
 func TestAdaptiveDrainsASlowChannelAndTakesItBack(t *testing.T) {
 	fast, slow := testChannel("fast"), testChannel("slow")
 	for _, ch := range []*channel{fast, slow} {
-		ch.health.configure(health.DefaultBreaker, limits{}, channelOwner{}, testNow)
+		ch.health.configure(health.DefaultBreaker, limits.Spec{}, channelOwner{}, testNow)
 	}
 	g := &group{name: "adaptive", policy: policyAdaptive, channels: []*channel{fast, slow}}
 	rnd := rand.New(rand.NewPCG(7, 11))

@@ -13,6 +13,7 @@ import (
 	"github.com/caddy-relay/relay/internal/fakeupstream"
 	"github.com/caddy-relay/relay/internal/features"
 	"github.com/caddy-relay/relay/internal/health"
+	"github.com/caddy-relay/relay/internal/limits"
 	"github.com/caddy-relay/relay/providers/anthropic"
 )
 
@@ -562,7 +563,7 @@ func benchPick(b *testing.B, policy string, split bool) {
 	g := &group{name: "bench-pick", policy: policy}
 	for i := 0; i < 4; i++ {
 		ch := testChannel(fmt.Sprintf("bench-pick-%d", i), withWeight(1+i))
-		ch.health.configure(health.DefaultBreaker, limits{}, channelOwner{}, time.Now())
+		ch.health.configure(health.DefaultBreaker, limits.Spec{}, channelOwner{}, time.Now())
 		setLatency(ch.health, float64(100+50*i), time.Unix(0, 0))
 		g.channels = append(g.channels, ch)
 	}

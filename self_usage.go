@@ -132,8 +132,8 @@ func (r *Relay) serveUsage(w http.ResponseWriter, req *http.Request, in *inbound
 		at := k.expires.UTC()
 		a.Expires = &at
 	}
-	a.Limits.Concurrency, a.Limits.Inflight = st.limits.maxConc.Load(), st.limits.inflight.Load()
-	a.Limits.RateRemaining, a.Limits.TokensRemaining = st.limits.remaining(now)
+	a.Limits.Concurrency, a.Limits.Inflight = st.limits.MaxConcurrency(), st.limits.Inflight()
+	a.Limits.RateRemaining, a.Limits.TokensRemaining = st.limits.Remaining(now)
 
 	if acct := st.spend; acct != nil {
 		spent, caps := acct.spent(now)
@@ -171,7 +171,7 @@ func (r *Relay) serveUsage(w http.ResponseWriter, req *http.Request, in *inbound
 // admitUsage counts a usage call against its principal's request rate
 // (takeRate), and refuses it past the rate as a request's admission does.
 func (r *Relay) admitUsage(in *inbound) *relayError {
-	g, scope, wait := in.who.state.limits.takeRate(r.now())
+	g, scope, wait := in.who.state.limits.TakeRate(r.now())
 	return r.keyAdmitted(in, g, scope, wait)
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/caddy-relay/relay/internal/idle"
+	"github.com/caddy-relay/relay/internal/limits"
 	"github.com/caddyserver/caddy/v2"
 )
 
@@ -70,7 +71,7 @@ type SessionLimits struct {
 type sessionRules struct {
 	budgetUSD float64       // 0: no session_budget
 	window    time.Duration // the budget's
-	rate      limits        // session_rate; zero: none
+	rate      limits.Spec   // session_rate; zero: none
 	rateSpec  string
 	loopGuard int // 0: off
 }
@@ -96,7 +97,7 @@ func (o *SessionLimits) validate() error {
 			return errAt([]string{"session_budget"}, "%v", err)
 		}
 	}
-	if _, err := parseRateSpec(o.SessionRate); err != nil {
+	if _, err := limits.ParseRate(o.SessionRate); err != nil {
 		return errAt([]string{"session_rate"}, "session_rate: %v", err)
 	}
 	if o.LoopGuard < 0 || o.LoopGuard == 1 {
@@ -116,7 +117,7 @@ func (rs *sessionRules) under(o *SessionLimits) *sessionRules {
 		out.budgetUSD, out.window, _ = parseSessionBudget(o.SessionBudget)
 	}
 	if o.SessionRate != "" {
-		out.rate, _ = parseLimits(o.SessionRate, "", 0)
+		out.rate, _ = limits.Parse(o.SessionRate, "", 0)
 		out.rateSpec = o.SessionRate
 	}
 	if o.LoopGuard > 0 {
@@ -142,16 +143,16 @@ type session struct {
 	started time.Time
 
 	mu        sync.Mutex
-	rules     *sessionRules // what it was last configured with
-	spend     *spendAccount // session_budget; nil: none
-	limits    *limiter      // session_rate; nil: none
-	fleet     *member       // where its loop guard counts, in a fleet; nil: here
-	tag       string        // where the fleet keeps it
-	loopLast  uint64        // the digest of the last (tool call, tool result) pair its conversation ended with
-	loopCount int           // in a row
-	loopHits  int           // requests the loop guard refused
-	requests  int64         // admitted
-	spent     nanoUSD       // what its requests cost on this relay
+	rules     *sessionRules   // what it was last configured with
+	spend     *spendAccount   // session_budget; nil: none
+	limits    *limits.Limiter // session_rate; nil: none
+	fleet     *member         // where its loop guard counts, in a fleet; nil: here
+	tag       string          // where the fleet keeps it
+	loopLast  uint64          // the digest of the last (tool call, tool result) pair its conversation ended with
+	loopCount int             // in a row
+	loopHits  int             // requests the loop guard refused
+	requests  int64           // admitted
+	spent     nanoUSD         // what its requests cost on this relay
 	lastSeen  time.Time
 }
 
@@ -319,12 +320,12 @@ func (r *Relay) configureSession(s *session, id string, rules *sessionRules, now
 		_, _ = spendAccounts.Delete(s.spend.id)
 		s.spend = nil
 	}
-	if rules.rate != (limits{}) {
+	if rules.rate != (limits.Spec{}) {
 		if s.limits == nil {
-			s.limits = new(limiter)
+			s.limits = new(limits.Limiter)
 		}
-		s.limits.configure(rules.rate, now)
-		s.limits.share(r.fleet, s.tag)
+		s.limits.Configure(rules.rate, now)
+		s.limits.Share(r.fleet.limitsOf(), s.tag)
 	} else {
 		s.limits = nil
 	}
@@ -378,11 +379,11 @@ func (r *Relay) admitSession(in *inbound) *relayError {
 		return errSessionLoop(in.who.key.describe(), rules.loopGuard)
 	}
 	if lim != nil {
-		g, scope, wait := lim.take(now, -1)
+		g, scope, wait := lim.Take(now, -1)
 		switch scope {
-		case scopeNone:
+		case limits.ScopeNone:
 			in.grant.sessionGrant, in.grant.sessionLimits = g, lim
-		case scopeFleetDown:
+		case limits.ScopeFleetDown:
 			return errStorageUnavailable()
 		default:
 			metricSessionRefusals.WithLabelValues(s.group, sessionRate).Inc()
@@ -400,7 +401,7 @@ func (r *Relay) admitSession(in *inbound) *relayError {
 func (r *Relay) sessionEnded(in *inbound, cost float64) {
 	s := in.grant.session
 	if in.grant.sessionLimits != nil {
-		in.grant.sessionLimits.done(r.now(), in.grant.sessionGrant, 0)
+		in.grant.sessionLimits.Done(r.now(), in.grant.sessionGrant, 0)
 		in.grant.sessionLimits = nil
 	}
 	if cost > 0 {

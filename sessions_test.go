@@ -12,10 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/fleet"
 )
 
 // A scripted Claude Code session: the request shapes Claude Code sends,

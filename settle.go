@@ -384,7 +384,7 @@ func (r *Relay) estimated(in *inbound, group string) {
 	case in.end.answered != nil: // its output is the estimate
 		known := in.end.usage
 		known.output = 0
-		in.who.state.spend.chargedEstimate(r.now(), in.end.cost-rates.cost(known)*in.end.answered.priceFactor, estimateOutput)
+		in.who.state.spend.chargedEstimate(r.now(), in.end.cost-rates.Cost(known.priced())*in.end.answered.priceFactor, estimateOutput)
 	case in.end.leftOn != nil: // its input is the estimate, and all it cost
 		in.who.state.spend.chargedEstimate(r.now(), in.end.cost, estimateOutput)
 	}

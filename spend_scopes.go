@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/caddy-relay/relay/internal/limits"
 )
 
 // Budget scopes. Besides a key's (or user entry's) budgets, a group may
@@ -179,12 +181,12 @@ const maxCappedWait = 31 * 24 * time.Hour
 
 // scopeCapped is an attempt whose channel's spend cap could not take the
 // request's hold: the request passes the channel over.
-const scopeCapped limitScope = "spend_cap"
+const scopeCapped limits.Scope = "spend_cap"
 
 // scopeCapBusy is an attempt whose channel's spend cap could take the
 // request's hold once holds in flight on it settle: the request passes
 // the channel over, and waits for it when no other channel can serve.
-const scopeCapBusy limitScope = "spend_cap_busy"
+const scopeCapBusy limits.Scope = "spend_cap_busy"
 
 // errChannelsCapped answers a request whose every channel that serves
 // its model is out, one of them (ch) because its spend cap is spent (or

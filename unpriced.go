@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 )
@@ -15,7 +16,7 @@ import (
 // client chooses its model: at no price, a budget or a spend cap would
 // hold nothing and charge nothing for it. So a request to which a budget
 // or a spend cap applies holds, and is charged, at the dearest row of the
-// model's family in the price table (estimates, pricing.go), and says so:
+// model's family in the price table (estimates, internal/money), and says so:
 // estimated_price in its log line and its ledger row, estimated_price_usd
 // in GET /relay/keys, relay_unpriced_total. A request that no budget and
 // no cap counts stays free, as before: nothing is owed to anyone. A
@@ -25,11 +26,11 @@ import (
 // a model the table does not know, when counted (a budget or a spend cap
 // applies to the request), the dearest row of its family, and estimated
 // is true; nil when it costs nothing.
-func (r *Relay) ratesFor(model string, counted bool) (rates *rates, estimated bool) {
-	if rates = r.prices.lookup(model); rates != nil || !counted {
+func (r *Relay) ratesFor(model string, counted bool) (rates *money.Rates, estimated bool) {
+	if rates = r.prices.Lookup(model); rates != nil || !counted {
 		return rates, false
 	}
-	return r.estimates.of(model), true
+	return r.estimates.Of(model), true
 }
 
 var metricUnpriced = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -108,7 +109,7 @@ func (r *Relay) warnUnpriced() {
 				every = append(every, ch.name)
 			}
 			for _, m := range ch.modelNames {
-				if r.prices.lookup(m) == nil && !slices.Contains(unlisted, m) {
+				if r.prices.Lookup(m) == nil && !slices.Contains(unlisted, m) {
 					unlisted = append(unlisted, m)
 				}
 			}

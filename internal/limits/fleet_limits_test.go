@@ -1,4 +1,4 @@
-package relay
+package limits
 
 import (
 	"context"
@@ -8,34 +8,18 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fleet"
-	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-relay/relay/internal/redistest"
 )
 
-// testFleet connects to the Redis at addr as one node of a fleet whose
-// keys start with prefix; each call is another node (its own client,
-// leases and background work).
-func testFleet(t testing.TB, addr, prefix string, lease time.Duration) *member {
-	t.Helper()
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	t.Cleanup(cancel)
-	f, err := newFleet(ctx, &FleetRedis{Address: []string{addr}, Prefix: prefix, Lease: caddy.Duration(lease), Timeout: caddy.Duration(time.Second)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = f.Destruct() })
-	return f
-}
-
 // sharedLimiter is a limiter kept in fleet f under thing.
-func sharedLimiter(t *testing.T, f *member, thing string, spec limits) *limiter {
+func sharedLimiter(t *testing.T, f *Shared, thing string, spec Spec) *Limiter {
 	t.Helper()
-	l := new(limiter)
-	l.configure(spec, time.Now())
-	l.share(f, thing)
-	if l.shared.Load() == nil {
+	l := new(Limiter)
+	l.Configure(spec, time.Now())
+	l.Share(f, thing)
+	if !l.InFleet() {
 		t.Fatal("the limiter is not shared")
 	}
 	return l
@@ -43,8 +27,8 @@ func sharedLimiter(t *testing.T, f *member, thing string, spec limits) *limiter 
 
 func TestSharedConcurrencyAcrossNodes(t *testing.T) {
 	srv := redistest.Start(t)
-	spec := limits{concurrency: 3}
-	nodes := []*limiter{
+	spec := Spec{Concurrency: 3}
+	nodes := []*Limiter{
 		sharedLimiter(t, testFleet(t, srv.Addr, "conc:", 0), "k:a", spec),
 		sharedLimiter(t, testFleet(t, srv.Addr, "conc:", 0), "k:a", spec),
 	}
@@ -56,9 +40,9 @@ func TestSharedConcurrencyAcrossNodes(t *testing.T) {
 		wg.Go(func() {
 			l := nodes[w%2]
 			for range 40 {
-				g, scope, _ := l.take(time.Now(), -1)
-				if scope != scopeNone {
-					if scope != scopeConcurrency {
+				g, scope, _ := l.Take(time.Now(), -1)
+				if scope != ScopeNone {
+					if scope != ScopeConcurrency {
 						t.Errorf("refused by %q, want concurrency", scope)
 					}
 					time.Sleep(time.Millisecond)
@@ -70,7 +54,7 @@ func TestSharedConcurrencyAcrossNodes(t *testing.T) {
 				}
 				time.Sleep(500 * time.Microsecond)
 				held.Add(-1)
-				l.done(time.Now(), g, 0)
+				l.Done(time.Now(), g, 0)
 			}
 		})
 	}
@@ -92,7 +76,7 @@ func TestSharedConcurrencyAcrossNodes(t *testing.T) {
 
 func TestSharedRateIsExactAcrossNodes(t *testing.T) {
 	srv := redistest.Start(t)
-	spec := limits{rate: rateSpec{n: 10, period: time.Minute}}
+	spec := Spec{Rate: Rate{N: 10, Period: time.Minute}}
 	a := sharedLimiter(t, testFleet(t, srv.Addr, "rate:", 0), "k:r", spec)
 	b := sharedLimiter(t, testFleet(t, srv.Addr, "rate:", 0), "k:r", spec)
 	ok := 0
@@ -102,12 +86,12 @@ func TestSharedRateIsExactAcrossNodes(t *testing.T) {
 		if i%2 == 1 {
 			l = b
 		}
-		g, scope, wait := l.take(time.Now(), -1)
+		g, scope, wait := l.Take(time.Now(), -1)
 		switch scope {
-		case scopeNone:
+		case ScopeNone:
 			ok++
-			l.done(time.Now(), g, 0)
-		case scopeRate:
+			l.Done(time.Now(), g, 0)
+		case ScopeRate:
 			lastWait = wait
 		default:
 			t.Fatalf("refused by %q", scope)
@@ -137,7 +121,7 @@ func TestSharedRateKeepsSubMillisecondIntervals(t *testing.T) {
 		for range 50 {
 			// one thing, no holds, no slots carried; lease, concurrency, lease ms, emission ms, burst,
 			// requests to take, requests given back, tokens/ms, token burst, charge, tokens to take and given back
-			cmds = append(cmds, admitScript.Eval(ctx, pipe, []string{"fine:l", "fine:r", "fine:t"}, 1, 0, "x", 0, 1000, 0.02, 1, 1, 0, 0, 0, -1, 0, 0))
+			cmds = append(cmds, fleet.AdmitScript.Eval(ctx, pipe, []string{"fine:l", "fine:r", "fine:t"}, 1, 0, "x", 0, 1000, 0.02, 1, 1, 0, 0, 0, -1, 0, 0))
 		}
 		return nil
 	})
@@ -147,7 +131,7 @@ func TestSharedRateKeepsSubMillisecondIntervals(t *testing.T) {
 	}
 	admitted := 0
 	for _, c := range cmds {
-		if v, _ := c.Int64Slice(); len(v) == admitAnswer && v[0] == 0 {
+		if v, _ := c.Int64Slice(); len(v) == fleet.AdmitAnswer && v[0] == 0 {
 			admitted++
 		}
 	}
@@ -159,25 +143,25 @@ func TestSharedRateKeepsSubMillisecondIntervals(t *testing.T) {
 
 func TestSharedTokensGoIntoDebtAndAreCorrected(t *testing.T) {
 	srv := redistest.Start(t)
-	spec := limits{tokens: rateSpec{n: 1000, period: time.Hour}}
+	spec := Spec{Tokens: Rate{N: 1000, Period: time.Hour}}
 	l := sharedLimiter(t, testFleet(t, srv.Addr, "tok:", 0), "k:t", spec)
 
 	// a request larger than what is left passes, and puts the bucket in debt
-	g, scope, _ := l.take(time.Now(), 1500)
-	if scope != scopeNone {
+	g, scope, _ := l.Take(time.Now(), 1500)
+	if scope != ScopeNone {
 		t.Fatalf("first request refused by %q", scope)
 	}
-	if _, scope, wait := l.take(time.Now(), 10); scope != scopeTokens || wait < 30*time.Minute {
+	if _, scope, wait := l.Take(time.Now(), 10); scope != ScopeTokens || wait < 30*time.Minute {
 		t.Fatalf("in debt: refused by %q with wait %v, want tokens and over 30m", scope, wait)
 	}
 	// it used 100: the correction gives 1400 back, off the request path
-	l.done(time.Now(), g, 100)
+	l.Done(time.Now(), g, 100)
 	waitFor(t, "the correction reaches Redis", 2*time.Second, func() bool {
-		g, scope, _ := l.take(time.Now(), 0)
-		if scope == scopeNone {
-			l.done(time.Now(), g, 0)
+		g, scope, _ := l.Take(time.Now(), 0)
+		if scope == ScopeNone {
+			l.Done(time.Now(), g, 0)
 		}
-		return scope == scopeNone
+		return scope == ScopeNone
 	})
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	defer rdb.Close()
@@ -187,33 +171,33 @@ func TestSharedTokensGoIntoDebtAndAreCorrected(t *testing.T) {
 	}
 
 	// an estimate charged after admission (the body was read later) counts
-	g, scope, _ = l.take(time.Now(), 0)
-	if scope != scopeNone {
+	g, scope, _ = l.Take(time.Now(), 0)
+	if scope != ScopeNone {
 		t.Fatal(scope)
 	}
-	l.charge(time.Now(), &g, 2000)
-	l.done(time.Now(), g, 2000)
+	l.Charge(time.Now(), &g, 2000)
+	l.Done(time.Now(), g, 2000)
 	waitFor(t, "the charge reaches Redis", 2*time.Second, func() bool {
-		_, scope, _ := l.take(time.Now(), 0)
-		return scope == scopeTokens
+		_, scope, _ := l.Take(time.Now(), 0)
+		return scope == ScopeTokens
 	})
 }
 
 func TestLeasesOfADeadNodeExpire(t *testing.T) {
 	srv := redistest.Start(t)
 	const lease = 600 * time.Millisecond
-	spec := limits{concurrency: 2}
+	spec := Spec{Concurrency: 2}
 	dying := testFleet(t, srv.Addr, "lease:", lease)
 	a := sharedLimiter(t, dying, "k:l", spec)
 	b := sharedLimiter(t, testFleet(t, srv.Addr, "lease:", lease), "k:l", spec)
 	for range 2 {
-		if _, scope, _ := a.take(time.Now(), -1); scope != scopeNone {
+		if _, scope, _ := a.Take(time.Now(), -1); scope != ScopeNone {
 			t.Fatal(scope)
 		}
 	}
 	// a living node renews its leases: they outlast the lease time
 	time.Sleep(2 * lease)
-	if _, scope, _ := b.take(time.Now(), -1); scope != scopeConcurrency {
+	if _, scope, _ := b.Take(time.Now(), -1); scope != ScopeConcurrency {
 		t.Fatalf("the other node's renewed slots: refused by %q, want concurrency", scope)
 	}
 	// the node dies without giving its slots back
@@ -224,16 +208,16 @@ func TestLeasesOfADeadNodeExpire(t *testing.T) {
 // up to wait, for b to take one of them: they must free within a lease
 // (and a third of one, the renewals' spacing) of the death, with room
 // for a loaded machine (under two leases).
-func slotsFreedByDeath(t *testing.T, dying *member, b *limiter, lease, wait time.Duration) {
+func slotsFreedByDeath(t *testing.T, dying *Shared, b *Limiter, lease, wait time.Duration) {
 	t.Helper()
 	dying.Stop()
 	died := time.Now()
 	waitFor(t, "the dead node's slots free", wait, func() bool {
-		g, scope, _ := b.take(time.Now(), -1)
-		if scope == scopeNone {
-			b.done(time.Now(), g, 0)
+		g, scope, _ := b.Take(time.Now(), -1)
+		if scope == ScopeNone {
+			b.Done(time.Now(), g, 0)
 		}
-		return scope == scopeNone
+		return scope == ScopeNone
 	})
 	if took := time.Since(died); took > lease+lease/2+300*time.Millisecond {
 		t.Fatalf("slots freed %v after the node died, lease is %v", took, lease)
@@ -241,13 +225,13 @@ func slotsFreedByDeath(t *testing.T, dying *member, b *limiter, lease, wait time
 }
 
 func TestSharedLimitKeysAreTagged(t *testing.T) {
-	f := &member{Client: &fleet.Client{Prefix: "p:"}}
-	s := newSharedLimit(f, tag("k:", "support"))
+	f := &Shared{Client: &fleet.Client{Prefix: "p:"}}
+	s := newSharedLimit(f, fleet.Tag("k:", "support"))
 	if s.lease != "p:{k:support}:leases" || s.rate != "p:{k:support}:rate" || s.bkt != "p:{k:support}:tokens" {
 		t.Fatalf("keys %q %q %q", s.lease, s.rate, s.bkt)
 	}
 	// a brace in a name would end the cluster hash tag early
-	if got := tag("c:", "a}b"); got == "c:a}b" || len(got) != len("c:")+16 {
+	if got := fleet.Tag("c:", "a}b"); got == "c:a}b" || len(got) != len("c:")+16 {
 		t.Fatalf("tag of a name with a brace: %q", got)
 	}
 }
@@ -267,7 +251,7 @@ func TestAFreedSlotGoesWithTheNextAdmission(t *testing.T) {
 	// process's, which other tests' relays stopping late may add to, so
 	// it is not what is counted here.)
 	f.slotDelay.Store(int64(time.Hour))
-	l := sharedLimiter(t, f, "k:carry", limits{concurrency: 1})
+	l := sharedLimiter(t, f, "k:carry", Spec{Concurrency: 1})
 	slots := func() int64 {
 		n, err := rdb.ZCard(context.Background(), "carry:{k:carry}:leases").Result()
 		if err != nil {
@@ -276,14 +260,14 @@ func TestAFreedSlotGoesWithTheNextAdmission(t *testing.T) {
 		return n
 	}
 	for i := range 5 {
-		g, scope, _ := l.take(time.Now(), -1)
-		if scope != scopeNone {
+		g, scope, _ := l.Take(time.Now(), -1)
+		if scope != ScopeNone {
 			t.Fatalf("request %d: refused by %q: the slot freed before it was not given back with it", i+1, scope)
 		}
 		if n := slots(); n != 1 {
 			t.Fatalf("request %d: %d slots held in Redis, want 1", i+1, n)
 		}
-		l.done(time.Now(), g, 0)
+		l.Done(time.Now(), g, 0)
 		f.slotsMu.Lock()
 		pending := len(f.slots)
 		f.slotsMu.Unlock()
@@ -292,7 +276,7 @@ func TestAFreedSlotGoesWithTheNextAdmission(t *testing.T) {
 		}
 	}
 	// the last one: nobody carries it, the relay stops and gives it back
-	if err := f.Destruct(); err != nil {
+	if err := stop(f); err != nil {
 		t.Fatal(err)
 	}
 	if n := slots(); n != 0 {
@@ -308,27 +292,27 @@ func TestAFreedSlotGoesWithTheNextAdmission(t *testing.T) {
 // requests (enter) until then without asking Redis.
 func TestTakeRateIsTheFleetsRate(t *testing.T) {
 	srv := redistest.Start(t)
-	spec := limits{rate: rateSpec{n: 4, period: time.Minute}, concurrency: 1}
+	spec := Spec{Rate: Rate{N: 4, Period: time.Minute}, Concurrency: 1}
 	a := sharedLimiter(t, testFleet(t, srv.Addr, "takerate:", 0), "k:tr", spec)
 	b := sharedLimiter(t, testFleet(t, srv.Addr, "takerate:", 0), "k:tr", spec)
-	held, scope, _ := a.take(time.Now(), -1)
-	if scope != scopeNone {
+	held, scope, _ := a.Take(time.Now(), -1)
+	if scope != ScopeNone {
 		t.Fatalf("the request in flight: %s", scope)
 	}
-	defer a.done(time.Now(), held, 0)
-	for i, l := range []*limiter{b, a, b} {
-		if _, scope, _ := l.takeRate(time.Now()); scope != scopeNone {
+	defer a.Done(time.Now(), held, 0)
+	for i, l := range []*Limiter{b, a, b} {
+		if _, scope, _ := l.TakeRate(time.Now()); scope != ScopeNone {
 			t.Fatalf("takeRate %d beside the slot in flight: %s", i+1, scope)
 		}
 	}
-	_, scope, wait := a.takeRate(time.Now())
-	if scope != scopeRate || wait < 14*time.Second || wait > 15*time.Second {
+	_, scope, wait := a.TakeRate(time.Now())
+	if scope != ScopeRate || wait < 14*time.Second || wait > 15*time.Second {
 		t.Fatalf("takeRate past the fleet's rate: %s, wait %v; want rate, about 15s", scope, wait)
 	}
-	if _, scope, _ := a.enter(time.Now(), -1); scope != scopeRate {
+	if _, scope, _ := a.Enter(time.Now(), -1); scope != ScopeRate {
 		t.Errorf("a request at the refused node's gate: %q, want rate", scope)
 	}
-	if n := a.inflight.Load() + b.inflight.Load(); n != 1 {
+	if n := a.Inflight() + b.Inflight(); n != 1 {
 		t.Errorf("%d in flight on the nodes, want the one request's", n)
 	}
 }

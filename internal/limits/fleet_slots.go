@@ -1,4 +1,4 @@
-package relay
+package limits
 
 import (
 	"context"
@@ -52,7 +52,7 @@ const defaultSlotEvery = time.Second
 
 // slotLease is how long a node keeps the slots its peak needed before it
 // shrinks what it holds to what the next peak needs.
-func (f *member) slotLease() time.Duration { return time.Duration(f.slotEvery.Load()) }
+func (f *Shared) slotLease() time.Duration { return time.Duration(f.slotEvery.Load()) }
 
 // slotBlock is what this node holds of a concurrency limit: members of the
 // limit's lease set. Guarded by its sharedLimit's mu.
@@ -135,9 +135,9 @@ type slotUse struct {
 // spec at now (s.mu held): from the slots held, with a new block, or one
 // slot for itself (lease set, asked of Redis). It returns slots to give
 // back.
-func (s *sharedLimit) prepareSlots(c *admitCall, now time.Time, spec limits) (free []string) {
+func (s *sharedLimit) prepareSlots(c *admitCall, now time.Time, spec Spec) (free []string) {
 	b := &s.cb
-	size := min(s.f.blockSize(float64(spec.concurrency), minSlotBlock), maxSlotBlock)
+	size := min(s.f.blockSize(float64(spec.Concurrency), minSlotBlock), maxSlotBlock)
 	if size == 0 { // not leased: slots still held go back
 		c.g.lease, c.redis = s.f.LeaseID(), true
 		return b.end(&s.gens)
@@ -210,7 +210,7 @@ func (b *slotBlock) unuse(gen uint64) string {
 
 // grantSlots takes in the block of got slots the call took, one of them
 // the request's, at now (s.mu held). It returns the slots to renew.
-func (c *admitCall) grantSlots(now time.Time, g *grant, got int64) []string {
+func (c *admitCall) grantSlots(now time.Time, g *Grant, got int64) []string {
 	if c.slots.ask <= 0 {
 		return nil
 	}
@@ -248,7 +248,7 @@ func (s *sharedLimit) freeSlot(gen uint64) {
 
 // releaseSlots stops renewing slots of s and gives them back, off the
 // request's path: with the next admission, or the worker.
-func (f *member) releaseSlots(s *sharedLimit, ids []string) {
+func (f *Shared) releaseSlots(s *sharedLimit, ids []string) {
 	if len(ids) == 0 {
 		return
 	}
@@ -269,7 +269,7 @@ func (f *member) releaseSlots(s *sharedLimit, ids []string) {
 }
 
 // holdSlots records slots this node renews until it gives them back.
-func (f *member) holdSlots(s *sharedLimit, ids []string) {
+func (f *Shared) holdSlots(s *sharedLimit, ids []string) {
 	f.leaseMu.Lock()
 	for _, id := range ids {
 		f.leases[leaseRef{s.lease, id}] = struct{}{}
@@ -306,7 +306,7 @@ type slotCheck struct {
 }
 
 // slotChecks lists the slots of blocks held, one per sharedLimit.
-func (f *member) slotChecks() []slotCheck {
+func (f *Shared) slotChecks() []slotCheck {
 	f.blocksMu.Lock()
 	defer f.blocksMu.Unlock()
 	var out []slotCheck

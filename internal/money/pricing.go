@@ -1,7 +1,8 @@
-package relay
+package money
 
 import (
 	"cmp"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -63,6 +64,31 @@ type Price struct {
 	maxOutput int64
 }
 
+// Validate checks a row of `pricing`.
+func (p Price) Validate() error {
+	for _, v := range []*float64{&p.Input, &p.Output, p.CacheRead, p.CacheWrite, p.CacheWrite1h, p.WebSearch} {
+		if v != nil && *v < 0 {
+			return fmt.Errorf("prices must not be negative")
+		}
+	}
+	if l := p.LongPrompt; l != nil {
+		if l.Above <= 0 {
+			return fmt.Errorf("long_prompt: above must be a positive number of tokens")
+		}
+		if l.LongPrompt != nil {
+			return fmt.Errorf("long_prompt: takes no long_prompt of its own")
+		}
+		if l.DisplayName != "" {
+			return fmt.Errorf("long_prompt: display_name is the model's, outside long_prompt")
+		}
+		if l.WebSearch != nil {
+			return fmt.Errorf("long_prompt: web_search is the model's, outside long_prompt")
+		}
+		return l.Price.Validate()
+	}
+	return nil
+}
+
 // LongPromptPrice is the price tier of requests with long prompts.
 type LongPromptPrice struct {
 	// Above is the prompt size, in tokens, past which this tier applies.
@@ -79,20 +105,20 @@ const defaultBatchFactor = 0.5
 // the same for every model.
 const defaultWebSearch = 10
 
-// rates is a Price with every default filled in, per token.
-type rates struct {
+// Rates is a Price with every default filled in, per token.
+type Rates struct {
 	input, output, cacheRead, cacheWrite, cacheWrite1h float64
 	batch                                              float64 // the fraction of the prices a batch's results cost
 	webSearch                                          float64 // USD per web search
 	above                                              int64
-	long                                               *rates
+	long                                               *Rates
 	maxOutput                                          int64 // tokens; 0: not known
 	// name is the model's display_name for GET /v1/models (models.go); "":
 	// the id the client asked for
 	name string
 }
 
-func (p Price) rates() *rates {
+func (p Price) rates() *Rates {
 	or := func(v *float64, def float64) float64 {
 		if v != nil {
 			return *v
@@ -100,7 +126,7 @@ func (p Price) rates() *rates {
 		return def
 	}
 	const perToken = 1e-6
-	r := &rates{
+	r := &Rates{
 		input:        p.Input * perToken,
 		output:       p.Output * perToken,
 		cacheRead:    or(p.CacheRead, p.Input*0.1) * perToken,
@@ -117,26 +143,90 @@ func (p Price) rates() *rates {
 	return r
 }
 
-// cost is what u costs at these rates, in US dollars: its tokens and its
+// WebSearch is the price of one web search, in USD.
+func (r *Rates) WebSearch() float64 { return r.webSearch }
+
+// Batch is the fraction of the prices of tokens that a batch's results
+// cost.
+func (r *Rates) Batch() float64 { return r.batch }
+
+// Name is the model's display_name for GET /v1/models; "": the id the
+// client asked for.
+func (r *Rates) Name() string { return r.name }
+
+// Builtin is the row of model in the built-in price list (nil: none), as
+// Lookup finds it.
+func Builtin(model string) *Rates { return builtinPrices.Lookup(model) }
+
+// Usage is what an answer used, as its price counts it.
+type Usage struct {
+	Input        int64 // uncached input tokens
+	Output       int64 // output tokens
+	CacheRead    int64 // input tokens read from the prompt cache
+	CacheWrite   int64 // all cache writes, 1h ones included
+	CacheWrite1h int64 // of which written with the 1-hour TTL
+	WebSearches  int64 // the web searches the answer made
+}
+
+// prompt is every input token of the request, cached or not: what
+// Anthropic's long-prompt price tiers are measured on.
+func (u Usage) prompt() int64 { return u.Input + u.CacheRead + u.CacheWrite }
+
+// Cost is what u costs at these rates, in US dollars: its tokens and its
 // server tools.
-func (r *rates) cost(u usage) float64 { return r.tokens(u) + r.serverTools(u) }
+func (r *Rates) Cost(u Usage) float64 { return r.tokens(u) + r.ServerTools(u) }
 
-// batchCost is what u costs as the result of a Message Batch: its tokens
+// BatchCost is what u costs as the result of a Message Batch: its tokens
 // at the batch price, its server tools at their full price.
-func (r *rates) batchCost(u usage) float64 { return r.tokens(u)*r.batch + r.serverTools(u) }
+func (r *Rates) BatchCost(u Usage) float64 { return r.tokens(u)*r.batch + r.ServerTools(u) }
 
-// serverTools is what the server tools u reports cost: its web searches.
+// ServerTools is what the server tools u reports cost: its web searches.
 // (Web fetches cost their tokens only, which the tokens count.)
-func (r *rates) serverTools(u usage) float64 { return float64(u.webSearches) * r.webSearch }
+func (r *Rates) ServerTools(u Usage) float64 { return float64(u.WebSearches) * r.webSearch }
 
 // tokens is what the tokens of u cost at these rates, in US dollars.
-func (r *rates) tokens(u usage) float64 {
+func (r *Rates) tokens(u Usage) float64 {
 	if r.long != nil && u.prompt() > r.above {
 		r = r.long
 	}
-	write5m := max(u.cacheWrite-u.cacheWrite1h, 0)
-	return float64(u.input)*r.input + float64(u.output)*r.output + float64(u.cacheRead)*r.cacheRead +
-		float64(write5m)*r.cacheWrite + float64(u.cacheWrite1h)*r.cacheWrite1h
+	write5m := max(u.CacheWrite-u.CacheWrite1h, 0)
+	return float64(u.Input)*r.input + float64(u.Output)*r.output + float64(u.CacheRead)*r.cacheRead +
+		float64(write5m)*r.cacheWrite + float64(u.CacheWrite1h)*r.cacheWrite1h
+}
+
+// Worst is the most a request with a prompt of about prompt tokens and
+// maxTokens of output (0 or less: the model's maximum, or the largest the
+// list knows) may cost at these rates.
+func (r *Rates) Worst(prompt, maxTokens int64) float64 {
+	if maxTokens <= 0 {
+		maxTokens = r.maxOutput
+		if maxTokens <= 0 {
+			maxTokens = largestMaxOutput
+		}
+	}
+	in, out := r.ceiling(prompt)
+	return float64(prompt)*in + float64(maxTokens)*out
+}
+
+// CacheMiss is what the cache writes of u cost beyond reading the same
+// tokens from the cache, at these rates (never less than nothing).
+func (r *Rates) CacheMiss(u Usage) float64 {
+	if r.long != nil && u.prompt() > r.above {
+		r = r.long
+	}
+	write5m := max(u.CacheWrite-u.CacheWrite1h, 0)
+	usd := float64(write5m)*(r.cacheWrite-r.cacheRead) + float64(u.CacheWrite1h)*(r.cacheWrite1h-r.cacheRead)
+	return max(usd, 0)
+}
+
+// InputAt is the input price of a prompt of window tokens: the long-prompt
+// tier's, when the window reaches it and it is dearer.
+func (r *Rates) InputAt(window int64) float64 {
+	price := r.input
+	if r.long != nil && window > r.above {
+		price = max(price, r.long.input)
+	}
+	return price
 }
 
 // ceiling is the most one token of a prompt of about prompt tokens, and
@@ -144,7 +234,7 @@ func (r *rates) tokens(u usage) float64 {
 // dearest of input, cache read and both cache writes (a cache write costs
 // more than input), and a prompt that may reach the long-prompt tier costs
 // the dearer of the two tiers.
-func (r *rates) ceiling(prompt int64) (in, out float64) {
+func (r *Rates) ceiling(prompt int64) (in, out float64) {
 	in, out = max(r.input, r.cacheRead, r.cacheWrite, r.cacheWrite1h), r.output
 	if r.long != nil && prompt > r.above {
 		lin, lout := r.long.ceiling(0)
@@ -189,43 +279,44 @@ var defaultPricing = map[string]Price{
 	"claude-3-haiku":   {Input: 0.25, Output: 1.25, CacheRead: usd(0.03), CacheWrite: usd(0.3), CacheWrite1h: usd(0.5), maxOutput: 4096},
 }
 
-// pricebook finds the rates of a model.
-type pricebook map[string]*rates
+// Pricebook finds the rates of a model.
+type Pricebook map[string]*Rates
 
-// newPricebook merges the configured prices over the defaults. A
+// NewPricebook merges the configured prices over the defaults. A
 // configured row of a listed model keeps its maximum output. Each row
-// carries its display name, made once here rather than per request.
-func newPricebook(configured map[string]Price) pricebook {
-	pb := make(pricebook, len(defaultPricing)+len(configured))
+// carries its display name, made once here rather than per request: a
+// configured one, else nameOf the model's id (Anthropic's name for it).
+func NewPricebook(configured map[string]Price, nameOf func(id string) string) Pricebook {
+	pb := make(Pricebook, len(defaultPricing)+len(configured))
 	for m, p := range defaultPricing {
 		pb[m] = p.rates()
-		pb[m].name = anthropicName(m)
+		pb[m].name = nameOf(m)
 	}
 	for m, p := range configured {
 		r := p.rates()
-		if listed := builtinPrices.lookup(m); listed != nil {
+		if listed := builtinPrices.Lookup(m); listed != nil {
 			r.maxOutput = listed.maxOutput
 		}
-		r.name = cmp.Or(p.DisplayName, anthropicName(m))
+		r.name = cmp.Or(p.DisplayName, nameOf(m))
 		pb[m] = r
 	}
 	return pb
 }
 
 // builtinPrices is the built-in list, looked up.
-var builtinPrices = func() pricebook {
-	pb := make(pricebook, len(defaultPricing))
+var builtinPrices = func() Pricebook {
+	pb := make(Pricebook, len(defaultPricing))
 	for m, p := range defaultPricing {
 		pb[m] = p.rates()
 	}
 	return pb
 }()
 
-// maxOutputTokens is the most output tokens model writes in one answer, by
+// MaxOutputTokens is the most output tokens model writes in one answer, by
 // the built-in list (a dated snapshot takes its model's); 0 when the list
 // does not know the model.
-func maxOutputTokens(model string) int64 {
-	if r := builtinPrices.lookup(model); r != nil {
+func MaxOutputTokens(model string) int64 {
+	if r := builtinPrices.Lookup(model); r != nil {
 		return r.maxOutput
 	}
 	return 0
@@ -241,25 +332,25 @@ var largestMaxOutput = func() int64 {
 	return n
 }()
 
-// lookup returns the rates of model: its own row, or the row of the model
+// Lookup returns the rates of model: its own row, or the row of the model
 // it is a dated snapshot or a variant of (claude-sonnet-4-5-20250929,
 // claude-sonnet-4-5@20250929, claude-sonnet-4-5[1m]). A newer version
 // (claude-opus-4-9) never takes an older one's price.
 //
 // Model ids are lower case; an id in upper or mixed case takes the row of
 // its lower-case form, as the upstream that serves it means that model.
-func (pb pricebook) lookup(model string) *rates {
+func (pb Pricebook) Lookup(model string) *Rates {
 	if r, ok := pb[model]; ok {
 		return r
 	}
-	best, bestLen := (*rates)(nil), 0
+	best, bestLen := (*Rates)(nil), 0
 	for name, r := range pb {
-		if len(name) > bestLen && strings.HasPrefix(model, name) && variantSuffix(model[len(name):]) {
+		if len(name) > bestLen && strings.HasPrefix(model, name) && VariantSuffix(model[len(name):]) {
 			best, bestLen = r, len(name)
 		}
 	}
 	if best == nil && hasUpper(model) {
-		return pb.lookup(strings.ToLower(model))
+		return pb.Lookup(strings.ToLower(model))
 	}
 	return best
 }
@@ -273,23 +364,27 @@ func hasUpper(s string) bool {
 	return false
 }
 
-// estimates are the rows an unpriced model is held and charged at when a
+// Estimates are the rows an unpriced model is held and charged at when a
 // budget or a spend cap applies to its request: by family (opus, sonnet,
 // haiku, as a word of the model id, in any case), the dearest row of the
 // price table of that family; for a model of no family, the dearest row of
 // all. An unknown model is never free where money is counted, and never
 // cheaper than the dearest model it could be.
-type estimates map[string]*rates
+type Estimates struct {
+	byFamily map[string]*Rates
+	familyOf func(id string) string
+}
 
-// estimates finds the dearest row of each family in the table, the
-// configured rows among them.
-func (pb pricebook) estimates() estimates {
-	e := estimates{}
+// Estimates finds the dearest row of each family in the table, the
+// configured rows among them; familyOf is the family a model id names
+// ("": none).
+func (pb Pricebook) Estimates(familyOf func(id string) string) Estimates {
+	e := Estimates{byFamily: map[string]*Rates{}, familyOf: familyOf}
 	for _, name := range slices.Sorted(maps.Keys(pb)) { // of two rows alike, the first name's
 		r := pb[name]
 		for _, f := range [2]string{familyOf(name), ""} {
-			if cur := e[f]; cur == nil || dearer(r, cur) {
-				e[f] = r
+			if cur := e.byFamily[f]; cur == nil || dearer(r, cur) {
+				e.byFamily[f] = r
 			}
 		}
 	}
@@ -299,20 +394,20 @@ func (pb pricebook) estimates() estimates {
 // dearer reports whether a costs more than b for a long request (a full
 // context of prompt, the most output a model writes): the dearer row holds
 // more for every request that could be worth a budget's attention.
-func dearer(a, b *rates) bool {
+func dearer(a, b *Rates) bool {
 	const prompt, output = 1_000_000, 128_000
-	return a.worst(prompt, output) > b.worst(prompt, output)
+	return a.Worst(prompt, output) > b.Worst(prompt, output)
 }
 
-// of is the estimate of the unpriced model.
-func (e estimates) of(model string) *rates {
-	return e[familyOf(strings.ToLower(model))]
+// Of is the estimate Of the unpriced model.
+func (e Estimates) Of(model string) *Rates {
+	return e.byFamily[e.familyOf(strings.ToLower(model))]
 }
 
-// variantSuffix reports whether rest, what follows a model name, names a
+// VariantSuffix reports whether rest, what follows a model name, names a
 // snapshot or variant of it rather than another model: -YYYYMMDD, @..., or
 // [...].
-func variantSuffix(rest string) bool {
+func VariantSuffix(rest string) bool {
 	switch {
 	case strings.HasPrefix(rest, "@"), strings.HasPrefix(rest, "["):
 		return true
@@ -322,7 +417,7 @@ func variantSuffix(rest string) bool {
 				return false
 			}
 		}
-		return len(rest) == 9 || variantSuffix(rest[9:])
+		return len(rest) == 9 || VariantSuffix(rest[9:])
 	}
 	return false
 }

@@ -1,9 +1,8 @@
-package relay
+package limits
 
 import (
 	"context"
 	"math"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,7 +13,7 @@ import (
 // sharedLimit is a key's or a channel's limits as the fleet keeps them,
 // and the blocks of them this node holds (fleet_leases.go).
 type sharedLimit struct {
-	f     *member
+	f     *Shared
 	thing string // its hash tag's content: k:<key>, c:<channel>, ...
 	lease string // the keys of its limits
 	rate  string
@@ -30,37 +29,28 @@ type sharedLimit struct {
 	refills atomic.Int32
 	// last is what Redis last said the limits had left, for the requests
 	// admitted without asking it
-	last headroom
+	last Headroom
 }
 
-func newSharedLimit(f *member, thing string) *sharedLimit {
+func newSharedLimit(f *Shared, thing string) *sharedLimit {
 	return &sharedLimit{f: f, thing: thing, lease: f.Key(thing, "leases"), rate: f.Key(thing, "rate"), bkt: f.Key(thing, "tokens")}
-}
-
-// tag is the hash tag of a thing: its kind and name, or a digest of the
-// name when the name holds a brace, which would end the tag early.
-func tag(kind, name string) string {
-	if strings.ContainsAny(name, "{}") {
-		return kind + fleet.Digest(name)
-	}
-	return kind + name
 }
 
 // leaseRef is one slot this node holds.
 type leaseRef struct{ set, id string }
 
 // scopes of the scripts' answers.
-var scriptScopes = [...]limitScope{scopeNone, scopeConcurrency, scopeRate, scopeTokens}
+var scriptScopes = [...]Scope{ScopeNone, ScopeConcurrency, ScopeRate, ScopeTokens}
 
 // admit admits one request under spec, charging estimate tokens when
 // estimate >= 0: from this node's blocks when they serve it, else in one
 // round trip to Redis. With err set, Redis did not answer.
-func (s *sharedLimit) admit(now time.Time, spec limits, estimate int64) (grant, limitScope, time.Duration, error) {
+func (s *sharedLimit) admit(now time.Time, spec Spec, estimate int64) (Grant, Scope, time.Duration, error) {
 	c, r := s.prepare(now, spec, estimate, true)
 	if r != nil {
 		waited := time.Now()
 		if s.f.awaitRefill(r) {
-			return grant{}, scopeNone, 0, fleet.ErrDown
+			return Grant{}, ScopeNone, 0, fleet.ErrDown
 		}
 		now = now.Add(time.Since(waited)) // on the caller's clock
 		c, _ = s.prepare(now, spec, estimate, false)
@@ -73,8 +63,8 @@ func (s *sharedLimit) admit(now time.Time, spec limits, estimate int64) (grant, 
 // from this node's blocks, and what it asks of Redis.
 type admitCall struct {
 	s    *sharedLimit
-	spec limits // the limits it admits under
-	g    grant  // what it grants when admitted
+	spec Spec  // the limits it admits under
+	g    Grant // what it grants when admitted
 	keys []string
 	args []any
 	// redis says the call must go to Redis: a concurrency slot, a new
@@ -112,16 +102,16 @@ type blockUse struct {
 // when another request is taking a block the call would otherwise ask
 // Redis beside, prepare takes nothing and returns that refill, to wait
 // for (fleet_refills.go).
-func (s *sharedLimit) prepare(now time.Time, spec limits, estimate int64, wait bool) (*admitCall, *refill) {
+func (s *sharedLimit) prepare(now time.Time, spec Spec, estimate int64, wait bool) (*admitCall, *refill) {
 	c := &admitCall{s: s, spec: spec, estimate: -1}
 	c.g.store = s
 	var free []string // slots given back
 	emission, perMs := spec.emission(), 0.0
-	if spec.tokens.n > 0 && estimate >= 0 {
+	if spec.Tokens.N > 0 && estimate >= 0 {
 		perMs = spec.tokensPerMs()
-		c.g.tokens, c.g.charged, c.estimate = true, estimate, estimate
+		c.g.Tokens, c.g.Charged, c.estimate = true, estimate, estimate
 	}
-	burst := math.Ceil(spec.rate.n)
+	burst := math.Ceil(spec.Rate.N)
 	rtake, ttake := int64(1), int64(0)
 	s.mu.Lock()
 	if wait && s.refills.Load() != 0 {
@@ -131,7 +121,7 @@ func (s *sharedLimit) prepare(now time.Time, spec limits, estimate int64, wait b
 			return nil, r
 		}
 	}
-	if spec.concurrency > 0 {
+	if spec.Concurrency > 0 {
 		free = s.prepareSlots(c, now, spec)
 	}
 	if emission > 0 {
@@ -148,12 +138,12 @@ func (s *sharedLimit) prepare(now time.Time, spec limits, estimate int64, wait b
 			c.rret = max(0, math.Floor(b.end(&s.gens)))
 			s.startRefill(&b.refill)
 			rtake = size
-			c.rate = blockUse{ask: size, nodes: s.f.RelaysUp(), lease: s.f.blockLease(spec.rate.period)}
+			c.rate = blockUse{ask: size, nodes: s.f.RelaysUp(), lease: s.f.blockLease(spec.Rate.Period)}
 		}
 	}
 	if perMs > 0 {
 		b := &s.tb
-		switch size := s.f.blockSize(spec.tokens.n, minTokenBlock); {
+		switch size := s.f.blockSize(spec.Tokens.N, minTokenBlock); {
 		case size == 0:
 			c.tret = b.end(&s.gens)
 		case b.live(now) && b.left >= 1:
@@ -166,7 +156,7 @@ func (s *sharedLimit) prepare(now time.Time, spec limits, estimate int64, wait b
 			c.tret = b.end(&s.gens)
 			s.startRefill(&b.refill)
 			ttake = size
-			c.tokens = blockUse{ask: size, nodes: s.f.RelaysUp(), lease: s.f.blockLease(spec.tokens.period)}
+			c.tokens = blockUse{ask: size, nodes: s.f.RelaysUp(), lease: s.f.blockLease(spec.Tokens.Period)}
 		}
 	}
 	s.mu.Unlock()
@@ -187,8 +177,8 @@ func (s *sharedLimit) prepare(now time.Time, spec limits, estimate int64, wait b
 		c.rret = 0 // cannot happen: a rate's rest is given back only by a call that asks the rate
 	}
 	c.keys = []string{s.lease, s.rate, s.bkt}
-	c.args = []any{c.g.lease, spec.concurrency, s.f.Lease.Milliseconds(), emission, burst, rtake, c.rret,
-		perMs, spec.tokens.n, charge, ttake, c.tret, c.slots.ask}
+	c.args = []any{c.g.lease, spec.Concurrency, s.f.Lease.Milliseconds(), emission, burst, rtake, c.rret,
+		perMs, spec.Tokens.N, charge, ttake, c.tret, c.slots.ask}
 	if c.slots.gen != 0 {
 		c.args[1] = 0 // its slot is held: the concurrency is not asked
 	}
@@ -220,7 +210,7 @@ func (c *admitCall) undo() {
 	}
 	c.rate, c.tokens = blockUse{}, blockUse{}
 	if !c.sent && (c.rret > 0 || c.tret != 0) {
-		s.f.queueRelease(blockRelease(s, c.rret, c.spec.emission(), c.tret, c.spec.tokensPerMs(), c.spec.tokens.n))
+		s.f.queueRelease(blockRelease(s, c.rret, c.spec.emission(), c.tret, c.spec.tokensPerMs(), c.spec.Tokens.N))
 	}
 	c.rret, c.tret = 0, 0
 }
@@ -229,13 +219,13 @@ func (c *admitCall) undo() {
 type taken struct{ requests, tokens, slots int64 }
 
 // read takes one thing's answer of the script: what is left, the limit
-// that refused (none: scopeNone) with its wait, and the blocks taken.
-func (c *admitCall) read(now time.Time, res []int64) (left headroom, scope limitScope, wait time.Duration, got taken) {
-	left = headroom{known: true,
-		requests: res[2], requestsFull: now.Add(time.Duration(res[3]) * time.Millisecond),
-		tokens: res[4], tokensFull: now.Add(time.Duration(res[5]) * time.Millisecond)}
+// that refused (none: ScopeNone) with its wait, and the blocks taken.
+func (c *admitCall) read(now time.Time, res []int64) (left Headroom, scope Scope, wait time.Duration, got taken) {
+	left = Headroom{Known: true,
+		Requests: res[2], RequestsFull: now.Add(time.Duration(res[3]) * time.Millisecond),
+		Tokens: res[4], TokensFull: now.Add(time.Duration(res[5]) * time.Millisecond)}
 	if res[0] < 0 || res[0] >= int64(len(scriptScopes)) {
-		return left, scopeConcurrency, 0, taken{} // not an answer of this script: refuse, do not guess
+		return left, ScopeConcurrency, 0, taken{} // not an answer of this script: refuse, do not guess
 	}
 	return left, scriptScopes[res[0]], time.Duration(res[1]) * time.Millisecond, taken{res[6], res[7], res[8]}
 }
@@ -244,31 +234,31 @@ func (c *admitCall) read(now time.Time, res []int64) (left headroom, scope limit
 // what Redis answered (ans) for what it was asked, what it said last for
 // the rest; and, when admitted, with what this node's blocks that served
 // the request hold.
-func (c *admitCall) leftLocked(ans headroom, admitted bool) headroom {
+func (c *admitCall) leftLocked(ans Headroom, admitted bool) Headroom {
 	s := c.s
 	if c.askRate {
-		s.last.requests, s.last.requestsFull = ans.requests, ans.requestsFull
+		s.last.Requests, s.last.RequestsFull = ans.Requests, ans.RequestsFull
 	}
 	if c.askTokens {
-		s.last.tokens, s.last.tokensFull = ans.tokens, ans.tokensFull
+		s.last.Tokens, s.last.TokensFull = ans.Tokens, ans.TokensFull
 	}
-	s.last.known = s.last.known || c.askRate || c.askTokens
+	s.last.Known = s.last.Known || c.askRate || c.askTokens
 	left := s.last
-	left.known = true
+	left.Known = true
 	if !admitted {
 		return left
 	}
 	if b := &s.rb; b.held() && (c.rate.local || c.rate.ask > 0) {
-		left.requests, left.requestsFull = b.fleetLeft+max(0, int64(b.left)), b.full
+		left.Requests, left.RequestsFull = b.fleetLeft+max(0, int64(b.left)), b.full
 	}
 	if b := &s.tb; b.held() && (c.tokens.local || c.tokens.ask > 0) {
-		left.tokens, left.tokensFull = b.fleetLeft+max(0, int64(b.left)), b.full
+		left.Tokens, left.TokensFull = b.fleetLeft+max(0, int64(b.left)), b.full
 	}
 	return left
 }
 
 // refusedLeft is what a refused call says is left.
-func (c *admitCall) refusedLeft(ans headroom) headroom {
+func (c *admitCall) refusedLeft(ans Headroom) Headroom {
 	c.s.mu.Lock()
 	defer c.s.mu.Unlock()
 	return c.leftLocked(ans, false)
@@ -277,7 +267,7 @@ func (c *admitCall) refusedLeft(ans headroom) headroom {
 // granted is what an admitted request holds: its lease is this node's to
 // renew until given back, and the blocks the call took (got) are this
 // node's to admit from, this request's share taken out.
-func (c *admitCall) granted(now time.Time, ans headroom, got taken) grant {
+func (c *admitCall) granted(now time.Time, ans Headroom, got taken) Grant {
 	s := c.s
 	g := c.g
 	rgot, tgot := got.requests, got.tokens
@@ -289,7 +279,7 @@ func (c *admitCall) granted(now time.Time, ans headroom, got taken) grant {
 		if rgot > 0 {
 			s.gens++
 			s.rb = block{gen: s.gens, until: now.Add(c.rate.lease), left: float64(rgot - 1), size: c.rate.ask, nodes: c.rate.nodes,
-				per: c.spec.emission(), burst: math.Ceil(c.spec.rate.n), fleetLeft: ans.requests, full: ans.requestsFull}
+				per: c.spec.emission(), burst: math.Ceil(c.spec.Rate.N), fleetLeft: ans.Requests, full: ans.RequestsFull}
 			installed = true
 		}
 	}
@@ -298,12 +288,12 @@ func (c *admitCall) granted(now time.Time, ans headroom, got taken) grant {
 		if tgot > 0 {
 			s.gens++
 			s.tb = block{gen: s.gens, until: now.Add(c.tokens.lease), left: float64(tgot - c.estimate), size: c.tokens.ask, nodes: c.tokens.nodes,
-				per: c.spec.tokensPerMs(), burst: c.spec.tokens.n, fleetLeft: ans.tokens, full: ans.tokensFull}
+				per: c.spec.tokensPerMs(), burst: c.spec.Tokens.N, fleetLeft: ans.Tokens, full: ans.TokensFull}
 			g.fromBlock = true
 			installed = true
 		}
 	}
-	g.left = c.leftLocked(ans, true)
+	g.Left = c.leftLocked(ans, true)
 	s.mu.Unlock()
 	if installed {
 		s.f.holdSlots(s, slots)
@@ -319,11 +309,11 @@ func (c *admitCall) granted(now time.Time, ans headroom, got taken) grant {
 // worst case against its accounts' budgets (holds), all or none: in one
 // round trip when any of them must ask Redis, in none when this node's
 // blocks serve them all. It returns the call that refused (-1: none) with
-// its scope and wait, and the verdict on the holds. Each call's g is then
-// what it grants (what is left, when refused); a request not admitted
-// took nothing.
-func (f *member) admitAll(now time.Time, calls []*admitCall, holds []*holdCall) (refused int, scope limitScope, wait time.Duration, ans holdAnswer, err error) {
-	refused = -1
+// its scope and wait, and the hold not taken (-1: none; its answer says
+// why). Each call's g is then what it grants (what is left, when
+// refused); a request not admitted took nothing.
+func (f *Shared) admitAll(now time.Time, calls []*admitCall, holds []*Hold) (refused int, scope Scope, wait time.Duration, notHeld int, err error) {
+	refused, notHeld = -1, -1
 	var keys []string
 	var args []any
 	asked := 0
@@ -351,20 +341,20 @@ func (f *member) admitAll(now time.Time, calls []*admitCall, holds []*holdCall) 
 			}
 		}
 		for _, h := range holds {
-			keys = append(keys, h.keys...)
-			args = append(args, h.args...)
+			keys = append(keys, h.Keys...)
+			args = append(args, h.Args...)
 		}
 		var res []int64
 		err = f.Do("admit", func(ctx context.Context) error {
 			var e error
-			res, e = admitScript.Run(ctx, f.Redis, keys, args...).Int64Slice()
+			res, e = fleet.AdmitScript.Run(ctx, f.Redis, keys, args...).Int64Slice()
 			return e
 		})
-		if err == nil && len(res) != admitAnswer*asked+4*len(holds) {
+		if err == nil && len(res) != fleet.AdmitAnswer*asked+4*len(holds) {
 			err = fleet.ErrDown
 		}
 		if err == nil {
-			ans, err = readHolds(res[admitAnswer*asked:], holds)
+			notHeld, err = readHolds(res[fleet.AdmitAnswer*asked:], holds)
 		}
 		if err != nil {
 			for _, c := range calls {
@@ -377,36 +367,36 @@ func (f *member) admitAll(now time.Time, calls []*admitCall, holds []*holdCall) 
 				f.releaseSlots(c.s, lost)
 			}
 			f.pendSlots(carried...) // removing one twice is harmless
-			return -1, scopeNone, 0, holdAnswer{}, err
+			return -1, ScopeNone, 0, -1, err
 		}
-		lefts := make([]headroom, len(calls))
+		lefts := make([]Headroom, len(calls))
 		gots := make([]taken, len(calls))
 		i := 0
 		for j, c := range calls {
 			if !c.redis {
 				continue
 			}
-			left, s, w, got := c.read(now, res[admitAnswer*i:admitAnswer*(i+1)])
+			left, s, w, got := c.read(now, res[fleet.AdmitAnswer*i:fleet.AdmitAnswer*(i+1)])
 			i++
 			lefts[j], gots[j] = left, got
-			if s != scopeNone && refused < 0 {
+			if s != ScopeNone && refused < 0 {
 				refused, scope, wait = j, s, w
 			}
 		}
-		if refused >= 0 || ans.verdict != holdTaken {
+		if refused >= 0 || notHeld >= 0 {
 			for j, c := range calls {
 				c.undo()
-				c.g = grant{left: c.refusedLeft(lefts[j])}
+				c.g = Grant{Left: c.refusedLeft(lefts[j])}
 			}
-			return refused, scope, wait, ans, nil
+			return refused, scope, wait, notHeld, nil
 		}
 		for j, c := range calls {
 			c.g = c.granted(now, lefts[j], gots[j])
 		}
-		return -1, scopeNone, 0, ans, nil
+		return -1, ScopeNone, 0, -1, nil
 	}
 	for _, c := range calls { // this node's blocks served them all
-		c.g = c.granted(now, headroom{}, taken{})
+		c.g = c.granted(now, Headroom{}, taken{})
 	}
-	return -1, scopeNone, 0, holdAnswer{}, nil
+	return -1, ScopeNone, 0, -1, nil
 }

@@ -1,4 +1,4 @@
-package relay
+package limits
 
 import (
 	"sync"
@@ -7,14 +7,14 @@ import (
 
 // Retry budget defaults.
 const (
-	defaultRetryBudget      = 0.2
-	defaultRetryBudgetFloor = 10 // retries per second
+	DefaultRetryBudget      = 0.2
+	DefaultRetryBudgetFloor = 10 // retries per second
 	budgetBuckets           = 10 // one per second: a 10s sliding window
 )
 
-// retryBudget counts a group's requests and retries over a sliding window
+// RetryBudget counts a group's requests and retries over a sliding window
 // of budgetBuckets seconds.
-type retryBudget struct {
+type RetryBudget struct {
 	mu      sync.Mutex
 	buckets [budgetBuckets]budgetBucket
 }
@@ -27,7 +27,7 @@ type budgetBucket struct {
 
 // bucket returns the bucket of now's second, emptied if it held an older
 // second.
-func (b *retryBudget) bucket(now time.Time) *budgetBucket {
+func (b *RetryBudget) bucket(now time.Time) *budgetBucket {
 	sec := now.Unix()
 	bk := &b.buckets[sec%budgetBuckets]
 	if bk.sec != sec {
@@ -36,17 +36,28 @@ func (b *retryBudget) bucket(now time.Time) *budgetBucket {
 	return bk
 }
 
-// request counts a request of the group.
-func (b *retryBudget) request(now time.Time) {
+// Request counts a Request of the group.
+func (b *RetryBudget) Request(now time.Time) {
 	b.mu.Lock()
 	b.bucket(now).requests++
 	b.mu.Unlock()
 }
 
-// allowRetry reports whether one more retry fits the budget: retries over
+// Retries counts the retries over every second the budget remembers.
+func (b *RetryBudget) Retries() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for _, bk := range b.buckets {
+		n += bk.retries
+	}
+	return n
+}
+
+// AllowRetry reports whether one more retry fits the budget: retries over
 // the window may reach ratio times the requests over the window, and never
 // less than floor per second. An allowed retry is counted.
-func (b *retryBudget) allowRetry(now time.Time, ratio, floor float64) bool {
+func (b *RetryBudget) AllowRetry(now time.Time, ratio, floor float64) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	cur := b.bucket(now)

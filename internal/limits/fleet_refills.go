@@ -1,4 +1,4 @@
-package relay
+package limits
 
 import (
 	"time"
@@ -68,13 +68,13 @@ func (c *admitCall) takesBlock() bool {
 // charging estimate tokens (-1: none), would otherwise ask Redis beside:
 // of a block of a limit it needs that is spent, and that another request
 // is taking; nil when there is none (s.mu held).
-func (s *sharedLimit) refillLocked(now time.Time, spec limits, estimate int64) *refill {
+func (s *sharedLimit) refillLocked(now time.Time, spec Spec, estimate int64) *refill {
 	switch {
 	case s.rb.refill != nil && spec.emission() > 0:
 		return s.rb.refill
-	case s.tb.refill != nil && spec.tokens.n > 0 && estimate >= 0:
+	case s.tb.refill != nil && spec.Tokens.N > 0 && estimate >= 0:
 		return s.tb.refill
-	case s.cb.refill != nil && spec.concurrency > 0 && !s.cb.free(now, s.f.Lease):
+	case s.cb.refill != nil && spec.Concurrency > 0 && !s.cb.free(now, s.f.Lease):
 		return s.cb.refill
 	}
 	return nil
@@ -83,7 +83,7 @@ func (s *sharedLimit) refillLocked(now time.Time, spec limits, estimate int64) *
 // awaitRefill waits for the refill r to end, at most the storage's
 // timeout, and reports whether Redis failed it, or the time ran out: then
 // Redis counts as down for the request.
-func (f *member) awaitRefill(r *refill) (down bool) {
+func (f *Shared) awaitRefill(r *refill) (down bool) {
 	t := time.NewTimer(f.Timeout)
 	defer t.Stop()
 	select {
@@ -101,7 +101,7 @@ func (f *member) awaitRefill(r *refill) (down bool) {
 // all, the request waits for that refill, and prepares them again, without
 // waiting again (now moves on by the wait): fleet.ErrDown when
 // Redis failed the refill.
-func (f *member) prepareAll(now *time.Time, asks []ask, in func(int) bool, calls *[4]*admitCall, which *[4]int) (int, error) {
+func (f *Shared) prepareAll(now *time.Time, asks []Ask, in func(int) bool, calls *[4]*admitCall, which *[4]int) (int, error) {
 	wait := true
 	for {
 		n := 0
@@ -111,7 +111,7 @@ func (f *member) prepareAll(now *time.Time, asks []ask, in func(int) bool, calls
 				continue
 			}
 			a := &asks[i]
-			c, w := a.l.shared.Load().prepare(*now, a.l.limits(), a.est, wait)
+			c, w := a.Limiter.shared.Load().prepare(*now, a.Limiter.Limits(), a.Estimate, wait)
 			if w != nil {
 				r = w
 				break

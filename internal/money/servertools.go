@@ -1,4 +1,4 @@
-package relay
+package money
 
 import (
 	"math"
@@ -18,43 +18,43 @@ import (
 //
 // A request that declares a web search tool may make as many searches as
 // its max_uses says, and holds them against its budgets (hold.go) beside
-// its tokens; one without max_uses holds defaultWebSearches, the
+// its tokens; one without max_uses holds DefaultWebSearches, the
 // iterations Anthropic's server-side loop runs before it pauses the turn.
 
-// defaultWebSearches is what a web search tool without max_uses holds.
-const defaultWebSearches = 10
+// DefaultWebSearches is what a web search tool without max_uses holds.
+const DefaultWebSearches = 10
 
-// maxWebSearches bounds what a max_uses may hold: more than any budget.
-const maxWebSearches = 1 << 40
+// MaxWebSearches bounds what a max_uses may hold: more than any budget.
+const MaxWebSearches = 1 << 40
 
-// webSearchTool is the prefix of a web search tool's type.
-const webSearchTool = "web_search_"
+// WebSearchTool is the prefix of a web search tool's type.
+const WebSearchTool = "web_search_"
 
-// webSearchUses is the searches a web search tool whose max_uses is the
+// WebSearchUses is the searches a web search tool whose max_uses is the
 // JSON number maxUses ("": none) may make: max_uses rounded up, or
-// defaultWebSearches without one.
-func webSearchUses(maxUses string) int64 {
+// DefaultWebSearches without one.
+func WebSearchUses(maxUses string) int64 {
 	if maxUses == "" {
-		return defaultWebSearches
+		return DefaultWebSearches
 	}
 	f, err := strconv.ParseFloat(maxUses, 64)
 	if err != nil || !(f >= 0) {
-		return defaultWebSearches
+		return DefaultWebSearches
 	}
-	return int64(math.Ceil(min(f, maxWebSearches)))
+	return int64(math.Ceil(min(f, MaxWebSearches)))
 }
 
-// webSearchesOf is the searches the web search tools of tools (a request's
+// WebSearchesOf is the searches the web search tools of tools (a request's
 // `tools`, as gjson reads it) may make, all together.
-func webSearchesOf(tools gjson.Result) int64 {
+func WebSearchesOf(tools gjson.Result) int64 {
 	n := int64(0)
 	tools.ForEach(func(_, tool gjson.Result) bool {
-		if strings.HasPrefix(tool.Get("type").Str, webSearchTool) {
+		if strings.HasPrefix(tool.Get("type").Str, WebSearchTool) {
 			maxUses := ""
 			if m := tool.Get("max_uses"); m.Type == gjson.Number {
 				maxUses = m.Raw
 			}
-			n += webSearchUses(maxUses)
+			n += WebSearchUses(maxUses)
 		}
 		return true
 	})

@@ -1,4 +1,4 @@
-package relay
+package limits
 
 import (
 	"context"
@@ -25,12 +25,12 @@ func slotsHeld(t *testing.T, rdb *redis.Client, set string) int64 {
 
 // takeN admits n requests on l, one after the other, and returns their
 // grants, to give back with done.
-func takeN(t *testing.T, l *limiter, n int) []grant {
+func takeN(t *testing.T, l *Limiter, n int) []Grant {
 	t.Helper()
-	gs := make([]grant, n)
+	gs := make([]Grant, n)
 	for i := range gs {
-		g, scope, _ := l.take(time.Now(), -1)
-		if scope != scopeNone {
+		g, scope, _ := l.Take(time.Now(), -1)
+		if scope != ScopeNone {
 			t.Fatalf("request %d of %d: refused by %q", i+1, n, scope)
 		}
 		gs[i] = g
@@ -57,7 +57,7 @@ func TestSlotsAreLeasedInBlocks(t *testing.T) {
 	defer rdb.Close()
 	f := testNodes(t, srv.Addr, "slotblk:", 1)[0]
 	f.slotEvery.Store(int64(time.Hour)) // the worker shrinks nothing: the test does
-	l := sharedLimiter(t, f, "k:blk", limits{concurrency: 1000})
+	l := sharedLimiter(t, f, "k:blk", Spec{Concurrency: 1000})
 	s := l.shared.Load()
 	const set = "slotblk:{k:blk}:leases"
 	before := admitOps(t)
@@ -84,7 +84,7 @@ func TestSlotsAreLeasedInBlocks(t *testing.T) {
 		t.Fatalf("block info %+v", b)
 	}
 	for _, g := range gs[:90] {
-		l.done(time.Now(), g, 0)
+		l.Done(time.Now(), g, 0)
 	}
 	if held, used := slotState(s); held != 200 || used != 11 {
 		t.Fatalf("after 90 ended: %d held, %d used, want 200 and 11", held, used)
@@ -107,7 +107,7 @@ func TestSlotsAreLeasedInBlocks(t *testing.T) {
 	}
 	waitFor(t, "the second block's slots given back", 2*time.Second, func() bool { return slotsHeld(t, rdb, set) == 100 })
 	for _, g := range gs[90:] {
-		l.done(time.Now(), g, 0)
+		l.Done(time.Now(), g, 0)
 	}
 	// idle for a lease: everything goes back
 	leaseEnds()
@@ -133,7 +133,7 @@ func TestASmallConcurrencyStaysExact(t *testing.T) {
 		n     int64
 	}{{1, 99}, {3, 299}} {
 		f := testNodes(t, srv.Addr, "slotsmall:", c.nodes)[0]
-		l := sharedLimiter(t, f, "k:small", limits{concurrency: c.n})
+		l := sharedLimiter(t, f, "k:small", Spec{Concurrency: c.n})
 		before := admitOps(t)
 		gs := takeN(t, l, 5)
 		if ops := admitOps(t) - before; ops != 5 {
@@ -146,7 +146,7 @@ func TestASmallConcurrencyStaysExact(t *testing.T) {
 			t.Fatalf("%d on %d nodes: a block of slots was taken", c.n, c.nodes)
 		}
 		for _, g := range gs {
-			l.done(time.Now(), g, 0)
+			l.Done(time.Now(), g, 0)
 		}
 		waitFor(t, "the slots given back", 2*time.Second, func() bool { return slotsHeld(t, rdb, "slotsmall:{k:small}:leases") == 0 })
 	}
@@ -162,23 +162,23 @@ func TestLeasedSlotsHoldTheLimitAcrossNodes(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	defer rdb.Close()
 	const limit, nodes, workers = 300, 3, 40
-	spec := limits{concurrency: limit}
-	var ls []*limiter
+	spec := Spec{Concurrency: limit}
+	var ls []*Limiter
 	fleets := testNodes(t, srv.Addr, "slotfleet:", nodes)
 	for _, f := range fleets {
 		ls = append(ls, sharedLimiter(t, f, "k:fleet", spec))
 	}
 	var inFlight, most atomic.Int64
 	var mu sync.Mutex
-	held := map[*limiter][]grant{}
+	held := map[*Limiter][]Grant{}
 	var wg sync.WaitGroup
 	for _, l := range ls {
 		for range workers {
 			wg.Go(func() {
 				for {
-					g, scope, _ := l.take(time.Now(), -1)
-					if scope != scopeNone {
-						if scope != scopeConcurrency {
+					g, scope, _ := l.Take(time.Now(), -1)
+					if scope != ScopeNone {
+						if scope != ScopeConcurrency {
 							t.Errorf("refused by %q, want concurrency", scope)
 						}
 						return
@@ -204,13 +204,13 @@ func TestLeasedSlotsHoldTheLimitAcrossNodes(t *testing.T) {
 		t.Fatalf("Redis holds %d slots, want all %d: the blocks count, used or not", n, limit)
 	}
 	for i, l := range ls {
-		if _, scope, _ := l.take(time.Now(), -1); scope != scopeConcurrency {
+		if _, scope, _ := l.Take(time.Now(), -1); scope != ScopeConcurrency {
 			t.Fatalf("node %d with the limit taken: %q, want concurrency", i, scope)
 		}
 	}
 	for l, gs := range held {
 		for _, g := range gs {
-			l.done(time.Now(), g, 0)
+			l.Done(time.Now(), g, 0)
 		}
 	}
 	for _, f := range fleets { // the slots taken alone go back now, not 2ms later
@@ -234,7 +234,7 @@ func TestLeasedSlotsHoldTheLimitAcrossNodes(t *testing.T) {
 	}
 	gs := takeN(t, ls[0], int(limit-unused))
 	for _, g := range gs {
-		ls[0].done(time.Now(), g, 0)
+		ls[0].Done(time.Now(), g, 0)
 	}
 }
 
@@ -247,16 +247,16 @@ func TestSlotsGoBackOnAChangeAndAtStop(t *testing.T) {
 	defer rdb.Close()
 	f := testNodes(t, srv.Addr, "slotchg:", 1)[0]
 	f.slotDelay.Store(int64(time.Millisecond))
-	l := sharedLimiter(t, f, "k:chg", limits{concurrency: 1000})
+	l := sharedLimiter(t, f, "k:chg", Spec{Concurrency: 1000})
 	const set = "slotchg:{k:chg}:leases"
 	gs := takeN(t, l, 5)
 	if n := slotsHeld(t, rdb, set); n != 100 {
 		t.Fatalf("Redis holds %d slots, want a block of 100", n)
 	}
-	l.configure(limits{concurrency: 2000}, time.Now())
+	l.Configure(Spec{Concurrency: 2000}, time.Now())
 	waitFor(t, "the 95 unused slots given back", 2*time.Second, func() bool { return slotsHeld(t, rdb, set) == 5 })
 	for i, g := range gs {
-		l.done(time.Now(), g, 0)
+		l.Done(time.Now(), g, 0)
 		want := int64(4 - i)
 		waitFor(t, "an ended request's slot given back", 2*time.Second, func() bool { return slotsHeld(t, rdb, set) == want })
 	}
@@ -265,7 +265,7 @@ func TestSlotsGoBackOnAChangeAndAtStop(t *testing.T) {
 	if n := slotsHeld(t, rdb, set); n != 200 {
 		t.Fatalf("Redis holds %d slots, want a block of 200", n)
 	}
-	if err := f.Destruct(); err != nil {
+	if err := stop(f); err != nil {
 		t.Fatal(err)
 	}
 	if n := slotsHeld(t, rdb, set); n != 0 {
@@ -279,10 +279,10 @@ func TestSlotsGoBackOnAChangeAndAtStop(t *testing.T) {
 func TestSlotsOfADeadNodeExpire(t *testing.T) {
 	srv := redistest.Start(t)
 	const lease = 600 * time.Millisecond
-	spec := limits{concurrency: 200} // two nodes: blocks of 10
+	spec := Spec{Concurrency: 200} // two nodes: blocks of 10
 	dying := testFleet(t, srv.Addr, "slotdead:", lease)
 	other := testFleet(t, srv.Addr, "slotdead:", lease)
-	for _, f := range []*member{dying, other} {
+	for _, f := range []*Shared{dying, other} {
 		f.NodesPinned.Store(2)
 	}
 	a := sharedLimiter(t, dying, "k:d", spec)
@@ -290,7 +290,7 @@ func TestSlotsOfADeadNodeExpire(t *testing.T) {
 	takeN(t, a, 195) // 20 blocks: 200 slots, 5 unused
 	time.Sleep(2 * lease)
 	// renewed while the node lives: the other gets nothing
-	if _, scope, _ := b.take(time.Now(), -1); scope != scopeConcurrency {
+	if _, scope, _ := b.Take(time.Now(), -1); scope != ScopeConcurrency {
 		t.Fatalf("with the other node's renewed blocks: %q, want concurrency", scope)
 	}
 	slotsFreedByDeath(t, dying, b, lease, 3*lease)
@@ -304,7 +304,7 @@ func TestSlotsRedisLostAreNotUsed(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	defer rdb.Close()
 	f := testNodes(t, srv.Addr, "slotlost:", 1)[0]
-	l := sharedLimiter(t, f, "k:lost", limits{concurrency: 1000})
+	l := sharedLimiter(t, f, "k:lost", Spec{Concurrency: 1000})
 	takeN(t, l, 1)
 	f.renew()
 	before := admitOps(t)
@@ -333,17 +333,17 @@ func TestLeasedSlotsAllocateNothing(t *testing.T) {
 	}
 	srv := redistest.Start(t)
 	f := testNodes(t, srv.Addr, "slotalloc:", 1)[0]
-	large := limits{rate: rateSpec{n: 1e9, period: time.Second}, tokens: rateSpec{n: 1e13, period: time.Second}}
+	large := Spec{Rate: Rate{N: 1e9, Period: time.Second}, Tokens: Rate{N: 1e13, Period: time.Second}}
 	withConc := large
-	withConc.concurrency = 100_000
-	allocs := func(spec limits, thing string) float64 {
+	withConc.Concurrency = 100_000
+	allocs := func(spec Spec, thing string) float64 {
 		l := sharedLimiter(t, f, thing, spec)
 		run := func() {
-			g, scope, _ := l.take(time.Now(), 2500)
-			if scope != scopeNone {
+			g, scope, _ := l.Take(time.Now(), 2500)
+			if scope != ScopeNone {
 				t.Fatal(scope)
 			}
-			l.done(time.Now(), g, 2600)
+			l.Done(time.Now(), g, 2600)
 		}
 		run() // takes the blocks
 		return testing.AllocsPerRun(200, run)
@@ -360,10 +360,10 @@ func TestLeasedSlotsAllocateNothing(t *testing.T) {
 func TestASlotGoesBackWhenAnotherLimitRefuses(t *testing.T) {
 	srv := redistest.Start(t)
 	f := testNodes(t, srv.Addr, "slotundo:", 1)[0]
-	l := sharedLimiter(t, f, "k:undo", limits{concurrency: 1000, rate: rateSpec{n: 2, period: time.Hour}})
+	l := sharedLimiter(t, f, "k:undo", Spec{Concurrency: 1000, Rate: Rate{N: 2, Period: time.Hour}})
 	s := l.shared.Load()
 	takeN(t, l, 2)
-	if _, scope, _ := l.take(time.Now(), -1); scope != scopeRate {
+	if _, scope, _ := l.Take(time.Now(), -1); scope != ScopeRate {
 		t.Fatalf("the third request of a rate of 2/h: %q, want rate", scope)
 	}
 	if held, used := slotState(s); held != 100 || used != 2 {

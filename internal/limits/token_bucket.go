@@ -1,4 +1,4 @@
-package relay
+package limits
 
 import (
 	"sync"
@@ -19,8 +19,8 @@ type tokenBucket struct {
 	last   time.Time
 }
 
-func newTokenBucket(s rateSpec, now time.Time) *tokenBucket {
-	return &tokenBucket{perSec: s.perSecond(), burst: s.n, level: s.n, last: now}
+func newTokenBucket(s Rate, now time.Time) *tokenBucket {
+	return &tokenBucket{perSec: s.PerSecond(), burst: s.N, level: s.N, last: now}
 }
 
 func (b *tokenBucket) refill(now time.Time) {
@@ -71,10 +71,10 @@ func (b *tokenBucket) charge(now time.Time, n int64) {
 	b.level = min(b.burst, b.level-float64(n))
 }
 
-func (b *tokenBucket) configure(s rateSpec, now time.Time) {
+func (b *tokenBucket) configure(s Rate, now time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.refill(now)
-	b.perSec, b.burst = s.perSecond(), s.n
+	b.perSec, b.burst = s.PerSecond(), s.N
 	b.level = min(b.level, b.burst)
 }

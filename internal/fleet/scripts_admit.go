@@ -1,38 +1,15 @@
-package relay
+package fleet
 
-import (
-	"github.com/redis/go-redis/v9"
-)
+import "github.com/redis/go-redis/v9"
 
-// Limits shared by a fleet. Each key's and channel's limits live in Redis
-// under its own hash tag, and one Lua script admits a request against all
-// of them at once (atomic, so two relays never both take the last slot),
-// reading the time from Redis so the relays' clocks need not agree:
-//
-//   - concurrency: a sorted set of leases, scored by their expiry; expired
-//     leases are dropped before counting. A relay renews the leases it
-//     holds every third of the lease time, so a relay that dies frees its
-//     slots within that time. The slots of a large limit's blocks are
-//     members too, one each (fleet_slots.go).
-//   - request rate: GCRA (the generic cell rate algorithm), one timestamp
-//     per limit: the theoretical arrival time of the next request. With a
-//     burst of n it admits exactly what a token bucket of n would.
-//   - tokens: a bucket that may go into debt, as the local one: a level and
-//     the time it was last refilled; the estimate is charged at admission
-//     and corrected with the real usage when the request ends.
-//
-// Numbers go to Redis as arguments of redis.call, which writes them in full
-// (Lua's tostring keeps 14 digits: a millisecond timestamp would lose
-// everything under a tenth of a millisecond, and rates over 10,000/s would
-// never advance).
-//
-// A request admitted by Redis is given back to Redis, off its path: its
-// lease is removed and its tokens corrected by a background worker that
-// pipelines what many requests give back.
+// The admission's script. A request's limits (internal/limits) and its
+// holds of its budgets (the spend accounts') are admitted together, all
+// or none, in one script call: the script is here so that both sides
+// read the one layout of its keys, arguments and answer.
 
-// admitScript admits one request against the limits of one thing, or of
+// AdmitScript admits one request against the limits of one thing, or of
 // several at once (a request's key, end user and channel), and holds its
-// worst case against the budgets of its spend accounts (holdsLua): all are
+// worst case against the budgets of its spend accounts (HoldsLua): all are
 // checked before any is written, so a request one of them refuses takes
 // nothing from the others. ARGV[1] is the number of things, ARGV[2] the number of slots given
 // back with the call (r, slots other requests of this relay freed: the
@@ -51,7 +28,7 @@ import (
 // an ended block to give back first (negative: its debt, charged), the
 // concurrency slots to take (0: this request's, the lease id; more: a
 // block of up to that many, at least one, members <lease id>/1,
-// <lease id>/2, ...: fleet_slots.go); then per hold: its member (<id>=<billionths of a dollar>), its expiry in ms,
+// <lease id>/2, ...: internal/limits's fleet_slots.go); then per hold: its member (<id>=<billionths of a dollar>), its expiry in ms,
 // how long the account's hold keys are kept at least (ms), its amount, the number of budgets, and per budget its cap and what this
 // relay spent that Redis has not yet added. What is given back is written
 // whatever the verdict. It returns, per thing, {scope, wait, requests
@@ -67,7 +44,7 @@ import (
 // spent and the hold exceed a budget), the budget's index (1-based), what
 // was spent in its period, what the account held}. Holds are judged first:
 // a hold that does not fit takes nothing, and neither does anything else.
-var admitScript = redis.NewScript(holdsLua + `
+var AdmitScript = redis.NewScript(HoldsLua + `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local n, r = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -216,39 +193,41 @@ end
 return answers(0, 0, 0)
 `)
 
-// admitAnswer is the length of one thing's answer of admitScript.
-const admitAnswer = 9
+// AdmitAnswer is the length of one thing's answer of AdmitScript.
+const AdmitAnswer = 9
 
-// chargeScript charges (or, negative, gives back) tokens, whatever the
-// bucket's level. KEYS: the token bucket. ARGV: tokens per ms, burst, the
-// tokens.
-var chargeScript = redis.NewScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local perms, tburst, charge = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local h = redis.call('HMGET', KEYS[1], 'level', 'last')
-local level = tonumber(h[1]) or tburst
-local last = tonumber(h[2]) or now
-if now > last then level = math.min(tburst, level + (now - last) * perms) end
-redis.call('HSET', KEYS[1], 'level', math.min(tburst, level - charge), 'last', now)
-redis.call('PEXPIRE', KEYS[1], math.ceil(tburst / perms) + 60000)
-return 0
-`)
-
-// renewScript moves the expiry of leases still held. KEYS: a lease set.
-// ARGV: the lease ms, then the lease ids. It returns how many of them the
-// set still held (a lease that expired, or that a Redis emptied, is not
-// added back).
-var renewScript = redis.NewScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local found = 0
-for i = 2, #ARGV do
-  if redis.call('ZSCORE', KEYS[1], ARGV[i]) then
-    found = found + 1
-    redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[1]), ARGV[i])
-  end
+// HoldsLua is the Lua the hold scripts share: keep extends a key's expiry
+// to at least ttl ms; amountOf is a member's amount; held drops the
+// expired members of an account's holds and returns what the others hold
+// (counted again from the members should the total have been lost).
+const HoldsLua = `
+local function keep(k, ttl)
+  if redis.call('PTTL', k) < ttl then redis.call('PEXPIRE', k, ttl) end
 end
-if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[1]) * 2 then redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1]) * 2) end
-return found
+local function amountOf(m) return string.match(m, '=(%d+)$') or '0' end
+local function held(kz, kh, now)
+  for _, m in ipairs(redis.call('ZRANGEBYSCORE', kz, '-inf', now)) do
+    if redis.call('ZREM', kz, m) == 1 then redis.call('DECRBY', kh, amountOf(m)) end
+  end
+  local v = tonumber(redis.call('GET', kh) or '0')
+  local members = redis.call('ZCARD', kz)
+  if v < 0 or (v > 0 and members == 0) or (v == 0 and members > 0) then
+    v = 0
+    for _, m in ipairs(redis.call('ZRANGE', kz, 0, -1)) do v = v + tonumber(amountOf(m)) end
+    local ttl = redis.call('PTTL', kh)
+    redis.call('SET', kh, v)
+    if ttl > 0 then redis.call('PEXPIRE', kh, ttl) else keep(kh, redis.call('PTTL', kz)) end
+  end
+  return v
+end
+`
+
+// ReleaseHoldScript gives back holds that cost nothing (a request that
+// was not sent after all). KEYS: the account's holds, its held total.
+// ARGV: the members.
+var ReleaseHoldScript = redis.NewScript(HoldsLua + `
+for i = 1, #ARGV do
+  if redis.call('ZREM', KEYS[1], ARGV[i]) == 1 then redis.call('DECRBY', KEYS[2], amountOf(ARGV[i])) end
+end
+return 0
 `)

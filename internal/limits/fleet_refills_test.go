@@ -1,13 +1,13 @@
-package relay
+package limits
 
 import (
-	"context"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/sony/gobreaker/v2"
 
+	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/caddy-relay/relay/internal/redistest"
 )
 
@@ -16,44 +16,38 @@ import (
 // and 20 more requests that found that block spent, waiting for it. It
 // returns the node, the limiter, and the 21 requests' answers to come.
 // The requests are admitted alone (take), or as a request's first attempt
-// admits its limits together (takeAll).
-func refillSetup(t *testing.T, srv *redistest.Server, prefix string, timeout time.Duration, onError string, together bool) (*member, *limiter, <-chan limitScope) {
+// admits its limits together (TakeAll).
+func refillSetup(t *testing.T, srv *redistest.Server, prefix string, timeout time.Duration, onError string, together bool) (*Shared, *Limiter, <-chan Scope) {
 	t.Helper()
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	t.Cleanup(cancel)
-	f, err := newFleet(ctx, &FleetRedis{Address: []string{srv.Addr}, Prefix: prefix, Timeout: caddy.Duration(timeout), OnError: onError})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = f.Destruct() })
+	f := newShared(t, &fleet.Config{Address: []string{srv.Addr}, Prefix: prefix, Timeout: caddy.Duration(timeout), OnError: onError})
 	f.NodesPinned.Store(1)
-	l := sharedLimiter(t, f, "k:refill", limits{rate: rateSpec{n: 6000, period: time.Minute}})
+	l := sharedLimiter(t, f, "k:refill", Spec{Rate: Rate{N: 6000, Period: time.Minute}})
 	s := l.shared.Load()
-	g, scope, _ := l.take(time.Now(), -1)
-	if scope != scopeNone || !s.rb.held() {
+	g, scope, _ := l.Take(time.Now(), -1)
+	if scope != ScopeNone || !s.rb.held() {
 		t.Fatalf("the first request: refused by %q, or no block taken", scope)
 	}
-	l.done(time.Now(), g, 0)
+	l.Done(time.Now(), g, 0)
 	s.mu.Lock()
 	s.rb.left = 0 // spent: the next request takes the next block
 	s.mu.Unlock()
 
 	srv.Stop() // connections stay open, nothing answers
 	t.Cleanup(srv.Continue)
-	answers := make(chan limitScope, 21)
+	answers := make(chan Scope, 21)
 	take := func() {
 		if together {
-			asks := []ask{{l: l, est: -1}}
-			i, scope, _, _ := takeAll(time.Now(), asks, nil)
-			if i < 0 && scope == scopeNone {
-				l.done(time.Now(), asks[0].g, 0)
+			asks := []Ask{{Limiter: l, Estimate: -1}}
+			i, scope, _, _ := TakeAll[struct{}](time.Now(), asks, nil)
+			if i < 0 && scope == ScopeNone {
+				l.Done(time.Now(), asks[0].Grant, 0)
 			}
 			answers <- scope
 			return
 		}
-		g, scope, _ := l.take(time.Now(), -1)
-		if scope == scopeNone {
-			l.done(time.Now(), g, 0)
+		g, scope, _ := l.Take(time.Now(), -1)
+		if scope == ScopeNone {
+			l.Done(time.Now(), g, 0)
 		}
 		answers <- scope
 	}
@@ -80,7 +74,7 @@ func TestARefillIsAskedOnceForItsWaiters(t *testing.T) {
 	_, l, answers := refillSetup(t, srv, "refillok:", 10*time.Second, "", false)
 	srv.Continue()
 	for i := range 21 {
-		if scope := <-answers; scope != scopeNone {
+		if scope := <-answers; scope != ScopeNone {
 			t.Fatalf("request %d: refused by %q, want admitted from the new block", i+1, scope)
 		}
 	}
@@ -107,7 +101,7 @@ func TestARefillRedisFailedFailsItsWaitersAtOnce(t *testing.T) {
 	before := admitOps(t)
 	f, _, answers := refillSetup(t, srv, "refilldown:", 2*time.Second, "deny", true)
 	for i := range 21 {
-		if scope := <-answers; scope != scopeFleetDown {
+		if scope := <-answers; scope != ScopeFleetDown {
 			t.Fatalf("request %d: %q, want refused as the storage is down", i+1, scope)
 		}
 	}

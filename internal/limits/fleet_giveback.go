@@ -1,7 +1,8 @@
-package relay
+package limits
 
 import (
 	"context"
+	"github.com/caddy-relay/relay/internal/fleet"
 	"math"
 	"time"
 
@@ -14,11 +15,11 @@ import (
 // one is held (the block it was charged to, or the one after it: the
 // block that ended gave back its rest without this), else to Redis, off
 // the request's path (the worker that gives back leases sends it).
-func (s *sharedLimit) correct(spec limits, g *grant, n int64) {
+func (s *sharedLimit) correct(spec Spec, g *Grant, n int64) {
 	if g.fromBlock && s.chargeBlock(n) {
 		return
 	}
-	s.queue(release{limit: s, tokens: n, perMs: spec.tokensPerMs(), burst: spec.tokens.n})
+	s.queue(release{limit: s, tokens: n, perMs: spec.tokensPerMs(), burst: spec.Tokens.N})
 }
 
 // chargeBlock charges n tokens to this node's token block, when it holds
@@ -37,13 +38,13 @@ func (s *sharedLimit) chargeBlock(n int64) bool {
 // lease, and the correction of its tokens to what it used. Outside a
 // Redis Cluster, the lease goes with the next admission this relay sends,
 // or with the worker that gives back when none comes soon (pendSlots).
-func (s *sharedLimit) giveBack(spec limits, g grant, correction int64) {
+func (s *sharedLimit) giveBack(spec Spec, g Grant, correction int64) {
 	if g.slotGen != 0 {
 		s.freeSlot(g.slotGen)
 	}
 	r := release{limit: s, lease: g.lease}
-	if correction != 0 && spec.tokens.n > 0 && !(g.fromBlock && s.chargeBlock(correction)) {
-		r.tokens, r.perMs, r.burst = correction, spec.tokensPerMs(), spec.tokens.n
+	if correction != 0 && spec.Tokens.N > 0 && !(g.fromBlock && s.chargeBlock(correction)) {
+		r.tokens, r.perMs, r.burst = correction, spec.tokensPerMs(), spec.Tokens.N
 	}
 	if r.lease != "" {
 		l := leaseRef{s.lease, r.lease}
@@ -71,7 +72,7 @@ const (
 
 // pendSlots queues slots freed on this relay, to be given back with the
 // next admission or by the worker.
-func (f *member) pendSlots(ls ...leaseRef) {
+func (f *Shared) pendSlots(ls ...leaseRef) {
 	if len(ls) == 0 {
 		return
 	}
@@ -85,7 +86,7 @@ func (f *member) pendSlots(ls ...leaseRef) {
 }
 
 // takeSlots takes at most n of the slots freed and not yet given back.
-func (f *member) takeSlots(n int) []leaseRef {
+func (f *Shared) takeSlots(n int) []leaseRef {
 	f.slotsMu.Lock()
 	defer f.slotsMu.Unlock()
 	if len(f.slots) == 0 {
@@ -99,7 +100,7 @@ func (f *member) takeSlots(n int) []leaseRef {
 
 // giveBackSlots gives back, slotDelay after they were freed, the slots no
 // admission carried, until ctx ends.
-func (f *member) giveBackSlots(ctx context.Context) {
+func (f *Shared) giveBackSlots(ctx context.Context) {
 	t := time.NewTimer(time.Duration(f.slotDelay.Load()))
 	defer t.Stop()
 	for {
@@ -120,7 +121,7 @@ func (f *member) giveBackSlots(ctx context.Context) {
 
 // flushSlots gives back every slot freed and not given back yet, in one
 // round trip.
-func (f *member) flushSlots() {
+func (f *Shared) flushSlots() {
 	slots := f.takeSlots(math.MaxInt)
 	if len(slots) == 0 {
 		return
@@ -143,7 +144,7 @@ func (s *sharedLimit) queue(r release) { s.f.queueRelease(r) }
 
 // queueRelease hands r to the worker that gives back to Redis, or sends
 // it on the caller's time when the worker is behind by a full queue.
-func (f *member) queueRelease(r release) {
+func (f *Shared) queueRelease(r release) {
 	select {
 	case f.releases <- r:
 	default:
@@ -176,7 +177,7 @@ func blockRelease(s *sharedLimit, requests, emission, tokens, perMs, burst float
 
 // hold records a lease this node renews until it is given back: a
 // concurrency slot, or a request's hold of a budget (held).
-func (f *member) hold(l leaseRef, held bool) {
+func (f *Shared) hold(l leaseRef, held bool) {
 	f.leaseMu.Lock()
 	if held {
 		f.holdLeases[l] = struct{}{}
@@ -186,8 +187,22 @@ func (f *member) hold(l leaseRef, held bool) {
 	f.leaseMu.Unlock()
 }
 
+// HoldLease records that this node renews the hold member of an
+// account's holds (set) until DropHoldLease: a hold whose cost has not
+// reached the fleet's spend yet.
+func (f *Shared) HoldLease(set, member string) { f.hold(leaseRef{set, member}, true) }
+
+// DropHoldLease stops renewing a hold (HoldLease).
+func (f *Shared) DropHoldLease(set, member string) { f.drop(leaseRef{set, member}, true) }
+
+// ReleaseHold gives back, off the request's path, a hold member of an
+// account's holds (set) and their total that cost nothing.
+func (f *Shared) ReleaseHold(set, total, member string) {
+	f.queueRelease(release{holdSet: set, holdTotal: total, member: member})
+}
+
 // drop stops renewing a lease.
-func (f *member) drop(l leaseRef, held bool) {
+func (f *Shared) drop(l leaseRef, held bool) {
 	f.leaseMu.Lock()
 	if held {
 		delete(f.holdLeases, l)
@@ -199,7 +214,7 @@ func (f *member) drop(l leaseRef, held bool) {
 
 // giveBack pipelines the queued releases to Redis, as many at once as have
 // queued, until ctx ends.
-func (f *member) giveBack(ctx context.Context) {
+func (f *Shared) giveBack(ctx context.Context) {
 	batch := make([]release, 0, 256)
 	for {
 		select {
@@ -224,7 +239,7 @@ func (f *member) giveBack(ctx context.Context) {
 // flush gives back a batch in one round trip. What Redis does not take
 // expires: a lease within its lease time, a token correction never (the
 // bucket is as if the estimate had been right).
-func (f *member) flush(batch []release) {
+func (f *Shared) flush(batch []release) {
 	_ = f.Background("release", func(ctx context.Context) error {
 		_, err := f.Redis.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 			for _, r := range batch {
@@ -238,7 +253,7 @@ func (f *member) flush(batch []release) {
 					giveBackRateScript.Eval(ctx, pipe, []string{r.limit.rate}, r.emission, r.requests)
 				}
 				if r.member != "" {
-					releaseHoldScript.Eval(ctx, pipe, []string{r.holdSet, r.holdTotal}, r.member)
+					fleet.ReleaseHoldScript.Eval(ctx, pipe, []string{r.holdSet, r.holdTotal}, r.member)
 				}
 			}
 			return nil
@@ -249,14 +264,14 @@ func (f *member) flush(batch []release) {
 
 // renewLeases moves the expiry of every lease this node holds, every third
 // of the lease time, until ctx ends.
-func (f *member) renewLeases(ctx context.Context) {
+func (f *Shared) renewLeases(ctx context.Context) {
 	loop.Every(ctx, f.Lease/3, nil, f.renew)
 }
 
 // renew moves the expiry of every lease this node holds: its concurrency
 // slots (its blocks' too) and its requests' holds; and confirms that
 // Redis still holds its blocks of slots.
-func (f *member) renew() {
+func (f *Shared) renew() {
 	bySet := map[string][]any{}
 	f.leaseMu.Lock()
 	for l := range f.leases {

@@ -1,4 +1,4 @@
-package relay
+package limits
 
 import (
 	"context"
@@ -95,7 +95,7 @@ func (b *block) end(next *uint64) float64 {
 // blockSize is the block of a limit of n a period this node takes, or 0
 // when the limit is not leased: too small a share, or the number of
 // relays up not known yet.
-func (f *member) blockSize(n float64, least int64) int64 {
+func (f *Shared) blockSize(n float64, least int64) int64 {
 	if f.noLeases.Load() {
 		return 0
 	}
@@ -111,13 +111,13 @@ func (f *member) blockSize(n float64, least int64) int64 {
 }
 
 // blockLease is how long a block of a limit of period lasts.
-func (f *member) blockLease(period time.Duration) time.Duration {
+func (f *Shared) blockLease(period time.Duration) time.Duration {
 	return min(max(period/leaseShare, minBlockLease), f.Lease)
 }
 
 // leaseBlocks records that s holds a block, for the worker that ends
 // blocks whose lease ran out.
-func (f *member) leaseBlocks(s *sharedLimit) {
+func (f *Shared) leaseBlocks(s *sharedLimit) {
 	f.blocksMu.Lock()
 	f.blocks[s] = struct{}{}
 	f.blocksMu.Unlock()
@@ -129,7 +129,7 @@ func (f *member) leaseBlocks(s *sharedLimit) {
 
 // expireBlocks ends the blocks whose lease ran out and gives back what is
 // left of them, off the request's path, until ctx ends.
-func (f *member) expireBlocks(ctx context.Context) {
+func (f *Shared) expireBlocks(ctx context.Context) {
 	t := time.NewTimer(time.Hour)
 	defer t.Stop()
 	for {
@@ -151,7 +151,7 @@ func (f *member) expireBlocks(ctx context.Context) {
 // endBlocks ends the blocks whose lease ended at now (every block, with
 // all set) and queues what is left of them to be given back; it returns
 // the earliest end of the blocks still held (zero: none).
-func (f *member) endBlocks(now time.Time, all bool) time.Time {
+func (f *Shared) endBlocks(now time.Time, all bool) time.Time {
 	f.blocksMu.Lock()
 	list := make([]*sharedLimit, 0, len(f.blocks))
 	for s := range f.blocks {
@@ -230,19 +230,19 @@ return 0
 `)
 
 // emission is the rate's emission interval in ms; 0 for no rate.
-func (l limits) emission() float64 {
-	if l.rate.n <= 0 {
+func (l Spec) emission() float64 {
+	if l.Rate.N <= 0 {
 		return 0
 	}
-	return float64(l.rate.period.Milliseconds()) / l.rate.n
+	return float64(l.Rate.Period.Milliseconds()) / l.Rate.N
 }
 
 // tokensPerMs is the token limit's refill in tokens a ms; 0 for none.
-func (l limits) tokensPerMs() float64 {
-	if l.tokens.n <= 0 {
+func (l Spec) tokensPerMs() float64 {
+	if l.Tokens.N <= 0 {
 		return 0
 	}
-	return l.tokens.n / float64(l.tokens.period.Milliseconds())
+	return l.Tokens.N / float64(l.Tokens.Period.Milliseconds())
 }
 
 // maxBlockInfos bounds the blocks a node lists in its heartbeat.
@@ -250,7 +250,7 @@ const maxBlockInfos = 100
 
 // blockInfos lists the blocks this node holds, the largest errors first,
 // at most maxBlockInfos.
-func (f *member) blockInfos(now time.Time) []fleet.Block {
+func (f *Shared) blockInfos(now time.Time) []fleet.Block {
 	f.blocksMu.Lock()
 	list := make([]*sharedLimit, 0, len(f.blocks))
 	for s := range f.blocks {
@@ -286,7 +286,7 @@ func (f *member) blockInfos(now time.Time) []fleet.Block {
 }
 
 // wallTime is the wall-clock time of t, a time on the clock of now, in UTC.
-func (f *member) wallTime(now, t time.Time) time.Time {
+func (f *Shared) wallTime(now, t time.Time) time.Time {
 	return time.Now().Add(t.Sub(now)).UTC().Truncate(time.Millisecond)
 }
 
@@ -302,7 +302,7 @@ func (s *sharedLimit) endAllBlocks() {
 
 // lastLeft is what Redis last said the limits had left (not known: it was
 // never asked).
-func (s *sharedLimit) lastLeft() headroom {
+func (s *sharedLimit) lastLeft() Headroom {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.last

@@ -1,4 +1,4 @@
-package relay
+package limits
 
 import (
 	"testing"
@@ -8,13 +8,13 @@ import (
 func TestRetryBudget(t *testing.T) {
 	t0 := time.Unix(1_800_000_000, 0)
 	t.Run("ratio of requests over the window", func(t *testing.T) {
-		var b retryBudget
+		var b RetryBudget
 		for i := 0; i < 100; i++ {
-			b.request(t0)
+			b.Request(t0)
 		}
 		allowed := 0
 		for i := 0; i < 100; i++ {
-			if b.allowRetry(t0.Add(time.Second), 0.2, 0) {
+			if b.AllowRetry(t0.Add(time.Second), 0.2, 0) {
 				allowed++
 			}
 		}
@@ -23,10 +23,10 @@ func TestRetryBudget(t *testing.T) {
 		}
 	})
 	t.Run("floor per second over the window", func(t *testing.T) {
-		var b retryBudget
+		var b RetryBudget
 		allowed := 0
 		for i := 0; i < 100; i++ {
-			if b.allowRetry(t0, 0.2, 3) {
+			if b.AllowRetry(t0, 0.2, 3) {
 				allowed++
 			}
 		}
@@ -35,18 +35,18 @@ func TestRetryBudget(t *testing.T) {
 		}
 	})
 	t.Run("old seconds leave the window", func(t *testing.T) {
-		var b retryBudget
+		var b RetryBudget
 		for i := 0; i < 10; i++ {
-			b.request(t0)
+			b.Request(t0)
 		}
-		if !b.allowRetry(t0, 0.1, 0) || b.allowRetry(t0, 0.1, 0) {
+		if !b.AllowRetry(t0, 0.1, 0) || b.AllowRetry(t0, 0.1, 0) {
 			t.Fatal("10 requests at 10% allow exactly one retry")
 		}
 		later := t0.Add(budgetBuckets * time.Second)
 		for i := 0; i < 10; i++ {
-			b.request(later)
+			b.Request(later)
 		}
-		if !b.allowRetry(later, 0.1, 0) {
+		if !b.AllowRetry(later, 0.1, 0) {
 			t.Errorf("after the window slid past the old retry, a new one fits")
 		}
 	})
