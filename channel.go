@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/limits"
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
@@ -38,9 +39,9 @@ type channel struct {
 	cooldown     cooldownPolicy
 	breaker      breakerSettings
 	limits       limits.Spec
-	probe        *probe        // nil: no active probes
-	priceFactor  float64       // its price over the list price
-	spend        *spendAccount // what was spent on it, and its spend caps; nil: no cap
+	probe        *probe         // nil: no active probes
+	priceFactor  float64        // its price over the list price
+	spend        *money.Account // what was spent on it, and its spend caps; nil: no cap
 	// forwardTraceparent: its upstream requests carry the attempt's
 	// traceparent (trace.go)
 	forwardTraceparent bool

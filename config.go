@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/caddy-relay/relay/internal/limits"
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/caddyserver/caddy/v2"
 )
 
@@ -211,7 +212,7 @@ func (k *Key) check(i int, groups map[string]bool) error {
 	if strings.HasPrefix(k.Name, userStatePrefix) {
 		return errAt([]string{"name"}, "%s: a key's name may not start with %q, which names user entries", k.label(i), userStatePrefix)
 	}
-	for _, prefix := range [...]string{groupSpendPrefix, channelSpendPrefix, sessionSpendPrefix} {
+	for _, prefix := range [...]string{money.GroupPrefix, money.ChannelPrefix, sessionSpendPrefix} {
 		if strings.HasPrefix(k.Name, prefix) {
 			return errAt([]string{"name"}, "%s: a key's name may not start with %q, which names the spend of groups and channels", k.label(i), prefix)
 		}
@@ -284,7 +285,7 @@ func (o *KeyOptions) validate() error {
 	if _, err := limits.ParseRate(o.UserTokens); err != nil {
 		return errAt([]string{"user_tokens"}, "user_tokens: %v", err)
 	}
-	if _, err := parseBudgets(o.Budgets); err != nil {
+	if _, err := money.ParseBudgets(o.Budgets); err != nil {
 		return errAt([]string{"budget"}, "%v", err)
 	}
 	if o.BudgetWarn < 0 || o.BudgetWarn > 1 {
@@ -323,7 +324,7 @@ func (g *Group) validate(channels map[string]*Channel) error {
 	if g.RetryBudgetFloor != nil && *g.RetryBudgetFloor < 0 {
 		return errAt([]string{"retry_budget"}, "group %q: retry_budget_floor must not be negative", g.Name)
 	}
-	if _, err := parseBudgets(g.Budgets); err != nil {
+	if _, err := money.ParseBudgets(g.Budgets); err != nil {
 		return errAt([]string{"budget"}, "group %q: %v", g.Name, err)
 	}
 	if g.BudgetWarn < 0 || g.BudgetWarn > 1 {
@@ -525,7 +526,7 @@ func (ch *Channel) validate() error {
 	if err := checkLimits(ch.Rate, ch.Tokens, ch.Concurrency); err != nil {
 		return err
 	}
-	if _, err := parseBudgets(ch.SpendCaps); err != nil {
+	if _, err := money.ParseBudgets(ch.SpendCaps); err != nil {
 		return errAt([]string{"spend_cap"}, "spend_cap: %v", err)
 	}
 	if f := ch.PriceFactor; f != nil && (!(*f > 0) || math.IsInf(*f, 0)) {

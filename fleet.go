@@ -4,10 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"strings"
-	"sync"
 
 	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/caddy-relay/relay/internal/limits"
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/caddyserver/caddy/v2"
 )
 
@@ -40,13 +40,13 @@ type member struct {
 	// limits is the limits this relay shares with the fleet: leases,
 	// blocks of large limits, slots, and what is given back
 	limits *limits.Shared
-
-	spendMu sync.Mutex // one spend sync at a time
+	// money is the spend this relay adds to the fleet's totals and the
+	// holds of budgets it takes there (with the limits' admission)
+	money *money.Shared
 
 	publish  chan healthChange  // health changes of this node, to publish
 	signed   chan signedEntry   // signatures this node learned, to publish (fleet_signatures.go)
 	resync   chan struct{}      // asks for a sync of every shared channel's health
-	spendNow chan struct{}      // asks for a sync of the spend
 	affinity chan affinityWrite // prompt-cache affinity records, to write (affinity_fleet.go)
 }
 
@@ -78,11 +78,11 @@ func newFleet(ctx caddy.Context, s *FleetRedis) (*member, error) {
 		publish:  make(chan healthChange, 1024),
 		signed:   make(chan signedEntry, 1024),
 		resync:   make(chan struct{}, 1),
-		spendNow: make(chan struct{}, 1),
 		affinity: make(chan affinityWrite, 4096),
 	}
+	f.money = money.New(c, f.limits)
 	c.OnUp(f.resyncSoon)
-	for _, run := range []func(context.Context){c.Heartbeat, f.publishHealth, f.subscribeHealth, f.publishSignatures, f.subscribeSignatures, f.syncSpend, f.writeAffinity} {
+	for _, run := range []func(context.Context){c.Heartbeat, f.publishHealth, f.subscribeHealth, f.publishSignatures, f.subscribeSignatures, f.writeAffinity} {
 		c.Go(run)
 	}
 	return f, nil
@@ -97,7 +97,7 @@ func newFleet(ctx caddy.Context, s *FleetRedis) (*member, error) {
 // known yet.
 func (f *member) Destruct() error {
 	f.Stop()
-	f.flushSpend()
+	f.money.Flush()
 	f.limits.Flush()
 	return f.Close()
 }
@@ -108,6 +108,14 @@ func (f *member) limitsOf() *limits.Shared {
 		return nil
 	}
 	return f.limits
+}
+
+// moneyOf is the spend and holds the fleet f keeps (nil f: none).
+func (f *member) moneyOf() *money.Shared {
+	if f == nil {
+		return nil
+	}
+	return f.money
 }
 
 // Interface guards

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/limits"
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/sony/gobreaker/v2"
 )
@@ -44,8 +45,8 @@ type channelHealth struct {
 	overloadedUntil atomic.Int64
 	disabled        atomic.Bool
 	// spend is the account of the channel's spend caps in the last config
-	// that loaded it (spend_scopes.go); nil: none
-	spend atomic.Pointer[spendAccount]
+	// that loaded it (spend_config.go); nil: none
+	spend atomic.Pointer[money.Account]
 	// forcing is set while a breaker is opened because another node's
 	// opened: it trips at once, and the change is not published back
 	forcing atomic.Bool

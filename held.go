@@ -1,5 +1,7 @@
 package relay
 
+import "github.com/caddy-relay/relay/internal/money"
+
 // held is what one config took from the process-wide pools: the entries of
 // each caddy.UsagePool it holds a reference to, and the spend store. A
 // config's Provision records each thing as it takes it; its Cleanup gives
@@ -17,7 +19,7 @@ type held struct {
 	fleet      string     // the fleets entry; "": none
 	ledger     string     // the ledgers entry; "": none
 	spend      []string   // spendAccounts entries
-	spendStore bool       // it uses the spend store (spend.use)
+	spendStore bool       // it uses the spend store (money.UseStore)
 	decode     string     // the decodeBudgets entry; "": none
 	released   bool       // release ran: state taken from now on is not given back
 }
@@ -76,10 +78,10 @@ func (h *held) release(r *Relay) {
 		_, _ = ledgers.Delete(h.ledger)
 	}
 	for _, id := range h.spend {
-		_, _ = spendAccounts.Delete(id)
+		money.Drop(id)
 	}
 	if h.spendStore {
-		spend.release()
+		money.ReleaseStore()
 	}
 	if h.decode != "" {
 		_, _ = decodeBudgets.Delete(h.decode)

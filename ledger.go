@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 )
@@ -131,8 +132,8 @@ func (l *ledger) record(in *inbound, at time.Time, duration time.Duration, cost,
 		session: in.agentSession(), status: in.end.status,
 		input: in.end.usage.input, output: in.end.usage.output,
 		cacheRead: in.end.usage.cacheRead, cacheWrite: in.end.usage.cacheWrite,
-		costNano:  int64(toNano(cost)), // as the budgets' spend counts it
-		toolNano:  int64(toNano(tools)),
+		costNano:  int64(money.ToNano(cost)), // as the budgets' spend counts it
+		toolNano:  int64(money.ToNano(tools)),
 		estimated: in.end.estimated, incomplete: in.end.incomplete, estimatedPrice: in.end.estimatedPrice,
 		duration: duration, firstByte: in.end.firstByte,
 	}
@@ -165,7 +166,7 @@ const causeBatch = "batch"
 func (l *ledger) addBatch(row ledgerRow, b *batchCharge) {
 	row.cause, row.model, row.served = causeBatch, "", ""
 	if b.payer != nil {
-		row.key, row.user = b.payer.principal()
+		row.key, row.user = principalOf(b.payer)
 	}
 	if len(b.models) == 0 {
 		l.add(row)
@@ -179,14 +180,14 @@ func (l *ledger) addBatch(row ledgerRow, b *batchCharge) {
 	var prev int64
 	for i, m := range b.models {
 		sum += m.cost
-		upTo := int64(toNano(sum))
+		upTo := int64(money.ToNano(sum))
 		if i == len(b.models)-1 {
 			upTo = total
 		}
 		row.model, row.served = m.model, m.model
 		row.input, row.output, row.cacheRead, row.cacheWrite = m.usage.input, m.usage.output, m.usage.cacheRead, m.usage.cacheWrite
 		row.costNano, prev = upTo-prev, upTo
-		row.toolNano = int64(toNano(m.tools))
+		row.toolNano = int64(money.ToNano(m.tools))
 		row.estimatedPrice = m.estimated
 		if i > 0 {
 			row.id = id + "/" + m.model

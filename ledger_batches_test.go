@@ -3,6 +3,7 @@ package relay
 import (
 	"database/sql"
 	"fmt"
+	"github.com/caddy-relay/relay/internal/money"
 	"math"
 	"path/filepath"
 	"testing"
@@ -153,7 +154,7 @@ func TestLedgerBatchRowsAddUpToTheCharge(t *testing.T) {
 			t.Errorf("row %d: %+v", i, row)
 		}
 	}
-	if want := int64(toNano(in.end.cost)); sum != want {
+	if want := int64(money.ToNano(in.end.cost)); sum != want {
 		t.Errorf("the rows cost %d nano-USD, the budgets charged %d", sum, want)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/caddy-relay/relay/provider"
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
@@ -23,7 +24,7 @@ type resourceCtx struct {
 	rq     resourceRequest
 	secret []byte
 	group  *group
-	held   *batchHoldTaken // a batch create's hold of its key's budgets
+	held   *money.BatchHolds // a batch create's hold of its key's budgets
 }
 
 // servesResource reports whether ch's provider serves kind.

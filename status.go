@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fleet"
+	"github.com/caddy-relay/relay/internal/money"
 )
 
 // The status page's picture of the relay: the last requests this node
@@ -230,10 +231,10 @@ func snapshot(now time.Time, rows []recentRequest, nodes func() ([]fleet.Node, e
 		}
 		st.queue.mu.Unlock()
 		if a := st.spend.Load(); a != nil { // on its relay's clock
-			spent, caps := a.spent(time.Time{})
-			g.SpendUSD, g.HeldUSD = map[string]float64{}, a.heldUSD()
-			for p := range numPeriods {
-				if caps[p] > 0 || p == periodMonth {
+			spent, caps := a.Spent(time.Time{})
+			g.SpendUSD, g.HeldUSD = map[string]float64{}, a.HeldUSD()
+			for p := range money.NumPeriods {
+				if caps[p] > 0 || p == money.PeriodMonth {
 					g.SpendUSD[p.String()] = spent[p]
 				}
 				if caps[p] > 0 {

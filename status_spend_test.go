@@ -6,6 +6,7 @@ import (
 	"encoding/csv"
 	"encoding/json"
 	"fmt"
+	"github.com/caddy-relay/relay/internal/money"
 	"math"
 	"net/http"
 	"path/filepath"
@@ -74,7 +75,7 @@ func spendRelay(t *testing.T) {
 	l.add(ledgerRow{
 		at: time.Now().UTC().AddDate(0, 0, -2), id: "req_spend_past", key: "spend-ka", group: "spend-a",
 		channel: "spend-up", model: "claude-opus-4-5", served: "claude-opus-4-5", cause: "ok", status: 200,
-		costNano: int64(toNano(pastCost)),
+		costNano: int64(money.ToNano(pastCost)),
 	})
 	waitFor(t, "every row in the ledger", 10*time.Second, func() bool { return ledgerRows(t, db) == 6 })
 }

@@ -1,9 +1,11 @@
 package relay
 
 import (
+	"context"
 	"time"
 
 	"github.com/caddy-relay/relay/internal/limits"
+	"github.com/caddy-relay/relay/internal/money"
 )
 
 // What goes with a request's first attempt. In a fleet, a request's key's
@@ -18,11 +20,11 @@ import (
 // takeAll admits one request against the limiters of asks and its holds
 // (hs; nil: none), all or nothing (limits.TakeAll); ans says why the holds
 // were not taken.
-func takeAll(now time.Time, asks []limits.Ask, hs *holds) (refused int, scope limits.Scope, wait time.Duration, ans holdAnswer) {
+func takeAll(now time.Time, asks []limits.Ask, hs *money.Holds) (refused int, scope limits.Scope, wait time.Duration, ans money.HoldAnswer) {
 	if hs == nil {
-		return limits.TakeAll[holdAnswer](now, asks, nil)
+		return limits.TakeAll[money.HoldAnswer](now, asks, nil)
 	}
-	return limits.TakeAll[holdAnswer](now, asks, hs)
+	return limits.TakeAll[money.HoldAnswer](now, asks, hs)
 }
 
 // admitFirst admits the request's attempt on ch, and with it its key's
@@ -30,7 +32,7 @@ func takeAll(now time.Time, asks []limits.Ask, hs *holds) (refused int, scope li
 // none), all or nothing. rerr answers a request its key's or its end
 // user's limits refused; ans says why the holds were not taken; else a nil
 // ticket is the channel's refusal (scope), as admit's.
-func (r *Relay) admitFirst(in *inbound, ch *channel, now time.Time, hs *holds) (*ticket, limits.Scope, holdAnswer, *relayError) {
+func (r *Relay) admitFirst(in *inbound, ch *channel, now time.Time, hs *money.Holds) (*ticket, limits.Scope, money.HoldAnswer, *relayError) {
 	var buf [2]limits.Ask
 	riders, key, user := in.riders(buf[:0])
 	t, refused, scope, wait, ans := ch.health.admitWith(now, in.ask.estimate, riders, hs)
@@ -105,4 +107,71 @@ func (in *inbound) ridersRefused(riders []limits.Ask, key, user, refused int, sc
 		return endUserRefused(in, scope, wait)
 	}
 	return nil
+}
+
+// admitHeld admits an attempt on ch together with the request's holds
+// (and its key's and end user's limits, when they are pending), all or nothing, in
+// one round trip to the fleet when the fleet keeps them. A hold that
+// cannot fit answers the request (rerr); a hold that must wait for holds in
+// flight waits in the queue, and then the loop picks again (nil ticket,
+// scopeBudget).
+func (r *Relay) admitHeld(ctx context.Context, in *inbound, ch *channel, now time.Time, q *queued) (*ticket, limits.Scope, *relayError) {
+	hs := in.grant.holds
+	first := hs.Account(0)
+	// a newcomer does not overtake the requests of its class or better
+	// that wait on its budget (unless they are gone by the time it is in
+	// line)
+	if q.w == nil && q.g.maxQueue > 0 && q.g.state.queue.aheadOn(in.who.key.prio, first) {
+		inLine := func() bool { return q.g.state.queue.isBest(q.w) }
+		return nil, scopeBudget, r.waitForHolds(ctx, in, q, money.HoldAnswer{Verdict: money.HoldWait}, inLine)
+	}
+	// what settled since it looked: a hold that settles before it is in
+	// line wakes nobody for it
+	var freed [money.MaxHolds]uint64
+	for i := range hs.Len() {
+		freed[i] = hs.Account(i).Freed()
+	}
+	t, scope, ans, rerr := r.admitFirst(in, ch, now, hs)
+	switch {
+	case ans.Verdict == money.HoldWait && hs.Channel() != nil && hs.Account(ans.Index) == hs.Channel():
+		return nil, scopeCapBusy, nil // the channel's cap is held by others: the next channel may take it, else it waits
+	case ans.Verdict != money.HoldTaken && hs.Channel() != nil && hs.Account(ans.Index) == hs.Channel():
+		return nil, scopeCapped, nil // the channel's cap cannot take it: the next channel may
+	case ans.Verdict == money.HoldRefused:
+		return nil, limits.ScopeNone, r.budgetRefusal(in, hs.Account(ans.Index), hs.Amount(ans.Index), ans)
+	case ans.Verdict == money.HoldWait:
+		settled := func() bool { return hs.Account(ans.Index).Freed() != freed[ans.Index] }
+		return nil, scopeBudget, r.waitForHolds(ctx, in, q, ans, settled)
+	case rerr != nil:
+		return nil, scope, rerr
+	case t != nil:
+		hs.Taken = true
+	}
+	return t, scope, nil
+}
+
+// waitForHolds waits in the queue, as a request on the budget of the hold
+// that did not fit, until a hold of that account settles (or ready says
+// it did already); nil when it is to try again, else its answer.
+func (r *Relay) waitForHolds(ctx context.Context, in *inbound, q *queued, ans money.HoldAnswer, ready func() bool) *relayError {
+	a, usd := in.grant.holds.Account(ans.Index), in.grant.holds.Amount(ans.Index)
+	freeAt := time.Time{}
+	if a.InFleet() {
+		freeAt = r.now().Add(fleetHoldPoll)
+	}
+	return q.waitOn(ctx, a, freeAt, ready, func(why queueRefusal) *relayError {
+		metricRateLimited.WithLabelValues(in.who.key.name, string(scopeBudget)).Inc()
+		tail := "; its group does not queue"
+		switch why {
+		case queueWaited:
+			tail = "; it waited " + q.g.maxWait[in.who.key.prio].String() + " (max_wait of class " + in.who.key.prio.String() + ") for them to settle"
+		case queueFull:
+			tail = "; the queue is full"
+		}
+		now := a.Tightest(r.now(), usd) // as things stand when it gives up
+		if a.Session() {
+			return r.sessionBudgetRefusal(in, a, usd, now, tail)
+		}
+		return errBudgetHeld(a.Who(), now, a.CapOf(now.Period), usd, tail)
+	})
 }
