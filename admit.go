@@ -8,9 +8,14 @@ import (
 	"github.com/caddy-relay/relay/internal/money"
 )
 
+// A request's admission: the one path that gathers what a request asks of
+// the limits (internal/limits: its key's, its end user's, its channel's)
+// and of the budgets (internal/money: its holds), and has them taken
+// together, all or none.
+//
 // What goes with a request's first attempt. In a fleet, a request's key's
 // limits (its user entry's, its identity's) and its end user's are not
-// asked of Redis when the request arrives: the key's gate (enter) lets it
+// asked of Redis when the request arrives: the key's gate (Enter) lets it
 // in on what this relay knows, and both are admitted with the request's
 // first channel, its holds too, in the one round trip the request makes to
 // Redis before its first attempt (none when this node's blocks serve them

@@ -8,6 +8,12 @@ import (
 	"github.com/tidwall/gjson"
 )
 
+// A Message Batch's holds, as the relay reads them from its create: the
+// sum of its requests' worst cases, held at its create against the
+// budgets of its principal and group and the caps of the channels that
+// may make it, and settled when its results are read
+// (internal/money's hold_batches.go says how they last).
+
 // batchWorstCase is the most a batch's requests may cost, in USD: each
 // request's worst case as a message's (of its own params, its input at
 // least its hold floor when it reads from outside them, a floor that no

@@ -10,6 +10,14 @@ import (
 	"github.com/caddy-relay/relay/internal/money"
 )
 
+// A request's holds, as the relay reads them from the request. A message
+// to which a budget applies holds its worst case against each budget from
+// its first admitted attempt (admit.go) to its end, and its hold of a
+// channel's spend cap moves with its attempts; the holds themselves, what
+// they wait for and what they cost when they settle, are internal/money's.
+// What reads the request stays here: its worst case, its plan of holds,
+// their settle at its cost, and the answers it gets.
+
 // worstCase is the most a message may cost, in USD: its input estimate
 // (every prompt token at the dearest of the input, cache read and cache
 // write prices, at the long-prompt tier when the estimate may reach it)

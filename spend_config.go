@@ -14,6 +14,11 @@ import (
 	"go.uber.org/zap"
 )
 
+// The spend accounts a config takes (internal/money keeps them, by id,
+// across reloads): its groups' and its capped channels', with what their
+// config says of their budgets; the relay's answers to a request a budget
+// or a cap refuses; an operator's reset of a key's spend.
+
 // principalOf names the key's or identity's account a as the ledger does:
 // the key's (or user entry's) name, and the identity ("" for a relay key).
 func principalOf(a *money.Account) (key, user string) {
