@@ -12,6 +12,7 @@ import (
 
 	"github.com/caddy-relay/relay/internal/ledger"
 	"github.com/caddy-relay/relay/internal/limits"
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 )
@@ -156,9 +157,9 @@ func (adminAPI) keys(w http.ResponseWriter, r *http.Request) error {
 // resetSpend answers POST /relay/keys/<name>/spend/reset: what the key or
 // user entry of that name (as GET /relay/keys shows it) spent in its
 // current periods, or in the one given as ?period=, goes to zero
-// (spend_reset.go). The answer is its row of GET /relay/keys.
+// (internal/money's spend_reset.go). The answer is its row of GET /relay/keys.
 func (adminAPI) resetSpend(w http.ResponseWriter, r *http.Request) error {
-	periods, err := resetPeriods(r.URL.Query()["period"])
+	periods, err := money.ResetPeriods(r.URL.Query()["period"])
 	if err != nil {
 		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
 	}
@@ -282,14 +283,14 @@ func (h *channelHealth) status(name string, now time.Time) channelStatus {
 		}
 	}
 	if a := h.spend.Load(); a != nil { // on its relay's clock
-		spent, caps := a.spent(time.Time{})
+		spent, caps := a.Spent(time.Time{})
 		st.SpendUSD, st.SpendCapUSD = map[string]float64{}, map[string]float64{}
-		for p := range numPeriods {
+		for p := range money.NumPeriods {
 			if caps[p] > 0 {
 				st.SpendUSD[p.String()], st.SpendCapUSD[p.String()] = spent[p], caps[p]
 			}
 		}
-		if capped, until := a.capped(time.Time{}); capped {
+		if capped, until := a.Capped(time.Time{}); capped {
 			st.CappedUntil = &until
 			if st.State == stateHealthy {
 				st.State = stateCapped
@@ -401,7 +402,7 @@ func (k *key) status(now time.Time) keyStatus {
 		st.Expires = &at
 	}
 	var limits *limits.Limiter
-	var account *spendAccount
+	var account *money.Account
 	if k.active.Load() {
 		if k.limits == nil || k.state.spend == nil {
 			return st // user *: each identity has its own limits and spend
@@ -414,11 +415,11 @@ func (k *key) status(now time.Time) keyStatus {
 	if k.active.Load() || k.relay.fleet == nil {
 		st.Limits.RateRemaining, st.Limits.TokensRemaining = limits.Remaining(now)
 	} // else what is left is the fleet's, not shown, as for a key in use
-	spent, caps := account.spent(now)
-	st.HeldUSD = account.heldUSD()
+	spent, caps := account.Spent(now)
+	st.HeldUSD = account.HeldUSD()
 	st.SpendUSD = map[string]float64{}
-	for p := range numPeriods {
-		if p == periodTotal && caps[p] <= 0 {
+	for p := range money.NumPeriods {
+		if p == money.PeriodTotal && caps[p] <= 0 {
 			continue // counted only with a total budget
 		}
 		st.SpendUSD[p.String()] = spent[p]
@@ -426,19 +427,19 @@ func (k *key) status(now time.Time) keyStatus {
 			if st.BudgetUSD == nil {
 				st.BudgetUSD, st.RemainingUSD = map[string]float64{}, map[string]float64{}
 			}
-			st.BudgetUSD[p.String()], st.RemainingUSD[p.String()] = caps[p], max(0, (toNano(caps[p])-toNano(spent[p])).usd())
+			st.BudgetUSD[p.String()], st.RemainingUSD[p.String()] = caps[p], max(0, (money.ToNano(caps[p])-money.ToNano(spent[p])).USD())
 		}
 	}
-	output, price := account.estimates(now)
-	if output != [numPeriods]float64{} {
+	output, price := account.Estimates(now)
+	if output != [money.NumPeriods]float64{} {
 		st.EstimatedUSD = map[string]float64{}
-		for p := range numPeriods {
+		for p := range money.NumPeriods {
 			st.EstimatedUSD[p.String()] = output[p]
 		}
 	}
-	if price != [numPeriods]float64{} {
+	if price != [money.NumPeriods]float64{} {
 		st.EstimatedPriceUSD = map[string]float64{}
-		for p := range numPeriods {
+		for p := range money.NumPeriods {
 			st.EstimatedPriceUSD[p.String()] = price[p]
 		}
 	}
@@ -448,11 +449,11 @@ func (k *key) status(now time.Time) keyStatus {
 // dormant is the state a key that has served no request yet would take:
 // its limits untouched, and what it spent before, as stored. (A key with
 // budgets takes its state when its config loads.)
-func (k *key) dormant(now time.Time) (*limits.Limiter, *spendAccount) {
+func (k *key) dormant(now time.Time) (*limits.Limiter, *money.Account) {
 	lim, _ := limits.Parse(k.opts.Rate, k.opts.Tokens, k.opts.Concurrency) // validated already
 	l := new(limits.Limiter)
 	l.Configure(lim, now)
-	return l, spend.stored(k.stateID)
+	return l, money.Stored(k.stateID)
 }
 
 // usage answers GET /relay/usage from the ledger: {"rows": [...]}, or CSV

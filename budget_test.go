@@ -13,41 +13,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/certmagic"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
-	"github.com/caddy-relay/relay/internal/redistest"
+	"github.com/caddy-relay/relay/internal/money"
 )
-
-func TestBudgetParsing(t *testing.T) {
-	for in, want := range map[string]budget{
-		"200usd/month": {200, periodMonth},
-		"0.5USD/day":   {0.5, periodDay},
-		"10usd/week":   {10, periodWeek},
-		"200usd/total": {200, periodTotal},
-	} {
-		if got, err := parseBudget(in); err != nil || got != want {
-			t.Errorf("%q: %+v %v, want %+v", in, got, err, want)
-		}
-	}
-	for _, bad := range []string{"200/month", "200usd", "usd/month", "-1usd/day", "0usd/day", "5usd/year", "5eur/month", "NaNusd/day"} {
-		if _, err := parseBudget(bad); err == nil {
-			t.Errorf("%q should not parse", bad)
-		}
-	}
-	if _, err := parseBudgets([]string{"1usd/day", "2usd/day"}); err == nil || !strings.Contains(err.Error(), "two daily budgets") {
-		t.Errorf("two budgets for one period: %v", err)
-	}
-	if _, err := parseBudgets([]string{"1usd/total", "2usd/total"}); err == nil || !strings.Contains(err.Error(), "two lifetime budgets") {
-		t.Errorf("two total budgets: %v", err)
-	}
-	if _, err := parseBudgets([]string{"1usd/day", "5usd/week", "20usd/month", "100usd/total"}); err != nil {
-		t.Errorf("a budget for every period: %v", err)
-	}
-}
 
 // TestABadBudgetPeriodListsThePeriods reads a Caddyfile whose budget has a
 // period the relay does not know: its error says which it does, total
@@ -56,47 +28,6 @@ func TestABadBudgetPeriodListsThePeriods(t *testing.T) {
 	_, err := parseRelay(t, "relay {\n\tkey sk-client-secret-0123456789 prod {\n\t\tbudget 5usd/year\n\t}\n\tchannel a {\n\t\tapi_key {env.A}\n\t}\n\tgroup prod {\n\t\tchannels a\n\t}\n}\n")
 	if err == nil || !strings.Contains(err.Error(), "day, week or month") || !strings.Contains(err.Error(), "or total") {
 		t.Errorf("budget 5usd/year: %v, want an error listing day, week, month and total", err)
-	}
-}
-
-func TestTheTotalPeriodNeverEnds(t *testing.T) {
-	for _, at := range []time.Time{time.Date(2026, time.November, 29, 22, 30, 0, 0, time.UTC), time.Date(2199, time.January, 1, 0, 0, 0, 0, time.UTC)} {
-		s := periodTotal.start(at)
-		if !s.Equal(time.Unix(0, 0)) || s.IsZero() {
-			t.Errorf("at %v the total starts %v, want the Unix epoch", at, s)
-		}
-		if end := periodTotal.end(s); end.Year() != 9999 {
-			t.Errorf("the total ends %v, want in year 9999", end)
-		}
-	}
-	if periodTotal.renews() || !periodMonth.renews() {
-		t.Error("a total must not renew, a month must")
-	}
-}
-
-func TestBudgetPeriodsAreCalendarPeriodsInUTC(t *testing.T) {
-	// a Sunday evening in UTC, Monday already in Tokyo
-	at := time.Date(2026, time.November, 29, 22, 30, 0, 0, time.UTC).In(time.FixedZone("JST", 9*3600))
-	for _, c := range []struct {
-		p          budgetPeriod
-		start, end string
-	}{
-		{periodDay, "2026-11-29T00:00:00Z", "2026-11-30T00:00:00Z"},
-		{periodWeek, "2026-11-23T00:00:00Z", "2026-11-30T00:00:00Z"},
-		{periodMonth, "2026-11-01T00:00:00Z", "2026-12-01T00:00:00Z"},
-	} {
-		s := c.p.start(at)
-		if got := s.Format(time.RFC3339); got != c.start {
-			t.Errorf("%s starts %s, want %s", c.p, got, c.start)
-		}
-		if got := c.p.end(s).Format(time.RFC3339); got != c.end {
-			t.Errorf("%s ends %s, want %s", c.p, got, c.end)
-		}
-	}
-	// a month of 31 days, and December into January
-	dec := periodMonth.start(time.Date(2026, time.December, 31, 23, 59, 59, 0, time.UTC))
-	if got := periodMonth.end(dec).Format(time.RFC3339); got != "2027-01-01T00:00:00Z" {
-		t.Errorf("December ends %s", got)
 	}
 }
 
@@ -305,82 +236,6 @@ func TestDollarsKeepSignificantDigits(t *testing.T) {
 	}
 }
 
-func TestSpendIsSharedByAFleet(t *testing.T) {
-	srv := redistest.Start(t)
-	now := time.Now()
-	// two relays' accounts of one key
-	a, b := &spendAccount{id: "shared-spend"}, &spendAccount{id: "shared-spend"}
-	caps := [numPeriods]float64{periodDay: 1}
-	a.configure(caps, 0, "shared-spend", discardLogger(), nil)
-	b.configure(caps, 0, "shared-spend", discardLogger(), nil)
-	fa, fb := testFleet(t, srv.Addr, "spend:", 0), testFleet(t, srv.Addr, "spend:", 0)
-	a.fleet.Store(fa)
-	b.fleet.Store(fb)
-	spendAccounts.LoadOrStore("test-a", a)
-	spendAccounts.LoadOrStore("test-b", b)
-	t.Cleanup(func() { spendAccounts.Delete("test-a"); spendAccounts.Delete("test-b") })
-
-	a.charge(now, 0.6, discardLogger())
-	b.charge(now, 0.3, discardLogger())
-	fa.flushSpend()
-	fb.flushSpend()
-	fa.flushSpend()
-	for name, acc := range map[string]*spendAccount{"a": a, "b": b} {
-		if usd, _ := acc.spent(now); usd[periodDay] < 0.899 || usd[periodDay] > 0.901 {
-			t.Errorf("relay %s sees %v spent today, want the fleet's 0.90", name, usd[periodDay])
-		}
-	}
-	// each relay's next charge goes over the fleet's budget
-	b.charge(now, 0.2, discardLogger())
-	fb.flushSpend()
-	fa.flushSpend()
-	if err := a.check(now, 0); err == nil || err.code != "budget_exceeded" {
-		t.Errorf("relay a after the fleet spent 1.10 of 1: %v", err)
-	}
-	got, err := srv.Command("GET", "spend:{s:shared-spend}:day:"+periodDay.start(now).Format("20060102"))
-	if n, _ := strconv.ParseInt(got, 10, 64); err != nil || n != 1_100_000_000 {
-		t.Errorf("the day's total in Redis: %q %v, want 1100000000 billionths of a dollar", got, err)
-	}
-}
-
-// TestAFleetKeepsTotals shares a key's lifetime budget between two relays
-// on a real Redis: the fleet's total is one counter, since the epoch, that
-// Redis keeps (its expiry is in year 9999), and it refuses both relays.
-func TestAFleetKeepsTotals(t *testing.T) {
-	srv := redistest.Start(t)
-	now := time.Now()
-	a, b := &spendAccount{id: "shared-total"}, &spendAccount{id: "shared-total"}
-	caps := [numPeriods]float64{periodTotal: 1}
-	a.configure(caps, 0, "shared-total", discardLogger(), nil)
-	b.configure(caps, 0, "shared-total", discardLogger(), nil)
-	fa, fb := testFleet(t, srv.Addr, "total:", 0), testFleet(t, srv.Addr, "total:", 0)
-	a.fleet.Store(fa)
-	b.fleet.Store(fb)
-	spendAccounts.LoadOrStore("test-total-a", a)
-	spendAccounts.LoadOrStore("test-total-b", b)
-	t.Cleanup(func() { spendAccounts.Delete("test-total-a"); spendAccounts.Delete("test-total-b") })
-
-	a.charge(now, 0.6, discardLogger())
-	b.charge(now, 0.5, discardLogger())
-	fa.flushSpend()
-	fb.flushSpend()
-	fa.flushSpend()
-	for name, acc := range map[string]*spendAccount{"a": a, "b": b} {
-		if err := acc.check(now, 0); err == nil || !strings.Contains(err.msg, "never renews") || err.retryAfter != 0 {
-			t.Errorf("relay %s after the fleet spent 1.10 of its total 1: %+v", name, err)
-		}
-	}
-	k := "total:{s:shared-total}:total:19700101"
-	got, err := srv.Command("GET", k)
-	if n, _ := strconv.ParseInt(got, 10, 64); err != nil || n != 1_100_000_000 {
-		t.Errorf("the total in Redis: %q %v, want 1100000000 billionths of a dollar", got, err)
-	}
-	ttl, err := srv.Command("PTTL", k)
-	if ms, _ := strconv.ParseInt(strings.TrimPrefix(ttl, ":"), 10, 64); err != nil || ms < (100*365*24*time.Hour).Milliseconds() {
-		t.Errorf("the total's PTTL in Redis is %q (%v), want it kept for ever", ttl, err)
-	}
-}
-
 // TestBudgetAlertsOnRealSpend spends two keys' budgets through the relay,
 // one to its warning share and one whole, hands what the relay exports to
 // promtool, and evaluates the shipped budget alerts on it: each fires for
@@ -470,9 +325,7 @@ func TestBudgetsOfUserStarAreEachIdentitys(t *testing.T) {
 func TestAnIdleIdentityKeepsItsSpend(t *testing.T) {
 	r, clock, body := userStarBudget(t, "bidle")
 	held := func(stateID string) bool {
-		held := false
-		spendAccounts.Range(func(k, _ any) bool { held = held || k == stateID; return true })
-		return held
+		return money.Refs(stateID) > 0
 	}
 	if w, _, _ := serveAs(t, r, "dave-bidle", "", body); w.Code != 200 { // $0.20 of $0.30
 		t.Fatalf("dave: %d %s", w.Code, w.Body)
@@ -488,50 +341,5 @@ func TestAnIdleIdentityKeepsItsSpend(t *testing.T) {
 		if w, _, _ := serveAs(t, r, "dave-bidle", "", body); w.Code != want {
 			t.Fatalf("dave's request %d after his pause: %d, want %d: %s", i+1, w.Code, want, w.Body)
 		}
-	}
-}
-
-// TestTheStoreKeepsATotalForever writes the records of two keys gone for
-// years: the one with a total is kept, and comes back with it; the one
-// whose periods all ended is dropped.
-func TestTheStoreKeepsATotalForever(t *testing.T) {
-	storage := &certmagic.FileStorage{Path: t.TempDir()}
-	longAgo := time.Date(2020, time.January, 6, 0, 0, 0, 0, time.UTC)
-	s := &spendStore{storage: storage, logger: discardLogger(), saved: map[string]spendRecord{
-		"store-total-kept": {
-			"day":   {Start: longAgo, NanoUSD: 1e9},
-			"month": {Start: longAgo, NanoUSD: 3e9},
-			"total": {Start: totalStart, NanoUSD: 7e9},
-		},
-		"store-total-none": {"day": {Start: longAgo, NanoUSD: 1e9}},
-	}}
-	s.save()
-	again := &spendStore{storage: storage, logger: discardLogger(), saved: map[string]spendRecord{}}
-	again.load()
-	if _, ok := again.saved["store-total-none"]; ok {
-		t.Error("a record whose periods all ended years ago was kept")
-	}
-	usd, _ := again.stored("store-total-kept").spent(time.Now())
-	if usd[periodTotal] != 7 || usd[periodDay] != 0 || usd[periodMonth] != 0 {
-		t.Errorf("the stored key's spend: %v; want $7 in total, and nothing in the current periods", usd)
-	}
-
-	// a record of today's spend, written before there were totals, of a
-	// key given a total budget: the account begins its total at once,
-	// though its day goes on
-	now := time.Now()
-	again.saved["store-total-before"] = spendRecord{"day": {Start: periodDay.start(now), NanoUSD: 2e9}}
-	a := again.stored("store-total-before")
-	a.configure([numPeriods]float64{periodTotal: 100}, 0, "store-total-before", discardLogger(), nil)
-	a.charge(now, 1, discardLogger())
-	if rec := a.record(); rec["total"].Start != totalStart || rec["total"].NanoUSD != 1e9 || rec["day"].NanoUSD != 3e9 {
-		t.Errorf("an account stored before there were totals, after a charge of $1: %+v", rec)
-	}
-	// an account without a total budget counts no total: its record is
-	// dropped once its periods end
-	b := again.stored("store-total-unbudgeted")
-	b.charge(now, 1, discardLogger())
-	if rec := b.record(); rec["total"].NanoUSD != 0 || rec["day"].NanoUSD != 1e9 {
-		t.Errorf("an account without a total budget, after a charge of $1: %+v", rec)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/caddy-relay/relay/internal/features"
 	"github.com/caddy-relay/relay/internal/health"
 	"github.com/caddy-relay/relay/internal/limits"
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/caddy-relay/relay/internal/upstreamconn"
 	"github.com/caddy-relay/relay/provider"
 	"github.com/caddyserver/caddy/v2"
@@ -42,9 +43,9 @@ type channel struct {
 	cooldown     health.CooldownPolicy
 	breaker      health.BreakerSettings
 	limits       limits.Spec
-	probe        *probe        // nil: no active probes
-	priceFactor  float64       // its price over the list price
-	spend        *spendAccount // what was spent on it, and its spend caps; nil: no cap
+	probe        *probe         // nil: no active probes
+	priceFactor  float64        // its price over the list price
+	spend        *money.Account // what was spent on it, and its spend caps; nil: no cap
 	// forwardTraceparent: its upstream requests carry the attempt's
 	// traceparent (trace.go)
 	forwardTraceparent bool

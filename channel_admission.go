@@ -5,6 +5,7 @@ import (
 
 	"github.com/caddy-relay/relay/internal/health"
 	"github.com/caddy-relay/relay/internal/limits"
+	"github.com/caddy-relay/relay/internal/money"
 )
 
 // ticket is one admitted attempt on a channel: what its limits granted and
@@ -42,7 +43,7 @@ func (h *channelHealth) admit(now time.Time, estimate int64) (*ticket, limits.Sc
 // refused is the rider whose limits refused (-1: none; else a refusal is
 // the channel's, as admit's); ans says why the holds were not taken. An
 // admitted rider's g is what its limits admitted.
-func (h *channelHealth) admitWith(now time.Time, estimate int64, riders []limits.Ask, hs *holds) (t *ticket, refused int, scope limits.Scope, wait time.Duration, ans holdAnswer) {
+func (h *channelHealth) admitWith(now time.Time, estimate int64, riders []limits.Ask, hs *money.Holds) (t *ticket, refused int, scope limits.Scope, wait time.Duration, ans money.HoldAnswer) {
 	var buf [4]limits.Ask
 	asks := append(buf[:0], riders...)
 	asks = append(asks, limits.Ask{Limiter: &h.limits, Estimate: estimate})
@@ -51,7 +52,7 @@ func (h *channelHealth) admitWith(now time.Time, estimate int64, riders []limits
 	if scope == limits.ScopeFleetDown {
 		return nil, -1, scope, 0, ans
 	}
-	if refused >= 0 || ans.verdict != holdTaken {
+	if refused >= 0 || ans.Verdict != money.HoldTaken {
 		if refused == len(riders) { // the channel's own
 			refused = -1
 		}
@@ -62,11 +63,11 @@ func (h *channelHealth) admitWith(now time.Time, estimate int64, riders []limits
 		limits.GiveBack(now, asks)
 		copy(riders, asks)
 		if hs != nil {
-			hs.unreserve()
+			hs.Unreserve()
 		}
-		return nil, -1, limits.ScopeNone, 0, holdAnswer{}
+		return nil, -1, limits.ScopeNone, 0, money.HoldAnswer{}
 	}
-	return &ticket{h: h, attempt: a, grant: asks[len(riders)].Grant}, -1, limits.ScopeNone, 0, holdAnswer{}
+	return &ticket{h: h, attempt: a, grant: asks[len(riders)].Grant}, -1, limits.ScopeNone, 0, money.HoldAnswer{}
 }
 
 // finish records the verdict of the attempt: limits, then the channel's

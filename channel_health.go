@@ -3,6 +3,7 @@ package relay
 import (
 	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/caddy-relay/relay/internal/limits"
+	"github.com/caddy-relay/relay/internal/money"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -37,7 +38,7 @@ type channelHealth struct {
 
 	// spend is the account of the channel's spend caps in the last config
 	// that loaded it (spend_scopes.go); nil: none
-	spend atomic.Pointer[spendAccount]
+	spend atomic.Pointer[money.Account]
 	// fleet is the fleet the channel's health and limits are shared with;
 	// nil: none
 	fleet atomic.Pointer[member]

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/caddy-relay/relay/internal/features"
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/caddy-relay/relay/internal/signatures"
 )
 
@@ -35,7 +36,7 @@ func (g *Group) validate(channels map[string]*Channel) error {
 	if g.RetryBudgetFloor != nil && *g.RetryBudgetFloor < 0 {
 		return errAt([]string{"retry_budget"}, "group %q: retry_budget_floor must not be negative", g.Name)
 	}
-	if _, err := parseBudgets(g.Budgets); err != nil {
+	if _, err := money.ParseBudgets(g.Budgets); err != nil {
 		return errAt([]string{"budget"}, "group %q: %v", g.Name, err)
 	}
 	if g.BudgetWarn < 0 || g.BudgetWarn > 1 {
@@ -133,7 +134,7 @@ func (ch *Channel) validate() error {
 	if err := checkLimits(ch.Rate, ch.Tokens, ch.Concurrency); err != nil {
 		return err
 	}
-	if _, err := parseBudgets(ch.SpendCaps); err != nil {
+	if _, err := money.ParseBudgets(ch.SpendCaps); err != nil {
 		return errAt([]string{"spend_cap"}, "spend_cap: %v", err)
 	}
 	if f := ch.PriceFactor; f != nil && (!(*f > 0) || math.IsInf(*f, 0)) {

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/caddy-relay/relay/internal/limits"
+	"github.com/caddy-relay/relay/internal/money"
 )
 
 // validateConfig checks what can be checked without resolving secrets. The
@@ -105,7 +106,7 @@ func (k *Key) check(i int, groups map[string]bool) error {
 	if strings.HasPrefix(k.Name, userStatePrefix) {
 		return errAt([]string{"name"}, "%s: a key's name may not start with %q, which names user entries", k.label(i), userStatePrefix)
 	}
-	for _, prefix := range [...]string{groupSpendPrefix, channelSpendPrefix, sessionSpendPrefix} {
+	for _, prefix := range [...]string{money.GroupPrefix, money.ChannelPrefix, sessionSpendPrefix} {
 		if strings.HasPrefix(k.Name, prefix) {
 			return errAt([]string{"name"}, "%s: a key's name may not start with %q, which names the spend of groups and channels", k.label(i), prefix)
 		}
@@ -178,7 +179,7 @@ func (o *KeyOptions) validate() error {
 	if _, err := limits.ParseRate(o.UserTokens); err != nil {
 		return errAt([]string{"user_tokens"}, "user_tokens: %v", err)
 	}
-	if _, err := parseBudgets(o.Budgets); err != nil {
+	if _, err := money.ParseBudgets(o.Budgets); err != nil {
 		return errAt([]string{"budget"}, "%v", err)
 	}
 	if o.BudgetWarn < 0 || o.BudgetWarn > 1 {

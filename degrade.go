@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/caddy-relay/relay/internal/money"
 )
 
 // Degrade before refusing. A budget that nears its end need not stop a
@@ -136,97 +138,24 @@ type degraded struct {
 	model   string // the model it is served as in place of the one asked; "" none
 }
 
-// budgetRoom is one budget as a request sees it: what it is, what was
-// spent in its period and what the requests in flight hold against it.
-type budgetRoom struct {
-	a                  *spendAccount
-	period             budgetPeriod
-	limit, spent, held nanoUSD
-	start              time.Time // of its period
-	known              bool      // a budget applies
-}
-
-// left is what remains of the budget once the holds in flight cost what
-// they hold: never below zero.
-func (b budgetRoom) left() nanoUSD { return max(0, b.limit-b.spent-b.held) }
-
-// percent is the share of the budget spent and held, in percent, from 0
-// (exact for whole shares of whole amounts: $8 of $10 is 80).
-func (b budgetRoom) percent() float64 {
-	if b.limit <= 0 {
-		return 0
-	}
-	return float64(b.spent+b.held) * 100 / float64(b.limit)
-}
-
-// tighter reports whether b leaves less than c (or as little, and is
-// spent where c is not, or is more used): the tightest budget is the one
-// with the least left, and a spent one when any is.
-func (b budgetRoom) tighter(c budgetRoom) bool {
-	if !c.known {
-		return b.known
-	}
-	if !b.known {
-		return false
-	}
-	if bl, cl := b.left(), c.left(); bl != cl {
-		return bl < cl
-	}
-	if bs, cs := b.spent >= b.limit, c.spent >= c.limit; bs != cs {
-		return bs
-	}
-	return b.percent() > c.percent()
-}
-
-// rooms calls each with every budget of the account at now.
-func (a *spendAccount) rooms(now time.Time, each func(budgetRoom)) {
-	a.mu.Lock()
-	a.roll(now)
-	held := a.heldLocked()
-	var rs [numPeriods]budgetRoom
-	n := 0
-	for p := range numPeriods {
-		if limit := a.caps[p]; limit > 0 {
-			rs[n] = budgetRoom{a: a, period: p, limit: limit, spent: a.periods[p].usd, held: held, start: a.periods[p].start, known: true}
-			n++
-		}
-	}
-	a.mu.Unlock()
-	for _, r := range rs[:n] {
-		each(r)
-	}
-}
-
 // budgetAccounts are the accounts whose budgets apply to a request of
 // in: its principal's, its group's and, once its session was admitted,
 // its session's, those with a budget.
-func (in *inbound) budgetAccounts() (accts [3]*spendAccount, n int) {
+func (in *inbound) budgetAccounts() (accts [3]*money.Account, n int) {
 	if in.who.key == nil || in.who.state == nil {
 		return accts, 0
 	}
-	return budgeted(in.who.state.spend, in.group().spend, in.grant.session.budgetAccount())
-}
-
-// budgeted are those of the principal's, the group's and the session's
-// accounts (each may be nil) that have a budget.
-func budgeted(principal, group, session *spendAccount) (accts [3]*spendAccount, n int) {
-	for _, a := range [3]*spendAccount{principal, group, session} {
-		if a != nil && a.budgeted.Load() {
-			accts[n] = a
-			n++
-		}
-	}
-	return accts, n
+	return money.Budgeted(in.who.state.spend, in.group().spend, in.grant.session.budgetAccount())
 }
 
 // tightestBudget is the budget with the least left of those that apply to
 // in, at now; known is false when none does.
-func (in *inbound) tightestBudget(now time.Time) budgetRoom {
+func (in *inbound) tightestBudget(now time.Time) money.Room {
 	accts, n := in.budgetAccounts()
-	var t budgetRoom
+	var t money.Room
 	for _, a := range accts[:n] {
-		a.rooms(now, func(b budgetRoom) {
-			if b.tighter(t) {
+		a.Rooms(now, func(b money.Room) {
+			if b.Tighter(t) {
 				t = b
 			}
 		})
@@ -239,11 +168,11 @@ func (in *inbound) tightestBudget(now time.Time) budgetRoom {
 // reached when the group serves it ("" for none). degrade and the usage
 // answer both read it, so the answer never names a model a request would
 // not be sent to (a request also needs the model to cost it less).
-func (in *inbound) degradeAt(steps []degradeRule, t budgetRoom) (cheaper bool, model string) {
-	if !t.known || t.spent >= t.limit {
+func (in *inbound) degradeAt(steps []degradeRule, t money.Room) (cheaper bool, model string) {
+	if !t.Known || t.Spent >= t.Limit {
 		return false, ""
 	}
-	used := t.percent()
+	used := t.Percent()
 	for _, s := range steps {
 		if used < s.percent {
 			break
@@ -283,7 +212,7 @@ func (r *Relay) degrade(in *inbound) {
 		return
 	}
 	t := in.tightestBudget(r.now())
-	if !t.known || t.spent >= t.limit {
+	if !t.Known || t.Spent >= t.Limit {
 		return
 	}
 	cheaper, model := in.degradeAt(steps, t)
@@ -332,20 +261,20 @@ func (in *inbound) budgetHeader(h http.Header) {
 	if _, n := in.budgetAccounts(); n == 0 {
 		return
 	}
-	if t := in.tightestBudget(in.who.key.relay.now()); t.known {
-		h[headerBudgetRemaining] = []string{formatUSD(t.left())}
+	if t := in.tightestBudget(in.who.key.relay.now()); t.Known {
+		h[headerBudgetRemaining] = []string{formatUSD(t.Left())}
 	}
 }
 
 // formatUSD writes n as a plain decimal number of US dollars, exactly (to
 // the billionth), without trailing zeros: 12, 0.75, 0.000001.
-func formatUSD(n nanoUSD) string {
+func formatUSD(n money.NanoUSD) string {
 	var b [32]byte
 	return string(appendUSD(b[:0], n))
 }
 
 // appendUSD appends formatUSD(n) to b.
-func appendUSD(b []byte, n nanoUSD) []byte {
+func appendUSD(b []byte, n money.NanoUSD) []byte {
 	if n < 0 {
 		b, n = append(b, '-'), -n
 	}
@@ -368,7 +297,7 @@ func (k *key) checkDegrade(who string) error {
 	if len(steps) == 0 {
 		return nil
 	}
-	if len(k.opts.Budgets) == 0 && !k.group.spend.budgeted.Load() {
+	if len(k.opts.Budgets) == 0 && !k.group.spend.Budgeted() {
 		return fmt.Errorf("%s: budget_degrade needs a budget to degrade by, and neither it nor group %q has one: give it a budget", who, k.group.name)
 	}
 	return checkDegradeModels(steps, k.group, who)

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/caddyserver/caddy/v2"
 	"go.yaml.in/yaml/v3"
 )
@@ -138,9 +139,9 @@ func TestBudgetDegradeNeedsWhatItNames(t *testing.T) {
 }
 
 func TestRemainingIsAPlainExactDecimal(t *testing.T) {
-	for n, want := range map[nanoUSD]string{
+	for n, want := range map[money.NanoUSD]string{
 		0: "0", 1: "0.000000001", 5e8: "0.5", 12e9: "12", 4_800_000_000: "4.8", 2_980_000_000: "2.98",
-		123_456_789_012: "123.456789012", toNano(0.1) + toNano(0.2): "0.3", -25e7: "-0.25",
+		123_456_789_012: "123.456789012", money.ToNano(0.1) + money.ToNano(0.2): "0.3", -25e7: "-0.25",
 	} {
 		if got := formatUSD(n); got != want {
 			t.Errorf("formatUSD(%d) = %q, want %q", n, got, want)
@@ -149,27 +150,27 @@ func TestRemainingIsAPlainExactDecimal(t *testing.T) {
 }
 
 func TestTheTightestBudgetIsTheOneWithTheLeastLeft(t *testing.T) {
-	day := budgetRoom{known: true, period: periodDay, limit: 10e9, spent: 9e9}             // $1 left, 90%
-	month := budgetRoom{known: true, period: periodMonth, limit: 1000e9, spent: 500e9}     // $500 left, 50%
-	group := budgetRoom{known: true, period: periodDay, limit: 2e9, spent: 5e8, held: 5e8} // $1 left, 50%
-	if !day.tighter(month) || month.tighter(day) {
+	day := money.Room{Known: true, Period: money.PeriodDay, Limit: 10e9, Spent: 9e9}             // $1 left, 90%
+	month := money.Room{Known: true, Period: money.PeriodMonth, Limit: 1000e9, Spent: 500e9}     // $500 left, 50%
+	group := money.Room{Known: true, Period: money.PeriodDay, Limit: 2e9, Spent: 5e8, Held: 5e8} // $1 left, 50%
+	if !day.Tighter(month) || month.Tighter(day) {
 		t.Error("$1 left is tighter than $500")
 	}
-	if !day.tighter(group) || group.tighter(day) {
+	if !day.Tighter(group) || group.Tighter(day) {
 		t.Error("with as much left, the more used budget is the tighter")
 	}
-	if !month.tighter(budgetRoom{}) || (budgetRoom{}).tighter(month) {
+	if !month.Tighter(money.Room{}) || (money.Room{}).Tighter(month) {
 		t.Error("a budget is tighter than none")
 	}
-	if p := group.percent(); p != 50 || group.left() != 1e9 {
-		t.Errorf("spent $0.50 and held $0.50 of $2: %v%% used, %d left", p, group.left())
+	if p := group.Percent(); p != 50 || group.Left() != 1e9 {
+		t.Errorf("spent $0.50 and held $0.50 of $2: %v%% used, %d left", p, group.Left())
 	}
-	over := budgetRoom{known: true, limit: 1e9, spent: 9e8, held: 5e8}
-	if over.left() != 0 || over.percent() != 140 {
-		t.Errorf("held past the budget: %d left, %v%%; want 0 and 140", over.left(), over.percent())
+	over := money.Room{Known: true, Limit: 1e9, Spent: 9e8, Held: 5e8}
+	if over.Left() != 0 || over.Percent() != 140 {
+		t.Errorf("held past the budget: %d left, %v%%; want 0 and 140", over.Left(), over.Percent())
 	}
-	spent := budgetRoom{known: true, limit: 1e9, spent: 1e9}
-	if !spent.tighter(over) || over.tighter(spent) {
+	spent := money.Room{Known: true, Limit: 1e9, Spent: 1e9}
+	if !spent.Tighter(over) || over.Tighter(spent) {
 		t.Error("with nothing left in either, the spent budget is the tighter, however much the other holds")
 	}
 }
@@ -206,7 +207,7 @@ func BenchmarkBudgetHeader(b *testing.B) {
 		keys[k.name] = k
 	}
 	budgeted, plain := keys["bench-k0"], keys["bench-k1"]
-	budgeted.state.spend.configure([numPeriods]float64{periodDay: 10, periodMonth: 100}, 0, budgeted.name, discardLogger(), nil)
+	budgeted.state.spend.Configure([money.NumPeriods]float64{money.PeriodDay: 10, money.PeriodMonth: 100}, 0, budgeted.name, discardLogger(), nil)
 	run := func(k *key, want bool) func(*testing.B) {
 		return func(b *testing.B) {
 			in := &inbound{route: routeMessages, who: requester{key: k, state: k.state}}
@@ -238,10 +239,10 @@ func BenchmarkDegrade(b *testing.B) {
 		}
 	}
 	r.activate(k)
-	k.state.spend.configure([numPeriods]float64{periodDay: 1e9}, 0, k.name, discardLogger(), nil)
-	k.state.spend.charge(r.now(), 9, discardLogger())
-	spent, _ := k.state.spend.spent(r.now()) // with what earlier benchmarks spent
-	k.state.spend.configure([numPeriods]float64{periodDay: spent[periodDay] / 0.9}, 0, k.name, discardLogger(), nil)
+	k.state.spend.Configure([money.NumPeriods]float64{money.PeriodDay: 1e9}, 0, k.name, discardLogger(), nil)
+	k.state.spend.Charge(r.now(), 9, discardLogger())
+	spent, _ := k.state.spend.Spent(r.now()) // with what earlier benchmarks spent
+	k.state.spend.Configure([money.NumPeriods]float64{money.PeriodDay: spent[money.PeriodDay] / 0.9}, 0, k.name, discardLogger(), nil)
 	k.degrade = degradeRules([]BudgetDegrade{{Percent: 80, Mode: "cheaper"}, {Percent: 85, Mode: "model", Model: "claude-haiku-4-5"}})
 	in := &inbound{route: routeMessages, who: requester{key: k, state: k.state}, ask: asked{model: "claude-sonnet-4-5", estimate: 100, maxOut: 1024}}
 	b.ReportAllocs()

@@ -3,6 +3,7 @@ package relay
 import (
 	"time"
 
+	"github.com/caddy-relay/relay/internal/money"
 	"go.uber.org/zap/zapcore"
 )
 
@@ -149,7 +150,7 @@ func (e *ending) batchModel(m batchModel) {
 }
 
 // batchPayer names the spend account the batch's charge goes to.
-func (e *ending) batchPayer(a *spendAccount) {
+func (e *ending) batchPayer(a *money.Account) {
 	if e.batch != nil {
 		e.batch.payer = a
 	}

@@ -125,10 +125,10 @@ func (r *Relay) failover(w http.ResponseWriter, req *http.Request, in *inbound, 
 		}
 		var t *ticket
 		var scope limits.Scope
-		if ch.spend != nil || in.grant.holds != nil && in.grant.holds.channel != nil {
+		if ch.spend != nil || in.grant.holds != nil && in.grant.holds.Channel() != nil {
 			r.holdChannel(in, ch) // its hold of a channel's spend cap goes with the attempt
 		}
-		if in.grant.holds.pending() { // its holds of its budgets go with its first attempt's admission
+		if in.grant.holds.Pending() { // its holds of its budgets go with its first attempt's admission
 			var rerr *relayError
 			if t, scope, rerr = r.admitHeld(req.Context(), in, ch, sel.now, q); rerr != nil {
 				return refused(rerr)

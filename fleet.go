@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"sync"
 
 	"github.com/caddy-relay/relay/internal/affinity"
 	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/caddy-relay/relay/internal/health"
 	"github.com/caddy-relay/relay/internal/limits"
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/caddy-relay/relay/internal/signatures"
 	"github.com/caddyserver/caddy/v2"
 )
@@ -45,15 +45,15 @@ type member struct {
 	// limits is the limits this relay shares with the fleet: leases,
 	// blocks of large limits, slots, and what is given back
 	limits *limits.Shared
-
-	spendMu sync.Mutex // one spend sync at a time
+	// money is the spend this relay adds to the fleet's totals and the
+	// holds of budgets it takes there (with the limits' admission)
+	money *money.Shared
 
 	// health is the channels' health this relay shares with the fleet:
 	// their changes published and stored, the others' applied
 	health *health.Shared
 
 	signed   *signatures.Shared // the signatures this node learns, shared (internal/signatures)
-	spendNow chan struct{}      // asks for a sync of the spend
 	affinity *affinity.Shared   // prompt-cache affinity records (internal/affinity)
 }
 
@@ -84,10 +84,10 @@ func newFleet(ctx caddy.Context, s *FleetRedis) (*member, error) {
 		limits:   limits.New(c),
 		health:   health.NewShared(c),
 		signed:   signatures.NewShared(c, signatures.Learned),
-		spendNow: make(chan struct{}, 1),
 		affinity: affinity.NewShared(c),
 	}
-	for _, run := range []func(context.Context){c.Heartbeat, f.syncSpend} {
+	f.money = money.New(c, f.limits)
+	for _, run := range []func(context.Context){c.Heartbeat} {
 		c.Go(run)
 	}
 	return f, nil
@@ -102,7 +102,7 @@ func newFleet(ctx caddy.Context, s *FleetRedis) (*member, error) {
 // known yet.
 func (f *member) Destruct() error {
 	f.Stop()
-	f.flushSpend()
+	f.money.Flush()
 	f.limits.Flush()
 	return f.Close()
 }
@@ -113,6 +113,14 @@ func (f *member) limitsOf() *limits.Shared {
 		return nil
 	}
 	return f.limits
+}
+
+// moneyOf is the spend and holds the fleet f keeps (nil f: none).
+func (f *member) moneyOf() *money.Shared {
+	if f == nil {
+		return nil
+	}
+	return f.money
 }
 
 // Interface guards

@@ -8,7 +8,7 @@ import (
 )
 
 // Sessions shared by a fleet. A session's requests may reach any relay of
-// the fleet, so its budget (a spend account, fleet_spend.go and
+// the fleet, so its budget (a spend account, internal/money's fleet_spend.go and
 // fleet_holds.go) and its session_rate (a limiter, internal/limits) are in
 // Redis as a key's are, and so is its loop guard's count: each request of
 // a session with a loop guard runs loopScript, which compares the digest

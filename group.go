@@ -12,6 +12,7 @@ import (
 	"github.com/caddy-relay/relay/internal/affinity"
 	"github.com/caddy-relay/relay/internal/idle"
 	"github.com/caddy-relay/relay/internal/limits"
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/caddyserver/caddy/v2"
 )
 
@@ -149,9 +150,9 @@ type group struct {
 	// maxPriceFactor is the highest price_factor of its channels: what a
 	// request's worst case is held at
 	maxPriceFactor float64
-	spend          *spendAccount // what the group spent, and its budgets
-	capped         bool          // a channel of it has a spend cap
-	affinity       bool          // prompt-cache affinity is on (affinity.go)
+	spend          *money.Account // what the group spent, and its budgets
+	capped         bool           // a channel of it has a spend cap
+	affinity       bool           // prompt-cache affinity is on (affinity.go)
 	table          *affinity.Table
 	stripThinking  bool // thinking_failover strip
 	// signers: who signed a request's thinking blocks can change where it
@@ -265,9 +266,9 @@ type groupState struct {
 	// affinity is its prompt-cache affinity records, made at the first
 	// config that turns it on
 	affinity *affinity.Table
-	// spend is the group's spend account (spend_scopes.go), for the status
+	// spend is the group's spend account (spend_config.go), for the status
 	// page
-	spend atomic.Pointer[spendAccount]
+	spend atomic.Pointer[money.Account]
 	// sessions are its keys' agent sessions (sessions.go); nil until the
 	// first one
 	sessions atomic.Pointer[idle.Cache[*principalSessions]]

@@ -4,6 +4,7 @@ import (
 	"strconv"
 
 	"github.com/caddy-relay/relay/internal/ledger"
+	"github.com/caddy-relay/relay/internal/money"
 	"go.uber.org/zap"
 )
 
@@ -24,7 +25,7 @@ type held struct {
 	fleet      string     // the fleets entry; "": none
 	ledger     string     // the ledger's entry in its pool; "": none
 	spend      []string   // spendAccounts entries
-	spendStore bool       // it uses the spend store (spend.use)
+	spendStore bool       // it uses the spend store (money.UseStore)
 	decode     string     // the decodeBudgets entry; "": none
 	released   bool       // release ran: state taken from now on is not given back
 }
@@ -83,10 +84,10 @@ func (h *held) release(r *Relay) {
 		_ = ledger.Release(h.ledger)
 	}
 	for _, id := range h.spend {
-		_, _ = spendAccounts.Delete(id)
+		money.Drop(id)
 	}
 	if h.spendStore {
-		spend.release()
+		money.ReleaseStore()
 	}
 	if h.decode != "" {
 		_, _ = decodeBudgets.Delete(h.decode)

@@ -10,6 +10,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddytest"
 
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/caddy-relay/relay/internal/redistest"
 )
 
@@ -66,9 +67,7 @@ func testHeldReleased(t *testing.T, redisAddr string) {
 		return n
 	}
 	spendUsers := func() int {
-		spend.mu.Lock()
-		defer spend.mu.Unlock()
-		return spend.running
+		return money.StoreUsers()
 	}
 	usersBefore := spendUsers()
 	check := func(when string, want int) {
@@ -79,9 +78,9 @@ func testHeldReleased(t *testing.T, redisAddr string) {
 			"groupStates held-g":           refs(groupStates, "held-g"),
 			"keyStates held-budget":        refs(keyStates, "held-budget"),
 			"keyStates held-lazy":          refs(keyStates, "held-lazy"),
-			"spendAccounts held-budget":    refs(spendAccounts, "held-budget"),
-			"spendAccounts held-lazy":      refs(spendAccounts, "held-lazy"),
-			"spendAccounts group:held-g":   refs(spendAccounts, groupSpendPrefix+"held-g"),
+			"spendAccounts held-budget":    money.Refs("held-budget"),
+			"spendAccounts held-lazy":      money.Refs("held-lazy"),
+			"spendAccounts group:held-g":   money.Refs(money.GroupPrefix + "held-g"),
 			"transports of held-up":        refsWith(transports, "held-up\x00"),
 			"users of the spend store":     spendUsers() - usersBefore,
 			"fleets with the prefix held:": refsWith(fleets, `"prefix":"held:"`),

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/health"
+	"github.com/caddy-relay/relay/internal/money"
+
 	"github.com/caddy-relay/relay/internal/limits"
 )
 
@@ -16,7 +18,7 @@ func BenchmarkAdmitAndSelectWithBudget(b *testing.B) {
 	keys := make([]*key, 0, 3)
 	for _, k := range r.keys {
 		r.activate(k)
-		k.state.spend.configure([numPeriods]float64{periodDay: 1e9}, 0, k.name, discardLogger(), nil)
+		k.state.spend.Configure([money.NumPeriods]float64{money.PeriodDay: 1e9}, 0, k.name, discardLogger(), nil)
 		keys = append(keys, k)
 	}
 	policy := health.CooldownPolicy{Base: time.Second, Max: time.Minute, Auth: time.Hour}
@@ -41,10 +43,10 @@ func BenchmarkAdmitAndSelectWithBudget(b *testing.B) {
 			b.Fatal(rerr)
 		}
 		t, _, _, _, ans := ch.health.admitWith(now, 100, nil, in.grant.holds)
-		if t == nil || ans.verdict != holdTaken {
+		if t == nil || ans.Verdict != money.HoldTaken {
 			b.Fatal("channel or hold refused")
 		}
-		in.grant.holds.taken = true
+		in.grant.holds.Taken = true
 		t.finish(verdict{outcome: outcomeSuccess}, policy, now, 0, 150)
 		r.settleHolds(in, 0.001)
 		k.limits.Done(now, g, 150)
@@ -67,7 +69,7 @@ func BenchmarkHold(b *testing.B) {
 		keys[k.name] = k
 	}
 	budgeted, plain := keys["bench-k0"], keys["bench-k1"]
-	budgeted.state.spend.configure([numPeriods]float64{periodDay: 1e9}, 0, budgeted.name, discardLogger(), nil)
+	budgeted.state.spend.Configure([money.NumPeriods]float64{money.PeriodDay: 1e9}, 0, budgeted.name, discardLogger(), nil)
 	run := func(k *key, holds bool) func(*testing.B) {
 		return func(b *testing.B) {
 			in := &inbound{route: routeMessages, ask: asked{model: "claude-sonnet-4-5", estimate: 100, maxOut: 1024},
@@ -79,10 +81,10 @@ func BenchmarkHold(b *testing.B) {
 					b.Fatalf("planned %v (%v), want holds: %v", in.grant.holds, rerr, holds)
 				}
 				if holds {
-					if ans := in.grant.holds.reserve(r.now()); ans.verdict != holdTaken {
+					if ans, ok := in.grant.holds.Reserve(r.now()); !ok {
 						b.Fatalf("hold not taken: %+v", ans)
 					}
-					in.grant.holds.taken = true
+					in.grant.holds.Taken = true
 				}
 				r.settleHolds(in, 0.001)
 			}

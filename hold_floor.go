@@ -117,11 +117,11 @@ func (r *Relay) floorOf(rates *money.Rates, window int64) float64 {
 // held: a hold that waits for another must not shrink to slip in beside
 // it); with no budget, the most any capped channel of g has left. 0: no
 // bound is known.
-func floorRoom(accts []*spendAccount, g *group, now time.Time) nanoUSD {
-	room, known := nanoUSD(0), false
+func floorRoom(accts []*money.Account, g *group, now time.Time) money.NanoUSD {
+	room, known := money.NanoUSD(0), false
 	for _, a := range accts {
-		a.rooms(now, func(b budgetRoom) {
-			if left := max(0, b.limit-b.spent); !known || left < room {
+		a.Rooms(now, func(b money.Room) {
+			if left := max(0, b.Limit-b.Spent); !known || left < room {
 				room, known = left, true
 			}
 		})
@@ -133,8 +133,8 @@ func floorRoom(accts []*spendAccount, g *group, now time.Time) nanoUSD {
 		if ch.spend == nil {
 			continue
 		}
-		ch.spend.rooms(now, func(b budgetRoom) {
-			room = max(room, b.limit-b.spent)
+		ch.spend.Rooms(now, func(b money.Room) {
+			room = max(room, b.Limit-b.Spent)
 		})
 	}
 	return room

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/money"
 )
 
 // floorRelay is a relay of key sk-<name> with a $1 daily budget, whose
@@ -85,7 +86,7 @@ func TestPromptsOutsideTheBodyHoldAFloor(t *testing.T) {
 func TestAFloorIsOnlyForPromptsOutsideTheBody(t *testing.T) {
 	floor := 0.25
 	r, _ := floorRelay(t, "floor-plain", &floor)
-	plan := func(body string) nanoUSD {
+	plan := func(body string) money.NanoUSD {
 		in := &inbound{route: routeMessages, ask: asked{body: []byte(body), header: http.Header{}}, who: requester{key: r.keyByName(t, "floor-plain")}}
 		in.who.state = in.who.key.state
 		if rerr := in.inspect(); rerr != nil {
@@ -98,11 +99,11 @@ func TestAFloorIsOnlyForPromptsOutsideTheBody(t *testing.T) {
 		return in.grant.worst
 	}
 	plain := plan(`{"model":"m-floor","max_tokens":16,"messages":[{"role":"user","content":"caf\u00e9 \u003cb\u003e"}]}`)
-	if plain.usd() > 0.001 {
-		t.Errorf("a prompt in its body holds $%v", plain.usd())
+	if plain.USD() > 0.001 {
+		t.Errorf("a prompt in its body holds $%v", plain.USD())
 	}
 	withFile := plan(`{"model":"m-floor","max_tokens":16,"messages":[{"role":"user","content":[{"type":"document","source":{"type":"url","url":"https://x/a.pdf"}}]}]}`)
-	if got := withFile.usd(); got < 0.25 || got > 0.2504 {
+	if got := withFile.USD(); got < 0.25 || got > 0.2504 {
 		t.Errorf("a prompt by URL holds $%v, want hold_floor's $0.25 and its output", got)
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+
+	"github.com/caddy-relay/relay/internal/money"
 )
 
 // shareRelay is a relay whose one channel, on a gated upstream, has a $1
@@ -83,51 +85,9 @@ func TestOneGroupsHoldsDoNotStarveAnotherOnASharedCap(t *testing.T) {
 			t.Errorf("%.300s", c)
 		}
 	}
-	spent, _ := r.groups[name+"-a"].channels[0].spend.spent(r.now())
-	if spent[periodDay] > 1 {
-		t.Errorf("the cap spent %v of $1", spent[periodDay])
-	}
-}
-
-// TestAGroupTakesAtMostItsShareOfACapOthersUse: while another group holds
-// part of a cap (or waits for room on it), a group's holds may take at
-// most an even share of the cap's room; alone, it may take all of it.
-func TestAGroupTakesAtMostItsShareOfACapOthersUse(t *testing.T) {
-	a := &spendAccount{id: "share-unit"}
-	a.configure([numPeriods]float64{periodDay: 1}, 0, "share-unit", discardLogger(), nil)
-	now := time.Date(2030, time.March, 15, 12, 0, 0, 0, time.UTC)
-	if ans := a.reserveAs(now, toNano(0.96), "a"); ans.verdict != holdTaken {
-		t.Fatalf("a group alone takes $0.96 of $1: %v", ans.verdict)
-	}
-	if ans := a.reserveAs(now, toNano(0.02), "b"); ans.verdict != holdTaken {
-		t.Fatalf("another group's $0.02 beside it: %v", ans.verdict)
-	}
-	// two groups: a's share is $0.50, and it holds $0.96
-	if ans := a.reserveAs(now, toNano(0.01), "a"); ans.verdict != holdWait {
-		t.Errorf("a group past its share takes more: %v, want a wait", ans.verdict)
-	}
-	a.unreserveAs(toNano(0.96), "a")
-	if ans := a.reserveAs(now, toNano(0.49), "a"); ans.verdict != holdTaken {
-		t.Errorf("within its share: %v", ans.verdict)
-	}
-	if ans := a.reserveAs(now, toNano(0.02), "a"); ans.verdict != holdWait {
-		t.Errorf("$0.51 of a $0.50 share: %v, want a wait", ans.verdict)
-	}
-	a.unreserveAs(toNano(0.02), "b")
-	if ans := a.reserveAs(now, toNano(0.5), "a"); ans.verdict != holdTaken {
-		t.Errorf("alone again, it takes the rest: %v", ans.verdict)
-	}
-	// a group that waits for room counts among those that share it
-	a.unreserveAs(toNano(0.5), "a")
-	a.unreserveAs(toNano(0.49), "a")
-	s := &selection{}
-	s.want(a, "c")
-	if ans := a.reserveAs(now, toNano(0.6), "a"); ans.verdict != holdWait {
-		t.Errorf("past half while another group waits: %v, want a wait", ans.verdict)
-	}
-	s.unwant("c")
-	if ans := a.reserveAs(now, toNano(0.6), "a"); ans.verdict != holdTaken {
-		t.Errorf("once it stopped waiting: %v", ans.verdict)
+	spent, _ := r.groups[name+"-a"].channels[0].spend.Spent(r.now())
+	if spent[money.PeriodDay] > 1 {
+		t.Errorf("the cap spent %v of $1", spent[money.PeriodDay])
 	}
 }
 

@@ -18,8 +18,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
-	"github.com/caddy-relay/relay/internal/limits"
-	"github.com/caddy-relay/relay/internal/redistest"
+	"github.com/caddy-relay/relay/internal/money"
 )
 
 // gate is an upstream that holds every request until told to answer it:
@@ -82,7 +81,7 @@ func (g *gate) arrival(t *testing.T, what string) {
 // process (spend is kept by name), and its secret is "sk-" and that name.
 // Its model m-hold costs nothing for input and $0.01 an output token: a
 // request holds $0.01 per max_tokens, and a gate's answer costs $0.10.
-func holdRelay(t *testing.T, name *string, budgets []string, h http.Handler, group func(*Group)) (*Relay, *spendAccount) {
+func holdRelay(t *testing.T, name *string, budgets []string, h http.Handler, group func(*Group)) (*Relay, *money.Account) {
 	t.Helper()
 	*name += "-" + strconv.FormatInt(holdRelays.Add(1), 10)
 	up := fakeupstream.New(t, h) // as strict as the real API
@@ -160,7 +159,7 @@ func heldAndSpent(t *testing.T, name string) (held, spent float64) {
 
 // queuedOn reports whether a request waits in the key's group's queue on
 // the account's budget.
-func queuedOn(r *Relay, name string, a *spendAccount) bool {
+func queuedOn(r *Relay, name string, a *money.Account) bool {
 	return r.groups[name].state.queue.aheadOn(priorityBatch, a)
 }
 
@@ -240,7 +239,7 @@ func TestAHoldWaitsOnlyForHoldsInFlight(t *testing.T) {
 	if held, spent := heldAndSpent(t, name); held != 0 || spent < 0.2999 || spent > 0.3001 {
 		t.Errorf("after all: held %v, spent %v; want nothing held, 0.30 spent", held, spent)
 	}
-	if !acct.idle() {
+	if !acct.Idle() {
 		t.Error("the account still counts a hold in flight")
 	}
 }
@@ -354,8 +353,8 @@ func TestAClientThatLeavesSettlesItsHold(t *testing.T) {
 		t.Fatal("the request did not end when its client left")
 	}
 	held, spent := heldAndSpent(t, name)
-	if held != 0 || !acct.idle() {
-		t.Fatalf("after the client left: held %v (in flight: %v); want nothing", held, !acct.idle())
+	if held != 0 || !acct.Idle() {
+		t.Fatalf("after the client left: held %v (in flight: %v); want nothing", held, !acct.Idle())
 	}
 	if spent <= 0 || spent > 0.5 {
 		t.Errorf("after the client left: spent %v; want what it got, at most its hold", spent)
@@ -434,98 +433,4 @@ func TestABatchHoldsUntilItsResultsSettleIt(t *testing.T) {
 	if held, spent := heldAndSpent(t, name); held != 0 || spent < 0.0499 || spent > 0.0501 {
 		t.Fatalf("results read twice: held %v, spent %v", held, spent)
 	}
-}
-
-// TestFleetHoldsLeaseAndSettleWithTheirCost takes holds of one account
-// from two nodes of a fleet: a node's hold stands in the other's way until
-// the sync that adds its cost gives it back, in one script, so the fleet
-// never counts neither; and the holds of a node that dies expire with
-// their lease.
-func TestFleetHoldsLeaseAndSettleWithTheirCost(t *testing.T) {
-	srv := redistest.Start(t)
-	const lease = 300 * time.Millisecond
-	fa := testFleet(t, srv.Addr, "holds:", lease)
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	defer cancel()
-	fb, err := newFleet(ctx, &FleetRedis{Address: []string{srv.Addr}, Prefix: "holds:", Lease: caddy.Duration(lease), Timeout: caddy.Duration(time.Second)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := time.Now()
-	caps := [numPeriods]float64{periodDay: 1}
-	a, b := &spendAccount{id: "fleet-holds"}, &spendAccount{id: "fleet-holds"}
-	a.configure(caps, 0, "fleet-holds", discardLogger(), nil)
-	b.configure(caps, 0, "fleet-holds", discardLogger(), nil)
-	a.fleet.Store(fa)
-	b.fleet.Store(fb)
-	spendAccounts.LoadOrStore("test-holds-a", a)
-	spendAccounts.LoadOrStore("test-holds-b", b)
-	t.Cleanup(func() { spendAccounts.Delete("test-holds-a"); spendAccounts.Delete("test-holds-b") })
-	take := func(acct *spendAccount, usd float64) (*holds, holdAnswer) {
-		hs := &holds{}
-		hs.add(acct, toNano(usd))
-		asks := []limits.Ask{{Limiter: new(limits.Limiter), Estimate: 0}}
-		_, scope, _, ans := takeAll(now, asks, hs)
-		if scope != limits.ScopeNone {
-			t.Fatalf("refused by %s", scope)
-		}
-		return hs, ans
-	}
-	redisInt := func(key string) int64 {
-		v, err := srv.Command("GET", key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		n, _ := strconv.ParseInt(v, 10, 64) // none: 0
-		return n
-	}
-	heldKey, dayKey := "holds:{s:fleet-holds}:held", "holds:{s:fleet-holds}:day:"+periodDay.start(now).Format("20060102")
-
-	ha, ans := take(a, 0.6)
-	if ans.verdict != holdTaken || redisInt(heldKey) != 600_000_000 {
-		t.Fatalf("node A's hold: %+v, held in Redis %d", ans, redisInt(heldKey))
-	}
-	if _, ans := take(b, 0.6); ans.verdict != holdWait {
-		t.Fatalf("node B, $0.60 beside A's $0.60: %+v, want to wait", ans)
-	}
-	if _, ans := take(b, 1.1); ans.verdict != holdRefused {
-		t.Fatalf("node B, $1.10: %+v, want refused", ans)
-	}
-
-	// A's request cost $0.20: its hold stays until the sync (which the
-	// settle asks for at once) adds the cost, in one script: the hold is
-	// read before the spend, so a reader sees the hold, or the cost, or
-	// both, never neither
-	a.settle(now, ha.list[0], 0.2, nil, discardLogger())
-	if held, spent := redisInt(heldKey), redisInt(dayKey); held+spent < 200_000_000 {
-		t.Fatalf("settled: held %d, spent %d in Redis; the fleet counts neither the hold nor the cost", held, spent)
-	}
-	fa.flushSpend()
-	if redisInt(heldKey) != 0 || redisInt(dayKey) != 200_000_000 {
-		t.Fatalf("synced: held %d, spent %d in Redis; want the cost in and the hold out", redisInt(heldKey), redisInt(dayKey))
-	}
-
-	// node B holds $0.60 and dies: its hold expires with its lease
-	if _, ans := take(b, 0.6); ans.verdict != holdTaken {
-		t.Fatalf("node B, $0.60 beside $0.20 spent: %+v", ans)
-	}
-	// a total lost (an expired key, say) is counted again from the holds
-	if _, err := srv.Command("DEL", heldKey); err != nil {
-		t.Fatal(err)
-	}
-	if _, ans := take(a, 0.3); ans.verdict != holdWait || ans.held != 600_000_000 || redisInt(heldKey) != 600_000_000 {
-		t.Fatalf("node A after the total was lost: %+v, held in Redis %d; want B's $0.60 counted again", ans, redisInt(heldKey))
-	}
-	_ = fb.Destruct()
-	if _, ans := take(a, 0.3); ans.verdict != holdWait {
-		t.Fatalf("node A, $0.30 while B's $0.60 is held: %+v, want to wait", ans)
-	}
-	waitFor(t, "the dead node's hold expired", 5*time.Second, func() bool {
-		hs, ans := take(a, 0.3)
-		if ans.verdict == holdTaken {
-			hs.unreserve()
-			return true
-		}
-		return false
-	})
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/caddy-relay/relay/internal/idle"
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/caddyserver/caddy/v2"
 )
 
@@ -206,7 +207,7 @@ func (s *keyState) configureIdentities(sp stateSpec, now time.Time) {
 	c.Each(func(id string, st *keyState) {
 		st.limits.Configure(sp.limits, now)
 		st.limits.Share(sp.fleet.limitsOf(), fleet.Tag("u:", id))
-		sp.budgets.apply(st.spend, sp.fleet)
+		sp.budgets.Apply(st.spend, sp.fleet.moneyOf())
 	})
 }
 
@@ -215,19 +216,19 @@ func (s *keyState) configureIdentities(sp stateSpec, now time.Time) {
 // and comes back with the identity.
 func (s *keyState) dropIdentity() {
 	if s.spend != nil {
-		_, _ = spendAccounts.Delete(s.spend.id)
+		money.Drop(s.spend.ID())
 	}
 }
 
 // identitySpend is the spend account of one identity of a user * entry,
 // held while the identity's state is kept.
-func identitySpend(stateID string, sp *stateSpec) *spendAccount {
-	a, err := spend.account(stateID)
+func identitySpend(stateID string, sp *stateSpec) *money.Account {
+	a, err := money.Open(stateID)
 	if err != nil { // the pool's constructor does not fail
-		a = &spendAccount{id: stateID}
+		a = money.NewAccount(stateID)
 	}
-	a.perIdentity.Store(true)
-	sp.budgets.apply(a, sp.fleet)
+	a.SetPerIdentity()
+	sp.budgets.Apply(a, sp.fleet.moneyOf())
 	return a
 }
 

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/idle"
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 )
@@ -176,8 +177,8 @@ const (
 // per principal belongs.
 type keyState struct {
 	limits *limits.Limiter
-	spend  *spendAccount // what the principal spent, and its budgets
-	id     string        // an identity of user *: its state id (key.stateID for the others)
+	spend  *money.Account // what the principal spent, and its budgets
+	id     string         // an identity of user *: its state id (key.stateID for the others)
 
 	mu          sync.Mutex                                  // guards the making of the caches
 	idents      atomic.Pointer[idle.Cache[*keyState]]       // user * only: each identity's state, by identity
@@ -191,7 +192,7 @@ type keyState struct {
 type stateSpec struct {
 	limits  limits.Spec
 	fleet   *member
-	budgets budgetSpec // user * only: each identity's budgets
+	budgets money.BudgetSpec // user * only: each identity's budgets
 }
 
 func newKeyState() *keyState { return &keyState{limits: new(limits.Limiter)} }
@@ -199,7 +200,7 @@ func newKeyState() *keyState { return &keyState{limits: new(limits.Limiter)} }
 // Settled reports whether forgetting the state forgives nothing: a new one
 // would be the same. A request still holding against its budgets keeps it.
 func (s *keyState) Settled(now time.Time) bool {
-	return s.limits.Settled(now) && (s.spend == nil || s.spend.idle())
+	return s.limits.Settled(now) && (s.spend == nil || s.spend.Idle())
 }
 
 // Destruct implements caddy.Destructor.
@@ -230,19 +231,19 @@ func (r *Relay) takeState(k *key, opts *KeyOptions) error {
 	r.held.addKey(k.stateID)
 	k.state = st.(*keyState)
 	now := r.now()
-	caps, _ := parseBudgets(opts.Budgets) // validated already
-	budgets := budgetSpec{caps: caps, warn: opts.BudgetWarn, label: k.name, logger: r.logger, now: func() time.Time { return r.now() }}
+	caps, _ := money.ParseBudgets(opts.Budgets) // validated already
+	budgets := money.BudgetSpec{Caps: caps, Warn: opts.BudgetWarn, Label: k.name, Logger: r.logger, Now: func() time.Time { return r.now() }}
 	if k.id == anyIdentity {
 		k.state.configureIdentities(stateSpec{limits: lim, fleet: r.fleet, budgets: budgets}, now)
 	} else {
 		k.limits = k.state.limits
 		k.limits.Configure(lim, now)
 		k.limits.Share(r.fleet.limitsOf(), k.fleetTag())
-		if k.state.spend, err = spend.account(k.stateID); err != nil {
+		if k.state.spend, err = money.Open(k.stateID); err != nil {
 			return err
 		}
 		r.held.addSpend(k.stateID)
-		budgets.apply(k.state.spend, r.fleet)
+		budgets.Apply(k.state.spend, r.fleet.moneyOf())
 	}
 	k.state.configureEndUsers(stateSpec{limits: endUserLimits, fleet: r.fleet}, now)
 	k.active.Store(true)
@@ -266,7 +267,7 @@ func (r *Relay) activate(k *key) {
 		// no longer belongs to the pool (the config that follows takes its
 		// own)
 		_, _ = keyStates.Delete(k.stateID)
-		_, _ = spendAccounts.Delete(k.stateID)
+		money.Drop(k.stateID)
 	}
 }
 

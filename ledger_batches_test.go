@@ -10,6 +10,7 @@ import (
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
 	"github.com/caddy-relay/relay/internal/ledger"
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/caddy-relay/relay/internal/redistest"
 )
 
@@ -152,7 +153,7 @@ func TestLedgerBatchRowsAddUpToTheCharge(t *testing.T) {
 			t.Errorf("row %d: %+v", i, row)
 		}
 	}
-	if want := int64(toNano(in.end.cost)); sum != want {
+	if want := int64(money.ToNano(in.end.cost)); sum != want {
 		t.Errorf("the rows cost %d nano-USD, the budgets charged %d", sum, want)
 	}
 }

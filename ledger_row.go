@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/ledger"
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/caddyserver/caddy/v2"
 )
 
@@ -41,8 +42,8 @@ func ledgerRow(in *inbound, at time.Time, duration time.Duration, cost, tools fl
 		Session: in.agentSession(), Status: in.end.status,
 		Input: in.end.usage.input, Output: in.end.usage.output,
 		CacheRead: in.end.usage.cacheRead, CacheWrite: in.end.usage.cacheWrite,
-		CostNano:  int64(toNano(cost)), // as the budgets' spend counts it
-		ToolNano:  int64(toNano(tools)),
+		CostNano:  int64(money.ToNano(cost)), // as the budgets' spend counts it
+		ToolNano:  int64(money.ToNano(tools)),
 		Estimated: in.end.estimated, Incomplete: in.end.incomplete, EstimatedPrice: in.end.estimatedPrice,
 		Duration: duration, FirstByte: in.end.firstByte,
 	}
@@ -72,7 +73,7 @@ const causeBatch = "batch"
 func batchRows(row ledger.Row, b *batchCharge, add func(ledger.Row)) {
 	row.Cause, row.Model, row.Served = causeBatch, "", ""
 	if b.payer != nil {
-		row.Key, row.User = b.payer.principal()
+		row.Key, row.User = principalOf(b.payer)
 	}
 	if len(b.models) == 0 {
 		add(row)
@@ -86,14 +87,14 @@ func batchRows(row ledger.Row, b *batchCharge, add func(ledger.Row)) {
 	var prev int64
 	for i, m := range b.models {
 		sum += m.cost
-		upTo := int64(toNano(sum))
+		upTo := int64(money.ToNano(sum))
 		if i == len(b.models)-1 {
 			upTo = total
 		}
 		row.Model, row.Served = m.model, m.model
 		row.Input, row.Output, row.CacheRead, row.CacheWrite = m.usage.input, m.usage.output, m.usage.cacheRead, m.usage.cacheWrite
 		row.CostNano, prev = upTo-prev, upTo
-		row.ToolNano = int64(toNano(m.tools))
+		row.ToolNano = int64(money.ToNano(m.tools))
 		row.EstimatedPrice = m.estimated
 		if i > 0 {
 			row.ID = id + "/" + m.model

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/ledger"
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -165,7 +166,7 @@ var (
 var collectors = []prometheus.Collector{
 	metricRequests, metricDuration, metricFirstByte, metricAttempts, metricFailovers,
 	metricTokens, metricCost, metricWasted, metricIncomplete, metricEstimated, metricDropped, metricStates,
-	metricRateLimited, metricSessionRefusals, metricQueueWait, metricQueueDepth, metricFallbacks, metricSpend,
+	metricRateLimited, metricSessionRefusals, metricQueueWait, metricQueueDepth, metricFallbacks, money.SpendCollector,
 	metricCapabilityMisses, metricThinkingStripped, metricDegraded,
 	metricDedup, metricCache, metricSavedTokens, metricSavedUSD,
 	metricResources, metricBatchResultsAccounted,

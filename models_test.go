@@ -2,7 +2,6 @@ package relay
 
 import (
 	"encoding/json"
-	"github.com/caddy-relay/relay/internal/money"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -10,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/money"
 )
 
 func TestAnthropicNameOfAModelID(t *testing.T) {

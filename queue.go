@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/limits"
+	"github.com/caddy-relay/relay/internal/money"
 )
 
 // priority is a key's class in the admission queue; a lower value is served
@@ -64,7 +65,7 @@ type waiter struct {
 	// acct is the spend account whose holds in flight the waiter waits
 	// on to settle; nil while it waits for a channel. Guarded by the
 	// queue's mu.
-	acct *spendAccount
+	acct *money.Account
 }
 
 // enqueue adds a waiter of class p unless the queue holds max already.
@@ -97,12 +98,12 @@ func (q *waitQueue) leave(w *waiter) {
 	q.mu.Unlock()
 	q.wakeBest()
 	if acct != nil {
-		q.wakeFor(acct)
+		q.WakeFor(acct)
 	}
 }
 
 // bestLocked is the best waiter on acct (nil: for a channel), or nil.
-func (q *waitQueue) bestLocked(acct *spendAccount) *waiter {
+func (q *waitQueue) bestLocked(acct *money.Account) *waiter {
 	for i := range q.levels {
 		for e := q.levels[i].Front(); e != nil; e = e.Next() {
 			if w := e.Value.(*waiter); w.acct == acct {
@@ -127,7 +128,7 @@ func (q *waitQueue) ahead(p priority) bool { return q.aheadOn(p, nil) }
 
 // aheadOn reports whether a waiter on acct (nil: for a channel) of class p
 // or better is queued.
-func (q *waitQueue) aheadOn(p priority, acct *spendAccount) bool {
+func (q *waitQueue) aheadOn(p priority, acct *money.Account) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for i := priority(0); i <= p; i++ {
@@ -142,7 +143,7 @@ func (q *waitQueue) aheadOn(p priority, acct *spendAccount) bool {
 
 // waitOn marks w as waiting on acct (nil: for a channel). A waiter that
 // stops waiting for a channel passes on a turn it may have been given.
-func (q *waitQueue) waitOn(w *waiter, acct *spendAccount) {
+func (q *waitQueue) waitOn(w *waiter, acct *money.Account) {
 	q.mu.Lock()
 	was := w.acct
 	w.acct = acct
@@ -153,11 +154,11 @@ func (q *waitQueue) waitOn(w *waiter, acct *spendAccount) {
 }
 
 // wakeBest tells the best waiter for a channel to try again.
-func (q *waitQueue) wakeBest() { q.wakeFor(nil) }
+func (q *waitQueue) wakeBest() { q.WakeFor(nil) }
 
-// wakeFor tells the best waiter on acct (nil: for a channel) to try
+// WakeFor tells the best waiter on acct (nil: for a channel) to try
 // again.
-func (q *waitQueue) wakeFor(acct *spendAccount) {
+func (q *waitQueue) WakeFor(acct *money.Account) {
 	q.mu.Lock()
 	w := q.bestLocked(acct)
 	q.mu.Unlock()
@@ -203,7 +204,7 @@ func (q *waitQueue) wait(ctx context.Context, w *waiter, freeAt, deadline time.T
 		q.mu.Lock()
 		acct := w.acct
 		q.mu.Unlock()
-		q.wakeFor(acct)
+		q.WakeFor(acct)
 		freeAt = time.Time{}
 	}
 }
@@ -263,7 +264,7 @@ const (
 // given, is asked once the request is in line: true when what it waits
 // for came already, between its last try and now (no wake-up would come
 // for it), and it is to try again at once.
-func (q *queued) waitOn(ctx context.Context, acct *spendAccount, freeAt time.Time, ready func() bool, refuse func(queueRefusal) *relayError) *relayError {
+func (q *queued) waitOn(ctx context.Context, acct *money.Account, freeAt time.Time, ready func() bool, refuse func(queueRefusal) *relayError) *relayError {
 	g, in, now := q.g, q.in, q.r.now()
 	if q.w == nil {
 		if g.maxQueue <= 0 {

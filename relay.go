@@ -309,7 +309,7 @@ func (r *Relay) Provision(ctx caddy.Context) error {
 	r.secret = secret
 	r.affinity = new(affinity.Seed)
 	r.owners = owners.New(r.fleetClient(), r.storage, func() time.Time { return r.now() })
-	spend.use(ctx, r.logger)
+	money.UseStore(configStorage(ctx), r.logger)
 	r.held.addSpendStore()
 	r.takeDecodeBudget()
 	r.prices = money.NewPricebook(r.Pricing, anthropicName)
@@ -546,7 +546,7 @@ func (r *Relay) admitKey(in *inbound, contentLength int64) *relayError {
 			estimate = contentLength/4 + 1
 		}
 	}
-	g, scope, wait := in.who.state.limits.Enter(r.now(), estimate) // in a fleet, admitted with its first channel (fleet_admit.go)
+	g, scope, wait := in.who.state.limits.Enter(r.now(), estimate) // in a fleet, admitted with its first channel (admit.go)
 	switch scope {
 	case limits.ScopeNone:
 		in.grant.keyGrant, in.grant.keyAsked = g, !g.Pending
@@ -562,11 +562,13 @@ func (r *Relay) admitKey(in *inbound, contentLength int64) *relayError {
 // withinBudget refuses a request whose principal's budget is spent, or
 // would be by estimate (USD).
 func (r *Relay) withinBudget(in *inbound, estimate float64) *relayError {
-	rerr := in.who.state.spend.check(r.now(), estimate)
-	if rerr != nil {
-		metricRateLimited.WithLabelValues(in.who.key.name, "budget").Inc()
+	a := in.who.state.spend
+	e, over := a.Check(r.now(), estimate)
+	if !over {
+		return nil
 	}
-	return rerr
+	metricRateLimited.WithLabelValues(in.who.key.name, "budget").Inc()
+	return errBudgetExceeded(a.Who(), e.Period, e.Cap, e.Spent, e.Wait, e.Estimate)
 }
 
 // chargeKeyTokens brings a message's charge against its key's token limit

@@ -15,6 +15,7 @@ import (
 
 	"github.com/caddy-relay/relay/internal/features"
 	"github.com/caddy-relay/relay/internal/limits"
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/caddy-relay/relay/provider"
 	"github.com/tidwall/gjson"
 )
@@ -226,8 +227,12 @@ type granted struct {
 	// with the first channel, charged endUserEstimate tokens
 	endUserPending  *limits.Limiter
 	endUserEstimate int64
-	holds           *holds  // its worst case held against its budgets (hold.go); nil: none
-	worst           nanoUSD // its worst case, when a budget or a channel's spend cap may apply
+	holds           *money.Holds  // its worst case held against its budgets (holds.go); nil: none
+	worst           money.NanoUSD // its worst case, when a budget or a channel's spend cap may apply
+	// capOf is the channel whose spend cap holds is against (the last of
+	// them): a settled hold wakes the requests of every group waiting for
+	// room on it; nil: none
+	capOf *channel
 	// counted says that a budget or a channel's spend cap applies to it:
 	// a model the price table does not know costs its estimate
 	counted bool

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fleet"
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 )
@@ -157,7 +158,7 @@ type batchCharge struct {
 	// payer is the account of the principal the cost went to: the batch
 	// maker's, whose hold the results settled; nil: the request's own
 	// principal (the maker held nothing, or is gone)
-	payer *spendAccount
+	payer *money.Account
 	// models are the results' usage and cost by model, sorted by model
 	models []batchModel
 }
@@ -178,7 +179,7 @@ type batchModel struct {
 func (c *resourceCtx) accountBatch(ch *channel, b *batchUsage, complete bool) {
 	r, in := c.r, c.in
 	in.end.batchResults(b.total, complete)
-	_, budgets := budgeted(in.who.state.spend, in.group().spend, nil)
+	_, budgets := money.Budgeted(in.who.state.spend, in.group().spend, nil)
 	counted := in.grant.holds != nil || budgets > 0 || in.group().capped // a model without a price costs its estimate
 	models := slices.Sorted(maps.Keys(b.byModel))
 	for _, model := range models {

@@ -255,7 +255,7 @@ func (c *resourceCtx) create() *failure {
 		if rerr != nil {
 			return refused(rerr)
 		}
-		defer held.abandon() // unless the batch was made
+		defer held.Abandon() // unless the batch was made
 		c.held = held
 	}
 
@@ -337,7 +337,7 @@ func (a *createAttempt) attempt(r *Relay, w http.ResponseWriter, req *http.Reque
 			r.answer(w, in, refused(rerr))
 			return done
 		}
-		c.held.keep(ch.name, gjson.GetBytes(obj, "id").Str)
+		c.held.Keep(ch.name, gjson.GetBytes(obj, "id").Str)
 		c.sendObject(ra, c.rewriteItem(obj, ch.name))
 		return done
 	}

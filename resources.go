@@ -10,6 +10,7 @@ import (
 
 	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/caddy-relay/relay/internal/limits"
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/caddy-relay/relay/internal/resourceid"
 	"github.com/caddy-relay/relay/provider"
 	"github.com/tidwall/gjson"
@@ -176,7 +177,7 @@ type resourceCtx struct {
 	rq     resourceRequest
 	secret []byte
 	group  *group
-	held   *batchHoldTaken // a batch create's hold of its key's budgets
+	held   *money.BatchHolds // a batch create's hold of its key's budgets
 }
 
 // servesResource reports whether ch's provider serves kind.

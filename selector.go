@@ -8,6 +8,7 @@ import (
 
 	"github.com/caddy-relay/relay/internal/features"
 	"github.com/caddy-relay/relay/internal/health"
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/cespare/xxhash/v2"
 )
 
@@ -28,11 +29,11 @@ type selection struct {
 	capped  []*channel // picked, but their spend cap could not take the request's hold
 	// capBusy: a channel in capped could take the hold once holds in
 	// flight on its cap settle (or its group's share frees): the request
-	// waits for it rather than being refused (hold_share.go)
+	// waits for it rather than being refused (holds.go)
 	capBusy bool
 	// wants is the cap the request waits for room on, which counts its
-	// group among those that share it (hold_share.go); nil: none
-	wants     *spendAccount
+	// group among those that share it (holds.go); nil: none
+	wants     *money.Account
 	avoidHost string // after a 529: prefer a channel on another upstream host
 	// signer is the signature domain of the thinking blocks the request
 	// carries, when known: its channels come first, and with crossSigner
@@ -216,7 +217,7 @@ func (g *group) pick(s *selection) pickResult {
 			ok, until = false, s.now.Add(halfOpenRetry)
 		}
 		if ok && ch.spend != nil && s.accept == nil {
-			if spent, end := ch.spend.capped(s.now); spent || contains(s.capped, ch) {
+			if spent, end := ch.spend.Capped(s.now); spent || contains(s.capped, ch) {
 				if !spent {
 					end = s.now.Add(holdRetryAfter) // holds in flight on its cap may settle
 				}

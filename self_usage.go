@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/caddy-relay/relay/internal/money"
 )
 
 // Self-service usage. GET /v1/relay/usage answers the principal that asks
@@ -136,30 +138,30 @@ func (r *Relay) serveUsage(w http.ResponseWriter, req *http.Request, in *inbound
 	a.Limits.RateRemaining, a.Limits.TokensRemaining = st.limits.Remaining(now)
 
 	if acct := st.spend; acct != nil {
-		spent, caps := acct.spent(now)
+		spent, caps := acct.Spent(now)
 		a.SpendUSD = map[string]float64{}
-		for p := range numPeriods {
-			if p != periodTotal || caps[p] > 0 { // the total counts only with a budget
+		for p := range money.NumPeriods {
+			if p != money.PeriodTotal || caps[p] > 0 { // the total counts only with a budget
 				a.SpendUSD[p.String()] = spent[p]
 			}
 		}
-		a.Holds.Requests, a.Holds.USD = acct.holdsNow()
+		a.Holds.Requests, a.Holds.USD = acct.HoldsNow()
 	}
 	accts, n := in.budgetAccounts()
 	for _, acct := range accts[:n] {
-		scope := acct.scope.String()
+		scope := acct.Scope().String()
 		if acct == st.spend {
 			scope = k.kind()
 		}
-		acct.rooms(now, func(b budgetRoom) {
-			a.Budgets = append(a.Budgets, usageBudget{Scope: scope, Period: b.period.String(), LimitUSD: b.limit.usd(),
-				SpentUSD: b.spent.usd(), HeldUSD: b.held.usd(), RemainingUSD: b.left().usd(), PeriodEnd: b.period.end(b.start)})
+		acct.Rooms(now, func(b money.Room) {
+			a.Budgets = append(a.Budgets, usageBudget{Scope: scope, Period: b.Period.String(), LimitUSD: b.Limit.USD(),
+				SpentUSD: b.Spent.USD(), HeldUSD: b.Held.USD(), RemainingUSD: b.Left().USD(), PeriodEnd: b.Period.End(b.Start)})
 		})
 	}
 	t := in.tightestBudget(now)
 	a.Degrade = r.degradeState(in, t)
-	if t.known {
-		left, used := t.left().usd(), t.percent()
+	if t.Known {
+		left, used := t.Left().USD(), t.Percent()
 		a.BudgetRemainingUSD, a.Degrade.UsedPercent = &left, &used
 	}
 	w.Header().Set("Cache-Control", "private, no-store") // one principal's: no shared cache may keep it
@@ -305,7 +307,7 @@ func (r *Relay) pageSessions(stateID string, p sessionPage, now time.Time) ([]se
 
 // degradeState is the principal's budget_degrade as its usage answer says
 // it: its steps and what a message would get with the tightest budget t.
-func (r *Relay) degradeState(in *inbound, t budgetRoom) usageDegrade {
+func (r *Relay) degradeState(in *inbound, t money.Room) usageDegrade {
 	d := usageDegrade{Steps: in.who.key.opts.BudgetDegrade}
 	if len(d.Steps) == 0 {
 		d.Steps = in.group().degradeCfg
@@ -315,12 +317,4 @@ func (r *Relay) degradeState(in *inbound, t budgetRoom) usageDegrade {
 	}
 	d.Cheaper, d.Model = in.degradeAt(in.degradeSteps(), t)
 	return d
-}
-
-// holdsNow is how many of this relay's requests hold against the account,
-// and what its holds hold (heldUSD).
-func (a *spendAccount) holdsNow() (int, float64) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.holding, max(a.heldLocked(), 0).usd()
 }

@@ -49,14 +49,14 @@ type sessionView struct {
 // view is the session's view at now.
 func (s *session) view(now time.Time) sessionView {
 	s.mu.Lock()
-	v := sessionView{Session: s.id, Key: s.key, Group: s.group, SpendUSD: s.spent.usd(), Requests: s.requests,
+	v := sessionView{Session: s.id, Key: s.key, Group: s.group, SpendUSD: s.spent.USD(), Requests: s.requests,
 		LoopGuardHits: s.loopHits, LoopRun: s.loopCount, LastSeen: s.lastSeen.UTC()}
 	a := s.spend
 	s.mu.Unlock()
 	v.Started = s.started.UTC()
 	if a != nil {
-		limit, spent, end := a.windowNow(now)
-		v.BudgetUSD, v.WindowSpendUSD, v.HeldUSD = limit.usd(), spent.usd(), a.heldUSD()
+		limit, spent, end := a.WindowNow(now)
+		v.BudgetUSD, v.WindowSpendUSD, v.HeldUSD = limit.USD(), spent.USD(), a.HeldUSD()
 		end = end.UTC()
 		v.Renews = &end
 	}

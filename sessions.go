@@ -12,6 +12,7 @@ import (
 	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/caddy-relay/relay/internal/idle"
 	"github.com/caddy-relay/relay/internal/limits"
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/caddyserver/caddy/v2"
 )
 
@@ -31,8 +32,8 @@ import (
 // kept in its group, in a bounded idle cache of its principal's (so that
 // one principal's session ids never push out another's), by the session
 // id, and dropped when idle; its budget is a spend account
-// (spend.go) that its requests hold against as against any budget
-// (hold.go), shared in a fleet through Redis as the others are, and never
+// (internal/money) that its requests hold against as against any budget
+// (holds.go), shared in a fleet through Redis as the others are, and never
 // stored, exported as a metric or named by the client's id: the id shown
 // is a digest.
 
@@ -144,7 +145,7 @@ type session struct {
 
 	mu        sync.Mutex
 	rules     *sessionRules   // what it was last configured with
-	spend     *spendAccount   // session_budget; nil: none
+	spend     *money.Account  // session_budget; nil: none
 	limits    *limits.Limiter // session_rate; nil: none
 	fleet     *member         // where its loop guard counts, in a fleet; nil: here
 	tag       string          // where the fleet keeps it
@@ -152,7 +153,7 @@ type session struct {
 	loopCount int             // in a row
 	loopHits  int             // requests the loop guard refused
 	requests  int64           // admitted
-	spent     nanoUSD         // what its requests cost on this relay
+	spent     money.NanoUSD   // what its requests cost on this relay
 	lastSeen  time.Time
 }
 
@@ -161,7 +162,7 @@ type session struct {
 func (s *session) Settled(now time.Time) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return (s.spend == nil || s.spend.idle()) && (s.limits == nil || s.limits.Settled(now))
+	return (s.spend == nil || s.spend.Idle()) && (s.limits == nil || s.limits.Settled(now))
 }
 
 // drop lets go of the session's spend account when its cache drops it
@@ -170,7 +171,7 @@ func (s *session) drop() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.spend != nil {
-		_, _ = spendAccounts.Delete(s.spend.id)
+		money.Drop(s.spend.ID())
 		s.spend = nil
 	}
 }
@@ -306,18 +307,18 @@ func (r *Relay) configureSession(s *session, id string, rules *sessionRules, now
 	if rules.budgetUSD > 0 {
 		if s.spend == nil {
 			aid := sessionSpendPrefix + fleet.Digest(id)
-			a, err := spend.account(aid)
+			a, err := money.Open(aid)
 			if err != nil { // the pool's constructor does not fail
-				a = &spendAccount{id: aid}
+				a = money.NewAccount(aid)
 			}
 			s.spend = a
 		}
-		var caps [numPeriods]float64
-		caps[periodDay] = rules.budgetUSD
-		budgetSpec{scope: spendOfSession, caps: caps, window: rules.window, label: s.id,
-			logger: r.logger, now: func() time.Time { return r.now() }}.apply(s.spend, r.fleet)
+		var caps [money.NumPeriods]float64
+		caps[money.PeriodDay] = rules.budgetUSD
+		money.BudgetSpec{Scope: money.OfSession, Caps: caps, Window: rules.window, Label: s.id,
+			Logger: r.logger, Now: func() time.Time { return r.now() }}.Apply(s.spend, r.fleet.moneyOf())
 	} else if s.spend != nil {
-		_, _ = spendAccounts.Delete(s.spend.id)
+		money.Drop(s.spend.ID())
 		s.spend = nil
 	}
 	if rules.rate != (limits.Spec{}) {
@@ -406,13 +407,13 @@ func (r *Relay) sessionEnded(in *inbound, cost float64) {
 	}
 	if cost > 0 {
 		s.mu.Lock()
-		s.spent += toNano(cost)
+		s.spent += money.ToNano(cost)
 		s.mu.Unlock()
 	}
 }
 
 // budgetAccount is the spend account of the session's budget; nil: none.
-func (s *session) budgetAccount() *spendAccount {
+func (s *session) budgetAccount() *money.Account {
 	if s == nil {
 		return nil
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
 	"github.com/caddy-relay/relay/internal/fleet"
+	"github.com/caddy-relay/relay/internal/money"
 )
 
 // A scripted Claude Code session: the request shapes Claude Code sends,
@@ -192,7 +193,7 @@ func TestParallelRequestsOfASessionCannotOverspend(t *testing.T) {
 		t.Fatalf("three requests in flight: sessions %+v, want one holding $0.30 of $0.30", sv)
 	}
 	fourth := serveAsync(t, r, key, s.body(10))
-	var sa *spendAccount
+	var sa *money.Account
 	eachSession(r.now(), []*groupState{r.groups[name].state}, func(_ string, ss *session) { sa = ss.spend })
 	waitFor(t, "the fourth queued on the session's budget", 5*time.Second, func() bool { return queuedOn(r, name, sa) })
 	g.openAll() // each costs $0.10: the budget is spent, and the fourth cannot go
@@ -420,45 +421,17 @@ func TestAnIdleSessionIsDroppedWithItsAccount(t *testing.T) {
 		t.Fatalf("%d %s", w.Code, w.Body)
 	}
 	account := sessionSpendPrefix + fleet.Digest(name+"\x00"+old.id)
-	if n, _ := spendAccounts.References(account); n != 1 {
+	if n := money.Refs(account); n != 1 {
 		t.Fatalf("the session's account has %d references, want 1", n)
 	}
 	clock.advance(sessionIdle + time.Minute)
 	if w, _ := serveHandler(t, r, newCCSession("new-"+name).request(key, 10)); w.Code != 200 {
 		t.Fatalf("%d %s", w.Code, w.Body)
 	}
-	if n, _ := spendAccounts.References(account); n != 0 {
+	if n := money.Refs(account); n != 0 {
 		t.Errorf("the idle session's account has %d references, want none", n)
 	}
 	if sv := r.sessionsOf(name); len(sv) != 1 || sv[0].Session != sessionDigest("new-"+name) {
 		t.Errorf("sessions after the idle one went: %+v", sv)
-	}
-}
-
-// TestSessionWindowsLieOnAGridInUTC: a session budget's windows are the
-// same on every relay, whatever the session's first request: a duration
-// that divides a day from midnight UTC, 168h from Monday.
-func TestSessionWindowsLieOnAGridInUTC(t *testing.T) {
-	for _, c := range []struct {
-		window     time.Duration
-		at         time.Time
-		start, end string
-	}{
-		{4 * time.Hour, time.Date(2030, time.March, 15, 10, 15, 0, 0, time.UTC), "2030-03-15T08:00:00Z", "2030-03-15T12:00:00Z"},
-		{24 * time.Hour, time.Date(2030, time.March, 15, 23, 59, 0, 0, time.UTC), "2030-03-15T00:00:00Z", "2030-03-16T00:00:00Z"},
-		{168 * time.Hour, time.Date(2030, time.March, 15, 10, 0, 0, 0, time.UTC), "2030-03-11T00:00:00Z", "2030-03-18T00:00:00Z"}, // a Friday: from Monday
-		{30 * time.Minute, time.Date(2030, time.March, 15, 10, 45, 0, 0, time.FixedZone("CET", 3600)), "2030-03-15T09:30:00Z", "2030-03-15T10:00:00Z"},
-	} {
-		a := &spendAccount{id: "window-test"}
-		budgetSpec{scope: spendOfSession, caps: [numPeriods]float64{periodDay: 1}, window: c.window}.apply(a, nil)
-		a.charge(c.at, 0.25, nil)
-		limit, spent, end := a.windowNow(c.at)
-		start := a.periods[periodDay].start
-		if start.UTC().Format(time.RFC3339) != c.start || end.UTC().Format(time.RFC3339) != c.end || limit != toNano(1) || spent != toNano(0.25) {
-			t.Errorf("%v at %v: window %v to %v, $%v of $%v; want %s to %s", c.window, c.at, start.UTC(), end.UTC(), spent.usd(), limit.usd(), c.start, c.end)
-		}
-		if _, spent, _ := a.windowNow(end); spent != 0 {
-			t.Errorf("%v: the next window starts with $%v spent", c.window, spent.usd())
-		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/jsonscan"
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/caddy-relay/relay/internal/sse"
 	"github.com/tidwall/gjson"
 )
@@ -384,9 +385,9 @@ func (r *Relay) estimated(in *inbound, group string) {
 	case in.end.answered != nil: // its output is the estimate
 		known := in.end.usage
 		known.output = 0
-		in.who.state.spend.chargedEstimate(r.now(), in.end.cost-rates.Cost(known.priced())*in.end.answered.priceFactor, estimateOutput)
+		in.who.state.spend.ChargedEstimate(r.now(), in.end.cost-rates.Cost(known.priced())*in.end.answered.priceFactor, money.EstimateOutput)
 	case in.end.leftOn != nil: // its input is the estimate, and all it cost
-		in.who.state.spend.chargedEstimate(r.now(), in.end.cost, estimateOutput)
+		in.who.state.spend.ChargedEstimate(r.now(), in.end.cost, money.EstimateOutput)
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -563,8 +564,8 @@ func TestAClientThatLeavesBeforeTheAnswerPaysItsInput(t *testing.T) {
 	if row.HeldUSD != 0 {
 		t.Errorf("%v still held", row.HeldUSD)
 	}
-	spent, _ := r.groups["left-before"].channels[0].spend.spent(r.now())
-	if spent[periodDay] < want-1e-6 || spent[periodDay] > want+1e-6 {
-		t.Errorf("the channel's cap counted $%.6f, want $%.6f", spent[periodDay], want)
+	spent, _ := r.groups["left-before"].channels[0].spend.Spent(r.now())
+	if spent[money.PeriodDay] < want-1e-6 || spent[money.PeriodDay] > want+1e-6 {
+		t.Errorf("the channel's cap counted $%.6f, want $%.6f", spent[money.PeriodDay], want)
 	}
 }

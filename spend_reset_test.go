@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/money"
 )
 
 // resetBody is a message of model m-reset: 5 output tokens at $0.04 each
@@ -166,7 +167,7 @@ func TestAResetForgivesTheEstimatesAndIsLogged(t *testing.T) {
 			t.Fatalf("request %d: %d, want %d", i+1, s, want)
 		}
 	}
-	r.keyByName(t, "reset-total").state.spend.chargedEstimate(clock.now(), 0.05, estimateOutput)
+	r.keyByName(t, "reset-total").state.spend.ChargedEstimate(clock.now(), 0.05, money.EstimateOutput)
 	clock.advance(2 * time.Hour) // a new day: the total goes on
 	if rows, _ := keyRows(t); rows["reset-total"].EstimatedUSD["total"] != 0.05 || rows["reset-total"].SpendUSD["total"] != 0.4 {
 		t.Fatalf("before the reset: %s", show(rows["reset-total"]))
@@ -204,12 +205,9 @@ func TestAResetReachesAKeyThatHasNoStateYet(t *testing.T) {
 	r := &Relay{Keys: []*Key{&key}, Channels: []*Channel{ch}, Groups: []*Group{{Name: "reset-dormant", Channels: []string{ch.Name}}}}
 	provisionHandler(t, r)
 	now := time.Now()
-	spend.mu.Lock()
-	spend.saved["reset-dormant"] = spendRecord{
-		"day":   {Start: periodDay.start(now), NanoUSD: 2e9},
-		"month": {Start: periodMonth.start(now), NanoUSD: 3e9},
-	}
-	spend.mu.Unlock()
+	stored := money.NewAccount("reset-dormant") // what it spent before, let go: the store keeps it
+	stored.Charge(now, 3, nil)
+	_ = stored.Destruct()
 	if k := r.keyByName(t, "reset-dormant"); k.active.Load() {
 		t.Fatal("the key took its state before its first request")
 	}
@@ -227,7 +225,7 @@ func TestAResetReachesAKeyThatHasNoStateYet(t *testing.T) {
 	if w, _ := serveHandler(t, r, newRequest(simpleBody, "sk-reset-dormant-0123456789abcdef")); w.Code != 200 {
 		t.Fatalf("the key's first request: %d %s", w.Code, w.Body)
 	}
-	if usd, _ := r.keyByName(t, "reset-dormant").state.spend.spent(now); usd[periodTotal] > 0.01 || usd[periodMonth] > 0.01 {
+	if usd, _ := r.keyByName(t, "reset-dormant").state.spend.Spent(now); usd[money.PeriodTotal] > 0.01 || usd[money.PeriodMonth] > 0.01 {
 		t.Errorf("the account the key took: %v, want only what its first request cost", usd)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
+	"github.com/caddy-relay/relay/internal/money"
 )
 
 // scopeChannel is a channel of scopeRelay: its upstream's handler, its
@@ -66,7 +67,7 @@ func scopeRelay(t *testing.T, name *string, group func(*Group), chs ...*scopeCha
 func scopeMetric(t *testing.T, name, scope, who, period string) (float64, bool) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(metricSpend)
+	reg.MustRegister(money.SpendCollector)
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -81,7 +82,7 @@ func scopeMetric(t *testing.T, name, scope, who, period string) (float64, bool) 
 				labels[l.GetName()] = l.GetValue()
 			}
 			if labels["scope"] == scope && labels[scope] == who && labels["period"] == period {
-				for _, other := range spendScopeNames {
+				for _, other := range [...]string{money.OfKey.String(), money.OfGroup.String(), money.OfChannel.String(), money.OfSession.String()} {
 					if other != scope && labels[other] != "" {
 						t.Errorf("%s of %s %q has label %s=%q", name, scope, who, other, labels[other])
 					}
@@ -136,7 +137,7 @@ func TestAGroupBudgetHoldsItsKeysTogether(t *testing.T) {
 	if w.Header().Get("Retry-After") != "3600" || w.Header().Get("X-Should-Retry") != "false" {
 		t.Errorf("retry-after %q (want 3600, to midnight), x-should-retry %q", w.Header().Get("Retry-After"), w.Header().Get("X-Should-Retry"))
 	}
-	if held := acct.heldUSD(); held != 0.6 {
+	if held := acct.HeldUSD(); held != 0.6 {
 		t.Errorf("the group holds %v, want A's 0.60", held)
 	}
 	for _, g := range (statusSource{}).Snapshot(time.Now()).Groups {
@@ -165,8 +166,8 @@ func TestAGroupBudgetHoldsItsKeysTogether(t *testing.T) {
 			t.Errorf("key %s spent %v, want 0.10", k, spent)
 		}
 	}
-	if acct.heldUSD() != 0 || !acct.idle() {
-		t.Errorf("the group still holds %v", acct.heldUSD())
+	if acct.HeldUSD() != 0 || !acct.Idle() {
+		t.Errorf("the group still holds %v", acct.HeldUSD())
 	}
 }
 
@@ -278,7 +279,7 @@ func TestAChannelCapHoldsRequestsInFlight(t *testing.T) {
 	g.arrival(t, "the first")
 	second := serveAsync(t, r, key, holdBody(10)) // $0.20
 	g.arrival(t, "the second")
-	if held := acct.heldUSD(); held != 0.2 {
+	if held := acct.HeldUSD(); held != 0.2 {
 		t.Fatalf("two requests in flight hold %v of the cap, want 0.20", held)
 	}
 	// a third would hold $0.30 of $0.25: it goes to the next channel
@@ -295,7 +296,7 @@ func TestAChannelCapHoldsRequestsInFlight(t *testing.T) {
 		}
 	}
 	// each cost $0.10 (the gate's 10 output tokens)
-	if held, row := acct.heldUSD(), channelRow(t, capped.state); held != 0 || row.SpendUSD["day"] != 0.2 {
+	if held, row := acct.HeldUSD(), channelRow(t, capped.state); held != 0 || row.SpendUSD["day"] != 0.2 {
 		t.Fatalf("settled: %v held, %v spent on the cap; want nothing held, 0.20 spent", held, row.SpendUSD["day"])
 	}
 }
@@ -312,7 +313,7 @@ func TestAFailoverMovesTheChannelHold(t *testing.T) {
 		t.Fatalf("%d %s; %d and %d hits", w.Code, w.Body, failing.up.Hits(), serving.up.Hits())
 	}
 	for _, c := range []struct {
-		a            *spendAccount
+		a            *money.Account
 		held, spent  float64
 		what, period string
 	}{
@@ -320,8 +321,8 @@ func TestAFailoverMovesTheChannelHold(t *testing.T) {
 		{groupChannel(t, r, name, serving.state).spend, 0, 0.05, "the channel that served", "month"},
 		{r.groups[name].spend, 0, 0.05, "the group", "day"},
 	} {
-		spent, _ := c.a.spent(r.now())
-		if held := c.a.heldUSD(); held != c.held || spent[periodOf(t, c.period)] != c.spent {
+		spent, _ := c.a.Spent(r.now())
+		if held := c.a.HeldUSD(); held != c.held || spent[periodOf(t, c.period)] != c.spent {
 			t.Errorf("%s: held %v, spent %v; want %v and %v", c.what, held, spent[periodOf(t, c.period)], c.held, c.spent)
 		}
 	}
@@ -340,9 +341,9 @@ func groupChannel(t *testing.T, r *Relay, group, ch string) *channel {
 }
 
 // periodOf is the period named name.
-func periodOf(t *testing.T, name string) budgetPeriod {
+func periodOf(t *testing.T, name string) money.Period {
 	t.Helper()
-	for p := range numPeriods {
+	for p := range money.NumPeriods {
 		if p.String() == name {
 			return p
 		}
@@ -390,7 +391,7 @@ func TestABatchHoldsItsGroupsBudget(t *testing.T) {
 	if w := call(batch(2, 10)); w.Code != 200 {
 		t.Fatalf("a batch that fits: %d %s", w.Code, w.Body)
 	}
-	if held := acct.heldUSD(); held != 0.1 {
+	if held := acct.HeldUSD(); held != 0.1 {
 		t.Errorf("the group holds %v for the batch, want 0.10", held)
 	}
 }
@@ -446,7 +447,7 @@ func TestBudgetAlertsCoverEveryScope(t *testing.T) {
 func spendSeries(t *testing.T, keep func(label, value string) bool) string {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(metricSpend)
+	reg.MustRegister(money.SpendCollector)
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -510,16 +511,16 @@ func TestParallelBatchesHoldAChannelsSpendCap(t *testing.T) {
 	if len(made) != 1 || store.Batches() != 1 {
 		t.Fatalf("%d batches made (upstream: %d) on a $0.05 cap at $0.04 each, want 1", len(made), store.Batches())
 	}
-	if held := ch.heldUSD(); held != 0.04 {
+	if held := ch.HeldUSD(); held != 0.04 {
 		t.Errorf("the channel's cap holds %v for the batch, want 0.04", held)
 	}
 	// its results: 5 output tokens each, $0.025 each at the batch price
 	if w := call(http.MethodGet, "/v1/messages/batches/"+made[0]+"/results", ""); w.Code != 200 {
 		t.Fatalf("results: %d %s", w.Code, w.Body)
 	}
-	spent, _ := ch.spent(r.now())
-	t.Logf("figure: 30 parallel batch creates on a $0.05 cap: %d made, $%.4f spent once read", len(made), spent[periodDay])
-	if held := ch.heldUSD(); held != 0 || spent[periodDay] < 0.0499 || spent[periodDay] > 0.0501 {
-		t.Errorf("results read: the cap holds %v and spent %v, want 0 and 0.05", held, spent[periodDay])
+	spent, _ := ch.Spent(r.now())
+	t.Logf("figure: 30 parallel batch creates on a $0.05 cap: %d made, $%.4f spent once read", len(made), spent[money.PeriodDay])
+	if held := ch.HeldUSD(); held != 0 || spent[money.PeriodDay] < 0.0499 || spent[money.PeriodDay] > 0.0501 {
+		t.Errorf("results read: the cap holds %v and spent %v, want 0 and 0.05", held, spent[money.PeriodDay])
 	}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/caddy-relay/relay/internal/ledger"
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/caddy-relay/relay/statuspage"
@@ -92,10 +93,10 @@ func pageGroup(name string, st *groupState) statuspage.Group {
 	}
 	st.queue.mu.Unlock()
 	if a := st.spend.Load(); a != nil { // on its relay's clock
-		spent, caps := a.spent(time.Time{})
-		g.SpendUSD, g.HeldUSD = map[string]float64{}, a.heldUSD()
-		for p := range numPeriods {
-			if caps[p] > 0 || p == periodMonth {
+		spent, caps := a.Spent(time.Time{})
+		g.SpendUSD, g.HeldUSD = map[string]float64{}, a.HeldUSD()
+		for p := range money.NumPeriods {
+			if caps[p] > 0 || p == money.PeriodMonth {
 				g.SpendUSD[p.String()] = spent[p]
 			}
 			if caps[p] > 0 {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/caddy-relay/relay/internal/fakeupstream"
 	"github.com/caddy-relay/relay/internal/ledger"
+	"github.com/caddy-relay/relay/internal/money"
 	"github.com/caddy-relay/relay/statuspage"
 	"go.uber.org/zap"
 )
@@ -77,7 +78,7 @@ func spendRelay(t *testing.T) {
 	l.Add(ledger.Row{
 		At: time.Now().UTC().AddDate(0, 0, -2), ID: "req_spend_past", Key: "spend-ka", Group: "spend-a",
 		Channel: "spend-up", Model: "claude-opus-4-5", Served: "claude-opus-4-5", Cause: "ok", Status: 200,
-		CostNano: int64(toNano(pastCost)),
+		CostNano: int64(money.ToNano(pastCost)),
 	})
 	waitFor(t, "every row in the ledger", 10*time.Second, func() bool { return ledgerRows(t, db) == 6 })
 }

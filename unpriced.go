@@ -42,7 +42,7 @@ var metricUnpriced = prometheus.NewCounterVec(prometheus.CounterOpts{
 // it in the spend of the principal that pays it.
 func (r *Relay) unpriced(in *inbound, model string, cost float64) {
 	metricUnpriced.WithLabelValues(r.modelLabel(model)).Inc()
-	var a *spendAccount
+	var a *money.Account
 	switch {
 	case in.end.batch != nil && in.end.batch.payer != nil: // a batch's maker pays for its results
 		a = in.end.batch.payer
@@ -50,7 +50,7 @@ func (r *Relay) unpriced(in *inbound, model string, cost float64) {
 		a = in.who.state.spend
 	}
 	if a != nil {
-		a.chargedEstimate(r.now(), cost, estimatePrice)
+		a.ChargedEstimate(r.now(), cost, money.EstimatePrice)
 	}
 }
 
@@ -90,7 +90,7 @@ func (r *Relay) warnUnpriced() {
 		note(k.group, "user *")
 	}
 	for _, g := range r.groups {
-		if g.spend != nil && g.spend.budgeted.Load() {
+		if g.spend != nil && g.spend.Budgeted() {
 			note(g, "group "+strconv.Quote(g.name))
 		}
 		for _, ch := range g.channels {

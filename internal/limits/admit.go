@@ -71,9 +71,9 @@ type Holds[A any] interface {
 	Parts(now time.Time) []*Hold
 	// Refused is the answer when the fleet did not take the hold part i.
 	Refused(i int, part *Hold) A
-	// Taken records that the fleet took every part, each held as a
+	// Admitted records that the fleet took every part, each held as a
 	// lease this node renews until its owner drops it.
-	Taken(parts []*Hold)
+	Admitted(parts []*Hold)
 }
 
 // TakeAll admits one request against the limiters of asks (a request's
@@ -235,7 +235,7 @@ func takeShared[A any](f *Shared, now time.Time, asks []Ask, hs Holds[A]) (refus
 		for _, h := range hcs {
 			f.hold(leaseRef{h.Keys[0], h.Member}, true)
 		}
-		hs.Taken(hcs)
+		hs.Admitted(hcs)
 	}
 	return -1, ScopeNone, 0, ans, true
 }

@@ -36,7 +36,7 @@ func (b *RetryBudget) bucket(now time.Time) *budgetBucket {
 	return bk
 }
 
-// Request counts a Request of the group.
+// Request counts a request of the group.
 func (b *RetryBudget) Request(now time.Time) {
 	b.mu.Lock()
 	b.bucket(now).requests++

@@ -113,7 +113,7 @@ type Rates struct {
 	above                                              int64
 	long                                               *Rates
 	maxOutput                                          int64 // tokens; 0: not known
-	// name is the model's display_name for GET /v1/models (models.go); "":
+	// name is the model's display_name for GET /v1/models; "":
 	// the id the client asked for
 	name string
 }
@@ -399,7 +399,7 @@ func dearer(a, b *Rates) bool {
 	return a.Worst(prompt, output) > b.Worst(prompt, output)
 }
 
-// Of is the estimate Of the unpriced model.
+// Of is the estimate of the unpriced model.
 func (e Estimates) Of(model string) *Rates {
 	return e.byFamily[e.familyOf(strings.ToLower(model))]
 }

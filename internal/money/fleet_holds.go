@@ -1,10 +1,11 @@
-package relay
+package money
 
 import (
-	"github.com/caddy-relay/relay/internal/fleet"
-	"github.com/caddy-relay/relay/internal/limits"
 	"strconv"
 	"time"
+
+	"github.com/caddy-relay/relay/internal/fleet"
+	"github.com/caddy-relay/relay/internal/limits"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -64,13 +65,13 @@ return out
 `)
 
 // holdKeys are the Redis keys of an account's holds and of their total.
-func (f *member) holdKeys(id string) (set, total string) {
+func (f *Shared) holdKeys(id string) (set, total string) {
 	t := fleet.Tag("s:", id)
 	return f.Key(t, "holds"), f.Key(t, "held")
 }
 
 // holdMember is the member of a hold of n under id in an account's holds.
-func holdMember(id string, n nanoUSD) string {
+func holdMember(id string, n NanoUSD) string {
 	return id + "=" + strconv.FormatInt(int64(n), 10)
 }
 
@@ -78,12 +79,12 @@ func holdMember(id string, n nanoUSD) string {
 // the script judges it against, in order: what its answer names.
 type holdCall struct {
 	part    limits.Hold
-	periods []budgetPeriod
+	periods []Period
 }
 
 // prepareHold makes the script's keys and arguments that hold n against
 // every budget of a, as member, for ttl.
-func (f *member) prepareHold(a *spendAccount, now time.Time, n nanoUSD, member string, ttl time.Duration) *limits.Hold {
+func (f *Shared) prepareHold(a *Account, now time.Time, n NanoUSD, member string, ttl time.Duration) *limits.Hold {
 	set, total := f.holdKeys(a.id)
 	c := &holdCall{part: limits.Hold{Member: member, Keys: []string{set, total}}}
 	c.part.Of = c
@@ -91,7 +92,7 @@ func (f *member) prepareHold(a *spendAccount, now time.Time, n nanoUSD, member s
 	a.mu.Lock()
 	a.roll(now)
 	keep := a.holdKeysFor(now, ttl)
-	for p := range numPeriods {
+	for p := range NumPeriods {
 		if a.caps[p] > 0 {
 			ps := a.periods[p]
 			c.periods = append(c.periods, p)
@@ -106,7 +107,7 @@ func (f *member) prepareHold(a *spendAccount, now time.Time, n nanoUSD, member s
 
 // prepareHolds prepares the holds of hs (nil: none), each as a lease of
 // this relay's.
-func (f *member) prepareHolds(now time.Time, hs *holds) []*limits.Hold {
+func (f *Shared) prepareHolds(now time.Time, hs *Holds) []*limits.Hold {
 	if hs == nil {
 		return nil
 	}
@@ -120,19 +121,19 @@ func (f *member) prepareHolds(now time.Time, hs *holds) []*limits.Hold {
 
 // heldAnswer is what the admission script's answer on the hold part i,
 // which it did not take, says: the budget that did not have room for it.
-func heldAnswer(i int, part *limits.Hold) holdAnswer {
+func heldAnswer(i int, part *limits.Hold) HoldAnswer {
 	c := part.Of.(*holdCall)
 	v := part.Answer
-	ans := holdAnswer{verdict: holdWait, i: i, period: c.periods[v[1]-1], spent: nanoUSD(v[2]), held: nanoUSD(v[3])}
+	ans := HoldAnswer{Verdict: HoldWait, Index: i, Period: c.periods[v[1]-1], Spent: NanoUSD(v[2]), Held: NanoUSD(v[3])}
 	if v[0] == 2 {
-		ans.verdict = holdRefused
+		ans.Verdict = HoldRefused
 	}
 	return ans
 }
 
 // releaseHold gives back, off the request's path, a hold of a in Redis
 // that cost nothing.
-func (f *member) releaseHold(a *spendAccount, member string) {
+func (f *Shared) releaseHold(a *Account, member string) {
 	set, total := f.holdKeys(a.id)
 	f.limits.DropHoldLease(set, member)
 	f.limits.ReleaseHold(set, total, member)

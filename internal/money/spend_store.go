@@ -1,4 +1,4 @@
-package relay
+package money
 
 import (
 	"context"
@@ -34,12 +34,12 @@ const batchHoldPrefix = "batch:"
 // storedPeriod is one period of a spendRecord, or a batch's hold.
 type storedPeriod struct {
 	Start   time.Time `json:"start"`
-	NanoUSD nanoUSD   `json:"nano_usd"` // billionths of a dollar
+	NanoUSD NanoUSD   `json:"nano_usd"` // billionths of a dollar
 	// EstimatedNanoUSD is the part of NanoUSD that estimated outputs cost.
-	EstimatedNanoUSD nanoUSD `json:"estimated_nano_usd,omitempty"`
+	EstimatedNanoUSD NanoUSD `json:"estimated_nano_usd,omitempty"`
 	// EstimatedPriceNanoUSD is the part of NanoUSD charged at the estimate
 	// of a model the price table does not know.
-	EstimatedPriceNanoUSD nanoUSD `json:"estimated_price_nano_usd,omitempty"`
+	EstimatedPriceNanoUSD NanoUSD `json:"estimated_price_nano_usd,omitempty"`
 }
 
 // spendStore writes the accounts to Caddy's storage, and holds the stored
@@ -60,6 +60,41 @@ type spendStore struct {
 // spend is the process's spend store.
 var spend = &spendStore{saved: map[string]spendRecord{}, soon: make(chan struct{}, 1)}
 
+// UseStore starts using the spend store from a config whose storage is
+// storage (nil: none, the spend is kept in memory only): the first config
+// loads what was stored and starts the checkpoints. Each config gives it
+// back with ReleaseStore; the last one writes it.
+func UseStore(storage certmagic.Storage, logger *zap.Logger) { spend.use(storage, logger) }
+
+// ReleaseStore gives the spend store back (UseStore).
+func ReleaseStore() { spend.release() }
+
+// Open returns the account of id, from the process-wide pool, with what
+// was stored for it; the caller gives it back with Drop(id).
+func Open(id string) (*Account, error) { return spend.account(id) }
+
+// Stored is a new account of id with what was stored for it, outside the
+// pool: what a key that has not taken its state yet spent.
+func Stored(id string) *Account { return spend.stored(id) }
+
+// Refs is the number of configs that hold the pool's account of id
+// (Open); 0: it is not in the pool.
+func Refs(id string) int {
+	n, _ := spendAccounts.References(id)
+	return n
+}
+
+// StoreUsers is the number of configs that use the spend store now
+// (UseStore).
+func StoreUsers() int {
+	spend.mu.Lock()
+	defer spend.mu.Unlock()
+	return spend.running
+}
+
+// Drop gives back the pool's account of id (Open).
+func Drop(id string) { _, _ = spendAccounts.Delete(id) }
+
 // saveSoon asks for a checkpoint now rather than within
 // spendCheckpointEvery: for what must outlive a crash (a batch's hold).
 func (s *spendStore) saveSoon() {
@@ -73,10 +108,10 @@ func (s *spendStore) saveSoon() {
 // use starts using the store from a config: the first one loads what was
 // stored and starts the checkpoints. Each config gives it back with
 // release.
-func (s *spendStore) use(ctx caddy.Context, logger *zap.Logger) {
+func (s *spendStore) use(storage certmagic.Storage, logger *zap.Logger) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.storage, s.logger = configStorage(ctx), logger
+	s.storage, s.logger = storage, logger
 	if !s.loaded && s.storage != nil {
 		s.loaded = true
 		s.load()
@@ -87,18 +122,6 @@ func (s *spendStore) use(ctx caddy.Context, logger *zap.Logger) {
 		s.stop, s.done = stop, make(chan struct{})
 		go s.checkpoints(work, s.done)
 	}
-}
-
-// configStorage is the storage of ctx's config: Caddy's storage module, the
-// file system by default. A context made outside a loaded config, as in a
-// unit test, has none: the spend is then kept in memory only.
-func configStorage(ctx caddy.Context) (s certmagic.Storage) {
-	defer func() {
-		if recover() != nil {
-			s = nil
-		}
-	}()
-	return ctx.Storage()
 }
 
 // release gives the store back; the last config to go writes it.
@@ -132,22 +155,22 @@ func (s *spendStore) load() {
 
 // account returns the account of id, from the pool, with what was stored
 // for it. The caller gives it back with spendAccounts.Delete(id).
-func (s *spendStore) account(id string) (*spendAccount, error) {
+func (s *spendStore) account(id string) (*Account, error) {
 	v, _, err := spendAccounts.LoadOrNew(id, func() (caddy.Destructor, error) { return s.stored(id), nil })
 	if err != nil {
 		return nil, err
 	}
-	return v.(*spendAccount), nil
+	return v.(*Account), nil
 }
 
 // stored is a new account of id with what was stored for it, outside the
 // pool.
-func (s *spendStore) stored(id string) *spendAccount {
-	a := &spendAccount{id: id}
+func (s *spendStore) stored(id string) *Account {
+	a := &Account{id: id}
 	s.mu.Lock()
 	rec := s.saved[id]
 	s.mu.Unlock()
-	for p := range numPeriods {
+	for p := range NumPeriods {
 		if r, ok := rec[p.String()]; ok {
 			a.periods[p] = periodSpend{start: r.Start, usd: r.NanoUSD, estimated: r.EstimatedNanoUSD, estimatedPrice: r.EstimatedPriceNanoUSD}
 		}
@@ -167,8 +190,8 @@ func (s *spendStore) stored(id string) *spendAccount {
 // keep records an account that is being let go, so that it is written and
 // found again if its key comes back; one that spent nothing needs no
 // record (and identities that come and go leave none).
-func (s *spendStore) keep(a *spendAccount) {
-	if a.session() {
+func (s *spendStore) keep(a *Account) {
+	if a.Session() {
 		return
 	}
 	rec := a.record()
@@ -184,11 +207,11 @@ func (s *spendStore) keep(a *spendAccount) {
 }
 
 // record is the account as stored.
-func (a *spendAccount) record() spendRecord {
+func (a *Account) record() spendRecord {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	rec := spendRecord{}
-	for p := range numPeriods {
+	for p := range NumPeriods {
 		if ps := a.periods[p]; !ps.start.IsZero() {
 			rec[p.String()] = storedPeriod{ps.start, ps.usd, ps.estimated, ps.estimatedPrice}
 		}
@@ -226,15 +249,15 @@ func (s *spendStore) save() {
 	storage, logger := s.storage, s.logger
 	s.mu.Unlock()
 	spendAccounts.Range(func(k, v any) bool {
-		if a := v.(*spendAccount); a.fleet.Load() == nil && !a.session() { // a fleet's spend is in Redis; a session's is not kept
+		if a := v.(*Account); a.fleet.Load() == nil && !a.Session() { // a fleet's spend is in Redis; a session's is not kept
 			out[k.(string)] = a.record()
 		}
 		return true
 	})
 	for id, rec := range out {
 		current := false
-		for p := range numPeriods {
-			if r, ok := rec[p.String()]; ok && p.end(r.Start).After(now) {
+		for p := range NumPeriods {
+			if r, ok := rec[p.String()]; ok && p.End(r.Start).After(now) {
 				current = true
 			}
 		}

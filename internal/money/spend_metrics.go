@@ -1,4 +1,4 @@
-package relay
+package money
 
 import (
 	"time"
@@ -19,8 +19,8 @@ type spendCollector struct {
 // spendLabels are the labels of every spend metric.
 var spendLabels = []string{"scope", "key", "group", "channel", "period"}
 
-// metricSpend is the collector of the spend metrics.
-var metricSpend = spendCollector{
+// SpendCollector is the collector of the spend metrics.
+var SpendCollector = spendCollector{
 	spend: prometheus.NewDesc("relay_spend_usd",
 		"What a key, a group or a capped channel spent in the current calendar period (UTC), or in total, in USD: month for every key and group, and each period it has a budget (a channel: a spend_cap) for.", spendLabels, nil),
 	budget: prometheus.NewDesc("relay_budget_usd",
@@ -39,26 +39,26 @@ func (c spendCollector) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector.
 func (c spendCollector) Collect(ch chan<- prometheus.Metric) {
 	spendAccounts.Range(func(_, v any) bool {
-		a := v.(*spendAccount)
+		a := v.(*Account)
 		if a.perIdentity.Load() {
 			return true
 		}
 		a.mu.Lock()
 		label, warn, scope := a.label, a.warn, a.scope
 		a.mu.Unlock()
-		if scope == spendOfSession {
+		if scope == OfSession {
 			return true
 		}
-		usd, caps := a.spent(time.Time{})
+		usd, caps := a.Spent(time.Time{})
 		names := [3]string{}
 		names[scope] = label
-		for p := range numPeriods {
-			labels := []string{scope.String(), names[spendOfKey], names[spendOfGroup], names[spendOfChannel], p.String()}
+		for p := range NumPeriods {
+			labels := []string{scope.String(), names[OfKey], names[OfGroup], names[OfChannel], p.String()}
 			if caps[p] > 0 {
 				ch <- prometheus.MustNewConstMetric(c.budget, prometheus.GaugeValue, caps[p], labels...)
 				ch <- prometheus.MustNewConstMetric(c.warn, prometheus.GaugeValue, caps[p]*warn, labels...)
 			}
-			if caps[p] > 0 || p == periodMonth && scope != spendOfChannel {
+			if caps[p] > 0 || p == PeriodMonth && scope != OfChannel {
 				ch <- prometheus.MustNewConstMetric(c.spend, prometheus.GaugeValue, usd[p], labels...)
 			}
 		}

@@ -1,4 +1,4 @@
-package relay
+package money
 
 import (
 	"context"
@@ -28,10 +28,10 @@ const spendSyncEvery = time.Second
 // ended, for reports. The total period ends in year 9999: its key stays.
 const spendKeyTTL = 35 * 24 * time.Hour
 
-// share makes the account's spend the fleet's (nil: this relay's own).
+// Share makes the account's spend the fleet's (nil: this relay's own).
 // Holds the fleet it leaves was to give back with their cost are left to
 // expire there with their lease.
-func (a *spendAccount) share(f *member) {
+func (a *Account) Share(f *Shared) {
 	if a.fleet.Swap(f) != f {
 		a.mu.Lock()
 		a.releases, a.fleetHeld = nil, 0
@@ -44,7 +44,7 @@ func (a *spendAccount) share(f *member) {
 
 // spendKey is the Redis key of an account's total for the period that
 // began at start.
-func (f *member) spendKey(id string, p budgetPeriod, start time.Time) string {
+func (f *Shared) spendKey(id string, p Period, start time.Time) string {
 	if start.Hour() != 0 || start.Minute() != 0 || start.Second() != 0 { // a session's window
 		return f.Key(fleet.Tag("s:", id), p.String()+":"+start.UTC().Format("20060102T150405"))
 	}
@@ -52,7 +52,7 @@ func (f *member) spendKey(id string, p budgetPeriod, start time.Time) string {
 }
 
 // spendSoon asks for a sync of the spend now rather than at the next tick.
-func (f *member) spendSoon() {
+func (f *Shared) spendSoon() {
 	select {
 	case f.spendNow <- struct{}{}:
 	default:
@@ -61,16 +61,16 @@ func (f *member) spendSoon() {
 
 // syncSpend adds this relay's spend to the fleet's and reads the totals,
 // every spendSyncEvery and when asked, until ctx ends.
-func (f *member) syncSpend(ctx context.Context) {
+func (f *Shared) syncSpend(ctx context.Context) {
 	loop.Every(ctx, spendSyncEvery, f.spendNow, f.flushSpend)
 }
 
 // spendSync is one account period's part of a sync.
 type spendSync struct {
-	a       *spendAccount
-	p       budgetPeriod
+	a       *Account
+	p       Period
 	start   time.Time
-	pending nanoUSD
+	pending NanoUSD
 	end     time.Time     // of the period
 	cmd     *redis.IntCmd // the total, after adding pending
 	get     *redis.StringCmd
@@ -81,7 +81,7 @@ type spendSync struct {
 // its periods go to Redis in one settleScript, with the holds its settled
 // requests give back.
 type heldSync struct {
-	a        *spendAccount
+	a        *Account
 	periods  []*spendSync
 	releases []heldRelease
 	cmd      *redis.Cmd
@@ -92,13 +92,13 @@ type heldSync struct {
 // here, gives back the holds of the requests that charged it, and reads
 // the totals and what the fleet holds (settleScript); the others add what
 // was charged, a command a period.
-func (f *member) flushSpend() {
+func (f *Shared) flushSpend() {
 	f.spendMu.Lock() // one sync at a time: each adds what the one before did not
 	defer f.spendMu.Unlock()
 	var work []*spendSync
 	var held []*heldSync
 	spendAccounts.Range(func(_, v any) bool {
-		a := v.(*spendAccount)
+		a := v.(*Account)
 		if a.fleet.Load() != f {
 			return true
 		}
@@ -109,7 +109,7 @@ func (f *member) flushSpend() {
 			h = &heldSync{a: a, releases: append([]heldRelease(nil), a.releases...)}
 			held = append(held, h)
 		}
-		for p := range numPeriods {
+		for p := range NumPeriods {
 			// what was charged here goes to Redis; totals are read for the
 			// budgets (and come back with every addition)
 			if ps := a.periods[p]; ps.pending != 0 || a.caps[p] > 0 {
@@ -173,16 +173,16 @@ func (f *member) flushSpend() {
 		}
 		h.a.mu.Lock()
 		h.a.releases = h.a.releases[len(h.releases):]
-		h.a.fleetHeld = nanoUSD(res[len(h.periods)])
+		h.a.fleetHeld = NanoUSD(res[len(h.periods)])
 		h.a.mu.Unlock()
 		if len(h.releases) > 0 {
 			h.a.freed.Add(1)
 		}
-		woken := map[*waitQueue]bool{}
+		woken := map[Queue]bool{}
 		for _, r := range h.releases {
 			if r.q != nil && !woken[r.q] {
 				woken[r.q] = true
-				r.q.wakeFor(h.a)
+				r.q.WakeFor(h.a)
 			}
 		}
 	}
@@ -201,7 +201,7 @@ func (f *member) flushSpend() {
 		a.mu.Lock()
 		if ps := &a.periods[w.p]; ps.start.Equal(w.start) {
 			ps.pending -= w.pending
-			ps.usd = nanoUSD(total) + ps.pending
+			ps.usd = NanoUSD(total) + ps.pending
 		}
 		if c := a.crossed(); len(c) > 0 {
 			crossed = append(crossed, func() { a.warnOf(c) })

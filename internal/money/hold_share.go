@@ -1,7 +1,6 @@
-package relay
+package money
 
 import (
-	"context"
 	"time"
 )
 
@@ -14,7 +13,7 @@ import (
 // left of it, evenly among the groups holding it and the one asking); a
 // request past its group's share waits, as for a busy channel, for holds
 // to settle, and so does one that does not fit beside the holds in flight
-// (failover.go waits on the cap rather than answering 503). A group alone
+// (the relay waits on the cap rather than answering 503). A group alone
 // on a cap may take all of it. A hold that could never fit the cap is
 // refused as before.
 //
@@ -26,7 +25,7 @@ import (
 // shareFits reports whether a hold of n for group g fits g's share of the
 // account's room beside the other groups that hold some of it here or wait
 // for room on it. It runs under a.mu.
-func (a *spendAccount) shareFits(g string, n nanoUSD) bool {
+func (a *Account) shareFits(g string, n NanoUSD) bool {
 	if g == "" {
 		return true
 	}
@@ -44,14 +43,14 @@ func (a *spendAccount) shareFits(g string, n nanoUSD) bool {
 	if active == 1 {
 		return true
 	}
-	return a.groups[g]+n <= a.roomLocked()/nanoUSD(active)
+	return a.groups[g]+n <= a.roomLocked()/NanoUSD(active)
 }
 
 // roomLocked is what is left of the account's tightest budget, spent
 // counted and holds not. It runs under a.mu.
-func (a *spendAccount) roomLocked() nanoUSD {
-	room, known := nanoUSD(0), false
-	for p := range numPeriods {
+func (a *Account) roomLocked() NanoUSD {
+	room, known := NanoUSD(0), false
+	for p := range NumPeriods {
 		if limit := a.caps[p]; limit > 0 {
 			if left := max(0, limit-a.periods[p].usd); !known || left < room {
 				room, known = left, true
@@ -63,13 +62,13 @@ func (a *spendAccount) roomLocked() nanoUSD {
 
 // overShare is the answer to a hold past its group's share: wait, as for
 // holds in flight, naming the tightest budget. It runs under a.mu.
-func (a *spendAccount) overShare() holdAnswer {
-	ans := holdAnswer{verdict: holdWait, held: a.heldLocked()}
-	room, known := nanoUSD(0), false
-	for p := range numPeriods {
+func (a *Account) overShare() HoldAnswer {
+	ans := HoldAnswer{Verdict: HoldWait, Held: a.heldLocked()}
+	room, known := NanoUSD(0), false
+	for p := range NumPeriods {
 		if limit := a.caps[p]; limit > 0 {
 			if left := limit - a.periods[p].usd; !known || left < room {
-				ans.period, ans.spent, room, known = p, a.periods[p].usd, left, true
+				ans.Period, ans.Spent, room, known = p, a.periods[p].usd, left, true
 			}
 		}
 	}
@@ -78,12 +77,12 @@ func (a *spendAccount) overShare() holdAnswer {
 
 // groupHolds adds n (negative: gives back) to what group g holds here. It
 // runs under a.mu.
-func (a *spendAccount) groupHolds(g string, n nanoUSD) {
+func (a *Account) groupHolds(g string, n NanoUSD) {
 	if g == "" {
 		return
 	}
 	if a.groups == nil {
-		a.groups = map[string]nanoUSD{}
+		a.groups = map[string]NanoUSD{}
 	}
 	if v := a.groups[g] + n; v > 0 {
 		a.groups[g] = v
@@ -92,9 +91,29 @@ func (a *spendAccount) groupHolds(g string, n nanoUSD) {
 	}
 }
 
+// Want counts group g among those waiting for room on the account's cap
+// (a channel's), until Unwant: its share of the room counts then too.
+func (a *Account) Want(g string) {
+	a.mu.Lock()
+	if a.waiting == nil {
+		a.waiting = map[string]int{}
+	}
+	a.waiting[g]++
+	a.mu.Unlock()
+}
+
+// Unwant ends what Want counted.
+func (a *Account) Unwant(g string) {
+	a.mu.Lock()
+	if a.waiting[g]--; a.waiting[g] <= 0 {
+		delete(a.waiting, g)
+	}
+	a.mu.Unlock()
+}
+
 // shares checks, before a fleet takes the holds, that each of them fits
 // its group's share as this relay sees it.
-func (hs *holds) shares(now time.Time) holdAnswer {
+func (hs *Holds) shares(now time.Time) HoldAnswer {
 	for i := range hs.n {
 		h := &hs.list[i]
 		if h.group == "" {
@@ -104,56 +123,15 @@ func (hs *holds) shares(now time.Time) holdAnswer {
 		a.mu.Lock()
 		a.roll(now)
 		ok := a.shareFits(h.group, h.usd)
-		ans := holdAnswer{}
+		ans := HoldAnswer{}
 		if !ok {
 			ans = a.overShare()
-			ans.i = int(i)
+			ans.Index = int(i)
 		}
 		a.mu.Unlock()
 		if !ok {
 			return ans
 		}
 	}
-	return holdAnswer{}
-}
-
-// want counts the request's group g among those waiting for room on the
-// cap of acct, once, until unwant.
-func (s *selection) want(acct *spendAccount, g string) {
-	if s.wants != nil {
-		return
-	}
-	s.wants = acct
-	acct.mu.Lock()
-	if acct.waiting == nil {
-		acct.waiting = map[string]int{}
-	}
-	acct.waiting[g]++
-	acct.mu.Unlock()
-}
-
-// unwant ends what want counted.
-func (s *selection) unwant(g string) {
-	acct := s.wants
-	if acct == nil {
-		return
-	}
-	s.wants = nil
-	acct.mu.Lock()
-	if acct.waiting[g]--; acct.waiting[g] <= 0 {
-		delete(acct.waiting, g)
-	}
-	acct.mu.Unlock()
-}
-
-// waitForCap waits in the queue, as for a busy channel, for holds in
-// flight on the cap of ch (and every cap the request passed over) to
-// settle: a settle on this relay wakes it, and it looks again every
-// fleetHoldPoll for those other relays settle. When it cannot wait on,
-// the answer names the cap, as when no channel could take it.
-func (q *queued) waitForCap(ctx context.Context, ch *channel, s *selection) *relayError {
-	return q.waitOn(ctx, nil, s.now.Add(fleetHoldPoll), nil, func(queueRefusal) *relayError {
-		metricRateLimited.WithLabelValues(q.in.who.key.name, string(scopeCapped)).Inc()
-		return errChannelsCapped(s.model, ch, q.r.now(), holdRetryAfter)
-	})
+	return HoldAnswer{}
 }

@@ -1,17 +1,15 @@
-package relay
+package money
 
 import (
 	"context"
 	"fmt"
 	"strings"
 	"time"
-
-	"go.uber.org/zap"
 )
 
 // Resetting spend. An operator forgives what a key or a user entry spent
 // in its current periods, or in one of them, with POST
-// /relay/keys/<name>/spend/reset on the admin API (admin.go): a total
+// /relay/keys/<name>/spend/reset on the admin API: a total
 // budget never renews otherwise. What it spent goes to zero in its account
 // (the part estimated outputs cost with it), in the spend store (which a
 // key that has not taken its state yet, or one that comes back, reads),
@@ -26,57 +24,54 @@ import (
 // with the rest. What other relays charged and had not yet added (about
 // spendSyncEvery of their spend) is added after the reset, and counts.
 
-// resetSpend forgives what k spent in periods, the ones current at now,
-// and logs it once. In a fleet, an error says Redis did not answer, and
-// nothing was reset.
-func (k *key) resetSpend(now time.Time, periods []budgetPeriod) error {
-	if f := k.relay.fleet; f != nil {
+// Reset forgives what account id spent in periods, the ones current at
+// now: in the fleet f (nil: none), under its sync lock, then in the spend
+// store, then in the account when a config holds it (returned; nil:
+// none). In a fleet, an error says Redis did not answer, and nothing was
+// reset.
+func Reset(f *Shared, id string, periods []Period, now time.Time) (*Account, error) {
+	if f != nil {
 		f.spendMu.Lock()
 		defer f.spendMu.Unlock()
-		if err := f.resetSpend(k.stateID, periods, now); err != nil {
-			return err
+		if err := f.resetSpend(id, periods, now); err != nil {
+			return nil, err
 		}
 	}
-	spend.reset(k.stateID, periods, now)
+	spend.reset(id, periods, now)
 	// looked up after the store: an account taken meanwhile read the reset
 	// record
-	if a := loadedAccount(k.stateID); a != nil {
+	a := loadedAccount(id)
+	if a != nil {
 		a.reset(now, periods)
-		k.group.state.queue.wakeFor(a) // a request that waits on its budget may fit now
 	}
 	spend.saveSoon()
-	names := make([]string, len(periods))
-	for i, p := range periods {
-		names[i] = p.String()
-	}
-	k.relay.logger.Info("key spend reset", zap.String("key", k.name), zap.String("kind", k.kind()), zap.Strings("periods", names))
-	return nil
+	return a, nil
 }
 
-// resetPeriods reads the period query parameter of a reset: the periods it
+// ResetPeriods reads the period query parameter of a reset: the periods it
 // names, every period when there is none.
-func resetPeriods(values []string) ([]budgetPeriod, error) {
+func ResetPeriods(values []string) ([]Period, error) {
 	switch len(values) {
 	case 0:
-		all := make([]budgetPeriod, numPeriods)
-		for p := range numPeriods {
+		all := make([]Period, NumPeriods)
+		for p := range NumPeriods {
 			all[p] = p
 		}
 		return all, nil
 	case 1:
-		if p, ok := periodByName(values[0]); ok {
-			return []budgetPeriod{p}, nil
+		if p, ok := PeriodByName(values[0]); ok {
+			return []Period{p}, nil
 		}
 	}
 	return nil, fmt.Errorf("period %q: give one of day, week, month or total, or none to reset them all", strings.Join(values, ","))
 }
 
 // loadedAccount is the account of id that a config holds, or nil.
-func loadedAccount(id string) *spendAccount {
-	var found *spendAccount
+func loadedAccount(id string) *Account {
+	var found *Account
 	spendAccounts.Range(func(k, v any) bool {
 		if k == id {
-			found = v.(*spendAccount)
+			found = v.(*Account)
 			return false
 		}
 		return true
@@ -88,7 +83,7 @@ func loadedAccount(id string) *spendAccount {
 // zero: what it spent, what this relay charged and has not added to the
 // fleet's, and the part estimated outputs cost. Its warnings may be
 // logged again.
-func (a *spendAccount) reset(now time.Time, periods []budgetPeriod) {
+func (a *Account) reset(now time.Time, periods []Period) {
 	a.mu.Lock()
 	a.roll(now)
 	for _, p := range periods {
@@ -101,7 +96,7 @@ func (a *spendAccount) reset(now time.Time, periods []budgetPeriod) {
 // reset drops what is stored of the spend of account id in periods, the
 // ones current at now. The record is replaced, not changed: save writes
 // the records it copied outside s.mu.
-func (s *spendStore) reset(id string, periods []budgetPeriod, now time.Time) {
+func (s *spendStore) reset(id string, periods []Period, now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	old, ok := s.saved[id]
@@ -113,7 +108,7 @@ func (s *spendStore) reset(id string, periods []budgetPeriod, now time.Time) {
 		rec[name] = r
 	}
 	for _, p := range periods {
-		if r, ok := rec[p.String()]; ok && r.Start.Equal(p.start(now)) {
+		if r, ok := rec[p.String()]; ok && r.Start.Equal(p.Start(now)) {
 			delete(rec, p.String())
 		}
 	}
@@ -123,10 +118,10 @@ func (s *spendStore) reset(id string, periods []budgetPeriod, now time.Time) {
 // resetSpend deletes the fleet's totals of account id in periods, the ones
 // current at now: a relay reads a missing total as zero, and its next
 // addition starts it again. It runs under f.spendMu.
-func (f *member) resetSpend(id string, periods []budgetPeriod, now time.Time) error {
+func (f *Shared) resetSpend(id string, periods []Period, now time.Time) error {
 	keys := make([]string, len(periods))
 	for i, p := range periods {
-		keys[i] = f.spendKey(id, p, p.start(now))
+		keys[i] = f.spendKey(id, p, p.Start(now))
 	}
 	return f.Do("spend", func(ctx context.Context) error {
 		return f.Redis.Del(ctx, keys...).Err()
