@@ -3,7 +3,6 @@ package health
 import (
 	"context"
 	"encoding/json"
-	"strings"
 	"sync"
 	"time"
 
@@ -150,17 +149,8 @@ func (s *Shared) channel(name string) *Channel {
 	return s.channels[name]
 }
 
-// tag is the hash tag of a thing: its kind and name, or a digest of the
-// name when the name holds a brace, which would end the tag early.
-func tag(kind, name string) string {
-	if strings.ContainsAny(name, "{}") {
-		return kind + fleet.Digest(name)
-	}
-	return kind + name
-}
-
 // healthKey is the hash that keeps a channel's health.
-func (s *Shared) healthKey(channel string) string { return s.c.Key(tag("c:", channel), "health") }
+func (s *Shared) healthKey(channel string) string { return s.c.Key(fleet.Tag("c:", channel), "health") }
 
 // healthTopic is the pub/sub channel of health changes.
 func (s *Shared) healthTopic() string { return s.c.Prefix + "health" }

@@ -43,7 +43,6 @@ import (
 	"encoding/json"
 	"errors"
 	"io/fs"
-	"strings"
 	"sync"
 	"time"
 
@@ -110,16 +109,7 @@ func StorageKey(kind resourceid.Kind, channel, up string) string {
 
 // hash is the Redis hash of a channel's owners of one kind.
 func (o *Store) hash(kind resourceid.Kind, channel string) string {
-	return o.fleet.Key(tag("c:", channel), "owners:"+kind.String())
-}
-
-// tag is the hash tag of a thing: its kind and name, or a digest of the
-// name when the name holds a brace, which would end the tag early.
-func tag(kind, name string) string {
-	if strings.ContainsAny(name, "{}") {
-		return kind + fleet.Digest(name)
-	}
-	return kind + name
+	return o.fleet.Key(fleet.Tag("c:", channel), "owners:"+kind.String())
 }
 
 // record is a record in Caddy's storage. The channel and the upstream's

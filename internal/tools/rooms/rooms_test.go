@@ -174,9 +174,10 @@ func TestNoUnsafeOutsideJSONScan(t *testing.T) {
 	}
 }
 
-// fileMap reads the table of docs/architecture.md's "Where things are":
-// the names in backquotes in each row's last column: root files (a name or
-// a pattern ending in .go) and packages (a path with a slash).
+// fileMap reads the tables of docs/architecture.md's "Where things are":
+// the names in backquotes of the packages (a path with a slash, in a row's
+// first column) and of the root's files (a name or a pattern ending in
+// .go, in a row's last column).
 func fileMap(t *testing.T) (files, packages []string) {
 	t.Helper()
 	doc, err := os.ReadFile(filepath.Join(moduleRoot, "docs", "architecture.md"))
@@ -197,13 +198,17 @@ func fileMap(t *testing.T) (files, packages []string) {
 		if !strings.HasPrefix(line, "|") || strings.HasPrefix(line, "| ---") {
 			continue
 		}
+		// the rooms' table names packages in its first column; the
+		// root's, files in its last
 		cells := strings.Split(strings.Trim(line, "| "), " | ")
-		for _, m := range name.FindAllStringSubmatch(cells[len(cells)-1], -1) {
-			switch n := m[1]; {
-			case strings.HasSuffix(n, ".go") && !strings.Contains(n, "/"):
-				files = append(files, n)
-			case strings.Contains(n, "/"):
+		for _, m := range name.FindAllStringSubmatch(cells[0], -1) {
+			if n := m[1]; strings.Contains(n, "/") && !strings.ContainsAny(n, " .") && !strings.HasPrefix(n, "/") {
 				packages = append(packages, strings.TrimSuffix(n, "/"))
+			}
+		}
+		for _, m := range name.FindAllStringSubmatch(cells[len(cells)-1], -1) {
+			if n := m[1]; strings.HasSuffix(n, ".go") && !strings.Contains(n, "/") {
+				files = append(files, n)
 			}
 		}
 	}
