@@ -32,6 +32,28 @@ func takeAll(now time.Time, asks []limits.Ask, hs *money.Holds) (refused int, sc
 	return limits.TakeAll[money.HoldAnswer](now, asks, hs)
 }
 
+// admitTo is the failover loop's one admission of an attempt on ch: the
+// attempt takes the channel's limits and breaker, and with them, all or
+// nothing, what the request still owes its first admission: its hold of
+// the channel's spend cap, its holds of its budgets (admitHeld), its key's
+// and end user's limits pending in a fleet (admitFirst, one round trip).
+// rerr answers the request; else a nil ticket is the channel's refusal
+// (scope), and the loop picks again.
+func (r *Relay) admitTo(ctx context.Context, in *inbound, ch *channel, now time.Time, q *queued) (t *ticket, scope limits.Scope, rerr *relayError) {
+	if ch.spend != nil || in.grant.holds != nil && in.grant.holds.Channel() != nil {
+		r.holdChannel(in, ch) // its hold of a channel's spend cap goes with the attempt
+	}
+	switch {
+	case in.grant.holds.Pending(): // its holds of its budgets go with its first attempt's admission
+		return r.admitHeld(ctx, in, ch, now, q)
+	case in.grant.keyGrant.Pending || in.grant.endUserPending != nil: // one round trip for the key, the end user and the channel
+		t, scope, _, rerr = r.admitFirst(in, ch, now, nil)
+		return t, scope, rerr
+	}
+	t, scope = ch.health.admit(now, in.ask.estimate)
+	return t, scope, nil
+}
+
 // admitFirst admits the request's attempt on ch, and with it its key's
 // and end user's limits when they are pending and its holds (hs; nil:
 // none), all or nothing. rerr answers a request its key's or its end

@@ -123,23 +123,9 @@ func (r *Relay) failover(w http.ResponseWriter, req *http.Request, in *inbound, 
 			r.logBudgetExhausted(g, in)
 			return &failure{last: last, attempts: n - 1}
 		}
-		var t *ticket
-		var scope limits.Scope
-		if ch.spend != nil || in.grant.holds != nil && in.grant.holds.Channel() != nil {
-			r.holdChannel(in, ch) // its hold of a channel's spend cap goes with the attempt
-		}
-		if in.grant.holds.Pending() { // its holds of its budgets go with its first attempt's admission
-			var rerr *relayError
-			if t, scope, rerr = r.admitHeld(req.Context(), in, ch, sel.now, q); rerr != nil {
-				return refused(rerr)
-			}
-		} else if in.grant.keyGrant.Pending || in.grant.endUserPending != nil { // one round trip for the key, the end user and the channel
-			var rerr *relayError
-			if t, scope, _, rerr = r.admitFirst(in, ch, sel.now, nil); rerr != nil {
-				return refused(rerr)
-			}
-		} else {
-			t, scope = ch.health.admit(sel.now, in.ask.estimate)
+		t, scope, rerr := r.admitTo(req.Context(), in, ch, sel.now, q)
+		if rerr != nil {
+			return refused(rerr)
 		}
 		switch {
 		case scope == limits.ScopeFleetDown: // the fleet's store is down, and on_error says deny
