@@ -1,7 +1,6 @@
 package relay
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -87,9 +86,7 @@ func newFleet(ctx caddy.Context, s *FleetRedis) (*member, error) {
 		affinity: affinity.NewShared(c),
 	}
 	f.money = money.New(c, f.limits)
-	for _, run := range []func(context.Context){c.Heartbeat} {
-		c.Go(run)
-	}
+	c.Go(c.Heartbeat) // each concern's work was registered by its constructor
 	return f, nil
 }
 
