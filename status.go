@@ -118,15 +118,7 @@ func (statusSource) Fleet() ([]statuspage.FleetNode, error) {
 	if !has {
 		return nil, nil
 	}
-	rows, err := fleetRows()
-	if err != nil {
-		return nil, err
-	}
-	out := make([]statuspage.FleetNode, len(rows))
-	for i, n := range rows {
-		out[i] = pageNode(n)
-	}
-	return out, nil
+	return fleetRows()
 }
 
 // Act steers a channel as the admin API does.
@@ -200,21 +192,6 @@ func pageKey(st keyStatus) statuspage.Key {
 		SpendUSD: st.SpendUSD, BudgetUSD: st.BudgetUSD, RemainingUSD: st.RemainingUSD,
 		EstimatedUSD: st.EstimatedUSD, EstimatedPriceUSD: st.EstimatedPriceUSD, HeldUSD: st.HeldUSD,
 	}
-}
-
-// pageNode is a fleet node's admin row as the page shows it.
-func pageNode(n fleet.Node) statuspage.FleetNode {
-	out := statuspage.FleetNode{
-		ID: n.ID, Address: n.Address, Version: n.Version, Started: n.Started,
-		LastSeen: n.LastSeen, State: n.State, Self: n.Self,
-	}
-	if n.Leases != nil {
-		out.Leases = make([]statuspage.Lease, len(n.Leases))
-		for i, b := range n.Leases {
-			out.Leases[i] = statuspage.Lease(b)
-		}
-	}
-	return out
 }
 
 // Interface guard

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddy-relay/relay/internal/fleet"
 	"github.com/caddy-relay/relay/statuspage"
 )
 
@@ -81,10 +80,6 @@ func TestStatusRowsAreTheAdminRows(t *testing.T) {
 	same("key", k, pageKey(k))
 	s := filled[sessionView]()
 	same("session", s, statuspage.Session(s))
-	n := filled[fleet.Node]()
-	same("fleet node", n, pageNode(n))
-	n.Leases = []fleet.Block{}
-	same("fleet node without leases", n, pageNode(n))
 
 	// in the page's state, a channel's row is followed by its recent traffic
 	view, _ := json.Marshal(statuspage.ChannelView{Channel: pageChannel(ch)})

@@ -1,6 +1,10 @@
 package statuspage
 
-import "time"
+import (
+	"time"
+
+	"github.com/caddy-relay/relay/internal/fleet"
+)
 
 // The rows of a snapshot: a channel, a key, a session and a fleet node as
 // the page shows them, which are the rows of the admin API's GET
@@ -134,38 +138,11 @@ type Session struct {
 	Started time.Time `json:"started"`
 }
 
-// FleetNode is a node's row of GET /relay/fleet: what it says of itself,
-// and when it was last seen.
-type FleetNode struct {
-	ID      string    `json:"id"`
-	Address string    `json:"address"`
-	Version string    `json:"version"`
-	Started time.Time `json:"started"`
-	// Leases are the blocks of large limits the node held at its last
-	// heartbeat. Empty: none, and the fleet's limits are exact.
-	Leases   []Lease   `json:"leases"`
-	LastSeen time.Time `json:"last_seen"`
-	// State is up (seen within the last few heartbeats) or gone.
-	State string `json:"state"`
-	// Self marks the node that answered.
-	Self bool `json:"self"`
-}
+// FleetNode is a node of the fleet as GET /relay/fleet lists it: its id,
+// address, version, start, the blocks of large limits it holds (Leases;
+// empty: none, and the fleet's limits are exact), when it was last seen,
+// whether it is up or gone, and whether it is the node that answered.
+type FleetNode = fleet.Node
 
 // Lease is a block of a large limit a fleet node holds.
-type Lease struct {
-	// Limit is the thing whose limit it is: k:<key name>, u:<identity>,
-	// c:<channel>, e:<digest of an end user>.
-	Limit string `json:"limit"`
-	// Kind is requests (a rate), tokens, or concurrency (slots).
-	Kind string `json:"kind"`
-	// Block is what the node took; Left what it has not used yet; Held
-	// the slots it holds, of concurrency.
-	Block int64 `json:"block"`
-	Left  int64 `json:"left"`
-	Held  int64 `json:"held,omitempty"`
-	// Nodes is the number of relays up the block was sized for, and
-	// MaxFleetError the most the fleet's count of this limit can be off.
-	Nodes         int64     `json:"nodes"`
-	MaxFleetError int64     `json:"max_fleet_error"`
-	Until         time.Time `json:"until"`
-}
+type Lease = fleet.Block
