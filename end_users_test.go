@@ -326,7 +326,7 @@ func TestEndUsersAndIdentitiesShareLimitsInAFleet(t *testing.T) {
 func admitOps(t testing.TB) float64 {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	if err := fleet.RegisterMetrics(reg); err != nil {
+	if err := register(reg, fleet.Collectors()); err != nil {
 		t.Fatal(err)
 	}
 	mfs, err := reg.Gather()

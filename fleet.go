@@ -134,7 +134,7 @@ func (r *Relay) joinFleet(ctx caddy.Context) error {
 	if p := s.Password; p != "" && !strings.Contains(p, "{") {
 		r.logger.Warn("storage redis: the password is written in the config, so GET /config/ shows it; use a placeholder such as {env.REDIS_PASSWORD}")
 	}
-	if err := fleet.RegisterMetrics(ctx.GetMetricsRegistry()); err != nil {
+	if err := register(ctx.GetMetricsRegistry(), fleet.Collectors()); err != nil {
 		return err
 	}
 	f, key, err := loadFleet(ctx, s)

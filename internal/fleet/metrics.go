@@ -1,10 +1,6 @@
 package fleet
 
-import (
-	"errors"
-
-	"github.com/prometheus/client_golang/prometheus"
-)
+import "github.com/prometheus/client_golang/prometheus"
 
 var (
 	metricUp = prometheus.NewGauge(prometheus.GaugeOpts{
@@ -24,22 +20,8 @@ var (
 	}, []string{"op"})
 )
 
-// RegisterMetrics registers the fleet's collectors in a config's registry
-// (only a config with a fleet does); registering twice is no error.
-func RegisterMetrics(reg prometheus.Registerer) error {
-	if reg == nil {
-		return nil
-	}
-	for _, c := range Collectors() {
-		var dup prometheus.AlreadyRegisteredError
-		if err := reg.Register(c); err != nil && !errors.As(err, &dup) {
-			return err
-		}
-	}
-	return nil
-}
-
-// Collectors are the fleet's metrics.
+// Collectors are the fleet's metrics, which a config with a fleet
+// registers.
 func Collectors() []prometheus.Collector {
 	return []prometheus.Collector{metricUp, metricErrors, metricSeconds}
 }
