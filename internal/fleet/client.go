@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -52,7 +53,8 @@ type Client struct {
 	logger  atomic.Pointer[zap.Logger]
 	closed  atomic.Bool // Close ran: nothing more goes to Redis
 
-	onUp   atomic.Pointer[func()]
+	upMu   sync.Mutex
+	onUp   []func() // guarded by upMu
 	blocks atomic.Pointer[func() []Block]
 
 	work context.Context
@@ -140,9 +142,14 @@ func (c *Client) SetLogger(l *zap.Logger) { c.logger.Store(l) }
 // Logger is the logger of the newest config that uses the client.
 func (c *Client) Logger() *zap.Logger { return c.logger.Load() }
 
-// OnUp sets what runs each time Redis is reachable again after an outage
-// (a sync of what was missed meanwhile).
-func (c *Client) OnUp(f func()) { c.onUp.Store(&f) }
+// OnUp adds what runs each time Redis is reachable again after an outage
+// (a sync of what was missed meanwhile): each concern that shares state
+// adds its own.
+func (c *Client) OnUp(f func()) {
+	c.upMu.Lock()
+	defer c.upMu.Unlock()
+	c.onUp = append(c.onUp, f)
+}
 
 // Go runs work in the background until Stop.
 func (c *Client) Go(work func(context.Context)) {
@@ -272,8 +279,11 @@ func (c *Client) run(op string, timeout time.Duration, request bool, fn func(ctx
 	if c.up.CompareAndSwap(false, true) {
 		metricUp.Set(1)
 		c.logger.Load().Info("storage reachable again: state is shared by the fleet again")
-		if f := c.onUp.Load(); f != nil {
-			(*f)()
+		c.upMu.Lock()
+		up := slices.Clone(c.onUp)
+		c.upMu.Unlock()
+		for _, f := range up {
+			f()
 		}
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime/debug"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -211,6 +212,10 @@ func TestAnOperationBegunBeforeAnOutageDoesNotEndIt(t *testing.T) {
 	f := quietFleet(t, srv.Addr, "flap:")
 	core, logs := observer.New(zapcore.InfoLevel)
 	f.SetLogger(zap.New(core))
+	var ups [2]atomic.Int32 // two concerns' syncs, each run once Redis is back
+	for i := range ups {
+		f.OnUp(func() { ups[i].Add(1) })
+	}
 	release, slow := heldOperation(f.Do)
 	fail := errors.New("no answer")
 	for range 3 { // the breaker opens
@@ -240,5 +245,8 @@ func TestAnOperationBegunBeforeAnOutageDoesNotEndIt(t *testing.T) {
 	}
 	if n := logs.FilterMessageSnippet("storage reachable again").Len(); n != 1 {
 		t.Fatalf("%d lines say the storage is back, want 1", n)
+	}
+	if a, b := ups[0].Load(), ups[1].Load(); a != 1 || b != 1 {
+		t.Fatalf("the syncs added with OnUp ran %d and %d times once Redis was back, want 1 and 1", a, b)
 	}
 }
