@@ -57,9 +57,7 @@ func waitFor(t *testing.T, what string, bound time.Duration, cond func() bool) {
 func admitOps(t testing.TB) float64 {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	if err := fleet.RegisterMetrics(reg); err != nil {
-		t.Fatal(err)
-	}
+	reg.MustRegister(fleet.Collectors()...)
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
